@@ -1,0 +1,72 @@
+// Loom's two error channels (STYLE.md rule 10).
+//
+// LOOM_CHECK*: broken invariants, i.e. programming errors. They print file:line and the
+// values compared, then abort. Never used for anything a user or the environment can cause.
+//
+// InputError / RuntimeError: environment failures (bad config, unreadable or corrupt file,
+// dead peer). Thrown anywhere, caught only at the CLI edge, printed as one line.
+// InputError exits 2 (bad input), RuntimeError exits 1 (runtime failure).
+//
+// Thread-safety: all of it is safe to use from any thread.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace loom {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+  virtual int exit_code() const = 0;
+};
+
+// Bad input: a file, key or value the user gave that is not what was expected.
+class InputError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 2; }
+};
+
+// The environment failed at run time (I/O error, dead peer, timeout).
+class RuntimeError : public Error {
+ public:
+  using Error::Error;
+  int exit_code() const override { return 1; }
+};
+
+// Builds a message from any streamable values: cat("key ", k, " expected ", v).
+template <typename... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  return out.str();
+}
+
+// Throws RuntimeError naming the failed system call, its subject and errno's text when
+// rc < 0. Returns rc otherwise. Every OS call goes through this or an equivalent.
+long sys_check(long rc, const char* call, const std::string& subject);
+
+[[noreturn]] void check_failed(const char* file, int line, const std::string& what);
+
+}  // namespace loom
+
+#define LOOM_CHECK(cond)                                                   \
+  do {                                                                     \
+    if (!(cond)) ::loom::check_failed(__FILE__, __LINE__, "check " #cond); \
+  } while (0)
+
+#define LOOM_CHECK_OP(a, op, b)                                                          \
+  do {                                                                                   \
+    const auto& loom_a_ = (a);                                                           \
+    const auto& loom_b_ = (b);                                                           \
+    if (!(loom_a_ op loom_b_))                                                           \
+      ::loom::check_failed(__FILE__, __LINE__,                                           \
+                           ::loom::cat("check " #a " " #op " " #b " (", loom_a_, " vs ", \
+                                       loom_b_, ")"));                                   \
+  } while (0)
+
+#define LOOM_CHECK_EQ(a, b) LOOM_CHECK_OP(a, ==, b)
+#define LOOM_CHECK_LE(a, b) LOOM_CHECK_OP(a, <=, b)
+#define LOOM_CHECK_LT(a, b) LOOM_CHECK_OP(a, <, b)

@@ -1,0 +1,76 @@
+// ParamSet: every parameter of a model in one flat buffer, every gradient in a second one
+// of the same layout (DESIGN.md section 3, STYLE.md rule 13). Parameters are registered
+// by name and shape while a model is built, then allocate() creates both buffers; a
+// ParamRef resolves to views into them. Offsets are element offsets in registration
+// order, so data-parallel buckets and ZeRO shards are ranges of the flat buffers.
+//
+// Thread-safety: registration and allocate() from one thread; afterwards views may be
+// used from any thread (disjoint writes are the caller's to arrange).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/tensor.h"
+
+namespace loom {
+
+// What a parameter is, for optimizer policies such as "no weight decay on biases".
+enum class ParamKind : uint8_t { kWeight, kBias, kNorm, kEmbedding };
+
+struct ParamInfo {
+  std::string name;  // Hugging Face style, e.g. "transformer.h.0.attn.c_attn.weight"
+  Shape shape;
+  ParamKind kind;
+  int64_t offset;  // in elements, into the flat buffers
+  int64_t numel;
+};
+
+class ParamSet;
+
+class ParamRef {
+ public:
+  ParamRef() = default;
+  ParamRef(const ParamSet* set, int index) : set_(set), index_(index) {}
+  Tensor value() const;
+  Tensor grad() const;
+  const ParamInfo& info() const;
+  bool defined() const { return set_ != nullptr; }
+
+ private:
+  const ParamSet* set_ = nullptr;
+  int index_ = -1;
+};
+
+class ParamSet {
+ public:
+  explicit ParamSet(DType dtype = DType::kF32) : dtype_(dtype) {}
+  ParamSet(const ParamSet&) = delete;
+  ParamSet& operator=(const ParamSet&) = delete;
+
+  // REQUIRES: not yet allocated; name unique.
+  ParamRef add(const std::string& name, const Shape& shape, ParamKind kind);
+  void allocate();
+
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  int find(const std::string& name) const;  // -1 when absent
+  ParamRef ref(int index) const { return ParamRef(this, index); }
+
+  // The flat buffers, shape (numel,). REQUIRES: allocated.
+  const Tensor& values() const { return values_; }
+  const Tensor& grads() const { return grads_; }
+  Tensor value(int index) const;
+  Tensor grad(int index) const;
+  void zero_grads() const { grads_.zero(); }
+
+ private:
+  DType dtype_;
+  std::vector<ParamInfo> infos_;
+  int64_t numel_ = 0;
+  Tensor values_;
+  Tensor grads_;
+};
+
+}  // namespace loom

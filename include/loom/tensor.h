@@ -1,0 +1,108 @@
+// Tensor: a typed, shaped, strided, non-owning view into a Storage (DESIGN.md section 3).
+//
+// Storage is one flat, 64-byte aligned byte buffer; each role (parameters, gradients,
+// optimizer moments, activations) lives in one, and tensors are views into it, so data
+// parallel buckets and ZeRO shards are offset arithmetic. A Tensor keeps its Storage
+// alive through a shared_ptr; copying a Tensor copies the view, never the data.
+//
+// Thread-safety: a Tensor is a value; concurrent reads are safe, concurrent writes to the
+// same elements are the caller's to avoid.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/dtype.h"
+#include "loom/error.h"
+
+namespace loom {
+
+// Owns one zero-initialised, 64-byte aligned byte buffer.
+class Storage {
+ public:
+  explicit Storage(size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::byte* data_;
+  size_t bytes_;
+};
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[2, 3]"
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // A contiguous view of `shape` starting `offset_bytes` into `storage`.
+  Tensor(std::shared_ptr<Storage> storage, size_t offset_bytes, Shape shape, DType dtype);
+  // A fresh contiguous tensor with its own zeroed storage.
+  static Tensor zeros(const Shape& shape, DType dtype);
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }  // in elements
+  int64_t dim(int i) const;                            // negative i counts from the end
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  bool defined() const { return storage_ != nullptr; }
+  bool is_contiguous() const;
+  size_t offset_bytes() const { return offset_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Typed element pointer. REQUIRES: T matches dtype().
+  template <typename T>
+  T* data() const {
+    LOOM_CHECK(dtype_of<T>() == dtype_);
+    return reinterpret_cast<T*>(storage_->data() + offset_);
+  }
+  void* raw() const { return storage_->data() + offset_; }
+
+  // Same elements, new shape. REQUIRES: contiguous, same numel.
+  Tensor view(const Shape& shape) const;
+  // Rows [begin, end) of the leading dimension. REQUIRES: contiguous.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  // Sets every element to zero. REQUIRES: contiguous.
+  void zero() const;
+  // Copies elements from `src` (same dtype and numel). REQUIRES: both contiguous.
+  void copy_from(const Tensor& src) const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;
+  Shape shape_;
+  Shape strides_;
+  DType dtype_ = DType::kF32;
+};
+
+// Bump allocator for activations: one micro-batch's tensors come from here, and reset()
+// recycles them all at once. After the first step it holds one block of the peak size.
+// Thread-safety: not thread-safe; one arena per micro-batch context.
+class Arena {
+ public:
+  Tensor alloc(const Shape& shape, DType dtype);
+  Tensor zeros(const Shape& shape, DType dtype);
+  void reset();
+  size_t peak_bytes() const { return peak_; }
+
+ private:
+  std::vector<std::shared_ptr<Storage>> blocks_;
+  size_t used_ = 0;       // bytes used in the last block
+  size_t total_used_ = 0;  // bytes used across blocks since reset
+  size_t peak_ = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what Loom needs from Debian's archive, only the packages that are absent.
+# Idempotent; safe to run on every build. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  libopenblas-dev libopenblas0-openmp          # GEMM; the OpenMP build shares Loom's one thread pool
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libssl-dev zlib1g-dev                        # sha256 for checkpoints; gzip for IDX files
+  fortunes dataset-fashion-mnist               # the main job's text and the MLP's images
+  iproute2
+  python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+echo "setup: installing ${missing[*]}"
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,123 @@
+#include "loom/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace loom {
+
+Storage::Storage(size_t bytes) : bytes_(bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, rounded == 0 ? 64 : rounded);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+}  // namespace
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, size_t offset_bytes, Shape shape, DType dtype)
+    : storage_(std::move(storage)),
+      offset_(offset_bytes),
+      shape_(std::move(shape)),
+      strides_(contiguous_strides(shape_)),
+      dtype_(dtype) {
+  for (int64_t d : shape_) LOOM_CHECK_LE(0, d);
+  LOOM_CHECK_LE(offset_ + nbytes(), storage_->bytes());
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  auto storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype));
+  return Tensor(std::move(storage), 0, shape, dtype);
+}
+
+int64_t Tensor::dim(int i) const {
+  if (i < 0) i += ndim();
+  LOOM_CHECK(i >= 0 && i < ndim());
+  return shape_[i];
+}
+
+bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+Tensor Tensor::view(const Shape& shape) const {
+  LOOM_CHECK(is_contiguous());
+  LOOM_CHECK_EQ(shape_numel(shape), numel());
+  return Tensor(storage_, offset_, shape, dtype_);
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  LOOM_CHECK(is_contiguous() && ndim() >= 1);
+  LOOM_CHECK(0 <= begin && begin <= end && end <= shape_[0]);
+  Shape s = shape_;
+  s[0] = end - begin;
+  size_t row_bytes = static_cast<size_t>(strides_[0]) * dtype_size(dtype_);
+  return Tensor(storage_, offset_ + begin * row_bytes, s, dtype_);
+}
+
+void Tensor::zero() const {
+  LOOM_CHECK(is_contiguous());
+  std::memset(raw(), 0, nbytes());
+}
+
+void Tensor::copy_from(const Tensor& src) const {
+  LOOM_CHECK(is_contiguous() && src.is_contiguous());
+  LOOM_CHECK(dtype_ == src.dtype_);
+  LOOM_CHECK_EQ(numel(), src.numel());
+  std::memcpy(raw(), src.raw(), nbytes());
+}
+
+Tensor Arena::alloc(const Shape& shape, DType dtype) {
+  size_t bytes = (shape_numel(shape) * dtype_size(dtype) + 63) / 64 * 64;
+  if (blocks_.empty() || used_ + bytes > blocks_.back()->bytes()) {
+    size_t last = blocks_.empty() ? 0 : blocks_.back()->bytes();
+    blocks_.push_back(std::make_shared<Storage>(std::max({bytes, 2 * last, size_t{1} << 20})));
+    used_ = 0;
+  }
+  Tensor t(blocks_.back(), used_, shape, dtype);
+  used_ += bytes;
+  total_used_ += bytes;
+  peak_ = std::max(peak_, total_used_);
+  return t;
+}
+
+Tensor Arena::zeros(const Shape& shape, DType dtype) {
+  Tensor t = alloc(shape, dtype);
+  t.zero();
+  return t;
+}
+
+void Arena::reset() {
+  // Tensors handed out earlier keep their blocks alive; the arena only forgets them.
+  if (blocks_.size() > 1) {
+    blocks_.clear();
+    blocks_.push_back(std::make_shared<Storage>(peak_));
+  }
+  used_ = 0;
+  total_used_ = 0;
+}
+
+}  // namespace loom

@@ -1,0 +1,59 @@
+#include "loom/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "loom/params.h"
+
+namespace loom {
+namespace {
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::zeros({4, 3}, DType::kF32);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.strides(), (Shape{3, 1}));
+  Tensor rows = t.slice_rows(1, 3);
+  rows.data<float>()[0] = 5.0f;
+  EXPECT_EQ(t.data<float>()[3], 5.0f);
+  Tensor flat = t.view({12});
+  EXPECT_EQ(flat.data<float>()[3], 5.0f);
+  EXPECT_EQ(t.dim(-1), 3);
+  EXPECT_EQ(shape_str(t.shape()), "[4, 3]");
+}
+
+TEST(Tensor, ZeroSizedTensorsAreValid) {
+  Tensor t = Tensor::zeros({0, 5}, DType::kBF16);
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_EQ(t.nbytes(), 0u);
+  t.zero();
+}
+
+TEST(Arena, ReusesOneBlockAfterReset) {
+  Arena a;
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = a.alloc({1 << 19}, DType::kF32);  // 2 MiB each: forces a second block
+    Tensor y = a.alloc({1 << 19}, DType::kF32);
+    EXPECT_NE(x.raw(), y.raw());
+    a.reset();
+  }
+  EXPECT_EQ(a.peak_bytes(), size_t{4} << 20);
+  Tensor z = a.zeros({7}, DType::kF64);
+  EXPECT_EQ(z.data<double>()[6], 0.0);
+}
+
+TEST(ParamSet, FlatLayoutInRegistrationOrder) {
+  ParamSet ps;
+  ParamRef a = ps.add("a.weight", {2, 3}, ParamKind::kWeight);
+  ParamRef b = ps.add("a.bias", {3}, ParamKind::kBias);
+  ps.allocate();
+  EXPECT_EQ(ps.numel(), 9);
+  EXPECT_EQ(b.info().offset, 6);
+  b.value().data<float>()[0] = 2.0f;
+  a.grad().data<float>()[5] = 3.0f;
+  EXPECT_EQ(ps.values().data<float>()[6], 2.0f);
+  EXPECT_EQ(ps.grads().data<float>()[5], 3.0f);
+  EXPECT_EQ(ps.find("a.bias"), 1);
+  EXPECT_EQ(ps.find("nope"), -1);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,18 @@
+#include "loom/threads.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "loom/error.h"
+
+namespace loom {
+
+void set_compute_threads(int n) {
+  LOOM_CHECK_LE(1, n);
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int compute_threads() { return omp_get_max_threads(); }
+
+}  // namespace loom
