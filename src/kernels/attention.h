@@ -1,0 +1,20 @@
+// Causal multi-head self-attention core (after the qkv projection, before the output one).
+// Legend: B batch, T time, C channels, NH heads, HS = C / NH head size.
+// qkv rows hold [q | k | v], each C wide, head h at columns [h*HS, (h+1)*HS) (GPT-2 order).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels {
+
+// out (B, T, C): softmax(q k^T / sqrt(HS), causal) v per head; att (B, NH, T, T) receives the
+// attention probabilities (zero above the diagonal), which backward needs.
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
+                       int64_t nh);
+// dqkv (B, T, 3C) overwritten. scratch: B*NH*T*T elements of workspace.
+template <typename T>
+void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
+                        int64_t b, int64_t t, int64_t c, int64_t nh);
+
+}  // namespace loom::kernels

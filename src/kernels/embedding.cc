@@ -1,0 +1,35 @@
+#include "kernels/embedding.h"
+
+#include <algorithm>
+
+namespace loom::kernels {
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::copy(table + ids[i] * c, table + (ids[i] + 1) * c, out + i * c);
+}
+
+template <typename T>
+void embedding_backward(T* dtable, const int32_t* ids, const T* dout, int64_t n, int64_t c) {
+  // Channels split across threads so two rows with the same id never race; each thread
+  // adds rows in order, so the result does not depend on the thread count.
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < c; c0 += kCols) {
+    int64_t c1 = std::min(c, c0 + kCols);
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst = dtable + ids[i] * c;
+      const T* src = dout + i * c;
+      for (int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+template void embedding_forward<float>(float*, const int32_t*, const float*, int64_t, int64_t);
+template void embedding_forward<double>(double*, const int32_t*, const double*, int64_t, int64_t);
+template void embedding_backward<float>(float*, const int32_t*, const float*, int64_t, int64_t);
+template void embedding_backward<double>(double*, const int32_t*, const double*, int64_t,
+                                         int64_t);
+
+}  // namespace loom::kernels

@@ -1,0 +1,276 @@
+// Each fast kernel against its plain-loop reference twin, and each reference backward
+// against central finite differences in double precision (so the oracle itself is proven).
+// Tolerances: f64 fast vs reference 1e-10 relative (only summation order differs);
+// f32 fast vs f64 reference 2e-5 relative (f32 rounding over sums of <= 256 terms);
+// finite differences 1e-6 relative with step 1e-5 (truncation error O(h^2) ~ 1e-10, and
+// rounding ~ 1e-16/h ~ 1e-11 of the output's scale).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/optimizer.h"
+#include "kernels/pointwise.h"
+#include "kernels/reference/reference.h"
+#include "loom/rng.h"
+
+namespace loom::kernels {
+namespace {
+
+namespace ref = reference;
+
+std::vector<double> randn(size_t n, uint64_t seed, double scale = 1.0) {
+  Rng r(seed);
+  std::vector<double> v(n);
+  for (auto& x : v) x = r.normal() * scale;
+  return v;
+}
+
+std::vector<float> to_f32(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+// Max |a-b| / (max|b| + tiny): relative to the tensor's scale, so near-zero entries do not
+// make the check meaningless.
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double scale = 1e-30, err = 0;
+  for (double x : b) scale = std::max(scale, std::fabs(x));
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::fabs(a[i] - b[i]));
+  return err / scale;
+}
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  return rel_err(std::vector<double>(a.begin(), a.end()), b);
+}
+
+// Numerical gradient of L(x) = sum(f(x) * w) with central differences.
+std::vector<double> numeric_grad(std::vector<double> x, const std::vector<double>& w,
+                                 const std::function<std::vector<double>(const std::vector<double>&)>& f) {
+  const double h = 1e-5;
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    double x0 = x[i];
+    x[i] = x0 + h;
+    auto yp = f(x);
+    x[i] = x0 - h;
+    auto ym = f(x);
+    x[i] = x0;
+    double d = 0;
+    for (size_t j = 0; j < w.size(); ++j) d += (yp[j] - ym[j]) * w[j];
+    g[i] = d / (2 * h);
+  }
+  return g;
+}
+
+class MatmulTest : public ::testing::TestWithParam<WeightLayout> {};
+
+TEST_P(MatmulTest, FastMatchesReferenceAndReferenceMatchesFiniteDifferences) {
+  const WeightLayout layout = GetParam();
+  const int64_t n = 7, k = 13, m = 5;
+  auto x = randn(n * k, 1), w = randn(k * m, 2), b = randn(m, 3), dy = randn(n * m, 4);
+  std::vector<double> y(n * m), dx(n * k), dw(k * m, 0), db(m, 0);
+  ref::matmul_forward(y.data(), x.data(), w.data(), b.data(), n, k, m, layout);
+  ref::matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), n, k, m, layout);
+
+  auto f_x = [&](const std::vector<double>& xx) {
+    std::vector<double> o(n * m);
+    ref::matmul_forward(o.data(), xx.data(), w.data(), b.data(), n, k, m, layout);
+    return o;
+  };
+  auto f_w = [&](const std::vector<double>& ww) {
+    std::vector<double> o(n * m);
+    ref::matmul_forward(o.data(), x.data(), ww.data(), b.data(), n, k, m, layout);
+    return o;
+  };
+  auto f_b = [&](const std::vector<double>& bb) {
+    std::vector<double> o(n * m);
+    ref::matmul_forward(o.data(), x.data(), w.data(), bb.data(), n, k, m, layout);
+    return o;
+  };
+  EXPECT_LT(rel_err(dx, numeric_grad(x, dy, f_x)), 1e-6);
+  EXPECT_LT(rel_err(dw, numeric_grad(w, dy, f_w)), 1e-6);
+  EXPECT_LT(rel_err(db, numeric_grad(b, dy, f_b)), 1e-6);
+
+  // Fast f64 and f32 against the reference.
+  std::vector<double> y64(n * m), dx64(n * k), dw64(k * m, 0), db64(m, 0);
+  matmul_forward(y64.data(), x.data(), w.data(), b.data(), n, k, m, layout);
+  matmul_backward(dx64.data(), dw64.data(), db64.data(), dy.data(), x.data(), w.data(), n, k, m, layout);
+  EXPECT_LT(rel_err(y64, y), 1e-12);
+  EXPECT_LT(rel_err(dx64, dx), 1e-12);
+  EXPECT_LT(rel_err(dw64, dw), 1e-12);
+  EXPECT_LT(rel_err(db64, db), 1e-12);
+  auto xf = to_f32(x), wf = to_f32(w), bf = to_f32(b), dyf = to_f32(dy);
+  std::vector<float> yf(n * m), dxf(n * k), dwf(k * m, 0), dbf(m, 0);
+  matmul_forward(yf.data(), xf.data(), wf.data(), bf.data(), n, k, m, layout);
+  matmul_backward(dxf.data(), dwf.data(), dbf.data(), dyf.data(), xf.data(), wf.data(), n, k, m, layout);
+  EXPECT_LT(rel_err(yf, y), 2e-5);
+  EXPECT_LT(rel_err(dxf, dx), 2e-5);
+  EXPECT_LT(rel_err(dwf, dw), 2e-5);
+  EXPECT_LT(rel_err(dbf, db), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MatmulTest, ::testing::Values(WeightLayout::kKM, WeightLayout::kMK));
+
+TEST(Kernels, MatmulHandlesEmptyBatch) {
+  std::vector<float> w(6, 1.0f), b(3, 1.0f), dw(6, 0.0f), db(3, 0.0f);
+  matmul_forward<float>(nullptr, nullptr, w.data(), b.data(), 0, 2, 3, WeightLayout::kKM);
+  matmul_backward<float>(nullptr, dw.data(), db.data(), nullptr, nullptr, w.data(), 0, 2, 3,
+                         WeightLayout::kKM);
+  EXPECT_EQ(dw, std::vector<float>(6, 0.0f));
+}
+
+TEST(Kernels, Gelu) {
+  const int64_t n = 1001;
+  auto x = randn(n, 5, 2.0), dy = randn(n, 6);
+  std::vector<double> y(n), dx(n);
+  ref::gelu_forward(y.data(), x.data(), n);
+  ref::gelu_backward(dx.data(), x.data(), dy.data(), n);
+  // Elementwise op: check the derivative per element with the same central difference.
+  std::vector<double> fd(n);
+  for (int64_t i = 0; i < n; ++i)
+    fd[i] = (ref::gelu(x[i] + 1e-5) - ref::gelu(x[i] - 1e-5)) / 2e-5 * dy[i];
+  EXPECT_LT(rel_err(dx, fd), 1e-8);
+  auto xf = to_f32(x), dyf = to_f32(dy);
+  std::vector<float> yf(n), dxf(n);
+  gelu_forward(yf.data(), xf.data(), n);
+  gelu_backward(dxf.data(), xf.data(), dyf.data(), n);
+  EXPECT_LT(rel_err(yf, y), 2e-6);
+  EXPECT_LT(rel_err(dxf, dx), 2e-6);
+  std::vector<float> sum(n);
+  add_forward(sum.data(), xf.data(), dyf.data(), n);
+  EXPECT_EQ(sum[17], xf[17] + dyf[17]);
+}
+
+TEST(Kernels, LayerNorm) {
+  const int64_t n = 6, c = 33;
+  auto x = randn(n * c, 7, 3.0), w = randn(c, 8), b = randn(c, 9), dy = randn(n * c, 10);
+  std::vector<double> y(n * c), mean(n), rstd(n), dx(n * c), dw(c, 0), db(c, 0);
+  ref::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, c);
+  ref::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), n, c);
+  auto fwd = [&](const std::vector<double>& xx, const std::vector<double>& ww,
+                 const std::vector<double>& bb) {
+    std::vector<double> o(n * c), mm(n), rr(n);
+    ref::layernorm_forward(o.data(), mm.data(), rr.data(), xx.data(), ww.data(), bb.data(), n, c);
+    return o;
+  };
+  EXPECT_LT(rel_err(dx, numeric_grad(x, dy, [&](auto& v) { return fwd(v, w, b); })), 1e-6);
+  EXPECT_LT(rel_err(dw, numeric_grad(w, dy, [&](auto& v) { return fwd(x, v, b); })), 1e-6);
+  EXPECT_LT(rel_err(db, numeric_grad(b, dy, [&](auto& v) { return fwd(x, w, v); })), 1e-6);
+
+  auto xf = to_f32(x), wf = to_f32(w), bf = to_f32(b), dyf = to_f32(dy);
+  std::vector<float> yf(n * c), mf(n), rf(n), dxf(n * c), dwf(c, 0), dbf(c, 0);
+  layernorm_forward(yf.data(), mf.data(), rf.data(), xf.data(), wf.data(), bf.data(), n, c);
+  layernorm_backward(dxf.data(), dwf.data(), dbf.data(), dyf.data(), xf.data(), wf.data(),
+                     mf.data(), rf.data(), n, c);
+  EXPECT_LT(rel_err(yf, y), 2e-5);
+  EXPECT_LT(rel_err(dxf, dx), 2e-5);
+  EXPECT_LT(rel_err(dwf, dw), 2e-5);
+  EXPECT_LT(rel_err(dbf, db), 2e-5);
+}
+
+TEST(Kernels, Attention) {
+  const int64_t b = 2, t = 5, c = 12, nh = 3;
+  auto qkv = randn(b * t * 3 * c, 11), dy = randn(b * t * c, 12);
+  std::vector<double> y(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
+  ref::attention_forward(y.data(), att.data(), qkv.data(), b, t, c, nh);
+  ref::attention_backward<double>(dqkv.data(), nullptr, dy.data(), qkv.data(), att.data(), b, t, c, nh);
+  auto fwd = [&](const std::vector<double>& q) {
+    std::vector<double> o(b * t * c), a(b * nh * t * t);
+    ref::attention_forward(o.data(), a.data(), q.data(), b, t, c, nh);
+    return o;
+  };
+  EXPECT_LT(rel_err(dqkv, numeric_grad(qkv, dy, fwd)), 1e-6);
+
+  std::vector<double> y64(b * t * c), att64(b * nh * t * t), dqkv64(b * t * 3 * c), s64(b * nh * t * t);
+  attention_forward(y64.data(), att64.data(), qkv.data(), b, t, c, nh);
+  attention_backward(dqkv64.data(), s64.data(), dy.data(), qkv.data(), att64.data(), b, t, c, nh);
+  EXPECT_LT(rel_err(y64, y), 1e-12);
+  EXPECT_LT(rel_err(att64, att), 1e-12);
+  EXPECT_LT(rel_err(dqkv64, dqkv), 1e-12);
+  auto qf = to_f32(qkv), dyf = to_f32(dy);
+  std::vector<float> yf(b * t * c), af(b * nh * t * t), dqf(b * t * 3 * c), sf(b * nh * t * t);
+  attention_forward(yf.data(), af.data(), qf.data(), b, t, c, nh);
+  attention_backward(dqf.data(), sf.data(), dyf.data(), qf.data(), af.data(), b, t, c, nh);
+  EXPECT_LT(rel_err(yf, y), 2e-5);
+  EXPECT_LT(rel_err(dqf, dqkv), 2e-5);
+}
+
+TEST(Kernels, CrossEntropy) {
+  const int64_t n = 9, v = 17;
+  auto logits = randn(n * v, 13, 3.0);
+  std::vector<int32_t> tgt(n);
+  for (int64_t i = 0; i < n; ++i) tgt[i] = static_cast<int32_t>((i * 5) % v);
+  std::vector<double> loss(n), dl(n * v);
+  ref::cross_entropy_forward(loss.data(), logits.data(), tgt.data(), n, v);
+  ref::cross_entropy_backward(dl.data(), logits.data(), tgt.data(), 1.0 / n, n, v);
+  std::vector<double> w(n, 1.0 / n);
+  auto fwd = [&](const std::vector<double>& l) {
+    std::vector<double> o(n);
+    ref::cross_entropy_forward(o.data(), l.data(), tgt.data(), n, v);
+    return o;
+  };
+  EXPECT_LT(rel_err(dl, numeric_grad(logits, w, fwd)), 1e-6);
+  auto lf = to_f32(logits);
+  std::vector<float> lossf(n), dlf(n * v);
+  cross_entropy_forward(lossf.data(), lf.data(), tgt.data(), n, v);
+  cross_entropy_backward(dlf.data(), lf.data(), tgt.data(), 1.0f / n, n, v);
+  EXPECT_LT(rel_err(lossf, loss), 2e-6);
+  EXPECT_LT(rel_err(dlf, dl), 2e-6);
+  // In place (dlogits aliasing logits) gives the same.
+  cross_entropy_backward(lf.data(), lf.data(), tgt.data(), 1.0f / n, n, v);
+  EXPECT_EQ(lf, dlf);
+}
+
+TEST(Kernels, Embedding) {
+  const int64_t n = 10, c = 70, vocab = 4;  // repeated ids: backward must accumulate
+  auto table = randn(vocab * c, 14), dy = randn(n * c, 15);
+  std::vector<int32_t> ids = {0, 3, 3, 1, 0, 2, 3, 1, 1, 0};
+  std::vector<double> y(n * c), dt(vocab * c, 0);
+  ref::embedding_forward(y.data(), ids.data(), table.data(), n, c);
+  ref::embedding_backward(dt.data(), ids.data(), dy.data(), n, c);
+  auto fwd = [&](const std::vector<double>& tb) {
+    std::vector<double> o(n * c);
+    ref::embedding_forward(o.data(), ids.data(), tb.data(), n, c);
+    return o;
+  };
+  EXPECT_LT(rel_err(dt, numeric_grad(table, dy, fwd)), 1e-6);
+  std::vector<double> y2(n * c), dt2(vocab * c, 0);
+  embedding_forward(y2.data(), ids.data(), table.data(), n, c);
+  embedding_backward(dt2.data(), ids.data(), dy.data(), n, c);
+  EXPECT_EQ(y2, y);
+  EXPECT_EQ(dt2, dt);  // same order of additions: bitwise equal
+}
+
+TEST(Kernels, AdamWAndSgdMatchReference) {
+  const int64_t n = 257;
+  auto p = randn(n, 16), g = randn(n, 17), m0 = randn(n, 18, 0.1), v0 = randn(n, 19, 0.1);
+  for (auto& x : v0) x = x * x;
+  AdamWStep s{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .step = 3};
+  auto pr = p, mr = m0, vr = v0;
+  ref::adamw_update(pr.data(), g.data(), mr.data(), vr.data(), n, s);
+  auto pf = p, mf = m0, vf = v0;
+  adamw_update(pf.data(), g.data(), mf.data(), vf.data(), n, s);
+  EXPECT_LT(rel_err(pf, pr), 1e-14);
+  EXPECT_LT(rel_err(mf, mr), 1e-14);
+  EXPECT_LT(rel_err(vf, vr), 1e-14);
+  // A hand-computed first step: m = 0.1 g, v = 0.05 g^2, update = lr * sign(g) (eps aside).
+  std::vector<double> p1 = {1.0}, g1 = {2.0}, m1 = {0.0}, v1 = {0.0};
+  AdamWStep s1{.lr = 0.5, .beta1 = 0.9, .beta2 = 0.95, .eps = 0.0, .weight_decay = 0.2, .step = 1};
+  adamw_update(p1.data(), g1.data(), m1.data(), v1.data(), 1, s1);
+  EXPECT_DOUBLE_EQ(p1[0], 1.0 * (1 - 0.5 * 0.2) - 0.5);
+
+  auto ps = p, bs = m0, pq = p, bq = m0;
+  for (int step = 0; step < 3; ++step) {
+    ref::sgd_update(ps.data(), g.data(), bs.data(), n, 0.1, 0.9, 0.01, step == 0);
+    sgd_update(pq.data(), g.data(), bq.data(), n, 0.1, 0.9, 0.01, step == 0);
+  }
+  EXPECT_LT(rel_err(pq, ps), 1e-14);
+}
+
+}  // namespace
+}  // namespace loom::kernels

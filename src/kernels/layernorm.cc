@@ -1,0 +1,88 @@
+#include "kernels/layernorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace loom::kernels {
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* x = inp + i * c;
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < c; ++j) sum += x[j];
+    T m = sum / static_cast<T>(c);
+    T var = 0;
+#pragma omp simd reduction(+ : var)
+    for (int64_t j = 0; j < c; ++j) var += (x[j] - m) * (x[j] - m);
+    T s = T(1) / std::sqrt(var / static_cast<T>(c) + static_cast<T>(kLayerNormEps));
+    T* y = out + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) y[j] = (x[j] - m) * s * weight[j] + bias[j];
+    mean[i] = m;
+    rstd[i] = s;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int64_t n, int64_t c) {
+  // dinp: rows are independent.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* x = inp + i * c;
+    const T* dy = dout + i * c;
+    T m = mean[i], s = rstd[i];
+    T sum_g = 0, sum_gx = 0;  // mean of (dy * w) and of (dy * w * xhat)
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int64_t j = 0; j < c; ++j) {
+      T g = dy[j] * weight[j];
+      sum_g += g;
+      sum_gx += g * (x[j] - m) * s;
+    }
+    sum_g /= static_cast<T>(c);
+    sum_gx /= static_cast<T>(c);
+    T* dx = dinp + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) {
+      T xhat = (x[j] - m) * s;
+      dx[j] = (dy[j] * weight[j] - sum_g - xhat * sum_gx) * s;
+    }
+  }
+  // dweight, dbias: columns split across threads, rows summed in order (deterministic).
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < c; c0 += kCols) {
+    int64_t c1 = std::min(c, c0 + kCols);
+    T dw[kCols] = {}, db[kCols] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const T* x = inp + i * c;
+      const T* dy = dout + i * c;
+      T m = mean[i], s = rstd[i];
+      for (int64_t j = c0; j < c1; ++j) {
+        dw[j - c0] += dy[j] * (x[j] - m) * s;
+        db[j - c0] += dy[j];
+      }
+    }
+    for (int64_t j = c0; j < c1; ++j) {
+      dweight[j] += dw[j - c0];
+      dbias[j] += db[j - c0];
+    }
+  }
+}
+
+template void layernorm_forward<float>(float*, float*, float*, const float*, const float*,
+                                       const float*, int64_t, int64_t);
+template void layernorm_forward<double>(double*, double*, double*, const double*, const double*,
+                                        const double*, int64_t, int64_t);
+template void layernorm_backward<float>(float*, float*, float*, const float*, const float*,
+                                        const float*, const float*, const float*, int64_t,
+                                        int64_t);
+template void layernorm_backward<double>(double*, double*, double*, const double*, const double*,
+                                         const double*, const double*, const double*, int64_t,
+                                         int64_t);
+
+}  // namespace loom::kernels

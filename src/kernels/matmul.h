@@ -1,0 +1,33 @@
+// Matrix multiply with bias: the fully connected layers and the tied output projection.
+// Dimension legend: N rows (batch x time), K input features, M output features.
+// Fast version: OpenBLAS sgemm/dgemm, threaded by the process's one OpenMP pool.
+// Thread-safety: reentrant; callers inside an OpenMP region get single-threaded BLAS.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels {
+
+// How the weight is laid out: kKM = (K, M), as GPT-2's Conv1D (x @ W);
+// kMK = (M, K), as an embedding table used as the output projection (x @ W^T).
+enum class WeightLayout { kKM, kMK };
+
+// out (N, M) = inp (N, K) @ weight + bias (M). bias may be null.
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
+                    int64_t m, WeightLayout layout);
+
+// dinp (N, K) = dout @ weight^T (overwritten; skipped when null);
+// dweight += inp^T @ dout in the weight's layout; dbias (M) += column sums of dout (skipped
+// when null). Sums are in a fixed order, so results are deterministic run to run.
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t n, int64_t k, int64_t m, WeightLayout layout);
+
+// Plain GEMM: C (m, n) = alpha * op(A) @ op(B) + beta * C, row-major, leading dimensions in
+// elements. The one place Loom calls BLAS.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+}  // namespace loom::kernels

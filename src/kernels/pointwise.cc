@@ -1,0 +1,47 @@
+#include "kernels/pointwise.h"
+
+#include <cmath>
+
+namespace loom::kernels {
+namespace {
+template <typename T>
+constexpr T kGeluScale = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
+}
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+    out[i] = T(0.5) * x * (T(1) + std::tanh(u));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+    T th = std::tanh(u);
+    T sech2 = T(1) - th * th;
+    T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
+    dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dout[i];
+  }
+}
+
+template <typename T>
+void add_forward(T* out, const T* a, const T* b, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template void gelu_forward<float>(float*, const float*, int64_t);
+template void gelu_forward<double>(double*, const double*, int64_t);
+template void gelu_backward<float>(float*, const float*, const float*, int64_t);
+template void gelu_backward<double>(double*, const double*, const double*, int64_t);
+template void add_forward<float>(float*, const float*, const float*, int64_t);
+template void add_forward<double>(double*, const double*, const double*, int64_t);
+
+}  // namespace loom::kernels

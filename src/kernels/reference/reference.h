@@ -1,0 +1,246 @@
+// Plain-loop twins of every kernel in src/kernels/: the test oracle and the readable
+// definition of each op (STYLE.md rule 6). Same signatures as the fast kernels, in
+// namespace loom::kernels::reference. Never optimized; never called outside tests and
+// the tools that check the fast kernels.
+// Legend: N rows, K in features, M out features, C channels, V vocab/classes,
+// B batch, T time, NH heads, HS head size.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/matmul.h"
+#include "kernels/optimizer.h"
+
+namespace loom::kernels::reference {
+
+template <typename T>
+T weight_at(const T* w, int64_t kk, int64_t mm, int64_t k, int64_t m, WeightLayout layout) {
+  return layout == WeightLayout::kKM ? w[kk * m + mm] : w[mm * k + kk];
+}
+
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
+                    int64_t m, WeightLayout layout) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < m; ++o) {
+      T acc = bias ? bias[o] : T(0);
+      for (int64_t j = 0; j < k; ++j) acc += inp[i * k + j] * weight_at(weight, j, o, k, m, layout);
+      out[i * m + o] = acc;
+    }
+}
+
+template <typename T>
+void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t n, int64_t k, int64_t m, WeightLayout layout) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      T acc = 0;
+      for (int64_t o = 0; o < m; ++o) acc += dout[i * m + o] * weight_at(weight, j, o, k, m, layout);
+      if (dinp) dinp[i * k + j] = acc;
+    }
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t o = 0; o < m; ++o) {
+      T acc = 0;
+      for (int64_t i = 0; i < n; ++i) acc += inp[i * k + j] * dout[i * m + o];
+      (layout == WeightLayout::kKM ? dweight[j * m + o] : dweight[o * k + j]) += acc;
+    }
+  if (dbias)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t i = 0; i < n; ++i) dbias[o] += dout[i * m + o];
+}
+
+template <typename T>
+T gelu(T x) {
+  const T s = std::sqrt(T(2) / T(3.14159265358979323846));
+  return T(0.5) * x * (T(1) + std::tanh(s * (x + T(0.044715) * x * x * x)));
+}
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+  const T s = std::sqrt(T(2) / T(3.14159265358979323846));
+  for (int64_t i = 0; i < n; ++i) {
+    T x = inp[i];
+    T th = std::tanh(s * (x + T(0.044715) * x * x * x));
+    T d = T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * s * (T(1) + T(0.134145) * x * x);
+    dinp[i] = d * dout[i];
+  }
+}
+
+template <typename T>
+void add_forward(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i) {
+    T m = 0, v = 0;
+    for (int64_t j = 0; j < c; ++j) m += inp[i * c + j];
+    m /= c;
+    for (int64_t j = 0; j < c; ++j) v += (inp[i * c + j] - m) * (inp[i * c + j] - m);
+    T s = T(1) / std::sqrt(v / c + T(1e-5));
+    for (int64_t j = 0; j < c; ++j) out[i * c + j] = (inp[i * c + j] - m) * s * weight[j] + bias[j];
+    mean[i] = m;
+    rstd[i] = s;
+  }
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                        const T* weight, const T* mean, const T* rstd, int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i) {
+    T a = 0, b = 0;
+    for (int64_t j = 0; j < c; ++j) {
+      T xhat = (inp[i * c + j] - mean[i]) * rstd[i];
+      a += dout[i * c + j] * weight[j];
+      b += dout[i * c + j] * weight[j] * xhat;
+      dweight[j] += dout[i * c + j] * xhat;
+      dbias[j] += dout[i * c + j];
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      T xhat = (inp[i * c + j] - mean[i]) * rstd[i];
+      dinp[i * c + j] = rstd[i] * (dout[i * c + j] * weight[j] - a / c - xhat * b / c);
+    }
+  }
+}
+
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
+                       int64_t nh) {
+  int64_t hs = c / nh;
+  T scale = T(1) / std::sqrt(T(hs));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        T* p = att + ((bi * nh + h) * t + i) * t;
+        const T* q = qkv + (bi * t + i) * 3 * c + h * hs;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < t; ++j) {
+          p[j] = 0;
+          if (j > i) continue;
+          const T* k = qkv + (bi * t + j) * 3 * c + c + h * hs;
+          T dot = 0;
+          for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+          p[j] = dot * scale;
+          mx = std::max(mx, p[j]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+        for (int64_t d = 0; d < hs; ++d) {
+          T acc = 0;
+          for (int64_t j = 0; j <= i; ++j) acc += p[j] * qkv[(bi * t + j) * 3 * c + 2 * c + h * hs + d];
+          out[(bi * t + i) * c + h * hs + d] = acc;
+        }
+      }
+}
+
+template <typename T>
+void attention_backward(T* dqkv, T* /*scratch*/, const T* dout, const T* qkv, const T* att,
+                        int64_t b, int64_t t, int64_t c, int64_t nh) {
+  int64_t hs = c / nh;
+  T scale = T(1) / std::sqrt(T(hs));
+  std::fill(dqkv, dqkv + b * t * 3 * c, T(0));
+  std::vector<T> dp(t);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        const T* p = att + ((bi * nh + h) * t + i) * t;
+        const T* dy = dout + (bi * t + i) * c + h * hs;
+        T dot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* v = qkv + (bi * t + j) * 3 * c + 2 * c + h * hs;
+          T* dv = dqkv + (bi * t + j) * 3 * c + 2 * c + h * hs;
+          dp[j] = 0;
+          for (int64_t d = 0; d < hs; ++d) {
+            dp[j] += dy[d] * v[d];
+            dv[d] += p[j] * dy[d];
+          }
+          dot += p[j] * dp[j];
+        }
+        const T* q = qkv + (bi * t + i) * 3 * c + h * hs;
+        T* dq = dqkv + (bi * t + i) * 3 * c + h * hs;
+        for (int64_t j = 0; j <= i; ++j) {
+          T ds = p[j] * (dp[j] - dot) * scale;
+          const T* k = qkv + (bi * t + j) * 3 * c + c + h * hs;
+          T* dk = dqkv + (bi * t + j) * 3 * c + c + h * hs;
+          for (int64_t d = 0; d < hs; ++d) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+          }
+        }
+      }
+}
+
+template <typename T>
+void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t n,
+                           int64_t v) {
+  for (int64_t i = 0; i < n; ++i) {
+    T mx = logits[i * v];
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, logits[i * v + j]);
+    T sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[i * v + j] - mx);
+    losses[i] = -(logits[i * v + targets[i]] - mx - std::log(sum));
+  }
+}
+
+template <typename T>
+void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets, T dloss,
+                            int64_t n, int64_t v) {
+  for (int64_t i = 0; i < n; ++i) {
+    T mx = logits[i * v];
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, logits[i * v + j]);
+    T sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[i * v + j] - mx);
+    for (int64_t j = 0; j < v; ++j)
+      dlogits[i * v + j] = (std::exp(logits[i * v + j] - mx) / sum - (j == targets[i])) * dloss;
+  }
+}
+
+template <typename T>
+void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < c; ++j) out[i * c + j] = table[ids[i] * c + j];
+}
+
+template <typename T>
+void embedding_backward(T* dtable, const int32_t* ids, const T* dout, int64_t n, int64_t c) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < c; ++j) dtable[ids[i] * c + j] += dout[i * c + j];
+}
+
+template <typename T>
+void adamw_update(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWStep& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    double p = param[i] * (1.0 - s.lr * s.weight_decay);
+    double mi = s.beta1 * m[i] + (1.0 - s.beta1) * grad[i];
+    double vi = s.beta2 * v[i] + (1.0 - s.beta2) * grad[i] * grad[i];
+    double mhat = mi / (1.0 - std::pow(s.beta1, s.step));
+    double vhat = vi / (1.0 - std::pow(s.beta2, s.step));
+    m[i] = static_cast<T>(mi);
+    v[i] = static_cast<T>(vi);
+    param[i] = static_cast<T>(p - s.lr * mhat / (std::sqrt(vhat) + s.eps));
+  }
+}
+
+template <typename T>
+void sgd_update(T* param, const T* grad, T* buf, int64_t n, double lr, double momentum,
+                double weight_decay, bool first_step) {
+  for (int64_t i = 0; i < n; ++i) {
+    T g = grad[i] + T(weight_decay) * param[i];
+    if (momentum != 0) buf[i] = g = first_step ? g : T(momentum) * buf[i] + g;
+    param[i] -= T(lr) * g;
+  }
+}
+
+}  // namespace loom::kernels::reference
