@@ -1,0 +1,77 @@
+// GPT: the GPT-2 architecture (learned positional embeddings, pre-LayerNorm blocks, 4x GELU
+// MLP, final LayerNorm, output projection tied to the token embedding), with Hugging Face
+// GPT-2 parameter names and layouts (transformer.wte.weight (V, C),
+// transformer.h.0.attn.c_attn.weight (C, 3C), ...) so checkpoints load in the ecosystem.
+//
+// The model is a sequence of blocks; forward/backward run them in order (pipeline stages
+// will be contiguous ranges of blocks). All parameters live in one flat ParamSet.
+// Thread-safety: one thread drives a model; kernels parallelize internally.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loom/nn/layers.h"
+
+namespace loom::nn {
+
+struct GptConfig {
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 256;
+  int64_t seq_len = 256;     // the longest context (rows of wpe)
+  int64_t vocab_size = 256;
+};
+
+// Everything one micro-batch's forward saves for its backward.
+struct GptCtx {
+  Arena arena;
+  Tensor tokens, targets, positions;  // (B, T) i32, (B, T) i32, (B, T) i32
+  EmbeddingCtx wte, wpe;
+  std::vector<BlockCtx> blocks;
+  LayerNormCtx ln_f;
+  LinearCtx head;  // input of the tied output projection
+  CrossEntropyCtx loss;
+  Tensor logits;  // (B, T, V), or (B, 1, V) for last_only; overwritten by backward
+  int64_t b = 0, t = 0;
+};
+
+class Gpt {
+ public:
+  explicit Gpt(const GptConfig& config, DType dtype = DType::kF32);
+
+  // GPT-2 initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
+  // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0.
+  void init(uint64_t seed);
+
+  // tokens, targets: (B, T) i32, T <= seq_len, ids < vocab_size (callers validate at the data
+  // edge). Returns the mean next-token cross-entropy.
+  double forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const;
+  // Logits (B, T, V), or only the last position's (B, 1, V) when last_only.
+  Tensor forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const;
+  // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
+  void backward(GptCtx& ctx, double scale) const;
+
+  // Called during backward when a block's parameter gradients are final for this
+  // micro-batch (index n_layer-1 down to 0), then with -1 for the rest (wte, wpe, ln_f).
+  std::function<void(int block)> on_grads_ready;
+
+  const GptConfig& config() const { return config_; }
+  ParamSet& params() { return params_; }
+  const ParamSet& params() const { return params_; }
+  // Forward FLOPs per token: 2 x matmul parameters (tied head counted, wpe not) plus
+  // attention 4 x n_layer x d_model x T; training costs 3x this.
+  double forward_flops_per_token(int64_t t) const;
+
+ private:
+  Tensor trunk(const Tensor& tokens, GptCtx& ctx) const;  // embeddings + blocks + ln_f
+
+  GptConfig config_;
+  ParamSet params_;
+  Embedding wte_, wpe_;
+  std::vector<Block> blocks_;
+  LayerNorm ln_f_;
+};
+
+}  // namespace loom::nn

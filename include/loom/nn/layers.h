@@ -1,0 +1,153 @@
+// Layers with explicit forward and backward passes (DESIGN.md section 3).
+//
+// A layer owns references to its parameters (views into a model's ParamSet) and no state
+// of its own between calls: forward(x, ctx, arena) saves what backward needs in a
+// per-micro-batch context `ctx`, and allocates its outputs from `arena` (the activation
+// buffer of that micro-batch). backward(dy, ctx, arena) returns dx and accumulates (+=)
+// the parameter gradients. Many contexts may be in flight at once (pipelining).
+//
+// Every layer works in the dtype of its ParamSet: f32 for training, f64 for the
+// finite-difference gradient checks. Tensor shapes are in comments; leading dimensions
+// are flattened into N rows. Legend: N rows, B batch, T time, C channels, V vocabulary.
+//
+// Layers know nothing of parallelism (STYLE.md rule 14).
+// Thread-safety: forward/backward on distinct contexts may run concurrently only if they
+// write distinct gradients; the normal use is one thread per model replica.
+#pragma once
+
+#include <string>
+
+#include "loom/params.h"
+#include "loom/tensor.h"
+
+namespace loom::nn {
+
+struct LinearCtx {
+  Tensor x;
+};
+
+// y = x @ W + b, W (in, out) as GPT-2's Conv1D, so Hugging Face checkpoints load as is.
+class Linear {
+ public:
+  Linear() = default;
+  Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;  // (N, in) -> (N, out)
+  // Returns dx (N, in), or an undefined tensor when need_dx is false.
+  Tensor backward(const Tensor& dy, const LinearCtx& ctx, Arena& arena, bool need_dx = true) const;
+
+  ParamRef weight;  // (in, out)
+  ParamRef bias;    // (out), or undefined
+  int64_t in = 0, out = 0;
+};
+
+struct LayerNormCtx {
+  Tensor x, mean, rstd;
+};
+
+class LayerNorm {
+ public:
+  LayerNorm() = default;
+  LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c);
+  Tensor forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const;  // (N, C) -> (N, C)
+  Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const;
+
+  ParamRef weight, bias;  // (C)
+  int64_t c = 0;
+};
+
+struct GeluCtx {
+  Tensor x;
+};
+
+// GELU, tanh approximation (as GPT-2).
+class Gelu {
+ public:
+  Tensor forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const;
+  Tensor backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena) const;
+};
+
+struct EmbeddingCtx {
+  Tensor ids;  // (N) i32
+};
+
+class Embedding {
+ public:
+  Embedding() = default;
+  Embedding(ParamSet& ps, const std::string& name, int64_t rows, int64_t c);
+  // ids (N) i32 with 0 <= id < rows -> (N, C)
+  Tensor forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const;
+  void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;  // only accumulates dtable
+
+  ParamRef table;  // (rows, C)
+  int64_t rows = 0, c = 0;
+};
+
+// Mean softmax cross-entropy over rows. forward returns the mean loss; backward returns
+// dlogits of (mean loss x scale), written over the logits, which it consumes.
+struct CrossEntropyCtx {
+  Tensor logits, targets;
+};
+class CrossEntropy {
+ public:
+  // logits (N, V), targets (N) i32
+  double forward(const Tensor& logits, const Tensor& targets, CrossEntropyCtx& ctx, Arena& arena) const;
+  Tensor backward(const CrossEntropyCtx& ctx, double scale) const;
+};
+
+struct AttentionCtx {
+  LinearCtx c_attn, c_proj;
+  Tensor qkv, att;
+  int64_t b = 0, t = 0;
+};
+
+// Causal multi-head self-attention with GPT-2's fused c_attn (C -> 3C) and c_proj.
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention() = default;
+  CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
+  Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;  // (B, T, C)
+  Tensor backward(const Tensor& dy, const AttentionCtx& ctx, Arena& arena) const;
+
+  Linear c_attn, c_proj;
+  int64_t c = 0, n_head = 0;
+};
+
+struct MlpCtx {
+  LinearCtx c_fc, c_proj;
+  GeluCtx gelu;
+};
+
+// The transformer's feed-forward: C -> hidden -> C with GELU (hidden = 4C in GPT-2).
+class Mlp {
+ public:
+  Mlp() = default;
+  Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden);
+  Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const;
+  Tensor backward(const Tensor& dy, const MlpCtx& ctx, Arena& arena) const;
+
+  Linear c_fc, c_proj;
+  Gelu gelu;
+};
+
+struct BlockCtx {
+  LayerNormCtx ln_1, ln_2;
+  AttentionCtx attn;
+  MlpCtx mlp;
+};
+
+// Pre-LayerNorm transformer block: h = x + attn(ln_1(x)); y = h + mlp(ln_2(h)).
+class Block {
+ public:
+  Block() = default;
+  Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
+  Tensor forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const;  // (B, T, C)
+  Tensor backward(const Tensor& dy, const BlockCtx& ctx, Arena& arena) const;
+
+  // Declared in Hugging Face order, which is also the parameters' registration order.
+  LayerNorm ln_1;
+  CausalSelfAttention attn;
+  LayerNorm ln_2;
+  Mlp mlp;
+};
+
+}  // namespace loom::nn

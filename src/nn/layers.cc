@@ -1,0 +1,220 @@
+#include "loom/nn/layers.h"
+
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/pointwise.h"
+#include "nn/dispatch.h"
+
+namespace loom::nn {
+namespace k = loom::kernels;
+
+namespace {
+// The shape of x with its last dimension replaced.
+Shape with_last(const Tensor& x, int64_t last) {
+  Shape s = x.shape();
+  s.back() = last;
+  return s;
+}
+}  // namespace
+
+Linear::Linear(ParamSet& ps, const std::string& prefix, int64_t in_, int64_t out_, bool has_bias)
+    : in(in_), out(out_) {
+  weight = ps.add(prefix + ".weight", {in, out}, ParamKind::kWeight);
+  if (has_bias) bias = ps.add(prefix + ".bias", {out}, ParamKind::kBias);
+}
+
+Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+  LOOM_CHECK_EQ(x.dim(-1), in);
+  ctx.x = x;
+  Tensor y = arena.alloc(with_last(x, out), x.dtype());
+  const int64_t n = x.numel() / in;
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
+                                        bias.defined() ? bias.value().data<T>() : nullptr, n, in,
+                                        out, k::WeightLayout::kKM));
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy, const LinearCtx& ctx, Arena& arena, bool need_dx) const {
+  Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
+  const int64_t n = dy.numel() / out;
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::matmul_backward(need_dx ? dx.data<T>() : nullptr, weight.grad().data<T>(),
+                                         bias.defined() ? bias.grad().data<T>() : nullptr,
+                                         dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
+                                         n, in, out, k::WeightLayout::kKM));
+  return dx;
+}
+
+LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_) : c(c_) {
+  weight = ps.add(prefix + ".weight", {c}, ParamKind::kNorm);
+  bias = ps.add(prefix + ".bias", {c}, ParamKind::kNorm);
+}
+
+Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const {
+  LOOM_CHECK_EQ(x.dim(-1), c);
+  const int64_t n = x.numel() / c;
+  ctx.x = x;
+  ctx.mean = arena.alloc({n}, x.dtype());
+  ctx.rstd = arena.alloc({n}, x.dtype());
+  Tensor y = arena.alloc(x.shape(), x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
+                                           x.data<T>(), weight.value().data<T>(),
+                                           bias.value().data<T>(), n, c));
+  return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const {
+  Tensor dx = arena.alloc(dy.shape(), dy.dtype());
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::layernorm_backward(dx.data<T>(), weight.grad().data<T>(),
+                                            bias.grad().data<T>(), dy.data<T>(), ctx.x.data<T>(),
+                                            weight.value().data<T>(), ctx.mean.data<T>(),
+                                            ctx.rstd.data<T>(), dy.numel() / c, c));
+  return dx;
+}
+
+Tensor Gelu::forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const {
+  ctx.x = x;
+  Tensor y = arena.alloc(x.shape(), x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T, k::gelu_forward(y.data<T>(), x.data<T>(), x.numel()));
+  return y;
+}
+
+Tensor Gelu::backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena) const {
+  Tensor dx = arena.alloc(dy.shape(), dy.dtype());
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::gelu_backward(dx.data<T>(), ctx.x.data<T>(), dy.data<T>(), dy.numel()));
+  return dx;
+}
+
+Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t rows_, int64_t c_)
+    : rows(rows_), c(c_) {
+  table = ps.add(name, {rows, c}, ParamKind::kEmbedding);
+}
+
+Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const {
+  ctx.ids = ids;
+  Shape s = ids.shape();
+  s.push_back(c);
+  Tensor y = arena.alloc(s, table.value().dtype());
+  LOOM_DISPATCH_FLOAT(y.dtype(), T,
+                      k::embedding_forward(y.data<T>(), ids.data<int32_t>(),
+                                           table.value().data<T>(), ids.numel(), c));
+  return y;
+}
+
+void Embedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::embedding_backward(table.grad().data<T>(), ctx.ids.data<int32_t>(),
+                                            dy.data<T>(), ctx.ids.numel(), c));
+}
+
+double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossEntropyCtx& ctx,
+                             Arena& arena) const {
+  const int64_t v = logits.dim(-1), n = logits.numel() / v;
+  LOOM_CHECK_EQ(targets.numel(), n);
+  ctx.logits = logits;
+  ctx.targets = targets;
+  Tensor losses = arena.alloc({n}, logits.dtype());
+  double sum = 0;
+  LOOM_DISPATCH_FLOAT(logits.dtype(), T, {
+    k::cross_entropy_forward(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), n, v);
+    const T* l = losses.data<T>();
+    for (int64_t i = 0; i < n; ++i) sum += l[i];  // in order, in double: deterministic
+  });
+  return n == 0 ? 0.0 : sum / static_cast<double>(n);
+}
+
+Tensor CrossEntropy::backward(const CrossEntropyCtx& ctx, double scale) const {
+  const Tensor& logits = ctx.logits;
+  const int64_t v = logits.dim(-1), n = logits.numel() / v;
+  LOOM_DISPATCH_FLOAT(logits.dtype(), T,
+                      k::cross_entropy_backward(logits.data<T>(), logits.data<T>(),
+                                                ctx.targets.data<int32_t>(),
+                                                static_cast<T>(scale / static_cast<double>(n)), n, v));
+  return logits;
+}
+
+CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c_,
+                                         int64_t n_head_)
+    : c_attn(ps, prefix + ".c_attn", c_, 3 * c_),
+      c_proj(ps, prefix + ".c_proj", c_, c_),
+      c(c_),
+      n_head(n_head_) {
+  LOOM_CHECK_EQ(c % n_head, 0);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const {
+  LOOM_CHECK_EQ(x.ndim(), 3);
+  ctx.b = x.dim(0);
+  ctx.t = x.dim(1);
+  ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
+  ctx.att = arena.alloc({ctx.b, n_head, ctx.t, ctx.t}, x.dtype());
+  Tensor y = arena.alloc(x.shape(), x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::attention_forward(y.data<T>(), ctx.att.data<T>(), ctx.qkv.data<T>(),
+                                           ctx.b, ctx.t, c, n_head));
+  return c_proj.forward(y, ctx.c_proj, arena);
+}
+
+Tensor CausalSelfAttention::backward(const Tensor& dy, const AttentionCtx& ctx,
+                                     Arena& arena) const {
+  Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena);
+  Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
+  Tensor scratch = arena.alloc(ctx.att.shape(), dy.dtype());
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::attention_backward(dqkv.data<T>(), scratch.data<T>(), datt_out.data<T>(),
+                                            ctx.qkv.data<T>(), ctx.att.data<T>(), ctx.b, ctx.t, c,
+                                            n_head));
+  return c_attn.backward(dqkv, ctx.c_attn, arena);
+}
+
+Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden)
+    : c_fc(ps, prefix + ".c_fc", c, hidden), c_proj(ps, prefix + ".c_proj", hidden, c) {}
+
+Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
+  Tensor h = c_fc.forward(x, ctx.c_fc, arena);
+  return c_proj.forward(gelu.forward(h, ctx.gelu, arena), ctx.c_proj, arena);
+}
+
+Tensor Mlp::backward(const Tensor& dy, const MlpCtx& ctx, Arena& arena) const {
+  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena), ctx.gelu, arena);
+  return c_fc.backward(dh, ctx.c_fc, arena);
+}
+
+Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head)
+    : ln_1(ps, prefix + ".ln_1", c),
+      attn(ps, prefix + ".attn", c, n_head),
+      ln_2(ps, prefix + ".ln_2", c),
+      mlp(ps, prefix + ".mlp", c, 4 * c) {}
+
+namespace {
+// a += b, elementwise (residual connections).
+void add_into(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_FLOAT(a.dtype(), T,
+                      k::add_forward(a.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
+}
+}  // namespace
+
+Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
+  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
+  add_into(h, x);  // h = x + attn(ln_1(x))
+  Tensor y = mlp.forward(ln_2.forward(h, ctx.ln_2, arena), ctx.mlp, arena);
+  add_into(y, h);  // y = h + mlp(ln_2(h))
+  return y;
+}
+
+Tensor Block::backward(const Tensor& dy, const BlockCtx& ctx, Arena& arena) const {
+  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena), ctx.ln_2, arena);
+  add_into(dh, dy);
+  Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena), ctx.ln_1, arena);
+  add_into(dx, dh);
+  return dx;
+}
+
+}  // namespace loom::nn
