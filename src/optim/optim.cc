@@ -1,0 +1,138 @@
+#include "loom/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "kernels/optimizer.h"
+#include "loom/error.h"
+#include "nn/dispatch.h"
+
+namespace loom::optim {
+
+bool DecayPolicy::decays(ParamKind kind) const {
+  switch (kind) {
+    case ParamKind::kWeight:
+      return true;
+    case ParamKind::kEmbedding:
+      return decay_embeddings;
+    case ParamKind::kBias:
+    case ParamKind::kNorm:
+      return decay_norms_and_biases;
+  }
+  return false;
+}
+
+namespace {
+
+class AdamW : public Optimizer {
+ public:
+  AdamW(const OptimizerConfig& c, const ParamSet& ps)
+      : c_(c),
+        ps_(ps),
+        m_(Tensor::zeros({ps.numel()}, ps.dtype())),
+        v_(Tensor::zeros({ps.numel()}, ps.dtype())) {}
+
+  void step(double lr) override {
+    ++steps_;
+    for (const ParamInfo& p : ps_.infos()) {
+      kernels::AdamWStep s{.lr = lr, .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
+                           .weight_decay = c_.decay.decays(p.kind) ? c_.weight_decay : 0.0,
+                           .step = steps_};
+      LOOM_DISPATCH_FLOAT(ps_.dtype(), T,
+                          kernels::adamw_update(ps_.values().data<T>() + p.offset,
+                                                ps_.grads().data<T>() + p.offset,
+                                                m_.data<T>() + p.offset, v_.data<T>() + p.offset,
+                                                p.numel, s));
+    }
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    return {{"exp_avg", m_}, {"exp_avg_sq", v_}};
+  }
+
+ private:
+  OptimizerConfig c_;
+  const ParamSet& ps_;
+  Tensor m_, v_;
+};
+
+class Sgd : public Optimizer {
+ public:
+  Sgd(const OptimizerConfig& c, const ParamSet& ps)
+      : c_(c), ps_(ps), buf_(Tensor::zeros({ps.numel()}, ps.dtype())) {}
+
+  void step(double lr) override {
+    for (const ParamInfo& p : ps_.infos()) {
+      double wd = c_.decay.decays(p.kind) ? c_.weight_decay : 0.0;
+      LOOM_DISPATCH_FLOAT(ps_.dtype(), T,
+                          kernels::sgd_update(ps_.values().data<T>() + p.offset,
+                                              ps_.grads().data<T>() + p.offset,
+                                              buf_.data<T>() + p.offset, p.numel, lr,
+                                              c_.momentum, wd, steps_ == 0));
+    }
+    ++steps_;
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    return {{"momentum_buffer", buf_}};
+  }
+
+ private:
+  OptimizerConfig c_;
+  const ParamSet& ps_;
+  Tensor buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSet& params) {
+  if (config.kind == "adamw") return std::make_unique<AdamW>(config, params);
+  if (config.kind == "sgd") return std::make_unique<Sgd>(config, params);
+  throw InputError(cat("training.optimizer: expected \"adamw\" or \"sgd\", got \"", config.kind, "\""));
+}
+
+double lr_at(const ScheduleConfig& s, int64_t step) {
+  if (step < s.warmup_steps)
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  if (s.decay == "constant") return s.lr;
+  const int64_t span = std::max<int64_t>(1, s.total_steps - 1 - s.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  if (s.decay == "linear") return s.lr + (s.min_lr - s.lr) * progress;
+  return s.min_lr + 0.5 * (s.lr - s.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+namespace {
+template <typename T>
+double clip_grad_norm_impl(T* g, int64_t n, double max_norm) {
+  // Fixed chunks, each summed in order, then the chunks in order: the same bits whatever
+  // the thread count.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) s += double(g[i]) * g[i];
+    partial[c] = s;
+  }
+  double norm = 0;
+  for (double s : partial) norm += s;
+  norm = std::sqrt(norm);
+  if (max_norm > 0 && norm > max_norm) {
+    const T coef = static_cast<T>(max_norm / (norm + 1e-6));
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= coef;
+  }
+  return norm;
+}
+}  // namespace
+
+double clip_grad_norm(const ParamSet& params, double max_norm) {
+  double norm = 0;
+  LOOM_DISPATCH_FLOAT(params.dtype(), T,
+                      norm = clip_grad_norm_impl(params.grads().data<T>(), params.numel(), max_norm));
+  return norm;
+}
+
+}  // namespace loom::optim
