@@ -1,0 +1,74 @@
+// Datasets: token files in llm.c's format, the byte-level tokenizer that makes them from
+// text, IDX image files (Fashion-MNIST), and the seeded sampler that orders examples.
+//
+// Token file (docs/formats.md): 256 little-endian int32 header words (magic 20240520,
+// version 1, token count, the rest 0), then `count` uint16 tokens.
+// Every reader validates what it reads and throws InputError naming the file and what was
+// expected; writers are atomic (temporary name, fsync, rename).
+// Thread-safety: functions are reentrant; a Sampler is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::data {
+
+constexpr int32_t kTokenMagic = 20240520;
+constexpr int32_t kTokenVersion = 1;
+constexpr int kTokenHeaderWords = 256;
+
+std::vector<uint16_t> read_tokens(const std::string& path);
+void write_tokens(const std::string& path, std::span<const uint16_t> tokens);
+
+// Byte-level tokenizer: token i is byte value i (vocabulary 256).
+std::vector<uint16_t> byte_tokenize(std::string_view text);
+std::string byte_detokenize(std::span<const int32_t> tokens);
+
+struct PrepareResult {
+  std::string train_path, val_path;
+  int64_t train_tokens = 0, val_tokens = 0, files = 0;
+};
+
+// Tokenizes every source ("text:PATH"; PATH a file or a directory, whose regular text files
+// are taken in name order, skipping binary files and duplicates reached through links) and
+// writes `out` (training) and `out` with "_val" before ".bin" (validation). The last
+// val_fraction of each file goes to validation.
+PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out,
+                           double val_fraction);
+// "data/x.bin" -> "data/x_val.bin"
+std::string val_path_for(const std::string& out);
+
+// Images with labels, pixels scaled to [0, 1], row-major (n, rows * cols).
+struct ImageSet {
+  int64_t n = 0, rows = 0, cols = 0;
+  std::vector<float> pixels;
+  std::vector<int32_t> labels;
+};
+
+// Reads an IDX3 ubyte image file and its IDX1 ubyte label file (gzip or plain).
+ImageSet read_idx(const std::string& images_path, const std::string& labels_path);
+// Fashion-MNIST from Debian's dataset-fashion-mnist: dir/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
+ImageSet load_fashion_mnist(const std::string& dir, bool train);
+constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// Orders `items` examples: epoch e is a seeded random permutation of all of them, and
+// global example index g (counted from the start of training) maps to
+// permutation_{g / items}[g % items]. The cursor is just g, so resuming and sharding
+// across ranks need no saved state beyond the step.
+class Sampler {
+ public:
+  Sampler(int64_t items, uint64_t seed);
+  int64_t item(int64_t global_index);
+  int64_t items() const { return items_; }
+
+ private:
+  int64_t items_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace loom::data

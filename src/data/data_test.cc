@@ -1,0 +1,139 @@
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/data.h"
+#include "loom/error.h"
+#include "loom/fileio.h"
+
+namespace loom::data {
+namespace {
+namespace fs = std::filesystem;
+
+class DataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_data_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& bytes) const {
+    std::ofstream(path(name), std::ios::binary) << bytes;
+  }
+  fs::path dir_;
+};
+
+// Expects InputError whose message contains every fragment.
+template <typename F>
+void expect_input_error(F f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    for (const auto& frag : fragments) EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(DataTest, TokenFileRoundTripsAndMatchesLlmcLayout) {
+  std::vector<uint16_t> toks = {1, 2, 65535, 0, 7};
+  write_tokens(path("a.bin"), toks);
+  EXPECT_EQ(read_tokens(path("a.bin")), toks);
+  std::string raw = read_file(path("a.bin"));
+  ASSERT_EQ(raw.size(), 1024u + 10u);
+  int32_t h[3];
+  std::memcpy(h, raw.data(), 12);
+  EXPECT_EQ(h[0], 20240520);
+  EXPECT_EQ(h[1], 1);
+  EXPECT_EQ(h[2], 5);
+}
+
+TEST_F(DataTest, BadTokenFilesNameFileAndExpectation) {
+  write_tokens(path("ok.bin"), std::vector<uint16_t>(10, 3));
+  std::string raw = read_file(path("ok.bin"));
+  write("trunc.bin", raw.substr(0, raw.size() - 2));
+  expect_input_error([&] { read_tokens(path("trunc.bin")); }, {"trunc.bin", "truncated", "10 tokens"});
+  std::string bad = raw;
+  bad[0] = 'X';
+  write("magic.bin", bad);
+  expect_input_error([&] { read_tokens(path("magic.bin")); }, {"magic.bin", "magic", "20240520"});
+  write("short.bin", "abc");
+  expect_input_error([&] { read_tokens(path("short.bin")); }, {"short.bin", "header"});
+  expect_input_error([&] { read_tokens(path("missing.bin")); }, {"missing.bin", "cannot open"});
+}
+
+TEST_F(DataTest, PrepareSplitsEachFileAndSkipsBinaryAndLinks) {
+  fs::create_directories(dir_ / "src");
+  write("src/a", std::string(100, 'a'));
+  write("src/b", std::string(50, 'b'));
+  write("src/b.dat", std::string("\0\1\2", 3));
+  fs::create_symlink(dir_ / "src/b", dir_ / "src/b.u8");
+  auto r = prepare_text({"text:" + path("src")}, path("out/fortunes.bin"), 0.1);
+  EXPECT_EQ(r.files, 2);
+  EXPECT_EQ(r.val_path, path("out/fortunes_val.bin"));
+  auto train = read_tokens(r.train_path), val = read_tokens(r.val_path);
+  EXPECT_EQ(train.size(), 90u + 45u);
+  EXPECT_EQ(val.size(), 10u + 5u);
+  EXPECT_EQ(train[0], 'a');
+  EXPECT_EQ(val.back(), 'b');
+  expect_input_error([&] { prepare_text({"text:" + path("nope")}, path("x.bin"), 0.1); }, {"nope", "no such"});
+  expect_input_error([&] { prepare_text({"csv:" + path("src")}, path("x.bin"), 0.1); }, {"text:PATH"});
+}
+
+std::string idx(uint32_t magic, std::vector<uint32_t> dims, size_t data_bytes) {
+  std::string s;
+  auto be = [&](uint32_t v) {
+    for (int i = 3; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  be(magic);
+  for (auto d : dims) be(d);
+  for (size_t i = 0; i < data_bytes; ++i) s.push_back(static_cast<char>(i % 10));
+  return s;
+}
+
+TEST_F(DataTest, IdxReadsAndRejectsCorruptFiles) {
+  write("img", idx(0x803, {3, 2, 2}, 12));
+  write("lab", idx(0x801, {3}, 3));
+  ImageSet s = read_idx(path("img"), path("lab"));
+  EXPECT_EQ(s.n, 3);
+  EXPECT_EQ(s.labels, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_FLOAT_EQ(s.pixels[5], 5.0f / 255.0f);
+  write("img_trunc", idx(0x803, {3, 2, 2}, 11));
+  expect_input_error([&] { read_idx(path("img_trunc"), path("lab")); }, {"img_trunc", "size mismatch"});
+  write("img_magic", idx(0x802, {3, 2, 2}, 12));
+  expect_input_error([&] { read_idx(path("img_magic"), path("lab")); }, {"img_magic", "magic"});
+  write("lab4", idx(0x801, {4}, 4));
+  expect_input_error([&] { read_idx(path("img"), path("lab4")); }, {"lab4", "4 labels for 3 images"});
+  write("gz", std::string("\x1f\x8b\x08\x00garbage-that-is-not-deflate", 31));
+  expect_input_error([&] { read_idx(path("gz"), path("lab")); }, {"gz"});
+}
+
+TEST(Sampler, EachEpochIsAPermutationAndDeterministic) {
+  Sampler a(10, 42), b(10, 42);
+  std::vector<int> count(10, 0);
+  std::vector<int64_t> e0, e1;
+  for (int64_t g = 0; g < 20; ++g) {
+    int64_t i = a.item(g);
+    EXPECT_EQ(i, b.item(g));
+    (g < 10 ? e0 : e1).push_back(i);
+    ++count[i];
+  }
+  for (int c : count) EXPECT_EQ(c, 2);
+  EXPECT_NE(e0, e1);
+  Sampler c(10, 42);
+  EXPECT_EQ(c.item(13), e1[3]);  // random access, as a resumed run does
+}
+
+TEST(FashionMnist, LoadsWhenInstalled) {
+  if (!fs::exists(kFashionMnistDir)) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  ImageSet t = load_fashion_mnist(kFashionMnistDir, false);
+  EXPECT_EQ(t.n, 10000);
+  EXPECT_EQ(t.rows * t.cols, 784);
+  for (int32_t l : t.labels) ASSERT_LT(l, 10);
+}
+
+}  // namespace
+}  // namespace loom::data
