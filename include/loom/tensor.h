@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/dtype.h"
@@ -63,10 +64,12 @@ class Tensor {
   size_t offset_bytes() const { return offset_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
-  // Typed element pointer. REQUIRES: T matches dtype().
+  // Typed element pointer. REQUIRES: T matches dtype(); bf16 and f16 elements are read
+  // and written as their uint16_t bits.
   template <typename T>
   T* data() const {
-    LOOM_CHECK(dtype_of<T>() == dtype_);
+    LOOM_CHECK(dtype_of<T>() == dtype_ ||
+               (std::is_same_v<T, uint16_t> && (dtype_ == DType::kBF16 || dtype_ == DType::kF16)));
     return reinterpret_cast<T*>(storage_->data() + offset_);
   }
   void* raw() const { return storage_->data() + offset_; }

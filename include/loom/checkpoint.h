@@ -1,0 +1,60 @@
+// Checkpoints (docs/formats.md). One immutable directory per step:
+//   step_N/model.safetensors      weights, Hugging Face names, loadable by any safetensors reader
+//   step_N/optimizer.safetensors  optimizer state, "<role>.<param name>" (e.g. exp_avg.transformer.wte.weight)
+//   step_N/state.json             step, data cursor, RNG state, optimizer step count, model shape, config
+//   step_N/index.json             every logical tensor (name, dtype, shape, its shards) and
+//                                 every file's size and SHA-256
+// written under a temporary name, fsynced, renamed, and only then named by the `latest`
+// file beside it. Loading verifies every file's SHA-256 before any weight is used.
+// A bare .safetensors file (e.g. Hugging Face GPT-2 weights) loads as weights only.
+// Thread-safety: functions are reentrant; do not write one directory from two threads.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "loom/optim.h"
+#include "loom/params.h"
+#include "loom/safetensors.h"
+
+namespace loom::checkpoint {
+
+constexpr int kFormatVersion = 1;
+
+struct SaveOptions {
+  int keep = 0;  // keep the newest `keep` step directories (0 keeps all)
+};
+
+// Writes root/step_<step> atomically and points root/latest at it. Returns its path.
+std::string save(const std::string& root, int64_t step, const ParamSet& params,
+                 const optim::Optimizer* optimizer, const nlohmann::json& state,
+                 const SaveOptions& options = {});
+
+class Checkpoint {
+ public:
+  // `path`: a step directory, a checkpoint root holding `latest`, or a .safetensors file.
+  // Verifies hashes (directories) and parses the headers. InputError on anything wrong.
+  static Checkpoint open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  bool has_state() const { return !state_.is_null(); }
+  const nlohmann::json& state() const { return state_; }  // null for a bare file
+  const SafetensorsFile& weights() const { return *model_; }
+
+  // Copies every parameter of `params` from the checkpoint, by name, converting dtype.
+  // InputError naming the tensor when one is missing or its shape differs.
+  void load_params(const ParamSet& params) const;
+  // Restores optimizer state buffers and step count. REQUIRES: has_state().
+  void load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const;
+
+ private:
+  std::string path_;
+  std::optional<SafetensorsFile> model_, optimizer_;
+  nlohmann::json state_;
+};
+
+// Resolves root/latest (or a step directory) to the step directory; nullopt when none.
+std::optional<std::string> latest_step_dir(const std::string& root);
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,56 @@
+// The safetensors format (docs/formats.md): an 8-byte little-endian header length N, N
+// bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+// {string: string}}, then the raw little-endian tensor bytes, offsets relative to the
+// byte after the header. Readable by Python's safetensors and Hugging Face.
+//
+// open() validates everything before any tensor is used: the header length against the
+// file, the JSON, every dtype, every shape against its byte extent, extents within the
+// file, and no overlaps or holes. Errors are InputError naming the file and the tensor.
+// Thread-safety: a SafetensorsFile is immutable after open(); reads are thread-safe.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/tensor.h"
+
+namespace loom {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  size_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  // The tensor's elements converted to f32 or f64 (from F32, F64, BF16 or F16), written
+  // into `out`. REQUIRES: out contiguous, numel equal. Throws InputError for other dtypes.
+  void read_into(const SafetensorsEntry& e, const Tensor& out) const;
+
+ private:
+  std::string path_;
+  std::string bytes_;
+  size_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (contiguous) under their names, atomically. Returns the bytes written.
+size_t write_safetensors(const std::string& path,
+                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata = {});
+
+// Hex SHA-256 of bytes (OpenSSL).
+std::string sha256_hex(std::string_view bytes);
+
+}  // namespace loom

@@ -1,0 +1,184 @@
+#include "loom/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "loom/error.h"
+#include "loom/fileio.h"
+
+namespace loom::checkpoint {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kModelFile = "model.safetensors";
+const char* kOptimizerFile = "optimizer.safetensors";
+
+json tensor_index(const std::string& file, const std::vector<std::pair<std::string, Tensor>>& ts) {
+  json out = json::array();
+  for (const auto& [name, t] : ts) {
+    Shape zeros(t.shape().size(), 0);
+    out.push_back({{"name", name},
+                   {"dtype", std::string(safetensors_dtype_name(t.dtype()))},
+                   {"shape", t.shape()},
+                   {"shards", {{{"file", file}, {"offsets", zeros}, {"extents", t.shape()}}}}});
+  }
+  return out;
+}
+
+void prune(const std::string& root, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.starts_with("step_") && n.find_first_not_of("0123456789", 5) == std::string::npos)
+      steps.emplace_back(std::stoll(n.substr(5)), e.path());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i) fs::remove_all(steps[i].second);
+}
+
+}  // namespace
+
+std::string save(const std::string& root, int64_t step, const ParamSet& params,
+                 const optim::Optimizer* optimizer, const json& state, const SaveOptions& options) {
+  fs::create_directories(root);
+  const std::string name = "step_" + std::to_string(step);
+  const fs::path final_dir = fs::path(root) / name;
+  const fs::path tmp_dir = fs::path(root) / ("." + name + ".tmp");
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+
+  std::vector<std::pair<std::string, Tensor>> weights, opt_state;
+  for (size_t i = 0; i < params.infos().size(); ++i)
+    weights.emplace_back(params.infos()[i].name, params.value(static_cast<int>(i)));
+  if (optimizer != nullptr)
+    for (const auto& [role, flat] : optimizer->state())
+      for (const ParamInfo& p : params.infos())
+        opt_state.emplace_back(role + "." + p.name, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
+
+  json files = json::object();
+  auto add_file = [&](const std::string& file) {
+    std::string bytes = read_file((tmp_dir / file).string());
+    files[file] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
+  };
+  write_safetensors((tmp_dir / kModelFile).string(), weights, {{"format", "pt"}});
+  add_file(kModelFile);
+  json tensors = tensor_index(kModelFile, weights);
+  if (optimizer != nullptr) {
+    write_safetensors((tmp_dir / kOptimizerFile).string(), opt_state);
+    add_file(kOptimizerFile);
+    for (auto& t : tensor_index(kOptimizerFile, opt_state)) tensors.push_back(t);
+  }
+  json st = state;
+  st["format"] = "loom-checkpoint";
+  st["version"] = kFormatVersion;
+  st["step"] = step;
+  if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps();
+  write_file_atomic((tmp_dir / "state.json").string(), st.dump(2) + "\n");
+  add_file("state.json");
+  json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion},
+                {"tensors", tensors}, {"files", files}};
+  write_file_atomic((tmp_dir / "index.json").string(), index.dump(2) + "\n");
+  fsync_dir(tmp_dir.string());
+
+  fs::remove_all(final_dir);  // only a stale copy of the same step can be here
+  fs::rename(tmp_dir, final_dir);
+  fsync_dir(root);
+  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  prune(root, options.keep);
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_step_dir(const std::string& root) {
+  if (path_exists((fs::path(root) / "index.json").string())) return root;
+  const std::string latest = (fs::path(root) / "latest").string();
+  if (!path_exists(latest)) return std::nullopt;
+  std::string name = read_file(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw InputError(cat(latest, ": expected the name of a step directory"));
+  return (fs::path(root) / name).string();
+}
+
+Checkpoint Checkpoint::open(const std::string& path) {
+  Checkpoint c;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw InputError(cat(path, ": no such checkpoint"));
+  if (!fs::is_directory(path, ec)) {
+    c.path_ = path;
+    c.model_ = SafetensorsFile::open(path);
+    return c;
+  }
+  auto dir = latest_step_dir(path);
+  if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json or latest)"));
+  c.path_ = *dir;
+  const std::string index_path = (fs::path(*dir) / "index.json").string();
+  json index;
+  try {
+    index = json::parse(read_file(index_path));
+  } catch (const json::exception& e) {
+    throw InputError(cat(index_path, ": not JSON (", e.what(), ")"));
+  }
+  if (!index.contains("files") || !index["files"].is_object() || !index["files"].contains(kModelFile))
+    throw InputError(cat(index_path, ": expected files with ", kModelFile));
+  for (auto it = index["files"].begin(); it != index["files"].end(); ++it) {
+    const std::string file = (fs::path(*dir) / it.key()).string();
+    if (it.key().find('/') != std::string::npos || !it.value().contains("sha256"))
+      throw InputError(cat(index_path, ": bad entry for ", it.key()));
+    std::string bytes = read_file(file);
+    if (sha256_hex(bytes) != it.value()["sha256"].get<std::string>())
+      throw InputError(cat(file, ": SHA-256 mismatch with index.json: the checkpoint is corrupt"));
+  }
+  c.model_ = SafetensorsFile::open((fs::path(*dir) / kModelFile).string());
+  if (index["files"].contains(kOptimizerFile))
+    c.optimizer_ = SafetensorsFile::open((fs::path(*dir) / kOptimizerFile).string());
+  const std::string state_path = (fs::path(*dir) / "state.json").string();
+  try {
+    c.state_ = json::parse(read_file(state_path));
+  } catch (const json::exception& e) {
+    throw InputError(cat(state_path, ": not JSON (", e.what(), ")"));
+  }
+  return c;
+}
+
+namespace {
+// Finds `name` in f, accepting Hugging Face files that omit the "transformer." prefix.
+const SafetensorsEntry* find_param(const SafetensorsFile& f, const std::string& name) {
+  if (const auto* e = f.find(name)) return e;
+  const std::string prefix = "transformer.";
+  if (name.starts_with(prefix)) return f.find(name.substr(prefix.size()));
+  return nullptr;
+}
+
+void copy_checked(const SafetensorsFile& f, const SafetensorsEntry* e, const std::string& name,
+                  const Tensor& dst) {
+  if (e == nullptr) throw InputError(cat(f.path(), ": no tensor ", name, " (the model expects it)"));
+  if (e->shape != dst.shape())
+    throw InputError(cat(f.path(), ": tensor ", name, " has shape ", shape_str(e->shape),
+                         ", the model expects ", shape_str(dst.shape()), " (a different model shape?)"));
+  f.read_into(*e, dst);
+}
+}  // namespace
+
+void Checkpoint::load_params(const ParamSet& params) const {
+  for (size_t i = 0; i < params.infos().size(); ++i) {
+    const std::string& name = params.infos()[i].name;
+    copy_checked(*model_, find_param(*model_, name), name, params.value(static_cast<int>(i)));
+  }
+}
+
+void Checkpoint::load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const {
+  LOOM_CHECK(has_state());
+  if (!optimizer_) throw InputError(cat(path_, ": holds no optimizer state"));
+  for (const auto& [role, flat] : optimizer.state())
+    for (const ParamInfo& p : params.infos()) {
+      const std::string name = role + "." + p.name;
+      copy_checked(*optimizer_, optimizer_->find(name), name,
+                   flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
+    }
+  optimizer.set_steps(state_.value("optimizer_steps", int64_t{0}));
+}
+
+}  // namespace loom::checkpoint

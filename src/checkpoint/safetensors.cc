@@ -1,0 +1,167 @@
+#include "loom/safetensors.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "loom/error.h"
+#include "loom/fileio.h"
+
+namespace loom {
+namespace {
+using json = nlohmann::json;
+constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // as Python's safetensors
+}  // namespace
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  f.bytes_ = read_file(path);
+  const std::string& b = f.bytes_;
+  if (b.size() < 8) throw InputError(cat(path, ": not safetensors: ", b.size(), " bytes, expected an 8-byte header length"));
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  if (n > kMaxHeader || n > b.size() - 8)
+    throw InputError(cat(path, ": safetensors header length ", n, " runs past the file (", b.size(), " bytes)"));
+  f.data_start_ = 8 + n;
+  const size_t data_size = b.size() - f.data_start_;
+  json header;
+  try {
+    header = json::parse(b.begin() + 8, b.begin() + static_cast<ptrdiff_t>(f.data_start_));
+  } catch (const json::exception& e) {
+    throw InputError(cat(path, ": safetensors header is not JSON (", e.what(), ")"));
+  }
+  if (!header.is_object()) throw InputError(cat(path, ": safetensors header is not a JSON object"));
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw InputError(cat(path, ": __metadata__ must be an object of strings"));
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) throw InputError(cat(path, ": __metadata__.", m.key(), " must be a string"));
+        f.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { return InputError(cat(path, ": tensor ", name, ": ", what)); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      throw bad("expected {dtype, shape, data_offsets}");
+    if (!v["dtype"].is_string()) throw bad("dtype must be a string");
+    auto dt = dtype_from_safetensors(v["dtype"].get<std::string>());
+    if (!dt) throw bad(cat("unsupported dtype ", v["dtype"].get<std::string>()));
+    SafetensorsEntry e{.name = name, .dtype = *dt};
+    if (!v["shape"].is_array()) throw bad("shape must be an array");
+    uint64_t numel = 1;
+    for (const json& d : v["shape"]) {
+      if (!d.is_number_unsigned()) throw bad("shape entries must be non-negative integers");
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > (uint64_t{1} << 40) || (dim != 0 && numel > (uint64_t{1} << 40) / dim)) throw bad("shape too large");
+      numel *= dim;
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw bad("data_offsets must be [begin, end]");
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size)
+      throw bad(cat("data_offsets [", e.begin, ", ", e.end, "] run past the end of the data (", data_size, " bytes)"));
+    if (e.end - e.begin != numel * dtype_size(e.dtype))
+      throw bad(cat("shape ", shape_str(e.shape), " ", v["dtype"].get<std::string>(), " needs ",
+                    numel * dtype_size(e.dtype), " bytes, data_offsets give ", e.end - e.begin));
+    f.entries_.push_back(std::move(e));
+  }
+  // Extents must tile the data section exactly: no overlap, no hole (as the reference reader).
+  std::vector<const SafetensorsEntry*> order;
+  for (const auto& e : f.entries_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  size_t pos = 0;
+  for (const auto* e : order) {
+    if (e->begin != pos)
+      throw InputError(cat(path, ": tensor ", e->name, " starts at byte ", e->begin, ", expected ", pos,
+                           e->begin < pos ? " (overlap)" : " (hole)"));
+    pos = e->end;
+  }
+  if (pos != data_size) throw InputError(cat(path, ": ", data_size - pos, " bytes after the last tensor"));
+  return f;
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+void SafetensorsFile::read_into(const SafetensorsEntry& e, const Tensor& out) const {
+  LOOM_CHECK(out.is_contiguous());
+  LOOM_CHECK_EQ(out.numel(), shape_numel(e.shape));
+  const std::byte* src = reinterpret_cast<const std::byte*>(bytes_.data() + data_start_ + e.begin);
+  const int64_t n = out.numel();
+  auto convert = [&](auto* dst) {
+    using T = std::remove_pointer_t<decltype(dst)>;
+    for (int64_t i = 0; i < n; ++i) {
+      switch (e.dtype) {
+        case DType::kF32: { float v; std::memcpy(&v, src + 4 * i, 4); dst[i] = static_cast<T>(v); break; }
+        case DType::kF64: { double v; std::memcpy(&v, src + 8 * i, 8); dst[i] = static_cast<T>(v); break; }
+        case DType::kBF16: { uint16_t v; std::memcpy(&v, src + 2 * i, 2); dst[i] = static_cast<T>(bf16_to_f32(v)); break; }
+        case DType::kF16: { uint16_t v; std::memcpy(&v, src + 2 * i, 2); dst[i] = static_cast<T>(f16_to_f32(v)); break; }
+        default: throw InputError(cat(path_, ": tensor ", e.name, ": dtype ", safetensors_dtype_name(e.dtype), " is not a float type"));
+      }
+    }
+  };
+  if (out.dtype() == e.dtype) {
+    std::memcpy(out.raw(), src, e.end - e.begin);
+  } else if (out.dtype() == DType::kF32) {
+    convert(out.data<float>());
+  } else if (out.dtype() == DType::kF64) {
+    convert(out.data<double>());
+  } else {
+    throw InputError(cat(path_, ": tensor ", e.name, ": cannot convert ", safetensors_dtype_name(e.dtype),
+                         " to ", dtype_name(out.dtype())));
+  }
+}
+
+size_t write_safetensors(const std::string& path,
+                         const std::vector<std::pair<std::string, Tensor>>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    LOOM_CHECK(t.is_contiguous());
+    header[name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
+  std::string out(8 + h.size() + offset, '\0');
+  uint64_t n = h.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, h.data(), h.size());
+  size_t pos = 8 + h.size();
+  for (const auto& [name, t] : tensors) {
+    std::memcpy(out.data() + pos, t.raw(), t.nbytes());
+    pos += t.nbytes();
+  }
+  write_file_atomic(path, out);
+  return out.size();
+}
+
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  LOOM_CHECK(EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr) == 1);
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (unsigned int i = 0; i < len; ++i) {
+    s.push_back(kHex[md[i] >> 4]);
+    s.push_back(kHex[md[i] & 15]);
+  }
+  return s;
+}
+
+}  // namespace loom
