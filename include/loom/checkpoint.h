@@ -33,7 +33,8 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
 
 class Checkpoint {
  public:
-  // `path`: a step directory, a checkpoint root holding `latest`, or a .safetensors file.
+  // `path`: a step directory, a checkpoint root holding `latest`, a run directory holding
+  // checkpoints/, or a .safetensors file.
   // Verifies hashes (directories) and parses the headers. InputError on anything wrong.
   static Checkpoint open(const std::string& path);
 

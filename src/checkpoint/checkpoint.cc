@@ -112,7 +112,9 @@ Checkpoint Checkpoint::open(const std::string& path) {
     return c;
   }
   auto dir = latest_step_dir(path);
-  if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json or latest)"));
+  if (!dir && fs::is_directory(fs::path(path) / "checkpoints", ec))  // a run directory
+    dir = latest_step_dir((fs::path(path) / "checkpoints").string());
+  if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json, latest or checkpoints/)"));
   c.path_ = *dir;
   const std::string index_path = (fs::path(*dir) / "index.json").string();
   json index;

@@ -1,0 +1,290 @@
+#include "config.h"
+
+#include <charconv>
+#include <filesystem>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "loom/error.h"
+
+namespace loom::app {
+namespace {
+
+// The schema: every key, its type (by its default's type) and its default. Key names are
+// stable (DESIGN.md section 4): add keys, never rename.
+const std::vector<std::pair<std::string, Value>>& schema() {
+  static const std::vector<std::pair<std::string, Value>> kSchema = {
+      {"job.name", std::string("run")},
+      {"job.run_dir", std::string("runs")},
+      {"job.seed", int64_t{1337}},
+      {"job.threads", int64_t{0}},  // 0: all cores of the machine
+      {"job.log_every", int64_t{10}},
+      {"model.preset", std::string("gpt-mini")},
+      {"model.n_layer", int64_t{4}},
+      {"model.n_head", int64_t{4}},
+      {"model.d_model", int64_t{256}},
+      {"model.seq_len", int64_t{256}},
+      {"model.vocab_size", int64_t{256}},
+      {"model.hidden", int64_t{512}},
+      {"data.train", std::string("")},
+      {"data.val", std::string("")},
+      {"training.steps", int64_t{100}},
+      {"training.global_batch", int64_t{8}},
+      {"training.micro_batch", int64_t{8}},
+      {"training.lr", 3e-4},
+      {"training.min_lr", 3e-5},
+      {"training.warmup_steps", int64_t{10}},
+      {"training.decay", std::string("cosine")},
+      {"training.weight_decay", 0.1},
+      {"training.grad_clip", 1.0},
+      {"training.optimizer", std::string("adamw")},
+      {"training.beta1", 0.9},
+      {"training.beta2", 0.95},
+      {"training.eps", 1e-8},
+      {"training.momentum", 0.9},
+      {"training.decay_embeddings", false},
+      {"training.decay_norms_and_biases", false},
+      {"training.eval_every", int64_t{0}},
+      {"training.eval_steps", int64_t{10}},
+      {"parallel.dp", int64_t{1}},
+      {"parallel.tp", int64_t{1}},
+      {"parallel.pp", int64_t{1}},
+      {"parallel.zero", int64_t{0}},
+      {"parallel.pp_schedule", std::string("1f1b")},
+      {"parallel.microbatches", int64_t{1}},
+      {"parallel.bucket_mb", 25.0},
+      {"parallel.deterministic", false},
+      {"comm.transport", std::string("auto")},
+      {"comm.timeout_s", 300.0},
+      {"comm.grad_dtype", std::string("f32")},
+      {"comm.param_dtype", std::string("f32")},
+      {"checkpoint.every", int64_t{0}},
+      {"checkpoint.keep", int64_t{3}},
+      {"checkpoint.dir", std::string("")},
+      {"checkpoint.async", false},
+      {"profile.trace_steps", std::string("")},
+  };
+  return kSchema;
+}
+
+const char* type_name(const Value& v) {
+  switch (v.index()) {
+    case 0: return "an integer";
+    case 1: return "a number";
+    case 2: return "a boolean";
+    default: return "a string";
+  }
+}
+
+struct Preset {
+  const char* name;
+  const char* kind;
+  int64_t n_layer, n_head, d_model, seq_len, vocab_size;
+};
+constexpr Preset kPresets[] = {
+    {"gpt-nano", "gpt", 2, 2, 64, 64, 256},
+    {"gpt-mini", "gpt", 4, 4, 256, 256, 256},
+    {"gpt2-124m", "gpt", 12, 12, 768, 1024, 50257},
+    {"gpt", "gpt", 4, 4, 256, 256, 256},
+    {"mlp", "mlp", 2, 1, 0, 0, 10},
+};
+
+const Preset* find_preset(const std::string& name) {
+  for (const auto& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+Config::Config() {
+  for (const auto& [k, v] : schema()) values_[k] = v;
+}
+
+void Config::set(const std::string& key, const Value& v) {
+  values_.at(key) = v;
+  set_[key] = "code";
+}
+
+void Config::merge_file(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw InputError(cat(path, ": config file not found"));
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw InputError(cat(path, ":", e.source().begin.line, ": invalid TOML: ", e.description()));
+  }
+  for (auto&& [section, node] : tbl) {
+    const std::string sec(section.str());
+    const toml::table* t = node.as_table();
+    if (t == nullptr) throw InputError(cat(path, ": ", sec, ": expected a [section] table"));
+    for (auto&& [key, val] : *t) {
+      const std::string k = sec + "." + std::string(key.str());
+      auto it = values_.find(k);
+      if (it == values_.end()) throw InputError(cat(path, ": unknown key ", k));
+      Value& dst = it->second;
+      const std::string where = cat(path, ": ", k, ": expected ", type_name(dst));
+      if (std::holds_alternative<int64_t>(dst)) {
+        auto v = val.value_exact<int64_t>();
+        if (!v) throw InputError(where);
+        dst = *v;
+      } else if (std::holds_alternative<double>(dst)) {
+        if (auto v = val.value_exact<double>()) dst = *v;
+        else if (auto w = val.value_exact<int64_t>()) dst = static_cast<double>(*w);
+        else throw InputError(where);
+      } else if (std::holds_alternative<bool>(dst)) {
+        auto v = val.value_exact<bool>();
+        if (!v) throw InputError(where);
+        dst = *v;
+      } else {
+        auto v = val.value_exact<std::string>();
+        if (!v) throw InputError(where);
+        dst = *v;
+      }
+      set_[k] = path;
+    }
+  }
+}
+
+void Config::apply_overrides(const std::vector<std::string>& overrides) {
+  for (std::string o : overrides) {
+    const std::string flag = o;
+    while (o.starts_with("-")) o.erase(0, 1);
+    auto eq = o.find('=');
+    if (eq == std::string::npos)
+      throw InputError(cat("flag ", flag, ": expected --section.key=value"));
+    const std::string k = o.substr(0, eq), text = o.substr(eq + 1);
+    auto it = values_.find(k);
+    if (it == values_.end()) throw InputError(cat("flag ", flag, ": unknown key ", k));
+    Value& dst = it->second;
+    const std::string where = cat("flag ", flag, ": ", k, ": expected ", type_name(dst));
+    if (std::holds_alternative<int64_t>(dst)) {
+      int64_t v = 0;
+      auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (r.ec != std::errc() || r.ptr != text.data() + text.size()) throw InputError(where);
+      dst = v;
+    } else if (std::holds_alternative<double>(dst)) {
+      try {
+        size_t used = 0;
+        double v = std::stod(text, &used);
+        if (used != text.size()) throw InputError(where);
+        dst = v;
+      } catch (const std::logic_error&) {
+        throw InputError(where);
+      }
+    } else if (std::holds_alternative<bool>(dst)) {
+      if (text == "true") dst = true;
+      else if (text == "false") dst = false;
+      else throw InputError(where + " (true or false)");
+    } else {
+      dst = text;
+    }
+    set_[k] = flag;
+  }
+}
+
+int64_t Config::i(const std::string& key) const { return std::get<int64_t>(values_.at(key)); }
+double Config::f(const std::string& key) const { return std::get<double>(values_.at(key)); }
+bool Config::b(const std::string& key) const { return std::get<bool>(values_.at(key)); }
+const std::string& Config::s(const std::string& key) const { return std::get<std::string>(values_.at(key)); }
+
+std::string model_kind(const Config& c) { return find_preset(c.s("model.preset"))->kind; }
+
+void Config::resolve() {
+  const Preset* p = find_preset(s("model.preset"));
+  if (p == nullptr)
+    throw InputError(cat("model.preset: unknown preset \"", s("model.preset"),
+                         "\"; expected gpt-nano, gpt-mini, gpt2-124m, gpt or mlp"));
+  auto fill = [&](const char* key, int64_t v) {
+    if (!explicitly_set(key)) values_[key] = v;
+  };
+  fill("model.n_layer", p->n_layer);
+  fill("model.n_head", p->n_head);
+  fill("model.d_model", p->d_model);
+  fill("model.seq_len", p->seq_len);
+  fill("model.vocab_size", p->vocab_size);
+
+  auto where = [&](const std::string& key) {
+    auto it = set_.find(key);
+    return it == set_.end() ? key + " (default)" : it->second == "code" ? key : cat(key, " (from ", it->second, ")");
+  };
+  auto positive = [&](const std::string& key) {
+    if (i(key) <= 0) throw InputError(cat(where(key), " = ", i(key), ": expected a positive integer"));
+  };
+  auto non_negative = [&](const std::string& key) {
+    if (i(key) < 0) throw InputError(cat(where(key), " = ", i(key), ": expected >= 0"));
+  };
+  auto one_of = [&](const std::string& key, std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed)
+      if (s(key) == a) return;
+    std::string list;
+    for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+    throw InputError(cat(where(key), " = \"", s(key), "\": expected one of ", list));
+  };
+  for (const char* k : {"model.n_layer", "model.n_head", "model.vocab_size", "training.steps",
+                        "training.global_batch", "training.micro_batch", "training.eval_steps",
+                        "job.log_every", "parallel.dp", "parallel.tp", "parallel.pp",
+                        "parallel.microbatches"})
+    positive(k);
+  for (const char* k : {"job.threads", "training.warmup_steps", "training.eval_every",
+                        "checkpoint.every", "checkpoint.keep"})
+    non_negative(k);
+  if (std::string(p->kind) == "gpt") {
+    positive("model.d_model");
+    positive("model.seq_len");
+    if (i("model.d_model") % i("model.n_head") != 0)
+      throw InputError(cat(where("model.d_model"), " = ", i("model.d_model"), " is not divisible by model.n_head = ",
+                           i("model.n_head")));
+    if (i("model.vocab_size") > 65536)
+      throw InputError(cat(where("model.vocab_size"), ": token files hold uint16 tokens, expected <= 65536"));
+  } else {
+    positive("model.hidden");
+  }
+  if (i("training.global_batch") % (i("training.micro_batch") * i("parallel.dp")) != 0)
+    throw InputError(cat("training.global_batch = ", i("training.global_batch"),
+                         ": expected a multiple of training.micro_batch x parallel.dp = ",
+                         i("training.micro_batch") * i("parallel.dp")));
+  for (const char* k : {"training.lr", "training.min_lr", "training.weight_decay", "training.grad_clip", "training.eps"})
+    if (!(f(k) >= 0)) throw InputError(cat(where(k), " = ", f(k), ": expected >= 0"));
+  if (!(f("training.lr") > 0)) throw InputError(cat(where("training.lr"), ": expected > 0"));
+  one_of("training.decay", {"cosine", "linear", "constant"});
+  one_of("training.optimizer", {"adamw", "sgd"});
+  one_of("comm.transport", {"auto", "shm", "tcp", "mpi"});
+  one_of("comm.grad_dtype", {"f32", "bf16"});
+  one_of("comm.param_dtype", {"f32", "bf16"});
+  one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved"});
+  // No silent fallbacks: what this build cannot do yet is refused with the reason.
+  for (const char* k : {"parallel.dp", "parallel.tp", "parallel.pp"})
+    if (i(k) != 1)
+      throw InputError(cat(where(k), " = ", i(k), ": multi-rank training is not available in this build yet; expected 1"));
+  if (i("parallel.zero") != 0)
+    throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": ZeRO is not available in this build yet; expected 0"));
+  if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
+    throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
+  if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");
+}
+
+std::string Config::to_toml() const {
+  std::ostringstream out;
+  std::string section;
+  for (const auto& [k, v] : values_) {
+    std::string sec = k.substr(0, k.find('.'));
+    if (sec != section) {
+      out << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    out << k.substr(k.find('.') + 1) << " = ";
+    if (auto* x = std::get_if<int64_t>(&v)) out << *x;
+    else if (auto* d = std::get_if<double>(&v)) out << toml::value<double>(*d);
+    else if (auto* bl = std::get_if<bool>(&v)) out << (*bl ? "true" : "false");
+    else out << toml::value<std::string>(std::get<std::string>(v));
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string Config::run_path() const {
+  return (std::filesystem::path(s("job.run_dir")) / s("job.name")).string();
+}
+
+}  // namespace loom::app

@@ -1,0 +1,48 @@
+// The resolved run configuration: built-in defaults < TOML file < --section.key=value
+// overrides (DESIGN.md section 4). Only apps/ parses files and flags (STYLE.md rule 5).
+// Every key has a declared type; unknown keys, wrong types and out-of-range values are
+// InputErrors naming the file or flag and the key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace loom::app {
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+
+class Config {
+ public:
+  // Defaults only.
+  Config();
+  // Merges a TOML file. InputError for a missing file, bad TOML, unknown key, wrong type.
+  void merge_file(const std::string& path);
+  // Applies "--section.key=value" strings (the leading dashes optional).
+  void apply_overrides(const std::vector<std::string>& overrides);
+  // Fills model shape keys from [model] preset where not set explicitly, then validates
+  // ranges and relations. InputError naming the key.
+  void resolve();
+
+  int64_t i(const std::string& key) const;
+  double f(const std::string& key) const;
+  bool b(const std::string& key) const;
+  const std::string& s(const std::string& key) const;
+  bool explicitly_set(const std::string& key) const { return set_.count(key) != 0; }
+  void set(const std::string& key, const Value& v);
+
+  // TOML text of every key, grouped by section.
+  std::string to_toml() const;
+  std::string run_path() const;  // run_dir / name
+
+ private:
+  std::map<std::string, Value> values_;
+  std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)
+};
+
+// Which kind of model a preset names: "gpt" or "mlp".
+std::string model_kind(const Config& c);
+
+}  // namespace loom::app

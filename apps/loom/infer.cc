@@ -1,0 +1,140 @@
+// `loom sample` and `loom eval`: load a GPT from a checkpoint directory or a bare
+// safetensors file (e.g. Hugging Face GPT-2 weights) and generate or evaluate.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "commands.h"
+#include "config.h"
+#include "loom/checkpoint.h"
+#include "loom/data.h"
+#include "loom/error.h"
+#include "loom/metrics.h"
+#include "loom/rng.h"
+#include "loom/threads.h"
+#include "task.h"
+
+namespace loom::app {
+namespace {
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  if (!path.empty()) c.merge_file(path);
+  c.apply_overrides(overrides);
+  if (c.s("data.train").empty()) c.set("data.train", std::string("-"));  // not used here
+  c.resolve();
+  const int threads = c.i("job.threads") > 0 ? static_cast<int>(c.i("job.threads"))
+                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_compute_threads(threads);
+  return c;
+}
+
+// The model's shape: from the checkpoint's state.json, or read off the tensors of a bare
+// file (n_layer, d_model, vocab_size, seq_len) with n_head from the config.
+nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
+  if (ck.has_state() && ck.state().contains("model")) {
+    const auto& m = ck.state()["model"];
+    if (m.value("kind", "") != "gpt") throw InputError(cat(ck.path(), ": not a GPT checkpoint (model ", m.dump(), ")"));
+    return {.n_layer = m.at("n_layer"), .n_head = m.at("n_head"), .d_model = m.at("d_model"),
+            .seq_len = m.at("seq_len"), .vocab_size = m.at("vocab_size")};
+  }
+  const SafetensorsFile& f = ck.weights();
+  auto find = [&](const std::string& name) {
+    const SafetensorsEntry* e = f.find("transformer." + name);
+    if (e == nullptr) e = f.find(name);
+    if (e == nullptr || e->shape.size() != 2)
+      throw InputError(cat(f.path(), ": no 2-D tensor ", name, " (expected GPT-2 weights with Hugging Face names)"));
+    return e;
+  };
+  const SafetensorsEntry* wte = find("wte.weight");
+  const SafetensorsEntry* wpe = find("wpe.weight");
+  std::set<int64_t> layers;
+  for (const auto& e : f.entries()) {
+    std::string n = e.name.starts_with("transformer.") ? e.name.substr(12) : e.name;
+    if (n.starts_with("h.")) layers.insert(std::stoll(n.substr(2, n.find('.', 2) - 2)));
+  }
+  nn::GptConfig g{.n_layer = static_cast<int64_t>(layers.size()), .n_head = c.i("model.n_head"),
+                  .d_model = wte->shape[1], .seq_len = wpe->shape[0], .vocab_size = wte->shape[0]};
+  if (g.d_model % g.n_head != 0)
+    throw InputError(cat(f.path(), ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
+                         " (set it with --model.n_head=N or a config)"));
+  return g;
+}
+
+std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
+  auto gpt = std::make_unique<nn::Gpt>(shape_of(ck, c));
+  ck.load_params(gpt->params());
+  return gpt;
+}
+
+}  // namespace
+
+int run_eval(const EvalArgs& a) {
+  if (a.batch <= 0) throw InputError(cat("--batch ", a.batch, ": expected a positive integer"));
+  Config c = load_config(a.config, a.overrides);
+  auto ck = checkpoint::Checkpoint::open(a.checkpoint);
+  auto gpt = load_gpt(ck, c);
+  std::vector<uint16_t> tokens = data::read_tokens(a.data);
+  check_vocab(tokens, gpt->config().vocab_size, a.data);
+  int64_t t = gpt->config().seq_len;
+  if (c.explicitly_set("model.seq_len")) t = std::min(t, c.i("model.seq_len"));
+  EvalResult r = eval_windows(*gpt, tokens, t, a.batch, 0);
+  std::printf("{\"loss\": %s, \"tokens\": %lld}\n", obs::json_number(r.loss).c_str(), static_cast<long long>(r.items));
+  return 0;
+}
+
+int run_sample(const SampleArgs& a) {
+  if (a.tokens < 0 || a.top_k < 0 || !(a.temperature > 0))
+    throw InputError("sample: expected --tokens >= 0, --top-k >= 0 and --temperature > 0");
+  Config c = load_config(a.config, a.overrides);
+  auto ck = checkpoint::Checkpoint::open(a.checkpoint);
+  auto gpt = load_gpt(ck, c);
+  const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
+  const bool bytes = vocab <= 256;  // byte-level tokens print as text; others as ids
+  std::vector<int32_t> seq;
+  for (unsigned char ch : a.prompt.empty() ? std::string("\n") : a.prompt) seq.push_back(ch);
+  if (!bytes && a.prompt.empty()) seq = {static_cast<int32_t>(vocab - 1)};  // GPT-2's <|endoftext|>
+  for (int32_t t : seq)
+    if (t >= vocab) throw InputError(cat("--prompt: byte ", t, " is outside the vocabulary of ", vocab));
+  const size_t prompt_len = seq.size();
+  Rng rng(static_cast<uint64_t>(a.seed), /*stream=*/3);
+  nn::GptCtx ctx;
+  int64_t lines = 0;
+  std::vector<float> probs(static_cast<size_t>(vocab));
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int64_t n = 0; n < a.tokens; ++n) {
+    const auto ctx_len = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(window)));
+    Tensor x = Tensor::zeros({1, ctx_len}, DType::kI32);
+    std::copy(seq.end() - ctx_len, seq.end(), x.data<int32_t>());
+    const float* logits = gpt->forward_logits(x, ctx, /*last_only=*/true).data<float>();
+    // Temperature, top-k, then one draw from the renormalized distribution.
+    for (int32_t i = 0; i < vocab; ++i) order[i] = i;
+    const int64_t k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t p, int32_t q) { return logits[p] > logits[q]; });
+    double mx = logits[order[0]], sum = 0;
+    for (int64_t i = 0; i < k; ++i) sum += (probs[i] = static_cast<float>(std::exp((logits[order[i]] - mx) / a.temperature)));
+    double r = rng.uniform() * sum;
+    int64_t pick = k - 1;
+    for (int64_t i = 0; i < k; ++i)
+      if ((r -= probs[i]) < 0) {
+        pick = i;
+        break;
+      }
+    seq.push_back(order[pick]);
+    if (bytes && seq.back() == '\n' && a.lines > 0 && ++lines >= a.lines) break;
+  }
+  if (bytes) {
+    std::string text = data::byte_detokenize(std::span<const int32_t>(seq).subspan(a.prompt.empty() ? 1 : 0));
+    for (char& ch : text)
+      if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') ch = ' ';
+    std::printf("%s\n", text.c_str());
+  } else {
+    for (size_t i = prompt_len; i < seq.size(); ++i) std::printf("%d%c", seq[i], i + 1 == seq.size() ? '\n' : ' ');
+  }
+  return 0;
+}
+
+}  // namespace loom::app

@@ -1,0 +1,128 @@
+// loom: the command-line interface (DESIGN.md section 4). The only place that parses
+// flags; every loom::Error is caught here and printed as one line
+// ("loom: error: ..."), exiting 2 for bad input and 1 for runtime failures.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "commands.h"
+#include "loom/data.h"
+#include "loom/error.h"
+
+namespace {
+
+// CLI11 leaves unknown "--section.key=value" flags in remaining(); anything else is an error.
+std::vector<std::string> overrides_of(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const std::string& s : app.remaining()) {
+    if (!s.starts_with("--") || s.find('=') == std::string::npos || s.find('.') == std::string::npos)
+      throw loom::InputError(loom::cat("unexpected argument ", s, " (overrides are --section.key=value)"));
+    out.push_back(s);
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Loom: distributed deep-learning training in C++.\n"
+               "Config precedence: built-in defaults < CONFIG.toml < --section.key=value."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "loom 0.1.0");
+
+  loom::app::TrainArgs train;
+  auto* t = app.add_subcommand("train", "Train a model in this process (see configs/ for presets)");
+  t->add_option("config", train.config, "TOML config file")->required();
+  t->add_flag("--resume", train.resume, "Continue the run in the run directory from its latest checkpoint");
+  t->add_flag("--quiet", train.quiet, "No progress output");
+  t->allow_extras();
+  t->footer("Any config key may be overridden: --training.steps=50 --job.name=try2");
+
+  loom::app::SampleArgs sample;
+  auto* s = app.add_subcommand("sample", "Generate text from a GPT checkpoint or safetensors file");
+  s->add_option("--checkpoint", sample.checkpoint, "Step directory, checkpoint root, run directory or .safetensors")->required();
+  s->add_option("--config", sample.config, "Config for the model shape of a bare safetensors file (n_head)");
+  s->add_option("--prompt", sample.prompt, "Text to continue");
+  s->add_option("--tokens", sample.tokens, "Tokens to generate")->capture_default_str();
+  s->add_option("--lines", sample.lines, "Stop after this many generated lines (0: no limit)")->capture_default_str();
+  s->add_option("--temperature", sample.temperature, "Softmax temperature")->capture_default_str();
+  s->add_option("--top-k", sample.top_k, "Sample among the k likeliest tokens (0: all)")->capture_default_str();
+  s->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
+  s->allow_extras();
+
+  loom::app::EvalArgs eval;
+  auto* e = app.add_subcommand("eval", "Mean next-token loss of a GPT over every full window of a token file");
+  e->add_option("--checkpoint", eval.checkpoint, "Step directory, checkpoint root or .safetensors")->required();
+  e->add_option("--data", eval.data, "Token file (llm.c format)")->required();
+  e->add_option("--config", eval.config, "Config for the model shape of a bare safetensors file (n_head)");
+  e->add_option("--batch", eval.batch, "Windows per forward pass")->capture_default_str();
+  e->allow_extras();
+
+  auto* d = app.add_subcommand("data", "Prepare datasets");
+  d->require_subcommand(1);
+  std::vector<std::string> sources;
+  std::string out;
+  double val_fraction = 0.1;
+  auto* dp = d->add_subcommand("prepare", "Tokenize text (byte-level) into llm.c token files: OUT and OUT_val");
+  dp->add_option("sources", sources, "text:PATH (a file or a directory of text files), one or more")->required();
+  dp->add_option("--out", out, "Training token file; the validation file gets _val before .bin")->required();
+  dp->add_option("--val-fraction", val_fraction, "Share of each file held out for validation")->capture_default_str();
+
+  auto* b = app.add_subcommand("bench", "Benchmarks (see bench/ and docs/perf.md)");
+  b->require_subcommand(1);
+  loom::app::BenchTrainArgs bench_train;
+  auto* bt = b->add_subcommand("train", "GPT training tokens/s and MFU against the measured sgemm peak");
+  bt->add_option("--preset", bench_train.preset, "Model preset")->capture_default_str();
+  bt->add_option("--threads", bench_train.threads, "Thread counts to run")->capture_default_str();
+  bt->add_option("--micro-batch", bench_train.micro_batch, "Sequences per step")->capture_default_str();
+  bt->add_option("--steps", bench_train.steps, "Timed steps (median reported)")->capture_default_str();
+  bt->add_option("--warmup", bench_train.warmup, "Untimed steps first")->capture_default_str();
+  bt->add_option("--peak-gflops", bench_train.peak_gflops, "Use this sgemm peak instead of measuring it");
+  std::vector<int64_t> gemm_threads = {1, 2};
+  auto* bg = b->add_subcommand("gemm", "OpenBLAS sgemm GFLOP/s, square and transformer shapes");
+  bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    int rc = app.exit(err);
+    return rc == 0 ? 0 : 2;
+  }
+  if (t->parsed()) {
+    train.overrides = overrides_of(*t);
+    return loom::app::run_train(train);
+  }
+  if (s->parsed()) {
+    sample.overrides = overrides_of(*s);
+    return loom::app::run_sample(sample);
+  }
+  if (e->parsed()) {
+    eval.overrides = overrides_of(*e);
+    return loom::app::run_eval(eval);
+  }
+  if (dp->parsed()) {
+    auto r = loom::data::prepare_text(sources, out, val_fraction);
+    std::printf("prepared %lld files: %s (%lld tokens), %s (%lld tokens)\n", static_cast<long long>(r.files),
+                r.train_path.c_str(), static_cast<long long>(r.train_tokens), r.val_path.c_str(),
+                static_cast<long long>(r.val_tokens));
+    return 0;
+  }
+  if (bt->parsed()) return loom::app::run_bench_train(bench_train);
+  if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const loom::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "loom: error: out of memory\n");
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 1;
+  }
+}

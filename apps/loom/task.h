@@ -1,0 +1,53 @@
+// A training task: a model plus the data it learns from. The training loop drives any task
+// through this interface: micro-steps over sampled items, evaluation, and the numbers the
+// metrics need. GPT learns next tokens from a token file; MLP classifies images.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include <nlohmann/json.hpp>
+
+#include "loom/nn/gpt.h"
+#include "loom/params.h"
+
+namespace loom::app {
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;  // classification only
+  int64_t items = 0;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual ParamSet& params() = 0;
+  // Examples in the training set (windows or images); the sampler orders them.
+  virtual int64_t train_items() const = 0;
+  // Forward and backward over these items as one micro-batch; gradients of
+  // (mean loss x scale) are accumulated. Returns the micro-batch's mean loss.
+  virtual double micro_step(const std::vector<int64_t>& items, double scale) = 0;
+  // Validation over at most max_items items (0: all), in file order.
+  virtual EvalResult evaluate(int64_t max_items) = 0;
+  virtual bool has_validation() const = 0;
+  virtual int64_t tokens_per_item() const = 0;
+  // Training FLOPs per item (forward + backward), for MFU.
+  virtual double train_flops_per_item() const = 0;
+  // The model's shape, saved in checkpoints so sample/eval can rebuild it.
+  virtual nlohmann::json model_json() const = 0;
+};
+
+// Loads and validates the data (InputError naming the file) and builds the model.
+std::unique_ptr<Task> make_task(const Config& c);
+
+nn::GptConfig gpt_config(const Config& c);
+// Mean next-token loss over every full window of `tokens` (DESIGN.md section 4, loom eval).
+EvalResult eval_windows(const nn::Gpt& gpt, const std::vector<uint16_t>& tokens, int64_t t,
+                        int64_t batch, int64_t max_windows);
+// Checks every token is below the vocabulary size; InputError naming the file otherwise.
+void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path);
+
+}  // namespace loom::app
