@@ -1,0 +1,235 @@
+// The loom binary end to end: bad input of every kind gives exit code 2, one line naming
+// the file or key and what was expected, and leaves an existing run directory untouched;
+// a resumed run continues with bitwise-identical losses.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "loom/data.h"
+#include "loom/fileio.h"
+#include "loom/safetensors.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_cli_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A small byte-level corpus: enough windows for gpt-nano.
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+    std::vector<uint16_t> toks = data::byte_tokenize(text);
+    data::write_tokens(p("train.bin"), toks);
+    data::write_tokens(p("val.bin"), std::vector<uint16_t>(toks.begin(), toks.begin() + 2000));
+    write(p("nano.toml"), cat("[job]\nname = \"r\"\nrun_dir = \"", p("runs"),
+                              "\"\nthreads = 1\n[model]\npreset = \"gpt-nano\"\n[data]\ntrain = \"", p("train.bin"),
+                              "\"\nval = \"", p("val.bin"), "\"\n[training]\nsteps = 6\nglobal_batch = 4\n"
+                              "micro_batch = 2\nwarmup_steps = 2\neval_every = 3\neval_steps = 2\n"
+                              "[checkpoint]\nevery = 3\nkeep = 5\n"));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+  static void write(const std::string& path, const std::string& s) { std::ofstream(path, std::ios::binary) << s; }
+
+  Result loom(const std::string& args) const {
+    const std::string err_path = p("stderr.txt");
+    const std::string cmd = cat(LOOM_BINARY_DIR, "/loom ", args, " 2>", err_path);
+    Result r;
+    FILE* f = ::popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.out.append(buf.data(), n);
+    int status = ::pclose(f);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::ifstream e(err_path);
+    std::stringstream ss;
+    ss << e.rdbuf();
+    r.err = ss.str();
+    return r;
+  }
+
+  // Every file under the run directory with its contents: a fingerprint of "untouched".
+  std::string snapshot(const std::string& root) const {
+    std::string s;
+    if (!fs::exists(root)) return "absent";
+    std::vector<std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(root)) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) s += f + "\n" + (fs::is_regular_file(f) ? sha256_hex(read_file(f)) : "dir") + "\n";
+    return s;
+  }
+
+  // Bad input: exit 2, exactly one line on stderr containing every fragment, run dir untouched.
+  void expect_bad_input(const std::string& args, std::initializer_list<std::string> fragments) {
+    const std::string before = snapshot(p("runs"));
+    Result r = loom(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.err.starts_with("loom: error: ")) << r.err;
+    for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "missing '" << f << "' in: " << r.err;
+    EXPECT_EQ(snapshot(p("runs")), before) << args;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Cli, HelpForEveryCommand) {
+  for (const char* cmd : {"", "train", "sample", "eval", "data prepare", "bench train"}) {
+    Result r = loom(cat(cmd, " --help"));
+    EXPECT_EQ(r.code, 0) << cmd;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd;
+  }
+}
+
+TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
+  // An existing run, which nothing below may change.
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  const std::string cfg = p("nano.toml");
+  const std::string fresh = " --job.name=fresh";
+  expect_bad_input(cat("train ", p("missing.toml")), {"missing.toml", "not found"});
+  write(p("unknown.toml"), "[training]\nstepz = 3\n");
+  expect_bad_input(cat("train ", p("unknown.toml")), {"unknown.toml", "unknown key training.stepz"});
+  write(p("type.toml"), "[training]\nsteps = \"many\"\n");
+  expect_bad_input(cat("train ", p("type.toml")), {"type.toml", "training.steps", "expected an integer"});
+  expect_bad_input(cat("train ", cfg, fresh, " --training.steps=abc"), {"training.steps", "expected an integer"});
+  expect_bad_input(cat("train ", cfg, fresh, " --training.nope=1"), {"unknown key training.nope"});
+  expect_bad_input(cat("train ", cfg, fresh, " --model.d_model=0"), {"model.d_model", "positive"});
+  expect_bad_input(cat("train ", cfg, fresh, " --training.micro_batch=-2"), {"training.micro_batch", "positive"});
+  expect_bad_input(cat("train ", cfg, fresh, " --model.d_model=66 --model.n_head=4"), {"model.d_model", "not divisible", "n_head"});
+  expect_bad_input(cat("train ", cfg, fresh, " --data.train=", p("nope.bin")), {"nope.bin", "cannot open"});
+  std::string raw = read_file(p("train.bin"));
+  write(p("trunc.bin"), raw.substr(0, raw.size() - 7));
+  expect_bad_input(cat("train ", cfg, fresh, " --data.train=", p("trunc.bin")), {"trunc.bin", "truncated"});
+  raw[0] = 1;
+  write(p("magic.bin"), raw);
+  expect_bad_input(cat("train ", cfg, fresh, " --data.train=", p("magic.bin")), {"magic.bin", "magic", "20240520"});
+  expect_bad_input(cat("train ", cfg), {"run directory exists", "--resume"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.dp=2"), {"parallel.dp", "not available"});
+}
+
+TEST_F(Cli, CorruptIdxIsNamed) {
+  fs::create_directories(p("fm"));
+  auto gz = [&](const std::string& name, const std::string& bytes) {
+    gzFile f = gzopen(p("fm/" + name).c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  };
+  std::string img("\0\0\x08\x03\0\0\0\x02\0\0\0\x1c\0\0\0\x1c", 16);
+  gz("train-images-idx3-ubyte.gz", img + std::string(784, '\x10'));  // says 2 images, holds 1
+  gz("train-labels-idx1-ubyte.gz", std::string("\0\0\x08\x01\0\0\0\x02\x01\x02", 10));
+  write(p("mlp.toml"), cat("[job]\nrun_dir = \"", p("runs"), "\"\n[model]\npreset = \"mlp\"\n[data]\ntrain = \"fashion-mnist:",
+                           p("fm"), "\"\n"));
+  expect_bad_input(cat("train ", p("mlp.toml")), {"train-images-idx3-ubyte.gz", "size mismatch"});
+}
+
+TEST_F(Cli, BadSafetensorsAndCheckpointsAreNamed) {
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  auto raw = [&](const std::string& name, const std::string& header, size_t data) {
+    std::string s(8, '\0');
+    uint64_t n = header.size();
+    std::memcpy(s.data(), &n, 8);
+    write(p(name), s + header + std::string(data, '\0'));
+  };
+  raw("notjson.safetensors", "{oops", 0);
+  expect_bad_input(cat("eval --checkpoint ", p("notjson.safetensors"), " --data ", p("val.bin")), {"notjson.safetensors", "not JSON"});
+  raw("past.safetensors", R"({"wte.weight":{"dtype":"F32","shape":[256,64],"data_offsets":[0,65536]}})", 100);
+  expect_bad_input(cat("eval --checkpoint ", p("past.safetensors"), " --data ", p("val.bin")), {"past.safetensors", "past the end"});
+  // A real checkpoint's weights, loaded as a model of another shape.
+  const std::string weights = p("runs/r/checkpoints/step_3/model.safetensors");
+  expect_bad_input(cat("eval --checkpoint ", weights, " --data ", p("val.bin"), " --model.n_head=3"), {"not divisible"});
+  // Resume with a different model shape: the checkpoint says gpt-nano d_model 64.
+  expect_bad_input(cat("train ", p("nano.toml"), " --resume --model.d_model=32"), {"checkpoint of model", "d_model"});
+  // Eval of a GPT-2-shaped tensor set whose shapes disagree with each other.
+  std::string good = read_file(weights);
+  SafetensorsFile f = SafetensorsFile::open(weights);
+  EXPECT_GT(f.entries().size(), 10u);
+  // Corrupt one byte of a checkpoint file: the hash check refuses it before use.
+  std::string bad = good;
+  bad[bad.size() - 3] ^= 1;
+  write(weights, bad);
+  expect_bad_input(cat("eval --checkpoint ", p("runs/r"), " --data ", p("val.bin")), {"model.safetensors", "SHA-256 mismatch"});
+}
+
+TEST_F(Cli, ShapeMismatchInBareSafetensorsIsNamed) {
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  // Rename h.1 to h.2: the file then describes layers {0, 2}, a shape no GPT has.
+  SafetensorsFile f = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& e : f.entries()) {
+    Tensor t = Tensor::zeros(e.shape, DType::kF32);
+    f.read_into(e, t);
+    std::string n = e.name;
+    if (n.find(".wpe.") != std::string::npos) t = Tensor::zeros({64, 32}, DType::kF32);  // wrong width
+    ts.emplace_back(n, t);
+  }
+  write_safetensors(p("odd.safetensors"), ts);
+  expect_bad_input(cat("eval --checkpoint ", p("odd.safetensors"), " --data ", p("val.bin"), " --model.n_head=2"),
+                   {"odd.safetensors", "transformer.wpe.weight", "[64, 32]", "[64, 64]"});
+}
+
+TEST_F(Cli, ResumeIsBitwiseIdentical) {
+  // Uninterrupted: 6 steps, checkpoints at 3 and 6.
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --job.name=full")).code, 0);
+  // Interrupted after step 3: same config, the run stopped (we drop what came after step 3).
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --job.name=cut")).code, 0);
+  fs::remove_all(p("runs/cut/checkpoints/step_6"));
+  write(p("runs/cut/checkpoints/latest"), "step_3\n");
+  Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=cut --resume"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // loss, lr and grad_norm (and val_loss) of every step are equal to the last bit.
+  auto losses = [&](const std::string& run) {
+    std::vector<std::string> out;
+    std::istringstream in(read_file(p("runs/" + run + "/metrics.jsonl")));
+    for (std::string line; std::getline(in, line);) {
+      std::string keep = line.substr(0, line.find(", \"tokens\""));
+      auto v = line.find("\"val_loss\"");
+      if (v != std::string::npos) keep += line.substr(v);
+      out.push_back(keep);
+    }
+    return out;
+  };
+  auto full = losses("full"), cut = losses("cut");
+  ASSERT_EQ(full.size(), 6u);
+  EXPECT_EQ(full, cut);
+  EXPECT_EQ(read_file(p("runs/full/checkpoints/step_6/model.safetensors")),
+            read_file(p("runs/cut/checkpoints/step_6/model.safetensors")));
+}
+
+TEST_F(Cli, DataPrepareSampleAndEval) {
+  fs::create_directories(p("txt"));
+  write(p("txt/a"), std::string(3000, 'x'));
+  Result r = loom(cat("data prepare text:", p("txt"), " --out ", p("out/t.bin")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("t_val.bin"), std::string::npos);
+  EXPECT_EQ(data::read_tokens(p("out/t.bin")).size(), 2700u);
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  r = loom(cat("sample --checkpoint ", p("runs/r"), " --tokens 20 --prompt The"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("The")) << r.out;
+  r = loom(cat("eval --checkpoint ", p("runs/r/checkpoints/step_3"), " --data ", p("val.bin")));
+  EXPECT_EQ(r.code, 0) << r.err;
+  // 2000 tokens, windows of 64: 31 full windows x 64 targets.
+  EXPECT_TRUE(r.out.starts_with("{\"loss\": ")) << r.out;
+  EXPECT_NE(r.out.find("\"tokens\": 1984}"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace loom
