@@ -9,7 +9,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev zlib1g-dev                        # sha256 for checkpoints; gzip for IDX files
   fortunes dataset-fashion-mnist               # the main job's text and the MLP's images
-  iproute2
+  iproute2 bc
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
 )
 missing=()

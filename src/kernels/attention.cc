@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/fast_math.h"
 #include "kernels/matmul.h"
 
 namespace loom::kernels {
@@ -28,8 +29,9 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
       T sum = 0;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j <= i; ++j) {
-        row[j] = std::exp(row[j] - mx);
+        row[j] = fast_exp(row[j] - mx);
         sum += row[j];
       }
       T inv = T(1) / sum;
@@ -64,6 +66,7 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
       const T* prow = p + i * t;
       T* row = dp + i * t;
       T dot = 0;
+#pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j <= i; ++j) dot += prow[j] * row[j];
       for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
       std::fill(row + i + 1, row + t, T(0));

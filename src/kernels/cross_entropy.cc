@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/fast_math.h"
+
 namespace loom::kernels {
 
 template <typename T>
@@ -13,7 +15,8 @@ void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, i
     const T* row = logits + i * v;
     T mx = *std::max_element(row, row + v);
     T sum = 0;
-    for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - mx);
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < v; ++j) sum += fast_exp(row[j] - mx);
     losses[i] = std::log(sum) + mx - row[targets[i]];
   }
 }
@@ -27,8 +30,9 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
     T* drow = dlogits + i * v;
     T mx = *std::max_element(row, row + v);
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < v; ++j) {
-      drow[j] = std::exp(row[j] - mx);
+      drow[j] = fast_exp(row[j] - mx);
       sum += drow[j];
     }
     T inv = dloss / sum;

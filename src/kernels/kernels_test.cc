@@ -13,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/fast_math.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
@@ -270,6 +271,29 @@ TEST(Kernels, AdamWAndSgdMatchReference) {
     sgd_update(pq.data(), g.data(), bq.data(), n, 0.1, 0.9, 0.01, step == 0);
   }
   EXPECT_LT(rel_err(pq, ps), 1e-14);
+}
+
+}  // namespace
+}  // namespace loom::kernels
+
+namespace loom::kernels {
+namespace {
+
+// fast_exp within 2 ulp of libm over the whole clamped range; fast_tanh within 2e-7
+// absolute (GELU consumes 1 + tanh, so absolute error is what matters).
+TEST(FastMath, ExpAndTanhAccuracy) {
+  double worst_exp = 0, worst_tanh = 0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.001953125f) {
+    double want = std::exp(static_cast<double>(x));
+    worst_exp = std::max(worst_exp, std::fabs(fast_exp(x) - want) / want);
+    worst_tanh = std::max(worst_tanh, std::fabs(fast_tanh(x * 0.1f) - std::tanh(static_cast<double>(x * 0.1f))));
+  }
+  EXPECT_LT(worst_exp, 2.5e-7);  // 2 ulp of float is 2.4e-7 relative at worst
+  EXPECT_LT(worst_tanh, 2e-7);
+  EXPECT_EQ(fast_exp(-1000.0f), fast_exp(-87.0f));
+  EXPECT_GT(fast_exp(1000.0f), 1e38f);
+  EXPECT_EQ(fast_tanh(100.0f), 1.0f);
+  EXPECT_EQ(fast_tanh(-100.0f), -1.0f);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/fast_math.h"
+
 namespace loom::kernels {
 namespace {
 template <typename T>
@@ -14,7 +16,7 @@ void gelu_forward(T* out, const T* inp, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T x = inp[i];
     T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-    out[i] = T(0.5) * x * (T(1) + std::tanh(u));
+    out[i] = T(0.5) * x * (T(1) + fast_tanh(u));
   }
 }
 
@@ -24,7 +26,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     T x = inp[i];
     T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-    T th = std::tanh(u);
+    T th = fast_tanh(u);
     T sech2 = T(1) - th * th;
     T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
     dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dout[i];
