@@ -11,7 +11,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;  // --section.key=value
   bool resume = false;
-  bool quiet = false;
+  bool quiet = false;  // no progress; the run summary still prints
 };
 int run_train(const TrainArgs& a);
 

@@ -163,7 +163,8 @@ int run_train(const TrainArgs& a) {
   if (task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
     // A full pass over the test set for the final figure.
     EvalResult full = task->evaluate(0);
-    log_info(cat("test accuracy ", full.accuracy, " over ", full.items, " images (loss ", full.loss, ")"));
+    std::printf("test accuracy %.4f over %lld images (loss %.4f)\n", full.accuracy,
+                static_cast<long long>(full.items), full.loss);
   }
   std::printf("run directory: %s\n", run.c_str());
   return 0;
