@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -229,6 +231,65 @@ TEST_F(Cli, DataPrepareSampleAndEval) {
   // 2000 tokens, windows of 64: 31 full windows x 64 targets.
   EXPECT_TRUE(r.out.starts_with("{\"loss\": ")) << r.out;
   EXPECT_NE(r.out.find("\"tokens\": 1984}"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// A reader that is not Loom's (tools/read_safetensors.py, from the format description)
+// loads Loom's checkpoint weights with the same names, shapes and values.
+TEST_F(Cli, IndependentReaderLoadsLoomWeights) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  const std::string file = p("runs/r/checkpoints/step_3/model.safetensors");
+  const std::string cmd = cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ", file);
+  FILE* f = ::popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  ASSERT_EQ(::pclose(f), 0) << out;
+  SafetensorsFile st = SafetensorsFile::open(file);
+  EXPECT_EQ(static_cast<size_t>(std::count(out.begin(), out.end(), '\n')), st.entries().size());
+  for (const auto& e : st.entries()) {
+    Tensor t = Tensor::zeros(e.shape, DType::kF64);
+    st.read_into(e, t);
+    double sum = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) sum += t.data<double>()[i];
+    std::istringstream lines(out);
+    bool found = false;
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with(e.name + " float32 ")) continue;
+      found = true;
+      EXPECT_NEAR(std::stod(line.substr(line.rfind(' ') + 1)), sum, 1e-9 * (1 + std::fabs(sum))) << line;
+    }
+    EXPECT_TRUE(found) << e.name << " missing from:\n" << out;
+  }
+}
+
+// Weights exported as a bare file without the "transformer." prefix (as Hugging Face
+// publishes GPT-2) evaluate to exactly the loss of the checkpoint they came from.
+TEST_F(Cli, EvalOfBareHuggingFaceStyleFileMatchesCheckpoint) {
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  SafetensorsFile st = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& e : st.entries()) {
+    Tensor t = Tensor::zeros(e.shape, DType::kF32);
+    st.read_into(e, t);
+    ts.emplace_back(e.name.substr(std::string("transformer.").size()), t);
+  }
+  write_safetensors(p("hf.safetensors"), ts);
+  Result a = loom(cat("eval --checkpoint ", p("runs/r"), " --data ", p("val.bin")));
+  Result b = loom(cat("eval --checkpoint ", p("hf.safetensors"), " --data ", p("val.bin"), " --model.n_head=2"));
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  Result s = loom(cat("sample --checkpoint ", p("hf.safetensors"), " --model.n_head=2 --tokens 10 --prompt ab"));
+  EXPECT_EQ(s.code, 0) << s.err;
+  EXPECT_TRUE(s.out.starts_with("ab")) << s.out;
 }
 
 }  // namespace
