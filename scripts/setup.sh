@@ -10,6 +10,7 @@ pkgs=(
   libssl-dev zlib1g-dev                        # sha256 for checkpoints; gzip for IDX files
   fortunes dataset-fashion-mnist               # the main job's text and the MLP's images
   iproute2 bc
+  clang libomp-dev                             # the tsan preset (Archer makes OpenMP visible to TSan)
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
 )
 missing=()

@@ -17,6 +17,7 @@
 #include "loom/data.h"
 #include "loom/fileio.h"
 #include "loom/safetensors.h"
+#include "loom_testing.h"
 
 namespace loom {
 namespace {
@@ -27,13 +28,10 @@ struct Result {
   std::string out, err;
 };
 
-class Cli : public ::testing::Test {
+class Cli : public testing::TempDirTest {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_cli_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     // A small byte-level corpus: enough windows for gpt-nano.
     std::string text;
     for (int i = 0; i < 400; ++i) text += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
@@ -46,9 +44,7 @@ class Cli : public ::testing::Test {
                               "micro_batch = 2\nwarmup_steps = 2\neval_every = 3\neval_steps = 2\n"
                               "[checkpoint]\nevery = 3\nkeep = 5\n"));
   }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+  std::string p(const std::string& name) const { return path(name); }
   static void write(const std::string& path, const std::string& s) { std::ofstream(path, std::ios::binary) << s; }
 
   Result loom(const std::string& args) const {
@@ -89,8 +85,6 @@ class Cli : public ::testing::Test {
     for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "missing '" << f << "' in: " << r.err;
     EXPECT_EQ(snapshot(p("runs")), before) << args;
   }
-
-  fs::path dir_;
 };
 
 TEST_F(Cli, HelpForEveryCommand) {

@@ -19,6 +19,7 @@
 #include "loom/nn/gpt.h"
 #include "loom/optim.h"
 #include "loom/safetensors.h"
+#include "loom_testing.h"
 
 namespace loom {
 namespace {
@@ -53,13 +54,7 @@ std::vector<double> as_f64(const Tensor& t) {
   return v;
 }
 
-double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double scale = 1e-30, err = 0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
-  return err / scale;
-}
+using loom::testing::rel_err;
 
 struct Tolerance {
   double logits, grads, weights;

@@ -9,32 +9,14 @@
 
 #include "loom/fileio.h"
 #include "loom/nn/gpt.h"
+#include "loom_testing.h"
 
 namespace loom::checkpoint {
 namespace {
 namespace fs = std::filesystem;
 
-class CheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_ckpt_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& n) const { return (dir_ / n).string(); }
-  fs::path dir_;
-};
-
-template <typename F>
-void expect_input_error(F f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const InputError& e) {
-    for (const auto& frag : fragments)
-      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << e.what();
-  }
-}
+using loom::testing::expect_input_error;
+using CheckpointTest = loom::testing::TempDirTest;
 
 // A safetensors file from a raw header string and data bytes.
 void write_raw(const std::string& p, const std::string& header, size_t data_bytes) {

@@ -8,35 +8,20 @@
 #include "loom/data.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom_testing.h"
 
 namespace loom::data {
 namespace {
 namespace fs = std::filesystem;
 
-class DataTest : public ::testing::Test {
+using loom::testing::expect_input_error;
+
+class DataTest : public loom::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_data_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
   void write(const std::string& name, const std::string& bytes) const {
     std::ofstream(path(name), std::ios::binary) << bytes;
   }
-  fs::path dir_;
 };
-
-// Expects InputError whose message contains every fragment.
-template <typename F>
-void expect_input_error(F f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const InputError& e) {
-    for (const auto& frag : fragments) EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << e.what();
-  }
-}
 
 TEST_F(DataTest, TokenFileRoundTripsAndMatchesLlmcLayout) {
   std::vector<uint16_t> toks = {1, 2, 65535, 0, 7};

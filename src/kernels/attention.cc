@@ -8,71 +8,89 @@
 #include "kernels/matmul.h"
 
 namespace loom::kernels {
+namespace {
+// Rows of the score matrix per GEMM. Row block [r0, r1) attends to columns [0, r1) only,
+// so blocks above the diagonal are never computed: at T = 256 that is 10 of 16 blocks.
+constexpr int64_t kBlock = 64;
+}  // namespace
 
-// One (batch, head) pair is one task: two GEMMs forward and four backward on strided views
-// of qkv. Tasks run in parallel; BLAS inside them runs single-threaded.
+// One (batch, head) pair is one task: strided GEMMs on views of qkv, the causal softmax in
+// between. Tasks run in parallel; BLAS inside them runs single-threaded.
 template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
                        int64_t nh) {
-  const int64_t hs = c / nh;
+  const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < b * nh; ++bh) {
     const int64_t bi = bh / nh, h = bh % nh;
-    const T* q = qkv + bi * t * 3 * c + h * hs;
+    const T* q = qkv + bi * t * ld + h * hs;
     const T* k = q + c;
     const T* v = q + 2 * c;
     T* p = att + bh * t * t;
-    gemm<T>(false, true, t, t, hs, scale, q, 3 * c, k, 3 * c, 0, p, t);
-    for (int64_t i = 0; i < t; ++i) {
-      T* row = p + i * t;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-      T sum = 0;
+    T* y = out + bi * t * c + h * hs;
+    for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
+      const int64_t r1 = std::min(t, r0 + kBlock);
+      gemm<T>(false, true, r1 - r0, r1, hs, scale, q + r0 * ld, ld, k, ld, 0, p + r0 * t, t);
+      for (int64_t i = r0; i < r1; ++i) {
+        T* row = p + i * t;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j <= i; ++j) {
-        row[j] = fast_exp(row[j] - mx);
-        sum += row[j];
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = fast_exp(row[j] - mx);
+          sum += row[j];
+        }
+        const T inv = T(1) / sum;
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + t, T(0));
       }
-      T inv = T(1) / sum;
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-      std::fill(row + i + 1, row + t, T(0));
+      gemm<T>(false, false, r1 - r0, hs, r1, 1, p + r0 * t, t, v, ld, 0, y + r0 * c, c);
     }
-    gemm<T>(false, false, t, hs, t, 1, p, t, v, 3 * c, 0, out + bi * t * c + h * hs, c);
   }
 }
 
 template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
                         int64_t b, int64_t t, int64_t c, int64_t nh) {
-  const int64_t hs = c / nh;
+  const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < b * nh; ++bh) {
     const int64_t bi = bh / nh, h = bh % nh;
-    const T* q = qkv + bi * t * 3 * c + h * hs;
+    const T* q = qkv + bi * t * ld + h * hs;
     const T* k = q + c;
     const T* v = q + 2 * c;
-    T* dq = dqkv + bi * t * 3 * c + h * hs;
+    T* dq = dqkv + bi * t * ld + h * hs;
     T* dk = dq + c;
     T* dv = dq + 2 * c;
     const T* p = att + bh * t * t;
     const T* dy = dout + bi * t * c + h * hs;
-    T* dp = scratch + bh * t * t;
-    gemm<T>(false, true, t, t, hs, 1, dy, c, v, 3 * c, 0, dp, t);  // dP = dY V^T
-    gemm<T>(true, false, t, hs, t, 1, p, t, dy, c, 0, dv, 3 * c);  // dV = P^T dY
-    // Softmax backward in place: dS = P * (dP - sum_j P dP), scaled; zero above diagonal.
-    for (int64_t i = 0; i < t; ++i) {
-      const T* prow = p + i * t;
-      T* row = dp + i * t;
-      T dot = 0;
+    T* ds = scratch + bh * t * t;
+    // dP = dY V^T on the block-lower triangle, then softmax backward in place:
+    // dS = P * (dP - sum_j P dP) * scale, zero above the diagonal.
+    for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
+      const int64_t r1 = std::min(t, r0 + kBlock);
+      gemm<T>(false, true, r1 - r0, r1, hs, 1, dy + r0 * c, c, v, ld, 0, ds + r0 * t, t);
+      for (int64_t i = r0; i < r1; ++i) {
+        const T* prow = p + i * t;
+        T* row = ds + i * t;
+        T dot = 0;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j <= i; ++j) dot += prow[j] * row[j];
-      for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
-      std::fill(row + i + 1, row + t, T(0));
+        for (int64_t j = 0; j <= i; ++j) dot += prow[j] * row[j];
+        for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
+        std::fill(row + i + 1, row + r1, T(0));
+      }
+      gemm<T>(false, false, r1 - r0, hs, r1, 1, ds + r0 * t, t, k, ld, 0, dq + r0 * ld, ld);  // dQ = dS K
     }
-    gemm<T>(false, false, t, hs, t, 1, dp, t, k, 3 * c, 0, dq, 3 * c);  // dQ = dS K
-    gemm<T>(true, false, t, hs, t, 1, dp, t, q, 3 * c, 0, dk, 3 * c);   // dK = dS^T Q
+    // Column block [c0, c1) of dK and dV only sees rows i >= c0 (causality), so each is
+    // one GEMM over rows [c0, T), with nothing to accumulate.
+    for (int64_t c0 = 0; c0 < t; c0 += kBlock) {
+      const int64_t c1 = std::min(t, c0 + kBlock), rows = t - c0;
+      gemm<T>(true, false, c1 - c0, hs, rows, 1, ds + c0 * t + c0, t, q + c0 * ld, ld, 0, dk + c0 * ld, ld);
+      gemm<T>(true, false, c1 - c0, hs, rows, 1, p + c0 * t + c0, t, dy + c0 * c, c, 0, dv + c0 * ld, ld);
+    }
   }
 }
 

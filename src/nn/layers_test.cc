@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
 #include "loom/nn/mlp.h"
 #include "loom/rng.h"
+#include "loom/threads.h"
 
 namespace loom::nn {
 namespace {
@@ -270,6 +272,39 @@ TEST(Gpt, InitFollowsGpt2) {
   EXPECT_EQ(gpt.params().infos()[0].shape, (Shape{100, 64}));
   EXPECT_EQ(gpt.params().value(gpt.params().find("transformer.h.0.attn.c_attn.weight")).shape(),
             (Shape{64, 192}));
+}
+
+}  // namespace
+}  // namespace loom::nn
+
+namespace loom::nn {
+namespace {
+
+// One GPT training step's loss and gradients are bitwise the same with 1 and 2 compute
+// threads (docs/numerics.md, Determinism). Also the test where ThreadSanitizer sees Loom's
+// parallel regions (the suite otherwise pins one thread per test).
+TEST(Determinism, GptGradientsDoNotDependOnThreadCount) {
+  GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 64, .seq_len = 32, .vocab_size = 97};
+  auto run = [&](int threads) {
+    set_compute_threads(threads);
+    Gpt gpt(cfg);
+    gpt.init(5);
+    Tensor x = Tensor::zeros({4, 32}, DType::kI32), y = Tensor::zeros({4, 32}, DType::kI32);
+    Rng r(6);
+    for (int i = 0; i < 128; ++i) {
+      x.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
+      y.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
+    }
+    GptCtx ctx;
+    double loss = gpt.forward(x, y, ctx);
+    gpt.backward(ctx, 1.0);
+    const float* g = gpt.params().grads().data<float>();
+    return std::make_pair(loss, std::vector<float>(g, g + gpt.params().numel()));
+  };
+  auto one = run(1), two = run(2);
+  set_compute_threads(1);
+  EXPECT_EQ(one.first, two.first);
+  EXPECT_EQ(0, std::memcmp(one.second.data(), two.second.data(), one.second.size() * sizeof(float)));
 }
 
 }  // namespace

@@ -1,0 +1,58 @@
+// Helpers shared by Loom's tests: a per-test temporary directory, an InputError matcher, and
+// the relative-error measure the numeric tests use.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "loom/error.h"
+
+namespace loom::testing {
+
+// A fresh directory per test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("loom_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
+
+// Expects f() to throw InputError whose message contains every fragment.
+template <typename F>
+void expect_input_error(F f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    for (const auto& frag : fragments)
+      EXPECT_NE(std::string(e.what()).find(frag), std::string::npos) << e.what();
+  }
+}
+
+// max |got - want| / max |want|: relative to the tensor's scale, so entries near zero do
+// not make a check meaningless.
+template <typename A>
+double rel_err(const std::vector<A>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double scale = 1e-30, err = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+  return err / scale;
+}
+
+}  // namespace loom::testing
