@@ -3,6 +3,7 @@
 #include <charconv>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 #include <toml++/toml.h>
 
 #include "loom/error.h"
@@ -281,6 +282,11 @@ std::string Config::to_toml() const {
     out << "\n";
   }
   return out.str();
+}
+
+int Config::threads() const {
+  if (i("job.threads") > 0) return static_cast<int>(i("job.threads"));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 std::string Config::run_path() const {

@@ -36,6 +36,8 @@ class Config {
   // TOML text of every key, grouped by section.
   std::string to_toml() const;
   std::string run_path() const;  // run_dir / name
+  // job.threads, or every core of the machine when it is 0.
+  int threads() const;
 
  private:
   std::map<std::string, Value> values_;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
-#include <thread>
 
 #include "commands.h"
 #include "config.h"
@@ -25,9 +24,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.apply_overrides(overrides);
   if (c.s("data.train").empty()) c.set("data.train", std::string("-"));  // not used here
   c.resolve();
-  const int threads = c.i("job.threads") > 0 ? static_cast<int>(c.i("job.threads"))
-                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  set_compute_threads(threads);
+  set_compute_threads(c.threads());
   return c;
 }
 

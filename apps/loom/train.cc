@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <thread>
 
 #include "commands.h"
 #include "config.h"
@@ -49,8 +48,6 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
   write_file_atomic(path, kept);
 }
 
-int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
-
 }  // namespace
 
 int run_train(const TrainArgs& a) {
@@ -59,7 +56,7 @@ int run_train(const TrainArgs& a) {
   c.apply_overrides(a.overrides);
   c.resolve();
   set_log_quiet(a.quiet);
-  const int threads = c.i("job.threads") > 0 ? static_cast<int>(c.i("job.threads")) : default_threads();
+  const int threads = c.threads();
   set_compute_threads(threads);
 
   const std::string run = c.run_path();
