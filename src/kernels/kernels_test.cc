@@ -164,6 +164,26 @@ TEST(Kernels, LayerNorm) {
   EXPECT_LT(rel_err(dbf, db), 2e-5);
 }
 
+// Fast attention in double (exact up to summation order) and float against the reference;
+// att and scratch start as garbage, which the kernels must never read.
+void expect_attention_matches_reference(int64_t b, int64_t t, int64_t c, int64_t nh,
+                                        const std::vector<double>& qkv, const std::vector<double>& dy,
+                                        const std::vector<double>& y, const std::vector<double>& att,
+                                        const std::vector<double>& dqkv) {
+  std::vector<double> y2(b * t * c), att2(b * nh * t * t, 7.0), dq2(b * t * 3 * c), s2(b * nh * t * t, 7.0);
+  attention_forward(y2.data(), att2.data(), qkv.data(), b, t, c, nh);
+  attention_backward(dq2.data(), s2.data(), dy.data(), qkv.data(), att2.data(), b, t, c, nh);
+  EXPECT_LT(rel_err(y2, y), 1e-12);
+  EXPECT_LT(rel_err(att2, att), 1e-12);
+  EXPECT_LT(rel_err(dq2, dqkv), 1e-12);
+  auto qf = to_f32(qkv), dyf = to_f32(dy);
+  std::vector<float> yf(b * t * c), af(b * nh * t * t), dqf(b * t * 3 * c), sf(b * nh * t * t);
+  attention_forward(yf.data(), af.data(), qf.data(), b, t, c, nh);
+  attention_backward(dqf.data(), sf.data(), dyf.data(), qf.data(), af.data(), b, t, c, nh);
+  EXPECT_LT(rel_err(yf, y), 2e-5);
+  EXPECT_LT(rel_err(dqf, dqkv), 2e-5);
+}
+
 TEST(Kernels, Attention) {
   const int64_t b = 2, t = 5, c = 12, nh = 3;
   auto qkv = randn(b * t * 3 * c, 11), dy = randn(b * t * c, 12);
@@ -177,18 +197,7 @@ TEST(Kernels, Attention) {
   };
   EXPECT_LT(rel_err(dqkv, numeric_grad(qkv, dy, fwd)), 1e-6);
 
-  std::vector<double> y64(b * t * c), att64(b * nh * t * t), dqkv64(b * t * 3 * c), s64(b * nh * t * t);
-  attention_forward(y64.data(), att64.data(), qkv.data(), b, t, c, nh);
-  attention_backward(dqkv64.data(), s64.data(), dy.data(), qkv.data(), att64.data(), b, t, c, nh);
-  EXPECT_LT(rel_err(y64, y), 1e-12);
-  EXPECT_LT(rel_err(att64, att), 1e-12);
-  EXPECT_LT(rel_err(dqkv64, dqkv), 1e-12);
-  auto qf = to_f32(qkv), dyf = to_f32(dy);
-  std::vector<float> yf(b * t * c), af(b * nh * t * t), dqf(b * t * 3 * c), sf(b * nh * t * t);
-  attention_forward(yf.data(), af.data(), qf.data(), b, t, c, nh);
-  attention_backward(dqf.data(), sf.data(), dyf.data(), qf.data(), af.data(), b, t, c, nh);
-  EXPECT_LT(rel_err(yf, y), 2e-5);
-  EXPECT_LT(rel_err(dqf, dqkv), 2e-5);
+  expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, att, dqkv);
 }
 
 // T spanning several 64-row blocks, the last one partial: the blocked causal GEMMs must
@@ -199,18 +208,7 @@ TEST(Kernels, AttentionAcrossBlocks) {
   std::vector<double> y(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
   ref::attention_forward(y.data(), att.data(), qkv.data(), b, t, c, nh);
   ref::attention_backward<double>(dqkv.data(), nullptr, dy.data(), qkv.data(), att.data(), b, t, c, nh);
-  std::vector<double> y2(b * t * c), att2(b * nh * t * t, 7.0), dq2(b * t * 3 * c), s2(b * nh * t * t, 7.0);
-  attention_forward(y2.data(), att2.data(), qkv.data(), b, t, c, nh);  // att2, s2 start as garbage
-  attention_backward(dq2.data(), s2.data(), dy.data(), qkv.data(), att2.data(), b, t, c, nh);
-  EXPECT_LT(rel_err(y2, y), 1e-12);
-  EXPECT_LT(rel_err(att2, att), 1e-12);
-  EXPECT_LT(rel_err(dq2, dqkv), 1e-12);
-  auto qf = to_f32(qkv), dyf = to_f32(dy);
-  std::vector<float> yf(b * t * c), af(b * nh * t * t), dqf(b * t * 3 * c), sf(b * nh * t * t);
-  attention_forward(yf.data(), af.data(), qf.data(), b, t, c, nh);
-  attention_backward(dqf.data(), sf.data(), dyf.data(), qf.data(), af.data(), b, t, c, nh);
-  EXPECT_LT(rel_err(yf, y), 2e-5);
-  EXPECT_LT(rel_err(dqf, dqkv), 2e-5);
+  expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, att, dqkv);
 }
 
 TEST(Kernels, CrossEntropy) {

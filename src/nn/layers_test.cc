@@ -68,22 +68,30 @@ void init_params(ParamSet& ps, uint64_t seed) {
   ps.zero_grads();
 }
 
+// For a layer with forward(x, ctx, arena) and backward(dy, ctx, arena): checks dx and, when
+// given, every parameter of `ps` against finite differences of L = sum(forward(x) * w).
+template <typename Ctx, typename Layer>
+void check_layer(const Layer& layer, const Shape& x_shape, const Shape& y_shape, uint64_t seed,
+                 const ParamSet* ps = nullptr, double x_scale = 1.0) {
+  Tensor x = Tensor::zeros(x_shape, kF64), w = Tensor::zeros(y_shape, kF64);
+  fill_randn(x, seed, x_scale);
+  fill_randn(w, seed + 1);
+  Arena arena;
+  Ctx ctx;
+  auto loss = [&] { return dot(layer.forward(x, ctx, arena), w); };
+  loss();
+  Tensor dx = layer.backward(w, ctx, arena);
+  EXPECT_EQ(dx.shape(), x.shape());
+  expect_grad(x, dx, loss, "dx");
+  if (ps != nullptr) expect_param_grads(*ps, loss);
+}
+
 TEST(LayerGrad, Linear) {
   ParamSet ps(kF64);
   Linear lin(ps, "fc", 5, 3);
   ps.allocate();
   init_params(ps, 1);
-  Tensor x = Tensor::zeros({2, 4, 5}, kF64), w = Tensor::zeros({2, 4, 3}, kF64);
-  fill_randn(x, 2);
-  fill_randn(w, 3);
-  Arena arena;
-  LinearCtx ctx;
-  auto loss = [&] { return dot(lin.forward(x, ctx, arena), w); };
-  loss();
-  Tensor dx = lin.backward(w, ctx, arena);
-  EXPECT_EQ(dx.shape(), x.shape());
-  expect_grad(x, dx, loss, "dx");
-  expect_param_grads(ps, loss);
+  check_layer<LinearCtx>(lin, {2, 4, 5}, {2, 4, 3}, 2, &ps);
 }
 
 TEST(LayerGrad, LayerNorm) {
@@ -91,29 +99,10 @@ TEST(LayerGrad, LayerNorm) {
   LayerNorm ln(ps, "ln", 7);
   ps.allocate();
   init_params(ps, 4);
-  Tensor x = Tensor::zeros({3, 7}, kF64), w = Tensor::zeros({3, 7}, kF64);
-  fill_randn(x, 5, 2.0);
-  fill_randn(w, 6);
-  Arena arena;
-  LayerNormCtx ctx;
-  auto loss = [&] { return dot(ln.forward(x, ctx, arena), w); };
-  loss();
-  Tensor dx = ln.backward(w, ctx, arena);
-  expect_grad(x, dx, loss, "dx");
-  expect_param_grads(ps, loss);
+  check_layer<LayerNormCtx>(ln, {3, 7}, {3, 7}, 5, &ps, 2.0);
 }
 
-TEST(LayerGrad, Gelu) {
-  Tensor x = Tensor::zeros({50}, kF64), w = Tensor::zeros({50}, kF64);
-  fill_randn(x, 7, 3.0);
-  fill_randn(w, 8);
-  Arena arena;
-  GeluCtx ctx;
-  Gelu g;
-  auto loss = [&] { return dot(g.forward(x, ctx, arena), w); };
-  loss();
-  expect_grad(x, g.backward(w, ctx, arena), loss, "dx");
-}
+TEST(LayerGrad, Gelu) { check_layer<GeluCtx>(Gelu(), {50}, {50}, 7, nullptr, 3.0); }
 
 TEST(LayerGrad, Embedding) {
   ParamSet ps(kF64);
@@ -157,16 +146,7 @@ TEST(LayerGrad, CausalSelfAttention) {
   CausalSelfAttention attn(ps, "attn", 8, 2);
   ps.allocate();
   init_params(ps, 12);
-  Tensor x = Tensor::zeros({2, 5, 8}, kF64), w = Tensor::zeros({2, 5, 8}, kF64);
-  fill_randn(x, 13);
-  fill_randn(w, 14);
-  Arena arena;
-  AttentionCtx ctx;
-  auto loss = [&] { return dot(attn.forward(x, ctx, arena), w); };
-  loss();
-  Tensor dx = attn.backward(w, ctx, arena);
-  expect_grad(x, dx, loss, "dx");
-  expect_param_grads(ps, loss);
+  check_layer<AttentionCtx>(attn, {2, 5, 8}, {2, 5, 8}, 13, &ps);
 }
 
 TEST(LayerGrad, MlpAndBlock) {
@@ -175,27 +155,11 @@ TEST(LayerGrad, MlpAndBlock) {
   Block block(ps, "h.0", 8, 2);
   ps.allocate();
   init_params(ps, 15);
-  Arena arena;
-  {
-    Tensor x = Tensor::zeros({4, 6}, kF64), w = Tensor::zeros({4, 6}, kF64);
-    fill_randn(x, 16);
-    fill_randn(w, 17);
-    MlpCtx ctx;
-    auto loss = [&] { return dot(mlp.forward(x, ctx, arena), w); };
-    loss();
-    expect_grad(x, mlp.backward(w, ctx, arena), loss, "mlp dx");
-  }
-  {
-    Tensor x = Tensor::zeros({2, 4, 8}, kF64), w = Tensor::zeros({2, 4, 8}, kF64);
-    fill_randn(x, 18);
-    fill_randn(w, 19);
-    BlockCtx ctx;
-    auto loss = [&] { return dot(block.forward(x, ctx, arena), w); };
-    loss();
-    expect_grad(x, block.backward(w, ctx, arena), loss, "block dx");
-  }
+  check_layer<MlpCtx>(mlp, {4, 6}, {4, 6}, 16);
+  check_layer<BlockCtx>(block, {2, 4, 8}, {2, 4, 8}, 18);
   // Both sub-models' parameters: rerun each backward with zeroed grads, then check all.
   ps.zero_grads();
+  Arena arena;
   Tensor x1 = Tensor::zeros({4, 6}, kF64), w1 = Tensor::zeros({4, 6}, kF64);
   Tensor x2 = Tensor::zeros({2, 4, 8}, kF64), w2 = Tensor::zeros({2, 4, 8}, kF64);
   fill_randn(x1, 16);
