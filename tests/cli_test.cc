@@ -153,6 +153,7 @@ TEST_F(Cli, BadSafetensorsAndCheckpointsAreNamed) {
   expect_bad_input(cat("eval --checkpoint ", weights, " --data ", p("val.bin"), " --model.n_head=3"), {"not divisible"});
   // Resume with a different model shape: the checkpoint says gpt-nano d_model 64.
   expect_bad_input(cat("train ", p("nano.toml"), " --resume --model.d_model=32"), {"checkpoint of model", "d_model"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --resume --job.seed=7"), {"trained with job.seed = 1337", "says 7"});
   // Eval of a GPT-2-shaped tensor set whose shapes disagree with each other.
   std::string good = read_file(weights);
   SafetensorsFile f = SafetensorsFile::open(weights);

@@ -14,7 +14,6 @@
 #include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/optim.h"
-#include "loom/rng.h"
 #include "loom/threads.h"
 #include "task.h"
 
@@ -82,7 +81,6 @@ int run_train(const TrainArgs& a) {
   const int64_t global_batch = c.i("training.global_batch"), micro_batch = c.i("training.micro_batch");
   const int64_t accum = global_batch / micro_batch;
   const auto seed = static_cast<uint64_t>(c.i("job.seed"));
-  Rng rng(seed, /*stream=*/2);  // the trainer's own stream, saved with checkpoints
 
   int64_t start_step = 0;
   if (a.resume) {
@@ -94,8 +92,12 @@ int run_train(const TrainArgs& a) {
     ck.load_params(params);
     ck.load_optimizer(params, *optimizer);
     start_step = ck.state().at("step").get<int64_t>();
-    auto r = ck.state().at("rng").get<std::array<uint64_t, 4>>();
-    rng.set_state(r);
+    // All randomness is counter-based on (seed, stream, epoch); a different seed would
+    // silently change the data order, so it is refused.
+    const auto saved_seed = ck.state().at("rng").at("seed").get<uint64_t>();
+    if (saved_seed != seed)
+      throw InputError(cat(ck.path(), ": trained with job.seed = ", saved_seed, ", the config says ", seed,
+                           "; resume with the same seed"));
     log_info(cat("resuming from ", ck.path(), " at step ", start_step));
   }
 
@@ -115,7 +117,10 @@ int run_train(const TrainArgs& a) {
   EvalResult last_eval;
 
   auto save = [&](int64_t step) {
-    json state = {{"data_cursor", step * global_batch}, {"rng", rng.state()}, {"model", task->model_json()},
+    json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
+                {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
+                {"data_epoch", step * global_batch / task->train_items()}};
+    json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
     std::string dir = checkpoint::save(ckpt_root, step, params, optimizer.get(), state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep"))});

@@ -45,8 +45,13 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes tensors (contiguous) under their names, atomically. Returns the bytes written.
-size_t write_safetensors(const std::string& path,
+struct WrittenFile {
+  size_t bytes = 0;
+  std::string sha256;  // hex, of exactly the bytes written
+};
+
+// Writes tensors (contiguous) under their names, atomically.
+WrittenFile write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 

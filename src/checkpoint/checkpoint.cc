@@ -59,16 +59,17 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
         opt_state.emplace_back(role + "." + p.name, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
 
   json files = json::object();
-  auto add_file = [&](const std::string& file) {
-    std::string bytes = read_file((tmp_dir / file).string());
-    files[file] = {{"bytes", bytes.size()}, {"sha256", sha256_hex(bytes)}};
+  auto add_file = [&](const std::string& file, const WrittenFile& w) {
+    files[file] = {{"bytes", w.bytes}, {"sha256", w.sha256}};
   };
-  write_safetensors((tmp_dir / kModelFile).string(), weights, {{"format", "pt"}});
-  add_file(kModelFile);
+  auto write_text = [&](const std::string& file, const std::string& text) {
+    write_file_atomic((tmp_dir / file).string(), text);
+    return WrittenFile{text.size(), sha256_hex(text)};
+  };
+  add_file(kModelFile, write_safetensors((tmp_dir / kModelFile).string(), weights, {{"format", "pt"}}));
   json tensors = tensor_index(kModelFile, weights);
   if (optimizer != nullptr) {
-    write_safetensors((tmp_dir / kOptimizerFile).string(), opt_state);
-    add_file(kOptimizerFile);
+    add_file(kOptimizerFile, write_safetensors((tmp_dir / kOptimizerFile).string(), opt_state));
     for (auto& t : tensor_index(kOptimizerFile, opt_state)) tensors.push_back(t);
   }
   json st = state;
@@ -76,11 +77,10 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
   st["version"] = kFormatVersion;
   st["step"] = step;
   if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps();
-  write_file_atomic((tmp_dir / "state.json").string(), st.dump(2) + "\n");
-  add_file("state.json");
+  add_file("state.json", write_text("state.json", st.dump(2) + "\n"));
   json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion},
                 {"tensors", tensors}, {"files", files}};
-  write_file_atomic((tmp_dir / "index.json").string(), index.dump(2) + "\n");
+  write_text("index.json", index.dump(2) + "\n");
   fsync_dir(tmp_dir.string());
 
   fs::remove_all(final_dir);  // only a stale copy of the same step can be here

@@ -123,7 +123,7 @@ void SafetensorsFile::read_into(const SafetensorsEntry& e, const Tensor& out) co
   }
 }
 
-size_t write_safetensors(const std::string& path,
+WrittenFile write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   json header = json::object();
@@ -148,7 +148,7 @@ size_t write_safetensors(const std::string& path,
     pos += t.nbytes();
   }
   write_file_atomic(path, out);
-  return out.size();
+  return {out.size(), sha256_hex(out)};
 }
 
 std::string sha256_hex(std::string_view bytes) {
