@@ -28,6 +28,8 @@ struct SafetensorsEntry {
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path);
+  // Parses bytes the caller already read from `path` (e.g. to verify their hash first).
+  static SafetensorsFile parse(const std::string& path, std::string bytes);
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }

@@ -125,6 +125,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   }
   if (!index.contains("files") || !index["files"].is_object() || !index["files"].contains(kModelFile))
     throw InputError(cat(index_path, ": expected files with ", kModelFile));
+  // Each file is read once: its hash is verified, then the same bytes are parsed.
   for (auto it = index["files"].begin(); it != index["files"].end(); ++it) {
     const std::string file = (fs::path(*dir) / it.key()).string();
     if (it.key().find('/') != std::string::npos || !it.value().contains("sha256"))
@@ -132,16 +133,19 @@ Checkpoint Checkpoint::open(const std::string& path) {
     std::string bytes = read_file(file);
     if (sha256_hex(bytes) != it.value()["sha256"].get<std::string>())
       throw InputError(cat(file, ": SHA-256 mismatch with index.json: the checkpoint is corrupt"));
+    if (it.key() == kModelFile) {
+      c.model_ = SafetensorsFile::parse(file, std::move(bytes));
+    } else if (it.key() == kOptimizerFile) {
+      c.optimizer_ = SafetensorsFile::parse(file, std::move(bytes));
+    } else if (it.key() == "state.json") {
+      try {
+        c.state_ = json::parse(bytes);
+      } catch (const json::exception& e) {
+        throw InputError(cat(file, ": not JSON (", e.what(), ")"));
+      }
+    }
   }
-  c.model_ = SafetensorsFile::open((fs::path(*dir) / kModelFile).string());
-  if (index["files"].contains(kOptimizerFile))
-    c.optimizer_ = SafetensorsFile::open((fs::path(*dir) / kOptimizerFile).string());
-  const std::string state_path = (fs::path(*dir) / "state.json").string();
-  try {
-    c.state_ = json::parse(read_file(state_path));
-  } catch (const json::exception& e) {
-    throw InputError(cat(state_path, ": not JSON (", e.what(), ")"));
-  }
+  if (c.state_.is_null()) throw InputError(cat(index_path, ": expected files with state.json"));
   return c;
 }
 

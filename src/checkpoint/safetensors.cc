@@ -15,10 +15,12 @@ using json = nlohmann::json;
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // as Python's safetensors
 }  // namespace
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
+SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(path, read_file(path)); }
+
+SafetensorsFile SafetensorsFile::parse(const std::string& path, std::string bytes) {
   SafetensorsFile f;
   f.path_ = path;
-  f.bytes_ = read_file(path);
+  f.bytes_ = std::move(bytes);
   const std::string& b = f.bytes_;
   if (b.size() < 8) throw InputError(cat(path, ": not safetensors: ", b.size(), " bytes, expected an 8-byte header length"));
   uint64_t n = 0;

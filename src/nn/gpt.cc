@@ -47,7 +47,6 @@ Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
   ctx.t = tokens.dim(1);
   LOOM_CHECK_LE(ctx.t, config_.seq_len);
   ctx.arena.reset();
-  ctx.tokens = tokens;
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
@@ -87,7 +86,6 @@ Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) co
 
 double Gpt::forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const {
   Tensor logits = forward_logits(tokens, ctx, /*last_only=*/false);
-  ctx.targets = targets;
   return CrossEntropy().forward(logits, targets, ctx.loss, ctx.arena);
 }
 

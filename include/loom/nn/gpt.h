@@ -27,7 +27,7 @@ struct GptConfig {
 // Everything one micro-batch's forward saves for its backward.
 struct GptCtx {
   Arena arena;
-  Tensor tokens, targets, positions;  // (B, T) i32, (B, T) i32, (B, T) i32
+  Tensor positions;  // (B, T) i32
   EmbeddingCtx wte, wpe;
   std::vector<BlockCtx> blocks;
   LayerNormCtx ln_f;
