@@ -50,13 +50,8 @@ class Cli : public testing::TempDirTest {
   Result loom(const std::string& args) const {
     const std::string err_path = p("stderr.txt");
     const std::string cmd = cat(LOOM_BINARY_DIR, "/loom ", args, " 2>", err_path);
-    Result r;
-    FILE* f = ::popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.out.append(buf.data(), n);
-    int status = ::pclose(f);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    testing::CommandResult c = testing::run_command(cmd);
+    Result r{c.code, std::move(c.out), ""};
     std::ifstream e(err_path);
     std::stringstream ss;
     ss << e.rdbuf();
@@ -241,12 +236,8 @@ TEST_F(Cli, IndependentReaderLoadsLoomWeights) {
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
   const std::string file = p("runs/r/checkpoints/step_3/model.safetensors");
   const std::string cmd = cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ", file);
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  ASSERT_EQ(::pclose(f), 0) << out;
+  auto [code, out] = testing::run_command(cmd);
+  ASSERT_EQ(code, 0) << out;
   SafetensorsFile st = SafetensorsFile::open(file);
   EXPECT_EQ(static_cast<size_t>(std::count(out.begin(), out.end(), '\n')), st.entries().size());
   for (const auto& e : st.entries()) {

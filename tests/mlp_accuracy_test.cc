@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "loom_testing.h"
+
 namespace {
 
 TEST(MlpFashionMnist, ReachesEightyFivePercent) {
@@ -15,12 +17,8 @@ TEST(MlpFashionMnist, ReachesEightyFivePercent) {
   const std::string run = std::filesystem::temp_directory_path() / ("loom_mlp_" + std::to_string(::getpid()));
   const std::string cmd = std::string(LOOM_BINARY_DIR) + "/loom train " + LOOM_SOURCE_DIR +
                           "/configs/mlp.toml --quiet --job.threads=2 --job.run_dir=" + run + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  EXPECT_EQ(::pclose(f), 0) << out;
+  auto [code, out] = loom::testing::run_command(cmd);
+  EXPECT_EQ(code, 0) << out;
   std::filesystem::remove_all(run);
   auto at = out.find("test accuracy ");
   ASSERT_NE(at, std::string::npos) << out;

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +18,23 @@
 #include "loom/error.h"
 
 namespace loom::testing {
+
+struct CommandResult {
+  int code = 0;  // exit status, or 128 + signal
+  std::string out;
+};
+
+// Runs a shell command, capturing its standard output.
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
 
 // A fresh directory per test, removed afterwards.
 class TempDirTest : public ::testing::Test {
