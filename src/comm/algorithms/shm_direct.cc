@@ -1,0 +1,190 @@
+// shm-direct algorithms (docs/algorithms.md, "shm-direct"): every rank copies its input
+// into its own slot of the shared window, publishes the round, and reads what it needs
+// straight from its peers' slots. A message is cut into rounds that fit a slot; two
+// slots per rank let round k+1 be filled while peers still read round k.
+//
+// all_reduce of large messages: each rank reduces its 1/n slice of the round across all
+// slots (in rank order, so the bits never depend on timing) into its own slot, then
+// copies every finished slice out: per rank about 2 reads and 2 writes of the message.
+// Small messages skip the second phase: every rank reduces the whole round itself.
+#include <cstring>
+
+#include "comm/algorithms/algorithms.h"
+#include "comm/reduce.h"
+#include "comm/transport/shm/shm_window.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces every byte
+
+// Starts a round: waits until every rank is done with the slot this round reuses.
+uint64_t begin_round(OpContext& c, ShmWindow& w) {
+  uint64_t round = w.next_round();
+  if (round > 2) w.wait_all(ShmWindow::kDone, round - 2, c.t, c.fp, c.timeout);
+  return round;
+}
+
+template <typename Body>
+void for_rounds(size_t total, size_t per_round, Body body) {
+  if (total == 0) {
+    body(size_t{0}, size_t{0});  // zero-sized ops still meet, so mismatches are caught
+    return;
+  }
+  for (size_t off = 0; off < total; off += per_round) body(off, std::min(per_round, total - off));
+}
+
+void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t count, DType dt,
+                   ReduceOp op, int root) {
+  const int n = w.size(), me = w.rank();
+  const size_t es = dtype_size(dt);
+  const bool small = count * es <= kSmallBytes;
+  std::vector<const void*> ins(n);
+  for_rounds(count, w.slot_bytes() / es, [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    std::memcpy(w.slot(me, round), in + off * es, m * es);
+    w.publish(ShmWindow::kPosted, round, &c.fp);
+    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    if (small) {
+      if (root < 0 || root == me) {
+        for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round);
+        reduce_many(out + off * es, ins.data(), n, m, dt, op);
+      }
+    } else {
+      size_t b0 = block_begin(m, n, me), b1 = block_begin(m, n, me + 1);
+      for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round) + b0 * es;
+      reduce_many(w.slot(me, round) + b0 * es, ins.data(), n, b1 - b0, dt, op);
+      w.publish(ShmWindow::kReduced, round);
+      if (root < 0 || root == me) {
+        w.wait_all(ShmWindow::kReduced, round, c.t, c.fp, c.timeout);
+        for (int p = 0; p < n; ++p) {
+          size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
+          std::memcpy(out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
+        }
+      }
+    }
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+}  // namespace
+
+void shm_all_reduce(OpContext& c, ShmWindow& w, const char* in, char* out, size_t count, DType dt,
+                    ReduceOp op) {
+  reduce_rounds(c, w, in, out, count, dt, op, -1);
+}
+
+void shm_reduce(OpContext& c, ShmWindow& w, const char* in, char* out, size_t count, DType dt,
+                ReduceOp op, int root) {
+  reduce_rounds(c, w, in, out, count, dt, op, root);
+}
+
+void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t count,
+                        DType dt, ReduceOp op) {
+  const int n = w.size(), me = w.rank();
+  const size_t es = dtype_size(dt);
+  std::vector<const void*> ins(n);
+  const size_t per_round = std::max<size_t>(w.slot_bytes() / es / n, 1);
+  for_rounds(count, per_round, [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    char* mine = w.slot(me, round);
+    for (int p = 0; p < n; ++p) std::memcpy(mine + p * m * es, in + (p * count + off) * es, m * es);
+    w.publish(ShmWindow::kPosted, round, &c.fp);
+    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round) + me * m * es;
+    reduce_many(out + off * es, ins.data(), n, m, dt, op);
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
+  const int n = w.size(), me = w.rank();
+  for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    std::memcpy(w.slot(me, round), in + off, m);
+    w.publish(ShmWindow::kPosted, round, &c.fp);
+    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    for (int p = 0; p < n; ++p) {
+      char* dst = out + p * block_bytes + off;
+      if (dst != in + off) std::memcpy(dst, w.slot(p, round), m);
+    }
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
+  const int me = w.rank();
+  for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    if (me == root) {
+      std::memcpy(w.slot(me, round), buf + off, m);
+      w.publish(ShmWindow::kPosted, round, &c.fp);
+    } else {
+      w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+      std::memcpy(buf + off, w.slot(root, round), m);
+    }
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {
+  const int n = w.size(), me = w.rank();
+  for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    if (me != root) {
+      std::memcpy(w.slot(me, round), in + off, m);
+      w.publish(ShmWindow::kPosted, round, &c.fp);
+      w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    } else {
+      w.publish(ShmWindow::kPosted, round, &c.fp);
+      w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+      for (int p = 0; p < n; ++p) {
+        const char* src = p == me ? in + off : w.slot(p, round);
+        char* dst = out + p * block_bytes + off;
+        if (dst != src) std::memmove(dst, src, m);
+      }
+    }
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {
+  const int n = w.size(), me = w.rank();
+  const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
+  for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    if (me == root) {
+      char* mine = w.slot(me, round);
+      for (int p = 0; p < n; ++p) std::memcpy(mine + p * m, in + p * block_bytes + off, m);
+      w.publish(ShmWindow::kPosted, round, &c.fp);
+      std::memmove(out + off, mine + me * m, m);
+    } else {
+      w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+      std::memcpy(out + off, w.slot(root, round) + me * m, m);
+    }
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
+  const int n = w.size(), me = w.rank();
+  const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
+  for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
+    uint64_t round = begin_round(c, w);
+    char* mine = w.slot(me, round);
+    for (int p = 0; p < n; ++p) std::memcpy(mine + p * m, in + p * block_bytes + off, m);
+    w.publish(ShmWindow::kPosted, round, &c.fp);
+    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    for (int p = 0; p < n; ++p) std::memcpy(out + p * block_bytes + off, w.slot(p, round) + me * m, m);
+    w.publish(ShmWindow::kDone, round);
+  });
+}
+
+void shm_barrier(OpContext& c, ShmWindow& w) {
+  uint64_t round = begin_round(c, w);
+  w.publish(ShmWindow::kPosted, round, &c.fp);
+  w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+  w.publish(ShmWindow::kDone, round);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,62 @@
+// Communicator internals shared by communicator.cc (setup, ordering, failure) and
+// collectives.cc (argument checks, algorithm choice).
+// Thread-safety: see Communicator in loom/comm.h.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/op.h"
+#include "comm/transport/shm/shm_window.h"
+#include "comm/transport/tcp/tcp_mesh.h"
+#include "loom/comm.h"
+
+namespace loom::comm {
+
+struct OpState {
+  Fingerprint fp;
+  std::function<void()> run;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+struct Communicator::Impl {
+  int rank = 0, size = 1;
+  CommConfig config;
+  std::string name;
+  Store* store = nullptr;
+  std::unique_ptr<TcpMesh> mesh;
+  std::unique_ptr<ShmWindow> window;  // set when every rank shares this host (and allowed)
+  std::vector<PeerInfo> peers;
+  std::vector<int> local_ranks;
+  std::vector<char> scratch;
+
+  uint64_t seq = 0;  // collectives issued so far
+  std::vector<uint64_t> send_seq, recv_seq;
+  uint64_t splits = 0;
+
+  // Issue order: async ops queue for the progress thread; a blocking op waits for the
+  // queue to drain and runs on the caller.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<OpState>> queue;
+  bool busy = false;  // the progress thread is running an op
+  bool stopping = false;
+  std::thread progress;
+  std::exception_ptr failed;  // the first error; every later op rethrows it
+
+  Fingerprint next_fp(OpKind kind, DType dt, ReduceOp op, int root, uint64_t count) {
+    return {kind, dt, op, root, count, seq++};
+  }
+  // Runs `fn` in issue order; blocking unless `async`.
+  Work submit(const Fingerprint& fp, std::function<void()> fn, bool async);
+  void execute(OpState& op);
+  void progress_loop();
+};
+
+}  // namespace loom::comm

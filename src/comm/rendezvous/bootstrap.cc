@@ -1,0 +1,143 @@
+// Reads a launcher's environment and joins the world communicator.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <cstdlib>
+#include <thread>
+
+#include "loom/fileio.h"
+#include "loom/rendezvous.h"
+
+namespace loom::comm {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  int out = 0;
+  std::string_view s(v);
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (ec != std::errc() || p != s.data() + s.size() || out < lo || out > hi)
+    throw InputError(cat("environment variable ", name, "='", v, "' is not an integer in ", lo, "..", hi));
+  return out;
+}
+
+// "node[01-04,07],gpu5" -> "node01": the first host of a Slurm node list.
+std::string first_slurm_host(const std::string& list) {
+  size_t br = list.find('['), comma = list.find(',');
+  if (br == std::string::npos || (comma != std::string::npos && comma < br))
+    return list.substr(0, comma);
+  size_t end = list.find_first_of("-,]", br + 1);
+  if (end == std::string::npos) throw InputError(cat("SLURM_JOB_NODELIST='", list, "' is malformed"));
+  return list.substr(0, br) + list.substr(br + 1, end - br - 1);
+}
+
+std::string read_secret_file(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0)
+    throw InputError(cat("LOOM_SECRET_FILE ", path, " cannot be read: ", std::strerror(errno)));
+  if (st.st_mode & 077)
+    throw InputError(cat("LOOM_SECRET_FILE ", path, " is readable by others (mode ", std::oct,
+                         (st.st_mode & 0777), "); chmod 600 it"));
+  std::string s = read_file(path);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  if (s.empty()) throw InputError(cat("LOOM_SECRET_FILE ", path, " is empty"));
+  return s;
+}
+
+}  // namespace
+
+LaunchEnv launch_env_from_environment() {
+  LaunchEnv e;
+  if (const char* s = env("LOOM_SECRET")) e.secret = s;
+  if (const char* f = env("LOOM_SECRET_FILE")) e.secret = read_secret_file(f);
+  if (const char* j = env("LOOM_JOB_ID")) e.job_id = j;
+  if (env("RANK") || env("WORLD_SIZE")) {
+    e.source = env("LOOM_LAUNCHER") ? "loom launch" : "torchrun";
+    e.size = env_int("WORLD_SIZE", 1, 1 << 20, 1);
+    e.rank = env_int("RANK", 0, e.size - 1, 0);
+    e.local_size = env_int("LOCAL_WORLD_SIZE", 1, e.size, 1);
+    e.local_rank = env_int("LOCAL_RANK", 0, e.local_size - 1, 0);
+    if (const char* run = env("TORCHELASTIC_RUN_ID"); run && !env("LOOM_JOB_ID")) e.job_id = run;
+  } else if (env("OMPI_COMM_WORLD_SIZE")) {
+    e.source = "mpirun";
+    e.size = env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20, 1);
+    e.rank = env_int("OMPI_COMM_WORLD_RANK", 0, e.size - 1, 0);
+    e.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, e.size, 1);
+    e.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, e.local_size - 1, 0);
+    if (const char* ns = env("PMIX_NAMESPACE"); ns && !env("LOOM_JOB_ID")) e.job_id = ns;
+  } else if (env("SLURM_PROCID")) {
+    e.source = "slurm";
+    e.size = env_int("SLURM_NTASKS", 1, 1 << 20, 1);
+    e.rank = env_int("SLURM_PROCID", 0, e.size - 1, 0);
+    e.local_rank = env_int("SLURM_LOCALID", 0, e.size - 1, 0);
+    e.local_size = env_int("SLURM_NTASKS_PER_NODE", 1, e.size, 1);
+    if (const char* nodes = env("SLURM_JOB_NODELIST")) e.master_addr = first_slurm_host(nodes);
+    int job = env_int("SLURM_JOB_ID", 0, 0x7fffffff, 0);
+    if (!env("LOOM_JOB_ID")) e.job_id = cat("slurm-", job);
+    // Convention (documented in docs/launch.md): a port derived from the job id, so every
+    // task computes the same one without talking.
+    e.master_port = 20000 + job % 20000;
+  } else {
+    e.source = "none";
+  }
+  if (const char* a = env("MASTER_ADDR")) e.master_addr = a;
+  e.master_port = env_int("MASTER_PORT", 1, 65535, e.master_port);
+  e.store_hosted = env("LOOM_STORE_HOSTED") != nullptr;
+  return e;
+}
+
+std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
+                                         std::unique_ptr<TcpStoreServer>& server,
+                                         std::unique_ptr<Store>& store) {
+  config.secret = e.secret;
+  config.job_id = e.job_id;
+  Deadline d = Clock::now() + config.timeout;
+  if (e.size == 1 && e.master_port == 0) {
+    store = std::make_unique<HashStore>();
+    return Communicator::create(*store, 0, 1, config);
+  }
+  std::string host = e.master_addr;
+  int port = e.master_port;
+  if (port == 0) {
+    // mpirun on one host with no MASTER_PORT: rank 0 serves on a free loopback port and
+    // hands the port (and a fresh secret, if none was given) over in 0600 files.
+    if (e.source != "mpirun")
+      throw InputError(cat("rank ", e.rank, " of ", e.size, " has no store address: set MASTER_ADDR and MASTER_PORT"));
+    std::string base = cat("/tmp/loom-", ::getuid(), "-", e.job_id);
+    for (char& ch : base)
+      if (ch == ':' || ch == ' ') ch = '_';
+    if (e.rank == 0) {
+      if (config.secret.empty()) config.secret = generate_secret();
+      server = std::make_unique<TcpStoreServer>(
+          TcpStoreConfig{.host = "127.0.0.1", .secret = config.secret, .job_id = e.job_id});
+      ::umask(077);
+      write_file_atomic(base + ".secret", config.secret);
+      write_file_atomic(base + ".port", std::to_string(server->port()));
+    }
+    while (!path_exists(base + ".port")) {
+      if (Clock::now() >= d)
+        throw TimeoutError(cat("rank 0 did not publish the store port in ", base, ".port"), 0);
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    if (config.secret.empty()) config.secret = read_secret_file(base + ".secret");
+    host = "127.0.0.1";
+    port = std::stoi(read_file(base + ".port"));
+  } else if (e.rank == 0 && !e.store_hosted) {
+    server = std::make_unique<TcpStoreServer>(
+        TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id});
+  }
+  store = std::make_unique<TcpStore>(
+      TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id, .rank = e.rank}, d);
+  return Communicator::create(*store, e.rank, e.size, config);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,157 @@
+#include "comm/transport/shm/shm_window.h"
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "comm/auth.h"
+#include "comm/transport/transport.h"
+
+namespace loom::comm {
+
+struct alignas(128) ShmWindow::Control {
+  std::atomic<uint64_t> counter[3];
+  uint8_t pad0[128 - 3 * sizeof(std::atomic<uint64_t>)];
+  struct alignas(64) SlotFp {
+    uint8_t kind, dtype, op, pad;
+    int32_t root;
+    uint64_t count, seq;
+  } fp[2];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
+constexpr size_t kHeader = 4096;
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& name, int rank,
+                                             int size, size_t slot_bytes, Deadline d) {
+  std::unique_ptr<ShmWindow> w(new ShmWindow);
+  w->rank_ = rank;
+  w->size_ = size;
+  w->slot_bytes_ = align_up(std::max<size_t>(slot_bytes, 4096), 4096);
+  size_t control_bytes = align_up(sizeof(Control) * size, 4096);
+  w->map_bytes_ = kHeader + control_bytes + 2 * w->slot_bytes_ * size;
+  std::string key = name + "/shm";
+  std::string path;
+  int fd = -1;
+  if (rank == 0) {
+    std::string tag;
+    for (unsigned char c : auth::random_bytes(8)) tag += cat(std::hex, int(c));
+    path = cat("/loom-", ::getpid(), "-", tag);
+    fd = static_cast<int>(sys_check(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600),
+                                    "shm_open", path));
+    if (::ftruncate(fd, static_cast<off_t>(w->map_bytes_)) < 0) {
+      ::close(fd);
+      ::shm_unlink(path.c_str());
+      sys_check(-1, "ftruncate", cat(path, " (", w->map_bytes_, " bytes; is /dev/shm big enough?)"));
+    }
+    store.set(key, path, d);
+  } else {
+    path = store.get(key, d);
+    fd = static_cast<int>(sys_check(::shm_open(path.c_str(), O_RDWR, 0600), "shm_open", path));
+  }
+  void* p = ::mmap(nullptr, w->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    if (rank == 0) ::shm_unlink(path.c_str());
+    sys_check(-1, "mmap", path);
+  }
+  w->base_ = static_cast<char*>(p);
+  w->control_ = reinterpret_cast<Control*>(w->base_ + kHeader);
+  w->slots_ = w->base_ + kHeader + control_bytes;
+  if (rank == 0) {
+    std::memcpy(w->base_, &kSegmentMagic, sizeof kSegmentMagic);  // fresh pages are zero
+  }
+  // Everyone mapped: the name is no longer needed.
+  store.add(name + "/shm_mapped", 1, d);
+  if (rank == 0) {
+    for (;;) {
+      if (std::stoll(store.get(name + "/shm_mapped", d)) >= size) break;
+      if (Clock::now() >= d) {
+        ::shm_unlink(path.c_str());
+        throw TimeoutError(cat("not every rank of '", name, "' mapped the shared segment in time"), -1);
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    ::shm_unlink(path.c_str());
+  }
+  return w;
+}
+
+ShmWindow::~ShmWindow() {
+  if (base_) ::munmap(base_, map_bytes_);
+}
+
+char* ShmWindow::slot(int rank, uint64_t round) const {
+  return slots_ + (static_cast<size_t>(rank) * 2 + (round & 1)) * slot_bytes_;
+}
+
+void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp) {
+  Control& me = control_[rank_];
+  if (fp) {
+    auto& s = me.fp[round & 1];
+    s.kind = static_cast<uint8_t>(fp->kind);
+    s.dtype = static_cast<uint8_t>(fp->dtype);
+    s.op = static_cast<uint8_t>(fp->op);
+    s.root = fp->root;
+    s.count = fp->count;
+    s.seq = fp->seq;
+  }
+  me.counter[c].store(round, std::memory_order_release);
+}
+
+void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
+                     milliseconds timeout) const {
+  const auto& counter = control_[peer].counter[c];
+  if (counter.load(std::memory_order_acquire) < round) {
+    Deadline start = Clock::now(), next_check = start + milliseconds(1);
+    for (uint64_t spins = 1;; ++spins) {
+      if (counter.load(std::memory_order_acquire) >= round) break;
+      if (spins < 2000) {
+        _mm_pause();
+        continue;
+      }
+      ::sched_yield();
+      if ((spins & 15) == 0) {
+        auto now = Clock::now();
+        if (now >= next_check) {
+          t.check_peers(cur);
+          next_check = now + milliseconds(1);
+          if (now - start >= timeout)
+            throw TimeoutError(cat("rank ", peer, " made no progress for ", timeout.count(),
+                                   " ms while this rank (rank ", rank_, ") is in ", cur.describe(),
+                                   " (stopped, hung, or in another op)"),
+                               peer);
+        }
+      }
+    }
+  }
+  if (c == kPosted) {
+    const auto& s = control_[peer].fp[round & 1];
+    Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
+                       static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
+    if (!theirs.matches(cur))
+      throw MismatchError(cat("mismatched collectives: this rank (rank ", rank_, ") called ",
+                              cur.describe(), " but rank ", peer, " called ", theirs.describe()),
+                          peer);
+  }
+}
+
+void ShmWindow::wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
+                         milliseconds timeout) const {
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) wait(p, c, round, t, cur, timeout);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,65 @@
+// The shm transport: one shared-memory segment per same-host communicator, holding for
+// every rank a control block (round counters and the fingerprint of the op in each slot)
+// and two staging slots. shm-direct algorithms copy into their own slot, publish a round
+// number, and read peers' slots directly: one copy in, one copy out, no messages.
+//
+// Rounds are numbered per communicator and advance identically on every rank; slot
+// round % 2 holds round `round`. A rank reuses a slot only after every rank marked the
+// round that last used it done. Waits spin briefly, then yield (ranks may outnumber
+// cores), and every millisecond ask the transport whether a peer died or aborted.
+//
+// The segment is unlinked as soon as every rank has mapped it, so a crash leaves nothing
+// behind in /dev/shm.
+// Thread-safety: one thread per rank; ranks synchronize through the counters.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "comm/op.h"
+#include "loom/rendezvous.h"
+
+namespace loom::comm {
+
+class Transport;
+
+class ShmWindow {
+ public:
+  // Every rank of a same-host group calls this; rank 0 creates the segment and names it
+  // in the store under "<name>/shm".
+  static std::unique_ptr<ShmWindow> create(Store& store, const std::string& name, int rank,
+                                           int size, size_t slot_bytes, Deadline d);
+  ~ShmWindow();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  char* slot(int rank, uint64_t round) const;
+
+  enum Counter { kPosted = 0, kReduced = 1, kDone = 2 };
+  // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
+  void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
+  // Waits until `peer`'s counter reaches `round` (acquire). For kPosted, checks the
+  // peer's fingerprint against `cur` (MismatchError naming both calls).
+  void wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
+            milliseconds timeout) const;
+  void wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
+                milliseconds timeout) const;
+
+  uint64_t next_round() { return ++round_; }
+
+  struct Control;
+
+ private:
+  ShmWindow() = default;
+  int rank_ = 0, size_ = 0;
+  size_t slot_bytes_ = 0;
+  size_t map_bytes_ = 0;
+  char* base_ = nullptr;
+  Control* control_ = nullptr;
+  char* slots_ = nullptr;
+  uint64_t round_ = 0;
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,460 @@
+#include "comm/transport/tcp/tcp_mesh.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <fstream>
+
+#include "comm/auth.h"
+#include "comm/net.h"
+#include "comm/wire.h"
+#include "loom/log.h"
+
+namespace loom::comm {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x52464d4c;  // "LMFR"
+enum class FrameType : uint8_t { kData = 1, kAbort = 2, kGoodbye = 3 };
+constexpr size_t kMaxAbortText = 4096;
+
+struct FrameHeader {  // 40 bytes, little-endian (docs/formats.md)
+  uint32_t magic;
+  uint8_t type, kind, dtype, op;
+  int32_t root;
+  uint32_t pad;
+  uint64_t count, seq, bytes;
+};
+static_assert(sizeof(FrameHeader) == 40);
+
+FrameHeader make_header(FrameType t, const Fingerprint& fp, uint64_t bytes) {
+  return {kFrameMagic, static_cast<uint8_t>(t), static_cast<uint8_t>(fp.kind),
+          static_cast<uint8_t>(fp.dtype), static_cast<uint8_t>(fp.op), fp.root, 0, fp.count,
+          fp.seq, bytes};
+}
+
+Fingerprint fingerprint_of(const FrameHeader& h) {
+  return {static_cast<OpKind>(h.kind), static_cast<DType>(h.dtype), static_cast<ReduceOp>(h.op),
+          h.root, h.count, h.seq};
+}
+
+struct SendOp {
+  FrameHeader hdr;
+  const char* data;
+  size_t bytes;
+  size_t done = 0;  // of sizeof(hdr) + bytes
+  std::string owned;  // payload kept alive for abort frames
+};
+
+struct RecvOp {
+  Fingerprint fp;
+  char* data;
+  size_t bytes;
+  size_t done = 0;
+  bool checked = false;  // header read and matched
+};
+
+struct Peer {
+  net::Fd fd;
+  std::string who;  // "rank 3"
+  std::deque<SendOp> sends;
+  std::deque<RecvOp> recvs;
+  FrameHeader hdr{};
+  size_t hdr_got = 0;
+  bool data_waiting = false;  // a frame for a later op sits unread in the socket
+  bool left = false;          // said goodbye
+  uint64_t left_after = 0;
+  bool broken = false;        // we shut it down after abort
+};
+
+}  // namespace
+
+struct TcpMesh::Impl {
+  int rank = 0, size = 0;
+  std::vector<Peer> peers;
+  std::vector<PeerInfo> infos;
+
+  [[noreturn]] void lost(int p, const std::string& how, const Fingerprint& cur) {
+    throw PeerLostError(cat(peers[p].who, " ", how, " while this rank (rank ", rank, ") is in ",
+                            cur.describe()),
+                        p);
+  }
+
+  // Reads the rest of a control frame (abort text or goodbye) and acts on it.
+  void control_frame(int p, const Fingerprint& cur) {
+    Peer& peer = peers[p];
+    auto type = static_cast<FrameType>(peer.hdr.type);
+    peer.hdr_got = 0;
+    if (type == FrameType::kGoodbye) {
+      peer.left = true;
+      peer.left_after = peer.hdr.seq;
+      return;
+    }
+    if (peer.hdr.bytes > kMaxAbortText)
+      throw CommError(cat(peer.who, " sent an abort frame of ", peer.hdr.bytes, " bytes (cap ",
+                          kMaxAbortText, ")"), p);
+    std::string text(peer.hdr.bytes, '\0');
+    net::read_exact(peer.fd.get(), text.data(), text.size(), Clock::now() + std::chrono::seconds(1),
+                    peer.who);
+    int culprit = static_cast<int>(peer.hdr.count);
+    throw_comm_error(static_cast<ErrorKind>(peer.hdr.op), cat(text, " (relayed by ", peer.who, ")"),
+                     culprit);
+    (void)cur;
+  }
+
+  // Reads header bytes; returns true when a whole header is in.
+  bool read_header(int p, const Fingerprint& cur) {
+    Peer& peer = peers[p];
+    while (peer.hdr_got < sizeof(FrameHeader)) {
+      ssize_t r = ::recv(peer.fd.get(), reinterpret_cast<char*>(&peer.hdr) + peer.hdr_got,
+                         sizeof(FrameHeader) - peer.hdr_got, 0);
+      if (r > 0) {
+        peer.hdr_got += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      if (r < 0 && errno == EINTR) continue;
+      if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
+      lost(p, r == 0 ? "died or closed its connection" : cat("reset its connection (", std::strerror(errno), ")"),
+           cur);
+    }
+    if (peer.hdr.magic != kFrameMagic)
+      throw CommError(cat(peer.who, " sent a frame with bad magic: stream out of step"), p);
+    return true;
+  }
+
+  // Progress the head receive of peer p. Returns true if any byte moved.
+  bool progress_recv(int p, const Fingerprint& cur) {
+    Peer& peer = peers[p];
+    bool moved = false;
+    while (!peer.recvs.empty()) {
+      RecvOp& op = peer.recvs.front();
+      if (!op.checked) {
+        size_t before = peer.hdr_got;
+        bool whole = read_header(p, cur);
+        moved |= peer.hdr_got != before;
+        if (!whole) return moved;
+        peer.data_waiting = false;
+        if (peer.hdr.type != static_cast<uint8_t>(FrameType::kData)) {
+          control_frame(p, cur);
+          if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
+          continue;
+        }
+        Fingerprint theirs = fingerprint_of(peer.hdr);
+        if (!theirs.matches(op.fp))
+          throw MismatchError(cat("mismatched collectives: this rank (rank ", rank, ") called ",
+                                  op.fp.describe(), " but ", peer.who, " called ", theirs.describe()),
+                              p);
+        if (peer.hdr.bytes != op.bytes)
+          throw CommError(cat(peer.who, " sent ", peer.hdr.bytes, " bytes for ", op.fp.describe(),
+                              ", expected ", op.bytes), p);
+        op.checked = true;
+      }
+      while (op.done < op.bytes) {
+        ssize_t r = ::recv(peer.fd.get(), op.data + op.done, op.bytes - op.done, 0);
+        if (r > 0) {
+          op.done += static_cast<size_t>(r);
+          moved = true;
+          continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return moved;
+        if (r < 0 && errno == EINTR) continue;
+        lost(p, r == 0 ? "died or closed its connection" : "reset its connection", cur);
+      }
+      peer.recvs.pop_front();
+      peer.hdr_got = 0;
+      moved = true;
+    }
+    return moved;
+  }
+
+  bool progress_send(int p, const Fingerprint& cur) {
+    Peer& peer = peers[p];
+    bool moved = false;
+    while (!peer.sends.empty()) {
+      SendOp& op = peer.sends.front();
+      size_t total = sizeof(FrameHeader) + op.bytes;
+      while (op.done < total) {
+        iovec iov[2];
+        int n = 0;
+        if (op.done < sizeof(FrameHeader))
+          iov[n++] = {reinterpret_cast<char*>(&op.hdr) + op.done, sizeof(FrameHeader) - op.done};
+        size_t data_off = op.done > sizeof(FrameHeader) ? op.done - sizeof(FrameHeader) : 0;
+        if (op.bytes > data_off) iov[n++] = {const_cast<char*>(op.data) + data_off, op.bytes - data_off};
+        msghdr m{};
+        m.msg_iov = iov;
+        m.msg_iovlen = static_cast<size_t>(n);
+        ssize_t w = ::sendmsg(peer.fd.get(), &m, MSG_NOSIGNAL);
+        if (w > 0) {
+          op.done += static_cast<size_t>(w);
+          moved = true;
+          continue;
+        }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return moved;
+        if (w < 0 && errno == EINTR) continue;
+        if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
+        lost(p, cat("died or closed its connection (", std::strerror(errno), ")"), cur);
+      }
+      peer.sends.pop_front();
+    }
+    return moved;
+  }
+
+  // A peer we are not waiting on became readable: an abort, a goodbye, EOF, or data for
+  // a later op (left unread).
+  void inspect_idle(int p, const Fingerprint& cur) {
+    Peer& peer = peers[p];
+    if (peer.data_waiting || peer.broken) return;
+    if (peer.hdr_got == sizeof(FrameHeader)) return;
+    if (!read_header(p, cur)) return;
+    if (peer.hdr.type == static_cast<uint8_t>(FrameType::kData)) {
+      peer.data_waiting = true;  // header kept; progress_recv continues from it
+      return;
+    }
+    control_frame(p, cur);
+  }
+
+  void poll_once(int timeout_ms, const Fingerprint& cur) {
+    std::vector<pollfd> fds;
+    std::vector<int> who;
+    for (int p = 0; p < size; ++p) {
+      Peer& peer = peers[p];
+      if (p == rank || peer.broken) continue;
+      short ev = 0;
+      if (!peer.sends.empty()) ev |= POLLOUT;
+      if (!peer.recvs.empty() || (!peer.data_waiting && !peer.left)) ev |= POLLIN;
+      if (!ev) continue;
+      fds.push_back({peer.fd.get(), ev, 0});
+      who.push_back(p);
+    }
+    if (fds.empty()) return;
+    int rc = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (rc < 0 && errno != EINTR) sys_check(-1, "poll", "peer links");
+    for (size_t i = 0; rc > 0 && i < fds.size(); ++i) {
+      int p = who[i];
+      if (fds[i].revents && peers[p].recvs.empty() && peers[p].sends.empty()) inspect_idle(p, cur);
+    }
+  }
+};
+
+TcpMesh::TcpMesh(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpMesh::~TcpMesh() = default;
+int TcpMesh::rank() const { return impl_->rank; }
+int TcpMesh::size() const { return impl_->size; }
+std::string TcpMesh::link_kind(int peer) const { return peer == impl_->rank ? "self" : "tcp"; }
+
+void TcpMesh::isend(int peer, const Fingerprint& fp, const void* data, size_t bytes) {
+  LOOM_CHECK(peer >= 0 && peer < impl_->size && peer != impl_->rank);
+  impl_->peers[peer].sends.push_back(
+      {make_header(FrameType::kData, fp, bytes), static_cast<const char*>(data), bytes});
+}
+
+void TcpMesh::irecv(int peer, const Fingerprint& fp, void* data, size_t bytes) {
+  LOOM_CHECK(peer >= 0 && peer < impl_->size && peer != impl_->rank);
+  impl_->peers[peer].recvs.push_back({fp, static_cast<char*>(data), bytes});
+}
+
+void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
+  auto& m = *impl_;
+  auto last_progress = Clock::now();
+  try {
+    for (;;) {
+      bool pending = false, moved = false;
+      for (int p = 0; p < m.size; ++p) {
+        if (p == m.rank) continue;
+        moved |= m.progress_send(p, cur);
+        moved |= m.progress_recv(p, cur);
+        pending |= !m.peers[p].sends.empty() || !m.peers[p].recvs.empty();
+      }
+      if (!pending) return;
+      auto now = Clock::now();
+      if (moved) {
+        last_progress = now;
+        continue;
+      }
+      if (now - last_progress >= timeout) {
+        std::string silent;
+        int first = -1;
+        for (int p = 0; p < m.size; ++p)
+          if (p != m.rank && (!m.peers[p].sends.empty() || !m.peers[p].recvs.empty())) {
+            silent += (silent.empty() ? "" : ", ") + m.peers[p].who;
+            if (first < 0) first = p;
+          }
+        throw TimeoutError(cat(silent, " moved no data for ",
+                               std::chrono::duration_cast<milliseconds>(timeout).count(),
+                               " ms while this rank (rank ", m.rank, ") is in ", cur.describe(),
+                               " (stopped, hung, or its link is down)"),
+                           first);
+      }
+      auto left = std::chrono::duration_cast<milliseconds>(timeout - (now - last_progress)).count();
+      m.poll_once(static_cast<int>(std::clamp<int64_t>(left + 1, 1, 100)), cur);
+    }
+  } catch (...) {
+    for (auto& p : m.peers) {
+      p.sends.clear();
+      p.recvs.clear();
+    }
+    throw;
+  }
+}
+
+void TcpMesh::check_peers(const Fingerprint& cur) { impl_->poll_once(0, cur); }
+
+namespace {
+
+void send_control(Peer& peer, FrameType type, const Fingerprint& fp, const std::string& text) {
+  if (peer.broken || !peer.fd) return;
+  // A frame may only start at a frame boundary; mid-frame, cutting the link is the
+  // clearest signal left.
+  bool mid_frame = !peer.sends.empty() && peer.sends.front().done > 0;
+  if (!mid_frame) {
+    FrameHeader h = make_header(type, fp, text.size());
+    std::string frame(reinterpret_cast<char*>(&h), sizeof h);
+    frame += text;
+    ssize_t w = ::send(peer.fd.get(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w == static_cast<ssize_t>(frame.size())) return;
+  }
+  ::shutdown(peer.fd.get(), SHUT_RDWR);
+  peer.broken = true;
+}
+
+}  // namespace
+
+void TcpMesh::abort(const CommError& why) {
+  Fingerprint fp{.op = static_cast<ReduceOp>(error_kind_of(why)),
+                 .count = static_cast<uint64_t>(why.peer() < 0 ? impl_->rank : why.peer())};
+  std::string text = std::string(why.what()).substr(0, kMaxAbortText);
+  for (int p = 0; p < impl_->size; ++p)
+    if (p != impl_->rank) send_control(impl_->peers[p], FrameType::kAbort, fp, text);
+}
+
+void TcpMesh::goodbye(uint64_t ops) {
+  for (int p = 0; p < impl_->size; ++p)
+    if (p != impl_->rank) send_control(impl_->peers[p], FrameType::kGoodbye, {.seq = ops}, {});
+}
+
+// ---- connection setup ----
+
+std::string this_host_id() {
+  if (const char* v = std::getenv("LOOM_HOST_ID"); v && *v) return v;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  // Two network namespaces on one kernel are two hosts as far as links go.
+  char ns[128] = {};
+  [[maybe_unused]] auto n = ::readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  return cat(host, "/", boot, "/", ns);
+}
+
+std::string encode_peer_info(const PeerInfo& p) {
+  return cat(p.host, " ", p.port, " ", p.pid, " ", p.host_id);
+}
+
+PeerInfo parse_peer_info(const std::string& s, const std::string& key) {
+  PeerInfo p;
+  std::istringstream in(s);
+  in >> p.host >> p.port >> p.pid;
+  std::getline(in >> std::ws, p.host_id);
+  if (!in && !in.eof()) throw CommError(cat("store key '", key, "' holds a malformed address '", s, "'"), -1);
+  if (p.host.empty() || p.port <= 0 || p.host_id.empty())
+    throw CommError(cat("store key '", key, "' holds a malformed address '", s, "'"), -1);
+  return p;
+}
+
+std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name, int rank,
+                                          int size, const CommConfig& config,
+                                          std::vector<PeerInfo>& peers_out) {
+  auto impl = std::make_unique<Impl>();
+  impl->rank = rank;
+  impl->size = size;
+  impl->peers.resize(size);
+  for (int p = 0; p < size; ++p) impl->peers[p].who = cat("rank ", p);
+  Deadline d = Clock::now() + config.timeout;
+  if (config.secret.empty() && !net::is_loopback(config.bind_address))
+    throw InputError(cat("refusing to listen on non-loopback address ", config.bind_address,
+                         " without a secret (set LOOM_SECRET or LOOM_SECRET_FILE)"));
+
+  std::string size_key = name + "/size";
+  std::string agreed = store.compare_set(size_key, "", std::to_string(size), d);
+  if (agreed != std::to_string(size))
+    throw CommError(cat("world size disagreement in '", name, "': rank ", rank, " was started with ",
+                        size, " ranks but another rank with ", agreed), -1);
+
+  net::Fd listener = size > 1 ? net::listen_tcp(config.bind_address, 0) : net::Fd();
+  PeerInfo mine{config.bind_address == "0.0.0.0" ? "127.0.0.1" : config.bind_address,
+                size > 1 ? net::local_port(listener.get()) : 1, this_host_id(), ::getpid()};
+  std::string key = cat(name, "/peer/", rank);
+  std::string mine_s = encode_peer_info(mine);
+  std::string got = store.compare_set(key, "", mine_s, d);
+  if (got != mine_s) {
+    PeerInfo other = parse_peer_info(got, key);
+    throw AuthError(cat("duplicate rank ", rank, " in '", name, "': already claimed by pid ",
+                        other.pid, " at ", other.host, ":", other.port), rank);
+  }
+  std::vector<std::string> keys;
+  for (int p = 0; p < size; ++p) keys.push_back(cat(name, "/peer/", p));
+  try {
+    store.wait(keys, d);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int p = 0; p < size; ++p)
+      if (!store.try_get(keys[p], Clock::now() + std::chrono::seconds(5)))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    throw TimeoutError(cat("rank(s) ", missing, " did not join '", name, "' within ",
+                           config.timeout.count(), " ms"), -1);
+  }
+  impl->infos.resize(size);
+  for (int p = 0; p < size; ++p) impl->infos[p] = parse_peer_info(store.get(keys[p], d), keys[p]);
+
+  auth::Hello hello{config.job_id, name, rank, size};
+  for (int p = 0; p < rank; ++p) {
+    const PeerInfo& info = impl->infos[p];
+    std::string who = cat("rank ", p, " of '", name, "'");
+    net::Fd fd = net::connect_tcp(info.host, info.port, d, who);
+    auth::connect_handshake(fd.get(), config.secret, hello, d, who);
+    impl->peers[p].fd = std::move(fd);
+  }
+  for (int accepted = 0; accepted < size - 1 - rank;) {
+    net::Fd fd = net::accept_until(listener.get(), d);
+    if (!fd) {
+      std::string missing;
+      for (int p = rank + 1; p < size; ++p)
+        if (!impl->peers[p].fd) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      throw TimeoutError(cat("rank(s) ", missing, " of '", name, "' did not connect to rank ", rank,
+                             " within ", config.timeout.count(), " ms"), -1);
+    }
+    try {
+      auto h = auth::accept_handshake(fd.get(), config.secret, d, [&](const auth::Hello& h) {
+        if (h.job_id != config.job_id)
+          return cat("rank ", rank, " belongs to job '", config.job_id, "', not job '", h.job_id,
+                     "' (a rank of a stale job?)");
+        if (h.purpose != name) return cat("this link is for '", name, "', not '", h.purpose, "'");
+        if (h.size != size)
+          return cat("world size disagreement: rank ", h.rank, " says ", h.size, ", rank ", rank,
+                     " says ", size);
+        if (h.rank <= rank || h.rank >= size) return cat("rank ", h.rank, " should not connect to rank ", rank);
+        if (impl->peers[h.rank].fd) return cat("duplicate rank ", h.rank, " in '", name, "'");
+        return std::string();
+      });
+      impl->peers[h.rank].fd = std::move(fd);
+      ++accepted;
+    } catch (const AuthError& e) {
+      if (std::string(e.what()).find("stale job") != std::string::npos) {
+        log_warn(cat("rank ", rank, ": refused a connection: ", e.what()));
+        continue;
+      }
+      throw;
+    } catch (const CommError& e) {
+      log_warn(cat("rank ", rank, ": dropped a connection that failed its handshake: ", e.what()));
+    }
+  }
+  peers_out = impl->infos;
+  return std::unique_ptr<TcpMesh>(new TcpMesh(std::move(impl)));
+}
+
+}  // namespace loom::comm
