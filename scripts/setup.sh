@@ -9,7 +9,8 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev zlib1g-dev                        # sha256 for checkpoints; gzip for IDX files
   fortunes dataset-fashion-mnist               # the main job's text and the MLP's images
-  iproute2 bc
+  iproute2 bc                                  # network namespaces for the multi-host tests
+  libopenmpi-dev openmpi-bin libgloo-dev       # mpirun tests, and the OpenMPI / Gloo comm peers
   clang libomp-dev                             # the tsan preset (Archer makes OpenMP visible to TSan)
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
 )

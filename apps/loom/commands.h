@@ -39,4 +39,26 @@ struct BenchTrainArgs {
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads);
 
+struct LaunchArgs {
+  int nproc = 1, nnodes = 1, node_rank = 0;
+  std::string master = "127.0.0.1:0";
+  std::vector<std::string> command;
+};
+int run_launch(const LaunchArgs& a);
+
+struct BenchCommArgs {
+  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  std::string sizes = "8:256M";
+  double factor = 2;  // size step (nccl-tests -f)
+  int iters = 0;      // 0: calibrate to ~0.1 s per rep (as ../shared/peers)
+  int warmup = 5;
+  int reps = 5;
+  std::string dtype = "f32";
+  std::string transport = "auto";
+  std::string algorithm = "auto";
+  size_t shm_slot_bytes = 1 << 20;  // CommConfig::shm_slot_bytes
+  bool check = true;
+};
+int run_bench_comm(const BenchCommArgs& a);
+
 }  // namespace loom::app

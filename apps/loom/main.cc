@@ -79,6 +79,32 @@ int run(int argc, char** argv) {
   auto* bg = b->add_subcommand("gemm", "OpenBLAS sgemm GFLOP/s, square and transformer shapes");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
 
+  loom::app::BenchCommArgs bench_comm;
+  auto* bc = b->add_subcommand("comm", "Collective busbw/latency, nccl-tests style; run under `loom launch -n N`");
+  bc->add_option("--op", bench_comm.ops, "Collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all")
+      ->capture_default_str()->delimiter(',');
+  bc->add_option("--sizes", bench_comm.sizes, "Sizes in bytes: MIN:MAX (times --factor) or a list 8,4K,4M")->capture_default_str();
+  bc->add_option("--factor", bench_comm.factor, "Step between sizes for MIN:MAX (nccl-tests -f)")->capture_default_str();
+  bc->add_option("--iters", bench_comm.iters, "Calls per rep; 0 calibrates to ~0.1 s (nccl-tests -n)")->capture_default_str();
+  bc->add_option("--warmup", bench_comm.warmup, "Untimed calls first; 20 at least for <= 1 MiB (nccl-tests -w)")->capture_default_str();
+  bc->add_option("--reps", bench_comm.reps, "Timed reps; the median is reported")->capture_default_str();
+  bc->add_option("--dtype", bench_comm.dtype, "f32 f64 bf16 f16 i32 i64 u8")->capture_default_str();
+  bc->add_option("--transport", bench_comm.transport, "auto shm tcp")->capture_default_str();
+  bc->add_option("--algorithm", bench_comm.algorithm, "auto ring tree shm-direct")->capture_default_str();
+  bc->add_option("--shm-slot", bench_comm.shm_slot_bytes, "Shared-memory staging bytes per rank per slot")
+      ->capture_default_str();
+  bc->add_flag("!--no-check", bench_comm.check, "Skip the correctness check of each size");
+
+  loom::app::LaunchArgs launch;
+  auto* l = app.add_subcommand("launch", "Run N local ranks of a command (torchrun-style environment)");
+  l->add_option("-n,--nproc", launch.nproc, "Ranks on this node")->capture_default_str();
+  l->add_option("--nnodes", launch.nnodes, "Nodes in the job")->capture_default_str();
+  l->add_option("--node-rank", launch.node_rank, "This node's index")->capture_default_str();
+  l->add_option("--master", launch.master, "HOST:PORT of the store (node 0 serves it; port 0 picks one)")
+      ->capture_default_str();
+  l->add_option("command", launch.command, "-- CMD ARGS...")->required();
+  l->positionals_at_end();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {
@@ -106,6 +132,8 @@ int run(int argc, char** argv) {
   }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads);
+  if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
+  if (l->parsed()) return loom::app::run_launch(launch);
   return 2;
 }
 

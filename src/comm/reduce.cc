@@ -65,19 +65,26 @@ void into_half(uint16_t* __restrict acc, const uint16_t* __restrict in, size_t n
 constexpr size_t kBlock = 1024;  // elements per f32 accumulation block
 
 template <typename T>
-void many_native(T* out, const void* const* ins, int n, size_t count, ReduceOp op) {
+void avg_native(T* buf, size_t count, int n) {
+  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(n));
+}
+
+template <typename T>
+void many_native(T* out, T* out2, const void* const* ins, int n, size_t count, ReduceOp op) {
   // Block-wise so the partial result stays in L1 while each input streams past once.
   for (size_t b = 0; b < count; b += kBlock) {
     size_t m = std::min(kBlock, count - b);
     T tmp[kBlock];
     std::memcpy(tmp, static_cast<const T*>(ins[0]) + b, m * sizeof(T));
     for (int k = 1; k < n; ++k) into_native(tmp, static_cast<const T*>(ins[k]) + b, m, op);
+    if (op == ReduceOp::kAvg) avg_native(tmp, m, n);
     std::memcpy(out + b, tmp, m * sizeof(T));
+    if (out2) std::memcpy(out2 + b, tmp, m * sizeof(T));
   }
 }
 
 template <typename H>
-void many_half(uint16_t* out, const void* const* ins, int n, size_t count, ReduceOp op) {
+void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, size_t count, ReduceOp op) {
   for (size_t b = 0; b < count; b += kBlock) {
     size_t m = std::min(kBlock, count - b);
     float tmp[kBlock];
@@ -90,12 +97,8 @@ void many_half(uint16_t* out, const void* const* ins, int n, size_t count, Reduc
     if (op == ReduceOp::kAvg)
       for (size_t i = 0; i < m; ++i) tmp[i] /= static_cast<float>(n);
     for (size_t i = 0; i < m; ++i) out[b + i] = H::store(tmp[i]);
+    if (out2) std::memcpy(out2 + b, out + b, m * sizeof(uint16_t));
   }
-}
-
-template <typename T>
-void avg_native(T* buf, size_t count, int n) {
-  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(n));
 }
 
 }  // namespace
@@ -121,18 +124,26 @@ void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp 
   check_reducible(dtype, op);
 }
 
-void reduce_many(void* out, const void* const* ins, int n, size_t count, DType dtype, ReduceOp op) {
+void reduce_many(void* out, const void* const* ins, int n, size_t count, DType dtype, ReduceOp op,
+                 void* out2) {
   switch (dtype) {
-    case DType::kF32: many_native(static_cast<float*>(out), ins, n, count, op); break;
-    case DType::kF64: many_native(static_cast<double*>(out), ins, n, count, op); break;
-    case DType::kI32: many_native(static_cast<int32_t*>(out), ins, n, count, op); break;
-    case DType::kI64: many_native(static_cast<int64_t*>(out), ins, n, count, op); break;
-    case DType::kU8: many_native(static_cast<uint8_t*>(out), ins, n, count, op); break;
-    case DType::kBF16: return many_half<Bf16>(static_cast<uint16_t*>(out), ins, n, count, op);
-    case DType::kF16: return many_half<F16>(static_cast<uint16_t*>(out), ins, n, count, op);
-    case DType::kU16: check_reducible(dtype, op);
+    case DType::kF32:
+      return many_native(static_cast<float*>(out), static_cast<float*>(out2), ins, n, count, op);
+    case DType::kF64:
+      return many_native(static_cast<double*>(out), static_cast<double*>(out2), ins, n, count, op);
+    case DType::kI32:
+      return many_native(static_cast<int32_t*>(out), static_cast<int32_t*>(out2), ins, n, count, op);
+    case DType::kI64:
+      return many_native(static_cast<int64_t*>(out), static_cast<int64_t*>(out2), ins, n, count, op);
+    case DType::kU8:
+      return many_native(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out2), ins, n, count, op);
+    case DType::kBF16:
+      return many_half<Bf16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
+    case DType::kF16:
+      return many_half<F16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
+    case DType::kU16: break;
   }
-  if (op == ReduceOp::kAvg) finish_avg(out, count, dtype, n);
+  check_reducible(dtype, op);
 }
 
 void finish_avg(void* buf, size_t count, DType dtype, int n) {

@@ -42,25 +42,37 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
   std::vector<const void*> ins(n);
   for_rounds(count, w.slot_bytes() / es, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
-    std::memcpy(w.slot(me, round), in + off * es, m * es);
-    w.publish(ShmWindow::kPosted, round, &c.fp);
-    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    char* mine = w.slot(me, round);
+    const char* src = in + off * es;
     if (small) {
+      std::memcpy(mine, src, m * es);
+      w.publish(ShmWindow::kPosted, round, &c.fp);
+      w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
       if (root < 0 || root == me) {
-        for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round);
+        for (int p = 0; p < n; ++p) ins[p] = p == me ? src : w.slot(p, round);
         reduce_many(out + off * es, ins.data(), n, m, dt, op);
       }
-    } else {
-      size_t b0 = block_begin(m, n, me), b1 = block_begin(m, n, me + 1);
-      for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round) + b0 * es;
-      reduce_many(w.slot(me, round) + b0 * es, ins.data(), n, b1 - b0, dt, op);
-      w.publish(ShmWindow::kReduced, round);
-      if (root < 0 || root == me) {
-        w.wait_all(ShmWindow::kReduced, round, c.t, c.fp, c.timeout);
-        for (int p = 0; p < n; ++p) {
-          size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
-          std::memcpy(out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
-        }
+      w.publish(ShmWindow::kDone, round);
+      return;
+    }
+    // Peers need every slice but this rank's own, which it reduces from its input.
+    const size_t b0 = block_begin(m, n, me), b1 = block_begin(m, n, me + 1);
+    std::memcpy(mine, src, b0 * es);
+    std::memcpy(mine + b1 * es, src + b1 * es, (m - b1) * es);
+    w.publish(ShmWindow::kPosted, round, &c.fp);
+    w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    for (int p = 0; p < n; ++p) ins[p] = (p == me ? src : w.slot(p, round)) + b0 * es;
+    const bool gathers = root < 0 || root == me;
+    // The finished slice goes to the slot (for peers) and, on ranks that want the
+    // result, straight to the output.
+    reduce_many(mine + b0 * es, ins.data(), n, b1 - b0, dt, op, gathers ? out + (off + b0) * es : nullptr);
+    w.publish(ShmWindow::kReduced, round);
+    if (gathers) {
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        w.wait(p, ShmWindow::kReduced, round, c.t, c.fp, c.timeout);
+        size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
+        std::memcpy(out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
       }
     }
     w.publish(ShmWindow::kDone, round);
