@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/op.h"
 
@@ -40,6 +41,13 @@ class Transport {
   virtual void abort(const CommError& why) = 0;
   // Throws if any peer died, left or aborted (called by waits that are not on messages).
   virtual void check_peers(const Fingerprint& current) = 0;
+
+  // Liveness for long waits: a waiting rank beats now and then; when a wait times out,
+  // `blame` watches the beats for a moment and returns the ranks that stayed silent (a
+  // stopped process cannot beat; one blocked on someone else can). Falls back to
+  // `suspects` when every rank beat.
+  virtual void heartbeat() = 0;
+  virtual std::vector<int> blame(const std::vector<int>& suspects, milliseconds timeout) = 0;
 
   virtual ShmWindow* window() { return nullptr; }
 };

@@ -128,11 +128,18 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
         if (now >= next_check) {
           t.check_peers(cur);
           next_check = now + milliseconds(1);
-          if (now - start >= timeout)
-            throw TimeoutError(cat("rank ", peer, " made no progress for ", timeout.count(),
+          if (now - start >= timeout / 4) t.heartbeat();
+          if (now - start >= timeout) {
+            auto culprits = t.blame({peer}, timeout);
+            t.check_peers(cur);  // an abort from a rank that knows more wins
+            if (counter.load(std::memory_order_acquire) >= round) break;
+            std::string who;
+            for (int p : culprits) who += (who.empty() ? "rank " : ", rank ") + std::to_string(p);
+            throw TimeoutError(cat(who, " made no progress for ", timeout.count(),
                                    " ms while this rank (rank ", rank_, ") is in ", cur.describe(),
                                    " (stopped, hung, or in another op)"),
-                               peer);
+                               culprits.front());
+          }
         }
       }
     }

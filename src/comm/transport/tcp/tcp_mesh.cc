@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <thread>
 
 #include "comm/auth.h"
 #include "comm/net.h"
@@ -75,6 +76,9 @@ struct Peer {
 
 struct TcpMesh::Impl {
   int rank = 0, size = 0;
+  Store* store = nullptr;
+  std::string name;
+  Deadline last_beat{};
   std::vector<Peer> peers;
   std::vector<PeerInfo> infos;
 
@@ -276,14 +280,18 @@ void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
         last_progress = now;
         continue;
       }
+      if (now - last_progress >= timeout / 4) heartbeat();
       if (now - last_progress >= timeout) {
-        std::string silent;
-        int first = -1;
+        std::vector<int> suspects;
         for (int p = 0; p < m.size; ++p)
-          if (p != m.rank && (!m.peers[p].sends.empty() || !m.peers[p].recvs.empty())) {
-            silent += (silent.empty() ? "" : ", ") + m.peers[p].who;
-            if (first < 0) first = p;
-          }
+          if (p != m.rank && (!m.peers[p].sends.empty() || !m.peers[p].recvs.empty())) suspects.push_back(p);
+        // Ranks blocked behind the silent one are silent on their links too; their beats
+        // tell them apart. Aborts that arrive meanwhile (from a rank that knows more) win.
+        auto culprits = blame(suspects, timeout);
+        check_peers(cur);
+        std::string silent;
+        int first = culprits.front();
+        for (int p : culprits) silent += (silent.empty() ? "" : ", ") + m.peers[p].who;
         throw TimeoutError(cat(silent, " moved no data for ",
                                std::chrono::duration_cast<milliseconds>(timeout).count(),
                                " ms while this rank (rank ", m.rank, ") is in ", cur.describe(),
@@ -303,6 +311,47 @@ void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
 }
 
 void TcpMesh::check_peers(const Fingerprint& cur) { impl_->poll_once(0, cur); }
+
+void TcpMesh::heartbeat() {
+  auto& m = *impl_;
+  auto now = Clock::now();
+  if (now - m.last_beat < milliseconds(50)) return;
+  m.last_beat = now;
+  try {
+    m.store->add(cat(m.name, "/alive/", m.rank), 1, now + std::chrono::seconds(2));
+  } catch (const Error&) {
+    // The store is only a witness; losing it must not fail the op.
+  }
+}
+
+std::vector<int> TcpMesh::blame(const std::vector<int>& suspects, milliseconds timeout) {
+  auto& m = *impl_;
+  auto beats = [&] {
+    std::vector<int64_t> b(m.size, -1);
+    for (int p = 0; p < m.size; ++p) {
+      if (p == m.rank) continue;
+      try {
+        if (auto v = m.store->try_get(cat(m.name, "/alive/", p), Clock::now() + std::chrono::seconds(1)))
+          b[p] = std::stoll(*v);
+      } catch (const Error&) {
+      }
+    }
+    return b;
+  };
+  auto before = beats();
+  // Every waiting rank beats at most every 50 ms once it has waited timeout/4.
+  auto until = Clock::now() + std::min<milliseconds>(timeout / 4 + milliseconds(100), milliseconds(400));
+  while (Clock::now() < until) {
+    heartbeat();
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  auto after = beats();
+  std::vector<int> silent;
+  for (int p = 0; p < m.size; ++p)
+    if (p != m.rank && after[p] == before[p]) silent.push_back(p);
+  if (silent.empty() || static_cast<int>(silent.size()) == m.size - 1) return suspects;
+  return silent;
+}
 
 namespace {
 
@@ -372,6 +421,8 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
   impl->size = size;
+  impl->store = &store;
+  impl->name = name;
   impl->peers.resize(size);
   for (int p = 0; p < size; ++p) impl->peers[p].who = cat("rank ", p);
   Deadline d = Clock::now() + config.timeout;
@@ -380,10 +431,15 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
                          " without a secret (set LOOM_SECRET or LOOM_SECRET_FILE)"));
 
   std::string size_key = name + "/size";
+  // A rank that cannot join says why under "<name>/error", so the others stop waiting.
+  auto fail = [&](auto error) {
+    store.set(name + "/error", error.what(), d);
+    throw error;
+  };
   std::string agreed = store.compare_set(size_key, "", std::to_string(size), d);
   if (agreed != std::to_string(size))
-    throw CommError(cat("world size disagreement in '", name, "': rank ", rank, " was started with ",
-                        size, " ranks but another rank with ", agreed), -1);
+    fail(CommError(cat("world size disagreement in '", name, "': rank ", rank, " was started with ",
+                       size, " ranks but another rank with ", agreed), rank));
 
   net::Fd listener = size > 1 ? net::listen_tcp(config.bind_address, 0) : net::Fd();
   PeerInfo mine{config.bind_address == "0.0.0.0" ? "127.0.0.1" : config.bind_address,
@@ -393,13 +449,21 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
   std::string got = store.compare_set(key, "", mine_s, d);
   if (got != mine_s) {
     PeerInfo other = parse_peer_info(got, key);
-    throw AuthError(cat("duplicate rank ", rank, " in '", name, "': already claimed by pid ",
-                        other.pid, " at ", other.host, ":", other.port), rank);
+    fail(AuthError(cat("duplicate rank ", rank, " in '", name, "': already claimed by pid ",
+                       other.pid, " at ", other.host, ":", other.port), rank));
   }
   std::vector<std::string> keys;
   for (int p = 0; p < size; ++p) keys.push_back(cat(name, "/peer/", p));
   try {
-    store.wait(keys, d);
+    for (;;) {
+      try {
+        store.wait(keys, std::min(d, Clock::now() + milliseconds(100)));
+        break;
+      } catch (const TimeoutError&) {
+        if (auto why = store.try_get(name + "/error", d)) throw CommError(*why, -1);
+        if (Clock::now() >= d) throw;
+      }
+    }
   } catch (const TimeoutError&) {
     std::string missing;
     for (int p = 0; p < size; ++p)

@@ -41,6 +41,8 @@ class TcpMesh : public Transport {
   void wait_all(milliseconds timeout, const Fingerprint& current) override;
   void abort(const CommError& why) override;
   void check_peers(const Fingerprint& current) override;
+  void heartbeat() override;
+  std::vector<int> blame(const std::vector<int>& suspects, milliseconds timeout) override;
 
   // Clean shutdown: tells every peer this rank left after `ops` collectives.
   void goodbye(uint64_t ops);

@@ -1,0 +1,239 @@
+// Never a silent hang: real processes, real signals. Each test starts comm_worker ranks
+// with a torchrun-style environment against a store this test serves, injects a fault,
+// and expects every survivor to exit with a typed error naming the culprit in time.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "loom/rendezvous.h"
+
+namespace loom::comm {
+namespace {
+
+const std::string kWorker = LOOM_BINARY_DIR "/src/comm/comm_worker";
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Rank {
+  pid_t pid = -1;
+  std::string out_path;
+  int code = -1;
+  std::string output() const {
+    std::ifstream f(out_path);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+};
+
+class Job {
+ public:
+  explicit Job(std::string secret = "s3cret", std::string job = "test-job")
+      : secret_(std::move(secret)), job_(std::move(job)),
+        server_({.secret = secret_, .job_id = job_}) {}
+  ~Job() {
+    for (auto& r : ranks_)
+      if (r.code < 0) {
+        ::kill(r.pid, SIGKILL);
+        ::kill(r.pid, SIGCONT);
+        ::waitpid(r.pid, nullptr, 0);
+      }
+    for (auto& r : ranks_) std::remove(r.out_path.c_str());
+  }
+
+  // Starts a rank; `env` adds or overrides variables.
+  void start(int rank, int world, std::vector<std::string> args,
+             std::vector<std::pair<std::string, std::string>> env = {}) {
+    Rank r;
+    r.out_path = cat("/tmp/loom_failure_", ::getpid(), "_", ranks_.size(), ".out");
+    r.pid = ::fork();
+    if (r.pid == 0) {
+      int fd = ::open(r.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(server_.port()).c_str(), 1);
+      ::setenv("LOOM_STORE_HOSTED", "1", 1);
+      ::setenv("LOOM_SECRET", secret_.c_str(), 1);
+      ::setenv("LOOM_JOB_ID", job_.c_str(), 1);
+      ::setenv("LOOM_TEST_TIMEOUT_MS", "1000", 1);
+      for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(kWorker.c_str())};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ranks_.push_back(r);
+  }
+
+  void wait_ready() {
+    for (auto& r : ranks_)
+      for (int i = 0; i < 1000 && r.output().find("READY") == std::string::npos; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  // Waits for every rank but `skip` to exit (10 s at most: a hang fails the test).
+  void wait_exit(int skip = -1) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (static_cast<int>(i) == skip) continue;
+      Rank& r = ranks_[i];
+      int status = 0;
+      while (::waitpid(r.pid, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > until) {
+          ADD_FAILURE() << "rank " << i << " hung; output: " << r.output();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+  }
+
+  Rank& operator[](size_t i) { return ranks_[i]; }
+  std::string secret_, job_;
+  TcpStoreServer server_;
+
+ private:
+  std::vector<Rank> ranks_;
+};
+
+// "ERROR <kind> <unix_ms> <message>" -> fields.
+struct ErrorLine {
+  std::string kind, message;
+  int64_t ms = 0;
+};
+ErrorLine error_of(const std::string& out) {
+  ErrorLine e;
+  auto pos = out.find("ERROR ");
+  if (pos == std::string::npos) return e;
+  std::istringstream in(out.substr(pos + 6));
+  in >> e.kind >> e.ms;
+  std::getline(in >> std::ws, e.message);
+  return e;
+}
+
+class Failure : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Failure, KilledRankIsNamedWithinOneSecond) {
+  Job job;
+  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144"}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
+  job.wait_ready();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int64_t killed = now_ms();
+  ::kill(job[1].pid, SIGKILL);
+  job.wait_exit();
+  for (int r : {0, 2}) {
+    ErrorLine e = error_of(job[r].output());
+    EXPECT_EQ(job[r].code, 3) << job[r].output();
+    EXPECT_EQ(e.kind, "PeerLostError") << job[r].output();
+    EXPECT_NE(e.message.find("rank 1"), std::string::npos) << e.message;
+    EXPECT_LT(e.ms - killed, 1000) << e.message;
+  }
+}
+
+TEST_P(Failure, StoppedRankIsNamedAfterTheTimeout) {
+  Job job;
+  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144"}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
+  job.wait_ready();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int64_t stopped = now_ms();
+  ::kill(job[2].pid, SIGSTOP);
+  job.wait_exit(2);
+  for (int r : {0, 1}) {
+    ErrorLine e = error_of(job[r].output());
+    EXPECT_EQ(e.kind, "TimeoutError") << job[r].output();
+    EXPECT_NE(e.message.find("rank 2"), std::string::npos) << e.message;
+    EXPECT_LT(e.ms - stopped, 1000 + 1000) << e.message;  // timeout (1 s) + 1 s
+  }
+}
+
+TEST_P(Failure, MismatchedCollectivesNameBothCalls) {
+  for (const char* mode : {"mismatch", "skip"}) {
+    Job job;
+    int64_t start = now_ms();
+    for (int r = 0; r < 3; ++r) job.start(r, 3, {mode}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
+    job.wait_exit();
+    for (int r = 0; r < 3; ++r) {
+      ErrorLine e = error_of(job[r].output());
+      EXPECT_EQ(e.kind, "MismatchError") << mode << " rank " << r << ": " << job[r].output();
+      std::string a = mode == std::string("mismatch") ? "all_reduce" : "barrier";
+      std::string b = mode == std::string("mismatch") ? "broadcast" : "all_reduce";
+      EXPECT_NE(e.message.find(a), std::string::npos) << e.message;
+      EXPECT_NE(e.message.find(b), std::string::npos) << e.message;
+      EXPECT_LT(e.ms - start, 2000) << e.message;  // start-up included; detection is immediate
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Failure, ::testing::Values("shm", "tcp"));
+
+TEST(Rendezvous, WrongSecretIsRefusedAndChangesNothing) {
+  Job job;
+  int64_t start = now_ms();
+  job.start(0, 2, {"mismatch"});
+  job.start(1, 2, {"mismatch"}, {{"LOOM_SECRET", "guess"}});
+  job.wait_exit();
+  ErrorLine bad = error_of(job[1].output()), good = error_of(job[0].output());
+  EXPECT_EQ(bad.kind, "AuthError") << job[1].output();
+  EXPECT_NE(bad.message.find("wrong secret"), std::string::npos) << bad.message;
+  EXPECT_EQ(good.kind, "AuthError") << job[0].output();
+  EXPECT_NE(good.message.find("rank 1"), std::string::npos) << good.message;
+  EXPECT_LT(std::max(bad.ms, good.ms) - start, 2000);
+  TcpStore probe({.port = job.server_.port(), .secret = job.secret_, .job_id = job.job_}, Clock::now() + std::chrono::seconds(2));
+  EXPECT_FALSE(probe.try_get("world/peer/1", Clock::now() + std::chrono::seconds(2)));
+}
+
+TEST(Rendezvous, StaleJobDuplicateRankAndWorldSizeAreNamed) {
+  {
+    Job job;
+    job.start(0, 2, {"mismatch"}, {{"LOOM_JOB_ID", "yesterday"}});
+    job.wait_exit();
+    ErrorLine e = error_of(job[0].output());
+    EXPECT_EQ(e.kind, "AuthError") << job[0].output();
+    EXPECT_NE(e.message.find("stale job"), std::string::npos) << e.message;
+  }
+  {
+    Job job;
+    int64_t start = now_ms();
+    job.start(0, 3, {"mismatch"});
+    job.start(1, 3, {"mismatch"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    job.start(1, 3, {"mismatch"});
+    job.wait_exit();
+    ErrorLine dup = error_of(job[2].output());
+    EXPECT_NE(dup.message.find("duplicate rank 1"), std::string::npos) << job[2].output();
+    for (int r : {0, 1}) {
+      ErrorLine e = error_of(job[r].output());
+      EXPECT_NE(e.message.find("duplicate rank 1"), std::string::npos) << job[r].output();
+      EXPECT_LT(e.ms - start, 2000);
+    }
+  }
+  {
+    Job job;
+    job.start(0, 2, {"mismatch"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    job.start(1, 3, {"mismatch"});
+    job.wait_exit();
+    for (int r : {0, 1}) {
+      ErrorLine e = error_of(job[r].output());
+      EXPECT_NE(e.message.find("world size disagreement"), std::string::npos) << job[r].output();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::comm
