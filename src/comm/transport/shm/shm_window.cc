@@ -42,6 +42,9 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   w->slot_bytes_ = align_up(std::max<size_t>(slot_bytes, 4096), 4096);
   size_t control_bytes = align_up(sizeof(Control) * size, 4096);
   w->map_bytes_ = kHeader + control_bytes + 2 * w->slot_bytes_ * size;
+  // Spinning only pays when every rank has a core; oversubscribed, the rank being waited
+  // for may need this very core, so yield almost at once.
+  w->spin_limit_ = size <= static_cast<int>(std::thread::hardware_concurrency()) ? 2000 : 8;
   std::string key = name + "/shm";
   std::string path;
   int fd = -1;
@@ -118,7 +121,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
     Deadline start = Clock::now(), next_check = start + milliseconds(1);
     for (uint64_t spins = 1;; ++spins) {
       if (counter.load(std::memory_order_acquire) >= round) break;
-      if (spins < 2000) {
+      if (spins < spin_limit_) {
         _mm_pause();
         continue;
       }

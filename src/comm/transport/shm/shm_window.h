@@ -60,6 +60,7 @@ class ShmWindow {
   Control* control_ = nullptr;
   char* slots_ = nullptr;
   uint64_t round_ = 0;
+  uint64_t spin_limit_ = 2000;  // pause-loop iterations before yielding
 };
 
 }  // namespace loom::comm
