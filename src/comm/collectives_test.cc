@@ -149,7 +149,7 @@ class Collectives : public ::testing::TestWithParam<std::tuple<int, Path>> {};
 TEST_P(Collectives, MatchClosedForm) {
   auto [n, path] = GetParam();
   CommConfig cfg{.transport = path.transport, .timeout = milliseconds(20000), .shm_slot_bytes = 64 << 10};
-  run_ranks(n, cfg, [&, path = path](Communicator& c) {
+  run_ranks(n, cfg, [&, n = n, path = path](Communicator& c) {
     for (DType dt : kDTypes) {
       for (size_t count : counts_for(n)) {
         for (ReduceOp op : kOps) {

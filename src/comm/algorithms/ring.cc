@@ -50,7 +50,7 @@ void reduce_scatter_ring(OpContext& c, BlockPtr block, const size_t* begin, char
       reduce_into(recv_base + ro * es, block(rb) + ro * es, rn, dt, op);
       // The result may alias this rank's input block, so it is written only after the
       // reduction above has read that chunk.
-      if (last) std::memcpy(result + ro * es, recv_base + ro * es, rn * es);
+      if (last) copy_bytes(result + ro * es, recv_base + ro * es, rn * es);
     }
   }
 }
@@ -83,7 +83,7 @@ std::vector<size_t> even_blocks(size_t count, int n) {
 void ring_all_reduce(OpContext& c, const char* in, char* out, size_t count, DType dt, ReduceOp op) {
   const int n = c.size(), r = c.rank();
   const size_t es = dtype_size(dt);
-  if (in != out) std::memcpy(out, in, count * es);
+  if (in != out) copy_bytes(out, in, count * es);
   if (n == 1 || count == 0) {
     if (op == ReduceOp::kAvg) finish_avg(out, count, dt, n);
     return;
@@ -99,7 +99,7 @@ void ring_reduce_scatter(OpContext& c, const char* in, char* out, size_t count, 
   const int n = c.size();
   const size_t es = dtype_size(dt);
   if (n == 1) {
-    if (in != out) std::memmove(out, in, count * es);
+    if (in != out) copy_bytes(out, in, count * es);
     if (op == ReduceOp::kAvg) finish_avg(out, count, dt, n);
     return;
   }
@@ -114,7 +114,7 @@ void ring_reduce_scatter(OpContext& c, const char* in, char* out, size_t count, 
 void ring_all_gather(OpContext& c, const char* in, char* out, size_t count, DType dt) {
   const int n = c.size(), r = c.rank();
   const size_t es = dtype_size(dt);
-  if (in != out + r * count * es) std::memcpy(out + r * count * es, in, count * es);
+  if (in != out + r * count * es) copy_bytes(out + r * count * es, in, count * es);
   if (n == 1 || count == 0) return;
   std::vector<size_t> begin(n + 1);
   for (int b = 0; b <= n; ++b) begin[b] = count * static_cast<size_t>(b);

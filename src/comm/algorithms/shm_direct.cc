@@ -45,7 +45,7 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
     char* mine = w.slot(me, round);
     const char* src = in + off * es;
     if (small) {
-      std::memcpy(mine, src, m * es);
+      copy_bytes(mine, src, m * es);
       w.publish(ShmWindow::kPosted, round, &c.fp);
       w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
       if (root < 0 || root == me) {
@@ -57,8 +57,8 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
     }
     // Peers need every slice but this rank's own, which it reduces from its input.
     const size_t b0 = block_begin(m, n, me), b1 = block_begin(m, n, me + 1);
-    std::memcpy(mine, src, b0 * es);
-    std::memcpy(mine + b1 * es, src + b1 * es, (m - b1) * es);
+    copy_bytes(mine, src, b0 * es);
+    copy_bytes(mine + b1 * es, src + b1 * es, (m - b1) * es);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) ins[p] = (p == me ? src : w.slot(p, round)) + b0 * es;
@@ -72,7 +72,7 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
         if (p == me) continue;
         w.wait(p, ShmWindow::kReduced, round, c.t, c.fp, c.timeout);
         size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
-        std::memcpy(out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
+        copy_bytes(out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
       }
     }
     w.publish(ShmWindow::kDone, round);
@@ -100,7 +100,7 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
   for_rounds(count, per_round, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     char* mine = w.slot(me, round);
-    for (int p = 0; p < n; ++p) std::memcpy(mine + p * m * es, in + (p * count + off) * es, m * es);
+    for (int p = 0; p < n; ++p) copy_bytes(mine + p * m * es, in + (p * count + off) * es, m * es);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round) + me * m * es;
@@ -113,12 +113,12 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   const int n = w.size(), me = w.rank();
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
-    std::memcpy(w.slot(me, round), in + off, m);
+    copy_bytes(w.slot(me, round), in + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) {
       char* dst = out + p * block_bytes + off;
-      if (dst != in + off) std::memcpy(dst, w.slot(p, round), m);
+      if (dst != in + off) copy_bytes(dst, w.slot(p, round), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -129,11 +129,11 @@ void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     if (me == root) {
-      std::memcpy(w.slot(me, round), buf + off, m);
+      copy_bytes(w.slot(me, round), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      std::memcpy(buf + off, w.slot(root, round), m);
+      copy_bytes(buf + off, w.slot(root, round), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -144,7 +144,7 @@ void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t bl
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     if (me != root) {
-      std::memcpy(w.slot(me, round), in + off, m);
+      copy_bytes(w.slot(me, round), in + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     } else {
@@ -153,7 +153,7 @@ void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t bl
       for (int p = 0; p < n; ++p) {
         const char* src = p == me ? in + off : w.slot(p, round);
         char* dst = out + p * block_bytes + off;
-        if (dst != src) std::memmove(dst, src, m);
+        if (dst != src) copy_bytes(dst, src, m);
       }
     }
     w.publish(ShmWindow::kDone, round);
@@ -167,12 +167,12 @@ void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t b
     uint64_t round = begin_round(c, w);
     if (me == root) {
       char* mine = w.slot(me, round);
-      for (int p = 0; p < n; ++p) std::memcpy(mine + p * m, in + p * block_bytes + off, m);
+      for (int p = 0; p < n; ++p) copy_bytes(mine + p * m, in + p * block_bytes + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
-      std::memmove(out + off, mine + me * m, m);
+      copy_bytes(out + off, mine + me * m, m);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      std::memcpy(out + off, w.slot(root, round) + me * m, m);
+      copy_bytes(out + off, w.slot(root, round) + me * m, m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -184,10 +184,10 @@ void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     char* mine = w.slot(me, round);
-    for (int p = 0; p < n; ++p) std::memcpy(mine + p * m, in + p * block_bytes + off, m);
+    for (int p = 0; p < n; ++p) copy_bytes(mine + p * m, in + p * block_bytes + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-    for (int p = 0; p < n; ++p) std::memcpy(out + p * block_bytes + off, w.slot(p, round) + me * m, m);
+    for (int p = 0; p < n; ++p) copy_bytes(out + p * block_bytes + off, w.slot(p, round) + me * m, m);
     w.publish(ShmWindow::kDone, round);
   });
 }

@@ -24,7 +24,7 @@ void combine_ordered(char* acc, char* other, bool acc_is_lower, size_t count, DT
     reduce_into(acc, other, count, dt, op);
   } else {
     reduce_into(other, acc, count, dt, op);
-    std::memcpy(acc, other, count * dtype_size(dt));
+    copy_bytes(acc, other, count * dtype_size(dt));
   }
 }
 
@@ -33,7 +33,7 @@ void combine_ordered(char* acc, char* other, bool acc_is_lower, size_t count, DT
 void tree_all_reduce(OpContext& c, const char* in, char* out, size_t count, DType dt, ReduceOp op) {
   const int n = c.size(), r = c.rank();
   const size_t bytes = count * dtype_size(dt);
-  if (in != out) std::memcpy(out, in, bytes);
+  if (in != out) copy_bytes(out, in, bytes);
   if (n > 1 && count > 0) {
     char* tmp = c.workspace(bytes);
     // Fold the ranks beyond the largest power of two into their even neighbours.
@@ -112,7 +112,7 @@ void tree_reduce(OpContext& c, const char* in, char* out, size_t count, DType dt
   char* ws = c.workspace(2 * bytes);
   char* acc = r == root ? out : ws;
   char* tmp = ws + bytes;
-  if (acc != in) std::memcpy(acc, in, bytes);
+  if (acc != in) copy_bytes(acc, in, bytes);
   const int vr = (r - root + n) % n;
   for (int mask = 1; mask < n && count > 0; mask <<= 1) {
     if (vr & mask) {
@@ -142,7 +142,7 @@ void dissemination_barrier(OpContext& c) {
 void direct_all_to_all(OpContext& c, const char* in, char* out, size_t block_bytes) {
   const int n = c.size(), r = c.rank();
   if (in != out) {
-    std::memcpy(out + r * block_bytes, in + r * block_bytes, block_bytes);
+    copy_bytes(out + r * block_bytes, in + r * block_bytes, block_bytes);
   } else {
     LOOM_CHECK(in != out);  // in-place all_to_all is staged by the caller
   }
@@ -160,7 +160,7 @@ void direct_gather(OpContext& c, const char* in, char* out, size_t block_bytes, 
   if (r != root) {
     c.send(root, in, block_bytes);
   } else {
-    if (in != out + r * block_bytes) std::memcpy(out + r * block_bytes, in, block_bytes);
+    if (in != out + r * block_bytes) copy_bytes(out + r * block_bytes, in, block_bytes);
     for (int p = 0; p < n; ++p)
       if (p != r) c.recv(p, out + p * block_bytes, block_bytes);
   }
@@ -172,7 +172,7 @@ void direct_scatter(OpContext& c, const char* in, char* out, size_t block_bytes,
   if (r != root) {
     c.recv(root, out, block_bytes);
   } else {
-    if (out != in + r * block_bytes) std::memcpy(out, in + r * block_bytes, block_bytes);
+    if (out != in + r * block_bytes) copy_bytes(out, in + r * block_bytes, block_bytes);
     for (int p = 0; p < n; ++p)
       if (p != r) c.send(p, in + p * block_bytes, block_bytes);
   }
