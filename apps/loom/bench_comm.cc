@@ -111,8 +111,7 @@ struct Bench {
     const int n = c.size(), r = c.rank();
     size_t in_count = (op == Op::kReduceScatter || op == Op::kAllToAll) ? per_rank * n : per_rank;
     size_t out_count = (op == Op::kAllGather || op == Op::kAllToAll) ? per_rank * n : per_rank;
-    auto put = [&](char* b, size_t i, double v) { testing_store(b, i, v); };
-    for (size_t i = 0; i < in_count; ++i) put(sbuf, i, r + 1);
+    for (size_t i = 0; i < in_count; ++i) store_element(dt, sbuf, i, r + 1);
     std::memset(rbuf, 0, out_count * dtype_size(dt));
     run1();
     const char* out = op == Op::kBroadcast && r == 0 ? sbuf : rbuf;
@@ -121,33 +120,11 @@ struct Bench {
                     : op == Op::kReduce                               ? (r == 0 ? n * (n + 1) / 2.0 : 0)
                     : op == Op::kBroadcast                            ? 1.0
                                                                       : static_cast<double>(i / per_rank + 1);
-      if (testing_load(out, i) != want) return false;
+      if (load_element(dt, out, i) != want) return false;
     }
     return true;
   }
 
-  void testing_store(char* b, size_t i, double v) {
-    switch (dt) {
-      case DType::kF32: reinterpret_cast<float*>(b)[i] = static_cast<float>(v); return;
-      case DType::kF64: reinterpret_cast<double*>(b)[i] = v; return;
-      case DType::kBF16: reinterpret_cast<uint16_t*>(b)[i] = f32_to_bf16(static_cast<float>(v)); return;
-      case DType::kF16: reinterpret_cast<uint16_t*>(b)[i] = f32_to_f16(static_cast<float>(v)); return;
-      case DType::kI32: reinterpret_cast<int32_t*>(b)[i] = static_cast<int32_t>(v); return;
-      case DType::kI64: reinterpret_cast<int64_t*>(b)[i] = static_cast<int64_t>(v); return;
-      default: reinterpret_cast<uint8_t*>(b)[i] = static_cast<uint8_t>(v); return;
-    }
-  }
-  double testing_load(const char* b, size_t i) {
-    switch (dt) {
-      case DType::kF32: return reinterpret_cast<const float*>(b)[i];
-      case DType::kF64: return reinterpret_cast<const double*>(b)[i];
-      case DType::kBF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(b)[i]);
-      case DType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(b)[i]);
-      case DType::kI32: return reinterpret_cast<const int32_t*>(b)[i];
-      case DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(b)[i]);
-      default: return reinterpret_cast<const uint8_t*>(b)[i];
-    }
-  }
 };
 
 double now_s() {

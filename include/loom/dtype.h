@@ -26,6 +26,11 @@ float bf16_to_f32(uint16_t x);
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t x);
 
+// Element i of a buffer of `t`, as a double (and back, rounding as the dtype does). For
+// checks and tools, not hot loops.
+double load_element(DType t, const void* data, size_t i);
+void store_element(DType t, void* data, size_t i, double v);
+
 template <typename T>
 constexpr DType dtype_of();
 template <>

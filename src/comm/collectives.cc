@@ -56,11 +56,9 @@ Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
   Algorithm a = resolve(m, o.algorithm, o.count * dtype_size(o.dtype), "all_reduce");
   auto fp = m.next_fp(OpKind::kAllReduce, o.dtype, o.op, -1, o.count);
   return run(comm, fp, o.timeout, async, [&m, a, in, out, o](OpContext& c) {
-    if (m.size == 1 || a != Algorithm::kShmDirect) {
-      if (a == Algorithm::kRing) return ring_all_reduce(c, in, out, o.count, o.dtype, o.op);
-      return tree_all_reduce(c, in, out, o.count, o.dtype, o.op);
-    }
-    shm_all_reduce(c, *m.window, in, out, o.count, o.dtype, o.op);
+    if (a == Algorithm::kShmDirect && m.size > 1) return shm_all_reduce(c, *m.window, in, out, o.count, o.dtype, o.op);
+    if (a == Algorithm::kRing) return ring_all_reduce(c, in, out, o.count, o.dtype, o.op);
+    tree_all_reduce(c, in, out, o.count, o.dtype, o.op);
   });
 }
 

@@ -38,32 +38,8 @@ inline void run_ranks(int n, const CommConfig& config,
   if (first) std::rethrow_exception(first);
 }
 
-inline double load(DType dt, const void* p, size_t i) {
-  switch (dt) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
-    case DType::kU16: return static_cast<const uint16_t*>(p)[i];
-  }
-  return 0;
-}
-
-inline void store(DType dt, void* p, size_t i, double v) {
-  switch (dt) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case DType::kF64: static_cast<double*>(p)[i] = v; return;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); return;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); return;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
-    case DType::kU16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
-  }
-}
+inline double load(DType dt, const void* p, size_t i) { return load_element(dt, p, i); }
+inline void store(DType dt, void* p, size_t i, double v) { store_element(dt, p, i, v); }
 
 inline bool is_float(DType dt) {
   return dt == DType::kF32 || dt == DType::kF64 || dt == DType::kBF16 || dt == DType::kF16;

@@ -78,4 +78,31 @@ float f16_to_f32(uint16_t x) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
+double load_element(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF64: return static_cast<const double*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI32: return static_cast<const int32_t*>(p)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kU16: return static_cast<const uint16_t*>(p)[i];
+  }
+  return 0;
+}
+
+void store_element(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::kF64: static_cast<double*>(p)[i] = v; return;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v)); return;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v)); return;
+    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
+    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
+    case DType::kU16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
+  }
+}
+
 }  // namespace loom

@@ -48,7 +48,6 @@ struct SendOp {
   const char* data;
   size_t bytes;
   size_t done = 0;  // of sizeof(hdr) + bytes
-  std::string owned;  // payload kept alive for abort frames
 };
 
 struct RecvOp {
@@ -89,7 +88,7 @@ struct TcpMesh::Impl {
   }
 
   // Reads the rest of a control frame (abort text or goodbye) and acts on it.
-  void control_frame(int p, const Fingerprint& cur) {
+  void control_frame(int p) {
     Peer& peer = peers[p];
     auto type = static_cast<FrameType>(peer.hdr.type);
     peer.hdr_got = 0;
@@ -107,7 +106,6 @@ struct TcpMesh::Impl {
     int culprit = static_cast<int>(peer.hdr.count);
     throw_comm_error(static_cast<ErrorKind>(peer.hdr.op), cat(text, " (relayed by ", peer.who, ")"),
                      culprit);
-    (void)cur;
   }
 
   // Reads header bytes; returns true when a whole header is in.
@@ -144,7 +142,7 @@ struct TcpMesh::Impl {
         if (!whole) return moved;
         peer.data_waiting = false;
         if (peer.hdr.type != static_cast<uint8_t>(FrameType::kData)) {
-          control_frame(p, cur);
+          control_frame(p);
           if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
           continue;
         }
@@ -219,7 +217,7 @@ struct TcpMesh::Impl {
       peer.data_waiting = true;  // header kept; progress_recv continues from it
       return;
     }
-    control_frame(p, cur);
+    control_frame(p);
   }
 
   void poll_once(int timeout_ms, const Fingerprint& cur) {
