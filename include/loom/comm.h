@@ -51,7 +51,8 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg, kMin, kMax, kProd };
 std::string_view reduce_op_name(ReduceOp op);
 
 // kAuto picks by message size, group size and topology (docs/algorithms.md).
-enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kShmDirect };
+// kHierarchical applies to all_reduce, reduce and broadcast (others fall back to auto).
+enum class Algorithm : uint8_t { kAuto = 0, kRing, kTree, kShmDirect, kHierarchical };
 std::string_view algorithm_name(Algorithm a);
 Algorithm algorithm_from_name(std::string_view name);  // InputError on an unknown name
 
@@ -91,6 +92,9 @@ struct CommConfig {
   size_t shm_slot_bytes = 1 << 20;         // shared-memory staging per rank per slot
   std::string job_id = "default";          // peers of another job are refused
   std::string secret;  // per-job HMAC key; empty only with loopback and threads
+  // Which machine this rank is on, for topology (same id -> same host). Empty: detected
+  // from hostname, boot id and network namespace (or $LOOM_HOST_ID).
+  std::string host_id;
 };
 
 // A group of ranks. Create with Communicator::create (world) or split (sub-group).

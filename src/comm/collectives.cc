@@ -1,5 +1,6 @@
 // The collective free functions: check arguments, stamp the fingerprint, pick the
 // algorithm (docs/algorithms.md, "Choosing"), and hand the op to the issue-order queue.
+#include <algorithm>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -27,12 +28,17 @@ void check_buffer(const void* p, size_t count, std::string_view op, std::string_
 
 milliseconds timeout_of(const Impl& m, milliseconds t) { return t.count() > 0 ? t : m.config.timeout; }
 
-Algorithm resolve(const Impl& m, Algorithm a, size_t bytes, std::string_view op) {
+// `hierarchical`: whether the op has a hierarchical form (all_reduce, reduce, broadcast).
+Algorithm resolve(const Impl& m, Algorithm a, size_t bytes, std::string_view op, bool hierarchical) {
   if (a == Algorithm::kShmDirect)
     need(m.window != nullptr || m.size == 1,
          cat(op, ": algorithm shm-direct needs every rank on one host with transport auto or shm"));
+  if (a == Algorithm::kHierarchical && !hierarchical) a = Algorithm::kAuto;
   if (a != Algorithm::kAuto) return a;
   if (m.window) return Algorithm::kShmDirect;
+  const auto& hosts = m.topo.hosts;
+  bool shared_host = std::any_of(hosts.begin(), hosts.end(), [](const auto& h) { return h.size() > 1; });
+  if (hierarchical && hosts.size() > 1 && shared_host) return Algorithm::kHierarchical;
   return bytes <= kTreeMaxBytes ? Algorithm::kTree : Algorithm::kRing;
 }
 
@@ -42,7 +48,7 @@ Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool a
   Impl& m = comm.impl();
   auto t = timeout_of(m, timeout);
   return m.submit(fp, [&m, fp, t, body]() mutable {
-    OpContext c{*m.mesh, fp, t, m.scratch};
+    OpContext c{*m.transport, fp, t, m.scratch};
     body(c);
   }, async);
 }
@@ -53,10 +59,11 @@ Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
   check_buffer(o.output, o.count, "all_reduce", "output");
   const char* in = static_cast<const char*>(o.input ? o.input : o.output);
   char* out = static_cast<char*>(o.output);
-  Algorithm a = resolve(m, o.algorithm, o.count * dtype_size(o.dtype), "all_reduce");
+  Algorithm a = resolve(m, o.algorithm, o.count * dtype_size(o.dtype), "all_reduce", true);
   auto fp = m.next_fp(OpKind::kAllReduce, o.dtype, o.op, -1, o.count);
   return run(comm, fp, o.timeout, async, [&m, a, in, out, o](OpContext& c) {
     if (a == Algorithm::kShmDirect && m.size > 1) return shm_all_reduce(c, *m.window, in, out, o.count, o.dtype, o.op);
+    if (a == Algorithm::kHierarchical) return hier_all_reduce(c, m.topo, in, out, o.count, o.dtype, o.op);
     if (a == Algorithm::kRing) return ring_all_reduce(c, in, out, o.count, o.dtype, o.op);
     tree_all_reduce(c, in, out, o.count, o.dtype, o.op);
   });
@@ -70,11 +77,12 @@ Work do_reduce(Communicator& comm, const ReduceOptions& o, bool async) {
   check_buffer(in, o.count, "reduce", "input");
   if (m.rank == o.root) check_buffer(o.output, o.count, "reduce", "output on the root");
   char* out = static_cast<char*>(o.output);
-  Algorithm a = resolve(m, o.algorithm, o.count * dtype_size(o.dtype), "reduce");
+  Algorithm a = resolve(m, o.algorithm, o.count * dtype_size(o.dtype), "reduce", true);
   auto fp = m.next_fp(OpKind::kReduce, o.dtype, o.op, o.root, o.count);
   return run(comm, fp, o.timeout, async, [&m, a, in, out, o](OpContext& c) {
     if (a == Algorithm::kShmDirect && m.size > 1)
       return shm_reduce(c, *m.window, in, out, o.count, o.dtype, o.op, o.root);
+    if (a == Algorithm::kHierarchical) return hier_reduce(c, m.topo, in, out, o.count, o.dtype, o.op, o.root);
     tree_reduce(c, in, out, o.count, o.dtype, o.op, o.root);
   });
 }
@@ -84,11 +92,12 @@ Work do_broadcast(Communicator& comm, const BroadcastOptions& o, bool async) {
   check_root(m, o.root, "broadcast");
   check_buffer(o.buffer, o.count, "broadcast", "buffer");
   size_t bytes = o.count * dtype_size(o.dtype);
-  Algorithm a = resolve(m, o.algorithm, bytes, "broadcast");
+  Algorithm a = resolve(m, o.algorithm, bytes, "broadcast", true);
   auto fp = m.next_fp(OpKind::kBroadcast, o.dtype, ReduceOp::kSum, o.root, o.count);
   char* buf = static_cast<char*>(o.buffer);
   return run(comm, fp, o.timeout, async, [&m, a, buf, bytes, o](OpContext& c) {
     if (a == Algorithm::kShmDirect && m.size > 1) return shm_broadcast(c, *m.window, buf, bytes, o.root);
+    if (a == Algorithm::kHierarchical) return hier_broadcast(c, m.topo, buf, bytes, o.root);
     tree_broadcast(c, buf, bytes, o.root);
   });
 }
@@ -99,7 +108,7 @@ Work do_all_gather(Communicator& comm, const AllGatherOptions& o, bool async) {
   size_t es = dtype_size(o.dtype);
   char* out = static_cast<char*>(o.output);
   const char* in = o.input ? static_cast<const char*>(o.input) : out + m.rank * o.count * es;
-  Algorithm a = resolve(m, o.algorithm, o.count * es * m.size, "all_gather");
+  Algorithm a = resolve(m, o.algorithm, o.count * es * m.size, "all_gather", false);
   auto fp = m.next_fp(OpKind::kAllGather, o.dtype, ReduceOp::kSum, -1, o.count);
   return run(comm, fp, o.timeout, async, [&m, a, in, out, o, es](OpContext& c) {
     if (a == Algorithm::kShmDirect && m.size > 1) return shm_all_gather(c, *m.window, in, out, o.count * es);
@@ -115,7 +124,7 @@ Work do_reduce_scatter(Communicator& comm, const ReduceScatterOptions& o, bool a
   size_t es = dtype_size(o.dtype);
   const char* in = static_cast<const char*>(o.input);
   char* out = static_cast<char*>(o.output);
-  Algorithm a = resolve(m, o.algorithm, o.count * es * m.size, "reduce_scatter");
+  Algorithm a = resolve(m, o.algorithm, o.count * es * m.size, "reduce_scatter", false);
   auto fp = m.next_fp(OpKind::kReduceScatter, o.dtype, o.op, -1, o.count);
   return run(comm, fp, o.timeout, async, [&m, a, in, out, o](OpContext& c) {
     if (a == Algorithm::kShmDirect && m.size > 1)

@@ -17,9 +17,11 @@
 namespace loom::comm::testing {
 
 // Runs body(comm) on `n` threads, each a rank of one communicator; rethrows the first
-// exception (after all threads finish).
+// exception (after all threads finish). `host_of(r)`, when given, names rank r's host
+// (CommConfig::host_id), so threads can stand for ranks on several machines.
 inline void run_ranks(int n, const CommConfig& config,
-                      const std::function<void(Communicator&)>& body) {
+                      const std::function<void(Communicator&)>& body,
+                      const std::function<std::string(int)>& host_of = {}) {
   HashStore store;
   std::vector<std::thread> threads;
   std::exception_ptr first;
@@ -27,7 +29,9 @@ inline void run_ranks(int n, const CommConfig& config,
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        auto comm = Communicator::create(store, r, n, config);
+        CommConfig mine = config;
+        if (host_of) mine.host_id = host_of(r);
+        auto comm = Communicator::create(store, r, n, mine);
         body(*comm);
       } catch (...) {
         std::lock_guard lock(mu);

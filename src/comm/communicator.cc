@@ -24,14 +24,17 @@ std::string_view algorithm_name(Algorithm a) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kTree: return "tree";
     case Algorithm::kShmDirect: return "shm-direct";
+    case Algorithm::kHierarchical: return "hierarchical";
   }
   return "?";
 }
 
 Algorithm algorithm_from_name(std::string_view name) {
-  for (auto a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kShmDirect})
+  for (auto a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kTree, Algorithm::kShmDirect,
+                 Algorithm::kHierarchical})
     if (algorithm_name(a) == name) return a;
-  throw InputError(cat("unknown algorithm '", name, "' (expected auto, ring, tree or shm-direct)"));
+  throw InputError(cat("unknown algorithm '", name,
+                       "' (expected auto, ring, tree, shm-direct or hierarchical)"));
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -54,17 +57,36 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int s
   impl->store = &store;
   impl->send_seq.assign(size, 0);
   impl->recv_seq.assign(size, 0);
-  impl->mesh = TcpMesh::connect(store, name, rank, size, config, impl->peers);
-  for (int p = 0; p < size; ++p)
-    if (impl->peers[p].host_id == impl->peers[rank].host_id) impl->local_ranks.push_back(p);
+  impl->transport = TcpMesh::connect(store, name, rank, size, config, impl->peers);
+  Topology& topo = impl->topo;
+  std::vector<std::string> host_ids;  // index = host, in order of each host's lowest rank
+  for (int p = 0; p < size; ++p) {
+    auto h = std::find(host_ids.begin(), host_ids.end(), impl->peers[p].host_id) - host_ids.begin();
+    if (h == static_cast<long>(host_ids.size())) {
+      host_ids.push_back(impl->peers[p].host_id);
+      topo.hosts.emplace_back();
+    }
+    topo.hosts[h].push_back(p);
+    if (p == rank) topo.host = static_cast<int>(h);
+  }
+  impl->local_ranks = topo.hosts[topo.host];
   bool all_local = static_cast<int>(impl->local_ranks.size()) == size;
   if (config.transport == "shm" && !all_local)
     throw InputError(cat("comm.transport = \"shm\" needs every rank on one host, but '", name, "' spans ",
                          size - static_cast<int>(impl->local_ranks.size()) + 1,
                          "+ hosts (use auto or tcp)"));
-  if (all_local && size > 1 && config.transport != "tcp")
+  const auto& local = impl->local_ranks;
+  if (all_local && size > 1 && config.transport != "tcp") {
     impl->window = ShmWindow::create(store, name, rank, size, config.shm_slot_bytes,
                                      Clock::now() + config.timeout);
+    topo.window = impl->window.get();
+  } else if (local.size() > 1 && config.transport != "tcp") {
+    int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+    impl->host_window = ShmWindow::create(store, cat(name, "/host", local[0]), local_rank,
+                                          static_cast<int>(local.size()), config.shm_slot_bytes,
+                                          Clock::now() + config.timeout, local);
+    topo.window = impl->host_window.get();
+  }
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -77,7 +99,7 @@ Communicator::~Communicator() {
   }
   m.cv.notify_all();
   if (m.progress.joinable()) m.progress.join();
-  if (!m.failed) m.mesh->goodbye(m.seq);
+  if (!m.failed) m.transport->goodbye(m.seq);
 }
 
 int Communicator::rank() const { return impl_->rank; }
@@ -87,8 +109,10 @@ const std::vector<int>& Communicator::local_ranks() const { return impl_->local_
 
 std::string Communicator::link_kind(int peer) const {
   LOOM_CHECK(peer >= 0 && peer < impl_->size);
-  if (peer == impl_->rank) return "self";
-  return impl_->window ? "shm" : "tcp";
+  auto& m = *impl_;
+  if (peer == m.rank) return "self";
+  bool same_host = std::count(m.local_ranks.begin(), m.local_ranks.end(), peer) > 0;
+  return m.topo.window && same_host ? "shm" : "tcp";
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
@@ -97,7 +121,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::vector<int32_t> all(2 * m.size);
   Fingerprint fp = m.next_fp(OpKind::kSplit, DType::kI32, ReduceOp::kSum, -1, 2);
   m.submit(fp, [&] {
-    OpContext c{*m.mesh, fp, m.config.timeout, m.scratch};
+    OpContext c{*m.transport, fp, m.config.timeout, m.scratch};
     if (m.window)
       shm_all_gather(c, *m.window, reinterpret_cast<char*>(mine), reinterpret_cast<char*>(all.data()), sizeof mine);
     else
@@ -143,7 +167,7 @@ void Communicator::Impl::execute(OpState& op) {
     try {
       op.run();
     } catch (const CommError& e) {
-      mesh->abort(e);
+      transport->abort(e);
       error = std::current_exception();
     } catch (...) {
       error = std::current_exception();

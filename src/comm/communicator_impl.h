@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/op.h"
 #include "comm/transport/shm/shm_window.h"
 #include "comm/transport/tcp/tcp_mesh.h"
@@ -30,8 +31,11 @@ struct Communicator::Impl {
   CommConfig config;
   std::string name;
   Store* store = nullptr;
-  std::unique_ptr<TcpMesh> mesh;
+  std::unique_ptr<Transport> transport;
   std::unique_ptr<ShmWindow> window;  // set when every rank shares this host (and allowed)
+  // When the group spans hosts: this host's window (if it has 2+ ranks and shm is allowed).
+  std::unique_ptr<ShmWindow> host_window;
+  Topology topo;
   std::vector<PeerInfo> peers;
   std::vector<int> local_ranks;
   std::vector<char> scratch;

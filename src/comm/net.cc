@@ -69,6 +69,19 @@ bool is_loopback(const std::string& host) {
   return (ntohl(a.s_addr) >> 24) == 127;
 }
 
+std::string local_address_towards(const std::string& host) {
+  sockaddr_in a = resolve(host, 9, false);
+  Fd fd(static_cast<int>(sys_check(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), "socket", host)));
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) < 0)
+    throw InputError(cat("no route to ", host, ": ", std::strerror(errno)));
+  sockaddr_in mine{};
+  socklen_t len = sizeof mine;
+  sys_check(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&mine), &len), "getsockname", host);
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &mine.sin_addr, buf, sizeof buf);
+  return buf;
+}
+
 Fd listen_tcp(const std::string& host, int port) {
   sockaddr_in a = resolve(host, port, true);
   Fd fd(static_cast<int>(

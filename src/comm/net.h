@@ -29,6 +29,9 @@ class Fd {
 };
 
 bool is_loopback(const std::string& host);
+// The address of this machine that packets to `host` leave from (a routing lookup; no
+// packet is sent). InputError when `host` is unreachable.
+std::string local_address_towards(const std::string& host);
 // Listens on host:port (port 0 picks one). InputError when the address is not an IPv4
 // address of this machine or the port is taken.
 Fd listen_tcp(const std::string& host, int port);

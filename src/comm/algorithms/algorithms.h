@@ -69,4 +69,21 @@ void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t bl
 void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root);
 void shm_barrier(OpContext& c, ShmWindow& w);
 
+// Where a group's ranks live: ranks grouped by host (ascending within a host; hosts in
+// order of their lowest rank), this rank's host, and that host's shared window (null
+// when the host has one rank or shm is off).
+struct Topology {
+  std::vector<std::vector<int>> hosts;
+  int host = 0;
+  ShmWindow* window = nullptr;
+};
+
+// hierarchical: same-host reduce, cross-host ring or tree among one rank per host,
+// same-host broadcast (reduce and broadcast likewise, with the root speaking for its host).
+void hier_all_reduce(OpContext& c, const Topology& topo, const char* in, char* out, size_t count,
+                     DType dt, ReduceOp op);
+void hier_reduce(OpContext& c, const Topology& topo, const char* in, char* out, size_t count,
+                 DType dt, ReduceOp op, int root);
+void hier_broadcast(OpContext& c, const Topology& topo, char* buf, size_t bytes, int root);
+
 }  // namespace loom::comm

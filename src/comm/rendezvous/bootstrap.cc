@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "comm/net.h"
 #include "loom/fileio.h"
 #include "loom/rendezvous.h"
 
@@ -135,6 +136,10 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
     server = std::make_unique<TcpStoreServer>(
         TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id});
   }
+  // Peers on other hosts must reach this rank: listen where the route to the store leaves
+  // from, unless the caller chose an address.
+  if (net::is_loopback(config.bind_address) && !net::is_loopback(host))
+    config.bind_address = net::local_address_towards(host);
   store = std::make_unique<TcpStore>(
       TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id, .rank = e.rank}, d);
   return Communicator::create(*store, e.rank, e.size, config);

@@ -271,8 +271,10 @@ Response TcpStore::call(const Request& r, Deadline d) {
   if (!impl_->fd) throw CommError(cat(impl_->who, ": connection already failed"), -1);
   std::string body = store_protocol::encode_request(r);
   uint32_t n = static_cast<uint32_t>(body.size());
-  // The server enforces the request's own timeout; the grace covers its reply in flight.
-  Deadline io = d == Deadline::max() ? d : d + std::chrono::seconds(5);
+  // The server enforces a blocking request's own timeout; the grace covers its reply in
+  // flight. Other requests get no grace: a heartbeat over a dead link must not stall.
+  bool blocks = r.cmd == store_protocol::Cmd::kGet || r.cmd == store_protocol::Cmd::kWait;
+  Deadline io = d == Deadline::max() || !blocks ? d : d + std::chrono::seconds(1);
   try {
     net::write_all(impl_->fd.get(), &n, 4, io, impl_->who);
     net::write_all(impl_->fd.get(), body.data(), body.size(), io, impl_->who);

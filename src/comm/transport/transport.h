@@ -49,6 +49,9 @@ class Transport {
   virtual void heartbeat() = 0;
   virtual std::vector<int> blame(const std::vector<int>& suspects, milliseconds timeout) = 0;
 
+  // Clean shutdown: tells every peer this rank left after `ops` collectives.
+  virtual void goodbye(uint64_t ops) = 0;
+
   virtual ShmWindow* window() { return nullptr; }
 };
 

@@ -35,10 +35,15 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
 std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& name, int rank,
-                                             int size, size_t slot_bytes, Deadline d) {
+                                             int size, size_t slot_bytes, Deadline d,
+                                             std::vector<int> ranks) {
   std::unique_ptr<ShmWindow> w(new ShmWindow);
   w->rank_ = rank;
   w->size_ = size;
+  if (ranks.empty())
+    for (int r = 0; r < size; ++r) ranks.push_back(r);
+  LOOM_CHECK(static_cast<int>(ranks.size()) == size);
+  w->ranks_ = std::move(ranks);
   w->slot_bytes_ = align_up(std::max<size_t>(slot_bytes, 4096), 4096);
   size_t control_bytes = align_up(sizeof(Control) * size, 4096);
   w->map_bytes_ = kHeader + control_bytes + 2 * w->slot_bytes_ * size;
@@ -133,13 +138,13 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
           next_check = now + milliseconds(1);
           if (now - start >= timeout / 4) t.heartbeat();
           if (now - start >= timeout) {
-            auto culprits = t.blame({peer}, timeout);
+            auto culprits = t.blame({ranks_[peer]}, timeout);
             t.check_peers(cur);  // an abort from a rank that knows more wins
             if (counter.load(std::memory_order_acquire) >= round) break;
             std::string who;
             for (int p : culprits) who += (who.empty() ? "rank " : ", rank ") + std::to_string(p);
             throw TimeoutError(cat(who, " made no progress for ", timeout.count(),
-                                   " ms while this rank (rank ", rank_, ") is in ", cur.describe(),
+                                   " ms while this rank (rank ", ranks_[rank_], ") is in ", cur.describe(),
                                    " (stopped, hung, or in another op)"),
                                culprits.front());
           }
@@ -152,9 +157,9 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
     Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
                        static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
     if (!theirs.matches(cur))
-      throw MismatchError(cat("mismatched collectives: this rank (rank ", rank_, ") called ",
-                              cur.describe(), " but rank ", peer, " called ", theirs.describe()),
-                          peer);
+      throw MismatchError(cat("mismatched collectives: this rank (rank ", ranks_[rank_], ") called ",
+                              cur.describe(), " but rank ", ranks_[peer], " called ", theirs.describe()),
+                          ranks_[peer]);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/op.h"
 #include "loom/rendezvous.h"
@@ -27,9 +28,11 @@ class Transport;
 class ShmWindow {
  public:
   // Every rank of a same-host group calls this; rank 0 creates the segment and names it
-  // in the store under "<name>/shm".
+  // in the store under "<name>/shm". `ranks[i]` is window rank i's rank in the
+  // transport that waits pass in (for blame and error text); empty means the same.
   static std::unique_ptr<ShmWindow> create(Store& store, const std::string& name, int rank,
-                                           int size, size_t slot_bytes, Deadline d);
+                                           int size, size_t slot_bytes, Deadline d,
+                                           std::vector<int> ranks = {});
   ~ShmWindow();
 
   int rank() const { return rank_; }
@@ -61,6 +64,7 @@ class ShmWindow {
   char* slots_ = nullptr;
   uint64_t round_ = 0;
   uint64_t spin_limit_ = 2000;  // pause-loop iterations before yielding
+  std::vector<int> ranks_;      // transport rank of each window rank
 };
 
 }  // namespace loom::comm

@@ -316,7 +316,7 @@ void TcpMesh::heartbeat() {
   if (now - m.last_beat < milliseconds(50)) return;
   m.last_beat = now;
   try {
-    m.store->add(cat(m.name, "/alive/", m.rank), 1, now + std::chrono::seconds(2));
+    m.store->add(cat(m.name, "/alive/", m.rank), 1, now + milliseconds(200));
   } catch (const Error&) {
     // The store is only a witness; losing it must not fail the op.
   }
@@ -324,19 +324,24 @@ void TcpMesh::heartbeat() {
 
 std::vector<int> TcpMesh::blame(const std::vector<int>& suspects, milliseconds timeout) {
   auto& m = *impl_;
+  // The store is a witness with a short memory: unreachable (its link may be the one
+  // that is down), it names no one and the suspects stand.
+  bool store_lost = false;
   auto beats = [&] {
     std::vector<int64_t> b(m.size, -1);
-    for (int p = 0; p < m.size; ++p) {
+    Deadline d = Clock::now() + milliseconds(300);
+    for (int p = 0; p < m.size && !store_lost; ++p) {
       if (p == m.rank) continue;
       try {
-        if (auto v = m.store->try_get(cat(m.name, "/alive/", p), Clock::now() + std::chrono::seconds(1)))
-          b[p] = std::stoll(*v);
+        if (auto v = m.store->try_get(cat(m.name, "/alive/", p), d)) b[p] = std::stoll(*v);
       } catch (const Error&) {
+        store_lost = true;
       }
     }
     return b;
   };
   auto before = beats();
+  if (store_lost) return suspects;
   // Every waiting rank beats at most every 50 ms once it has waited timeout/4.
   auto until = Clock::now() + std::min<milliseconds>(timeout / 4 + milliseconds(100), milliseconds(400));
   while (Clock::now() < until) {
@@ -344,6 +349,7 @@ std::vector<int> TcpMesh::blame(const std::vector<int>& suspects, milliseconds t
     std::this_thread::sleep_for(milliseconds(10));
   }
   auto after = beats();
+  if (store_lost) return suspects;
   std::vector<int> silent;
   for (int p = 0; p < m.size; ++p)
     if (p != m.rank && after[p] == before[p]) silent.push_back(p);
@@ -441,7 +447,8 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
 
   net::Fd listener = size > 1 ? net::listen_tcp(config.bind_address, 0) : net::Fd();
   PeerInfo mine{config.bind_address == "0.0.0.0" ? "127.0.0.1" : config.bind_address,
-                size > 1 ? net::local_port(listener.get()) : 1, this_host_id(), ::getpid()};
+                size > 1 ? net::local_port(listener.get()) : 1,
+                config.host_id.empty() ? this_host_id() : config.host_id, ::getpid()};
   std::string key = cat(name, "/peer/", rank);
   std::string mine_s = encode_peer_info(mine);
   std::string got = store.compare_set(key, "", mine_s, d);

@@ -44,8 +44,7 @@ class TcpMesh : public Transport {
   void heartbeat() override;
   std::vector<int> blame(const std::vector<int>& suspects, milliseconds timeout) override;
 
-  // Clean shutdown: tells every peer this rank left after `ops` collectives.
-  void goodbye(uint64_t ops);
+  void goodbye(uint64_t ops) override;
 
   struct Impl;
 
