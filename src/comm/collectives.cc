@@ -53,6 +53,18 @@ Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool a
   }, async);
 }
 
+// Send/recv: `body` only posts; the executor waits, batching send/recv ops issued back to
+// back so that both halves of an exchange are in flight together.
+template <typename Body>
+Work post(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool async, Body body) {
+  Impl& m = comm.impl();
+  auto t = timeout_of(m, timeout);
+  return m.submit(fp, [&m, fp, t, body]() mutable {
+    OpContext c{*m.transport, fp, t, m.scratch};
+    body(c);
+  }, async, true, t);
+}
+
 Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
   Impl& m = comm.impl();
   check_reducible(o.dtype, o.op);
@@ -95,7 +107,9 @@ Work do_broadcast(Communicator& comm, const BroadcastOptions& o, bool async) {
   Algorithm a = resolve(m, o.algorithm, bytes, "broadcast", true);
   auto fp = m.next_fp(OpKind::kBroadcast, o.dtype, ReduceOp::kSum, o.root, o.count);
   char* buf = static_cast<char*>(o.buffer);
-  return run(comm, fp, o.timeout, async, [&m, a, buf, bytes, o](OpContext& c) {
+  NativeCollectives* native = o.algorithm == Algorithm::kAuto ? m.transport->native() : nullptr;
+  return run(comm, fp, o.timeout, async, [&m, a, buf, bytes, o, native](OpContext& c) {
+    if (native) return native->broadcast(c.fp, c.timeout, buf, bytes, o.root);
     if (a == Algorithm::kShmDirect && m.size > 1) return shm_broadcast(c, *m.window, buf, bytes, o.root);
     if (a == Algorithm::kHierarchical) return hier_broadcast(c, m.topo, buf, bytes, o.root);
     tree_broadcast(c, buf, bytes, o.root);
@@ -110,7 +124,9 @@ Work do_all_gather(Communicator& comm, const AllGatherOptions& o, bool async) {
   const char* in = o.input ? static_cast<const char*>(o.input) : out + m.rank * o.count * es;
   Algorithm a = resolve(m, o.algorithm, o.count * es * m.size, "all_gather", false);
   auto fp = m.next_fp(OpKind::kAllGather, o.dtype, ReduceOp::kSum, -1, o.count);
-  return run(comm, fp, o.timeout, async, [&m, a, in, out, o, es](OpContext& c) {
+  NativeCollectives* native = o.algorithm == Algorithm::kAuto ? m.transport->native() : nullptr;
+  return run(comm, fp, o.timeout, async, [&m, a, in, out, o, es, native](OpContext& c) {
+    if (native) return native->all_gather(c.fp, c.timeout, in, out, o.count * es);
     if (a == Algorithm::kShmDirect && m.size > 1) return shm_all_gather(c, *m.window, in, out, o.count * es);
     ring_all_gather(c, in, out, o.count, o.dtype);
   });
@@ -141,6 +157,7 @@ Work do_all_to_all(Communicator& comm, const AllToAllOptions& o, bool async) {
   const char* in = o.input ? static_cast<const char*>(o.input) : out;
   auto fp = m.next_fp(OpKind::kAllToAll, o.dtype, ReduceOp::kSum, -1, o.count);
   return run(comm, fp, o.timeout, async, [&m, in, out, block](OpContext& c) {
+    if (auto* native = m.transport->native()) return native->all_to_all(c.fp, c.timeout, in, out, block);
     if (m.window) return shm_all_to_all(c, *m.window, in, out, block);
     const char* src = in;
     std::vector<char> staged;
@@ -162,6 +179,7 @@ Work do_gather(Communicator& comm, const GatherOptions& o, bool async) {
   char* out = static_cast<char*>(o.output);
   auto fp = m.next_fp(OpKind::kGather, o.dtype, ReduceOp::kSum, o.root, o.count);
   return run(comm, fp, o.timeout, async, [&m, in, out, block, o](OpContext& c) {
+    if (auto* native = m.transport->native()) return native->gather(c.fp, c.timeout, in, out, block, o.root);
     if (m.window) return shm_gather(c, *m.window, in, out, block, o.root);
     direct_gather(c, in, out, block, o.root);
   });
@@ -177,6 +195,7 @@ Work do_scatter(Communicator& comm, const ScatterOptions& o, bool async) {
   char* out = static_cast<char*>(o.output);
   auto fp = m.next_fp(OpKind::kScatter, o.dtype, ReduceOp::kSum, o.root, o.count);
   return run(comm, fp, o.timeout, async, [&m, in, out, block, o](OpContext& c) {
+    if (auto* native = m.transport->native()) return native->scatter(c.fp, c.timeout, in, out, block, o.root);
     if (m.window) return shm_scatter(c, *m.window, in, out, block, o.root);
     direct_scatter(c, in, out, block, o.root);
   });
@@ -186,6 +205,7 @@ Work do_barrier(Communicator& comm, const BarrierOptions& o, bool async) {
   Impl& m = comm.impl();
   auto fp = m.next_fp(OpKind::kBarrier, DType::kU8, ReduceOp::kSum, -1, 0);
   return run(comm, fp, o.timeout, async, [&m](OpContext& c) {
+    if (auto* native = m.transport->native()) return native->barrier(c.fp, c.timeout);
     if (m.window) return shm_barrier(c, *m.window);
     dissemination_barrier(c);
   });
@@ -201,10 +221,7 @@ Work do_send(Communicator& comm, const SendOptions& o, bool async) {
   const char* buf = static_cast<const char*>(o.buffer);
   size_t bytes = o.count * dtype_size(o.dtype);
   int peer = o.peer;
-  return run(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) {
-    c.send(peer, buf, bytes);
-    c.wait();
-  });
+  return post(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.send(peer, buf, bytes); });
 }
 
 Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
@@ -217,10 +234,7 @@ Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
   char* buf = static_cast<char*>(o.buffer);
   size_t bytes = o.count * dtype_size(o.dtype);
   int peer = o.peer;
-  return run(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) {
-    c.recv(peer, buf, bytes);
-    c.wait();
-  });
+  return post(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.recv(peer, buf, bytes); });
 }
 
 }  // namespace

@@ -96,6 +96,21 @@ TEST(Collectives, AsyncOpsRunInIssueOrderAndOverlap) {
   });
 }
 
+// Both halves of an exchange issued async, one after the other, each far larger than the
+// socket buffers: the send must not block the recv queued behind it.
+TEST(Collectives, AsyncExchangeLargerThanSocketBuffers) {
+  run_ranks(2, {.transport = "tcp"}, [](Communicator& c) {
+    const int peer = 1 - c.rank();
+    std::vector<float> out(8u << 20, static_cast<float>(c.rank() + 1)), in(out.size());
+    Work s = send_async(c, {.buffer = out.data(), .count = out.size(), .peer = peer});
+    Work r = recv_async(c, {.buffer = in.data(), .count = in.size(), .peer = peer});
+    s.wait();
+    r.wait();
+    EXPECT_EQ(in.front(), peer + 1.0f);
+    EXPECT_EQ(in.back(), peer + 1.0f);
+  });
+}
+
 TEST(Collectives, BadArgumentsAreInputErrors) {
   run_ranks(1, {}, [](Communicator& c) {
     float x = 0;

@@ -39,17 +39,44 @@ Algorithm algorithm_from_name(std::string_view name) {
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int size,
-                                                   const CommConfig& config,
-                                                   const std::string& name) {
-  if (size < 1 || rank < 0 || rank >= size)
-    throw InputError(cat("rank ", rank, " is out of range for world size ", size));
-  if (config.transport != "auto" && config.transport != "shm" && config.transport != "tcp")
-    throw InputError(cat("comm.transport '", config.transport, "' is not available (expected auto, shm or tcp",
-                         config.transport == "mpi" ? "; this build has no MPI transport" : "", ")"));
-  if (config.timeout.count() <= 0)
-    throw InputError(cat("comm.timeout_s must be positive, got ", config.timeout.count(), " ms"));
-  auto impl = std::make_unique<Impl>();
+namespace {
+
+// Topology from each rank's host id, then the shared windows it allows.
+void place(Communicator::Impl& m, const std::vector<std::string>& ids) {
+  Topology& topo = m.topo;
+  std::vector<std::string> hosts;  // index = host, in order of each host's lowest rank
+  for (int p = 0; p < m.size; ++p) {
+    auto h = std::find(hosts.begin(), hosts.end(), ids[p]) - hosts.begin();
+    if (h == static_cast<long>(hosts.size())) {
+      hosts.push_back(ids[p]);
+      topo.hosts.emplace_back();
+    }
+    topo.hosts[h].push_back(p);
+    if (p == m.rank) topo.host = static_cast<int>(h);
+  }
+  m.local_ranks = topo.hosts[topo.host];
+  const auto& local = m.local_ranks;
+  const std::string& transport = m.config.transport;
+  bool all_local = static_cast<int>(local.size()) == m.size;
+  if (transport == "shm" && !all_local)
+    throw InputError(cat("comm.transport = \"shm\" needs every rank on one host, but '", m.name, "' spans ",
+                         topo.hosts.size(), " hosts (use auto or tcp)"));
+  if (transport != "auto" && transport != "shm") return;
+  Deadline d = Clock::now() + m.config.timeout;
+  if (all_local && m.size > 1) {
+    m.window = ShmWindow::create(*m.store, m.name, m.rank, m.size, m.config.shm_slot_bytes, d);
+    topo.window = m.window.get();
+  } else if (local.size() > 1) {
+    int local_rank = static_cast<int>(std::find(local.begin(), local.end(), m.rank) - local.begin());
+    m.host_window = ShmWindow::create(*m.store, cat(m.name, "/host", local[0]), local_rank,
+                                      static_cast<int>(local.size()), m.config.shm_slot_bytes, d, local);
+    topo.window = m.host_window.get();
+  }
+}
+
+std::unique_ptr<Communicator::Impl> new_impl(Store& store, int rank, int size, const CommConfig& config,
+                                             const std::string& name) {
+  auto impl = std::make_unique<Communicator::Impl>();
   impl->rank = rank;
   impl->size = size;
   impl->config = config;
@@ -57,36 +84,31 @@ std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int s
   impl->store = &store;
   impl->send_seq.assign(size, 0);
   impl->recv_seq.assign(size, 0);
-  impl->transport = TcpMesh::connect(store, name, rank, size, config, impl->peers);
-  Topology& topo = impl->topo;
-  std::vector<std::string> host_ids;  // index = host, in order of each host's lowest rank
-  for (int p = 0; p < size; ++p) {
-    auto h = std::find(host_ids.begin(), host_ids.end(), impl->peers[p].host_id) - host_ids.begin();
-    if (h == static_cast<long>(host_ids.size())) {
-      host_ids.push_back(impl->peers[p].host_id);
-      topo.hosts.emplace_back();
-    }
-    topo.hosts[h].push_back(p);
-    if (p == rank) topo.host = static_cast<int>(h);
+  return impl;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::create(Store& store, int rank, int size,
+                                                   const CommConfig& config,
+                                                   const std::string& name) {
+  if (size < 1 || rank < 0 || rank >= size)
+    throw InputError(cat("rank ", rank, " is out of range for world size ", size));
+  if (config.transport != "auto" && config.transport != "shm" && config.transport != "tcp" &&
+      config.transport != "mpi")
+    throw InputError(cat("comm.transport '", config.transport, "' is not available (expected auto, shm, tcp or mpi)"));
+  if (config.timeout.count() <= 0)
+    throw InputError(cat("comm.timeout_s must be positive, got ", config.timeout.count(), " ms"));
+  auto impl = new_impl(store, rank, size, config, name);
+  std::vector<std::string> ids;
+  if (config.transport == "mpi") {
+    impl->transport = make_mpi_transport(rank, size, config);
+    ids = impl->transport->host_ids();
+  } else {
+    impl->transport = TcpMesh::connect(store, name, rank, size, config, impl->peers);
+    for (const auto& p : impl->peers) ids.push_back(p.host_id);
   }
-  impl->local_ranks = topo.hosts[topo.host];
-  bool all_local = static_cast<int>(impl->local_ranks.size()) == size;
-  if (config.transport == "shm" && !all_local)
-    throw InputError(cat("comm.transport = \"shm\" needs every rank on one host, but '", name, "' spans ",
-                         size - static_cast<int>(impl->local_ranks.size()) + 1,
-                         "+ hosts (use auto or tcp)"));
-  const auto& local = impl->local_ranks;
-  if (all_local && size > 1 && config.transport != "tcp") {
-    impl->window = ShmWindow::create(store, name, rank, size, config.shm_slot_bytes,
-                                     Clock::now() + config.timeout);
-    topo.window = impl->window.get();
-  } else if (local.size() > 1 && config.transport != "tcp") {
-    int local_rank = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-    impl->host_window = ShmWindow::create(store, cat(name, "/host", local[0]), local_rank,
-                                          static_cast<int>(local.size()), config.shm_slot_bytes,
-                                          Clock::now() + config.timeout, local);
-    topo.window = impl->host_window.get();
-  }
+  place(*impl, ids);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -112,7 +134,7 @@ std::string Communicator::link_kind(int peer) const {
   auto& m = *impl_;
   if (peer == m.rank) return "self";
   bool same_host = std::count(m.local_ranks.begin(), m.local_ranks.end(), peer) > 0;
-  return m.topo.window && same_host ? "shm" : "tcp";
+  return m.topo.window && same_host ? "shm" : m.transport->link_kind(peer);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
@@ -128,6 +150,15 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
       ring_all_gather(c, reinterpret_cast<char*>(mine), reinterpret_cast<char*>(all.data()), 2, DType::kI32);
   }, false);
   uint64_t index = m.splits++;
+  std::string sub_name = cat(m.name, "/split", index, "/", color);
+  if (m.config.transport == "mpi") {  // MPI makes the group; every rank takes part
+    auto t = m.transport->split(color, key);
+    if (!t) return nullptr;
+    auto impl = new_impl(*m.store, t->rank(), t->size(), m.config, sub_name);
+    impl->transport = std::move(t);
+    place(*impl, impl->transport->host_ids());
+    return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  }
   if (color < 0) return nullptr;
   std::vector<std::pair<int, int>> members;  // (key, old rank)
   for (int p = 0; p < m.size; ++p)
@@ -135,14 +166,16 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::sort(members.begin(), members.end());
   int new_rank = static_cast<int>(
       std::find(members.begin(), members.end(), std::make_pair(key, m.rank)) - members.begin());
-  return create(*m.store, new_rank, static_cast<int>(members.size()), m.config,
-                cat(m.name, "/split", index, "/", color));
+  return create(*m.store, new_rank, static_cast<int>(members.size()), m.config, sub_name);
 }
 
-Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn, bool async) {
+Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn, bool async, bool p2p,
+                                milliseconds timeout) {
   auto op = std::make_shared<OpState>();
   op->fp = fp;
   op->run = std::move(fn);
+  op->p2p = p2p;
+  op->timeout = timeout;
   if (async) {
     {
       std::lock_guard lock(mu);
@@ -156,28 +189,51 @@ Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn,
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return queue.empty() && !busy; });
   }
-  execute(*op);
+  execute({op});
   if (op->error) std::rethrow_exception(op->error);
   return Work();
 }
 
-void Communicator::Impl::execute(OpState& op) {
+size_t Communicator::Impl::execute(std::vector<std::shared_ptr<OpState>> ops) {
   std::exception_ptr error = failed;
   if (!error) {
     try {
-      op.run();
+      ops[0]->run();
+      if (ops[0]->p2p) {
+        // Queued send/recv ops right behind this one join the batch as they come.
+        transport->on_stall = [&] {
+          std::vector<std::shared_ptr<OpState>> more;
+          {
+            std::lock_guard lock(mu);
+            bool queued = !queue.empty() && queue.front() == ops[0];  // not a blocking op
+            for (size_t i = ops.size(); queued && i < queue.size() && queue[i]->p2p; ++i)
+              more.push_back(queue[i]);
+          }
+          for (auto& op : more) {
+            op->run();
+            ops.push_back(op);
+          }
+        };
+        transport->wait_all(ops[0]->timeout, ops[0]->fp);
+        transport->on_stall = nullptr;
+      }
     } catch (const CommError& e) {
+      transport->on_stall = nullptr;
       transport->abort(e);
       error = std::current_exception();
     } catch (...) {
+      transport->on_stall = nullptr;
       error = std::current_exception();
     }
     if (error) failed = error;
   }
-  std::lock_guard lock(op.mu);
-  op.error = error;
-  op.done = true;
-  op.cv.notify_all();
+  for (auto& op : ops) {
+    std::lock_guard lock(op->mu);
+    op->error = error;
+    op->done = true;
+    op->cv.notify_all();
+  }
+  return ops.size();
 }
 
 void Communicator::Impl::progress_loop() {
@@ -188,9 +244,9 @@ void Communicator::Impl::progress_loop() {
     auto op = queue.front();
     busy = true;
     lock.unlock();
-    execute(*op);
+    size_t ran = execute({op});
     lock.lock();
-    queue.pop_front();
+    queue.erase(queue.begin(), queue.begin() + static_cast<long>(ran));
     busy = false;
     cv.notify_all();
   }

@@ -19,7 +19,10 @@ namespace loom::comm {
 
 struct OpState {
   Fingerprint fp;
+  // Runs the op; for send/recv (`p2p`) only posts it: the executor waits for a batch.
   std::function<void()> run;
+  bool p2p = false;
+  milliseconds timeout{0};
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -57,9 +60,14 @@ struct Communicator::Impl {
   Fingerprint next_fp(OpKind kind, DType dt, ReduceOp op, int root, uint64_t count) {
     return {kind, dt, op, root, count, seq++};
   }
-  // Runs `fn` in issue order; blocking unless `async`.
-  Work submit(const Fingerprint& fp, std::function<void()> fn, bool async);
-  void execute(OpState& op);
+  // Runs `fn` in issue order; blocking unless `async`. A `p2p` fn only posts its
+  // messages; the executor waits for them, `timeout` being the op's.
+  Work submit(const Fingerprint& fp, std::function<void()> fn, bool async, bool p2p = false,
+              milliseconds timeout = {});
+  // Runs ops[0] (and, for send/recv, the send/recv ops right behind it in the queue,
+  // taking more as they are issued while it waits), then completes each. Returns how
+  // many ops it completed (the first that many of the queue, when run from it).
+  size_t execute(std::vector<std::shared_ptr<OpState>> ops);
   void progress_loop();
 };
 

@@ -5,12 +5,10 @@
 // A transport also owns failure handling for its links: a peer that dies, leaves, or
 // aborts is noticed while waiting on *any* peer, and `abort` tells every peer why this
 // rank gave up, so no survivor waits for the full timeout.
-//
-// Same-host groups may also expose a ShmWindow (shared staging memory) that shm-direct
-// algorithms use instead of messages; `window()` is null where there is none.
 // Thread-safety: one thread at a time (the communicator serializes ops).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +17,23 @@
 
 namespace loom::comm {
 
-class ShmWindow;
+// Data-movement collectives a transport runs natively (the mpi transport hands them to
+// MPI's own, which beat point-to-point algorithms there). Each blocks until done or
+// throws like Transport::wait_all; in place where the MPI call allows (`in == out`).
+class NativeCollectives {
+ public:
+  virtual ~NativeCollectives() = default;
+  virtual void broadcast(const Fingerprint& fp, milliseconds timeout, char* buf, size_t bytes, int root) = 0;
+  virtual void all_gather(const Fingerprint& fp, milliseconds timeout, const char* in, char* out,
+                          size_t block_bytes) = 0;
+  virtual void all_to_all(const Fingerprint& fp, milliseconds timeout, const char* in, char* out,
+                          size_t block_bytes) = 0;
+  virtual void gather(const Fingerprint& fp, milliseconds timeout, const char* in, char* out,
+                      size_t block_bytes, int root) = 0;
+  virtual void scatter(const Fingerprint& fp, milliseconds timeout, const char* in, char* out,
+                       size_t block_bytes, int root) = 0;
+  virtual void barrier(const Fingerprint& fp, milliseconds timeout) = 0;
+};
 
 class Transport {
  public:
@@ -37,6 +51,10 @@ class Transport {
   // `timeout`: how long a pending peer may stay silent (no byte moved) before it is
   // named in a TimeoutError.
   virtual void wait_all(milliseconds timeout, const Fingerprint& current) = 0;
+  // When set, wait_all calls it whenever a pass moved no data, before blocking: the
+  // communicator posts send/recv ops issued meanwhile, so an exchange whose two halves
+  // were issued one after the other cannot deadlock on its own first half.
+  std::function<void()> on_stall;
   // Best effort, non-blocking: tell every peer this rank failed and why.
   virtual void abort(const CommError& why) = 0;
   // Throws if any peer died, left or aborted (called by waits that are not on messages).
@@ -52,7 +70,18 @@ class Transport {
   // Clean shutdown: tells every peer this rank left after `ops` collectives.
   virtual void goodbye(uint64_t ops) = 0;
 
-  virtual ShmWindow* window() { return nullptr; }
+  virtual NativeCollectives* native() { return nullptr; }
+  // Transports that own their groups (mpi) make the sub-group for Communicator::split
+  // here; every rank calls it, and ranks with color < 0 get null. Others return null
+  // and the communicator builds links of its own.
+  virtual std::unique_ptr<Transport> split(int /*color*/, int /*key*/) { return nullptr; }
+  // Same-host peers, for topology, when the transport knows them without the store.
+  virtual std::vector<std::string> host_ids() { return {}; }
 };
+
+// The mpi transport over MPI_COMM_WORLD (MPI initialized on first use). InputError when
+// this build has none (CMake option LOOM_WITH_MPI) or the process was not started by
+// mpirun with this rank and size.
+std::unique_ptr<Transport> make_mpi_transport(int rank, int size, const CommConfig& config);
 
 }  // namespace loom::comm

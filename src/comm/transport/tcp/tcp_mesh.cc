@@ -278,6 +278,7 @@ void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
         last_progress = now;
         continue;
       }
+      if (on_stall) on_stall();
       if (now - last_progress >= timeout / 4) heartbeat();
       if (now - last_progress >= timeout) {
         std::vector<int> suspects;
@@ -297,7 +298,8 @@ void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
                            first);
       }
       auto left = std::chrono::duration_cast<milliseconds>(timeout - (now - last_progress)).count();
-      m.poll_once(static_cast<int>(std::clamp<int64_t>(left + 1, 1, 100)), cur);
+      // With a stall hook, come back soon: it may have ops to post.
+      m.poll_once(static_cast<int>(std::clamp<int64_t>(left + 1, 1, on_stall ? 1 : 100)), cur);
     }
   } catch (...) {
     for (auto& p : m.peers) {
