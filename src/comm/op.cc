@@ -1,5 +1,7 @@
 #include "comm/op.h"
 
+#include <algorithm>
+
 namespace loom::comm {
 
 std::string_view op_kind_name(OpKind k) {
@@ -46,7 +48,12 @@ bool Fingerprint::matches(const Fingerprint& o) const {
 }
 
 std::string Fingerprint::describe() const {
-  std::string s = cat(op_kind_name(kind), "(", dtype_name(dtype));
+  // Fingerprints come off the wire too: a value out of range is shown, never trusted.
+  constexpr DType kKnown[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
+                              DType::kI32, DType::kI64, DType::kU8,   DType::kU16};
+  bool known = std::find(std::begin(kKnown), std::end(kKnown), dtype) != std::end(kKnown);
+  std::string s = cat(op_kind_name(kind), "(",
+                      known ? std::string(dtype_name(dtype)) : cat("dtype ", int(dtype)));
   switch (kind) {
     case OpKind::kAllReduce:
     case OpKind::kReduceScatter: s += cat(", ", reduce_op_name(op)); break;

@@ -13,35 +13,12 @@
 
 #include "comm/auth.h"
 #include "comm/net.h"
+#include "comm/transport/tcp/frame.h"
 #include "comm/wire.h"
 #include "loom/log.h"
 
 namespace loom::comm {
 namespace {
-
-constexpr uint32_t kFrameMagic = 0x52464d4c;  // "LMFR"
-enum class FrameType : uint8_t { kData = 1, kAbort = 2, kGoodbye = 3 };
-constexpr size_t kMaxAbortText = 4096;
-
-struct FrameHeader {  // 40 bytes, little-endian (docs/formats.md)
-  uint32_t magic;
-  uint8_t type, kind, dtype, op;
-  int32_t root;
-  uint32_t pad;
-  uint64_t count, seq, bytes;
-};
-static_assert(sizeof(FrameHeader) == 40);
-
-FrameHeader make_header(FrameType t, const Fingerprint& fp, uint64_t bytes) {
-  return {kFrameMagic, static_cast<uint8_t>(t), static_cast<uint8_t>(fp.kind),
-          static_cast<uint8_t>(fp.dtype), static_cast<uint8_t>(fp.op), fp.root, 0, fp.count,
-          fp.seq, bytes};
-}
-
-Fingerprint fingerprint_of(const FrameHeader& h) {
-  return {static_cast<OpKind>(h.kind), static_cast<DType>(h.dtype), static_cast<ReduceOp>(h.op),
-          h.root, h.count, h.seq};
-}
 
 struct SendOp {
   FrameHeader hdr;
@@ -97,9 +74,6 @@ struct TcpMesh::Impl {
       peer.left_after = peer.hdr.seq;
       return;
     }
-    if (peer.hdr.bytes > kMaxAbortText)
-      throw CommError(cat(peer.who, " sent an abort frame of ", peer.hdr.bytes, " bytes (cap ",
-                          kMaxAbortText, ")"), p);
     std::string text(peer.hdr.bytes, '\0');
     net::read_exact(peer.fd.get(), text.data(), text.size(), Clock::now() + std::chrono::seconds(1),
                     peer.who);
@@ -124,8 +98,6 @@ struct TcpMesh::Impl {
       lost(p, r == 0 ? "died or closed its connection" : cat("reset its connection (", std::strerror(errno), ")"),
            cur);
     }
-    if (peer.hdr.magic != kFrameMagic)
-      throw CommError(cat(peer.who, " sent a frame with bad magic: stream out of step"), p);
     return true;
   }
 
@@ -141,19 +113,11 @@ struct TcpMesh::Impl {
         moved |= peer.hdr_got != before;
         if (!whole) return moved;
         peer.data_waiting = false;
-        if (peer.hdr.type != static_cast<uint8_t>(FrameType::kData)) {
+        if (check_frame(peer.hdr, op.fp, op.bytes, peer.who, rank, p) != FrameType::kData) {
           control_frame(p);
           if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
           continue;
         }
-        Fingerprint theirs = fingerprint_of(peer.hdr);
-        if (!theirs.matches(op.fp))
-          throw MismatchError(cat("mismatched collectives: this rank (rank ", rank, ") called ",
-                                  op.fp.describe(), " but ", peer.who, " called ", theirs.describe()),
-                              p);
-        if (peer.hdr.bytes != op.bytes)
-          throw CommError(cat(peer.who, " sent ", peer.hdr.bytes, " bytes for ", op.fp.describe(),
-                              ", expected ", op.bytes), p);
         op.checked = true;
       }
       while (op.done < op.bytes) {
@@ -213,7 +177,7 @@ struct TcpMesh::Impl {
     if (peer.data_waiting || peer.broken) return;
     if (peer.hdr_got == sizeof(FrameHeader)) return;
     if (!read_header(p, cur)) return;
-    if (peer.hdr.type == static_cast<uint8_t>(FrameType::kData)) {
+    if (check_header(peer.hdr, peer.who, p) == FrameType::kData) {
       peer.data_waiting = true;  // header kept; progress_recv continues from it
       return;
     }
