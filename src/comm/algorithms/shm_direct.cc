@@ -17,12 +17,31 @@ namespace loom::comm {
 namespace {
 
 constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces every byte
+// all_gather reads peers' inputs directly (one copy per byte instead of two through the
+// slots) between these totals, when the window allows single copy and every rank has a
+// core. Measured on the 2-core reference machine (docs/perf.md): 1.4x the slot path at
+// 4 MiB, 0.7x at 64 MiB (there the slot path's cache-sized rounds win), and far worse
+// when ranks outnumber cores (each read waits on a descheduled peer). Broadcast stays on
+// the slots: its pipelined rounds beat one large read at every size measured.
+constexpr size_t kSingleCopyMinBytes = 64 << 10;
+constexpr size_t kSingleCopyMaxBytes = 16 << 20;
 
 // Starts a round: waits until every rank is done with the slot this round reuses.
 uint64_t begin_round(OpContext& c, ShmWindow& w) {
   uint64_t round = w.next_round();
   if (round > 2) w.wait_all(ShmWindow::kDone, round - 2, c.t, c.fp, c.timeout);
   return round;
+}
+
+// One single-copy round: this rank publishes `mine`, `body` reads from peers, then every rank waits for every other to finish reading, since
+// the published buffers must not change or vanish before then.
+template <typename Body>
+void single_copy_round(OpContext& c, ShmWindow& w, const void* mine, Body body) {
+  uint64_t round = begin_round(c, w);
+  w.publish(ShmWindow::kPosted, round, &c.fp, mine);
+  body(round);
+  w.publish(ShmWindow::kDone, round);
+  w.wait_all(ShmWindow::kDone, round, c.t, c.fp, c.timeout);
 }
 
 template <typename Body>
@@ -111,6 +130,17 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
 
 void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
   const int n = w.size(), me = w.rank();
+  const size_t total = block_bytes * n;
+  if (w.single_copy() && !w.oversubscribed() && total >= kSingleCopyMinBytes && total <= kSingleCopyMaxBytes) {
+    return single_copy_round(c, w, in, [&](uint64_t round) {
+      copy_bytes(out + me * block_bytes, in, block_bytes);
+      for (int i = 1; i < n; ++i) {  // staggered, so ranks do not all read one peer at once
+        int p = (me + i) % n;
+        w.wait(p, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+        w.read_peer(p, round, 0, out + p * block_bytes, block_bytes);
+      }
+    });
+  }
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     copy_bytes(w.slot(me, round), in + off, m);

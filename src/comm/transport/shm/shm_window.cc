@@ -4,9 +4,11 @@
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "comm/auth.h"
@@ -21,6 +23,7 @@ struct alignas(128) ShmWindow::Control {
     uint8_t kind, dtype, op, pad;
     int32_t root;
     uint64_t count, seq;
+    uint64_t addr;  // single-copy rounds: the data's address in the publishing process
   } fp[2];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -29,6 +32,47 @@ namespace {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
 constexpr size_t kHeader = 4096;
+constexpr uint64_t kProbe = 0x45424f5250414d43ull;  // peers read this to test single copy
+
+// Reads n bytes at `remote` in process `pid` (whole, or false on any failure).
+bool read_process(int pid, uint64_t remote, void* dst, size_t n) {
+  if (pid == ::getpid()) {  // ranks as threads of one process
+    std::memcpy(dst, reinterpret_cast<const void*>(remote), n);
+    return true;
+  }
+  size_t done = 0;
+  while (done < n) {
+    iovec local{static_cast<char*>(dst) + done, n - done};
+    iovec far{reinterpret_cast<void*>(remote + done), n - done};
+    ssize_t got = ::process_vm_readv(pid, &local, 1, &far, 1, 0);
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// Every rank publishes its pid and the address of kProbe, reads every peer's, and says
+// whether that worked; single copy is on only if it worked for every pair (containers
+// without CAP_SYS_PTRACE, Yama, or other users' processes say no).
+bool agree_single_copy(Store& store, const std::string& name, int rank, int size, Deadline d,
+                       std::vector<int>& pids) {
+  static const volatile uint64_t probe = kProbe;
+  const char* env = std::getenv("LOOM_SHM_SINGLE_COPY");  // "0" turns it off (benchmarks)
+  bool allowed = !(env && std::string(env) == "0");
+  store.set(cat(name, "/cma/", rank), cat(::getpid(), " ", reinterpret_cast<uintptr_t>(&probe)), d);
+  bool ok = true;
+  pids.assign(size, 0);
+  for (int p = 0; p < size; ++p) {
+    std::istringstream in(store.get(cat(name, "/cma/", p), d));
+    uint64_t addr = 0, got = 0;
+    in >> pids[p] >> addr;
+    if (p != rank) ok = ok && read_process(pids[p], addr, &got, sizeof got) && got == kProbe;
+  }
+  ok = ok && allowed;
+  store.set(cat(name, "/cma_ok/", rank), ok ? "1" : "0", d);
+  for (int p = 0; p < size; ++p) ok = store.get(cat(name, "/cma_ok/", p), d) == "1" && ok;
+  return ok;
+}
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -49,7 +93,8 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   w->map_bytes_ = kHeader + control_bytes + 2 * w->slot_bytes_ * size;
   // Spinning only pays when every rank has a core; oversubscribed, the rank being waited
   // for may need this very core, so yield almost at once.
-  w->spin_limit_ = size <= static_cast<int>(std::thread::hardware_concurrency()) ? 2000 : 8;
+  w->oversubscribed_ = size > static_cast<int>(std::thread::hardware_concurrency());
+  w->spin_limit_ = w->oversubscribed_ ? 8 : 2000;
   std::string key = name + "/shm";
   std::string path;
   int fd = -1;
@@ -81,6 +126,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   if (rank == 0) {
     std::memcpy(w->base_, &kSegmentMagic, sizeof kSegmentMagic);  // fresh pages are zero
   }
+  w->single_copy_ = agree_single_copy(store, name, rank, size, d, w->pids_);
   // Everyone mapped: the name is no longer needed.
   store.add(name + "/shm_mapped", 1, d);
   if (rank == 0) {
@@ -105,10 +151,11 @@ char* ShmWindow::slot(int rank, uint64_t round) const {
   return slots_ + (static_cast<size_t>(rank) * 2 + (round & 1)) * slot_bytes_;
 }
 
-void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp) {
+void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const void* addr) {
   Control& me = control_[rank_];
   if (fp) {
     auto& s = me.fp[round & 1];
+    s.addr = reinterpret_cast<uintptr_t>(addr);
     s.kind = static_cast<uint8_t>(fp->kind);
     s.dtype = static_cast<uint8_t>(fp->dtype);
     s.op = static_cast<uint8_t>(fp->op);
@@ -161,6 +208,16 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
                               cur.describe(), " but rank ", ranks_[peer], " called ", theirs.describe()),
                           ranks_[peer]);
   }
+}
+
+void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const {
+  LOOM_CHECK(single_copy_);
+  if (n == 0) return;
+  uint64_t addr = control_[peer].fp[round & 1].addr;
+  if (!read_process(pids_[peer], addr + offset, dst, n))
+    throw PeerLostError(cat("rank ", ranks_[peer], " (pid ", pids_[peer], "): reading its memory failed (",
+                            std::strerror(errno), "): the process is gone"),
+                        ranks_[peer]);
 }
 
 void ShmWindow::wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,

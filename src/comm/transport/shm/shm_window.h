@@ -41,8 +41,17 @@ class ShmWindow {
   char* slot(int rank, uint64_t round) const;
 
   enum Counter { kPosted = 0, kReduced = 1, kDone = 2 };
-  // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
-  void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
+  // Publishes this rank's counter (release). kPosted also records `fp` for the slot and,
+  // for single-copy rounds, `addr`: where in this process peers may read the round's data.
+  void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr, const void* addr = nullptr);
+
+  // Single copy: whether every rank may read every other rank's memory directly
+  // (process_vm_readv; checked once at create, the same answer on every rank).
+  bool single_copy() const { return single_copy_; }
+  bool oversubscribed() const { return oversubscribed_; }  // more ranks than cores
+  // Copies `n` bytes from `peer`'s published address for `round`, plus `offset`, to `dst`.
+  // REQUIRES: single_copy(), and peer's kPosted for `round` was waited for.
+  void read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const;
   // Waits until `peer`'s counter reaches `round` (acquire). For kPosted, checks the
   // peer's fingerprint against `cur` (MismatchError naming both calls).
   void wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
@@ -65,6 +74,9 @@ class ShmWindow {
   uint64_t round_ = 0;
   uint64_t spin_limit_ = 2000;  // pause-loop iterations before yielding
   std::vector<int> ranks_;      // transport rank of each window rank
+  std::vector<int> pids_;       // process of each window rank
+  bool single_copy_ = false;
+  bool oversubscribed_ = false;
 };
 
 }  // namespace loom::comm
