@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -276,6 +277,23 @@ TEST_F(Cli, EvalOfBareHuggingFaceStyleFileMatchesCheckpoint) {
   Result s = loom(cat("sample --checkpoint ", p("hf.safetensors"), " --model.n_head=2 --tokens 10 --prompt ab"));
   EXPECT_EQ(s.code, 0) << s.err;
   EXPECT_TRUE(s.out.starts_with("ab")) << s.out;
+}
+
+// One rank fails while the others ignore SIGTERM: the launcher must kill them, exit with
+// the failing rank's code within 2 s of the failure, and name the rank in one line.
+TEST_F(Cli, LaunchTearsDownWithinTwoSecondsAndNamesTheRank) {
+  write(p("rank.sh"), "trap '' TERM\nif [ \"$RANK\" = 1 ]; then sleep 0.5; date +%s%N > " + p("failed_at") +
+                          "; exit 7; fi\nwhile :; do sleep 0.05; done\n");
+  Result r = loom(cat("launch -n 3 -- sh ", p("rank.sh")));
+  auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_EQ(r.code, 7) << r.err;
+  EXPECT_NE(r.err.find("rank 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exit code 7"), std::string::npos) << r.err;
+  std::ifstream f(p("failed_at"));
+  long long failed_ns = 0;
+  ASSERT_TRUE(f >> failed_ns);
+  EXPECT_LT(now_ns - failed_ns, 2'000'000'000LL) << "the launcher took over 2 s to tear down";
 }
 
 }  // namespace

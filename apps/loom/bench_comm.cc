@@ -149,7 +149,8 @@ int run_bench_comm(const BenchCommArgs& a) {
   LaunchEnv env = launch_env_from_environment();
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<Store> store;
-  auto comm = join_world(env, CommConfig{.transport = a.transport, .shm_slot_bytes = a.shm_slot_bytes}, server, store);
+  auto comm = join_world(env, CommConfig{.transport = a.transport, .check_fingerprints = a.fingerprints,
+                                                .shm_slot_bytes = a.shm_slot_bytes}, server, store);
   Communicator& c = *comm;
   const int n = c.size();
   const size_t es = dtype_size(dt);

@@ -58,6 +58,7 @@ struct BenchCommArgs {
   std::string algorithm = "auto";
   size_t shm_slot_bytes = 1 << 20;  // CommConfig::shm_slot_bytes
   bool check = true;
+  bool fingerprints = true;  // CommConfig::check_fingerprints
 };
 int run_bench_comm(const BenchCommArgs& a);
 

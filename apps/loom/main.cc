@@ -94,6 +94,8 @@ int run(int argc, char** argv) {
   bc->add_option("--shm-slot", bench_comm.shm_slot_bytes, "Shared-memory staging bytes per rank per slot")
       ->capture_default_str();
   bc->add_flag("!--no-check", bench_comm.check, "Skip the correctness check of each size");
+  bc->add_flag("!--no-fingerprints", bench_comm.fingerprints,
+               "Turn off the mismatched-collective check (to measure what it costs)");
 
   loom::app::LaunchArgs launch;
   auto* l = app.add_subcommand("launch", "Run N local ranks of a command (torchrun-style environment)");

@@ -108,6 +108,7 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
   }
   std::string host = e.master_addr;
   int port = e.master_port;
+  std::string handoff;  // the 0600 files of a single-host mpirun job, removed once all joined
   if (port == 0) {
     // mpirun on one host with no MASTER_PORT: rank 0 serves on a free loopback port and
     // hands the port (and a fresh secret, if none was given) over in 0600 files.
@@ -132,6 +133,7 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
     if (config.secret.empty()) config.secret = read_secret_file(base + ".secret");
     host = "127.0.0.1";
     port = std::stoi(read_file(base + ".port"));
+    handoff = base;
   } else if (e.rank == 0 && !e.store_hosted) {
     server = std::make_unique<TcpStoreServer>(
         TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id});
@@ -142,7 +144,13 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
     config.bind_address = net::local_address_towards(host);
   store = std::make_unique<TcpStore>(
       TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id, .rank = e.rank}, d);
-  return Communicator::create(*store, e.rank, e.size, config);
+  auto comm = Communicator::create(*store, e.rank, e.size, config);
+  // Every rank has read the files to get here (each connected to rank 0).
+  if (!handoff.empty() && e.rank == 0) {
+    std::remove((handoff + ".port").c_str());
+    std::remove((handoff + ".secret").c_str());
+  }
+  return comm;
 }
 
 }  // namespace loom::comm

@@ -49,6 +49,8 @@ class ShmWindow {
   // (process_vm_readv; checked once at create, the same answer on every rank).
   bool single_copy() const { return single_copy_; }
   bool oversubscribed() const { return oversubscribed_; }  // more ranks than cores
+  // Off: waits skip the fingerprint compare (CommConfig::check_fingerprints).
+  void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
   // Copies `n` bytes from `peer`'s published address for `round`, plus `offset`, to `dst`.
   // REQUIRES: single_copy(), and peer's kPosted for `round` was waited for.
   void read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const;
@@ -77,6 +79,7 @@ class ShmWindow {
   std::vector<int> pids_;       // process of each window rank
   bool single_copy_ = false;
   bool oversubscribed_ = false;
+  bool check_fingerprints_ = true;
 };
 
 }  // namespace loom::comm

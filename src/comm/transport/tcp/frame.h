@@ -35,8 +35,9 @@ FrameType check_header(const FrameHeader& h, const std::string& who, int peer);
 // Checks a header from `who` (rank `peer`) that arrived while this rank (`rank`) waits
 // for a frame of `want` carrying `want_bytes`. Returns the frame's type; a data frame
 // returned here matches `want` and `want_bytes` exactly, an abort frame's text fits the
-// cap. Throws CommError for a malformed header, MismatchError for another op's frame.
+// cap. Throws CommError for a malformed header, MismatchError for another op's frame
+// (only the size is compared when `fingerprints` is false).
 FrameType check_frame(const FrameHeader& h, const Fingerprint& want, uint64_t want_bytes,
-                      const std::string& who, int rank, int peer);
+                      const std::string& who, int rank, int peer, bool fingerprints = true);
 
 }  // namespace loom::comm

@@ -52,6 +52,7 @@ struct Peer {
 
 struct TcpMesh::Impl {
   int rank = 0, size = 0;
+  bool fingerprints = true;  // CommConfig::check_fingerprints
   Store* store = nullptr;
   std::string name;
   Deadline last_beat{};
@@ -113,7 +114,7 @@ struct TcpMesh::Impl {
         moved |= peer.hdr_got != before;
         if (!whole) return moved;
         peer.data_waiting = false;
-        if (check_frame(peer.hdr, op.fp, op.bytes, peer.who, rank, p) != FrameType::kData) {
+        if (check_frame(peer.hdr, op.fp, op.bytes, peer.who, rank, p, fingerprints) != FrameType::kData) {
           control_frame(p);
           if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
           continue;
@@ -390,6 +391,7 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
                                           std::vector<PeerInfo>& peers_out) {
   auto impl = std::make_unique<Impl>();
   impl->rank = rank;
+  impl->fingerprints = config.check_fingerprints;
   impl->size = size;
   impl->store = &store;
   impl->name = name;
