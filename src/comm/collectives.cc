@@ -42,27 +42,18 @@ Algorithm resolve(const Impl& m, Algorithm a, size_t bytes, std::string_view op,
   return bytes <= kTreeMaxBytes ? Algorithm::kTree : Algorithm::kRing;
 }
 
-// Runs `body(OpContext&)` in issue order with the op's fingerprint.
-template <typename Body>
-Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool async, Body body) {
-  Impl& m = comm.impl();
-  auto t = timeout_of(m, timeout);
-  return m.submit(fp, [&m, fp, t, body]() mutable {
-    OpContext c{*m.transport, fp, t, m.scratch};
-    body(c);
-  }, async);
-}
-
-// Send/recv: `body` only posts; the executor waits, batching send/recv ops issued back to
+// Runs `body(OpContext&)` in issue order with the op's fingerprint. For send/recv
+// (`p2p`), `body` only posts; the executor waits, batching send/recv ops issued back to
 // back so that both halves of an exchange are in flight together.
 template <typename Body>
-Work post(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool async, Body body) {
+Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool async, Body body,
+         bool p2p = false) {
   Impl& m = comm.impl();
   auto t = timeout_of(m, timeout);
   return m.submit(fp, [&m, fp, t, body]() mutable {
     OpContext c{*m.transport, fp, t, m.scratch};
     body(c);
-  }, async, true, t);
+  }, async, p2p, t);
 }
 
 Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
@@ -221,7 +212,7 @@ Work do_send(Communicator& comm, const SendOptions& o, bool async) {
   const char* buf = static_cast<const char*>(o.buffer);
   size_t bytes = o.count * dtype_size(o.dtype);
   int peer = o.peer;
-  return post(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.send(peer, buf, bytes); });
+  return run(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.send(peer, buf, bytes); }, true);
 }
 
 Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
@@ -234,7 +225,7 @@ Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
   char* buf = static_cast<char*>(o.buffer);
   size_t bytes = o.count * dtype_size(o.dtype);
   int peer = o.peer;
-  return post(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.recv(peer, buf, bytes); });
+  return run(comm, fp, o.timeout, async, [buf, bytes, peer](OpContext& c) { c.recv(peer, buf, bytes); }, true);
 }
 
 }  // namespace

@@ -17,11 +17,27 @@ constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, Red
 inline std::vector<size_t> counts_for(int n) { return {0, 1, 7, static_cast<size_t>(3 * n + 1), 1000}; }
 
 // Fills rank r's element i of a buffer of `count` (offset by `base` in value()).
+// value() and expected() repeat every kPeriod elements (lcm of the 7, 11 and 3 in them),
+// so big buffers are one period computed, then copied.
+constexpr size_t kPeriod = 231;
+
 inline std::vector<char> make(DType dt, ReduceOp op, int r, size_t count, size_t base = 0) {
-  std::vector<char> b(count * dtype_size(dt) + 1);
-  for (size_t i = 0; i < count; ++i) store(dt, b.data(), i, value(op, r, base + i));
+  const size_t es = dtype_size(dt);
+  std::vector<char> b(count * es + 1);
+  for (size_t i = 0; i < std::min(count, kPeriod); ++i) store(dt, b.data(), i, value(op, r, base + i));
+  for (size_t i = kPeriod; i < count; i += kPeriod)
+    std::memcpy(b.data() + i * es, b.data(), std::min(kPeriod, count - i) * es);
   return b;
 }
+
+// expected() for every element index, from one period.
+struct Expected {
+  Expected(ReduceOp op, DType dt, int n) {
+    for (size_t i = 0; i < kPeriod; ++i) table[i] = expected(op, dt, n, i);
+  }
+  double operator()(size_t i) const { return table[i % kPeriod]; }
+  double table[kPeriod];
+};
 
 #define EXPECT_ELEM(dt, buf, i, want, what)                                                  \
   do {                                                                                       \
@@ -39,8 +55,9 @@ inline void check_all_reduce(Communicator& c, Algorithm a, DType dt, ReduceOp op
   if (in_place) out = in;
   all_reduce(c, {.input = in_place ? nullptr : in.data(), .output = out.data(), .count = count,
                  .dtype = dt, .op = op, .algorithm = a});
+  const Expected want(op, dt, c.size());
   for (size_t i = 0; i < count; ++i)
-    EXPECT_ELEM(dt, out.data(), i, expected(op, dt, c.size(), i), "all_reduce " << reduce_op_name(op));
+    EXPECT_ELEM(dt, out.data(), i, want(i), "all_reduce " << reduce_op_name(op));
 }
 
 inline void check_reduce_scatter(Communicator& c, Algorithm a, DType dt, ReduceOp op, size_t count) {
@@ -49,8 +66,9 @@ inline void check_reduce_scatter(Communicator& c, Algorithm a, DType dt, ReduceO
   std::vector<char> out(count * dtype_size(dt) + 1);
   reduce_scatter(c, {.input = in.data(), .output = out.data(), .count = count, .dtype = dt, .op = op,
                      .algorithm = a == Algorithm::kTree ? Algorithm::kRing : a});
+  const Expected want(op, dt, n);
   for (size_t i = 0; i < count; ++i)
-    EXPECT_ELEM(dt, out.data(), i, expected(op, dt, n, c.rank() * count + i), "reduce_scatter");
+    EXPECT_ELEM(dt, out.data(), i, want(c.rank() * count + i), "reduce_scatter");
 }
 
 inline void check_reduce(Communicator& c, Algorithm a, DType dt, ReduceOp op, size_t count, int root) {
@@ -59,7 +77,8 @@ inline void check_reduce(Communicator& c, Algorithm a, DType dt, ReduceOp op, si
   reduce(c, {.input = in.data(), .output = out.data(), .count = count, .dtype = dt, .op = op,
              .root = root, .algorithm = a == Algorithm::kRing ? Algorithm::kTree : a});
   if (c.rank() != root) return;
-  for (size_t i = 0; i < count; ++i) EXPECT_ELEM(dt, out.data(), i, expected(op, dt, c.size(), i), "reduce");
+  const Expected want(op, dt, c.size());
+  for (size_t i = 0; i < count; ++i) EXPECT_ELEM(dt, out.data(), i, want(i), "reduce");
 }
 
 inline void check_moves(Communicator& c, Algorithm a, DType dt, size_t count) {
@@ -145,32 +164,59 @@ inline void sweep(Communicator& c, Algorithm a) {
       check_moves(c, a, dt, count);
     }
   }
-  check_all_reduce(c, a, DType::kF32, ReduceOp::kSum, 1000003, false);
-  check_all_reduce(c, a, DType::kBF16, ReduceOp::kAvg, 1000003, true);
-  check_reduce_scatter(c, a, DType::kF32, ReduceOp::kSum, 1000003 / n);
-  check_moves(c, a, DType::kF32, 1000003 / n);
+  // The prime count, far above the slot and chunk sizes, so rounds and chunks are uneven.
+  constexpr size_t kPrime = 1000003;
+  for (DType dt : kDTypes) {
+    for (ReduceOp op : kOps) {
+      check_all_reduce(c, a, dt, op, kPrime, false);
+      check_reduce_scatter(c, a, dt, op, kPrime / n);
+    }
+    check_all_reduce(c, a, dt, ReduceOp::kAvg, kPrime, true);
+    check_reduce(c, a, dt, ReduceOp::kSum, kPrime, n - 1);
+    check_moves(c, a, dt, kPrime / n);
+  }
 }
 
-// The large case: 16M f32 through all_reduce, reduce_scatter, all_gather and broadcast.
+// The large case: 16M f32 through every collective.
 inline void large_16m(Communicator& c, Algorithm a) {
   constexpr size_t kCount = 16u << 20;
   const size_t n = c.size(), r = c.rank();
   const float total = n * (n + 1) / 2.0f;  // sum over ranks of (rank + 1)
+  const Algorithm moves = a == Algorithm::kShmDirect ? a : Algorithm::kAuto;  // no tree all_gather
   std::vector<float> x(kCount);
   for (size_t i = 0; i < kCount; ++i) x[i] = static_cast<float>((r + 1) * (i % 5));
+  std::vector<float> y(kCount);
+  reduce(c, {.input = x.data(), .output = y.data(), .count = kCount, .root = static_cast<int>(n - 1), .algorithm = a});
+  if (r == n - 1) {
+    for (size_t i = 0; i < kCount; i += 4099) ASSERT_EQ(y[i], total * (i % 5)) << "reduce";
+  }
   all_reduce(c, {.output = x.data(), .count = kCount, .algorithm = a});
   for (size_t i = 0; i < kCount; i += 4099) ASSERT_EQ(x[i], total * (i % 5)) << "all_reduce";
   const size_t part = kCount / n;
   std::vector<float> mine(part);
-  reduce_scatter(c, {.input = x.data(), .output = mine.data(), .count = part,
-                     .algorithm = a == Algorithm::kShmDirect ? a : Algorithm::kAuto});
+  reduce_scatter(c, {.input = x.data(), .output = mine.data(), .count = part, .algorithm = moves});
   for (size_t i = 0; i < part; i += 4099) ASSERT_EQ(mine[i], n * total * ((r * part + i) % 5)) << "reduce_scatter";
-  all_gather(c, {.input = mine.data(), .output = x.data(), .count = part,
-                 .algorithm = a == Algorithm::kShmDirect ? a : Algorithm::kAuto});
+  all_gather(c, {.input = mine.data(), .output = x.data(), .count = part, .algorithm = moves});
   for (size_t i = 0; i < part * n; i += 4099) ASSERT_EQ(x[i], n * total * (i % 5)) << "all_gather";
   if (r != 0) std::fill(x.begin(), x.end(), 0.0f);
   broadcast(c, {.buffer = x.data(), .count = part * n, .root = 0, .algorithm = a});
   for (size_t i = 0; i < part * n; i += 4099) ASSERT_EQ(x[i], n * total * (i % 5)) << "broadcast";
+  // Rank r's element i is (7r + i) mod 1021: all_to_all, gather and scatter each move
+  // blocks of it somewhere checkable.
+  for (size_t i = 0; i < part * n; ++i) x[i] = static_cast<float>((r * 7 + i) % 1021);
+  all_to_all(c, {.input = x.data(), .output = y.data(), .count = part});
+  for (size_t p = 0; p < n; ++p)
+    for (size_t i = 0; i < part; i += 4099)
+      ASSERT_EQ(y[p * part + i], static_cast<float>((p * 7 + r * part + i) % 1021)) << "all_to_all";
+  gather(c, {.input = x.data(), .output = y.data(), .count = part, .root = 0});
+  if (r == 0) {
+    for (size_t p = 0; p < n; ++p)
+      for (size_t i = 0; i < part; i += 4099)
+        ASSERT_EQ(y[p * part + i], static_cast<float>((p * 7 + i) % 1021)) << "gather";
+  }
+  scatter(c, {.input = x.data(), .output = mine.data(), .count = part, .root = static_cast<int>(n - 1)});
+  for (size_t i = 0; i < part; i += 4099)
+    ASSERT_EQ(mine[i], static_cast<float>(((n - 1) * 7 + r * part + i) % 1021)) << "scatter";
 }
 
 }  // namespace loom::comm::testing

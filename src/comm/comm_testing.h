@@ -72,9 +72,9 @@ inline double expected(ReduceOp op, DType dt, int n, size_t i) {
   }
   if (op == ReduceOp::kAvg) acc = is_float(dt) ? acc / n : std::trunc(acc / n);
   // Round through the dtype (avg of floats may need it, e.g. 31.5 in bf16 is exact).
-  std::vector<char> tmp(8);
-  store(dt, tmp.data(), 0, acc);
-  return load(dt, tmp.data(), 0);
+  alignas(8) char tmp[8];
+  store(dt, tmp, 0, acc);
+  return load(dt, tmp, 0);
 }
 
 }  // namespace loom::comm::testing
