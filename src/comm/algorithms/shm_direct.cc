@@ -38,10 +38,12 @@ uint64_t begin_round(OpContext& c, ShmWindow& w) {
 template <typename Body>
 void single_copy_round(OpContext& c, ShmWindow& w, const void* mine, Body body) {
   uint64_t round = begin_round(c, w);
+  tsan_release(mine);
   w.publish(ShmWindow::kPosted, round, &c.fp, mine);
   body(round);
   w.publish(ShmWindow::kDone, round);
   w.wait_all(ShmWindow::kDone, round, c.t, c.fp, c.timeout);
+  tsan_acquire(mine);
 }
 
 template <typename Body>
@@ -133,7 +135,7 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   const size_t total = block_bytes * n;
   if (w.single_copy() && !w.oversubscribed() && total >= kSingleCopyMinBytes && total <= kSingleCopyMaxBytes) {
     return single_copy_round(c, w, in, [&](uint64_t round) {
-      copy_bytes(out + me * block_bytes, in, block_bytes);
+      if (out + me * block_bytes != in) copy_bytes(out + me * block_bytes, in, block_bytes);
       for (int i = 1; i < n; ++i) {  // staggered, so ranks do not all read one peer at once
         int p = (me + i) % n;
         w.wait(p, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);

@@ -37,7 +37,10 @@ constexpr uint64_t kProbe = 0x45424f5250414d43ull;  // peers read this to test s
 // Reads n bytes at `remote` in process `pid` (whole, or false on any failure).
 bool read_process(int pid, uint64_t remote, void* dst, size_t n) {
   if (pid == ::getpid()) {  // ranks as threads of one process
-    std::memcpy(dst, reinterpret_cast<const void*>(remote), n);
+    const void* src = reinterpret_cast<const void*>(remote);
+    tsan_acquire(src);
+    std::memcpy(dst, src, n);
+    tsan_release(src);
     return true;
   }
   size_t done = 0;

@@ -21,7 +21,39 @@
 #include "comm/op.h"
 #include "loom/rendezvous.h"
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LOOM_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define LOOM_TSAN 1
+#endif
+#ifdef LOOM_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#endif
+
 namespace loom::comm {
+
+// Ranks as threads of one process map the segment once each, at different addresses, so
+// ThreadSanitizer cannot see that a counter published through one mapping orders memory
+// read through another. Single-copy rounds tell it, keyed by the published buffer's own
+// address (the same in every thread): no-ops outside TSan builds.
+inline void tsan_release(const void* p) {
+#ifdef LOOM_TSAN
+  __tsan_release(const_cast<void*>(p));
+#else
+  (void)p;
+#endif
+}
+inline void tsan_acquire(const void* p) {
+#ifdef LOOM_TSAN
+  __tsan_acquire(const_cast<void*>(p));
+#else
+  (void)p;
+#endif
+}
 
 class Transport;
 
