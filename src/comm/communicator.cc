@@ -191,51 +191,52 @@ Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn,
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return queue.empty() && !busy; });
   }
-  execute({op});
+  execute(op);
   if (op->error) std::rethrow_exception(op->error);
   return Work();
 }
 
-size_t Communicator::Impl::execute(std::vector<std::shared_ptr<OpState>> ops) {
+size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
+  std::vector<std::shared_ptr<OpState>> joined;  // send/recv ops batched behind `first`
   std::exception_ptr error = failed;
   if (!error) {
     try {
-      ops[0]->run();
-      if (ops[0]->p2p) {
+      first->run();
+      if (first->p2p) {
         // Queued send/recv ops right behind this one join the batch as they come.
         transport->on_stall = [&] {
           std::vector<std::shared_ptr<OpState>> more;
           {
             std::lock_guard lock(mu);
-            bool queued = !queue.empty() && queue.front() == ops[0];  // not a blocking op
-            for (size_t i = ops.size(); queued && i < queue.size() && queue[i]->p2p; ++i)
+            bool queued = !queue.empty() && queue.front() == first;  // not a blocking op
+            for (size_t i = 1 + joined.size(); queued && i < queue.size() && queue[i]->p2p; ++i)
               more.push_back(queue[i]);
           }
           for (auto& op : more) {
             op->run();
-            ops.push_back(op);
+            joined.push_back(op);
           }
         };
-        transport->wait_all(ops[0]->timeout, ops[0]->fp);
-        transport->on_stall = nullptr;
+        transport->wait_all(first->timeout, first->fp);
       }
     } catch (const CommError& e) {
-      transport->on_stall = nullptr;
       transport->abort(e);
       error = std::current_exception();
     } catch (...) {
-      transport->on_stall = nullptr;
       error = std::current_exception();
     }
+    transport->on_stall = nullptr;
     if (error) failed = error;
   }
-  for (auto& op : ops) {
-    std::lock_guard lock(op->mu);
-    op->error = error;
-    op->done = true;
-    op->cv.notify_all();
-  }
-  return ops.size();
+  auto complete = [&](OpState& op) {
+    std::lock_guard lock(op.mu);
+    op.error = error;
+    op.done = true;
+    op.cv.notify_all();
+  };
+  complete(*first);
+  for (auto& op : joined) complete(*op);
+  return 1 + joined.size();
 }
 
 void Communicator::Impl::progress_loop() {
@@ -246,7 +247,7 @@ void Communicator::Impl::progress_loop() {
     auto op = queue.front();
     busy = true;
     lock.unlock();
-    size_t ran = execute({op});
+    size_t ran = execute(op);
     lock.lock();
     queue.erase(queue.begin(), queue.begin() + static_cast<long>(ran));
     busy = false;

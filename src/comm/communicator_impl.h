@@ -64,10 +64,10 @@ struct Communicator::Impl {
   // messages; the executor waits for them, `timeout` being the op's.
   Work submit(const Fingerprint& fp, std::function<void()> fn, bool async, bool p2p = false,
               milliseconds timeout = {});
-  // Runs ops[0] (and, for send/recv, the send/recv ops right behind it in the queue,
+  // Runs `first` (and, for send/recv, the send/recv ops right behind it in the queue,
   // taking more as they are issued while it waits), then completes each. Returns how
   // many ops it completed (the first that many of the queue, when run from it).
-  size_t execute(std::vector<std::shared_ptr<OpState>> ops);
+  size_t execute(const std::shared_ptr<OpState>& first);
   void progress_loop();
 };
 

@@ -158,7 +158,7 @@ class MpiTransport : public Transport, public NativeCollectives {
   // ---- native collectives ----
   void broadcast(const Fingerprint& fp, milliseconds timeout, char* buf, size_t bytes, int root) override {
     agree(fp, timeout);
-    for_chunks(bytes, 1, [&](size_t off, int n) {
+    for_chunks(bytes, [&](size_t off, int n) {
       post(MPI_Ibcast(buf + off, n, MPI_BYTE, root, comm_, next(-1, nullptr)));
       wait_all(timeout, fp);
     });
@@ -219,15 +219,16 @@ class MpiTransport : public Transport, public NativeCollectives {
     return static_cast<int>(bytes);
   }
 
+  // Calls body(offset, count) for pieces of at most 1 GiB (MPI counts are ints).
   template <typename Body>
-  static void for_chunks(size_t bytes, size_t, Body body) {
+  static void for_chunks(size_t bytes, Body body) {
     constexpr size_t kMax = size_t{1} << 30;
     if (bytes == 0) return body(size_t{0}, 0);
     for (size_t off = 0; off < bytes; off += kMax) body(off, static_cast<int>(std::min(kMax, bytes - off)));
   }
 
   void post_chunks(int peer, void* data, size_t bytes, bool send) {
-    for_chunks(bytes, 1, [&](size_t off, int n) {
+    for_chunks(bytes, [&](size_t off, int n) {
       char* p = static_cast<char*>(data) + off;
       if (send)
         post(MPI_Isend(p, n, MPI_BYTE, peer, kDataTag, comm_, next(peer, nullptr)));
@@ -260,12 +261,12 @@ class MpiTransport : public Transport, public NativeCollectives {
     auto last_progress = Clock::now();
     size_t left = requests_.size();
     std::vector<int> done(requests_.size());
-    std::vector<MPI_Status> st(requests_.size());
     while (left > 0) {
       int n = 0;
-      int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &n, done.data(), st.data());
+      int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &n, done.data(),
+                            MPI_STATUSES_IGNORE);
       if (rc != MPI_SUCCESS) {
-        check_headers(cur);  // a truncated payload is most likely a mismatched call
+        check_headers();  // a truncated payload is most likely a mismatched call
         check_mpi(rc, cat("MPI_Testsome in ", cur.describe()).c_str());
       }
       if (n == MPI_UNDEFINED) break;
@@ -280,7 +281,6 @@ class MpiTransport : public Transport, public NativeCollectives {
       if (on_stall) {
         on_stall();  // may post more requests
         done.resize(requests_.size());
-        st.resize(requests_.size());
         left = 0;
         for (auto r : requests_) left += r != MPI_REQUEST_NULL;
       }
@@ -304,7 +304,7 @@ class MpiTransport : public Transport, public NativeCollectives {
                               " but rank ", h.peer, " called ", h.got.describe()),
                           h.peer);
   }
-  void check_headers(const Fingerprint&) {
+  void check_headers() const {
     for (size_t i = 0; i < pending_.size(); ++i)
       if (pending_[i].header && requests_[i] == MPI_REQUEST_NULL) check_header(*pending_[i].header);
   }
