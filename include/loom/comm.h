@@ -143,6 +143,8 @@ class Work {
   // has not completed by `deadline` (the op itself goes on and fails at its own timeout).
   void wait(Deadline deadline = Deadline::max());
   bool done() const;
+  // When the progress thread started and completed the op. REQUIRES: a waited-for op.
+  std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> span() const;
 
  private:
   std::shared_ptr<OpState> state_;

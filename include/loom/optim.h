@@ -38,7 +38,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update of every parameter from the gradients, at learning rate lr.
   virtual void step(double lr) = 0;
-  // Named state buffers (each the flat layout of the parameters), for checkpoints.
+  // Named state buffers (each UpdateSpec::state_numel elements: for make_optimizer(config,
+  // params), the flat layout of the parameters), for checkpoints.
   virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
@@ -47,8 +48,26 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
+// What an optimizer updates: pieces of parameters (all of them, or a ZeRO shard). Segment
+// s updates values[value_offset, +numel) from grads[grad_offset, +numel), with its state at
+// [state_offset, +numel) of buffers of state_numel elements. Offsets are in elements.
+struct Segment {
+  ParamKind kind;
+  int64_t numel;
+  int64_t value_offset, grad_offset, state_offset;
+};
+struct UpdateSpec {
+  Tensor values, grads;  // flat, the parameters' dtype
+  std::vector<Segment> segments;
+  int64_t state_numel = 0;
+};
+// Every parameter of `params` whole: state in the flat layout of the parameters.
+UpdateSpec whole(const ParamSet& params);
+
 // REQUIRES: params allocated. Throws InputError for an unknown kind.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSet& params);
+// Updates only `spec`'s segments; state() buffers have spec.state_numel elements.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, UpdateSpec spec);
 
 struct ScheduleConfig {
   double lr = 3e-4;

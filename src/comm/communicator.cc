@@ -199,6 +199,7 @@ Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn,
 size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
   std::vector<std::shared_ptr<OpState>> joined;  // send/recv ops batched behind `first`
   std::exception_ptr error = failed;
+  first->started = std::chrono::steady_clock::now();
   if (!error) {
     try {
       first->run();
@@ -213,6 +214,7 @@ size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
               more.push_back(queue[i]);
           }
           for (auto& op : more) {
+            op->started = std::chrono::steady_clock::now();
             op->run();
             joined.push_back(op);
           }
@@ -228,8 +230,10 @@ size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
     transport->on_stall = nullptr;
     if (error) failed = error;
   }
+  const auto now = std::chrono::steady_clock::now();
   auto complete = [&](OpState& op) {
     std::lock_guard lock(op.mu);
+    op.finished = now;
     op.error = error;
     op.done = true;
     op.cv.notify_all();
@@ -271,6 +275,13 @@ void Work::wait(Deadline deadline) {
   else if (!state_->cv.wait_until(lock, deadline, finished))
     throw TimeoutError(cat(state_->fp.describe(), " did not complete by the caller's deadline"), -1);
   if (state_->error) std::rethrow_exception(state_->error);
+}
+
+std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> Work::span() const {
+  LOOM_CHECK(state_ != nullptr);
+  std::lock_guard lock(state_->mu);
+  LOOM_CHECK(state_->done);
+  return {state_->started, state_->finished};
 }
 
 bool Work::done() const {

@@ -27,6 +27,8 @@ struct OpState {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  // When the executor started and completed it (for comm_ms and traces).
+  std::chrono::steady_clock::time_point started, finished;
 };
 
 struct Communicator::Impl {

@@ -108,6 +108,14 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
   if (on_grads_ready) on_grads_ready(-1);
 }
 
+int64_t Gpt::block_offset(int block) const {
+  const std::string prefix = "transformer.h." + std::to_string(block) + ".";
+  for (const ParamInfo& p : params_.infos())
+    if (p.name.starts_with(prefix)) return p.offset;
+  LOOM_CHECK(false);
+  return 0;
+}
+
 double Gpt::forward_flops_per_token(int64_t t) const {
   double matmul_params = 0;
   for (const ParamInfo& p : params_.infos())

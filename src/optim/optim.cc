@@ -27,23 +27,23 @@ namespace {
 
 class AdamW : public Optimizer {
  public:
-  AdamW(const OptimizerConfig& c, const ParamSet& ps)
+  AdamW(const OptimizerConfig& c, UpdateSpec spec)
       : c_(c),
-        ps_(ps),
-        m_(Tensor::zeros({ps.numel()}, ps.dtype())),
-        v_(Tensor::zeros({ps.numel()}, ps.dtype())) {}
+        spec_(std::move(spec)),
+        m_(Tensor::zeros({spec_.state_numel}, spec_.values.dtype())),
+        v_(Tensor::zeros({spec_.state_numel}, spec_.values.dtype())) {}
 
   void step(double lr) override {
     ++steps_;
-    for (const ParamInfo& p : ps_.infos()) {
+    for (const Segment& g : spec_.segments) {
       kernels::AdamWStep s{.lr = lr, .beta1 = c_.beta1, .beta2 = c_.beta2, .eps = c_.eps,
-                           .weight_decay = c_.decay.decays(p.kind) ? c_.weight_decay : 0.0,
+                           .weight_decay = c_.decay.decays(g.kind) ? c_.weight_decay : 0.0,
                            .step = steps_};
-      LOOM_DISPATCH_FLOAT(ps_.dtype(), T,
-                          kernels::adamw_update(ps_.values().data<T>() + p.offset,
-                                                ps_.grads().data<T>() + p.offset,
-                                                m_.data<T>() + p.offset, v_.data<T>() + p.offset,
-                                                p.numel, s));
+      LOOM_DISPATCH_FLOAT(spec_.values.dtype(), T,
+                          kernels::adamw_update(spec_.values.data<T>() + g.value_offset,
+                                                spec_.grads.data<T>() + g.grad_offset,
+                                                m_.data<T>() + g.state_offset, v_.data<T>() + g.state_offset,
+                                                g.numel, s));
     }
   }
 
@@ -53,22 +53,22 @@ class AdamW : public Optimizer {
 
  private:
   OptimizerConfig c_;
-  const ParamSet& ps_;
+  UpdateSpec spec_;
   Tensor m_, v_;
 };
 
 class Sgd : public Optimizer {
  public:
-  Sgd(const OptimizerConfig& c, const ParamSet& ps)
-      : c_(c), ps_(ps), buf_(Tensor::zeros({ps.numel()}, ps.dtype())) {}
+  Sgd(const OptimizerConfig& c, UpdateSpec spec)
+      : c_(c), spec_(std::move(spec)), buf_(Tensor::zeros({spec_.state_numel}, spec_.values.dtype())) {}
 
   void step(double lr) override {
-    for (const ParamInfo& p : ps_.infos()) {
-      double wd = c_.decay.decays(p.kind) ? c_.weight_decay : 0.0;
-      LOOM_DISPATCH_FLOAT(ps_.dtype(), T,
-                          kernels::sgd_update(ps_.values().data<T>() + p.offset,
-                                              ps_.grads().data<T>() + p.offset,
-                                              buf_.data<T>() + p.offset, p.numel, lr,
+    for (const Segment& g : spec_.segments) {
+      double wd = c_.decay.decays(g.kind) ? c_.weight_decay : 0.0;
+      LOOM_DISPATCH_FLOAT(spec_.values.dtype(), T,
+                          kernels::sgd_update(spec_.values.data<T>() + g.value_offset,
+                                              spec_.grads.data<T>() + g.grad_offset,
+                                              buf_.data<T>() + g.state_offset, g.numel, lr,
                                               c_.momentum, wd, steps_ == 0));
     }
     ++steps_;
@@ -80,15 +80,27 @@ class Sgd : public Optimizer {
 
  private:
   OptimizerConfig c_;
-  const ParamSet& ps_;
+  UpdateSpec spec_;
   Tensor buf_;
 };
 
 }  // namespace
 
+UpdateSpec whole(const ParamSet& params) {
+  UpdateSpec spec{.values = params.values(), .grads = params.grads(), .state_numel = params.numel()};
+  for (const ParamInfo& p : params.infos())
+    spec.segments.push_back({.kind = p.kind, .numel = p.numel, .value_offset = p.offset,
+                             .grad_offset = p.offset, .state_offset = p.offset});
+  return spec;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const ParamSet& params) {
-  if (config.kind == "adamw") return std::make_unique<AdamW>(config, params);
-  if (config.kind == "sgd") return std::make_unique<Sgd>(config, params);
+  return make_optimizer(config, whole(params));
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, UpdateSpec spec) {
+  if (config.kind == "adamw") return std::make_unique<AdamW>(config, std::move(spec));
+  if (config.kind == "sgd") return std::make_unique<Sgd>(config, std::move(spec));
   throw InputError(cat("training.optimizer: expected \"adamw\" or \"sgd\", got \"", config.kind, "\""));
 }
 

@@ -57,6 +57,10 @@ class Gpt {
   // micro-batch (index n_layer-1 down to 0), then with -1 for the rest (wte, wpe, ln_f).
   std::function<void(int block)> on_grads_ready;
 
+  // The flat element offset of block's first parameter (data parallelism's "every gradient
+  // from here on is final" once on_grads_ready(block) fired).
+  int64_t block_offset(int block) const;
+
   const GptConfig& config() const { return config_; }
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }

@@ -1,0 +1,110 @@
+// Data parallelism with ZeRO stages 0-2 (docs/parallelism.md): every rank holds the whole
+// model, trains on its shard of each global batch, and the gradients are summed across
+// ranks as they become final during backward.
+//
+// The flat gradient buffer is cut into units ("buckets", [parallel] bucket_mb): contiguous
+// element ranges, formed from the end of the buffer because backward finishes the last
+// parameters first. A unit's communication starts, asynchronously, the moment the model
+// reports (through its on_grads_ready hook) that every gradient in it is final, and only on
+// the last micro-step of an accumulation. Each unit is split into `size` near-equal parts;
+// rank r owns part r of every unit:
+//   zero 0: all-reduce every unit; every rank updates every parameter.
+//   zero 1: all-reduce; each rank keeps optimizer state for and updates its parts only,
+//           then the parameters are all-gathered.
+//   zero 2: reduce-scatter instead: each rank receives only its parts' summed gradients.
+// Deterministic mode sums gradients exactly (parallel/exact_sum.h), so losses and weights
+// are bitwise equal to one process accumulating the same micro-batches, for any world size.
+//
+// Thread-safety: one thread drives a DataParallel (the one running forward and backward);
+// its communication runs on the communicator's progress thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm.h"
+#include "loom/optim.h"
+#include "loom/params.h"
+
+namespace loom::parallel {
+
+struct DataParallelConfig {
+  int zero = 0;                     // ZeRO stage, 0..2
+  double bucket_mb = 25;            // unit size in MiB of f32 gradients
+  bool deterministic = false;       // exact, order-independent gradient sums
+  DType grad_dtype = DType::kF32;   // gradients on the wire: f32 or bf16 (summed in f32)
+};
+
+// Communication of one optimizer step, on this rank.
+struct CommStats {
+  double comm_ms = 0;     // time the progress thread spent in this step's collectives
+  double exposed_ms = 0;  // time the training thread spent waiting for them
+  int64_t bytes = 0;      // payload bytes of the collectives this rank issued
+};
+
+// Bytes of model state this rank holds (what ZeRO divides).
+struct StateBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+
+// Full-layout optimizer state (each buffer has the parameters' flat layout), for checkpoints.
+struct FullOptimizerState {
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  int64_t steps = 0;
+};
+
+class DataParallel {
+ public:
+  // `final_from(block)`: the flat element offset from which every gradient is final once
+  // the model's on_grads_ready(block) has fired (block -1 means all: offset 0).
+  // REQUIRES: params allocated, f32; comm outlives this object.
+  DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
+               const DataParallelConfig& config, std::function<int64_t(int)> final_from);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  // Broadcasts rank 0's parameters, then checks that every rank holds the same bits
+  // (a fingerprint compare). Collective.
+  void sync_params();
+
+  // One optimizer step: begin_step(); per micro-step begin_micro_step(last), forward,
+  // backward (whose hook calls grads_ready), end_micro_step(); then finish_step().
+  void begin_step();
+  void begin_micro_step(bool last);
+  void grads_ready(int block);
+  void end_micro_step();
+  // Waits for the gradient sums, clips them to max_norm (0: no clipping), updates the
+  // parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the global gradient norm
+  // before clipping.
+  double finish_step(double lr, double max_norm);
+
+  // The mean of every rank's micro-batch losses, summed in global micro-batch order (rank
+  // r's micro-batches follow rank r-1's), so the result does not depend on the world size.
+  double mean_loss(const std::vector<double>& micro_losses);
+
+  CommStats take_stats();
+  StateBytes state_bytes() const;
+  int64_t optimizer_steps() const;
+
+  // Collective: every rank gets the full-layout optimizer state.
+  FullOptimizerState gather_optimizer_state();
+  // Takes this rank's parts of a full-layout state (e.g. read from a checkpoint).
+  void load_optimizer_state(const FullOptimizerState& state);
+  // Empty full-layout buffers of the right names and sizes, to load a checkpoint into.
+  FullOptimizerState empty_optimizer_state() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,174 @@
+#include "parallel/dp_comm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "parallel/exact_sum.h"
+
+namespace loom::parallel {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void to_bf16(const float* in, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(in[i]);
+}
+void from_bf16(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(in[i]);
+}
+
+// FNV-1a over 8-byte words: a fingerprint of a buffer, to compare across ranks.
+uint64_t fingerprint(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A persistent scratch tensor of at least `numel` elements of `dt` (zeroed when made).
+Tensor& scratch(Tensor& t, int64_t numel, DType dt) {
+  if (!t.defined() || t.numel() < numel || t.dtype() != dt) t = Tensor::zeros({numel}, dt);
+  return t;
+}
+
+}  // namespace
+
+void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
+  const int n = comm.size();
+  const int64_t len = u.end - u.begin, c = u.part;
+  const bool scatter = config.zero == 2, even = u.even(n);
+  const bool bf16 = config.grad_dtype == DType::kBF16 && !config.deterministic;
+  const float* g = grads.data<float>() + u.begin;
+  if (!scatter) {
+    comm::AllReduceOptions o{.count = static_cast<size_t>(len)};
+    if (config.deterministic) {
+      o.output = exact.data<int64_t>() + kLimbs * u.begin;
+      o.count *= kLimbs;
+      o.dtype = DType::kI64;
+    } else if (bf16) {
+      Tensor& s = scratch(u.stage, len, DType::kBF16);
+      to_bf16(g, s.data<uint16_t>(), len);
+      o.output = s.raw();
+      o.dtype = DType::kBF16;
+    } else {
+      o.output = grads.data<float>() + u.begin;
+    }
+    stats.bytes += static_cast<int64_t>(o.count * dtype_size(o.dtype));
+    u.work = comm::all_reduce_async(comm, o);
+  } else {
+    comm::ReduceScatterOptions o{.count = static_cast<size_t>(c)};
+    if (config.deterministic) {
+      const int64_t* src = exact.data<int64_t>() + kLimbs * u.begin;
+      if (even) {
+        o.input = src;
+      } else {
+        Tensor& s = scratch(u.stage, kLimbs * c * n, DType::kI64);
+        std::copy_n(src, kLimbs * len, s.data<int64_t>());  // the padding stays zero
+        o.input = s.raw();
+      }
+      o.output = scratch(u.out, kLimbs * c, DType::kI64).raw();
+      o.count *= kLimbs;
+      o.dtype = DType::kI64;
+    } else if (bf16) {
+      Tensor& s = scratch(u.stage, c * n, DType::kBF16);
+      to_bf16(g, s.data<uint16_t>(), len);
+      o.input = s.raw();
+      o.output = scratch(u.out, c, DType::kBF16).raw();
+      o.dtype = DType::kBF16;
+    } else {
+      if (even) {
+        o.input = g;
+      } else {
+        Tensor& s = scratch(u.stage, c * n, DType::kF32);
+        std::copy_n(g, len, s.data<float>());
+        o.input = s.raw();
+      }
+      o.output = even ? shard_grads.data<float>() + u.shard_offset : scratch(u.out, c, DType::kF32).raw();
+    }
+    stats.bytes += static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
+    u.work = comm::reduce_scatter_async(comm, o);
+  }
+  u.pending = true;
+  u.launched = Clock::now();
+}
+
+void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
+  if (!u.pending) return;
+  u.pending = false;
+  const auto t0 = Clock::now();
+  u.work.wait();
+  stats.exposed_ms += ms(t0, Clock::now());
+  const auto [started, finished] = u.work.span();
+  stats.comm_ms += ms(started, finished);
+
+  const int me = comm.rank();
+  const int64_t len = u.end - u.begin;
+  const bool bf16 = config.grad_dtype == DType::kBF16 && !config.deterministic;
+  if (config.zero < 2) {
+    float* g = grads.data<float>() + u.begin;
+    if (config.deterministic) exact_decode(exact.data<int64_t>() + kLimbs * u.begin, g, len);
+    else if (bf16) from_bf16(u.stage.data<uint16_t>(), g, len);
+    return;
+  }
+  const int64_t mine = u.mine_end(me) - u.mine_begin(me);
+  float* dst = shard_grads.data<float>() + u.shard_offset;
+  if (config.deterministic) exact_decode(u.out.data<int64_t>(), dst, mine);
+  else if (bf16) from_bf16(u.out.data<uint16_t>(), dst, mine);
+  else if (!u.even(comm.size())) std::copy_n(u.out.data<float>(), mine, dst);
+}
+
+void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t c = u.part;
+  float* f = full.data<float>();
+  const float* mine = src.data<float>() + src_offset;
+  const size_t bytes = static_cast<size_t>(c * n) * sizeof(float);
+  if (u.even(n) && mine == f + u.mine_begin(me)) {
+    timed(bytes, [&] {
+      comm::all_gather(comm, {.output = f + u.begin, .count = static_cast<size_t>(c), .dtype = DType::kF32});
+    });
+    return;
+  }
+  Tensor& s = scratch(u.stage, c * n, DType::kF32);
+  float* sd = s.data<float>();
+  std::copy(mine, mine + (u.mine_end(me) - u.mine_begin(me)), sd + me * c);
+  timed(bytes, [&] { comm::all_gather(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}); });
+  for (int r = 0; r < n; ++r) std::copy(sd + r * c, sd + r * c + (u.mine_end(r) - u.mine_begin(r)), f + u.mine_begin(r));
+}
+
+void UnitComm::sum_i64(int64_t* data, size_t count) {
+  timed(count * 8, [&] { comm::all_reduce(comm, {.output = data, .count = count, .dtype = DType::kI64}); });
+}
+
+void UnitComm::sum_f64(double* data, size_t count) {
+  timed(count * 8, [&] { comm::all_reduce(comm, {.output = data, .count = count, .dtype = DType::kF64}); });
+}
+
+void UnitComm::all_gather_f64(const double* in, double* out, size_t count) {
+  timed(count * 8 * static_cast<size_t>(comm.size()), [&] {
+    comm::all_gather(comm, {.input = in, .output = out, .count = count, .dtype = DType::kF64});
+  });
+}
+
+void UnitComm::verify_equal(const Tensor& t, const std::string& what) {
+  const uint64_t mine = fingerprint(t.raw(), t.nbytes());
+  std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
+  comm::all_gather(comm, {.input = &mine, .output = all.data(), .count = 1, .dtype = DType::kI64});
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[r] != all[0])
+      throw RuntimeError(cat(what, ": rank ", r, " holds different values than rank 0 (fingerprint ", all[r],
+                             " vs ", all[0], ")"));
+}
+
+}  // namespace loom::parallel

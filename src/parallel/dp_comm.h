@@ -1,0 +1,66 @@
+// The collectives of data parallelism (docs/parallelism.md): per unit, the gradient sum
+// (all-reduce or reduce-scatter, in f32, bf16 or exact limbs) and the all-gather of
+// updated parts; plus the small exchanges of a step (losses, norms, fingerprints).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "loom/comm.h"
+#include "loom/data_parallel.h"
+#include "loom/tensor.h"
+
+namespace loom::parallel {
+
+// A contiguous range [begin, end) of the flat parameter buffer, split into `size` parts of
+// `part` elements (the last ones shorter or empty): rank r owns part r.
+struct Unit {
+  int64_t begin = 0, end = 0;
+  int64_t part = 0;
+  int64_t shard_offset = 0;  // where this rank's part starts in its shard buffers
+  int64_t mine_begin(int r) const { return std::min(end, begin + r * part); }
+  int64_t mine_end(int r) const { return std::min(end, begin + (r + 1) * part); }
+  bool even(int size) const { return end - begin == part * size; }
+
+  // The sum in flight.
+  comm::Work work;
+  bool pending = false;
+  std::chrono::steady_clock::time_point launched;
+  Tensor stage;  // padded input (bf16, or f32/limbs of an uneven unit), when needed
+  Tensor out;    // reduce-scatter output, when it cannot land in place
+};
+
+struct UnitComm {
+  comm::Communicator& comm;
+  const DataParallelConfig& config;
+  CommStats& stats;
+
+  // Starts summing unit u's gradients across ranks: from `grads` (f32) or, in
+  // deterministic mode, from `exact` (limbs). ZeRO 2 reduce-scatters toward shard_grads.
+  void launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads);
+  // Waits for it and leaves the f32 sums in grads[u] (ZeRO 0-1) or this rank's part of
+  // shard_grads (ZeRO 2).
+  void complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads);
+  // All-gathers unit u of the flat f32 `full` from every rank's part, this rank's part
+  // being src[src_offset, +its length) (src may be `full` itself). Blocking.
+  void gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset);
+
+  void sum_i64(int64_t* data, size_t count);
+  void sum_f64(double* data, size_t count);
+  void all_gather_f64(const double* in, double* out, size_t count);
+  // RuntimeError naming the ranks when `t`'s bits differ between ranks.
+  void verify_equal(const Tensor& t, const std::string& what);
+
+  // Blocking collectives count as exposed communication too.
+  template <typename F>
+  void timed(size_t bytes, F&& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    stats.comm_ms += ms;
+    stats.exposed_ms += ms;
+    stats.bytes += static_cast<int64_t>(bytes);
+  }
+};
+
+}  // namespace loom::parallel
