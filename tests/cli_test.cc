@@ -114,7 +114,11 @@ TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
   write(p("magic.bin"), raw);
   expect_bad_input(cat("train ", cfg, fresh, " --data.train=", p("magic.bin")), {"magic.bin", "magic", "20240520"});
   expect_bad_input(cat("train ", cfg), {"run directory exists", "--resume"});
-  expect_bad_input(cat("train ", cfg, fresh, " --parallel.dp=2"), {"parallel.dp", "not available"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.dp=2"), {"parallel.dp", "the job has 1 rank"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.tp=2"), {"parallel.tp", "not available"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=3"), {"parallel.zero", "ZeRO-3"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.deterministic=true --comm.grad_dtype=bf16"),
+                   {"comm.grad_dtype", "deterministic"});
 }
 
 TEST_F(Cli, CorruptIdxIsNamed) {

@@ -47,7 +47,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"training.decay_norms_and_biases", false},
       {"training.eval_every", int64_t{0}},
       {"training.eval_steps", int64_t{10}},
-      {"parallel.dp", int64_t{1}},
+      {"parallel.dp", int64_t{0}},
       {"parallel.tp", int64_t{1}},
       {"parallel.pp", int64_t{1}},
       {"parallel.zero", int64_t{0}},
@@ -191,7 +191,7 @@ const std::string& Config::s(const std::string& key) const { return std::get<std
 
 std::string model_kind(const Config& c) { return find_preset(c.s("model.preset"))->kind; }
 
-void Config::resolve() {
+void Config::resolve(int world) {
   const Preset* p = find_preset(s("model.preset"));
   if (p == nullptr)
     throw InputError(cat("model.preset: unknown preset \"", s("model.preset"),
@@ -204,6 +204,7 @@ void Config::resolve() {
   fill("model.d_model", p->d_model);
   fill("model.seq_len", p->seq_len);
   fill("model.vocab_size", p->vocab_size);
+  if (i("parallel.dp") == 0) values_["parallel.dp"] = int64_t{world};
 
   auto where = [&](const std::string& key) {
     auto it = set_.find(key);
@@ -224,10 +225,10 @@ void Config::resolve() {
   };
   for (const char* k : {"model.n_layer", "model.n_head", "model.vocab_size", "training.steps",
                         "training.global_batch", "training.micro_batch", "training.eval_steps",
-                        "job.log_every", "parallel.dp", "parallel.tp", "parallel.pp",
+                        "job.log_every", "parallel.tp", "parallel.pp",
                         "parallel.microbatches"})
     positive(k);
-  for (const char* k : {"job.threads", "training.warmup_steps", "training.eval_every",
+  for (const char* k : {"parallel.dp", "job.threads", "training.warmup_steps", "training.eval_every",
                         "checkpoint.every", "checkpoint.keep"})
     non_negative(k);
   if (std::string(p->kind) == "gpt") {
@@ -255,11 +256,22 @@ void Config::resolve() {
   one_of("comm.param_dtype", {"f32", "bf16"});
   one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved"});
   // No silent fallbacks: what this build cannot do yet is refused with the reason.
-  for (const char* k : {"parallel.dp", "parallel.tp", "parallel.pp"})
+  for (const char* k : {"parallel.tp", "parallel.pp"})
     if (i(k) != 1)
-      throw InputError(cat(where(k), " = ", i(k), ": multi-rank training is not available in this build yet; expected 1"));
-  if (i("parallel.zero") != 0)
-    throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": ZeRO is not available in this build yet; expected 0"));
+      throw InputError(cat(where(k), " = ", i(k), ": tensor and pipeline parallelism are not available in this build yet; expected 1"));
+  if (i("parallel.dp") != world)
+    throw InputError(cat(where("parallel.dp"), " = ", i("parallel.dp"), ": the job has ", world,
+                         " rank(s) and tp x pp = 1, so dp must be ", world, " (or 0: all ranks)"));
+  if (i("parallel.zero") < 0 || i("parallel.zero") > 2)
+    throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1 or 2 (ZeRO-3 is not available in this build yet)"));
+  if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));
+  if (!(f("comm.timeout_s") > 0)) throw InputError(cat(where("comm.timeout_s"), " = ", f("comm.timeout_s"), ": expected > 0"));
+  if (b("parallel.deterministic") && s("comm.grad_dtype") != "f32")
+    throw InputError(cat(where("comm.grad_dtype"), " = \"", s("comm.grad_dtype"),
+                         "\": parallel.deterministic sums gradients exactly; expected \"f32\""));
+  if (s("comm.param_dtype") != "f32")
+    throw InputError(cat(where("comm.param_dtype"), " = \"", s("comm.param_dtype"),
+                         "\": parameters are all-gathered in bf16 only by ZeRO-3, not available in this build yet; expected \"f32\""));
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");

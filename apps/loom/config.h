@@ -22,9 +22,10 @@ class Config {
   void merge_file(const std::string& path);
   // Applies "--section.key=value" strings (the leading dashes optional).
   void apply_overrides(const std::vector<std::string>& overrides);
-  // Fills model shape keys from [model] preset where not set explicitly, then validates
-  // ranges and relations. InputError naming the key.
-  void resolve();
+  // Fills model shape keys from [model] preset where not set explicitly and parallel.dp = 0
+  // ("all ranks") from `world` (the ranks the launcher started), then validates ranges and
+  // relations. InputError naming the key.
+  void resolve(int world = 1);
 
   int64_t i(const std::string& key) const;
   double f(const std::string& key) const;

@@ -64,6 +64,9 @@ class GptTask : public Task {
             {"seq_len", cfg_.seq_len}, {"vocab_size", cfg_.vocab_size}};
   }
 
+  void set_grads_ready_hook(std::function<void(int)> hook) override { gpt_.on_grads_ready = std::move(hook); }
+  int64_t grads_final_from(int block) const override { return block < 0 ? 0 : gpt_.block_offset(block); }
+
   double micro_step(const std::vector<int64_t>& items, double scale) override {
     const auto b = static_cast<int64_t>(items.size());
     Tensor x = Tensor::zeros({b, t_}, DType::kI32), y = Tensor::zeros({b, t_}, DType::kI32);

@@ -4,16 +4,20 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 
 #include "commands.h"
 #include "config.h"
 #include "loom/checkpoint.h"
+#include "loom/comm.h"
 #include "loom/data.h"
+#include "loom/data_parallel.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
 #include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/optim.h"
+#include "loom/rendezvous.h"
 #include "loom/threads.h"
 #include "task.h"
 
@@ -50,13 +54,15 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
 }  // namespace
 
 int run_train(const TrainArgs& a) {
+  const comm::LaunchEnv env = comm::launch_env_from_environment();
   Config c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
-  c.resolve();
-  set_log_quiet(a.quiet);
+  c.resolve(env.size);
+  set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads();
   set_compute_threads(threads);
+  const bool lead = env.rank == 0;  // writes the run directory, metrics and checkpoints
 
   const std::string run = c.run_path();
   const std::string ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(run) / "checkpoints").string() : c.s("checkpoint.dir");
@@ -73,102 +79,157 @@ int run_train(const TrainArgs& a) {
                             .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
                             .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
                                       .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
-  auto optimizer = optim::make_optimizer(oc, params);
   const int64_t steps = c.i("training.steps");
   optim::ScheduleConfig sched{.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"),
                               .warmup_steps = c.i("training.warmup_steps"), .total_steps = steps,
                               .decay = c.s("training.decay")};
+  const int64_t dp_size = c.i("parallel.dp");
   const int64_t global_batch = c.i("training.global_batch"), micro_batch = c.i("training.micro_batch");
-  const int64_t accum = global_batch / micro_batch;
+  const int64_t per_rank = global_batch / dp_size, accum = per_rank / micro_batch;
   const auto seed = static_cast<uint64_t>(c.i("job.seed"));
 
+  std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
   if (a.resume) {
     if (!checkpoint::latest_step_dir(ckpt_root)) throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint"));
-    checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(ckpt_root);
-    if (ck.state().value("model", json()) != task->model_json())
-      throw InputError(cat(ck.path(), ": checkpoint of model ", ck.state().value("model", json()).dump(),
+    ck = checkpoint::Checkpoint::open(ckpt_root);
+    if (ck->state().value("model", json()) != task->model_json())
+      throw InputError(cat(ck->path(), ": checkpoint of model ", ck->state().value("model", json()).dump(),
                            ", the config builds ", task->model_json().dump()));
-    ck.load_params(params);
-    ck.load_optimizer(params, *optimizer);
-    start_step = ck.state().at("step").get<int64_t>();
     // All randomness is counter-based on (seed, stream, epoch); a different seed would
     // silently change the data order, so it is refused.
-    const auto saved_seed = ck.state().at("rng").at("seed").get<uint64_t>();
+    const auto saved_seed = ck->state().at("rng").at("seed").get<uint64_t>();
     if (saved_seed != seed)
-      throw InputError(cat(ck.path(), ": trained with job.seed = ", saved_seed, ", the config says ", seed,
+      throw InputError(cat(ck->path(), ": trained with job.seed = ", saved_seed, ", the config says ", seed,
                            "; resume with the same seed"));
-    log_info(cat("resuming from ", ck.path(), " at step ", start_step));
+    ck->load_params(params);
+    start_step = ck->state().at("step").get<int64_t>();
   }
 
-  fs::create_directories(fs::path(run) / "logs");
-  write_file_atomic((fs::path(run) / "config.toml").string(), c.to_toml());
+  std::unique_ptr<comm::TcpStoreServer> server;
+  std::unique_ptr<comm::Store> store;
+  auto world = comm::join_world(
+      env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
+      server, store);
+  parallel::DataParallel dp(*world, params, oc,
+                            {.zero = static_cast<int>(c.i("parallel.zero")), .bucket_mb = c.f("parallel.bucket_mb"),
+                             .deterministic = c.b("parallel.deterministic"),
+                             .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
+                            [&](int block) { return task->grads_final_from(block); });
+  task->set_grads_ready_hook([&](int block) { dp.grads_ready(block); });
+  if (ck) {
+    optim::FlatState st = dp.empty_optimizer_state();
+    ck->load_optimizer(params, st);
+    dp.load_optimizer_state(st);
+    log_info(cat("resuming from ", ck->path(), " at step ", start_step));
+  }
+  dp.sync_params();
+  const parallel::StateBytes mem = dp.state_bytes();
+  auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+
   const std::string metrics_path = (fs::path(run) / "metrics.jsonl").string();
-  if (a.resume) truncate_metrics(metrics_path, start_step);
-  obs::MetricsFile metrics(metrics_path);
+  std::optional<obs::MetricsFile> metrics;
+  if (lead) {
+    fs::create_directories(fs::path(run) / "logs");
+    write_file_atomic((fs::path(run) / "config.toml").string(), c.to_toml());
+    if (a.resume) truncate_metrics(metrics_path, start_step);
+    metrics.emplace(metrics_path);
+  }
 
   data::Sampler sampler(task->train_items(), seed);
-  obs::Progress progress(steps, c.i("job.log_every"), a.quiet);
+  obs::Progress progress(steps, c.i("job.log_every"), a.quiet || !lead);
   log_info(cat("training ", c.s("model.preset"), " (", params.numel(), " parameters) on ", c.s("data.train"), ": ",
-               steps, " steps of ", global_batch, " x ", task->tokens_per_item(), " tokens, ", threads,
-               " thread(s); run directory ", run));
+               steps, " steps of ", global_batch, " x ", task->tokens_per_item(), " tokens, ", dp_size,
+               " data-parallel rank(s) x ", threads, " thread(s), ZeRO ", c.i("parallel.zero"),
+               c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run));
+  log_info(cat("model state per rank: parameters ", mb(mem.params), " MiB, gradients ", mb(mem.grads),
+               " MiB, optimizer ", mb(mem.optimizer), " MiB"));
   const double tokens_per_step = static_cast<double>(global_batch * task->tokens_per_item());
-  double ema_step_s = 0;
+  double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0;
   EvalResult last_eval;
 
   auto save = [&](int64_t step) {
+    optim::FlatState opt = dp.gather_optimizer_state();  // collective: every rank takes part
+    if (!lead) return;
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
                 {"data_epoch", step * global_batch / task->train_items()}};
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
-    std::string dir = checkpoint::save(ckpt_root, step, params, optimizer.get(), state,
+    std::string dir = checkpoint::save(ckpt_root, step, params, opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep"))});
     progress.note(cat("checkpoint ", dir));
   };
 
   for (int64_t step = start_step; step < steps; ++step) {
-    auto t0 = std::chrono::steady_clock::now();
-    params.zero_grads();
-    double loss = 0;
-    for (int64_t m = 0; m < accum; ++m) {
-      std::vector<int64_t> items(static_cast<size_t>(micro_batch));
-      for (int64_t i = 0; i < micro_batch; ++i) items[i] = sampler.item(step * global_batch + m * micro_batch + i);
-      loss += task->micro_step(items, 1.0 / static_cast<double>(accum));
-    }
-    loss /= static_cast<double>(accum);
-    const double grad_norm = optim::clip_grad_norm(params, c.f("training.grad_clip"));
-    const double lr = optim::lr_at(sched, step);
-    optimizer->step(lr);
-    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ema_step_s = step == start_step ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
+    try {
+      auto t0 = std::chrono::steady_clock::now();
+      dp.begin_step();
+      std::vector<double> micro_losses;
+      for (int64_t m = 0; m < accum; ++m) {
+        dp.begin_micro_step(m == accum - 1);
+        // This rank's shard of the global batch: items [rank * per_rank, (rank + 1) * per_rank).
+        std::vector<int64_t> items(static_cast<size_t>(micro_batch));
+        for (int64_t i = 0; i < micro_batch; ++i)
+          items[i] = sampler.item(step * global_batch + dp.rank() * per_rank + m * micro_batch + i);
+        micro_losses.push_back(task->micro_step(items, 1.0 / static_cast<double>(accum * dp_size)));
+        dp.end_micro_step();
+      }
+      const double loss = dp.mean_loss(micro_losses);
+      const double lr = optim::lr_at(sched, step);
+      const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
+      const parallel::CommStats cs = dp.take_stats();
+      const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ema_step_s = step == start_step ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
+      if (step > start_step) {  // the first step warms caches and connections
+        comm_ms_total += cs.comm_ms;
+        exposed_ms_total += cs.exposed_ms;
+        step_s_total += step_s;
+      }
 
-    const int64_t done = step + 1;
-    obs::JsonLine line;
-    line.add("step", done).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm)
-        .add("tokens", static_cast<int64_t>(tokens_per_step)).add("step_ms", step_s * 1e3)
-        .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_rss_mb());
-    const int64_t eval_every = c.i("training.eval_every");
-    if (task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps)) {
-      last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch);
-      line.add("val_loss", last_eval.loss);
-      if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);
-      progress.note(cat("step ", done, ": val_loss ", last_eval.loss,
-                        last_eval.accuracy >= 0 ? cat(", val_accuracy ", last_eval.accuracy) : std::string()));
+      const int64_t done = step + 1;
+      obs::JsonLine line;
+      line.add("step", done).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm)
+          .add("tokens", static_cast<int64_t>(tokens_per_step)).add("step_ms", step_s * 1e3)
+          .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_rss_mb())
+          .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
+          .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
+          .add("mem_optimizer_mb", mb(mem.optimizer));
+      const int64_t eval_every = c.i("training.eval_every");
+      if (lead && task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps)) {
+        last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch);
+        line.add("val_loss", last_eval.loss);
+        if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);
+        progress.note(cat("step ", done, ": val_loss ", last_eval.loss,
+                          last_eval.accuracy >= 0 ? cat(", val_accuracy ", last_eval.accuracy) : std::string()));
+      }
+      if (metrics) metrics->write(line);
+      progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
+      const int64_t every = c.i("checkpoint.every");
+      if ((every > 0 && done % every == 0) || done == steps) save(done);
+    } catch (const RuntimeError& e) {
+      // Names the step, so a dead peer's line says when it happened.
+      throw RuntimeError(cat("rank ", env.rank, " at step ", step + 1, ": ", e.what()));
     }
-    metrics.write(line);
-    progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
-    const int64_t every = c.i("checkpoint.every");
-    if ((every > 0 && done % every == 0) || done == steps) save(done);
   }
   progress.finish();
-  if (task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
+  if (lead && task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
     // A full pass over the test set for the final figure.
     EvalResult full = task->evaluate(0);
     std::printf("test accuracy %.4f over %lld images (loss %.4f)\n", full.accuracy,
                 static_cast<long long>(full.items), full.loss);
   }
-  std::printf("run directory: %s\n", run.c_str());
+  const int64_t timed = steps - start_step - 1;
+  if (lead && dp_size > 1 && timed > 0) {
+    const double step_ms = step_s_total * 1e3 / static_cast<double>(timed);
+    std::printf("data parallel: %lld ranks, %.0f tokens/s (%.0f per rank), step %.1f ms, gradient communication "
+                "%.1f ms/step of which %.1f ms exposed (%.1f%% of the step)\n",
+                static_cast<long long>(dp_size), tokens_per_step * timed / step_s_total,
+                tokens_per_step * timed / step_s_total / static_cast<double>(dp_size), step_ms,
+                comm_ms_total / static_cast<double>(timed), exposed_ms_total / static_cast<double>(timed),
+                100.0 * exposed_ms_total / (step_s_total * 1e3));
+  }
+  if (lead) std::printf("run directory: %s\n", run.c_str());
   return 0;
 }
 

@@ -31,6 +31,11 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
                  const optim::Optimizer* optimizer, const nlohmann::json& state,
                  const SaveOptions& options = {});
 
+// The same from optimizer state already in the flat layout (e.g. gathered from ZeRO shards).
+std::string save(const std::string& root, int64_t step, const ParamSet& params,
+                 const optim::FlatState& optimizer, const nlohmann::json& state,
+                 const SaveOptions& options = {});
+
 class Checkpoint {
  public:
   // `path`: a step directory, a checkpoint root holding `latest`, a run directory holding
@@ -48,6 +53,8 @@ class Checkpoint {
   void load_params(const ParamSet& params) const;
   // Restores optimizer state buffers and step count. REQUIRES: has_state().
   void load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const;
+  // Fills `state`'s buffers (named and sized by the caller, flat layout) and step count.
+  void load_optimizer(const ParamSet& params, optim::FlatState& state) const;
 
  private:
   std::string path_;

@@ -52,12 +52,6 @@ struct StateBytes {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-// Full-layout optimizer state (each buffer has the parameters' flat layout), for checkpoints.
-struct FullOptimizerState {
-  std::vector<std::pair<std::string, Tensor>> buffers;
-  int64_t steps = 0;
-};
-
 class DataParallel {
  public:
   // `final_from(block)`: the flat element offset from which every gradient is final once
@@ -96,11 +90,11 @@ class DataParallel {
   int64_t optimizer_steps() const;
 
   // Collective: every rank gets the full-layout optimizer state.
-  FullOptimizerState gather_optimizer_state();
+  optim::FlatState gather_optimizer_state();
   // Takes this rank's parts of a full-layout state (e.g. read from a checkpoint).
-  void load_optimizer_state(const FullOptimizerState& state);
+  void load_optimizer_state(const optim::FlatState& state);
   // Empty full-layout buffers of the right names and sizes, to load a checkpoint into.
-  FullOptimizerState empty_optimizer_state() const;
+  optim::FlatState empty_optimizer_state() const;
 
  private:
   struct Impl;

@@ -48,6 +48,13 @@ class Optimizer {
   int64_t steps_ = 0;
 };
 
+// Optimizer state in the flat layout of all parameters, by role ("exp_avg", ...), with the
+// step count: what checkpoints hold, whatever layout (e.g. ZeRO shards) trained.
+struct FlatState {
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  int64_t steps = 0;
+};
+
 // What an optimizer updates: pieces of parameters (all of them, or a ZeRO shard). Segment
 // s updates values[value_offset, +numel) from grads[grad_offset, +numel), with its state at
 // [state_offset, +numel) of buffers of state_numel elements. Offsets are in elements.

@@ -41,8 +41,10 @@ void prune(const std::string& root, int keep) {
 
 }  // namespace
 
-std::string save(const std::string& root, int64_t step, const ParamSet& params,
-                 const optim::Optimizer* optimizer, const json& state, const SaveOptions& options) {
+namespace {
+
+std::string save_impl(const std::string& root, int64_t step, const ParamSet& params,
+                      const optim::FlatState* optimizer, const json& state, const SaveOptions& options) {
   fs::create_directories(root);
   const std::string name = "step_" + std::to_string(step);
   const fs::path final_dir = fs::path(root) / name;
@@ -54,7 +56,7 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
   for (size_t i = 0; i < params.infos().size(); ++i)
     weights.emplace_back(params.infos()[i].name, params.value(static_cast<int>(i)));
   if (optimizer != nullptr)
-    for (const auto& [role, flat] : optimizer->state())
+    for (const auto& [role, flat] : optimizer->buffers)
       for (const ParamInfo& p : params.infos())
         opt_state.emplace_back(role + "." + p.name, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
 
@@ -76,7 +78,7 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
   st["format"] = "loom-checkpoint";
   st["version"] = kFormatVersion;
   st["step"] = step;
-  if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps();
+  if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps;
   add_file("state.json", write_text("state.json", st.dump(2) + "\n"));
   json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion},
                 {"tensors", tensors}, {"files", files}};
@@ -89,6 +91,20 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
   write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
   prune(root, options.keep);
   return final_dir.string();
+}
+
+}  // namespace
+
+std::string save(const std::string& root, int64_t step, const ParamSet& params,
+                 const optim::Optimizer* optimizer, const json& state, const SaveOptions& options) {
+  if (optimizer == nullptr) return save_impl(root, step, params, nullptr, state, options);
+  const optim::FlatState flat{.buffers = optimizer->state(), .steps = optimizer->steps()};
+  return save_impl(root, step, params, &flat, state, options);
+}
+
+std::string save(const std::string& root, int64_t step, const ParamSet& params,
+                 const optim::FlatState& optimizer, const json& state, const SaveOptions& options) {
+  return save_impl(root, step, params, &optimizer, state, options);
 }
 
 std::optional<std::string> latest_step_dir(const std::string& root) {
@@ -176,15 +192,21 @@ void Checkpoint::load_params(const ParamSet& params) const {
 }
 
 void Checkpoint::load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const {
+  optim::FlatState flat{.buffers = optimizer.state()};  // views: loading fills the optimizer
+  load_optimizer(params, flat);
+  optimizer.set_steps(flat.steps);
+}
+
+void Checkpoint::load_optimizer(const ParamSet& params, optim::FlatState& state) const {
   LOOM_CHECK(has_state());
   if (!optimizer_) throw InputError(cat(path_, ": holds no optimizer state"));
-  for (const auto& [role, flat] : optimizer.state())
+  for (const auto& [role, flat] : state.buffers)
     for (const ParamInfo& p : params.infos()) {
       const std::string name = role + "." + p.name;
       copy_checked(*optimizer_, optimizer_->find(name), name,
                    flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
     }
-  optimizer.set_steps(state_.value("optimizer_steps", int64_t{0}));
+  state.steps = state_.value("optimizer_steps", int64_t{0});
 }
 
 }  // namespace loom::checkpoint

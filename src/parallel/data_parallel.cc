@@ -196,16 +196,16 @@ StateBytes DataParallel::state_bytes() const {
 
 int64_t DataParallel::optimizer_steps() const { return impl_->optimizer->steps(); }
 
-FullOptimizerState DataParallel::empty_optimizer_state() const {
-  FullOptimizerState s;
+optim::FlatState DataParallel::empty_optimizer_state() const {
+  optim::FlatState s;
   for (const auto& [name, t] : impl_->optimizer->state())
     s.buffers.emplace_back(name, Tensor::zeros({impl_->params.numel()}, t.dtype()));
   return s;
 }
 
-FullOptimizerState DataParallel::gather_optimizer_state() {
+optim::FlatState DataParallel::gather_optimizer_state() {
   Impl& m = *impl_;
-  FullOptimizerState s = empty_optimizer_state();
+  optim::FlatState s = empty_optimizer_state();
   s.steps = m.optimizer->steps();
   auto own = m.optimizer->state();
   for (size_t k = 0; k < own.size(); ++k) {
@@ -218,7 +218,7 @@ FullOptimizerState DataParallel::gather_optimizer_state() {
   return s;
 }
 
-void DataParallel::load_optimizer_state(const FullOptimizerState& state) {
+void DataParallel::load_optimizer_state(const optim::FlatState& state) {
   Impl& m = *impl_;
   auto own = m.optimizer->state();
   LOOM_CHECK_EQ(own.size(), state.buffers.size());

@@ -196,12 +196,12 @@ TEST(DataParallel, SyncParamsMakesRanksEqualAndOptimizerStateRoundTrips) {
     nn::Gpt ref(kModel);
     ref.init(1);
     EXPECT_EQ(0, std::memcmp(ref.params().values().raw(), gpt.params().values().raw(), gpt.params().values().nbytes()));
-    FullOptimizerState s = dp.empty_optimizer_state();
+    optim::FlatState s = dp.empty_optimizer_state();
     for (auto& [name, t] : s.buffers)
       for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i % 977) * (name == "exp_avg" ? 1 : -1);
     s.steps = 7;
     dp.load_optimizer_state(s);
-    FullOptimizerState back = dp.gather_optimizer_state();
+    optim::FlatState back = dp.gather_optimizer_state();
     EXPECT_EQ(back.steps, 7);
     for (size_t k = 0; k < s.buffers.size(); ++k)
       EXPECT_EQ(0, std::memcmp(back.buffers[k].second.raw(), s.buffers[k].second.raw(), s.buffers[k].second.nbytes()));
