@@ -228,6 +228,100 @@ TEST_F(Cli, DataPrepareSampleAndEval) {
   EXPECT_NE(r.out.find("\"tokens\": 1984}"), std::string::npos) << r.out;
 }
 
+// The metrics columns that must be bitwise equal between two runs of the same training.
+std::vector<std::string> loss_columns(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"tokens\"")));
+  return out;
+}
+
+TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
+  const std::string det = " --quiet --parallel.deterministic=true --checkpoint.every=0";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
+                      " --job.name=two --parallel.zero=2"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("data parallel: 2 ranks"), std::string::npos) << r.out;
+  auto one = loss_columns(read_file(p("runs/one/metrics.jsonl")));
+  ASSERT_EQ(one.size(), 6u);
+  EXPECT_EQ(one, loss_columns(read_file(p("runs/two/metrics.jsonl"))));
+  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/model.safetensors")),
+            read_file(p("runs/two/checkpoints/step_6/model.safetensors")));
+  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
+            read_file(p("runs/two/checkpoints/step_6/optimizer.safetensors")));
+}
+
+// /proc files report size 0: read them as streams.
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The pid of the launcher's child that has RANK=rank in its environment, or -1.
+pid_t rank_pid(pid_t launcher, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    const std::string stat = slurp(e.path().string() + "/stat");
+    if (stat.rfind(')') == std::string::npos) continue;
+    // pid (comm) state ppid ...
+    std::istringstream in(stat.substr(stat.rfind(')') + 2));
+    std::string state;
+    pid_t ppid = 0;
+    in >> state >> ppid;
+    if (ppid != launcher) continue;
+    const std::string env = slurp(e.path().string() + "/environ");
+    if (("\0" + env).find(cat(std::string(1, '\0'), "RANK=", rank, std::string(1, '\0'))) != std::string::npos)
+      return static_cast<pid_t>(std::stoi(name));
+  }
+  return -1;
+}
+
+TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --quiet --training.steps=300 --checkpoint.every=5 --parallel.zero=1 --training.eval_every=0");
+  ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --job.name=full")).code, 0);
+
+  pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const std::string cmd = cat("exec ", LOOM_BINARY_DIR, "/loom launch -n 2 -- ", train, " --job.name=cut > ",
+                                p("cut.out"), " 2>&1");
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Kill rank 1 once a dozen steps are logged (a checkpoint exists).
+  const std::string metrics = p("runs/cut/metrics.jsonl");
+  auto lines = [&] {
+    std::ifstream f(metrics);
+    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+  };
+  for (int i = 0; i < 3000 && lines() < 12; ++i) ::usleep(5000);
+  pid_t victim = rank_pid(launcher, 1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LT(took, 2.0) << "the job took over 2 s to stop";
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
+  const std::string out = read_file(p("cut.out"));
+  EXPECT_NE(out.find("rank 1 (pid"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 0 at step "), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 died"), std::string::npos) << out;
+  ASSERT_LT(lines(), 300) << "rank 1 was killed after the run ended";
+
+  Result r = loom(cat("launch -n 2 -- ", train, " --job.name=cut --resume"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics)));
+  EXPECT_EQ(read_file(p("runs/full/checkpoints/step_300/model.safetensors")),
+            read_file(p("runs/cut/checkpoints/step_300/model.safetensors")));
+}
+
 }  // namespace
 }  // namespace loom
 

@@ -163,6 +163,9 @@ int run_launch(const LaunchArgs& a) {
     for (auto& c : children)
       if (!c.exited) ::kill(c.pid, SIGTERM);
   };
+  // After a failure the others get a moment to exit on their own (a survivor's error names
+  // the dead peer and the step it was in), then SIGTERM, then SIGKILL: all within 2 s.
+  auto deadline_term = std::chrono::steady_clock::time_point::max();
   auto deadline_kill = std::chrono::steady_clock::time_point::max();
   int open_pipes = a.nproc;
   while (true) {
@@ -176,12 +179,16 @@ int run_launch(const LaunchArgs& a) {
       c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (c.code != 0 && first_failure < 0) {
         first_failure = i;
-        terminate_others();
+        deadline_term = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
         deadline_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
       }
     }
     bool all_exited = std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; });
     if (all_exited && open_pipes == 0) break;
+    if (std::chrono::steady_clock::now() >= deadline_term) {
+      terminate_others();
+      deadline_term = std::chrono::steady_clock::time_point::max();
+    }
     if (std::chrono::steady_clock::now() >= deadline_kill) {
       for (auto& c : children)
         if (!c.exited) ::kill(c.pid, SIGKILL);
