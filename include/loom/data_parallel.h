@@ -86,6 +86,8 @@ class DataParallel {
   double mean_loss(const std::vector<double>& micro_losses);
 
   CommStats take_stats();
+  // Resident bytes of parameters, gradients and optimizer state (between steps: what ZeRO
+  // promises; during backward ZeRO 2 also holds the full gradient buffer).
   StateBytes state_bytes() const;
   int64_t optimizer_steps() const;
 

@@ -167,6 +167,9 @@ void DataParallel::end_micro_step() { impl_->process_ready(0); }
 double DataParallel::finish_step(double lr, double max_norm) {
   Impl& m = *impl_;
   for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
+  // ZeRO 2 keeps only its parts (in shard_grads): the full buffer's pages go back to the OS
+  // until the next backward writes them.
+  if (m.config.zero == 2) release_pages(m.params.grads().raw(), m.params.grads().nbytes());
   const double norm = m.grad_norm_and_clip(max_norm);
   m.optimizer->step(lr);
   if (m.sharded())
@@ -188,9 +191,11 @@ CommStats DataParallel::take_stats() { return std::exchange(impl_->stats, {}); }
 StateBytes DataParallel::state_bytes() const {
   const Impl& m = *impl_;
   StateBytes b;
-  b.params = m.params.values().nbytes();
-  b.grads = m.config.zero == 2 ? m.shard_grads.nbytes() : m.params.grads().nbytes();
-  for (const auto& [name, t] : m.optimizer->state()) b.optimizer += static_cast<int64_t>(t.nbytes());
+  // Measured (resident pages), not assumed: what the rank really holds right now.
+  b.params = resident_bytes(m.params.values().raw(), m.params.values().nbytes());
+  b.grads = resident_bytes(m.params.grads().raw(), m.params.grads().nbytes());
+  if (m.shard_grads.defined()) b.grads += resident_bytes(m.shard_grads.raw(), m.shard_grads.nbytes());
+  for (const auto& [name, t] : m.optimizer->state()) b.optimizer += resident_bytes(t.raw(), t.nbytes());
   return b;
 }
 

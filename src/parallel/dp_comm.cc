@@ -1,5 +1,8 @@
 #include "parallel/dp_comm.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -43,6 +46,27 @@ Tensor& scratch(Tensor& t, int64_t numel, DType dt) {
 }
 
 }  // namespace
+
+int64_t resident_bytes(const void* p, size_t n) {
+  if (n == 0) return 0;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p), lo = a / page * page, hi = (a + n + page - 1) / page * page;
+  std::vector<unsigned char> in((hi - lo) / page);
+  if (::mincore(reinterpret_cast<void*>(lo), hi - lo, in.data()) != 0) return static_cast<int64_t>(n);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!(in[i] & 1)) continue;
+    const uintptr_t b = std::max(a, lo + i * page), e = std::min(a + n, lo + (i + 1) * page);
+    bytes += static_cast<int64_t>(e - b);
+  }
+  return bytes;
+}
+
+void release_pages(void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p), lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
 
 void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
   const int n = comm.size();

@@ -30,6 +30,12 @@ struct Unit {
   Tensor out;    // reduce-scatter output, when it cannot land in place
 };
 
+// Bytes of [p, p + n) resident in memory (mincore), and giving whole pages inside it back to
+// the OS (they read as zero afterwards): how ZeRO 2 drops the full gradient buffer between
+// steps.
+int64_t resident_bytes(const void* p, size_t n);
+void release_pages(void* p, size_t n);
+
 struct UnitComm {
   comm::Communicator& comm;
   const DataParallelConfig& config;
