@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds Release, prepares Debian's fortunes as a
-# byte-level token file, trains gpt-mini on it for a few minutes in one process, then
-# prints sampled text and the run directory. Extra arguments go to `loom train`
-# (e.g. ./run.sh --training.steps=100).
+# byte-level token file, trains gpt-mini on it for a few minutes with data parallelism on
+# 2 local ranks (LOOM_RANKS=N for another count), prints the scaling figures, sampled text
+# and the run directory. Extra arguments go to `loom train` (e.g. ./run.sh --training.steps=100).
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup.sh
@@ -13,7 +13,7 @@ if [ ! -f data/fortunes.bin ]; then
   $LOOM data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
 fi
 name="gpt-mini-$(date +%Y%m%d-%H%M%S)"
-$LOOM train configs/gpt-mini.toml --job.name="$name" "$@"
+$LOOM launch -n "${LOOM_RANKS:-2}" -- $LOOM train configs/gpt-mini.toml --job.name="$name" "$@"
 echo
 echo "Sampled text:"
 $LOOM sample --checkpoint "runs/$name" --tokens 600 --lines 8 --temperature 0.8

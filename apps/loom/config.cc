@@ -296,9 +296,10 @@ std::string Config::to_toml() const {
   return out.str();
 }
 
-int Config::threads() const {
+int Config::threads(int local_ranks) const {
   if (i("job.threads") > 0) return static_cast<int>(i("job.threads"));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local_ranks));
 }
 
 std::string Config::run_path() const {

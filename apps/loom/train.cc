@@ -60,7 +60,7 @@ int run_train(const TrainArgs& a) {
   c.apply_overrides(a.overrides);
   c.resolve(env.size);
   set_log_quiet(a.quiet || env.rank != 0);
-  const int threads = c.threads();
+  const int threads = c.threads(env.local_size);
   set_compute_threads(threads);
   const bool lead = env.rank == 0;  // writes the run directory, metrics and checkpoints
 
@@ -228,6 +228,10 @@ int run_train(const TrainArgs& a) {
                 tokens_per_step * timed / step_s_total / static_cast<double>(dp_size), step_ms,
                 comm_ms_total / static_cast<double>(timed), exposed_ms_total / static_cast<double>(timed),
                 100.0 * exposed_ms_total / (step_s_total * 1e3));
+    const double efficiency = 1.0 - exposed_ms_total / (step_s_total * 1e3);
+    std::printf("scaling: %.2fx one rank's tokens/s at the same per-rank compute speed (efficiency %.1f%%, the share "
+                "of the step not spent waiting on gradients)\n",
+                static_cast<double>(dp_size) * efficiency, 100.0 * efficiency);
   }
   if (lead) std::printf("run directory: %s\n", run.c_str());
   return 0;
