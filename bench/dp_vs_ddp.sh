@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Data-parallel training throughput, Loom vs PyTorch DDP (gloo), side by side in one run:
+# gpt-mini (n_layer 4, n_head 4, d_model 256, seq 256, vocab 256), micro-batch 8 per rank,
+# fp32 AdamW, NP processes x 1 thread each (../shared/peers/torch_gpt.py --ddp NP). Loom's
+# figure is the median step time of steps 4..N of `loom launch -n NP -- loom train`
+# (metrics.jsonl), PyTorch's the median of its timed steps; tokens/s = NP x 8 x 256 / step.
+# Also prints Loom's exposed communication share. Usage: bench/dp_vs_ddp.sh [NP] [STEPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+np=${1:-2}
+steps=${2:-13}
+peers=${LOOM_PEERS:-../shared/peers}
+loom=build/release/loom
+[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
+[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+$loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
+  --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
+  --training.eval_every=0 --checkpoint.every=0 > "$work/loom.out"
+loom_line=$(/usr/bin/env python3 - "$work/dp/metrics.jsonl" "$np" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][3:]
+step = statistics.median(r["step_ms"] for r in rows)
+exposed = statistics.median(r["exposed_comm_ms"] for r in rows)
+comm = statistics.median(r["comm_ms"] for r in rows)
+tps = int(sys.argv[2]) * 8 * 256 / (step / 1e3)
+print(f"{tps:.0f} {step:.1f} {comm:.1f} {exposed:.1f} {100 * exposed / step:.1f}")
+PY
+)
+read -r loom_tps loom_step loom_comm loom_exposed loom_share <<< "$loom_line"
+echo "loom   ${np}x1: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms (${loom_share}% of the step)"
+torch_out=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --ddp "$np" --steps $((steps - 3)) --warmup 3)
+echo "$torch_out"
+torch_tps=$(echo "$torch_out" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+printf "ratio Loom/PyTorch DDP, %s x 1 thread: %.2fx\n" "$np" "$(echo "$loom_tps / $torch_tps" | bc -l)"
