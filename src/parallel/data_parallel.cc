@@ -166,6 +166,7 @@ void DataParallel::end_micro_step() { impl_->process_ready(0); }
 
 double DataParallel::finish_step(double lr, double max_norm) {
   Impl& m = *impl_;
+  LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());  // end_micro_step() of the last micro-step ran
   for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
   // ZeRO 2 keeps only its parts (in shard_grads): the full buffer's pages go back to the OS
   // until the next backward writes them.
