@@ -27,7 +27,7 @@ struct OpState {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
-  // When the executor started and completed it (for comm_ms and traces).
+  // When the executor started and completed it (data parallelism reports comm_ms from it).
   std::chrono::steady_clock::time_point started, finished;
 };
 
