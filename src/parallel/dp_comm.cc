@@ -124,7 +124,6 @@ void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, 
     u.work = comm::reduce_scatter_async(comm, o);
   }
   u.pending = true;
-  u.launched = Clock::now();
 }
 
 void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
@@ -164,8 +163,8 @@ void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t sr
     });
     return;
   }
-  Tensor& s = scratch(u.stage, c * n, DType::kF32);
-  float* sd = s.data<float>();
+  // Its own buffer: u.stage may hold bf16 or limbs, and sharing it would reallocate per step.
+  float* sd = scratch(u.gathered, c * n, DType::kF32).data<float>();
   std::copy(mine, mine + (u.mine_end(me) - u.mine_begin(me)), sd + me * c);
   timed(bytes, [&] { comm::all_gather(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}); });
   for (int r = 0; r < n; ++r) std::copy(sd + r * c, sd + r * c + (u.mine_end(r) - u.mine_begin(r)), f + u.mine_begin(r));

@@ -25,9 +25,9 @@ struct Unit {
   // The sum in flight.
   comm::Work work;
   bool pending = false;
-  std::chrono::steady_clock::time_point launched;
-  Tensor stage;  // padded input (bf16, or f32/limbs of an uneven unit), when needed
-  Tensor out;    // reduce-scatter output, when it cannot land in place
+  Tensor stage;     // padded input (bf16, or f32/limbs of an uneven unit), when needed
+  Tensor out;       // reduce-scatter output, when it cannot land in place
+  Tensor gathered;  // all-gather staging (f32) of an uneven unit or an out-of-place part
 };
 
 // Bytes of [p, p + n) resident in memory (mincore), and giving whole pages inside it back to
