@@ -116,7 +116,10 @@ TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
   expect_bad_input(cat("train ", cfg), {"run directory exists", "--resume"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.dp=2"), {"parallel.dp", "the job has 1 rank"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.tp=2"), {"parallel.tp", "not available"});
-  expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=3"), {"parallel.zero", "ZeRO-3"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=4"), {"parallel.zero", "expected 0, 1, 2 or 3"});
+  expect_bad_input(cat("train ", cfg, fresh, " --comm.param_dtype=bf16"), {"comm.param_dtype", "only ZeRO-3"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=3 --comm.param_dtype=bf16 --parallel.deterministic=true"),
+                   {"comm.param_dtype", "deterministic"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.deterministic=true --comm.grad_dtype=bf16"),
                    {"comm.grad_dtype", "deterministic"});
 }
@@ -236,6 +239,19 @@ std::vector<std::string> loss_columns(const std::string& metrics) {
   return out;
 }
 
+// The values of one key on every metrics line that has it, as written.
+std::vector<std::string> column(const std::string& metrics, const std::string& key) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) continue;
+    const size_t from = at + key.size() + 4;
+    out.push_back(line.substr(from, line.find_first_of(",}", from) - from));
+  }
+  return out;
+}
+
 TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
   const std::string det = " --quiet --parallel.deterministic=true --checkpoint.every=0";
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
@@ -250,6 +266,17 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
             read_file(p("runs/two/checkpoints/step_6/model.safetensors")));
   EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
             read_file(p("runs/two/checkpoints/step_6/optimizer.safetensors")));
+  // ZeRO-3: parameters gathered block by block, evaluation and checkpoints still whole.
+  r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det, " --job.name=z3 --parallel.zero=3"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(one, loss_columns(read_file(p("runs/z3/metrics.jsonl"))));
+  const std::vector<std::string> val = column(read_file(p("runs/one/metrics.jsonl")), "val_loss");
+  EXPECT_FALSE(val.empty());
+  EXPECT_EQ(val, column(read_file(p("runs/z3/metrics.jsonl")), "val_loss"));
+  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/model.safetensors")),
+            read_file(p("runs/z3/checkpoints/step_6/model.safetensors")));
+  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
+            read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
 }
 
 // /proc files report size 0: read them as streams.

@@ -262,16 +262,19 @@ void Config::resolve(int world) {
   if (i("parallel.dp") != world)
     throw InputError(cat(where("parallel.dp"), " = ", i("parallel.dp"), ": the job has ", world,
                          " rank(s) and tp x pp = 1, so dp must be ", world, " (or 0: all ranks)"));
-  if (i("parallel.zero") < 0 || i("parallel.zero") > 2)
-    throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1 or 2 (ZeRO-3 is not available in this build yet)"));
+  if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
+    throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));
   if (!(f("comm.timeout_s") > 0)) throw InputError(cat(where("comm.timeout_s"), " = ", f("comm.timeout_s"), ": expected > 0"));
   if (b("parallel.deterministic") && s("comm.grad_dtype") != "f32")
     throw InputError(cat(where("comm.grad_dtype"), " = \"", s("comm.grad_dtype"),
                          "\": parallel.deterministic sums gradients exactly; expected \"f32\""));
-  if (s("comm.param_dtype") != "f32")
+  if (s("comm.param_dtype") != "f32" && i("parallel.zero") != 3)
+    throw InputError(cat(where("comm.param_dtype"), " = \"", s("comm.param_dtype"), "\": only ZeRO-3 all-gathers parameters, and ",
+                         where("parallel.zero"), " = ", i("parallel.zero"), "; expected \"f32\" or parallel.zero = 3"));
+  if (b("parallel.deterministic") && s("comm.param_dtype") != "f32")
     throw InputError(cat(where("comm.param_dtype"), " = \"", s("comm.param_dtype"),
-                         "\": parameters are all-gathered in bf16 only by ZeRO-3, not available in this build yet; expected \"f32\""));
+                         "\": parallel.deterministic computes with the exact f32 weights; expected \"f32\""));
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");

@@ -64,8 +64,8 @@ class GptTask : public Task {
             {"seq_len", cfg_.seq_len}, {"vocab_size", cfg_.vocab_size}};
   }
 
-  void set_grads_ready_hook(std::function<void(int)> hook) override { gpt_.on_grads_ready = std::move(hook); }
-  int64_t grads_final_from(int block) const override { return block < 0 ? 0 : gpt_.block_offset(block); }
+  void set_block_hook(BlockHook hook) override { gpt_.on_block = std::move(hook); }
+  std::vector<int64_t> block_offsets() const override { return gpt_.block_offsets(); }
 
   double micro_step(const std::vector<int64_t>& items, double scale) override {
     const auto b = static_cast<int64_t>(items.size());
@@ -124,6 +124,9 @@ class MlpTask : public Task {
     return {{"kind", "mlp"}, {"inputs", mlp_.config().inputs}, {"hidden", mlp_.config().hidden},
             {"n_hidden", mlp_.config().n_hidden}, {"classes", mlp_.config().classes}};
   }
+
+  void set_block_hook(BlockHook hook) override { mlp_.on_block = std::move(hook); }
+  std::vector<int64_t> block_offsets() const override { return mlp_.block_offsets(); }
 
   double micro_step(const std::vector<int64_t>& items, double scale) override {
     auto [x, y] = gather(train_, items);

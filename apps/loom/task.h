@@ -37,12 +37,11 @@ class Task {
   virtual int64_t tokens_per_item() const = 0;
   // Training FLOPs per item (forward + backward), for MFU.
   virtual double train_flops_per_item() const = 0;
-  // Data parallelism's overlap (loom/data_parallel.h): `hook(block)` is called during
-  // backward as blocks' gradients become final; grads_final_from(block) is the flat offset
-  // from which every gradient is then final. A task without the hook communicates after
-  // backward.
-  virtual void set_grads_ready_hook(std::function<void(int)> hook) { (void)hook; }
-  virtual int64_t grads_final_from(int block) const { (void)block; return 0; }
+  // Data parallelism (loom/data_parallel.h): the model reports entering and leaving each
+  // block through `hook` (loom/params.h's BlockPhase), and block b owns the flat parameter
+  // range [block_offsets()[b], block_offsets()[b+1]).
+  virtual void set_block_hook(BlockHook hook) = 0;
+  virtual std::vector<int64_t> block_offsets() const = 0;
   // The model's shape, saved in checkpoints so sample/eval can rebuild it.
   virtual nlohmann::json model_json() const = 0;
 };

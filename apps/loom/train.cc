@@ -114,9 +114,10 @@ int run_train(const TrainArgs& a) {
   parallel::DataParallel dp(*world, params, oc,
                             {.zero = static_cast<int>(c.i("parallel.zero")), .bucket_mb = c.f("parallel.bucket_mb"),
                              .deterministic = c.b("parallel.deterministic"),
-                             .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
-                            [&](int block) { return task->grads_final_from(block); });
-  task->set_grads_ready_hook([&](int block) { dp.grads_ready(block); });
+                             .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32,
+                             .param_dtype = c.s("comm.param_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
+                            task->block_offsets());
+  task->set_block_hook([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   if (ck) {
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
@@ -124,7 +125,7 @@ int run_train(const TrainArgs& a) {
     log_info(cat("resuming from ", ck->path(), " at step ", start_step));
   }
   dp.sync_params();
-  const parallel::StateBytes mem = dp.state_bytes();
+  const parallel::StateBytes mem0 = dp.state_bytes();
   auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
 
   const std::string metrics_path = (fs::path(run) / "metrics.jsonl").string();
@@ -142,14 +143,15 @@ int run_train(const TrainArgs& a) {
                steps, " steps of ", global_batch, " x ", task->tokens_per_item(), " tokens, ", dp_size,
                " data-parallel rank(s) x ", threads, " thread(s), ZeRO ", c.i("parallel.zero"),
                c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run));
-  log_info(cat("model state per rank: parameters ", mb(mem.params), " MiB, gradients ", mb(mem.grads),
-               " MiB, optimizer ", mb(mem.optimizer), " MiB"));
+  log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
+               " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
   const double tokens_per_step = static_cast<double>(global_batch * task->tokens_per_item());
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0;
   EvalResult last_eval;
 
   auto save = [&](int64_t step) {
-    optim::FlatState opt = dp.gather_optimizer_state();  // collective: every rank takes part
+    dp.materialize_params();                              // collective: every rank takes part
+    optim::FlatState opt = dp.gather_optimizer_state();  // likewise
     if (!lead) return;
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
@@ -179,6 +181,7 @@ int run_train(const TrainArgs& a) {
       const double lr = optim::lr_at(sched, step);
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
       const parallel::CommStats cs = dp.take_stats();
+      const parallel::StateBytes mem = dp.state_bytes();  // resident pages, after the step
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ema_step_s = step == start_step ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
       if (step > start_step) {  // the first step warms caches and connections
@@ -196,7 +199,9 @@ int run_train(const TrainArgs& a) {
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
       const int64_t eval_every = c.i("training.eval_every");
-      if (lead && task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps)) {
+      const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
+      if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates
+      if (lead && eval) {
         last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch);
         line.add("val_loss", last_eval.loss);
         if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);
@@ -213,6 +218,7 @@ int run_train(const TrainArgs& a) {
     }
   }
   progress.finish();
+  dp.materialize_params();
   if (lead && task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
     // A full pass over the test set for the final figure.
     EvalResult full = task->evaluate(0);

@@ -1,17 +1,22 @@
-// Data parallelism with ZeRO stages 0-2 (docs/parallelism.md): every rank holds the whole
-// model, trains on its shard of each global batch, and the gradients are summed across
-// ranks as they become final during backward.
+// Data parallelism with ZeRO stages 0-3 (docs/parallelism.md): every rank trains the whole
+// model on its shard of each global batch, and the gradients are summed across ranks as
+// they become final during backward.
 //
 // The flat gradient buffer is cut into units ("buckets", [parallel] bucket_mb): contiguous
 // element ranges, formed from the end of the buffer because backward finishes the last
 // parameters first. A unit's communication starts, asynchronously, the moment the model
-// reports (through its on_grads_ready hook) that every gradient in it is final, and only on
-// the last micro-step of an accumulation. Each unit is split into `size` near-equal parts;
-// rank r owns part r of every unit:
+// reports (through its block hook, loom/params.h) that every gradient in it is final, and
+// only on the last micro-step of an accumulation. Each unit is split into `size` near-equal
+// parts; rank r owns part r of every unit:
 //   zero 0: all-reduce every unit; every rank updates every parameter.
 //   zero 1: all-reduce; each rank keeps optimizer state for and updates its parts only,
 //           then the parameters are all-gathered.
 //   zero 2: reduce-scatter instead: each rank receives only its parts' summed gradients.
+//   zero 3: also the parameters: each rank keeps only its parts (the f32 master shard).
+//           Units do not cross model blocks; a block's units are all-gathered into the flat
+//           parameter buffer when the model enters the block (forward and backward), the
+//           next block's gather already in flight, and their pages are given back to the
+//           OS when it leaves.
 // Deterministic mode sums gradients exactly (parallel/exact_sum.h), so losses and weights
 // are bitwise equal to one process accumulating the same micro-batches, for any world size.
 //
@@ -33,10 +38,12 @@
 namespace loom::parallel {
 
 struct DataParallelConfig {
-  int zero = 0;                     // ZeRO stage, 0..2
+  int zero = 0;                     // ZeRO stage, 0..3
   double bucket_mb = 25;            // unit size in MiB of f32 gradients
   bool deterministic = false;       // exact, order-independent gradient sums
   DType grad_dtype = DType::kF32;   // gradients on the wire: f32 or bf16 (summed in f32)
+  DType param_dtype = DType::kF32;  // ZeRO 3's parameter all-gather: f32 or bf16 (the model
+                                    // then computes with bf16-rounded weights; masters stay f32)
 };
 
 // Communication of one optimizer step, on this rank.
@@ -54,11 +61,11 @@ struct StateBytes {
 
 class DataParallel {
  public:
-  // `final_from(block)`: the flat element offset from which every gradient is final once
-  // the model's on_grads_ready(block) has fired (block -1 means all: offset 0).
-  // REQUIRES: params allocated, f32; comm outlives this object.
+  // block_offsets: the model's blocks (block b owns [block_offsets[b], block_offsets[b+1]),
+  // see loom/params.h); a model without blocks passes {0, params.numel()}. The model's
+  // block hook must call on_block. REQUIRES: params allocated, f32; comm outlives this.
   DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
-               const DataParallelConfig& config, std::function<int64_t(int)> final_from);
+               const DataParallelConfig& config, std::vector<int64_t> block_offsets);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -67,19 +74,24 @@ class DataParallel {
   int size() const;
 
   // Broadcasts rank 0's parameters, then checks that every rank holds the same bits
-  // (a fingerprint compare). Collective.
+  // (a fingerprint compare); ZeRO 3 then keeps only this rank's parts. Collective.
   void sync_params();
 
-  // One optimizer step: begin_step(); per micro-step begin_micro_step(last), forward,
-  // backward (whose hook calls grads_ready), end_micro_step(); then finish_step().
+  // One optimizer step: begin_step(); per micro-step begin_micro_step(last), forward and
+  // backward (whose block hook calls on_block), end_micro_step(); then finish_step().
   void begin_step();
   void begin_micro_step(bool last);
-  void grads_ready(int block);
+  void on_block(int block, BlockPhase phase);
   void end_micro_step();
   // Waits for the gradient sums, clips them to max_norm (0: no clipping), updates the
   // parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the global gradient norm
   // before clipping.
   double finish_step(double lr, double max_norm);
+
+  // ZeRO 3: gathers every parameter into params.values(), where they stay, whatever the
+  // block hook reports, until the next begin_step(): for evaluation, checkpoints and the
+  // final model. Collective; does nothing at stages 0-2, which always hold them.
+  void materialize_params();
 
   // The mean of every rank's micro-batch losses, summed in global micro-batch order (rank
   // r's micro-batches follow rank r-1's), so the result does not depend on the world size.
@@ -87,7 +99,8 @@ class DataParallel {
 
   CommStats take_stats();
   // Resident bytes of parameters, gradients and optimizer state (between steps: what ZeRO
-  // promises; during backward ZeRO 2 also holds the full gradient buffer).
+  // promises; during backward ZeRO 2-3 also hold the gradients not yet summed, and ZeRO 3
+  // the gathered blocks).
   StateBytes state_bytes() const;
   int64_t optimizer_steps() const;
 

@@ -8,6 +8,7 @@
 // used from any thread (disjoint writes are the caller's to arrange).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,23 @@ struct ParamInfo {
   int64_t offset;  // in elements, into the flat buffers
   int64_t numel;
 };
+
+// Where a model is in a micro-step, reported block by block to whoever manages the blocks'
+// parameters (data parallelism: ZeRO-3 gathers a block's parameters at kForward and
+// kBackward and frees them after; gradient sums start at kBackwardDone). A model with
+// blocks 0..L-1 owning the contiguous flat ranges [offsets[b], offsets[b+1]) reports:
+//   forward:  (-1, kForward), then per block b ascending (b, kForward) (b, kForwardDone),
+//             then (-1, kForwardDone) once its output is computed;
+//   backward: (-1, kBackward), per block b descending (b, kBackward) (b, kBackwardDone),
+//             then (-1, kBackwardDone).
+// Block -1 is the rest (embeddings, final norm, head: the ranges before offsets[0] and
+// after offsets[L]). Its parameters may be used at any point between (-1, kForward) and
+// (-1, kForwardDone), and between (-1, kBackward) and (-1, kBackwardDone); the gradients
+// after offsets[L] are final before the blocks' backward starts, the ones before
+// offsets[0] only at (-1, kBackwardDone). So at (b, kBackwardDone) every gradient from
+// offsets[b] on is final.
+enum class BlockPhase : uint8_t { kForward, kForwardDone, kBackward, kBackwardDone };
+using BlockHook = std::function<void(int block, BlockPhase phase)>;
 
 class ParamSet;
 

@@ -47,6 +47,7 @@ Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
   ctx.t = tokens.dim(1);
   LOOM_CHECK_LE(ctx.t, config_.seq_len);
   ctx.arena.reset();
+  if (on_block) on_block(-1, BlockPhase::kForward);
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
@@ -59,7 +60,11 @@ Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
     for (int64_t i = 0; i < x.numel(); ++i) xd[i] += pd[i];
   });
   ctx.blocks.resize(blocks_.size());
-  for (size_t l = 0; l < blocks_.size(); ++l) x = blocks_[l].forward(x, ctx.blocks[l], ctx.arena);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
+    x = blocks_[l].forward(x, ctx.blocks[l], ctx.arena);
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
+  }
   return ln_f_.forward(x, ctx.ln_f, ctx.arena);
 }
 
@@ -81,6 +86,7 @@ Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) co
                                         static_cast<const T*>(nullptr), h.numel() / c, c, v,
                                         k::WeightLayout::kMK));
   ctx.logits = logits;
+  if (on_block) on_block(-1, BlockPhase::kForwardDone);
   return logits;
 }
 
@@ -91,6 +97,7 @@ double Gpt::forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) co
 
 void Gpt::backward(GptCtx& ctx, double scale) const {
   const int64_t c = config_.d_model, v = config_.vocab_size;
+  if (on_block) on_block(-1, BlockPhase::kBackward);
   Tensor dlogits = CrossEntropy().backward(ctx.loss, scale);
   Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
@@ -100,20 +107,28 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
   Tensor dx = ln_f_.backward(dh, ctx.ln_f, ctx.arena);
   for (size_t l = blocks_.size(); l-- > 0;) {
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
     dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena);
-    if (on_grads_ready) on_grads_ready(static_cast<int>(l));
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   wte_.backward(dx, ctx.wte);
   wpe_.backward(dx, ctx.wpe);
-  if (on_grads_ready) on_grads_ready(-1);
+  if (on_block) on_block(-1, BlockPhase::kBackwardDone);
 }
 
-int64_t Gpt::block_offset(int block) const {
-  const std::string prefix = "transformer.h." + std::to_string(block) + ".";
-  for (const ParamInfo& p : params_.infos())
-    if (p.name.starts_with(prefix)) return p.offset;
-  LOOM_CHECK(false);
-  return 0;
+std::vector<int64_t> Gpt::block_offsets() const {
+  // Blocks are registered after wte and wpe and before ln_f, each as one contiguous run.
+  std::vector<int64_t> offsets;
+  for (int64_t l = 0; l <= config_.n_layer; ++l) {
+    const std::string prefix = l < config_.n_layer ? "transformer.h." + std::to_string(l) + "." : "transformer.ln_f.";
+    for (const ParamInfo& p : params_.infos())
+      if (p.name.starts_with(prefix)) {
+        offsets.push_back(p.offset);
+        break;
+      }
+  }
+  LOOM_CHECK_EQ(static_cast<int64_t>(offsets.size()), config_.n_layer + 1);
+  return offsets;
 }
 
 double Gpt::forward_flops_per_token(int64_t t) const {

@@ -191,11 +191,22 @@ TEST(ModelGrad, GptEndToEnd) {
   auto loss = [&] { return gpt.forward(tokens, targets, ctx); };
   double l0 = loss();
   EXPECT_NEAR(l0, std::log(11.0), 0.1);  // small init: near-uniform predictions
-  int ready = 0;
-  gpt.on_grads_ready = [&](int) { ++ready; };
+  std::vector<std::pair<int, BlockPhase>> events;
+  gpt.on_block = [&](int b, BlockPhase p) { events.emplace_back(b, p); };
+  loss();
   gpt.params().zero_grads();
   gpt.backward(ctx, 1.0);
-  EXPECT_EQ(ready, 3);  // two blocks, then the rest
+  gpt.on_block = nullptr;
+  using P = BlockPhase;
+  const std::vector<std::pair<int, BlockPhase>> want_events = {
+      {-1, P::kForward}, {0, P::kForward}, {0, P::kForwardDone}, {1, P::kForward}, {1, P::kForwardDone},
+      {-1, P::kForwardDone}, {-1, P::kBackward}, {1, P::kBackward}, {1, P::kBackwardDone}, {0, P::kBackward},
+      {0, P::kBackwardDone}, {-1, P::kBackwardDone}};
+  EXPECT_EQ(events, want_events);
+  const std::vector<int64_t> offsets = gpt.block_offsets();
+  ASSERT_EQ(offsets.size(), 3u);
+  EXPECT_EQ(offsets[0], gpt.params().infos()[gpt.params().find("transformer.h.0.ln_1.weight")].offset);
+  EXPECT_EQ(offsets[2], gpt.params().infos()[gpt.params().find("transformer.ln_f.weight")].offset);
   expect_param_grads(gpt.params(), loss);
   // Last-position logits equal the full forward's last row.
   Tensor full = gpt.forward_logits(tokens, ctx, false);

@@ -37,12 +37,16 @@ Tensor MlpClassifier::forward_logits(const Tensor& x, MlpClassifierCtx& ctx) con
   ctx.arena.reset();
   ctx.fc.resize(fc_.size());
   ctx.act.resize(fc_.size() - 1);
+  if (on_block) on_block(-1, BlockPhase::kForward);
   Tensor h = x;
   for (size_t i = 0; i < fc_.size(); ++i) {
+    if (on_block) on_block(static_cast<int>(i), BlockPhase::kForward);
     h = fc_[i].forward(h, ctx.fc[i], ctx.arena);
+    if (on_block) on_block(static_cast<int>(i), BlockPhase::kForwardDone);
     if (i + 1 < fc_.size()) h = Gelu().forward(h, ctx.act[i], ctx.arena);
   }
   ctx.logits = h;
+  if (on_block) on_block(-1, BlockPhase::kForwardDone);
   return h;
 }
 
@@ -52,11 +56,22 @@ double MlpClassifier::forward(const Tensor& x, const Tensor& labels, MlpClassifi
 }
 
 void MlpClassifier::backward(MlpClassifierCtx& ctx, double scale) const {
+  if (on_block) on_block(-1, BlockPhase::kBackward);
   Tensor d = CrossEntropy().backward(ctx.loss, scale);
   for (size_t i = fc_.size(); i-- > 0;) {
+    if (on_block) on_block(static_cast<int>(i), BlockPhase::kBackward);
     d = fc_[i].backward(d, ctx.fc[i], ctx.arena, /*need_dx=*/i > 0);
+    if (on_block) on_block(static_cast<int>(i), BlockPhase::kBackwardDone);
     if (i > 0) d = Gelu().backward(d, ctx.act[i - 1], ctx.arena);
   }
+  if (on_block) on_block(-1, BlockPhase::kBackwardDone);
+}
+
+std::vector<int64_t> MlpClassifier::block_offsets() const {
+  std::vector<int64_t> offsets;
+  for (const Linear& l : fc_) offsets.push_back(l.weight.info().offset);  // weight, then bias
+  offsets.push_back(params_.numel());
+  return offsets;
 }
 
 }  // namespace loom::nn

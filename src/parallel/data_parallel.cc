@@ -1,5 +1,6 @@
-// Data parallelism and ZeRO 1-2: units, the micro-step protocol, the sharded update.
-// The collectives each unit issues live in dp_comm.cc.
+// Data parallelism and ZeRO 1-3: units, the micro-step protocol, the sharded update, and
+// ZeRO 3's gather-before-use of each block. The collectives each unit issues live in
+// dp_comm.cc.
 #include "loom/data_parallel.h"
 
 #include <algorithm>
@@ -12,17 +13,31 @@ namespace loom::parallel {
 
 namespace {
 
-// Units from the end of the buffer down, each `target` elements (a multiple of `align`),
-// the one at offset 0 taking what is left. Returned in ascending order.
-std::vector<Unit> make_units(int64_t numel, double bucket_mb, int size) {
+// Units of [lo, hi) from its end down, each `target` elements (a multiple of `align`), the
+// one at lo taking what is left; appended in descending order.
+void cut_units(int64_t lo, int64_t hi, int64_t target, int64_t align, int group, std::vector<Unit>& units) {
+  for (int64_t end = hi; end > lo;) {
+    int64_t begin = end - target - lo >= align ? end - target : lo;
+    units.push_back(Unit{.begin = begin, .end = end, .group = group});
+    end = begin;
+  }
+}
+
+// Units, in ascending order. ZeRO 3 cuts the blocks and the rest (group 0) separately, so
+// that gathering a block gathers nothing else.
+std::vector<Unit> make_units(int64_t numel, const std::vector<int64_t>& offsets, double bucket_mb, int size,
+                             bool by_block) {
   const int64_t align = 16 * static_cast<int64_t>(size);  // parts stay 64-byte aligned
   int64_t target = static_cast<int64_t>(bucket_mb * (1 << 20) / 4);
   target = std::max(align, target / align * align);
   std::vector<Unit> units;
-  for (int64_t end = numel; end > 0;) {
-    int64_t begin = end - target >= align ? end - target : 0;
-    units.push_back(Unit{.begin = begin, .end = end});
-    end = begin;
+  if (!by_block) {
+    cut_units(0, numel, target, align, 0, units);
+  } else {
+    cut_units(offsets.back(), numel, target, align, 0, units);
+    for (size_t b = offsets.size() - 1; b-- > 0;)
+      cut_units(offsets[b], offsets[b + 1], target, align, static_cast<int>(b) + 1, units);
+    cut_units(0, offsets.front(), target, align, 0, units);
   }
   std::reverse(units.begin(), units.end());
   for (Unit& u : units) u.part = (u.end - u.begin + size - 1) / size;
@@ -32,14 +47,25 @@ std::vector<Unit> make_units(int64_t numel, double bucket_mb, int size) {
 }  // namespace
 
 struct DataParallel::Impl {
+  // ZeRO 3: a model block's parameters (group 0 is the rest).
+  struct Group {
+    std::vector<size_t> units;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // the flat ranges it covers
+    bool gathered = false;  // its gathers launched (and maybe not yet completed)
+    bool resident = false;  // ... and completed: params.values() holds it
+  };
+
   comm::Communicator& comm;
   ParamSet& params;
   DataParallelConfig config;
-  std::function<int64_t(int)> final_from;
+  std::vector<int64_t> offsets;  // model blocks
   int n = 1, me = 0;
   std::vector<Unit> units;  // ascending offsets; launched in descending order
-  int64_t shard_numel = 0;  // elements of this rank's parts (ZeRO 1-2)
-  Tensor shard_grads;       // ZeRO 2: this rank's summed gradients, its parts in order
+  int64_t shard_numel = 0;  // elements of this rank's parts (ZeRO 1-3)
+  Tensor shard_grads;       // ZeRO 2-3: this rank's summed gradients, its parts in order
+  Tensor shard_values;      // ZeRO 3: this rank's parameters (the masters), likewise
+  std::vector<Group> groups;  // ZeRO 3: index 1 + block
+  bool pinned = false;        // ZeRO 3: materialize_params() ran this step
   Tensor exact;             // deterministic: kLimbs int64 per gradient element
   std::unique_ptr<optim::Optimizer> optimizer;
   UnitComm uc;
@@ -48,18 +74,92 @@ struct DataParallel::Impl {
   size_t next_unit = 0;  // in launch order (units.size() - 1 - i)
   CommStats stats;
 
-  Impl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::function<int64_t(int)> ff)
-      : comm(c), params(p), config(cfg), final_from(std::move(ff)), n(c.size()), me(c.rank()),
+  Impl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::vector<int64_t> off)
+      : comm(c), params(p), config(cfg), offsets(std::move(off)), n(c.size()), me(c.rank()),
         uc{.comm = c, .config = config, .stats = stats} {}  // the members, not the arguments
 
   Unit& launch_order(size_t i) { return units[units.size() - 1 - i]; }
   bool sharded() const { return config.zero >= 1; }
+  bool zero3() const { return config.zero == 3; }
+  int blocks() const { return static_cast<int>(offsets.size()) - 1; }
+
+  // ---- ZeRO 3: parameters gathered before use, released after ----
+
+  void launch_gather(int group) {
+    Group& g = groups[group];
+    if (g.gathered) return;
+    for (size_t i : g.units) uc.launch_gather(units[i], params.values(), shard_values);
+    g.gathered = true;
+  }
+
+  void need(int group) {
+    Group& g = groups[group];
+    if (g.resident) return;
+    launch_gather(group);
+    for (size_t i : g.units) uc.complete_gather(units[i], params.values());
+    g.resident = true;
+  }
+
+  void release(int group) {
+    Group& g = groups[group];
+    if (pinned || !g.resident) return;
+    for (const auto& [lo, hi] : g.ranges)
+      release_pages(params.values().data<float>() + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+    g.gathered = g.resident = false;
+  }
+
+  // Waits for every gather in flight and gives every gathered page back.
+  void release_all() {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      Group& g = groups[gi];
+      if (g.gathered && !g.resident) need(static_cast<int>(gi));
+    }
+    pinned = false;
+    release_pages(params.values().raw(), params.values().nbytes());
+    for (Group& g : groups) g.gathered = g.resident = false;
+  }
+
+  void on_block(int block, BlockPhase phase) {
+    const int group = block + 1, last = blocks();  // groups 1..last are the blocks
+    switch (phase) {
+      case BlockPhase::kForward:
+        if (!zero3()) return;
+        need(group);
+        if (group < last) launch_gather(group + 1);  // the block after (from the rest: block 0)
+        return;
+      case BlockPhase::kForwardDone:
+        if (zero3() && block >= 0 && group != last) release(group);  // the last block is backward's first
+        return;
+      case BlockPhase::kBackward:
+        if (!zero3()) return;
+        need(group);
+        if (block > 0) launch_gather(group - 1);
+        else if (block < 0 && last > 0) launch_gather(last);
+        return;
+      case BlockPhase::kBackwardDone:
+        process_ready(block < 0 ? 0 : offsets[block]);
+        if (zero3()) release(group);
+        if (config.zero >= 2 && last_micro) complete_finished();
+        return;
+    }
+  }
+
+  // ZeRO 2-3: the units whose sums have arrived give their full gradients' pages back now,
+  // so that backward does not hold the whole gradient buffer.
+  void complete_finished() {
+    for (size_t i = 0; i < next_unit; ++i) {
+      Unit& u = launch_order(i);
+      if (!u.pending || !u.work.done()) continue;
+      uc.complete_reduce(u, params.grads(), exact, shard_grads);
+      release_pages(params.grads().data<float>() + u.begin, static_cast<size_t>(u.end - u.begin) * sizeof(float));
+    }
+  }
 
   // Flat element ranges this rank updates, and where their gradients and state live.
   optim::UpdateSpec update_spec() {
     if (!sharded()) return optim::whole(params);
-    optim::UpdateSpec spec{.values = params.values(),
-                           .grads = config.zero == 2 ? shard_grads : params.grads(),
+    optim::UpdateSpec spec{.values = zero3() ? shard_values : params.values(),
+                           .grads = config.zero >= 2 ? shard_grads : params.grads(),
                            .state_numel = shard_numel};
     const auto& infos = params.infos();
     size_t pi = 0;
@@ -69,8 +169,8 @@ struct DataParallel::Impl {
       for (size_t q = pi; q < infos.size() && infos[q].offset < e; ++q) {
         const int64_t lo = std::max(b, infos[q].offset), hi = std::min(e, infos[q].offset + infos[q].numel);
         const int64_t local = u.shard_offset + (lo - b);
-        spec.segments.push_back({.kind = infos[q].kind, .numel = hi - lo, .value_offset = lo,
-                                 .grad_offset = config.zero == 2 ? local : lo, .state_offset = local});
+        spec.segments.push_back({.kind = infos[q].kind, .numel = hi - lo, .value_offset = zero3() ? local : lo,
+                                 .grad_offset = config.zero >= 2 ? local : lo, .state_offset = local});
       }
     }
     return spec;
@@ -120,18 +220,32 @@ struct DataParallel::Impl {
 };
 
 DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
-                           const DataParallelConfig& config, std::function<int64_t(int)> final_from)
-    : impl_(std::make_unique<Impl>(comm, params, config, std::move(final_from))) {
+                           const DataParallelConfig& config, std::vector<int64_t> block_offsets)
+    : impl_(std::make_unique<Impl>(comm, params, config, std::move(block_offsets))) {
   Impl& m = *impl_;
   LOOM_CHECK(params.values().defined());
   LOOM_CHECK(params.dtype() == DType::kF32);
-  LOOM_CHECK(config.zero >= 0 && config.zero <= 2);
-  m.units = make_units(params.numel(), config.bucket_mb, m.n);
+  LOOM_CHECK(config.zero >= 0 && config.zero <= 3);
+  LOOM_CHECK(!(config.deterministic && config.param_dtype != DType::kF32));
+  LOOM_CHECK_LE(2u, m.offsets.size());
+  LOOM_CHECK(std::is_sorted(m.offsets.begin(), m.offsets.end()) && m.offsets.front() >= 0 &&
+             m.offsets.back() <= params.numel());
+  m.units = make_units(params.numel(), m.offsets, config.bucket_mb, m.n, m.zero3());
   for (Unit& u : m.units) {
     u.shard_offset = m.shard_numel;
     m.shard_numel += u.mine_end(m.me) - u.mine_begin(m.me);
   }
-  if (config.zero == 2) m.shard_grads = Tensor::zeros({m.shard_numel}, DType::kF32);
+  if (config.zero >= 2) {
+    m.shard_grads = Tensor::zeros({m.shard_numel}, DType::kF32);
+    zero_pages(params.grads().raw(), params.grads().nbytes());  // backward brings pages back
+  }
+  if (m.zero3()) {
+    m.shard_values = Tensor::zeros({m.shard_numel}, DType::kF32);
+    m.groups.resize(m.offsets.size());
+    for (size_t i = 0; i < m.units.size(); ++i) m.groups[m.units[i].group].units.push_back(i);
+    m.groups[0].ranges = {{0, m.offsets.front()}, {m.offsets.back(), params.numel()}};
+    for (size_t b = 0; b + 1 < m.offsets.size(); ++b) m.groups[b + 1].ranges = {{m.offsets[b], m.offsets[b + 1]}};
+  }
   if (config.deterministic) m.exact = Tensor::zeros({kLimbs * params.numel()}, DType::kI64);
   m.optimizer = optim::make_optimizer(optimizer, m.update_spec());
 }
@@ -146,11 +260,20 @@ void DataParallel::sync_params() {
   comm::broadcast(m.comm, {.buffer = m.params.values().raw(), .count = static_cast<size_t>(m.params.numel()),
                            .dtype = DType::kF32, .root = 0});
   m.uc.verify_equal(m.params.values(), "parameters after the broadcast from rank 0");
+  if (!m.zero3()) return;
+  const float* full = m.params.values().data<float>();
+  for (const Unit& u : m.units)
+    std::copy(full + u.mine_begin(m.me), full + u.mine_end(m.me), m.shard_values.data<float>() + u.shard_offset);
+  m.release_all();
 }
 
 void DataParallel::begin_step() {
   Impl& m = *impl_;
-  m.params.zero_grads();
+  if (m.pinned) m.release_all();
+  // ZeRO 2-3 zero the gradients without touching them: their pages come back as backward
+  // writes them.
+  if (m.config.zero >= 2) zero_pages(m.params.grads().raw(), m.params.grads().nbytes());
+  else m.params.zero_grads();
   if (m.config.deterministic) m.exact.zero();
   m.stats = {};
 }
@@ -160,7 +283,7 @@ void DataParallel::begin_micro_step(bool last) {
   impl_->next_unit = 0;
 }
 
-void DataParallel::grads_ready(int block) { impl_->process_ready(block < 0 ? 0 : impl_->final_from(block)); }
+void DataParallel::on_block(int block, BlockPhase phase) { impl_->on_block(block, phase); }
 
 void DataParallel::end_micro_step() { impl_->process_ready(0); }
 
@@ -168,14 +291,25 @@ double DataParallel::finish_step(double lr, double max_norm) {
   Impl& m = *impl_;
   LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());  // end_micro_step() of the last micro-step ran
   for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
-  // ZeRO 2 keeps only its parts (in shard_grads): the full buffer's pages go back to the OS
-  // until the next backward writes them.
-  if (m.config.zero == 2) release_pages(m.params.grads().raw(), m.params.grads().nbytes());
+  // ZeRO 2-3 keep only their parts (in shard_grads): the full buffer's pages go back to the
+  // OS until the next backward writes them.
+  if (m.config.zero >= 2) release_pages(m.params.grads().raw(), m.params.grads().nbytes());
+  // ZeRO 3: no gather may still read the masters the update is about to change, and every
+  // gathered block is stale after it.
+  if (m.zero3()) m.release_all();
   const double norm = m.grad_norm_and_clip(max_norm);
   m.optimizer->step(lr);
-  if (m.sharded())
+  if (m.config.zero == 1 || m.config.zero == 2)
     for (Unit& u : m.units) m.uc.gather(u, m.params.values(), m.params.values(), u.mine_begin(m.me));
   return norm;
+}
+
+void DataParallel::materialize_params() {
+  Impl& m = *impl_;
+  if (!m.zero3()) return;
+  for (size_t g = 0; g < m.groups.size(); ++g) m.launch_gather(static_cast<int>(g));  // all in flight at once
+  for (size_t g = 0; g < m.groups.size(); ++g) m.need(static_cast<int>(g));
+  m.pinned = true;
 }
 
 double DataParallel::mean_loss(const std::vector<double>& micro_losses) {
@@ -194,6 +328,7 @@ StateBytes DataParallel::state_bytes() const {
   StateBytes b;
   // Measured (resident pages), not assumed: what the rank really holds right now.
   b.params = resident_bytes(m.params.values().raw(), m.params.values().nbytes());
+  if (m.shard_values.defined()) b.params += resident_bytes(m.shard_values.raw(), m.shard_values.nbytes());
   b.grads = resident_bytes(m.params.grads().raw(), m.params.grads().nbytes());
   if (m.shard_grads.defined()) b.grads += resident_bytes(m.shard_grads.raw(), m.shard_grads.nbytes());
   for (const auto& [name, t] : m.optimizer->state()) b.optimizer += resident_bytes(t.raw(), t.nbytes());

@@ -39,10 +39,15 @@ uint64_t fingerprint(const void* data, size_t bytes) {
   return h;
 }
 
-// A persistent scratch tensor of at least `numel` elements of `dt` (zeroed when made).
+// A zeroed staging tensor in `t`, which the op's completion frees again.
 Tensor& scratch(Tensor& t, int64_t numel, DType dt) {
-  if (!t.defined() || t.numel() < numel || t.dtype() != dt) t = Tensor::zeros({numel}, dt);
+  t = Tensor::zeros({numel}, dt);
   return t;
+}
+
+double ms_of(const comm::Work& w) {
+  const auto [started, finished] = w.span();
+  return ms(started, finished);
 }
 
 }  // namespace
@@ -68,10 +73,19 @@ void release_pages(void* p, size_t n) {
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
+void zero_pages(void* p, size_t n) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = std::min(a + n, (a + page - 1) / page * page), hi = std::max(lo, (a + n) / page * page);
+  std::memset(p, 0, lo - a);
+  release_pages(p, n);
+  std::memset(reinterpret_cast<void*>(hi), 0, a + n - hi);
+}
+
 void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
   const int n = comm.size();
   const int64_t len = u.end - u.begin, c = u.part;
-  const bool scatter = config.zero == 2, even = u.even(n);
+  const bool scatter = config.zero >= 2, even = u.even(n);
   const bool bf16 = config.grad_dtype == DType::kBF16 && !config.deterministic;
   const float* g = grads.data<float>() + u.begin;
   if (!scatter) {
@@ -132,8 +146,7 @@ void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact
   const auto t0 = Clock::now();
   u.work.wait();
   stats.exposed_ms += ms(t0, Clock::now());
-  const auto [started, finished] = u.work.span();
-  stats.comm_ms += ms(started, finished);
+  stats.comm_ms += ms_of(u.work);
 
   const int me = comm.rank();
   const int64_t len = u.end - u.begin;
@@ -142,13 +155,57 @@ void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact
     float* g = grads.data<float>() + u.begin;
     if (config.deterministic) exact_decode(exact.data<int64_t>() + kLimbs * u.begin, g, len);
     else if (bf16) from_bf16(u.stage.data<uint16_t>(), g, len);
-    return;
+  } else {
+    const int64_t mine = u.mine_end(me) - u.mine_begin(me);
+    float* dst = shard_grads.data<float>() + u.shard_offset;
+    if (config.deterministic) exact_decode(u.out.data<int64_t>(), dst, mine);
+    else if (bf16) from_bf16(u.out.data<uint16_t>(), dst, mine);
+    else if (!u.even(comm.size())) std::copy_n(u.out.data<float>(), mine, dst);
   }
-  const int64_t mine = u.mine_end(me) - u.mine_begin(me);
-  float* dst = shard_grads.data<float>() + u.shard_offset;
-  if (config.deterministic) exact_decode(u.out.data<int64_t>(), dst, mine);
-  else if (bf16) from_bf16(u.out.data<uint16_t>(), dst, mine);
-  else if (!u.even(comm.size())) std::copy_n(u.out.data<float>(), mine, dst);
+  u.stage = {};
+  u.out = {};
+}
+
+void UnitComm::launch_gather(Unit& u, const Tensor& values, const Tensor& shard_values) {
+  const int n = comm.size(), me = comm.rank();
+  const int64_t c = u.part, mine = u.mine_end(me) - u.mine_begin(me);
+  const float* src = shard_values.data<float>() + u.shard_offset;
+  comm::AllGatherOptions o{.count = static_cast<size_t>(c)};
+  if (config.param_dtype == DType::kBF16) {
+    to_bf16(src, scratch(u.gather_in, c, DType::kBF16).data<uint16_t>(), mine);
+    o.input = u.gather_in.raw();
+    o.output = scratch(u.gather_out, c * n, DType::kBF16).raw();
+    o.dtype = DType::kBF16;
+  } else if (u.even(n)) {
+    o.input = src;  // every part is full: they land in place
+    o.output = values.data<float>() + u.begin;
+  } else {
+    std::copy_n(src, mine, scratch(u.gather_in, c, DType::kF32).data<float>());
+    o.input = u.gather_in.raw();
+    o.output = scratch(u.gather_out, c * n, DType::kF32).raw();
+  }
+  stats.bytes += static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
+  u.gather_work = comm::all_gather_async(comm, o);
+  u.gathering = true;
+}
+
+void UnitComm::complete_gather(Unit& u, const Tensor& values) {
+  if (!u.gathering) return;
+  u.gathering = false;
+  const auto t0 = Clock::now();
+  u.gather_work.wait();
+  stats.exposed_ms += ms(t0, Clock::now());
+  stats.comm_ms += ms_of(u.gather_work);
+  if (u.gather_out.defined()) {
+    float* f = values.data<float>();
+    for (int r = 0; r < comm.size(); ++r) {
+      const int64_t at = r * u.part, len = u.mine_end(r) - u.mine_begin(r);
+      if (u.gather_out.dtype() == DType::kBF16) from_bf16(u.gather_out.data<uint16_t>() + at, f + u.mine_begin(r), len);
+      else std::copy_n(u.gather_out.data<float>() + at, len, f + u.mine_begin(r));
+    }
+  }
+  u.gather_in = {};
+  u.gather_out = {};
 }
 
 void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset) {
@@ -163,8 +220,8 @@ void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t sr
     });
     return;
   }
-  // Its own buffer: u.stage may hold bf16 or limbs, and sharing it would reallocate per step.
-  float* sd = scratch(u.gathered, c * n, DType::kF32).data<float>();
+  Tensor staging = Tensor::zeros({c * n}, DType::kF32);
+  float* sd = staging.data<float>();
   std::copy(mine, mine + (u.mine_end(me) - u.mine_begin(me)), sd + me * c);
   timed(bytes, [&] { comm::all_gather(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}); });
   for (int r = 0; r < n; ++r) std::copy(sd + r * c, sd + r * c + (u.mine_end(r) - u.mine_begin(r)), f + u.mine_begin(r));

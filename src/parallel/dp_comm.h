@@ -1,6 +1,8 @@
 // The collectives of data parallelism (docs/parallelism.md): per unit, the gradient sum
-// (all-reduce or reduce-scatter, in f32, bf16 or exact limbs) and the all-gather of
-// updated parts; plus the small exchanges of a step (losses, norms, fingerprints).
+// (all-reduce or reduce-scatter, in f32, bf16 or exact limbs), the all-gather of updated
+// parts (ZeRO 1-2) and the all-gather of a block's parameters before use (ZeRO 3); plus
+// the small exchanges of a step (losses, norms, fingerprints). Staging buffers live only
+// while their collective is in flight, so they add nothing to the state ZeRO divides.
 #pragma once
 
 #include <chrono>
@@ -18,6 +20,7 @@ struct Unit {
   int64_t begin = 0, end = 0;
   int64_t part = 0;
   int64_t shard_offset = 0;  // where this rank's part starts in its shard buffers
+  int group = 0;             // ZeRO 3: 1 + the model block owning it, 0 for the rest
   int64_t mine_begin(int r) const { return std::min(end, begin + r * part); }
   int64_t mine_end(int r) const { return std::min(end, begin + (r + 1) * part); }
   bool even(int size) const { return end - begin == part * size; }
@@ -25,9 +28,14 @@ struct Unit {
   // The sum in flight.
   comm::Work work;
   bool pending = false;
-  Tensor stage;     // padded input (bf16, or f32/limbs of an uneven unit), when needed
-  Tensor out;       // reduce-scatter output, when it cannot land in place
-  Tensor gathered;  // all-gather staging (f32) of an uneven unit or an out-of-place part
+  Tensor stage;  // padded input (bf16, or f32/limbs of an uneven unit), when needed
+  Tensor out;    // reduce-scatter output, when it cannot land in place
+
+  // ZeRO 3's parameter all-gather in flight.
+  comm::Work gather_work;
+  bool gathering = false;
+  Tensor gather_in;   // this rank's part, padded or as bf16, when it cannot be sent in place
+  Tensor gather_out;  // every rank's part, when they cannot land in place
 };
 
 // Bytes of [p, p + n) resident in memory (mincore), and giving whole pages inside it back to
@@ -35,6 +43,9 @@ struct Unit {
 // steps.
 int64_t resident_bytes(const void* p, size_t n);
 void release_pages(void* p, size_t n);
+// Zeroes [p, p + n) by releasing its whole pages and clearing the partial ones at the ends,
+// so that zeroing does not make the range resident.
+void zero_pages(void* p, size_t n);
 
 struct UnitComm {
   comm::Communicator& comm;
@@ -45,8 +56,13 @@ struct UnitComm {
   // deterministic mode, from `exact` (limbs). ZeRO 2 reduce-scatters toward shard_grads.
   void launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads);
   // Waits for it and leaves the f32 sums in grads[u] (ZeRO 0-1) or this rank's part of
-  // shard_grads (ZeRO 2).
+  // shard_grads (ZeRO 2-3).
   void complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads);
+  // ZeRO 3: starts all-gathering unit u of the parameters from every rank's part (this
+  // rank's in shard_values at u.shard_offset), in config.param_dtype; complete_gather
+  // waits for it and leaves the f32 values in values[u].
+  void launch_gather(Unit& u, const Tensor& values, const Tensor& shard_values);
+  void complete_gather(Unit& u, const Tensor& values);
   // All-gathers unit u of the flat f32 `full` from every rank's part, this rank's part
   // being src[src_offset, +its length) (src may be `full` itself). Blocking.
   void gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset);

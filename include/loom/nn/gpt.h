@@ -53,13 +53,12 @@ class Gpt {
   // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
   void backward(GptCtx& ctx, double scale) const;
 
-  // Called during backward when a block's parameter gradients are final for this
-  // micro-batch (index n_layer-1 down to 0), then with -1 for the rest (wte, wpe, ln_f).
-  std::function<void(int block)> on_grads_ready;
+  // Called as forward and backward enter and leave each transformer block, in the order
+  // loom/params.h's BlockPhase describes; block -1 is wte, wpe, ln_f and the tied head.
+  BlockHook on_block;
 
-  // The flat element offset of block's first parameter (data parallelism's "every gradient
-  // from here on is final" once on_grads_ready(block) fired).
-  int64_t block_offset(int block) const;
+  // n_layer + 1 flat element offsets: block b's parameters are [offsets[b], offsets[b+1]).
+  std::vector<int64_t> block_offsets() const;
 
   const GptConfig& config() const { return config_; }
   ParamSet& params() { return params_; }

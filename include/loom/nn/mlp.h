@@ -36,6 +36,12 @@ class MlpClassifier {
   Tensor forward_logits(const Tensor& x, MlpClassifierCtx& ctx) const;  // (B, classes)
   void backward(MlpClassifierCtx& ctx, double scale) const;
 
+  // Called as forward and backward enter and leave each Linear layer (a block), in the
+  // order loom/params.h's BlockPhase describes; the rest (block -1) holds no parameters.
+  BlockHook on_block;
+  // n_hidden + 2 flat element offsets: layer i's parameters are [offsets[i], offsets[i+1]).
+  std::vector<int64_t> block_offsets() const;
+
   const MlpConfig& config() const { return config_; }
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
