@@ -13,7 +13,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "loom/data.h"
 #include "loom/fileio.h"
@@ -277,6 +280,65 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
             read_file(p("runs/z3/checkpoints/step_6/model.safetensors")));
   EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
             read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
+}
+
+// [profile] trace_steps: one Chrome-trace file for the run holding every rank's chosen
+// steps, their blocks, collectives and waits, properly nested, and the communication
+// track's bytes adding up to the step's comm_bytes metric.
+TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --job.name=traced --training.steps=5 --profile.trace_steps=2,4 --checkpoint.every=0"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto trace = nlohmann::json::parse(read_file(p("runs/traced/trace.json")));
+  struct Span {
+    std::string name;
+    double ts, end;
+    int64_t bytes;
+  };
+  std::map<std::pair<int, int>, std::vector<Span>> tracks;  // (rank, track)
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const double ts = e.at("ts").get<double>();
+    tracks[{e.at("pid").get<int>(), e.at("tid").get<int>()}].push_back(
+        {e.at("name").get<std::string>(), ts, ts + e.at("dur").get<double>(),
+         e.contains("args") ? e.at("args").at("bytes").get<int64_t>() : 0});
+  }
+  const std::vector<std::string> comm_bytes = column(read_file(p("runs/traced/metrics.jsonl")), "comm_bytes");
+  ASSERT_EQ(comm_bytes.size(), 5u);
+  for (int rank : {0, 1}) {
+    auto& training = tracks[{rank, 0}];
+    std::sort(training.begin(), training.end(), [](const Span& a, const Span& b) { return a.ts < b.ts || (a.ts == b.ts && a.end > b.end); });
+    std::map<std::string, int> count;
+    std::vector<const Span*> stack;
+    for (const Span& s : training) {
+      ++count[s.name];
+      while (!stack.empty() && stack.back()->end <= s.ts + 0.002) stack.pop_back();
+      if (!stack.empty()) {
+        EXPECT_LE(s.end, stack.back()->end + 0.002) << "rank " << rank << ": " << s.name << " overlaps " << stack.back()->name;
+      }
+      stack.push_back(&s);
+    }
+    for (const char* name : {"step 2", "step 4"}) EXPECT_EQ(count[name], 1) << rank << " " << name;
+    EXPECT_EQ(count["step 1"] + count["step 3"] + count["step 5"], 0);
+    for (const char* name : {"forward block 0", "forward block 1", "backward block 1", "backward block 0", "optimizer step"})
+      EXPECT_EQ(count[name], 2) << "rank " << rank << ": " << name;  // nano: 1 micro-step per step
+    if (rank != 0) continue;
+    for (const Span& step : training) {
+      if (!step.name.starts_with("step ")) continue;
+      int64_t bytes = 0, reduces = 0;
+      for (const Span& s : tracks[{0, 1}]) {
+        if (s.ts < step.ts || s.end > step.end) continue;
+        bytes += s.bytes;
+        reduces += s.name.starts_with("all-reduce gradients");
+      }
+      EXPECT_GE(reduces, 1);
+      EXPECT_EQ(cat(bytes), comm_bytes[std::stoi(step.name.substr(5)) - 1]) << step.name;
+    }
+  }
+  expect_bad_input(cat("train ", p("nano.toml"), " --job.name=t9 --profile.trace_steps=9"),
+                   {"profile.trace_steps", "past training.steps = 6"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --job.name=t9 --profile.trace_steps=2-x"),
+                   {"profile.trace_steps", "expected steps"});
 }
 
 // /proc files report size 0: read them as streams.

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "loom/error.h"
+#include "loom/trace.h"
 
 namespace loom::app {
 namespace {
@@ -275,6 +276,14 @@ void Config::resolve(int world) {
   if (b("parallel.deterministic") && s("comm.param_dtype") != "f32")
     throw InputError(cat(where("comm.param_dtype"), " = \"", s("comm.param_dtype"),
                          "\": parallel.deterministic computes with the exact f32 weights; expected \"f32\""));
+  try {
+    const std::vector<int64_t> traced = obs::parse_steps(s("profile.trace_steps"));
+    if (!traced.empty() && traced.back() > i("training.steps"))
+      throw InputError(cat("\"", s("profile.trace_steps"), "\": step ", traced.back(), " is past training.steps = ",
+                           i("training.steps")));
+  } catch (const InputError& e) {
+    throw InputError(cat(where("profile.trace_steps"), " = ", e.what()));
+  }
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");

@@ -2,6 +2,7 @@
 // (DESIGN.md section 4): config.toml, metrics.jsonl, checkpoints/step_N, logs/.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "loom/optim.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
+#include "loom/trace.h"
 #include "task.h"
 
 namespace loom::app {
@@ -49,6 +51,73 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
     pos = nl + 1;
   }
   write_file_atomic(path, kept);
+}
+
+// The training thread's spans of a traced step (docs/formats.md, trace.json): nested spans
+// for the step, micro-steps, forward and backward and each block in them, the optimizer
+// step; the training thread's waits on collectives; and, on the communication track, every
+// collective as the progress thread ran it.
+class StepTracer {
+ public:
+  StepTracer(obs::Trace& trace, parallel::DataParallel& dp) : trace_(trace), dp_(dp) {}
+
+  void push(std::string name) { open_.push_back({std::move(name), obs::Trace::Clock::now()}); }
+  void pop() {
+    trace_.span(obs::Trace::kTraining, open_.back().name, open_.back().begin, obs::Trace::Clock::now());
+    open_.pop_back();
+  }
+
+  // The block hook while tracing: spans around each block, DataParallel's waits outside
+  // them, so that every wait nests inside forward or backward but beside the blocks.
+  void on_block(int block, BlockPhase phase) {
+    const bool rest = block < 0;
+    const bool fwd = phase == BlockPhase::kForward || phase == BlockPhase::kForwardDone;
+    switch (phase) {
+      case BlockPhase::kForward:
+      case BlockPhase::kBackward:
+        if (rest) push(fwd ? "forward" : "backward");
+        dp_.on_block(block, phase);
+        if (!rest) push(cat(fwd ? "forward" : "backward", " block ", block));
+        return;
+      case BlockPhase::kForwardDone:
+      case BlockPhase::kBackwardDone:
+        if (!rest) pop();
+        dp_.on_block(block, phase);
+        if (rest) pop();
+        return;
+    }
+  }
+
+  void on_comm(const parallel::CommSpan& s) {
+    trace_.span(obs::Trace::kComm, s.what, s.begin, s.end, {{"bytes", std::to_string(s.bytes)}});
+    if (s.wait_end > s.wait_begin) trace_.span(obs::Trace::kTraining, "wait: " + s.what, s.wait_begin, s.wait_end);
+  }
+
+ private:
+  struct Open {
+    std::string name;
+    obs::Trace::Clock::time_point begin;
+  };
+  obs::Trace& trace_;
+  parallel::DataParallel& dp_;
+  std::vector<Open> open_;
+};
+
+// Collective: every rank's events to rank 0, which writes the merged file.
+void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path) {
+  const std::string mine = trace.events(world.rank());
+  const auto n = static_cast<size_t>(world.size());
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(n);
+  comm::all_gather(world, {.input = &len, .output = lens.data(), .count = 1, .dtype = DType::kI64});
+  const auto width = static_cast<size_t>(*std::max_element(lens.begin(), lens.end()));
+  std::string padded = mine, all(width * n, ' ');
+  padded.resize(width, ' ');
+  comm::all_gather(world, {.input = padded.data(), .output = all.data(), .count = width, .dtype = DType::kU8});
+  if (world.rank() != 0) return;
+  std::vector<std::string> parts;
+  for (size_t r = 0; r < n; ++r) parts.push_back(all.substr(r * width, static_cast<size_t>(lens[r])));
+  write_file_atomic(path, obs::merge_traces(parts));
 }
 
 }  // namespace
@@ -117,7 +186,15 @@ int run_train(const TrainArgs& a) {
                              .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32,
                              .param_dtype = c.s("comm.param_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
                             task->block_offsets());
-  task->set_block_hook([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
+  // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
+  const std::vector<int64_t> trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
+  std::optional<obs::Trace> trace;
+  std::optional<StepTracer> tracer;
+  bool tracing = false;
+  task->set_block_hook([&](int block, BlockPhase phase) {
+    if (tracing) tracer->on_block(block, phase);
+    else dp.on_block(block, phase);
+  });
   if (ck) {
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
@@ -125,6 +202,11 @@ int run_train(const TrainArgs& a) {
     log_info(cat("resuming from ", ck->path(), " at step ", start_step));
   }
   dp.sync_params();
+  if (!trace_steps.empty()) {
+    comm::barrier(*world);  // every rank's origin: the barrier's exit
+    trace.emplace(obs::Trace::Clock::now());
+    tracer.emplace(*trace, dp);
+  }
   const parallel::StateBytes mem0 = dp.state_bytes();
   auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
 
@@ -166,9 +248,15 @@ int run_train(const TrainArgs& a) {
   for (int64_t step = start_step; step < steps; ++step) {
     try {
       auto t0 = std::chrono::steady_clock::now();
+      tracing = trace && std::binary_search(trace_steps.begin(), trace_steps.end(), step + 1);
+      if (tracing) {
+        tracer->push(cat("step ", step + 1));
+        dp.set_comm_observer([&](const parallel::CommSpan& s) { tracer->on_comm(s); });
+      }
       dp.begin_step();
       std::vector<double> micro_losses;
       for (int64_t m = 0; m < accum; ++m) {
+        if (tracing) tracer->push(cat("micro-step ", m));
         dp.begin_micro_step(m == accum - 1);
         // This rank's shard of the global batch: items [rank * per_rank, (rank + 1) * per_rank).
         std::vector<int64_t> items(static_cast<size_t>(micro_batch));
@@ -176,10 +264,13 @@ int run_train(const TrainArgs& a) {
           items[i] = sampler.item(step * global_batch + dp.rank() * per_rank + m * micro_batch + i);
         micro_losses.push_back(task->micro_step(items, 1.0 / static_cast<double>(accum * dp_size)));
         dp.end_micro_step();
+        if (tracing) tracer->pop();
       }
       const double loss = dp.mean_loss(micro_losses);
       const double lr = optim::lr_at(sched, step);
+      if (tracing) tracer->push("optimizer step");
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
+      if (tracing) tracer->pop();
       const parallel::CommStats cs = dp.take_stats();
       const parallel::StateBytes mem = dp.state_bytes();  // resident pages, after the step
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -202,7 +293,9 @@ int run_train(const TrainArgs& a) {
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates
       if (lead && eval) {
+        if (tracing) tracer->push("evaluate");
         last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch);
+        if (tracing) tracer->pop();
         line.add("val_loss", last_eval.loss);
         if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);
         progress.note(cat("step ", done, ": val_loss ", last_eval.loss,
@@ -211,7 +304,21 @@ int run_train(const TrainArgs& a) {
       if (metrics) metrics->write(line);
       progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
       const int64_t every = c.i("checkpoint.every");
-      if ((every > 0 && done % every == 0) || done == steps) save(done);
+      if ((every > 0 && done % every == 0) || done == steps) {
+        if (tracing) tracer->push("checkpoint");
+        save(done);
+        if (tracing) tracer->pop();
+      }
+      if (tracing) {
+        tracer->pop();  // the step
+        dp.set_comm_observer(nullptr);
+        tracing = false;
+        if (done == trace_steps.back()) {
+          const std::string path = (fs::path(run) / "trace.json").string();
+          write_merged_trace(*world, *trace, path);
+          progress.note(cat("trace of step(s) ", c.s("profile.trace_steps"), " of ", dp_size, " rank(s): ", path));
+        }
+      }
     } catch (const RuntimeError& e) {
       // Names the step, so a dead peer's line says when it happened.
       throw RuntimeError(cat("rank ", env.rank, " at step ", step + 1, ": ", e.what()));

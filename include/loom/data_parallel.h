@@ -53,6 +53,14 @@ struct CommStats {
   int64_t bytes = 0;      // payload bytes of the collectives this rank issued
 };
 
+// One collective of this rank, for traces: the progress thread ran it over [begin, end);
+// the training thread blocked on it over [wait_begin, wait_end) (empty when it did not).
+struct CommSpan {
+  std::string what;
+  int64_t bytes = 0;
+  std::chrono::steady_clock::time_point begin, end, wait_begin, wait_end;
+};
+
 // Bytes of model state this rank holds (what ZeRO divides).
 struct StateBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
@@ -98,6 +106,8 @@ class DataParallel {
   double mean_loss(const std::vector<double>& micro_losses);
 
   CommStats take_stats();
+  // Called on the training thread for every collective as it completes; empty: off.
+  void set_comm_observer(std::function<void(const CommSpan&)> observer);
   // Resident bytes of parameters, gradients and optimizer state (between steps: what ZeRO
   // promises; during backward ZeRO 2-3 also hold the gradients not yet summed, and ZeRO 3
   // the gathered blocks).

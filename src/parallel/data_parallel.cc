@@ -73,10 +73,11 @@ struct DataParallel::Impl {
   bool last_micro = false;
   size_t next_unit = 0;  // in launch order (units.size() - 1 - i)
   CommStats stats;
+  std::function<void(const CommSpan&)> observer;
 
   Impl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::vector<int64_t> off)
       : comm(c), params(p), config(cfg), offsets(std::move(off)), n(c.size()), me(c.rank()),
-        uc{.comm = c, .config = config, .stats = stats} {}  // the members, not the arguments
+        uc{.comm = c, .config = config, .stats = stats, .observer = observer} {}  // the members, not the arguments
 
   Unit& launch_order(size_t i) { return units[units.size() - 1 - i]; }
   bool sharded() const { return config.zero >= 1; }
@@ -199,7 +200,7 @@ struct DataParallel::Impl {
     if (config.deterministic) {
       int64_t acc[kSquareLimbs] = {};
       exact_accumulate_squares(g.data<float>(), g.numel(), acc);
-      if (!full) uc.sum_i64(acc, kSquareLimbs);
+      if (!full) uc.sum_i64(acc, kSquareLimbs, "all-reduce gradient norm");
       norm = std::sqrt(exact_decode_squares(acc));
     } else if (full) {
       return optim::clip_grad_norm(params, max_norm);  // the single-process computation
@@ -207,7 +208,7 @@ struct DataParallel::Impl {
       double sq = 0;
       const float* d = g.data<float>();
       for (int64_t i = 0; i < g.numel(); ++i) sq += static_cast<double>(d[i]) * d[i];
-      uc.sum_f64(&sq, 1);
+      uc.sum_f64(&sq, 1, "all-reduce gradient norm");
       norm = std::sqrt(sq);
     }
     if (max_norm > 0 && norm > max_norm) {
@@ -300,7 +301,7 @@ double DataParallel::finish_step(double lr, double max_norm) {
   const double norm = m.grad_norm_and_clip(max_norm);
   m.optimizer->step(lr);
   if (m.config.zero == 1 || m.config.zero == 2)
-    for (Unit& u : m.units) m.uc.gather(u, m.params.values(), m.params.values(), u.mine_begin(m.me));
+    for (Unit& u : m.units) m.uc.gather(u, m.params.values(), m.params.values(), u.mine_begin(m.me), "all-gather parameters");
   return norm;
 }
 
@@ -315,13 +316,17 @@ void DataParallel::materialize_params() {
 double DataParallel::mean_loss(const std::vector<double>& micro_losses) {
   Impl& m = *impl_;
   std::vector<double> all(micro_losses.size() * static_cast<size_t>(m.n));
-  m.uc.all_gather_f64(micro_losses.data(), all.data(), micro_losses.size());
+  m.uc.all_gather_f64(micro_losses.data(), all.data(), micro_losses.size(), "all-gather losses");
   double sum = 0;
   for (double l : all) sum += l;  // global micro-batch order, as one process sums them
   return sum / static_cast<double>(all.size());
 }
 
 CommStats DataParallel::take_stats() { return std::exchange(impl_->stats, {}); }
+
+void DataParallel::set_comm_observer(std::function<void(const CommSpan&)> observer) {
+  impl_->observer = std::move(observer);
+}
 
 StateBytes DataParallel::state_bytes() const {
   const Impl& m = *impl_;
@@ -354,7 +359,7 @@ optim::FlatState DataParallel::gather_optimizer_state() {
       s.buffers[k].second.copy_from(own[k].second);
       continue;
     }
-    for (Unit& u : m.units) m.uc.gather(u, s.buffers[k].second, own[k].second, u.shard_offset);
+    for (Unit& u : m.units) m.uc.gather(u, s.buffers[k].second, own[k].second, u.shard_offset, "all-gather optimizer state");
   }
   return s;
 }

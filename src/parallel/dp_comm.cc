@@ -45,10 +45,7 @@ Tensor& scratch(Tensor& t, int64_t numel, DType dt) {
   return t;
 }
 
-double ms_of(const comm::Work& w) {
-  const auto [started, finished] = w.span();
-  return ms(started, finished);
-}
+std::string range(const Unit& u) { return cat("[", u.begin, ", ", u.end, ")"); }
 
 }  // namespace
 
@@ -102,7 +99,7 @@ void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, 
     } else {
       o.output = grads.data<float>() + u.begin;
     }
-    stats.bytes += static_cast<int64_t>(o.count * dtype_size(o.dtype));
+    u.reduce_bytes = static_cast<int64_t>(o.count * dtype_size(o.dtype));
     u.work = comm::all_reduce_async(comm, o);
   } else {
     comm::ReduceScatterOptions o{.count = static_cast<size_t>(c)};
@@ -134,7 +131,7 @@ void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, 
       }
       o.output = even ? shard_grads.data<float>() + u.shard_offset : scratch(u.out, c, DType::kF32).raw();
     }
-    stats.bytes += static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
+    u.reduce_bytes = static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
     u.work = comm::reduce_scatter_async(comm, o);
   }
   u.pending = true;
@@ -145,8 +142,7 @@ void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact
   u.pending = false;
   const auto t0 = Clock::now();
   u.work.wait();
-  stats.exposed_ms += ms(t0, Clock::now());
-  stats.comm_ms += ms_of(u.work);
+  completed(u.work, cat(config.zero >= 2 ? "reduce-scatter" : "all-reduce", " gradients ", range(u)), u.reduce_bytes, t0);
 
   const int me = comm.rank();
   const int64_t len = u.end - u.begin;
@@ -184,7 +180,7 @@ void UnitComm::launch_gather(Unit& u, const Tensor& values, const Tensor& shard_
     o.input = u.gather_in.raw();
     o.output = scratch(u.gather_out, c * n, DType::kF32).raw();
   }
-  stats.bytes += static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
+  u.gather_bytes = static_cast<int64_t>(o.count * static_cast<size_t>(n) * dtype_size(o.dtype));
   u.gather_work = comm::all_gather_async(comm, o);
   u.gathering = true;
 }
@@ -194,8 +190,9 @@ void UnitComm::complete_gather(Unit& u, const Tensor& values) {
   u.gathering = false;
   const auto t0 = Clock::now();
   u.gather_work.wait();
-  stats.exposed_ms += ms(t0, Clock::now());
-  stats.comm_ms += ms_of(u.gather_work);
+  completed(u.gather_work,
+            cat("all-gather parameters ", u.group > 0 ? cat("block ", u.group - 1) : std::string("rest"), " ", range(u)),
+            u.gather_bytes, t0);
   if (u.gather_out.defined()) {
     float* f = values.data<float>();
     for (int r = 0; r < comm.size(); ++r) {
@@ -208,37 +205,51 @@ void UnitComm::complete_gather(Unit& u, const Tensor& values) {
   u.gather_out = {};
 }
 
-void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset) {
+void UnitComm::completed(const comm::Work& w, const std::string& what, int64_t bytes, Clock::time_point t0) {
+  const auto t1 = Clock::now();
+  const auto [started, finished] = w.span();
+  stats.exposed_ms += ms(t0, t1);
+  stats.comm_ms += ms(started, finished);
+  stats.bytes += bytes;
+  if (observer) observer({.what = what, .bytes = bytes, .begin = started, .end = finished, .wait_begin = t0, .wait_end = t1});
+}
+
+void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset, const char* what) {
   const int n = comm.size(), me = comm.rank();
   const int64_t c = u.part;
   float* f = full.data<float>();
   const float* mine = src.data<float>() + src_offset;
   const size_t bytes = static_cast<size_t>(c * n) * sizeof(float);
   if (u.even(n) && mine == f + u.mine_begin(me)) {
-    timed(bytes, [&] {
-      comm::all_gather(comm, {.output = f + u.begin, .count = static_cast<size_t>(c), .dtype = DType::kF32});
-    });
+    blocking(comm::all_gather_async(comm, {.output = f + u.begin, .count = static_cast<size_t>(c), .dtype = DType::kF32}),
+             cat(what, " ", range(u)), bytes);
     return;
   }
   Tensor staging = Tensor::zeros({c * n}, DType::kF32);
   float* sd = staging.data<float>();
   std::copy(mine, mine + (u.mine_end(me) - u.mine_begin(me)), sd + me * c);
-  timed(bytes, [&] { comm::all_gather(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}); });
+  blocking(comm::all_gather_async(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}),
+           cat(what, " ", range(u)), bytes);
   for (int r = 0; r < n; ++r) std::copy(sd + r * c, sd + r * c + (u.mine_end(r) - u.mine_begin(r)), f + u.mine_begin(r));
 }
 
-void UnitComm::sum_i64(int64_t* data, size_t count) {
-  timed(count * 8, [&] { comm::all_reduce(comm, {.output = data, .count = count, .dtype = DType::kI64}); });
+void UnitComm::blocking(comm::Work w, const std::string& what, size_t bytes) {
+  const auto t0 = Clock::now();
+  w.wait();
+  completed(w, what, static_cast<int64_t>(bytes), t0);
 }
 
-void UnitComm::sum_f64(double* data, size_t count) {
-  timed(count * 8, [&] { comm::all_reduce(comm, {.output = data, .count = count, .dtype = DType::kF64}); });
+void UnitComm::sum_i64(int64_t* data, size_t count, const char* what) {
+  blocking(comm::all_reduce_async(comm, {.output = data, .count = count, .dtype = DType::kI64}), what, count * 8);
 }
 
-void UnitComm::all_gather_f64(const double* in, double* out, size_t count) {
-  timed(count * 8 * static_cast<size_t>(comm.size()), [&] {
-    comm::all_gather(comm, {.input = in, .output = out, .count = count, .dtype = DType::kF64});
-  });
+void UnitComm::sum_f64(double* data, size_t count, const char* what) {
+  blocking(comm::all_reduce_async(comm, {.output = data, .count = count, .dtype = DType::kF64}), what, count * 8);
+}
+
+void UnitComm::all_gather_f64(const double* in, double* out, size_t count, const char* what) {
+  blocking(comm::all_gather_async(comm, {.input = in, .output = out, .count = count, .dtype = DType::kF64}), what,
+           count * 8 * static_cast<size_t>(comm.size()));
 }
 
 void UnitComm::verify_equal(const Tensor& t, const std::string& what) {

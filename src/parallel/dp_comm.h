@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "loom/comm.h"
 #include "loom/data_parallel.h"
@@ -28,6 +30,7 @@ struct Unit {
   // The sum in flight.
   comm::Work work;
   bool pending = false;
+  int64_t reduce_bytes = 0, gather_bytes = 0;  // of the collectives in flight
   Tensor stage;  // padded input (bf16, or f32/limbs of an uneven unit), when needed
   Tensor out;    // reduce-scatter output, when it cannot land in place
 
@@ -51,6 +54,7 @@ struct UnitComm {
   comm::Communicator& comm;
   const DataParallelConfig& config;
   CommStats& stats;
+  const std::function<void(const CommSpan&)>& observer;
 
   // Starts summing unit u's gradients across ranks: from `grads` (f32) or, in
   // deterministic mode, from `exact` (limbs). ZeRO 2 reduce-scatters toward shard_grads.
@@ -65,24 +69,18 @@ struct UnitComm {
   void complete_gather(Unit& u, const Tensor& values);
   // All-gathers unit u of the flat f32 `full` from every rank's part, this rank's part
   // being src[src_offset, +its length) (src may be `full` itself). Blocking.
-  void gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset);
+  void gather(Unit& u, const Tensor& full, const Tensor& src, int64_t src_offset, const char* what);
 
-  void sum_i64(int64_t* data, size_t count);
-  void sum_f64(double* data, size_t count);
-  void all_gather_f64(const double* in, double* out, size_t count);
+  void sum_i64(int64_t* data, size_t count, const char* what);
+  void sum_f64(double* data, size_t count, const char* what);
+  void all_gather_f64(const double* in, double* out, size_t count, const char* what);
   // RuntimeError naming the ranks when `t`'s bits differ between ranks.
   void verify_equal(const Tensor& t, const std::string& what);
 
-  // Blocking collectives count as exposed communication too.
-  template <typename F>
-  void timed(size_t bytes, F&& f) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    stats.comm_ms += ms;
-    stats.exposed_ms += ms;
-    stats.bytes += static_cast<int64_t>(bytes);
-  }
+  // A collective the training thread waits for at once: all of its wait is exposed.
+  void blocking(comm::Work w, const std::string& what, size_t bytes);
+  // Accounts for a completed async collective waited on over [t0, now): stats, observer.
+  void completed(const comm::Work& w, const std::string& what, int64_t bytes, std::chrono::steady_clock::time_point t0);
 };
 
 }  // namespace loom::parallel
