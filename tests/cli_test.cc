@@ -371,7 +371,7 @@ pid_t rank_pid(pid_t launcher, int rank) {
 
 TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
   const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
-                                " --quiet --training.steps=300 --checkpoint.every=5 --parallel.zero=1 --training.eval_every=0");
+                                " --quiet --training.steps=300 --checkpoint.every=5 --parallel.zero=3 --training.eval_every=0");
   ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --job.name=full")).code, 0);
 
   pid_t launcher = ::fork();

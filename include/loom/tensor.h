@@ -22,7 +22,10 @@
 
 namespace loom {
 
-// Owns one zero-initialised, 64-byte aligned byte buffer.
+// Owns one zero-initialised, 64-byte aligned byte buffer. Buffers of kMappedBytes or more
+// are anonymous page mappings: their zero pages cost no memory until first written, so a
+// buffer that is zeroed but not yet used (a ZeRO-2/3 gradient buffer, optimizer moments
+// before the first step) is not resident.
 class Storage {
  public:
   explicit Storage(size_t bytes);
@@ -34,9 +37,12 @@ class Storage {
   const std::byte* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
+  static constexpr size_t kMappedBytes = size_t{1} << 20;
+
  private:
   std::byte* data_;
   size_t bytes_;
+  bool mapped_ = false;
 };
 
 using Shape = std::vector<int64_t>;

@@ -5,16 +5,28 @@
 #include <cstring>
 #include <new>
 
+#include <sys/mman.h>
+
 namespace loom {
 
 Storage::Storage(size_t bytes) : bytes_(bytes) {
+  if (bytes >= kMappedBytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<std::byte*>(p);  // page aligned, reads as zero
+    mapped_ = true;
+    return;
+  }
   size_t rounded = (bytes + 63) / 64 * 64;
   data_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
   if (data_ == nullptr) throw std::bad_alloc();
   std::memset(data_, 0, rounded == 0 ? 64 : rounded);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (mapped_) ::munmap(data_, bytes_);
+  else std::free(data_);
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;

@@ -1,4 +1,4 @@
-// Data parallelism equals serial (STYLE.md rule 7): ranks as threads train a small GPT for
+// Data parallelism equals serial (STYLE.md rule 7): ranks as threads train gpt-nano for
 // 20 steps and are compared with one process accumulating the same micro-batches.
 // Deterministic mode: losses and final weights bitwise equal, for world sizes 1-4 (3
 // included), each ZeRO stage, with and without gradient accumulation. Otherwise: within
@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
-const nn::GptConfig kModel{.n_layer = 2, .n_head = 2, .d_model = 64, .seq_len = 32, .vocab_size = 256};
+const nn::GptConfig kModel{.n_layer = 2, .n_head = 2, .d_model = 64, .seq_len = 64, .vocab_size = 256};  // gpt-nano
 
 // Structured bytes (a few repeated phrases with noise) so the loss falls.
 const std::vector<uint16_t>& tokens() {
