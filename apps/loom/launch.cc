@@ -169,7 +169,11 @@ int run_launch(const LaunchArgs& a) {
   auto deadline_kill = std::chrono::steady_clock::time_point::max();
   int open_pipes = a.nproc;
   while (true) {
-    // Reap.
+    // Reap. Of the failures one pass finds, a rank killed by a signal is named first: a
+    // peer that noticed its death and exited with an error may be reaped in the same pass,
+    // but the killed rank died before it.
+    int pass_failure = -1;
+    bool pass_signaled = false;
     for (int i = 0; i < a.nproc; ++i) {
       Child& c = children[i];
       if (c.exited) continue;
@@ -177,11 +181,15 @@ int run_launch(const LaunchArgs& a) {
       if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.exited = true;
       c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (c.code != 0 && first_failure < 0) {
-        first_failure = i;
-        deadline_term = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-        deadline_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+      if (c.code != 0 && (pass_failure < 0 || (WIFSIGNALED(status) && !pass_signaled))) {
+        pass_failure = i;
+        pass_signaled = WIFSIGNALED(status);
       }
+    }
+    if (pass_failure >= 0 && first_failure < 0) {
+      first_failure = pass_failure;
+      deadline_term = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+      deadline_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     }
     bool all_exited = std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; });
     if (all_exited && open_pipes == 0) break;
