@@ -47,6 +47,16 @@ Tensor& scratch(Tensor& t, int64_t numel, DType dt) {
 
 std::string range(const Unit& u) { return cat("[", u.begin, ", ", u.end, ")"); }
 
+// An all-gather's output holds every rank's part padded to u.part elements (f32 or bf16):
+// puts each part where it belongs in the flat `full`.
+void unpack_parts(const Unit& u, int size, const Tensor& gathered, float* full) {
+  for (int r = 0; r < size; ++r) {
+    const int64_t at = r * u.part, len = u.mine_end(r) - u.mine_begin(r);
+    if (gathered.dtype() == DType::kBF16) from_bf16(gathered.data<uint16_t>() + at, full + u.mine_begin(r), len);
+    else std::copy_n(gathered.data<float>() + at, len, full + u.mine_begin(r));
+  }
+}
+
 }  // namespace
 
 int64_t resident_bytes(const void* p, size_t n) {
@@ -193,14 +203,7 @@ void UnitComm::complete_gather(Unit& u, const Tensor& values) {
   completed(u.gather_work,
             cat("all-gather parameters ", u.group > 0 ? cat("block ", u.group - 1) : std::string("rest"), " ", range(u)),
             u.gather_bytes, t0);
-  if (u.gather_out.defined()) {
-    float* f = values.data<float>();
-    for (int r = 0; r < comm.size(); ++r) {
-      const int64_t at = r * u.part, len = u.mine_end(r) - u.mine_begin(r);
-      if (u.gather_out.dtype() == DType::kBF16) from_bf16(u.gather_out.data<uint16_t>() + at, f + u.mine_begin(r), len);
-      else std::copy_n(u.gather_out.data<float>() + at, len, f + u.mine_begin(r));
-    }
-  }
+  if (u.gather_out.defined()) unpack_parts(u, comm.size(), u.gather_out, values.data<float>());
   u.gather_in = {};
   u.gather_out = {};
 }
@@ -230,7 +233,7 @@ void UnitComm::gather(Unit& u, const Tensor& full, const Tensor& src, int64_t sr
   std::copy(mine, mine + (u.mine_end(me) - u.mine_begin(me)), sd + me * c);
   blocking(comm::all_gather_async(comm, {.output = sd, .count = static_cast<size_t>(c), .dtype = DType::kF32}),
            cat(what, " ", range(u)), bytes);
-  for (int r = 0; r < n; ++r) std::copy(sd + r * c, sd + r * c + (u.mine_end(r) - u.mine_begin(r)), f + u.mine_begin(r));
+  unpack_parts(u, n, staging, f);
 }
 
 void UnitComm::blocking(comm::Work w, const std::string& what, size_t bytes) {
