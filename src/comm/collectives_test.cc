@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm_checks.h"
+#include "comm/transport/shm/shm_window.h"
 
 namespace loom::comm {
 namespace {
@@ -64,6 +65,26 @@ TEST(Collectives, DeterministicBits) {
 TEST(Collectives, Large16M) {
   for (const char* transport : {"tcp", "shm"})
     run_ranks(2, {.transport = transport}, [](Communicator& c) { testing::large_16m(c, Algorithm::kAuto); });
+}
+
+// The streaming copy behind large slot fills and outputs: every length around its 64-byte
+// lines, at every alignment of source and destination, copies exactly [dst, dst + n).
+TEST(Collectives, StreamCopyAnyAlignmentAndLength) {
+  std::vector<unsigned char> src(4096 + 128), dst(4096 + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t n : {0, 1, 15, 63, 64, 65, 127, 128, 129, 1000, 4095, 4096}) {
+    for (size_t da = 0; da < 64; da += 5) {
+      for (size_t sa : {0, 1, 33}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        stream_copy(dst.data() + 64 + da, src.data() + sa, n);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          bool inside = i >= 64 + da && i < 64 + da + n;
+          unsigned char want = inside ? src[sa + i - 64 - da] : 0xEE;
+          ASSERT_EQ(dst[i], want) << "n " << n << " dst offset " << da << " src offset " << sa << " byte " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(Collectives, SplitMakesSubGroups) {

@@ -24,7 +24,7 @@ struct alignas(128) ShmWindow::Control {
     int32_t root;
     uint64_t count, seq;
     uint64_t addr;  // single-copy rounds: the data's address in the publishing process
-  } fp[2];
+  } fp[ShmWindow::kSlots];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -79,6 +79,16 @@ bool agree_single_copy(Store& store, const std::string& name, int rank, int size
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// fill(): copies below this size stay in cache and always use ordinary stores.
+constexpr size_t kFillMeasuredBytes = 64 << 10;
+// Every this many large fills, the store kind not in use is tried again, so a change of
+// placement (or of the machine's load) is noticed within a few rounds.
+constexpr uint64_t kFillProbeEvery = 64;
+// Streaming wins only when ordinary stores cost this much more: it sends every byte to
+// memory, so the peers' reads of the slot miss the cache (on the reference machine they
+// took 1.3x as long; docs/perf.md).
+constexpr double kStreamingPenalty = 1.5;
+
 }  // namespace
 
 std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& name, int rank,
@@ -93,7 +103,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   w->ranks_ = std::move(ranks);
   w->slot_bytes_ = align_up(std::max<size_t>(slot_bytes, 4096), 4096);
   size_t control_bytes = align_up(sizeof(Control) * size, 4096);
-  w->map_bytes_ = kHeader + control_bytes + 2 * w->slot_bytes_ * size;
+  w->map_bytes_ = kHeader + control_bytes + kSlots * w->slot_bytes_ * size;
   // Spinning only pays when every rank has a core; oversubscribed, the rank being waited
   // for may need this very core, so yield almost at once.
   w->oversubscribed_ = size > static_cast<int>(std::thread::hardware_concurrency());
@@ -146,18 +156,61 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   return w;
 }
 
+void stream_copy(void* dst_, const void* src_, size_t n) {
+  if (n == 0) return;
+  char* dst = static_cast<char*>(dst_);
+  const char* src = static_cast<const char*>(src_);
+  size_t head = std::min(n, static_cast<size_t>(-reinterpret_cast<uintptr_t>(dst) & 63));
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  _mm_sfence();  // streaming stores are weakly ordered: done before anything published later
+  std::memcpy(dst + i, src + i, n - i);
+}
+
 ShmWindow::~ShmWindow() {
   if (base_) ::munmap(base_, map_bytes_);
 }
 
 char* ShmWindow::slot(int rank, uint64_t round) const {
-  return slots_ + (static_cast<size_t>(rank) * 2 + (round & 1)) * slot_bytes_;
+  return slots_ + (static_cast<size_t>(rank) * kSlots + round % kSlots) * slot_bytes_;
+}
+
+int ShmWindow::fill_mode() const {
+  return fill_cost_[1] > 0 && fill_cost_[0] > kStreamingPenalty * fill_cost_[1] ? 1 : 0;
+}
+
+void ShmWindow::fill(void* dst, const void* src, size_t n) {
+  if (n < kFillMeasuredBytes) {
+    if (n) std::memcpy(dst, src, n);
+    return;
+  }
+  int mode = fill_mode();
+  if (++fills_ % kFillProbeEvery == 0) mode = 1 - mode;
+  auto t0 = Clock::now();
+  if (mode) {
+    stream_copy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+  double cost = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(n);
+  double& avg = fill_cost_[mode];
+  avg = avg == 0 ? cost : 0.75 * avg + 0.25 * cost;
 }
 
 void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const void* addr) {
   Control& me = control_[rank_];
   if (fp) {
-    auto& s = me.fp[round & 1];
+    auto& s = me.fp[round % kSlots];
     s.addr = reinterpret_cast<uintptr_t>(addr);
     s.kind = static_cast<uint8_t>(fp->kind);
     s.dtype = static_cast<uint8_t>(fp->dtype);
@@ -203,7 +256,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
     }
   }
   if (c == kPosted && check_fingerprints_) {
-    const auto& s = control_[peer].fp[round & 1];
+    const auto& s = control_[peer].fp[round % kSlots];
     Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
                        static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
     if (!theirs.matches(cur))
@@ -216,7 +269,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
 void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const {
   LOOM_CHECK(single_copy_);
   if (n == 0) return;
-  uint64_t addr = control_[peer].fp[round & 1].addr;
+  uint64_t addr = control_[peer].fp[round % kSlots].addr;
   if (!read_process(pids_[peer], addr + offset, dst, n))
     throw PeerLostError(cat("rank ", ranks_[peer], " (pid ", pids_[peer], "): reading its memory failed (",
                             std::strerror(errno), "): the process is gone"),

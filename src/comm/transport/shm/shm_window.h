@@ -1,10 +1,10 @@
 // The shm transport: one shared-memory segment per same-host communicator, holding for
 // every rank a control block (round counters and the fingerprint of the op in each slot)
-// and two staging slots. shm-direct algorithms copy into their own slot, publish a round
-// number, and read peers' slots directly: one copy in, one copy out, no messages.
+// and kSlots staging slots. shm-direct algorithms copy into their own slot, publish a
+// round number, and read peers' slots directly: one copy in, one copy out, no messages.
 //
 // Rounds are numbered per communicator and advance identically on every rank; slot
-// round % 2 holds round `round`. A rank reuses a slot only after every rank marked the
+// round % kSlots holds round `round`. A rank reuses a slot only after every rank marked the
 // round that last used it done. Waits spin briefly, then yield (ranks may outnumber
 // cores), and every millisecond ask the transport whether a peer died or aborted.
 //
@@ -57,6 +57,11 @@ inline void tsan_acquire(const void* p) {
 
 class Transport;
 
+// memcpy with non-temporal stores: whole 64-byte lines go to memory without first being
+// read for ownership, and lines another core caches are only invalidated. Ordered before
+// any later store (ends with a store fence).
+void stream_copy(void* dst, const void* src, size_t n);
+
 class ShmWindow {
  public:
   // Every rank of a same-host group calls this; rank 0 creates the segment and names it
@@ -72,7 +77,21 @@ class ShmWindow {
   size_t slot_bytes() const { return slot_bytes_; }
   char* slot(int rank, uint64_t round) const;
 
+  // Rounds in flight per rank: round r uses slot r % kSlots, and reuses it only once
+  // round r - kSlots is done everywhere.
+  static constexpr int kSlots = 2;
+
   enum Counter { kPosted = 0, kReduced = 1, kDone = 2 };
+
+  // Copies n bytes into this rank's own slot (dst lies in it). Large copies pick, per
+  // rank and from measurement, between ordinary stores and non-temporal ones: when the
+  // peers that read the slot sit on another cache die, overwriting lines they hold costs
+  // a cross-die invalidation each and ordinary stores crawl (docs/algorithms.md, "Slot
+  // stores"); streaming stores bypass that at the price of peers reading from memory.
+  // Either way the bytes are the same, so ranks need not agree.
+  void fill(void* dst, const void* src, size_t n);
+  // Which store fill() would use now: 0 ordinary, 1 streaming (tests, benchmarks).
+  int fill_mode() const;
   // Publishes this rank's counter (release). kPosted also records `fp` for the slot and,
   // for single-copy rounds, `addr`: where in this process peers may read the round's data.
   void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr, const void* addr = nullptr);
@@ -112,6 +131,8 @@ class ShmWindow {
   bool single_copy_ = false;
   bool oversubscribed_ = false;
   bool check_fingerprints_ = true;
+  double fill_cost_[2] = {0, 0};  // recent ns per byte of each store kind; 0 = not yet measured
+  uint64_t fills_ = 0;            // large fills so far
 };
 
 }  // namespace loom::comm
