@@ -19,12 +19,13 @@ namespace {
 constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces every byte
 // all_gather reads peers' inputs directly (one copy per byte instead of two through the
 // slots) between these totals, when the window allows single copy and every rank has a
-// core. Measured on the 2-core reference machine (docs/perf.md): 1.4x the slot path at
-// 4 MiB, 0.7x at 64 MiB (there the slot path's cache-sized rounds win), and far worse
-// when ranks outnumber cores (each read waits on a descheduled peer). Broadcast stays on
-// the slots: its pipelined rounds beat one large read at every size measured.
+// core. Measured on the 2-core reference machine (docs/perf.md, np=2): about 2x the slot
+// path at 256 KiB, even at 1 MiB, and 0.7x from 2 MiB up (the kernel's read of another
+// process runs at ~11 GB/s, the slot path's cache-sized rounds faster); far worse when
+// ranks outnumber cores (each read waits on a descheduled peer). Broadcast stays on the
+// slots: its pipelined rounds beat one large read at every size measured.
 constexpr size_t kSingleCopyMinBytes = 64 << 10;
-constexpr size_t kSingleCopyMaxBytes = 16 << 20;
+constexpr size_t kSingleCopyMaxBytes = 1 << 20;
 
 // Outputs at least this large are written with streaming stores (write_out).
 constexpr size_t kStreamOutBytes = 32 << 20;
@@ -32,7 +33,9 @@ constexpr size_t kStreamOutBytes = 32 << 20;
 // Copies into an op's output, whose whole size is `total`. An output larger than the
 // last-level cache would be evicted before anyone reads it, and ordinary stores first read
 // every line for ownership, so large outputs stream straight to memory: np=2 all_gather
-// at 64 MiB went from 3.7-4.1 to 4.6-5.1 GB/s busbw (docs/perf.md).
+// at 64 MiB went from 3.7-4.1 to 4.6-5.1 GB/s busbw (docs/perf.md). Broadcast does not:
+// its receivers copy from the root's slot while it is still cached, and streaming
+// measured 5% slower at 64 and 256 MiB and 30% slower at 8-16 MiB.
 void write_out(size_t total, void* dst, const void* src, size_t n) {
   if (total >= kStreamOutBytes) {
     stream_copy(dst, src, n);
@@ -180,7 +183,7 @@ void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      write_out(bytes, buf + off, w.slot(root, round), m);
+      copy_bytes(buf + off, w.slot(root, round), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
