@@ -14,16 +14,19 @@ constexpr size_t kTreeMaxBytes = 64 << 10;  // tcp: recursive doubling at or bel
 
 using Impl = Communicator::Impl;
 
-void need(bool ok, const std::string& what) {
-  if (!ok) throw InputError(what);
+// The message is formatted only when the check fails: this runs on every op, and
+// formatting it eagerly cost more than a whole 8-byte all_reduce.
+template <typename... Parts>
+void need(bool ok, const Parts&... what) {
+  if (!ok) throw InputError(cat(what...));
 }
 
 void check_root(const Impl& m, int root, std::string_view op) {
-  need(root >= 0 && root < m.size, cat(op, ": root ", root, " is out of range for ", m.size, " ranks"));
+  need(root >= 0 && root < m.size, op, ": root ", root, " is out of range for ", m.size, " ranks");
 }
 
 void check_buffer(const void* p, size_t count, std::string_view op, std::string_view which) {
-  need(p != nullptr || count == 0, cat(op, ": ", which, " is null but count is ", count));
+  need(p != nullptr || count == 0, op, ": ", which, " is null but count is ", count);
 }
 
 milliseconds timeout_of(const Impl& m, milliseconds t) { return t.count() > 0 ? t : m.config.timeout; }
@@ -31,8 +34,8 @@ milliseconds timeout_of(const Impl& m, milliseconds t) { return t.count() > 0 ? 
 // `hierarchical`: whether the op has a hierarchical form (all_reduce, reduce, broadcast).
 Algorithm resolve(const Impl& m, Algorithm a, size_t bytes, std::string_view op, bool hierarchical) {
   if (a == Algorithm::kShmDirect)
-    need(m.window != nullptr || m.size == 1,
-         cat(op, ": algorithm shm-direct needs every rank on one host with transport auto or shm"));
+    need(m.window != nullptr || m.size == 1, op,
+         ": algorithm shm-direct needs every rank on one host with transport auto or shm");
   if (a == Algorithm::kHierarchical && !hierarchical) a = Algorithm::kAuto;
   if (a != Algorithm::kAuto) return a;
   if (m.window) return Algorithm::kShmDirect;
@@ -204,8 +207,8 @@ Work do_barrier(Communicator& comm, const BarrierOptions& o, bool async) {
 
 Work do_send(Communicator& comm, const SendOptions& o, bool async) {
   Impl& m = comm.impl();
-  need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank,
-       cat("send: peer ", o.peer, " is not another rank of ", m.size));
+  need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank, "send: peer ", o.peer, " is not another rank of ",
+       m.size);
   check_buffer(o.buffer, o.count, "send", "buffer");
   Fingerprint fp{OpKind::kSend, o.dtype, ReduceOp::kSum, static_cast<int32_t>(o.tag), o.count,
                  m.send_seq[o.peer]++};
@@ -217,8 +220,8 @@ Work do_send(Communicator& comm, const SendOptions& o, bool async) {
 
 Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
   Impl& m = comm.impl();
-  need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank,
-       cat("recv: peer ", o.peer, " is not another rank of ", m.size));
+  need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank, "recv: peer ", o.peer, " is not another rank of ",
+       m.size);
   check_buffer(o.buffer, o.count, "recv", "buffer");
   Fingerprint fp{OpKind::kRecv, o.dtype, ReduceOp::kSum, static_cast<int32_t>(o.tag), o.count,
                  m.recv_seq[o.peer]++};
