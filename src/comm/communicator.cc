@@ -178,6 +178,7 @@ Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn,
   op->run = std::move(fn);
   op->p2p = p2p;
   op->timeout = timeout;
+  op->timed = async;
   if (async) {
     {
       std::lock_guard lock(mu);
@@ -199,7 +200,7 @@ Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn,
 size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
   std::vector<std::shared_ptr<OpState>> joined;  // send/recv ops batched behind `first`
   std::exception_ptr error = failed;
-  first->started = std::chrono::steady_clock::now();
+  if (first->timed) first->started = std::chrono::steady_clock::now();
   if (!error) {
     try {
       first->run();
@@ -230,7 +231,8 @@ size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
     transport->on_stall = nullptr;
     if (error) failed = error;
   }
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = first->timed || !joined.empty() ? std::chrono::steady_clock::now()
+                                                   : std::chrono::steady_clock::time_point{};
   auto complete = [&](OpState& op) {
     std::lock_guard lock(op.mu);
     op.finished = now;

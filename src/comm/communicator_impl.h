@@ -28,6 +28,9 @@ struct OpState {
   bool done = false;
   std::exception_ptr error;
   // When the executor started and completed it (data parallelism reports comm_ms from it).
+  // Only async ops are timed: a blocking op has no Work to ask, and two clock reads cost
+  // a third of an 8-byte shared-memory all_reduce.
+  bool timed = false;
   std::chrono::steady_clock::time_point started, finished;
 };
 

@@ -226,12 +226,18 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
                      milliseconds timeout) const {
   const auto& counter = control_[peer].counter[c];
   if (counter.load(std::memory_order_acquire) < round) {
-    Deadline start = Clock::now(), next_check = start + milliseconds(1);
+    // The clock starts when spinning gives way to yielding: reading it costs as much as a
+    // small op's whole wait (the timeout is milliseconds; the spin, microseconds).
+    Deadline start{}, next_check{};
     for (uint64_t spins = 1;; ++spins) {
       if (counter.load(std::memory_order_acquire) >= round) break;
       if (spins < spin_limit_) {
         _mm_pause();
         continue;
+      }
+      if (spins == spin_limit_) {
+        start = Clock::now();
+        next_check = start + milliseconds(1);
       }
       ::sched_yield();
       if ((spins & 15) == 0) {
