@@ -128,11 +128,16 @@ ErrorLine error_of(const std::string& out) {
 
 class Failure : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(Failure, KilledRankIsNamedWithinOneSecond) {
-  Job job;
-  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144"}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
+// Three ranks all_reduce 256 KiB in a loop over `transport`, well into it on return.
+void start_looping_ranks(Job& job, const char* transport) {
+  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144"}, {{"LOOM_TEST_TRANSPORT", transport}});
   job.wait_ready();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+TEST_P(Failure, KilledRankIsNamedWithinOneSecond) {
+  Job job;
+  start_looping_ranks(job, GetParam());
   int64_t killed = now_ms();
   ::kill(job[1].pid, SIGKILL);
   job.wait_exit();
@@ -147,9 +152,7 @@ TEST_P(Failure, KilledRankIsNamedWithinOneSecond) {
 
 TEST_P(Failure, StoppedRankIsNamedAfterTheTimeout) {
   Job job;
-  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144"}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
-  job.wait_ready();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  start_looping_ranks(job, GetParam());
   int64_t stopped = now_ms();
   ::kill(job[2].pid, SIGSTOP);
   job.wait_exit(2);

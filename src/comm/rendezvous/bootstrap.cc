@@ -54,6 +54,16 @@ std::string read_secret_file(const std::string& path) {
   return s;
 }
 
+// World size, rank, local size and local rank from the four named variables, each
+// checked against the ones before it.
+void read_world(LaunchEnv& e, const char* size, const char* rank, const char* local_size,
+                const char* local_rank) {
+  e.size = env_int(size, 1, 1 << 20, 1);
+  e.rank = env_int(rank, 0, e.size - 1, 0);
+  e.local_size = env_int(local_size, 1, e.size, 1);
+  e.local_rank = env_int(local_rank, 0, e.local_size - 1, 0);
+}
+
 }  // namespace
 
 LaunchEnv launch_env_from_environment() {
@@ -63,17 +73,12 @@ LaunchEnv launch_env_from_environment() {
   if (const char* j = env("LOOM_JOB_ID")) e.job_id = j;
   if (env("RANK") || env("WORLD_SIZE")) {
     e.source = env("LOOM_LAUNCHER") ? "loom launch" : "torchrun";
-    e.size = env_int("WORLD_SIZE", 1, 1 << 20, 1);
-    e.rank = env_int("RANK", 0, e.size - 1, 0);
-    e.local_size = env_int("LOCAL_WORLD_SIZE", 1, e.size, 1);
-    e.local_rank = env_int("LOCAL_RANK", 0, e.local_size - 1, 0);
+    read_world(e, "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK");
     if (const char* run = env("TORCHELASTIC_RUN_ID"); run && !env("LOOM_JOB_ID")) e.job_id = run;
   } else if (env("OMPI_COMM_WORLD_SIZE")) {
     e.source = "mpirun";
-    e.size = env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20, 1);
-    e.rank = env_int("OMPI_COMM_WORLD_RANK", 0, e.size - 1, 0);
-    e.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, e.size, 1);
-    e.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, e.local_size - 1, 0);
+    read_world(e, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+               "OMPI_COMM_WORLD_LOCAL_RANK");
     if (const char* ns = env("PMIX_NAMESPACE"); ns && !env("LOOM_JOB_ID")) e.job_id = ns;
   } else if (env("SLURM_PROCID")) {
     e.source = "slurm";

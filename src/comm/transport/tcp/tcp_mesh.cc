@@ -65,6 +65,13 @@ struct TcpMesh::Impl {
                         p);
   }
 
+  // A read from peer p returned r <= 0 (not EAGAIN or EINTR): says why the peer is gone.
+  [[noreturn]] void read_failed(int p, ssize_t r, const Fingerprint& cur) {
+    if (peers[p].left) lost(p, cat("left the communicator after ", peers[p].left_after, " ops"), cur);
+    lost(p, r == 0 ? "died or closed its connection" : cat("reset its connection (", std::strerror(errno), ")"),
+         cur);
+  }
+
   // Reads the rest of a control frame (abort text or goodbye) and acts on it.
   void control_frame(int p) {
     Peer& peer = peers[p];
@@ -95,9 +102,7 @@ struct TcpMesh::Impl {
       }
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
       if (r < 0 && errno == EINTR) continue;
-      if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
-      lost(p, r == 0 ? "died or closed its connection" : cat("reset its connection (", std::strerror(errno), ")"),
-           cur);
+      read_failed(p, r, cur);
     }
     return true;
   }
@@ -130,7 +135,7 @@ struct TcpMesh::Impl {
         }
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return moved;
         if (r < 0 && errno == EINTR) continue;
-        lost(p, r == 0 ? "died or closed its connection" : "reset its connection", cur);
+        read_failed(p, r, cur);
       }
       peer.recvs.pop_front();
       peer.hdr_got = 0;
