@@ -30,8 +30,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (mode == "loop") {
       size_t bytes = argc > 2 ? std::stoul(argv[2]) : 1 << 20;
+      const bool gather = argc > 3 && std::string(argv[3]) == "all_gather";  // bytes: the output
       std::vector<float> x(bytes / 4, 1.0f);
-      for (;;) all_reduce(c, {.output = x.data(), .count = x.size(), .op = ReduceOp::kMax});
+      const size_t part = x.size() / c.size();
+      for (;;) {
+        if (gather)
+          all_gather(c, {.input = x.data() + c.rank() * part, .output = x.data(), .count = part});
+        else
+          all_reduce(c, {.output = x.data(), .count = x.size(), .op = ReduceOp::kMax});
+      }
     } else if (mode == "mismatch") {
       float x[4] = {};
       if (c.rank() == 0)

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <sstream>
 #include <thread>
@@ -279,10 +280,15 @@ void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, si
   LOOM_CHECK(single_copy_);
   if (n == 0) return;
   uint64_t addr = control_[peer].fp[round % kSlots].addr;
-  if (!read_process(pids_[peer], addr + offset, dst, n))
+  errno = 0;
+  if (!read_process(pids_[peer], addr + offset, dst, n)) {
+    if (errno == ESRCH)  // "rank N died", as a lost connection says it, so logs need one pattern
+      throw PeerLostError(cat("rank ", ranks_[peer], " died: its process (pid ", pids_[peer], ") is gone"),
+                          ranks_[peer]);
     throw PeerLostError(cat("rank ", ranks_[peer], " (pid ", pids_[peer], "): reading its memory failed (",
-                            std::strerror(errno), "): the process is gone"),
+                            errno ? std::strerror(errno) : "nothing read", ")"),
                         ranks_[peer]);
+  }
 }
 
 void ShmWindow::wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,

@@ -68,7 +68,8 @@ struct TcpMesh::Impl {
   // A read from peer p returned r <= 0 (not EAGAIN or EINTR): says why the peer is gone.
   [[noreturn]] void read_failed(int p, ssize_t r, const Fingerprint& cur) {
     if (peers[p].left) lost(p, cat("left the communicator after ", peers[p].left_after, " ops"), cur);
-    lost(p, r == 0 ? "died or closed its connection" : cat("reset its connection (", std::strerror(errno), ")"),
+    // A reset is what a process that dies with bytes unread in its socket leaves behind.
+    lost(p, r == 0 ? "died or closed its connection" : cat("died or reset its connection (", std::strerror(errno), ")"),
          cur);
   }
 
