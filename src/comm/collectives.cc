@@ -53,10 +53,13 @@ Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool a
          bool p2p = false) {
   Impl& m = comm.impl();
   auto t = timeout_of(m, timeout);
-  return m.submit(fp, [&m, fp, t, body]() mutable {
+  auto op = [&m, fp, t, body]() mutable {
     OpContext c{*m.transport, fp, t, m.scratch};
     body(c);
-  }, async, p2p, t);
+  };
+  if (async) return m.submit_async(fp, std::move(op), p2p, t);
+  m.run_blocking(FnRef(op), fp, t, p2p);
+  return Work();
 }
 
 Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {

@@ -144,13 +144,14 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   int32_t mine[2] = {color, key};
   std::vector<int32_t> all(2 * m.size);
   Fingerprint fp = m.next_fp(OpKind::kSplit, DType::kI32, ReduceOp::kSum, -1, 2);
-  m.submit(fp, [&] {
+  auto gather = [&] {
     OpContext c{*m.transport, fp, m.config.timeout, m.scratch};
     if (m.window)
       shm_all_gather(c, *m.window, reinterpret_cast<char*>(mine), reinterpret_cast<char*>(all.data()), sizeof mine);
     else
       ring_all_gather(c, reinterpret_cast<char*>(mine), reinterpret_cast<char*>(all.data()), 2, DType::kI32);
-  }, false);
+  };
+  m.run_blocking(FnRef(gather), fp, m.config.timeout);
   uint64_t index = m.splits++;
   std::string sub_name = cat(m.name, "/split", index, "/", color);
   if (m.config.transport == "mpi") {  // MPI makes the group; every rank takes part
@@ -171,68 +172,73 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return create(*m.store, new_rank, static_cast<int>(members.size()), m.config, sub_name);
 }
 
-Work Communicator::Impl::submit(const Fingerprint& fp, std::function<void()> fn, bool async, bool p2p,
-                                milliseconds timeout) {
+Work Communicator::Impl::submit_async(const Fingerprint& fp, std::function<void()> fn, bool p2p,
+                                      milliseconds timeout) {
   auto op = std::make_shared<OpState>();
   op->fp = fp;
   op->run = std::move(fn);
   op->p2p = p2p;
   op->timeout = timeout;
-  op->timed = async;
-  if (async) {
-    {
-      std::lock_guard lock(mu);
-      if (!progress.joinable()) progress = std::thread([this] { progress_loop(); });
-      queue.push_back(op);
-    }
-    cv.notify_all();
-    return Work(op);
-  }
   {
+    std::lock_guard lock(mu);
+    if (!progress.joinable()) progress = std::thread([this] { progress_loop(); });
+    queue.push_back(op);
+  }
+  cv.notify_all();
+  return Work(op);
+}
+
+void Communicator::Impl::run_blocking(FnRef fn, const Fingerprint& fp, milliseconds timeout, bool p2p) {
+  // Only this (the caller's) thread starts the progress thread; without one nothing can
+  // be queued, and the lock is skipped.
+  if (progress.joinable()) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return queue.empty() && !busy; });
   }
-  execute(op);
-  if (op->error) std::rethrow_exception(op->error);
-  return Work();
+  if (auto error = run_op(fn, fp, timeout, p2p, nullptr)) std::rethrow_exception(error);
+}
+
+std::exception_ptr Communicator::Impl::run_op(FnRef fn, const Fingerprint& fp, milliseconds timeout,
+                                              bool p2p, std::function<void()> stall) {
+  std::exception_ptr error = failed;
+  if (error) return error;
+  try {
+    fn();
+    if (p2p) {
+      transport->on_stall = std::move(stall);
+      transport->wait_all(timeout, fp);
+    }
+  } catch (const CommError& e) {
+    transport->abort(e);
+    error = std::current_exception();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  transport->on_stall = nullptr;
+  if (error) failed = error;
+  return error;
 }
 
 size_t Communicator::Impl::execute(const std::shared_ptr<OpState>& first) {
   std::vector<std::shared_ptr<OpState>> joined;  // send/recv ops batched behind `first`
-  std::exception_ptr error = failed;
-  if (first->timed) first->started = std::chrono::steady_clock::now();
-  if (!error) {
-    try {
-      first->run();
-      if (first->p2p) {
-        // Queued send/recv ops right behind this one join the batch as they come.
-        transport->on_stall = [&] {
-          std::vector<std::shared_ptr<OpState>> more;
-          {
-            std::lock_guard lock(mu);
-            bool queued = !queue.empty() && queue.front() == first;  // not a blocking op
-            for (size_t i = 1 + joined.size(); queued && i < queue.size() && queue[i]->p2p; ++i)
-              more.push_back(queue[i]);
-          }
-          for (auto& op : more) {
-            op->started = std::chrono::steady_clock::now();
-            op->run();
-            joined.push_back(op);
-          }
-        };
-        transport->wait_all(first->timeout, first->fp);
-      }
-    } catch (const CommError& e) {
-      transport->abort(e);
-      error = std::current_exception();
-    } catch (...) {
-      error = std::current_exception();
+  first->started = std::chrono::steady_clock::now();
+  // Queued send/recv ops right behind this one join the batch as they come.
+  auto stall = [&] {
+    std::vector<std::shared_ptr<OpState>> more;
+    {
+      std::lock_guard lock(mu);
+      for (size_t i = 1 + joined.size(); i < queue.size() && queue[i]->p2p; ++i)
+        more.push_back(queue[i]);
     }
-    transport->on_stall = nullptr;
-    if (error) failed = error;
-  }
-  const auto now = first->timed || !joined.empty() ? std::chrono::steady_clock::now()
-                                                   : std::chrono::steady_clock::time_point{};
+    for (auto& op : more) {
+      op->started = std::chrono::steady_clock::now();
+      op->run();
+      joined.push_back(op);
+    }
+  };
+  std::exception_ptr error = run_op(FnRef(first->run), first->fp, first->timeout, first->p2p,
+                                    first->p2p ? std::function<void()>(stall) : nullptr);
+  const auto now = std::chrono::steady_clock::now();
   auto complete = [&](OpState& op) {
     std::lock_guard lock(op.mu);
     op.finished = now;

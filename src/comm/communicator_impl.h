@@ -17,6 +17,19 @@
 
 namespace loom::comm {
 
+// A non-owning reference to a `void()` callable that outlives the call: blocking ops run
+// their body through it, without the allocation a std::function would cost every op.
+class FnRef {
+ public:
+  template <typename F>
+  explicit FnRef(F& f) : obj_(&f), call_([](void* o) { (*static_cast<F*>(o))(); }) {}
+  void operator()() const { call_(obj_); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*);
+};
+
 struct OpState {
   Fingerprint fp;
   // Runs the op; for send/recv (`p2p`) only posts it: the executor waits for a batch.
@@ -28,9 +41,8 @@ struct OpState {
   bool done = false;
   std::exception_ptr error;
   // When the executor started and completed it (data parallelism reports comm_ms from it).
-  // Only async ops are timed: a blocking op has no Work to ask, and two clock reads cost
-  // a third of an 8-byte shared-memory all_reduce.
-  bool timed = false;
+  // Only async ops have an OpState: a blocking op has no Work to ask, and two clock reads
+  // cost a third of an 8-byte shared-memory all_reduce.
   std::chrono::steady_clock::time_point started, finished;
 };
 
@@ -65,14 +77,21 @@ struct Communicator::Impl {
   Fingerprint next_fp(OpKind kind, DType dt, ReduceOp op, int root, uint64_t count) {
     return {kind, dt, op, root, count, seq++};
   }
-  // Runs `fn` in issue order; blocking unless `async`. A `p2p` fn only posts its
+  // Queues `fn` for the progress thread, in issue order. A `p2p` fn only posts its
   // messages; the executor waits for them, `timeout` being the op's.
-  Work submit(const Fingerprint& fp, std::function<void()> fn, bool async, bool p2p = false,
-              milliseconds timeout = {});
-  // Runs `first` (and, for send/recv, the send/recv ops right behind it in the queue,
-  // taking more as they are issued while it waits), then completes each. Returns how
-  // many ops it completed (the first that many of the queue, when run from it).
+  Work submit_async(const Fingerprint& fp, std::function<void()> fn, bool p2p, milliseconds timeout);
+  // Runs `fn` on the caller once every queued op is done; rethrows its error.
+  void run_blocking(FnRef fn, const Fingerprint& fp, milliseconds timeout, bool p2p = false);
+  // Runs `first`, the front of the queue (and, for send/recv, the send/recv ops right
+  // behind it, taking more as they are issued while it waits), then completes each.
+  // Returns how many ops it completed: the first that many of the queue.
   size_t execute(const std::shared_ptr<OpState>& first);
+  // Every op runs through this: after an earlier error it runs nothing and returns that
+  // error; a CommError aborts the transport (so peers learn of it), and the first error
+  // sticks. For `p2p`, waits for the posted messages, calling `stall` (if set) whenever
+  // the wait stalls.
+  std::exception_ptr run_op(FnRef fn, const Fingerprint& fp, milliseconds timeout, bool p2p,
+                            std::function<void()> stall);
   void progress_loop();
 };
 

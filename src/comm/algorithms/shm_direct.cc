@@ -44,10 +44,12 @@ void write_out(size_t total, void* dst, const void* src, size_t n) {
   }
 }
 
-// Starts a round: waits until every rank is done with the slot this round reuses.
-uint64_t begin_round(OpContext& c, ShmWindow& w) {
+// Starts a round. A rank that will post in it (write its slot or post line) first waits
+// until every rank is done with the round that last used them; one that only reads need
+// not (broadcast and scatter receivers), since kDone counts every round up to it.
+uint64_t begin_round(OpContext& c, ShmWindow& w, bool posts = true) {
   uint64_t round = w.next_round();
-  if (round > ShmWindow::kSlots) w.wait_all(ShmWindow::kDone, round - ShmWindow::kSlots, c.t, c.fp, c.timeout);
+  if (posts) w.wait_slot_free(round, c.t, c.fp, c.timeout);
   return round;
 }
 
@@ -64,6 +66,22 @@ void single_copy_round(OpContext& c, ShmWindow& w, const void* mine, Body body) 
   tsan_acquire(mine);
 }
 
+// One pointer per rank for reduce_many, on the stack for groups up to kOnStack: a heap
+// allocation would cost a small op a tenth of its time.
+class PeerPtrs {
+ public:
+  explicit PeerPtrs(int n) {
+    if (n > kOnStack) heap_.resize(static_cast<size_t>(n));
+  }
+  const void*& operator[](int i) { return heap_.empty() ? stack_[i] : heap_[static_cast<size_t>(i)]; }
+  const void** data() { return heap_.empty() ? stack_ : heap_.data(); }
+
+ private:
+  static constexpr int kOnStack = 16;
+  const void* stack_[kOnStack];
+  std::vector<const void*> heap_;
+};
+
 template <typename Body>
 void for_rounds(size_t total, size_t per_round, Body body) {
   if (total == 0) {
@@ -78,17 +96,17 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
   const int n = w.size(), me = w.rank();
   const size_t es = dtype_size(dt);
   const bool small = count * es <= kSmallBytes;
-  std::vector<const void*> ins(n);
+  PeerPtrs ins(n);
   for_rounds(count, w.slot_bytes() / es, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     char* mine = w.slot(me, round);
     const char* src = in + off * es;
     if (small) {
-      w.fill(mine, src, m * es);
+      w.fill(w.data(me, round, m * es), src, m * es);
       w.publish(ShmWindow::kPosted, round, &c.fp);
       w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
       if (root < 0 || root == me) {
-        for (int p = 0; p < n; ++p) ins[p] = p == me ? src : w.slot(p, round);
+        for (int p = 0; p < n; ++p) ins[p] = p == me ? src : w.data(p, round, m * es);
         reduce_many(out + off * es, ins.data(), n, m, dt, op);
       }
       w.publish(ShmWindow::kDone, round);
@@ -134,15 +152,16 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
                         DType dt, ReduceOp op) {
   const int n = w.size(), me = w.rank();
   const size_t es = dtype_size(dt);
-  std::vector<const void*> ins(n);
+  PeerPtrs ins(n);
   const size_t per_round = std::max<size_t>(w.slot_bytes() / es / n, 1);
   for_rounds(count, per_round, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
-    char* mine = w.slot(me, round);
+    const size_t bytes = n * m * es;
+    char* mine = w.data(me, round, bytes);
     for (int p = 0; p < n; ++p) w.fill(mine + p * m * es, in + (p * count + off) * es, m * es);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-    for (int p = 0; p < n; ++p) ins[p] = w.slot(p, round) + me * m * es;
+    for (int p = 0; p < n; ++p) ins[p] = w.data(p, round, bytes) + me * m * es;
     reduce_many(out + off * es, ins.data(), n, m, dt, op);
     w.publish(ShmWindow::kDone, round);
   });
@@ -163,12 +182,12 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   }
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
-    w.fill(w.slot(me, round), in + off, m);
+    w.fill(w.data(me, round, m), in + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) {  // this rank's own part from its input, still in cache
       char* dst = out + p * block_bytes + off;
-      if (dst != in + off) write_out(total, dst, p == me ? in + off : w.slot(p, round), m);
+      if (dst != in + off) write_out(total, dst, p == me ? in + off : w.data(p, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -177,13 +196,13 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, me == root);
     if (me == root) {
-      w.fill(w.slot(me, round), buf + off, m);
+      w.fill(w.data(me, round, m), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      copy_bytes(buf + off, w.slot(root, round), m);
+      copy_bytes(buf + off, w.data(root, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -194,14 +213,14 @@ void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t bl
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
     if (me != root) {
-      w.fill(w.slot(me, round), in + off, m);
+      w.fill(w.data(me, round, m), in + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     } else {
       w.publish(ShmWindow::kPosted, round, &c.fp);
       w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
       for (int p = 0; p < n; ++p) {
-        const char* src = p == me ? in + off : w.slot(p, round);
+        const char* src = p == me ? in + off : w.data(p, round, m);
         char* dst = out + p * block_bytes + off;
         if (dst != src) write_out(n * block_bytes, dst, src, m);
       }
@@ -214,15 +233,15 @@ void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t b
   const int n = w.size(), me = w.rank();
   const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
   for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, me == root);
     if (me == root) {
-      char* mine = w.slot(me, round);
+      char* mine = w.data(me, round, n * m);
       for (int p = 0; p < n; ++p) w.fill(mine + p * m, in + p * block_bytes + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
       write_out(block_bytes, out + off, in + me * block_bytes + off, m);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      write_out(block_bytes, out + off, w.slot(root, round) + me * m, m);
+      write_out(block_bytes, out + off, w.data(root, round, n * m) + me * m, m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -233,12 +252,12 @@ void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
   for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w);
-    char* mine = w.slot(me, round);
+    char* mine = w.data(me, round, n * m);
     for (int p = 0; p < n; ++p) w.fill(mine + p * m, in + p * block_bytes + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) {
-      const char* src = p == me ? in + me * block_bytes + off : w.slot(p, round) + me * m;
+      const char* src = p == me ? in + me * block_bytes + off : w.data(p, round, n * m) + me * m;
       write_out(n * block_bytes, out + p * block_bytes + off, src, m);
     }
     w.publish(ShmWindow::kDone, round);

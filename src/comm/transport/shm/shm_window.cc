@@ -17,17 +17,28 @@
 
 namespace loom::comm {
 
+// A rank's control block. Everything a reader of round r needs from its poster sits in
+// one cache line, post[r % kSlots]: the round number it spins on, the fingerprint it
+// checks, and either the single-copy address or, for rounds of at most kInlineBytes, the
+// data itself; a small round then costs each reader one line from the poster's cache.
+// The other counters live apart, so writing them does not take the post line away from
+// its readers.
 struct alignas(128) ShmWindow::Control {
-  std::atomic<uint64_t> counter[3];
-  uint8_t pad0[128 - 3 * sizeof(std::atomic<uint64_t>)];
-  struct alignas(64) SlotFp {
+  std::atomic<uint64_t> counter[2];  // kReduced, kDone
+  uint8_t pad0[128 - 2 * sizeof(std::atomic<uint64_t>)];
+  struct alignas(64) Post {
+    std::atomic<uint64_t> round;  // the kPosted counter of rounds using this slot
     uint8_t kind, dtype, op, pad;
     int32_t root;
     uint64_t count, seq;
-    uint64_t addr;  // single-copy rounds: the data's address in the publishing process
-  } fp[ShmWindow::kSlots];
+    union {
+      uint64_t addr;  // single-copy rounds: the data's address in the publishing process
+      char data[ShmWindow::kInlineBytes];  // rounds of at most kInlineBytes
+    };
+  } post[ShmWindow::kSlots];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(ShmWindow::Control::Post) == 64, "a post is one cache line");
 
 namespace {
 
@@ -105,6 +116,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
     for (int r = 0; r < size; ++r) ranks.push_back(r);
   LOOM_CHECK(static_cast<int>(ranks.size()) == size);
   w->ranks_ = std::move(ranks);
+  w->posted_.assign(size, 0);
   w->slot_bytes_ = align_up(std::max<size_t>(slot_bytes, 4096), 4096);
   size_t control_bytes = align_up(sizeof(Control) * size, 4096);
   w->map_bytes_ = kHeader + control_bytes + kSlots * w->slot_bytes_ * size;
@@ -211,11 +223,22 @@ void ShmWindow::fill(void* dst, const void* src, size_t n) {
   avg = avg == 0 ? cost : 0.75 * avg + 0.25 * cost;
 }
 
+char* ShmWindow::data(int rank, uint64_t round, size_t bytes) const {
+  if (bytes <= kInlineBytes) return control_[rank].post[round % kSlots].data;
+  return slot(rank, round);
+}
+
+const std::atomic<uint64_t>& ShmWindow::counter(int rank, Counter c, uint64_t round) const {
+  if (c == kPosted) return control_[rank].post[round % kSlots].round;
+  return control_[rank].counter[c - 1];
+}
+
 void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const void* addr) {
   Control& me = control_[rank_];
   if (fp) {
-    auto& s = me.fp[round % kSlots];
-    s.addr = reinterpret_cast<uintptr_t>(addr);
+    LOOM_CHECK(c == kPosted);
+    auto& s = me.post[round % kSlots];
+    if (addr) s.addr = reinterpret_cast<uintptr_t>(addr);  // else the data may be inline
     s.kind = static_cast<uint8_t>(fp->kind);
     s.dtype = static_cast<uint8_t>(fp->dtype);
     s.op = static_cast<uint8_t>(fp->op);
@@ -223,12 +246,19 @@ void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const 
     s.count = fp->count;
     s.seq = fp->seq;
   }
-  me.counter[c].store(round, std::memory_order_release);
+  const_cast<std::atomic<uint64_t>&>(counter(rank_, c, round)).store(round, std::memory_order_release);
+}
+
+void ShmWindow::wait_slot_free(uint64_t round, Transport& t, const Fingerprint& cur, milliseconds timeout) {
+  if (round <= kSlots) return;
+  const uint64_t last = round - kSlots;  // the round that used this slot before
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && posted_[p] <= last) wait(p, kDone, last, t, cur, timeout);
 }
 
 void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
-                     milliseconds timeout) const {
-  const auto& counter = control_[peer].counter[c];
+                     milliseconds timeout) {
+  const auto& counter = this->counter(peer, c, round);
   if (counter.load(std::memory_order_acquire) < round) {
     // The clock starts when spinning gives way to yielding: reading it costs as much as a
     // small op's whole wait (the timeout is milliseconds; the spin, microseconds).
@@ -265,8 +295,9 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
       }
     }
   }
-  if (c == kPosted && check_fingerprints_) {
-    const auto& s = control_[peer].fp[round % kSlots];
+  if (c != kPosted) return;
+  if (check_fingerprints_) {
+    const auto& s = control_[peer].post[round % kSlots];
     Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
                        static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
     if (!theirs.matches(cur))
@@ -274,12 +305,15 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
                               cur.describe(), " but rank ", ranks_[peer], " called ", theirs.describe()),
                           ranks_[peer]);
   }
+  // A rank posts a round only once it is done with every earlier one: wait_slot_free()
+  // need not read its kDone counter for those.
+  posted_[peer] = std::max(posted_[peer], round);
 }
 
 void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const {
   LOOM_CHECK(single_copy_);
   if (n == 0) return;
-  uint64_t addr = control_[peer].fp[round % kSlots].addr;
+  uint64_t addr = control_[peer].post[round % kSlots].addr;
   errno = 0;
   if (!read_process(pids_[peer], addr + offset, dst, n)) {
     if (errno == ESRCH)  // "rank N died", as a lost connection says it, so logs need one pattern
@@ -292,7 +326,7 @@ void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, si
 }
 
 void ShmWindow::wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
-                         milliseconds timeout) const {
+                         milliseconds timeout) {
   for (int p = 0; p < size_; ++p)
     if (p != rank_) wait(p, c, round, t, cur, timeout);
 }

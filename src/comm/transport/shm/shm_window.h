@@ -4,8 +4,8 @@
 // round number, and read peers' slots directly: one copy in, one copy out, no messages.
 //
 // Rounds are numbered per communicator and advance identically on every rank; slot
-// round % kSlots holds round `round`. A rank reuses a slot only after every rank marked the
-// round that last used it done. Waits spin briefly, then yield (ranks may outnumber
+// round % kSlots holds round `round`. A rank reuses a slot only after every rank is done
+// with the round that last used it. Waits spin briefly, then yield (ranks may outnumber
 // cores), and every millisecond ask the transport whether a peer died or aborted.
 //
 // The segment is unlinked as soon as every rank has mapped it, so a crash leaves nothing
@@ -76,6 +76,11 @@ class ShmWindow {
   int size() const { return size_; }
   size_t slot_bytes() const { return slot_bytes_; }
   char* slot(int rank, uint64_t round) const;
+  // Where a rank's `bytes` of data for `round` lie: inline in the line peers read the
+  // round's post from when they fit in kInlineBytes, else its slot. Every rank of a round
+  // passes the same `bytes` (the fingerprint is checked before any data is read).
+  char* data(int rank, uint64_t round, size_t bytes) const;
+  static constexpr size_t kInlineBytes = 32;
 
   // Rounds in flight per rank: round r uses slot r % kSlots, and reuses it only once
   // round r - kSlots is done everywhere.
@@ -108,15 +113,20 @@ class ShmWindow {
   // Waits until `peer`'s counter reaches `round` (acquire). For kPosted, checks the
   // peer's fingerprint against `cur` (MismatchError naming both calls).
   void wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
-            milliseconds timeout) const;
+            milliseconds timeout);
   void wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
-                milliseconds timeout) const;
+                milliseconds timeout);
+  // Before this rank writes `round`'s slot or post: waits until every peer is done with
+  // the round that used them last (round - kSlots). A peer seen to post a later round is
+  // known to be, so ops where every rank waits for every other skip the kDone reads.
+  void wait_slot_free(uint64_t round, Transport& t, const Fingerprint& cur, milliseconds timeout);
 
   uint64_t next_round() { return ++round_; }
 
   struct Control;
 
  private:
+  const std::atomic<uint64_t>& counter(int rank, Counter c, uint64_t round) const;
   ShmWindow() = default;
   int rank_ = 0, size_ = 0;
   size_t slot_bytes_ = 0;
@@ -128,6 +138,7 @@ class ShmWindow {
   uint64_t spin_limit_ = 2000;  // pause-loop iterations before yielding
   std::vector<int> ranks_;      // transport rank of each window rank
   std::vector<int> pids_;       // process of each window rank
+  std::vector<uint64_t> posted_;  // per rank: the latest round it was seen to post
   bool single_copy_ = false;
   bool oversubscribed_ = false;
   bool check_fingerprints_ = true;
