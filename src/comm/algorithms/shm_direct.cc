@@ -44,12 +44,13 @@ void write_out(size_t total, void* dst, const void* src, size_t n) {
   }
 }
 
-// Starts a round. A rank that will post in it (write its slot or post line) first waits
-// until every rank is done with the round that last used them; one that only reads need
-// not (broadcast and scatter receivers), since kDone counts every round up to it.
-uint64_t begin_round(OpContext& c, ShmWindow& w, bool posts = true) {
+// Starts a round in which this rank's data() holds `bytes` (0: none, or single copy). A
+// rank that will post in it (write its slot or post line) first waits until every rank
+// is done with the rounds that last used them; one that only reads need not (broadcast
+// and scatter receivers), since kDone counts every round up to it.
+uint64_t begin_round(OpContext& c, ShmWindow& w, size_t bytes, bool posts = true) {
   uint64_t round = w.next_round();
-  if (posts) w.wait_slot_free(round, c.t, c.fp, c.timeout);
+  if (posts) w.wait_slot_free(round, bytes, c.t, c.fp, c.timeout);
   return round;
 }
 
@@ -57,7 +58,7 @@ uint64_t begin_round(OpContext& c, ShmWindow& w, bool posts = true) {
 // the published buffers must not change or vanish before then.
 template <typename Body>
 void single_copy_round(OpContext& c, ShmWindow& w, const void* mine, Body body) {
-  uint64_t round = begin_round(c, w);
+  uint64_t round = begin_round(c, w, 0);
   tsan_release(mine);
   w.publish(ShmWindow::kPosted, round, &c.fp, mine);
   body(round);
@@ -98,7 +99,7 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
   const bool small = count * es <= kSmallBytes;
   PeerPtrs ins(n);
   for_rounds(count, w.slot_bytes() / es, [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, m * es);
     char* mine = w.slot(me, round);
     const char* src = in + off * es;
     if (small) {
@@ -155,8 +156,8 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
   PeerPtrs ins(n);
   const size_t per_round = std::max<size_t>(w.slot_bytes() / es / n, 1);
   for_rounds(count, per_round, [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
     const size_t bytes = n * m * es;
+    uint64_t round = begin_round(c, w, bytes);
     char* mine = w.data(me, round, bytes);
     for (int p = 0; p < n; ++p) w.fill(mine + p * m * es, in + (p * count + off) * es, m * es);
     w.publish(ShmWindow::kPosted, round, &c.fp);
@@ -181,7 +182,7 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
     });
   }
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, m);
     w.fill(w.data(me, round, m), in + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
@@ -196,7 +197,7 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w, me == root);
+    uint64_t round = begin_round(c, w, m, me == root);
     if (me == root) {
       w.fill(w.data(me, round, m), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
@@ -211,7 +212,7 @@ void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root
 void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {
   const int n = w.size(), me = w.rank();
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, m);
     if (me != root) {
       w.fill(w.data(me, round, m), in + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
@@ -233,7 +234,7 @@ void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t b
   const int n = w.size(), me = w.rank();
   const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
   for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w, me == root);
+    uint64_t round = begin_round(c, w, n * m, me == root);
     if (me == root) {
       char* mine = w.data(me, round, n * m);
       for (int p = 0; p < n; ++p) w.fill(mine + p * m, in + p * block_bytes + off, m);
@@ -251,7 +252,7 @@ void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   const int n = w.size(), me = w.rank();
   const size_t per_round = std::max<size_t>(w.slot_bytes() / n, 1);
   for_rounds(block_bytes, per_round, [&](size_t off, size_t m) {
-    uint64_t round = begin_round(c, w);
+    uint64_t round = begin_round(c, w, n * m);
     char* mine = w.data(me, round, n * m);
     for (int p = 0; p < n; ++p) w.fill(mine + p * m, in + p * block_bytes + off, m);
     w.publish(ShmWindow::kPosted, round, &c.fp);
@@ -265,7 +266,7 @@ void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 }
 
 void shm_barrier(OpContext& c, ShmWindow& w) {
-  uint64_t round = begin_round(c, w);
+  uint64_t round = begin_round(c, w, 0);
   w.publish(ShmWindow::kPosted, round, &c.fp);
   w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
   w.publish(ShmWindow::kDone, round);

@@ -18,7 +18,7 @@
 namespace loom::comm {
 
 // A rank's control block. Everything a reader of round r needs from its poster sits in
-// one cache line, post[r % kSlots]: the round number it spins on, the fingerprint it
+// one cache line, post[r % kPosts]: the round number it spins on, the fingerprint it
 // checks, and either the single-copy address or, for rounds of at most kInlineBytes, the
 // data itself; a small round then costs each reader one line from the poster's cache.
 // The other counters live apart, so writing them does not take the post line away from
@@ -35,7 +35,7 @@ struct alignas(128) ShmWindow::Control {
       uint64_t addr;  // single-copy rounds: the data's address in the publishing process
       char data[ShmWindow::kInlineBytes];  // rounds of at most kInlineBytes
     };
-  } post[ShmWindow::kSlots];
+  } post[ShmWindow::kPosts];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(sizeof(ShmWindow::Control::Post) == 64, "a post is one cache line");
@@ -224,12 +224,12 @@ void ShmWindow::fill(void* dst, const void* src, size_t n) {
 }
 
 char* ShmWindow::data(int rank, uint64_t round, size_t bytes) const {
-  if (bytes <= kInlineBytes) return control_[rank].post[round % kSlots].data;
+  if (bytes <= kInlineBytes) return control_[rank].post[round % kPosts].data;
   return slot(rank, round);
 }
 
 const std::atomic<uint64_t>& ShmWindow::counter(int rank, Counter c, uint64_t round) const {
-  if (c == kPosted) return control_[rank].post[round % kSlots].round;
+  if (c == kPosted) return control_[rank].post[round % kPosts].round;
   return control_[rank].counter[c - 1];
 }
 
@@ -237,7 +237,7 @@ void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const 
   Control& me = control_[rank_];
   if (fp) {
     LOOM_CHECK(c == kPosted);
-    auto& s = me.post[round % kSlots];
+    auto& s = me.post[round % kPosts];
     if (addr) s.addr = reinterpret_cast<uintptr_t>(addr);  // else the data may be inline
     s.kind = static_cast<uint8_t>(fp->kind);
     s.dtype = static_cast<uint8_t>(fp->dtype);
@@ -249,9 +249,13 @@ void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const 
   const_cast<std::atomic<uint64_t>&>(counter(rank_, c, round)).store(round, std::memory_order_release);
 }
 
-void ShmWindow::wait_slot_free(uint64_t round, Transport& t, const Fingerprint& cur, milliseconds timeout) {
-  if (round <= kSlots) return;
-  const uint64_t last = round - kSlots;  // the round that used this slot before
+void ShmWindow::wait_slot_free(uint64_t round, size_t bytes, Transport& t, const Fingerprint& cur,
+                               milliseconds timeout) {
+  // Done with the round `depth` back means done with the last user of this post line
+  // and, for a round that uses the slot, of the slot (kPosts is a multiple of kSlots).
+  const uint64_t depth = bytes > kInlineBytes ? kSlots : kPosts;
+  if (round <= depth) return;
+  const uint64_t last = round - depth;
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && posted_[p] <= last) wait(p, kDone, last, t, cur, timeout);
 }
@@ -297,7 +301,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
   }
   if (c != kPosted) return;
   if (check_fingerprints_) {
-    const auto& s = control_[peer].post[round % kSlots];
+    const auto& s = control_[peer].post[round % kPosts];
     Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
                        static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
     if (!theirs.matches(cur))
@@ -313,7 +317,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
 void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const {
   LOOM_CHECK(single_copy_);
   if (n == 0) return;
-  uint64_t addr = control_[peer].post[round % kSlots].addr;
+  uint64_t addr = control_[peer].post[round % kPosts].addr;
   errno = 0;
   if (!read_process(pids_[peer], addr + offset, dst, n)) {
     if (errno == ESRCH)  // "rank N died", as a lost connection says it, so logs need one pattern

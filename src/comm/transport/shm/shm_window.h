@@ -85,6 +85,12 @@ class ShmWindow {
   // Rounds in flight per rank: round r uses slot r % kSlots, and reuses it only once
   // round r - kSlots is done everywhere.
   static constexpr int kSlots = 2;
+  // Post lines per rank (round r posts in line r % kPosts). A round whose data is inline
+  // (or in the poster's own memory, or absent) reuses only its post line, so a poster
+  // may run up to kPosts rounds ahead of its slowest reader: a broadcast root that need
+  // not wait for receivers every second round, which matters when ranks share cores.
+  static constexpr int kPosts = 16;
+  static_assert(kPosts % kSlots == 0);
 
   enum Counter { kPosted = 0, kReduced = 1, kDone = 2 };
 
@@ -116,10 +122,12 @@ class ShmWindow {
             milliseconds timeout);
   void wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
                 milliseconds timeout);
-  // Before this rank writes `round`'s slot or post: waits until every peer is done with
-  // the round that used them last (round - kSlots). A peer seen to post a later round is
-  // known to be, so ops where every rank waits for every other skip the kDone reads.
-  void wait_slot_free(uint64_t round, Transport& t, const Fingerprint& cur, milliseconds timeout);
+  // Before this rank posts `round`, which puts `bytes` in data(): waits until every peer
+  // is done with the rounds that last used its post line and, if the data does not fit
+  // inline, its slot. A peer seen to post a later round is known to be, so ops where
+  // every rank waits for every other skip the kDone reads.
+  void wait_slot_free(uint64_t round, size_t bytes, Transport& t, const Fingerprint& cur,
+                      milliseconds timeout);
 
   uint64_t next_round() { return ++round_; }
 
