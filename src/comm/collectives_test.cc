@@ -61,6 +61,41 @@ TEST(Collectives, DeterministicBits) {
   }
 }
 
+// Small broadcasts and scatters let their root run up to ShmWindow::kPosts rounds ahead
+// of slow receivers. Each block of 50 calls starts with receivers asleep while the root
+// works through 30 inline calls (16 of them before it must wait), then mixes in
+// slot-sized calls and an all_reduce. Every value must come from its own call: a post
+// line reused too early shows as a mismatch with a later call (checked by letting the
+// root run 32 ahead).
+TEST(Collectives, RootsRunAheadOfSlowReceivers) {
+  run_ranks(3, {.transport = "shm", .shm_slot_bytes = 64 << 10}, [](Communicator& c) {
+    std::vector<int32_t> buf(3 * 2000), part(2000);
+    for (int i = 0; i < 600; ++i) {
+      const int root = (i / 200) % 3, phase = i % 50;
+      const bool inline_round = phase < 30;
+      // Inline: broadcast of 4 or 28 bytes, scatter of 12 or 24 in all; else 36 or 8000
+      // bytes a rank.
+      const bool scatters = inline_round ? i % 4 == 0 : i % 3 == 0;
+      const size_t n = inline_round ? (scatters ? (i % 8 ? 2 : 1) : (i % 2 ? 1 : 7)) : (i % 2 ? 9 : 2000);
+      if (c.rank() != root && phase == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (scatters) {
+        for (size_t k = 0; k < 3 * n; ++k) buf[k] = c.rank() == root ? static_cast<int32_t>(i * 7 + k) : -1;
+        scatter(c, {.input = buf.data(), .output = part.data(), .count = n, .dtype = DType::kI32, .root = root});
+        for (size_t k = 0; k < n; ++k) ASSERT_EQ(part[k], static_cast<int32_t>(i * 7 + c.rank() * n + k)) << i;
+      } else {
+        for (size_t k = 0; k < n; ++k) buf[k] = c.rank() == root ? static_cast<int32_t>(i * 1000 + k) : -1;
+        broadcast(c, {.buffer = buf.data(), .count = n, .dtype = DType::kI32, .root = root});
+        for (size_t k = 0; k < n; ++k) ASSERT_EQ(buf[k], static_cast<int32_t>(i * 1000 + k)) << i;
+      }
+      if (phase == 40) {
+        int32_t v = c.rank() + i;
+        all_reduce(c, {.output = &v, .count = 1, .dtype = DType::kI32});
+        ASSERT_EQ(v, 3 * i + 3) << i;
+      }
+    }
+  });
+}
+
 // One large case (16M elements) per collective and transport.
 TEST(Collectives, Large16M) {
   for (const char* transport : {"tcp", "shm"})
