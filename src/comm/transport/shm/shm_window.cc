@@ -27,7 +27,7 @@ struct alignas(128) ShmWindow::Control {
   std::atomic<uint64_t> counter[2];  // kReduced, kDone
   uint8_t pad0[128 - 2 * sizeof(std::atomic<uint64_t>)];
   struct alignas(64) Post {
-    std::atomic<uint64_t> round;  // the kPosted counter of rounds using this slot
+    std::atomic<uint64_t> round;  // the kPosted counter of the rounds posting in this line
     uint8_t kind, dtype, op, pad;
     int32_t root;
     uint64_t count, seq;
@@ -228,7 +228,7 @@ char* ShmWindow::data(int rank, uint64_t round, size_t bytes) const {
   return slot(rank, round);
 }
 
-const std::atomic<uint64_t>& ShmWindow::counter(int rank, Counter c, uint64_t round) const {
+std::atomic<uint64_t>& ShmWindow::counter(int rank, Counter c, uint64_t round) const {
   if (c == kPosted) return control_[rank].post[round % kPosts].round;
   return control_[rank].counter[c - 1];
 }
@@ -246,7 +246,7 @@ void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const 
     s.count = fp->count;
     s.seq = fp->seq;
   }
-  const_cast<std::atomic<uint64_t>&>(counter(rank_, c, round)).store(round, std::memory_order_release);
+  counter(rank_, c, round).store(round, std::memory_order_release);
 }
 
 void ShmWindow::wait_slot_free(uint64_t round, size_t bytes, Transport& t, const Fingerprint& cur,

@@ -1,6 +1,6 @@
 // The shm transport: one shared-memory segment per same-host communicator, holding for
-// every rank a control block (round counters and the fingerprint of the op in each slot)
-// and kSlots staging slots. shm-direct algorithms copy into their own slot, publish a
+// every rank a control block (round counters, and kPosts post lines carrying each
+// round's fingerprint and, when small, its data) and kSlots staging slots. shm-direct algorithms copy into their own slot, publish a
 // round number, and read peers' slots directly: one copy in, one copy out, no messages.
 //
 // Rounds are numbered per communicator and advance identically on every rank; slot
@@ -134,7 +134,8 @@ class ShmWindow {
   struct Control;
 
  private:
-  const std::atomic<uint64_t>& counter(int rank, Counter c, uint64_t round) const;
+  // The counter `c` of `rank` for `round` (kPosted lives in the round's post line).
+  std::atomic<uint64_t>& counter(int rank, Counter c, uint64_t round) const;
   ShmWindow() = default;
   int rank_ = 0, size_ = 0;
   size_t slot_bytes_ = 0;
