@@ -282,6 +282,28 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
             read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
 }
 
+// job.gemm_path from the command line: training on the generic micro-kernel with 2 threads
+// gives the same losses and weights, bit for bit, as the widest one with 1 thread (Loom's
+// GEMM fixes its order of arithmetic: docs/numerics.md). job.gemm = "openblas" trains too;
+// bad values are refused by name.
+TEST_F(Cli, GemmPathAndThreadsDoNotChangeTheBits) {
+  const std::string base = cat("train ", p("nano.toml"), " --quiet --checkpoint.every=6");
+  ASSERT_EQ(loom(cat(base, " --job.name=auto")).code, 0);
+  Result r = loom(cat(base, " --job.name=generic --job.gemm_path=generic --job.threads=2"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto bits = loss_columns(read_file(p("runs/auto/metrics.jsonl")));
+  ASSERT_EQ(bits.size(), 6u);
+  EXPECT_EQ(bits, loss_columns(read_file(p("runs/generic/metrics.jsonl"))));
+  EXPECT_EQ(read_file(p("runs/auto/checkpoints/step_6/model.safetensors")),
+            read_file(p("runs/generic/checkpoints/step_6/model.safetensors")));
+  r = loom(cat(base, " --job.name=blas --job.gemm=openblas"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(loss_columns(read_file(p("runs/blas/metrics.jsonl"))).size(), 6u);
+  expect_bad_input(cat(base, " --job.name=x --job.gemm=mkl"), {"job.gemm", "\"mkl\"", "loom, openblas"});
+  expect_bad_input(cat(base, " --job.name=x --job.gemm_path=neon"), {"job.gemm_path", "avx512, avx2, generic"});
+  expect_bad_input(cat(base, " --job.name=x --job.gemm=openblas --job.gemm_path=avx2"), {"job.gemm_path", "job.gemm"});
+}
+
 // [profile] trace_steps: one Chrome-trace file for the run holding every rank's chosen
 // steps, their blocks, collectives and waits, properly nested, and the communication
 // track's bytes adding up to the step's comm_bytes metric.

@@ -1,12 +1,16 @@
 // `loom bench train` and `loom bench gemm`: training throughput and the sgemm peak it is
 // measured against (MFU). Benchmarks, never timed tests; figures go to docs/perf.md.
+#include <cblas.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "commands.h"
 #include "config.h"
+#include "kernels/gemm/gemm.h"
 #include "kernels/matmul.h"
+#include "loom/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim.h"
 #include "loom/rng.h"
@@ -25,13 +29,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Best-of sgemm GFLOP/s for C (m, n) = A (m, k) B (k, n).
-double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
-  std::vector<float> a(m * k, 0.5f), b(k * n, 0.25f), c(m * n, 0.0f);
+// Best-of sgemm GFLOP/s for C (m, n) = op(A) (m, k) op(B) (k, n) on the current backend.
+double sgemm_gflops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int reps) {
+  std::vector<float> a(m * k), b(k * n), c(m * n, 0.0f);
+  Rng r(7);
+  for (auto& x : a) x = static_cast<float>(r.normal());
+  for (auto& x : b) x = static_cast<float>(r.normal());
   double best = 0;
-  for (int r = 0; r < reps; ++r) {
+  for (int i = 0; i < reps; ++i) {
     double t0 = now_s();
-    kernels::gemm<float>(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    kernels::gemm<float>(ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, false, c.data(), n);
     double dt = now_s() - t0;
     best = std::max(best, 2.0 * m * n * k / dt / 1e9);
   }
@@ -41,24 +48,72 @@ double sgemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
 // The peak Loom's MFU is measured against: the best of large square sgemm.
 double sgemm_peak(int threads) {
   set_compute_threads(threads);
-  return std::max(sgemm_gflops(2048, 2048, 2048, 5), sgemm_gflops(4096, 4096, 1024, 3));
+  return std::max(sgemm_gflops(false, false, 2048, 2048, 2048, 5), sgemm_gflops(false, false, 4096, 4096, 1024, 3));
+}
+
+struct GemmShape {
+  std::string name;
+  bool ta, tb;
+  int64_t m, n, k;
+};
+
+// Every distinct GEMM of one GPT training step with `rows` = micro-batch x seq_len rows:
+// forward (NN; the tied head NT), input gradients (NT; head NN) and weight gradients (TN).
+// The per-head attention products are not here (their own kernel).
+std::vector<GemmShape> gpt_gemm_shapes(const std::string& preset, int64_t rows) {
+  Config c;
+  c.set("model.preset", preset);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  const int64_t d = c.i("model.d_model"), v = c.i("model.vocab_size");
+  struct Linear {
+    const char* name;
+    int64_t k, m;
+  };
+  const Linear linears[] = {{"qkv", d, 3 * d}, {"attn.proj", d, d}, {"fc", d, 4 * d}, {"fc.proj", 4 * d, d}};
+  std::vector<GemmShape> out;
+  for (const Linear& l : linears) {
+    out.push_back({cat(preset, " ", l.name, " fwd"), false, false, rows, l.m, l.k});
+    out.push_back({cat(preset, " ", l.name, " dinp"), false, true, rows, l.k, l.m});
+    out.push_back({cat(preset, " ", l.name, " dw"), true, false, l.k, l.m, rows});
+  }
+  out.push_back({cat(preset, " head fwd"), false, true, rows, v, d});
+  out.push_back({cat(preset, " head dinp"), false, false, rows, d, v});
+  out.push_back({cat(preset, " head dw"), true, false, v, d, rows});
+  return out;
 }
 
 }  // namespace
 
-int run_bench_gemm(const std::vector<int64_t>& threads) {
-  struct Shape {
-    const char* name;
-    int64_t m, n, k;
-  };
-  const Shape shapes[] = {{"square 1024", 1024, 1024, 1024}, {"square 2048", 2048, 2048, 2048},
-                          {"gpt-mini qkv 2048x768x256", 2048, 768, 256}, {"gpt-mini fc 2048x1024x256", 2048, 1024, 256},
-                          {"gpt-mini proj 2048x256x1024", 2048, 256, 1024}};
-  std::printf("%-30s %8s %10s\n", "shape (M x N x K)", "threads", "GFLOP/s");
+int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
+  std::vector<GemmShape> shapes = {{"square 2048", false, false, 2048, 2048, 2048}};
+  for (const GemmShape& s : gpt_gemm_shapes("gpt-mini", 8 * 256)) shapes.push_back(s);
+  for (const GemmShape& s : gpt_gemm_shapes("gpt2-124m", 1024)) shapes.push_back(s);
+  Config c;
+  c.set("job.gemm_path", path_name);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  apply_compute_settings(c);  // InputError when the CPU lacks the path
+  const kernels::GemmPath path = kernels::gemm_path() == kernels::GemmPath::kAuto ? kernels::gemm_best_path() : kernels::gemm_path();
+  std::printf("# loom bench gemm: Loom's GEMM (%s micro-kernel) beside OpenBLAS (%s), best of 5 runs; GFLOP/s\n",
+              kernels::gemm_path_name(path), openblas_get_corename());
   for (int64_t t : threads) {
-    set_compute_threads(static_cast<int>(t));
-    for (const auto& s : shapes)
-      std::printf("%-30s %8lld %10.1f\n", s.name, static_cast<long long>(t), sgemm_gflops(s.m, s.n, s.k, 5));
+    const int th = static_cast<int>(t);
+    set_compute_threads(th);
+    const double peak = kernels::fma_peak_gflops(path, th);
+    std::printf("\n# %d thread(s): FMA peak %.1f GFLOP/s (%s, measured now)\n", th, peak, kernels::gemm_path_name(path));
+    std::printf("%-28s %2s %6s %6s %6s %9s %9s %7s %9s\n", "shape", "op", "M", "N", "K", "loom", "openblas", "ratio", "%peak");
+    for (const GemmShape& s : shapes) {
+      const int reps = 2.0 * s.m * s.n * s.k > 2e10 ? 3 : 5;
+      kernels::set_gemm_backend(kernels::GemmBackend::kOpenBlas);
+      const double blas = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
+      kernels::set_gemm_backend(kernels::GemmBackend::kLoom);
+      const double loom = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
+      std::printf("%-28s %c%c %6lld %6lld %6lld %9.1f %9.1f %6.2fx %8.1f%%\n", s.name.c_str(), s.ta ? 'T' : 'N', s.tb ? 'T' : 'N',
+                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), loom, blas, loom / blas,
+                  100.0 * loom / peak);
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

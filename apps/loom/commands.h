@@ -37,7 +37,7 @@ struct BenchTrainArgs {
   double peak_gflops = 0;  // 0: measure the sgemm peak per thread count
 };
 int run_bench_train(const BenchTrainArgs& a);
-int run_bench_gemm(const std::vector<int64_t>& threads);
+int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
 
 struct LaunchArgs {
   int nproc = 1, nnodes = 1, node_rank = 0;

@@ -6,7 +6,9 @@
 #include <thread>
 #include <toml++/toml.h>
 
+#include "kernels/gemm/gemm.h"
 #include "loom/error.h"
+#include "loom/threads.h"
 #include "loom/trace.h"
 
 namespace loom::app {
@@ -21,6 +23,8 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"job.seed", int64_t{1337}},
       {"job.threads", int64_t{0}},  // 0: all cores of the machine
       {"job.log_every", int64_t{10}},
+      {"job.gemm", std::string("loom")},       // who computes matrix products
+      {"job.gemm_path", std::string("auto")},  // Loom's GEMM micro-kernel: auto = CPUID
       {"model.preset", std::string("gpt-mini")},
       {"model.n_layer", int64_t{4}},
       {"model.n_head", int64_t{4}},
@@ -251,6 +255,11 @@ void Config::resolve(int world) {
     if (!(f(k) >= 0)) throw InputError(cat(where(k), " = ", f(k), ": expected >= 0"));
   if (!(f("training.lr") > 0)) throw InputError(cat(where("training.lr"), ": expected > 0"));
   one_of("training.decay", {"cosine", "linear", "constant"});
+  one_of("job.gemm", {"loom", "openblas"});
+  one_of("job.gemm_path", {"auto", "avx512", "avx2", "generic"});
+  if (s("job.gemm") != "loom" && s("job.gemm_path") != "auto")
+    throw InputError(cat(where("job.gemm_path"), " = \"", s("job.gemm_path"), "\": picks a kernel of Loom's GEMM, but ",
+                         where("job.gemm"), " = \"", s("job.gemm"), "\"; expected \"auto\""));
   one_of("training.optimizer", {"adamw", "sgd"});
   one_of("comm.transport", {"auto", "shm", "tcp", "mpi"});
   one_of("comm.grad_dtype", {"f32", "bf16"});
@@ -312,6 +321,21 @@ int Config::threads(int local_ranks) const {
   if (i("job.threads") > 0) return static_cast<int>(i("job.threads"));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, local_ranks));
+}
+
+void apply_compute_settings(const Config& c, int local_ranks) {
+  set_compute_threads(c.threads(local_ranks));
+  kernels::set_gemm_backend(c.s("job.gemm") == "openblas" ? kernels::GemmBackend::kOpenBlas : kernels::GemmBackend::kLoom);
+  const std::string& path = c.s("job.gemm_path");
+  const kernels::GemmPath p = path == "avx512" ? kernels::GemmPath::kAvx512
+                              : path == "avx2" ? kernels::GemmPath::kAvx2
+                              : path == "generic" ? kernels::GemmPath::kGeneric
+                                                  : kernels::GemmPath::kAuto;
+  try {
+    kernels::set_gemm_path(p);
+  } catch (const InputError& e) {
+    throw InputError(cat("job.gemm_path = \"", path, "\": ", e.what()));
+  }
 }
 
 std::string Config::run_path() const {

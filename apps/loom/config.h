@@ -46,6 +46,10 @@ class Config {
   std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)
 };
 
+// Sizes the compute thread pool (Config::threads) and picks who computes matrix products
+// (job.gemm, job.gemm_path) for this process. InputError when the CPU lacks the path asked for.
+void apply_compute_settings(const Config& c, int local_ranks = 1);
+
 // Which kind of model a preset names: "gpt" or "mlp".
 std::string model_kind(const Config& c);
 

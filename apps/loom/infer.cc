@@ -24,7 +24,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.apply_overrides(overrides);
   if (c.s("data.train").empty()) c.set("data.train", std::string("-"));  // not used here
   c.resolve();
-  set_compute_threads(c.threads());
+  apply_compute_settings(c);
   return c;
 }
 

@@ -76,8 +76,11 @@ int run(int argc, char** argv) {
   bt->add_option("--warmup", bench_train.warmup, "Untimed steps first")->capture_default_str();
   bt->add_option("--peak-gflops", bench_train.peak_gflops, "Use this sgemm peak instead of measuring it");
   std::vector<int64_t> gemm_threads = {1, 2};
-  auto* bg = b->add_subcommand("gemm", "OpenBLAS sgemm GFLOP/s, square and transformer shapes");
+  auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
+  std::string gemm_path = "auto";
+  bg->add_option("--path", gemm_path, "Loom's micro-kernel: auto, avx512, avx2, generic")
+      ->check(CLI::IsMember({"auto", "avx512", "avx2", "generic"}))->capture_default_str();
 
   loom::app::BenchCommArgs bench_comm;
   auto* bc = b->add_subcommand("comm", "Collective busbw/latency, nccl-tests style; run under `loom launch -n N`");
@@ -133,7 +136,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
-  if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads);
+  if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
   if (l->parsed()) return loom::app::run_launch(launch);
   return 2;

@@ -130,7 +130,7 @@ int run_train(const TrainArgs& a) {
   c.resolve(env.size);
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
-  set_compute_threads(threads);
+  apply_compute_settings(c, env.local_size);
   const bool lead = env.rank == 0;  // writes the run directory, metrics and checkpoints
 
   const std::string run = c.run_path();

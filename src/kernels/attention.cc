@@ -15,7 +15,7 @@ constexpr int64_t kBlock = 64;
 }  // namespace
 
 // One (batch, head) pair is one task: strided GEMMs on views of qkv, the causal softmax in
-// between. Tasks run in parallel; BLAS inside them runs single-threaded.
+// between. Tasks run in parallel; the GEMMs inside them run single-threaded.
 template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
                        int64_t nh) {
@@ -31,11 +31,14 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64
     T* y = out + bi * t * c + h * hs;
     for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
       const int64_t r1 = std::min(t, r0 + kBlock);
-      gemm<T>(false, true, r1 - r0, r1, hs, scale, q + r0 * ld, ld, k, ld, 0, p + r0 * t, t);
+      gemm<T>(false, true, r1 - r0, r1, hs, q + r0 * ld, ld, k, ld, false, p + r0 * t, t);
       for (int64_t i = r0; i < r1; ++i) {
         T* row = p + i * t;
         T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] *= scale;
+          mx = std::max(mx, row[j]);
+        }
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j <= i; ++j) {
@@ -46,7 +49,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         std::fill(row + i + 1, row + t, T(0));
       }
-      gemm<T>(false, false, r1 - r0, hs, r1, 1, p + r0 * t, t, v, ld, 0, y + r0 * c, c);
+      gemm<T>(false, false, r1 - r0, hs, r1, p + r0 * t, t, v, ld, false, y + r0 * c, c);
     }
   }
 }
@@ -72,7 +75,7 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
     // dS = P * (dP - sum_j P dP) * scale, zero above the diagonal.
     for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
       const int64_t r1 = std::min(t, r0 + kBlock);
-      gemm<T>(false, true, r1 - r0, r1, hs, 1, dy + r0 * c, c, v, ld, 0, ds + r0 * t, t);
+      gemm<T>(false, true, r1 - r0, r1, hs, dy + r0 * c, c, v, ld, false, ds + r0 * t, t);
       for (int64_t i = r0; i < r1; ++i) {
         const T* prow = p + i * t;
         T* row = ds + i * t;
@@ -82,14 +85,14 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
         for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
         std::fill(row + i + 1, row + r1, T(0));
       }
-      gemm<T>(false, false, r1 - r0, hs, r1, 1, ds + r0 * t, t, k, ld, 0, dq + r0 * ld, ld);  // dQ = dS K
+      gemm<T>(false, false, r1 - r0, hs, r1, ds + r0 * t, t, k, ld, false, dq + r0 * ld, ld);  // dQ = dS K
     }
     // Column block [c0, c1) of dK and dV only sees rows i >= c0 (causality), so each is
     // one GEMM over rows [c0, T), with nothing to accumulate.
     for (int64_t c0 = 0; c0 < t; c0 += kBlock) {
       const int64_t c1 = std::min(t, c0 + kBlock), rows = t - c0;
-      gemm<T>(true, false, c1 - c0, hs, rows, 1, ds + c0 * t + c0, t, q + c0 * ld, ld, 0, dk + c0 * ld, ld);
-      gemm<T>(true, false, c1 - c0, hs, rows, 1, p + c0 * t + c0, t, dy + c0 * c, c, 0, dv + c0 * ld, ld);
+      gemm<T>(true, false, c1 - c0, hs, rows, ds + c0 * t + c0, t, q + c0 * ld, ld, false, dk + c0 * ld, ld);
+      gemm<T>(true, false, c1 - c0, hs, rows, p + c0 * t + c0, t, dy + c0 * c, c, false, dv + c0 * ld, ld);
     }
   }
 }

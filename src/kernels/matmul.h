@@ -1,10 +1,13 @@
 // Matrix multiply with bias: the fully connected layers and the tied output projection.
 // Dimension legend: N rows (batch x time), K input features, M output features.
-// Fast version: OpenBLAS sgemm/dgemm, threaded by the process's one OpenMP pool.
-// Thread-safety: reentrant; callers inside an OpenMP region get single-threaded BLAS.
+// Fast version: Loom's GEMM (kernels/gemm/gemm.h), threaded by the process's one OpenMP
+// pool over output tiles, so the bits do not depend on the thread count.
+// Thread-safety: reentrant; callers inside an OpenMP region get a single-threaded GEMM.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/gemm/gemm.h"
 
 namespace loom::kernels {
 
@@ -23,11 +26,5 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout);
-
-// Plain GEMM: C (m, n) = alpha * op(A) @ op(B) + beta * C, row-major, leading dimensions in
-// elements. The one place Loom calls BLAS.
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
 }  // namespace loom::kernels

@@ -4,12 +4,16 @@
 // Tolerance 1e-6 relative to the largest gradient entry of each tensor: with h = 1e-5 the
 // truncation error is O(h^2 L''') ~ 1e-10 and the rounding error ~ 1e-16 |L| / h ~ 1e-11,
 // so 1e-6 leaves room while any real mistake in a backward shows as O(1).
+#include <cblas.h>
 #include <gtest/gtest.h>
+#include <strings.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
+#include "kernels/gemm/gemm.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
 #include "loom/nn/mlp.h"
@@ -255,31 +259,65 @@ TEST(Gpt, InitFollowsGpt2) {
 namespace loom::nn {
 namespace {
 
-// One GPT training step's loss and gradients are bitwise the same with 1 and 2 compute
-// threads (docs/numerics.md, Determinism). Also the test where ThreadSanitizer sees Loom's
-// parallel regions (the suite otherwise pins one thread per test).
-TEST(Determinism, GptGradientsDoNotDependOnThreadCount) {
+// One GPT training step's loss and gradients, as bits.
+std::pair<double, std::vector<float>> gpt_step_bits(int threads) {
   GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 64, .seq_len = 32, .vocab_size = 97};
-  auto run = [&](int threads) {
-    set_compute_threads(threads);
-    Gpt gpt(cfg);
-    gpt.init(5);
-    Tensor x = Tensor::zeros({4, 32}, DType::kI32), y = Tensor::zeros({4, 32}, DType::kI32);
-    Rng r(6);
-    for (int i = 0; i < 128; ++i) {
-      x.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
-      y.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
-    }
-    GptCtx ctx;
-    double loss = gpt.forward(x, y, ctx);
-    gpt.backward(ctx, 1.0);
-    const float* g = gpt.params().grads().data<float>();
-    return std::make_pair(loss, std::vector<float>(g, g + gpt.params().numel()));
-  };
-  auto one = run(1), two = run(2);
+  set_compute_threads(threads);
+  Gpt gpt(cfg);
+  gpt.init(5);
+  Tensor x = Tensor::zeros({4, 32}, DType::kI32), y = Tensor::zeros({4, 32}, DType::kI32);
+  Rng r(6);
+  for (int i = 0; i < 128; ++i) {
+    x.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
+    y.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
+  }
+  GptCtx ctx;
+  double loss = gpt.forward(x, y, ctx);
+  gpt.backward(ctx, 1.0);
+  const float* g = gpt.params().grads().data<float>();
   set_compute_threads(1);
-  EXPECT_EQ(one.first, two.first);
-  EXPECT_EQ(0, std::memcmp(one.second.data(), two.second.data(), one.second.size() * sizeof(float)));
+  return std::make_pair(loss, std::vector<float>(g, g + gpt.params().numel()));
+}
+
+bool same_bits(const std::pair<double, std::vector<float>>& a,
+               const std::pair<double, std::vector<float>>& b) {
+  return a.first == b.first && a.second.size() == b.second.size() &&
+         std::memcmp(a.second.data(), b.second.data(), a.second.size() * sizeof(float)) == 0;
+}
+
+// One GPT training step's loss and gradients are bitwise the same with 1, 2 and 3 compute
+// threads (docs/numerics.md, Determinism), whatever core type OpenBLAS detects: ctest runs
+// this suite again under each OPENBLAS_CORETYPE (src/nn/CMakeLists.txt). Also the test
+// where ThreadSanitizer sees Loom's parallel regions (the suite otherwise pins one thread
+// per test).
+TEST(Determinism, GptGradientsDoNotDependOnThreadCount) {
+  const auto one = gpt_step_bits(1);
+  EXPECT_TRUE(same_bits(one, gpt_step_bits(2)));
+  EXPECT_TRUE(same_bits(one, gpt_step_bits(3)));
+}
+
+// Under ctest's nn_determinism_CORE runs, OpenBLAS really runs the core type asked for
+// (so those runs prove what they claim on any CPU that can run it).
+TEST(Determinism, OpenBlasRunsTheCoreTypeAskedFor) {
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked == nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE is not set";
+  EXPECT_EQ(0, strcasecmp(asked, openblas_get_corename()))
+      << "asked for " << asked << ", OpenBLAS runs " << openblas_get_corename();
+}
+
+// Every GEMM path this CPU has (AVX-512, AVX2, generic) gives the same step, bit for bit:
+// the GEMM's order of arithmetic is fixed by design, not by the CPU (kernels/gemm/gemm.h).
+TEST(Determinism, GptGradientsDoNotDependOnGemmPath) {
+  using kernels::GemmPath;
+  const auto paths = kernels::gemm_supported_paths();
+  ASSERT_GE(paths.size(), 1u);
+  kernels::set_gemm_path(paths.front());
+  const auto widest = gpt_step_bits(2);
+  for (GemmPath path : paths) {
+    kernels::set_gemm_path(path);
+    EXPECT_TRUE(same_bits(widest, gpt_step_bits(2))) << kernels::gemm_path_name(path);
+  }
+  kernels::set_gemm_path(GemmPath::kAuto);
 }
 
 }  // namespace

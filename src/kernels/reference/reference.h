@@ -17,6 +17,24 @@
 
 namespace loom::kernels::reference {
 
+// C (m, n) = [C +] op(A) @ op(B), each element one chain of fused multiply-adds over
+// p = 0 .. k-1 in order, starting from C or +0: the order Loom's GEMM keeps on every path
+// (kernels/gemm/gemm.h), so its results equal these bit for bit.
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      T acc = accumulate ? c[i * ldc + j] : T(0);
+      for (int64_t p = 0; p < k; ++p) {
+        const T x = trans_a ? a[p * lda + i] : a[i * lda + p];
+        const T y = trans_b ? b[j * ldb + p] : b[p * ldb + j];
+        acc = std::fma(x, y, acc);
+      }
+      c[i * ldc + j] = acc;
+    }
+}
+
 template <typename T>
 T weight_at(const T* w, int64_t kk, int64_t mm, int64_t k, int64_t m, WeightLayout layout) {
   return layout == WeightLayout::kKM ? w[kk * m + mm] : w[mm * k + kk];

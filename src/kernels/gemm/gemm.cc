@@ -1,0 +1,348 @@
+// Loom's GEMM driver: output tiles across threads, packing, micro-kernel dispatch; and the
+// OpenBLAS backend kept for comparison. See gemm.h for the contract and the order of
+// arithmetic, microkernel.h for the micro-kernel contract.
+#include "kernels/gemm/gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "kernels/gemm/microkernel.h"
+#include "loom/error.h"
+
+namespace loom::kernels {
+namespace {
+
+using gemm_detail::MicroKernel;
+
+const MicroKernel<float> kGenericF32 = {"generic", 4, 16, 256, 240, 256,
+                                        gemm_detail::microkernel_generic<float, 4, 16>,
+                                        gemm_detail::fma_loop_generic};
+const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256,
+                                         gemm_detail::microkernel_generic<double, 4, 8>,
+                                         gemm_detail::fma_loop_generic};
+
+// Below this many multiply-adds a product runs on one thread: waking the pool costs more.
+constexpr int64_t kParallelMinWork = int64_t{1} << 18;
+
+std::atomic<GemmPath> g_path{GemmPath::kAuto};
+std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Per-thread packing space, 64-byte aligned (the kernels' aligned loads need it), grown on
+// demand and kept for the thread's life.
+template <typename T>
+T* scratch(int slot, int64_t count) {
+  struct Buffer {
+    std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
+    int64_t capacity = 0;
+  };
+  thread_local Buffer buffers[2];
+  Buffer& buf = buffers[slot];
+  if (buf.capacity < count) {
+    const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
+    buf.data.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+    LOOM_CHECK(buf.data != nullptr);
+    buf.capacity = count;
+  }
+  return buf.data.get();
+}
+
+// A view of op(X): element (i, j) of the logical matrix.
+template <typename T>
+struct Operand {
+  const T* p;
+  int64_t ld;
+  bool trans;
+};
+
+// out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
+template <typename T>
+void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
+  if (!a.trans) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = a.p + (i0 + r) * a.ld + p0;
+      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = src[q];
+    }
+  } else {
+    for (int64_t q = 0; q < kc; ++q)
+      std::memcpy(out + q * mr, a.p + (p0 + q) * a.ld + i0, rows * sizeof(T));
+  }
+  if (rows < mr)
+    for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
+}
+
+// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major, zero-padded.
+template <typename T>
+void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
+  for (int64_t s = 0; s * nr < cols; ++s) {
+    T* dst = out + s * kc * nr;
+    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
+    if (!b.trans) {
+      for (int64_t q = 0; q < kc; ++q) {
+        std::memcpy(dst + q * nr, b.p + (p0 + q) * b.ld + js, width * sizeof(T));
+        std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
+      }
+    } else {
+      for (int64_t j = 0; j < width; ++j) {
+        const T* src = b.p + (js + j) * b.ld + p0;
+        for (int64_t q = 0; q < kc; ++q) dst[q * nr + j] = src[q];
+      }
+      if (width < nr)
+        for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
+    }
+  }
+}
+
+// One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
+// block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
+// panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
+template <typename T>
+void run_tile(const MicroKernel<T>& mk,
+              const Operand<T>& a,
+              const Operand<T>& b,
+              int64_t k,
+              bool accumulate,
+              T* c,
+              int64_t ldc,
+              int64_t i0,
+              int64_t rows,
+              int64_t j0,
+              int64_t cols) {
+  const int mr = mk.mr, nr = mk.nr;
+  T* packed_a = scratch<T>(0, mk.kc * round_up(rows, mr));
+  T* packed_b = scratch<T>(1, mk.kc * round_up(std::min(cols, mk.nc), nr));
+  alignas(64) T edge[32 * 32];  // one partial MR x NR block (every kernel has MR, NR <= 32)
+  for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
+    const int64_t kc = std::min(mk.kc, k - p0);
+    const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
+    for (int64_t ir = 0; ir < rows; ir += mr)
+      pack_a(a, i0 + ir, std::min<int64_t>(mr, rows - ir), p0, kc, mr, packed_a + ir * kc);
+    for (int64_t jc = 0; jc < cols; jc += mk.nc) {
+      const int64_t panel = std::min(mk.nc, cols - jc);
+      pack_b(b, p0, kc, j0 + jc, panel, nr, packed_b);
+      for (int64_t ir = 0; ir < rows; ir += mr) {
+        const int64_t h = std::min<int64_t>(mr, rows - ir);
+        const T* pa = packed_a + ir * kc;
+        for (int64_t jr = 0; jr < panel; jr += nr) {
+          const int64_t w = std::min<int64_t>(nr, panel - jr);
+          const T* pb = packed_b + jr * kc;
+          T* ct = c + (i0 + ir) * ldc + j0 + jc + jr;
+          if (h == mr && w == nr) {
+            mk.fn(kc, pa, pb, ct, ldc, acc);
+            continue;
+          }
+          // Partial block: run the full kernel on a copy; padded lanes are discarded.
+          if (acc)
+            for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * ldc, w * sizeof(T));
+          mk.fn(kc, pa, pb, edge, nr, acc);
+          for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(T));
+        }
+      }
+    }
+  }
+}
+
+// Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
+// threads; no split touches k, so the bits do not depend on the thread count.
+template <typename T>
+void gemm_loom(const MicroKernel<T>& mk,
+               bool trans_a,
+               bool trans_b,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               const T* a,
+               int64_t lda,
+               const T* b,
+               int64_t ldb,
+               bool accumulate,
+               T* c,
+               int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+    return;
+  }
+  const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
+  const bool parallel = !omp_in_parallel() && m * n * k >= kParallelMinWork;
+  const int threads = parallel ? omp_get_max_threads() : 1;
+  // Tiles start as MC rows by every column (A is then packed once per KC block) and are
+  // halved, the longer side first, until every thread has two.
+  int64_t mc = std::min(mk.mc, round_up(m, mk.mr)), nc = round_up(n, mk.nr);
+  while (threads > 1 && ceil_div(m, mc) * ceil_div(n, nc) < 2 * threads) {
+    if (nc > mk.nr && nc >= mc) {
+      nc = round_up(nc / 2, mk.nr);
+    } else if (mc > mk.mr) {
+      mc = round_up(mc / 2, mk.mr);
+    } else {
+      break;
+    }
+  }
+  const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
+    run_tile(mk, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0));
+  }
+}
+
+const MicroKernel<float>& kernel_for(GemmPath path) {
+  switch (path == GemmPath::kAuto ? gemm_best_path() : path) {
+    case GemmPath::kAvx512:
+      return gemm_detail::kAvx512Kernel;
+    case GemmPath::kAvx2:
+      return gemm_detail::kAvx2Kernel;
+    default:
+      return kGenericF32;
+  }
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");  // libgcc also checks the OS saves zmm state
+}
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace
+
+bool gemm_path_supported(GemmPath path) {
+  switch (path) {
+    case GemmPath::kAvx512:
+      return cpu_has_avx512();
+    case GemmPath::kAvx2:
+      return cpu_has_avx2();
+    default:
+      return true;
+  }
+}
+
+GemmPath gemm_best_path() {
+  static const GemmPath best = cpu_has_avx512() ? GemmPath::kAvx512
+                               : cpu_has_avx2() ? GemmPath::kAvx2
+                                                : GemmPath::kGeneric;
+  return best;
+}
+
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::kAuto:
+      return "auto";
+    case GemmPath::kAvx512:
+      return "avx512";
+    case GemmPath::kAvx2:
+      return "avx2";
+    default:
+      return "generic";
+  }
+}
+
+std::vector<GemmPath> gemm_supported_paths() {
+  std::vector<GemmPath> paths;
+  for (GemmPath p : {GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
+    if (gemm_path_supported(p)) paths.push_back(p);
+  return paths;
+}
+
+void set_gemm_path(GemmPath path) {
+  if (!gemm_path_supported(path))
+    throw InputError(cat("gemm path '", gemm_path_name(path), "' needs ",
+                         path == GemmPath::kAvx512 ? "AVX-512F" : "AVX2 and FMA",
+                         ", which this CPU does not report"));
+  g_path = path;
+}
+GemmPath gemm_path() { return g_path; }
+void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
+GemmBackend gemm_backend() { return g_backend; }
+
+void gemm_f32(GemmPath path,
+              bool trans_a,
+              bool trans_b,
+              int64_t m,
+              int64_t n,
+              int64_t k,
+              const float* a,
+              int64_t lda,
+              const float* b,
+              int64_t ldb,
+              bool accumulate,
+              float* c,
+              int64_t ldc) {
+  LOOM_CHECK(gemm_path_supported(path));
+  gemm_loom(kernel_for(path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+double fma_peak_gflops(GemmPath path, int threads, double seconds) {
+  LOOM_CHECK(gemm_path_supported(path));
+  const MicroKernel<float>& mk = kernel_for(path);
+  float sink = 0;
+  int64_t iters = 1 << 20;
+  for (;;) {
+    const double t0 = omp_get_wtime();
+    double flops = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : flops, sink)
+    flops += mk.fma_loop(iters, &sink);
+    const double dt = omp_get_wtime() - t0;
+    if (dt >= seconds) return sink == 12345.0f ? 0 : flops / dt / 1e9;  // keeps sink live
+    iters = static_cast<int64_t>(static_cast<double>(iters) * std::min(8.0, 1.2 * seconds / std::max(dt, 1e-6)));
+  }
+}
+
+template <>
+void gemm<float>(bool trans_a,
+                 bool trans_b,
+                 int64_t m,
+                 int64_t n,
+                 int64_t k,
+                 const float* a,
+                 int64_t lda,
+                 const float* b,
+                 int64_t ldb,
+                 bool accumulate,
+                 float* c,
+                 int64_t ldc) {
+  if (g_backend == GemmBackend::kOpenBlas) {
+    if (m == 0 || n == 0) return;
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
+                accumulate ? 1.0f : 0.0f, c, ldc);
+    return;
+  }
+  gemm_f32(g_path, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+template <>
+void gemm<double>(bool trans_a,
+                  bool trans_b,
+                  int64_t m,
+                  int64_t n,
+                  int64_t k,
+                  const double* a,
+                  int64_t lda,
+                  const double* b,
+                  int64_t ldb,
+                  bool accumulate,
+                  double* c,
+                  int64_t ldc) {
+  if (g_backend == GemmBackend::kOpenBlas) {
+    if (m == 0 || n == 0) return;
+    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, lda, b, ldb,
+                accumulate ? 1.0 : 0.0, c, ldc);
+    return;
+  }
+  gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,86 @@
+// Loom's GEMM: C (m, n) (+)= op(A) (m, k) @ op(B) (k, n), row-major, leading dimensions in
+// elements. Every matrix product in Loom goes through gemm() (src/kernels/matmul.h).
+//
+// Structure (GotoBLAS / BLIS): the output is cut into tiles of at most MC rows; per tile
+// and per block of KC along k, the tile's rows of op(A) are packed once into MR-row
+// slivers, then per NC-wide panel of op(B) (packed into NR-wide slivers) a register-blocked
+// micro-kernel updates each MR x NR block of C. Threads take whole output tiles, never a
+// part of k.
+//
+// The order of arithmetic is fixed by design (docs/numerics.md, "Loom's GEMM"): every
+// output element is one chain of fused multiply-adds over k = 0, 1, ..., k-1, starting
+// from C (accumulate) or from +0. So the AVX-512, AVX2 and generic micro-kernels and the
+// plain-loop reference (reference::gemm) give the same bits, for any tile sizes, any thread
+// count and any CPU.
+//
+// Thread-safety: reentrant. Inside an OpenMP parallel region a call runs on its caller's
+// thread only. set_gemm_path() and set_gemm_backend() are process-wide: call them before
+// starting work, from one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::kernels {
+
+// Which micro-kernel computes f32 products. kAuto picks the widest this CPU supports
+// (CPUID, checked at run time: one binary runs on both). f64 always uses the generic one.
+enum class GemmPath { kAuto, kAvx512, kAvx2, kGeneric };
+
+// Who computes products: Loom's GEMM, or OpenBLAS (kept for comparison and as a second
+// oracle; its bits depend on the kernels it picks for the CPU and on the thread count).
+enum class GemmBackend { kLoom, kOpenBlas };
+
+// C (m, n) = [C +] op(A) @ op(B). op(A) is A (m, k) with row stride lda, or A^T where A is
+// (k, m); likewise op(B) (k, n) is B or B^T of a (n, k) B. k == 0 leaves C (accumulate) or
+// zeroes it. REQUIRES: m, n, k >= 0; leading dimensions at least the row length.
+template <typename T>
+void gemm(bool trans_a,
+          bool trans_b,
+          int64_t m,
+          int64_t n,
+          int64_t k,
+          const T* a,
+          int64_t lda,
+          const T* b,
+          int64_t ldb,
+          bool accumulate,
+          T* c,
+          int64_t ldc);
+
+// Loom's GEMM on a chosen f32 path (gemm() uses gemm_path()). REQUIRES: the CPU supports it.
+void gemm_f32(GemmPath path,
+              bool trans_a,
+              bool trans_b,
+              int64_t m,
+              int64_t n,
+              int64_t k,
+              const float* a,
+              int64_t lda,
+              const float* b,
+              int64_t ldb,
+              bool accumulate,
+              float* c,
+              int64_t ldc);
+
+// Whether this CPU (and OS) can run a path; kAuto and kGeneric always can.
+bool gemm_path_supported(GemmPath path);
+// The path kAuto resolves to on this CPU.
+GemmPath gemm_best_path();
+const char* gemm_path_name(GemmPath path);
+// All paths this CPU supports, widest first (never kAuto).
+std::vector<GemmPath> gemm_supported_paths();
+
+// The core's FMA peak (GFLOP/s) on a path's instruction set at `threads` threads: register-
+// only FMA chains timed for at least `seconds`. For benchmarks (loom bench gemm).
+double fma_peak_gflops(GemmPath path, int threads, double seconds = 0.2);
+
+// Process-wide selection. set_gemm_path throws loom::Error (naming the path and the CPU's
+// missing feature) when the CPU does not support it.
+void set_gemm_path(GemmPath path);
+GemmPath gemm_path();
+void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_backend();
+
+}  // namespace loom::kernels

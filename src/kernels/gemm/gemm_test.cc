@@ -1,0 +1,160 @@
+// Loom's GEMM against its reference twin, bit for bit: every path this CPU supports (the
+// AVX-512, AVX2 and generic micro-kernels), every transpose, strided operands, sizes that
+// are 1, primes, not multiples of any tile, and deeper than one packed block; any thread
+// count. OpenBLAS is the second oracle, to a tolerance (its order of summation differs).
+#include "kernels/gemm/gemm.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "kernels/reference/reference.h"
+#include "loom/error.h"
+#include "loom/rng.h"
+
+namespace loom::kernels {
+namespace {
+
+template <typename T>
+std::vector<T> random_matrix(int64_t count, uint64_t seed) {
+  Rng r(seed);
+  std::vector<T> v(count);
+  for (auto& x : v) x = static_cast<T>(r.normal());
+  return v;
+}
+
+// One product's operands, with leading dimensions padded past the row length (strided).
+template <typename T>
+struct Problem {
+  bool ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  std::vector<T> a, b, c0;
+
+  Problem(bool ta_, bool tb_, int64_t m_, int64_t n_, int64_t k_, int64_t pad, uint64_t seed)
+      : ta(ta_), tb(tb_), m(m_), n(n_), k(k_) {
+    lda = (ta ? m : k) + pad;
+    ldb = (tb ? k : n) + pad;
+    ldc = n + pad;
+    a = random_matrix<T>((ta ? k : m) * lda + 1, seed);
+    b = random_matrix<T>((tb ? n : k) * ldb + 1, seed + 1);
+    c0 = random_matrix<T>(m * ldc + 1, seed + 2);
+  }
+  std::vector<T> reference(bool accumulate) const {
+    std::vector<T> c = c0;
+    reference::gemm(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
+    return c;
+  }
+  std::vector<T> run(GemmPath path, bool accumulate) const {
+    std::vector<T> c = c0;
+    if constexpr (std::is_same_v<T, float>)
+      gemm_f32(path, ta, tb, m, n, k, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
+    else
+      gemm<T>(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, accumulate, c.data(), ldc);
+    return c;
+  }
+};
+
+template <typename T>
+bool same_bits(const std::vector<T>& x, const std::vector<T>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+// (m, n, k): ones, primes, tile edges plus and minus one, and k past two packed blocks.
+const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
+    {1, 1, 1},     {1, 37, 5},  {29, 1, 7}, {7, 13, 1},    {12, 32, 256}, {13, 33, 257},
+    {11, 31, 255}, {6, 16, 64}, {5, 17, 3}, {97, 131, 67}, {64, 96, 600}, {200, 70, 513}};
+
+TEST(Gemm, EveryPathEqualsTheReferenceBitForBit) {
+  for (GemmPath path : gemm_supported_paths()) {
+    uint64_t seed = 1;
+    for (auto [m, n, k] : kShapes)
+      for (int t = 0; t < 4; ++t)
+        for (bool accumulate : {false, true}) {
+          const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 3, seed += 3);
+          EXPECT_TRUE(same_bits(p.run(path, accumulate), p.reference(accumulate)))
+              << gemm_path_name(path) << " m=" << m << " n=" << n << " k=" << k
+              << " trans_a=" << p.ta << " trans_b=" << p.tb << " accumulate=" << accumulate;
+        }
+  }
+}
+
+TEST(Gemm, DoubleEqualsTheReferenceBitForBit) {
+  uint64_t seed = 100;
+  for (auto [m, n, k] : kShapes)
+    for (int t = 0; t < 4; ++t) {
+      const Problem<double> p(t & 1, t & 2, m, n, k, 2, seed += 3);
+      EXPECT_TRUE(same_bits(p.run(GemmPath::kAuto, true), p.reference(true)))
+          << "m=" << m << " n=" << n << " k=" << k << " t=" << t;
+    }
+}
+
+// Threads take whole output tiles, so 1, 2, 3 and 4 threads give the same bits; the shapes
+// are large enough that the driver does split them.
+TEST(Gemm, BitsDoNotDependOnThreadCount) {
+  const int saved = omp_get_max_threads();
+  for (GemmPath path : gemm_supported_paths())
+    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {97, 131, 67}, {256, 768, 300}, {5, 1000, 257}, {1000, 7, 300}}) {
+      const Problem<float> p(false, true, m, n, k, 1, 7);
+      omp_set_num_threads(1);
+      const std::vector<float> one = p.run(path, true);
+      for (int threads : {2, 3, 4}) {
+        omp_set_num_threads(threads);
+        EXPECT_TRUE(same_bits(p.run(path, true), one))
+            << gemm_path_name(path) << " threads=" << threads << " m=" << m << " n=" << n;
+      }
+    }
+  omp_set_num_threads(saved);
+}
+
+TEST(Gemm, EmptyDimensions) {
+  std::vector<float> c = {1, 2, 3, 4}, a = {5}, b = {6};
+  // k == 0: C is kept when accumulating, zeroed otherwise.
+  gemm<float>(false, false, 2, 2, 0, a.data(), 1, b.data(), 2, true, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
+  gemm<float>(false, false, 2, 2, 0, a.data(), 1, b.data(), 2, false, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+  // m or n == 0: nothing is touched (null pointers are fine).
+  gemm<float>(false, false, 0, 2, 3, nullptr, 3, nullptr, 2, false, nullptr, 2);
+  gemm<float>(false, false, 2, 0, 3, nullptr, 3, nullptr, 1, false, nullptr, 1);
+}
+
+// The second oracle: OpenBLAS sums in another order, so agreement is to float rounding
+// over k terms (2e-5 of the largest |entry| at k <= 600, as the matmul tests).
+TEST(Gemm, AgreesWithOpenBlas) {
+  for (auto [m, n, k] : kShapes) {
+    const Problem<float> p(true, false, m, n, k, 1, 42);
+    const std::vector<float> loom = p.run(GemmPath::kAuto, false);
+    set_gemm_backend(GemmBackend::kOpenBlas);
+    std::vector<float> blas = p.c0;
+    gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, blas.data(),
+                p.ldc);
+    set_gemm_backend(GemmBackend::kLoom);
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < loom.size(); ++i) {
+      scale = std::max(scale, std::abs(blas[i]));
+      worst = std::max(worst, std::abs(loom[i] - blas[i]));
+    }
+    EXPECT_LE(worst, 2e-5f * std::max(scale, 1.0f)) << "m=" << m << " n=" << n << " k=" << k;
+  }
+}
+
+TEST(Gemm, UnsupportedPathIsRefusedByName) {
+  for (GemmPath path : {GemmPath::kAvx512, GemmPath::kAvx2}) {
+    if (gemm_path_supported(path)) continue;
+    try {
+      set_gemm_path(path);
+      FAIL() << "expected an error";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(gemm_path_name(path)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NO_THROW(set_gemm_path(GemmPath::kGeneric));
+  set_gemm_path(GemmPath::kAuto);
+}
+
+}  // namespace
+}  // namespace loom::kernels

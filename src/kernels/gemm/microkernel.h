@@ -1,0 +1,62 @@
+// The micro-kernels behind Loom's GEMM and their shapes. Internal to src/kernels/gemm/.
+// Legend: MR rows and NR columns of C per micro-kernel call; KC the depth of one packed
+// block; MC the most rows of an output tile; NC the width of one packed panel of op(B).
+//
+// A micro-kernel computes one full MR x NR block of C (row stride ldc):
+//   C[r][j] = [C[r][j] +] sum over p < kc of a[p * MR + r] * b[p * NR + j]
+// as one fused multiply-add per p, in order p = 0, 1, ..., starting from C (accumulate) or
+// +0. a is an MR-row sliver of op(A) packed p-major, b a NR-column sliver of op(B) packed
+// p-major; both are zero-padded past the matrix edge.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace loom::kernels::gemm_detail {
+
+template <typename T>
+using MicroKernelFn =
+    void (*)(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate);
+
+template <typename T>
+struct MicroKernel {
+  const char* name;
+  int mr, nr;
+  int64_t kc, mc, nc;  // blocking: depth, tile rows, packed B panel width
+  MicroKernelFn<T> fn;
+  // The core's FMA peak on this instruction set, for benchmarks: runs `iters` rounds of
+  // independent register-only FMA chains and returns the flops done (result kept in *sink).
+  double (*fma_loop)(int64_t iters, float* sink);
+};
+
+// The portable kernel: plain C++ with std::fma, which GCC turns into vector FMAs where the
+// build allows. Same arithmetic as the SIMD kernels, so the same bits.
+template <typename T, int MR, int NR>
+void microkernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+  T acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+// The FMA loop of the generic path: scalar chains (what the CPU does without SIMD).
+inline double fma_loop_generic(int64_t iters, float* sink) {
+  constexpr int kChains = 8;
+  float acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = static_cast<float>(j);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < kChains; ++j) acc[j] = std::fma(acc[j], 0.999999f, 1e-7f);
+  for (int j = 0; j < kChains; ++j) *sink += acc[j];
+  return 2.0 * kChains * static_cast<double>(iters);
+}
+
+// In microkernel_avx512.cc / microkernel_avx2.cc, compiled for those instruction sets;
+// called only after CPUID says the CPU has them.
+extern const MicroKernel<float> kAvx512Kernel;
+extern const MicroKernel<float> kAvx2Kernel;
+
+}  // namespace loom::kernels::gemm_detail
