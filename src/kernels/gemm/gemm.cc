@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "kernels/gemm/microkernel.h"
 #include "loom/error.h"
@@ -91,9 +92,14 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
         std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
       }
     } else {
-      for (int64_t j = 0; j < width; ++j) {
-        const T* src = b.p + (js + j) * b.ld + p0;
-        for (int64_t q = 0; q < kc; ++q) dst[q * nr + j] = src[q];
+      // Transposing: 32 values of k at a time, so the slice of the sliver being written
+      // (32 rows of nr) stays in L1 while every source row is read.
+      for (int64_t q0 = 0; q0 < kc; q0 += 32) {
+        const int64_t depth = std::min<int64_t>(32, kc - q0);
+        for (int64_t j = 0; j < width; ++j) {
+          const T* src = b.p + (js + j) * b.ld + p0 + q0;
+          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = src[q];
+        }
       }
       if (width < nr)
         for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
@@ -175,18 +181,23 @@ void gemm_loom(const MicroKernel<T>& mk,
   const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
   const bool parallel = !omp_in_parallel() && m * n * k >= kParallelMinWork;
   const int threads = parallel ? omp_get_max_threads() : 1;
-  // Tiles start as MC rows by every column (A is then packed once per KC block) and are
-  // halved, the longer side first, until every thread has two.
-  int64_t mc = std::min(mk.mc, round_up(m, mk.mr)), nc = round_up(n, mk.nr);
-  while (threads > 1 && ceil_div(m, mc) * ceil_div(n, nc) < 2 * threads) {
-    if (nc > mk.nr && nc >= mc) {
-      nc = round_up(nc / 2, mk.nr);
-    } else if (mc > mk.mr) {
-      mc = round_up(mc / 2, mk.mr);
+  // Tiles start as MC rows by every column (A is then packed once per KC block). With
+  // several threads the tile count is raised to a multiple of the thread count, so no
+  // thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
+  // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
+  // 2 MR rows and NR columns.
+  int64_t tm = ceil_div(m, mk.mc), tn = 1;
+  while (threads > 1 && (tm * tn) % threads != 0) {
+    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
+    if (rows_ok && (n <= m || !cols_ok)) {
+      ++tm;
+    } else if (cols_ok) {
+      ++tn;
     } else {
       break;
     }
   }
+  const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
   const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < tiles; ++t) {
@@ -299,50 +310,37 @@ double fma_peak_gflops(GemmPath path, int threads, double seconds) {
   }
 }
 
-template <>
-void gemm<float>(bool trans_a,
-                 bool trans_b,
-                 int64_t m,
-                 int64_t n,
-                 int64_t k,
-                 const float* a,
-                 int64_t lda,
-                 const float* b,
-                 int64_t ldb,
-                 bool accumulate,
-                 float* c,
-                 int64_t ldc) {
-  if (g_backend == GemmBackend::kOpenBlas) {
-    if (m == 0 || n == 0) return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb,
-                accumulate ? 1.0f : 0.0f, c, ldc);
-    return;
-  }
-  gemm_f32(g_path, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+namespace {
+
+// The OpenBLAS backend (job.gemm = "openblas"): C = [C +] op(A) op(B), beta 1 or 0.
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+              1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
+               const double* b, int64_t ldb, bool accumulate, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+              1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0, c, ldc);
 }
 
-template <>
-void gemm<double>(bool trans_a,
-                  bool trans_b,
-                  int64_t m,
-                  int64_t n,
-                  int64_t k,
-                  const double* a,
-                  int64_t lda,
-                  const double* b,
-                  int64_t ldb,
-                  bool accumulate,
-                  double* c,
-                  int64_t ldc) {
+}  // namespace
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
   if (g_backend == GemmBackend::kOpenBlas) {
-    if (m == 0 || n == 0) return;
-    cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, 1.0, a, lda, b, ldb,
-                accumulate ? 1.0 : 0.0, c, ldc);
-    return;
+    if (m > 0 && n > 0) blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  } else if constexpr (std::is_same_v<T, float>) {
+    gemm_f32(g_path, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  } else {
+    gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
   }
-  gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
+
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                          int64_t, bool, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                           const double*, int64_t, bool, double*, int64_t);
 
 }  // namespace loom::kernels

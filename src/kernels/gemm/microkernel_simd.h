@@ -1,0 +1,69 @@
+// The SIMD micro-kernel and FMA-peak loop, written once over a vector type. Each
+// instruction set's file (microkernel_avx512.cc, microkernel_avx2.cc) defines a traits
+// struct V (vector type, lane count, load/store/broadcast/fma) in its own anonymous
+// namespace and instantiates these under its compile flags. Internal to src/kernels/gemm/.
+//
+// simd_kernel<V, MR> computes MR rows x 2 vectors of C in 2 MR accumulators: per step of k,
+// two aligned loads of packed B and MR broadcasts of packed A feed 2 MR FMAs, each lane one
+// output element's chain in k order (microkernel.h).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::kernels::gemm_detail {
+
+template <typename V, int MR>
+void simd_kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  constexpr int kW = V::kLanes;
+  typename V::Reg lo[MR], hi[MR];
+  if (accumulate) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      lo[r] = V::loadu(c + r * ldc);
+      hi[r] = V::loadu(c + r * ldc + kW);
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = V::zero();
+  }
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += 2 * kW) {
+    const typename V::Reg b0 = V::load(b), b1 = V::load(b + kW);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const typename V::Reg ar = V::broadcast(a + r);
+      lo[r] = V::fma(ar, b0, lo[r]);
+      hi[r] = V::fma(ar, b1, hi[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    V::storeu(c + r * ldc, lo[r]);
+    V::storeu(c + r * ldc + kW, hi[r]);
+  }
+}
+
+// `Chains` independent register-only FMA chains, enough to cover the FMA latency on both
+// pipes; returns the flops done.
+template <typename V, int Chains>
+double simd_fma_loop(int64_t iters, float* sink) {
+  typename V::Reg acc[Chains];
+  const float x = 0.999999f, y = 1e-7f;
+  const typename V::Reg vx = V::broadcast(&x), vy = V::broadcast(&y);
+  // Distinct starting values, or the compiler would merge identical chains into one.
+#pragma GCC unroll 16
+  for (int j = 0; j < Chains; ++j) {
+    const float start = static_cast<float>(j);
+    acc[j] = V::broadcast(&start);
+  }
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < Chains; ++j) acc[j] = V::fma(acc[j], vx, vy);
+  }
+  alignas(64) float out[V::kLanes];
+  for (int j = 1; j < Chains; ++j) acc[0] = V::fma(acc[j], vx, acc[0]);
+  V::storeu(out, acc[0]);
+  *sink += out[0];
+  return 2.0 * Chains * V::kLanes * static_cast<double>(iters);
+}
+
+}  // namespace loom::kernels::gemm_detail
