@@ -50,6 +50,8 @@ T* scratch(int slot, int64_t count) {
   if (buf.capacity < count) {
     const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
     buf.data.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+    // Called inside OpenMP regions, where an exception cannot propagate: a failed
+    // allocation of these few MiB aborts with the check's message instead.
     LOOM_CHECK(buf.data != nullptr);
     buf.capacity = count;
   }
