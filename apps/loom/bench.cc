@@ -94,7 +94,7 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   c.set("data.train", std::string("-"));
   c.resolve();
   apply_compute_settings(c);  // InputError when the CPU lacks the path
-  const kernels::GemmPath path = kernels::gemm_path() == kernels::GemmPath::kAuto ? kernels::gemm_best_path() : kernels::gemm_path();
+  const kernels::GemmPath path = kernels::gemm_active_path();
   std::printf("# loom bench gemm: Loom's GEMM (%s micro-kernel) beside OpenBLAS (%s), best of 5 runs; GFLOP/s\n",
               kernels::gemm_path_name(path), openblas_get_corename());
   for (int64_t t : threads) {

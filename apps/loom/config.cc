@@ -327,12 +327,8 @@ void apply_compute_settings(const Config& c, int local_ranks) {
   set_compute_threads(c.threads(local_ranks));
   kernels::set_gemm_backend(c.s("job.gemm") == "openblas" ? kernels::GemmBackend::kOpenBlas : kernels::GemmBackend::kLoom);
   const std::string& path = c.s("job.gemm_path");
-  const kernels::GemmPath p = path == "avx512" ? kernels::GemmPath::kAvx512
-                              : path == "avx2" ? kernels::GemmPath::kAvx2
-                              : path == "generic" ? kernels::GemmPath::kGeneric
-                                                  : kernels::GemmPath::kAuto;
   try {
-    kernels::set_gemm_path(p);
+    kernels::set_gemm_path(kernels::gemm_path_named(path));
   } catch (const InputError& e) {
     throw InputError(cat("job.gemm_path = \"", path, "\": ", e.what()));
   }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/gemm/microkernel.h"
 #include "loom/error.h"
@@ -248,17 +249,25 @@ GemmPath gemm_best_path() {
   return best;
 }
 
+namespace {
+// Each path's name, as job.gemm_path spells it.
+constexpr std::pair<GemmPath, const char*> kPathNames[] = {{GemmPath::kAuto, "auto"},
+                                                           {GemmPath::kAvx512, "avx512"},
+                                                           {GemmPath::kAvx2, "avx2"},
+                                                           {GemmPath::kGeneric, "generic"}};
+}  // namespace
+
 const char* gemm_path_name(GemmPath path) {
-  switch (path) {
-    case GemmPath::kAuto:
-      return "auto";
-    case GemmPath::kAvx512:
-      return "avx512";
-    case GemmPath::kAvx2:
-      return "avx2";
-    default:
-      return "generic";
-  }
+  for (const auto& [p, name] : kPathNames)
+    if (p == path) return name;
+  LOOM_CHECK(false);
+  return "";
+}
+
+GemmPath gemm_path_named(const std::string& name) {
+  for (const auto& [p, n] : kPathNames)
+    if (name == n) return p;
+  throw InputError(cat("gemm path \"", name, "\": expected one of auto, avx512, avx2, generic"));
 }
 
 std::vector<GemmPath> gemm_supported_paths() {
@@ -275,9 +284,8 @@ void set_gemm_path(GemmPath path) {
                          ", which this CPU does not report"));
   g_path = path;
 }
-GemmPath gemm_path() { return g_path; }
+GemmPath gemm_active_path() { return g_path == GemmPath::kAuto ? gemm_best_path() : g_path.load(); }
 void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
-GemmBackend gemm_backend() { return g_backend; }
 
 void gemm_f32(GemmPath path,
               bool trans_a,

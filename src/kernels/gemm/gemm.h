@@ -49,7 +49,7 @@ void gemm(bool trans_a,
           T* c,
           int64_t ldc);
 
-// Loom's GEMM on a chosen f32 path (gemm() uses gemm_path()). REQUIRES: the CPU supports it.
+// Loom's GEMM on a chosen f32 path (gemm() uses the one set_gemm_path() chose). REQUIRES: the CPU supports it.
 void gemm_f32(GemmPath path,
               bool trans_a,
               bool trans_b,
@@ -69,6 +69,8 @@ bool gemm_path_supported(GemmPath path);
 // The path kAuto resolves to on this CPU.
 GemmPath gemm_best_path();
 const char* gemm_path_name(GemmPath path);
+// The path a name (as gemm_path_name writes it) stands for; InputError for any other name.
+GemmPath gemm_path_named(const std::string& name);
 // All paths this CPU supports, widest first (never kAuto).
 std::vector<GemmPath> gemm_supported_paths();
 
@@ -79,8 +81,8 @@ double fma_peak_gflops(GemmPath path, int threads, double seconds = 0.2);
 // Process-wide selection. set_gemm_path throws loom::Error (naming the path and the CPU's
 // missing feature) when the CPU does not support it.
 void set_gemm_path(GemmPath path);
-GemmPath gemm_path();
+// The path gemm() runs f32 products on now: the set one, kAuto resolved for this CPU.
+GemmPath gemm_active_path();
 void set_gemm_backend(GemmBackend backend);
-GemmBackend gemm_backend();
 
 }  // namespace loom::kernels
