@@ -87,7 +87,7 @@ class Cli : public testing::TempDirTest {
 };
 
 TEST_F(Cli, HelpForEveryCommand) {
-  for (const char* cmd : {"", "train", "sample", "eval", "data prepare", "bench train"}) {
+  for (const char* cmd : {"", "train", "sample", "eval", "data prepare", "bench train", "plan"}) {
     Result r = loom(cat(cmd, " --help"));
     EXPECT_EQ(r.code, 0) << cmd;
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << cmd;
@@ -125,6 +125,29 @@ TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
                    {"comm.param_dtype", "deterministic"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.deterministic=true --comm.grad_dtype=bf16"),
                    {"comm.grad_dtype", "deterministic"});
+}
+
+TEST_F(Cli, PlanPredictsTheBubbleAndDrawsTheSchedule) {
+  Result all = loom("plan --pp 4 --microbatches 8 --schedule all");
+  ASSERT_EQ(all.code, 0) << all.err;
+  // Each schedule's simulated bubble beside its closed form: 3/11, 3/19 (v = 2), 3/27.
+  for (const char* row : {"1f1b               1          33     27.3%     27.3%",
+                          "interleaved        2        28.5     15.8%     15.8%",
+                          "zb-h1              1          27     11.1%     11.1%"})
+    EXPECT_NE(all.out.find(row), std::string::npos) << row << " in\n" << all.out;
+
+  Result one = loom(cat("plan --pp 2 --microbatches 2 --schedule gpipe --backward-ms 1 --width 12 --svg ", p("plan.svg")));
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("stage 0 |F0F1....B0B1|\nstage 1 |..F0F1B0B1..|"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("stage 0: busy 4 ms, idle 2 ms, peak 2 chunk activation(s)"), std::string::npos) << one.out;
+  const std::string svg = read_file(p("plan.svg"));
+  EXPECT_TRUE(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
+
+  expect_bad_input("plan --pp 4 --microbatches 6 --schedule interleaved --virtual-stages 2",
+                   {"micro-batches = 6", "interleaved", "multiple of 4"});
+  expect_bad_input("plan --pp 4 --schedule zb", {"pipeline schedule \"zb\"", "zb-h1"});
+  expect_bad_input("plan --pp 2 --schedule 1f1b --virtual-stages 2", {"virtual stages = 2", "interleaved"});
+  expect_bad_input("plan --pp 2 --transfer-ms -1", {"--transfer-ms", ">= 0"});
 }
 
 TEST_F(Cli, CorruptIdxIsNamed) {

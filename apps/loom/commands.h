@@ -39,6 +39,19 @@ struct BenchTrainArgs {
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
 
+struct PlanArgs {
+  int pp = 2;
+  int microbatches = 8;
+  std::string schedule = "1f1b";  // a schedule name, or "all" for a comparison table
+  int virtual_stages = 1;
+  double forward_ms = 1, backward_ms = 2, backward_input_ms = 0, backward_weight_ms = 0;
+  double transfer_ms = 0, activation_mb = 1;
+  int width = 100;
+  std::string svg;  // where to write the picture; empty: none
+};
+// `loom plan`: the pipeline simulator (loom/schedule.h) from the command line.
+int run_plan(const PlanArgs& a);
+
 struct LaunchArgs {
   int nproc = 1, nnodes = 1, node_rank = 0;
   std::string master = "127.0.0.1:0";

@@ -100,6 +100,21 @@ int run(int argc, char** argv) {
   bc->add_flag("!--no-fingerprints", bench_comm.fingerprints,
                "Turn off the mismatched-collective check (to measure what it costs)");
 
+  loom::app::PlanArgs plan;
+  auto* pl = app.add_subcommand("plan", "Simulate a pipeline schedule: step time, bubble, activation memory per stage, a timeline");
+  pl->add_option("--pp", plan.pp, "Pipeline stages")->capture_default_str();
+  pl->add_option("--microbatches", plan.microbatches, "Micro-batches per optimizer step")->capture_default_str();
+  pl->add_option("--schedule", plan.schedule, "gpipe, 1f1b, interleaved, zb-h1, or all (a comparison)")->capture_default_str();
+  pl->add_option("--virtual-stages", plan.virtual_stages, "Model chunks per stage (interleaved)")->capture_default_str();
+  pl->add_option("--forward-ms", plan.forward_ms, "One micro-batch's forward through one stage")->capture_default_str();
+  pl->add_option("--backward-ms", plan.backward_ms, "... its backward (input and weight gradients)")->capture_default_str();
+  pl->add_option("--backward-input-ms", plan.backward_input_ms, "zb-h1: input gradients (0: half of backward)")->capture_default_str();
+  pl->add_option("--backward-weight-ms", plan.backward_weight_ms, "zb-h1: weight gradients (0: half of backward)")->capture_default_str();
+  pl->add_option("--transfer-ms", plan.transfer_ms, "One activation or gradient between neighbouring stages")->capture_default_str();
+  pl->add_option("--activation-mb", plan.activation_mb, "Saved activations of one micro-batch in one stage")->capture_default_str();
+  pl->add_option("--width", plan.width, "Columns of the text timeline")->capture_default_str();
+  pl->add_option("--svg", plan.svg, "Also draw the timeline into this SVG file (opens in any browser)");
+
   loom::app::LaunchArgs launch;
   auto* l = app.add_subcommand("launch", "Run N local ranks of a command (torchrun-style environment)");
   l->add_option("-n,--nproc", launch.nproc, "Ranks on this node")->capture_default_str();
@@ -139,6 +154,7 @@ int run(int argc, char** argv) {
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
   if (l->parsed()) return loom::app::run_launch(launch);
+  if (pl->parsed()) return loom::app::run_plan(plan);
   return 2;
 }
 
