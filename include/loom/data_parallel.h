@@ -67,6 +67,19 @@ struct StateBytes {
   int64_t total() const { return params + grads + optimizer; }
 };
 
+// Pipeline stages (docs/parallelism.md, "Pipeline parallelism"): this rank holds one stage's
+// parameters. The gradient norm is of the whole model, so this rank's squares are summed
+// over `stages` (the ranks of the other stages), leaving out [skip_begin, skip_end) (the
+// last stage's copy of the tied embedding, counted on the first stage); the tied
+// parameter's gradients [tied_begin, tied_end) are summed over `tied` (the first and the
+// last stage) by sum_tied_gradients().
+struct StageGroups {
+  comm::Communicator* stages = nullptr;
+  comm::Communicator* tied = nullptr;
+  int64_t tied_begin = 0, tied_end = 0;
+  int64_t skip_begin = 0, skip_end = 0;
+};
+
 class DataParallel {
  public:
   // block_offsets: the model's blocks (block b owns [block_offsets[b], block_offsets[b+1]),
@@ -91,6 +104,13 @@ class DataParallel {
   void begin_micro_step(bool last);
   void on_block(int block, BlockPhase phase);
   void end_micro_step();
+  // Pipeline stages: set once, before the first step. The groups must outlive this.
+  void set_stage_groups(const StageGroups& groups);
+  // Sums the tied parameter's gradients over StageGroups::tied (exactly, in deterministic
+  // mode). Collective over that group; after the last backward, before the last
+  // micro-step's end_micro_step().
+  void sum_tied_gradients();
+
   // Waits for the gradient sums, clips them to max_norm (0: no clipping), updates the
   // parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the global gradient norm
   // before clipping.

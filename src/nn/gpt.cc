@@ -1,5 +1,6 @@
 #include "loom/nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/matmul.h"
@@ -9,14 +10,27 @@
 namespace loom::nn {
 namespace k = loom::kernels;
 
-Gpt::Gpt(const GptConfig& config, DType dtype) : config_(config), params_(dtype) {
+Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part) : config_(config), part_(std::move(part)), params_(dtype) {
   const int64_t c = config.d_model;
-  wte_ = Embedding(params_, "transformer.wte.weight", config.vocab_size, c);
-  wpe_ = Embedding(params_, "transformer.wpe.weight", config.seq_len, c);
-  for (int64_t l = 0; l < config.n_layer; ++l)
-    blocks_.emplace_back(params_, "transformer.h." + std::to_string(l), c, config.n_head);
-  ln_f_ = LayerNorm(params_, "transformer.ln_f", c);
+  if (part_.all_blocks) {
+    part_.blocks.clear();
+    for (int64_t l = 0; l < config.n_layer; ++l) part_.blocks.push_back(l);
+  }
+  LOOM_CHECK(std::is_sorted(part_.blocks.begin(), part_.blocks.end()));
+  // Hugging Face order: wte, wpe, the blocks, ln_f (the head's weight is wte).
+  if (part_.embeddings || part_.head) wte_ = Embedding(params_, "transformer.wte.weight", config.vocab_size, c);
+  if (part_.embeddings) wpe_ = Embedding(params_, "transformer.wpe.weight", config.seq_len, c);
+  blocks_.resize(static_cast<size_t>(config.n_layer));
+  for (int64_t l : part_.blocks) {
+    LOOM_CHECK(l >= 0 && l < config.n_layer);
+    blocks_[l] = Block(params_, "transformer.h." + std::to_string(l), c, config.n_head);
+  }
+  if (part_.head) ln_f_ = LayerNorm(params_, "transformer.ln_f", c);
   params_.allocate();
+}
+
+bool Gpt::holds_block(int64_t block) const {
+  return std::binary_search(part_.blocks.begin(), part_.blocks.end(), block);
 }
 
 void Gpt::init(uint64_t seed) {
@@ -41,17 +55,21 @@ void Gpt::init(uint64_t seed) {
   }
 }
 
-Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
-  LOOM_CHECK_EQ(tokens.ndim(), 2);
-  ctx.b = tokens.dim(0);
-  ctx.t = tokens.dim(1);
-  LOOM_CHECK_LE(ctx.t, config_.seq_len);
+void Gpt::begin(GptCtx& ctx, int64_t b, int64_t t) const {
+  LOOM_CHECK_LE(t, config_.seq_len);
+  ctx.b = b;
+  ctx.t = t;
   ctx.arena.reset();
-  if (on_block) on_block(-1, BlockPhase::kForward);
+  ctx.blocks.resize(blocks_.size());
+}
+
+Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
+  LOOM_CHECK(part_.embeddings);
+  LOOM_CHECK_EQ(tokens.ndim(), 2);
+  LOOM_CHECK(tokens.dim(0) == ctx.b && tokens.dim(1) == ctx.t);
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
-
   Tensor x = wte_.forward(tokens, ctx.wte, ctx.arena);
   Tensor p = wpe_.forward(ctx.positions, ctx.wpe, ctx.arena);
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
@@ -59,45 +77,72 @@ Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
     const T* pd = p.data<T>();
     for (int64_t i = 0; i < x.numel(); ++i) xd[i] += pd[i];
   });
-  ctx.blocks.resize(blocks_.size());
-  for (size_t l = 0; l < blocks_.size(); ++l) {
+  return x;
+}
+
+Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const {
+  Tensor h = x;
+  for (int64_t l = lo; l < hi; ++l) {
+    LOOM_CHECK(holds_block(l));
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
-    x = blocks_[l].forward(x, ctx.blocks[l], ctx.arena);
+    h = blocks_[l].forward(h, ctx.blocks[l], ctx.arena);
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
   }
+  return h;
+}
+
+Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
+  LOOM_CHECK_EQ(tokens.ndim(), 2);
+  begin(ctx, tokens.dim(0), tokens.dim(1));
+  if (on_block) on_block(-1, BlockPhase::kForward);
+  Tensor x = forward_blocks(0, config_.n_layer, embed(tokens, ctx), ctx);
   return ln_f_.forward(x, ctx.ln_f, ctx.arena);
+}
+
+namespace {
+// The last position of each sequence: (B, T, C) -> (B, 1, C).
+Tensor last_positions(const Tensor& h, GptCtx& ctx, int64_t c) {
+  Tensor rows = h.view({ctx.b * ctx.t, c});
+  Tensor last = ctx.arena.alloc({ctx.b, 1, c}, h.dtype());
+  Tensor last_rows = last.view({ctx.b, c});
+  for (int64_t bi = 0; bi < ctx.b; ++bi)
+    last_rows.slice_rows(bi, bi + 1).copy_from(rows.slice_rows((bi + 1) * ctx.t - 1, (bi + 1) * ctx.t));
+  return last;
+}
+}  // namespace
+
+Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
+  const int64_t c = config_.d_model, v = config_.vocab_size;
+  ctx.head.x = h;
+  Tensor out = ctx.arena.alloc({h.dim(0), h.dim(1), v}, h.dtype());
+  LOOM_DISPATCH_FLOAT(h.dtype(), T,
+                      k::matmul_forward(out.data<T>(), h.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), h.numel() / c, c, v,
+                                        k::WeightLayout::kMK));
+  ctx.logits = out;
+  return out;
 }
 
 Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const {
   Tensor h = trunk(tokens, ctx);  // (B, T, C)
-  const int64_t c = config_.d_model, v = config_.vocab_size;
-  if (last_only) {
-    Tensor rows = h.view({ctx.b * ctx.t, c});
-    Tensor last = ctx.arena.alloc({ctx.b, 1, c}, h.dtype());
-    Tensor last_rows = last.view({ctx.b, c});
-    for (int64_t bi = 0; bi < ctx.b; ++bi)
-      last_rows.slice_rows(bi, bi + 1).copy_from(rows.slice_rows((bi + 1) * ctx.t - 1, (bi + 1) * ctx.t));
-    h = last;
-  }
-  ctx.head.x = h;
-  Tensor logits = ctx.arena.alloc({h.dim(0), h.dim(1), v}, h.dtype());
-  LOOM_DISPATCH_FLOAT(h.dtype(), T,
-                      k::matmul_forward(logits.data<T>(), h.data<T>(), wte_.table.value().data<T>(),
-                                        static_cast<const T*>(nullptr), h.numel() / c, c, v,
-                                        k::WeightLayout::kMK));
-  ctx.logits = logits;
+  Tensor out = logits(last_only ? last_positions(h, ctx, config_.d_model) : h, ctx);
   if (on_block) on_block(-1, BlockPhase::kForwardDone);
-  return logits;
+  return out;
 }
 
 double Gpt::forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const {
-  Tensor logits = forward_logits(tokens, ctx, /*last_only=*/false);
-  return CrossEntropy().forward(logits, targets, ctx.loss, ctx.arena);
+  Tensor out = forward_logits(tokens, ctx, /*last_only=*/false);
+  return CrossEntropy().forward(out, targets, ctx.loss, ctx.arena);
 }
 
-void Gpt::backward(GptCtx& ctx, double scale) const {
+double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const {
+  LOOM_CHECK(part_.head);
+  Tensor out = logits(ln_f_.forward(x, ctx.ln_f, ctx.arena), ctx);
+  return CrossEntropy().forward(out, targets, ctx.loss, ctx.arena);
+}
+
+Tensor Gpt::backward_head(GptCtx& ctx, double scale) const {
   const int64_t c = config_.d_model, v = config_.vocab_size;
-  if (on_block) on_block(-1, BlockPhase::kBackward);
   Tensor dlogits = CrossEntropy().backward(ctx.loss, scale);
   Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
@@ -105,18 +150,33 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
                                          static_cast<T*>(nullptr), dlogits.data<T>(),
                                          ctx.head.x.data<T>(), wte_.table.value().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
-  Tensor dx = ln_f_.backward(dh, ctx.ln_f, ctx.arena);
-  for (size_t l = blocks_.size(); l-- > 0;) {
+  return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
+}
+
+Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const {
+  Tensor dx = dy;
+  for (int64_t l = hi; l-- > lo;) {
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
     dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena);
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
+  return dx;
+}
+
+void Gpt::backward_embed(const Tensor& dx, GptCtx& ctx) const {
   wte_.backward(dx, ctx.wte);
   wpe_.backward(dx, ctx.wpe);
+}
+
+void Gpt::backward(GptCtx& ctx, double scale) const {
+  if (on_block) on_block(-1, BlockPhase::kBackward);
+  Tensor dx = backward_blocks(0, config_.n_layer, backward_head(ctx, scale), ctx);
+  backward_embed(dx, ctx);
   if (on_block) on_block(-1, BlockPhase::kBackwardDone);
 }
 
 std::vector<int64_t> Gpt::block_offsets() const {
+  LOOM_CHECK(part_.all_blocks && part_.embeddings && part_.head);
   // Blocks are registered after wte and wpe and before ln_f, each as one contiguous run.
   std::vector<int64_t> offsets;
   for (int64_t l = 0; l <= config_.n_layer; ++l) {
@@ -132,11 +192,11 @@ std::vector<int64_t> Gpt::block_offsets() const {
 }
 
 double Gpt::forward_flops_per_token(int64_t t) const {
-  double matmul_params = 0;
-  for (const ParamInfo& p : params_.infos())
-    if (p.kind == ParamKind::kWeight) matmul_params += static_cast<double>(p.numel);
-  matmul_params += static_cast<double>(config_.vocab_size * config_.d_model);  // tied head
-  return 2 * matmul_params + 4.0 * config_.n_layer * config_.d_model * t;
+  // Of the whole model, whatever part this process holds: per block the matmul weights
+  // c_attn 3C^2, attn.c_proj C^2, c_fc 4C^2, mlp.c_proj 4C^2; the tied head V x C.
+  const auto c = static_cast<double>(config_.d_model), l = static_cast<double>(config_.n_layer);
+  const double matmul_params = 12 * l * c * c + static_cast<double>(config_.vocab_size) * c;
+  return 2 * matmul_params + 4.0 * l * c * static_cast<double>(t);
 }
 
 }  // namespace loom::nn

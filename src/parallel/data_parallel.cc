@@ -74,6 +74,7 @@ struct DataParallel::Impl {
   size_t next_unit = 0;  // in launch order (units.size() - 1 - i)
   CommStats stats;
   std::function<void(const CommSpan&)> observer;
+  StageGroups stage_groups;
 
   Impl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::vector<int64_t> off)
       : comm(c), params(p), config(cfg), offsets(std::move(off)), n(c.size()), me(c.rank()),
@@ -132,6 +133,10 @@ struct DataParallel::Impl {
         if (zero3() && block >= 0 && group != last) release(group);  // the last block is backward's first
         return;
       case BlockPhase::kBackward:
+        // The head's gradients (ln_f, and its share of the tied wte) are final when the
+        // blocks' backward starts; deterministic mode sums them apart from the embeddings'
+        // later share, exactly as a pipeline's last stage does.
+        if (config.deterministic && block == last - 1) accumulate_rest();
         if (!zero3()) return;
         need(group);
         if (block > 0) launch_gather(group - 1);
@@ -143,6 +148,29 @@ struct DataParallel::Impl {
         if (config.zero >= 2 && last_micro) complete_finished();
         return;
     }
+  }
+
+  // Deterministic: the gradients outside the blocks into the exact sums, then zero.
+  void accumulate_rest() {
+    float* g = params.grads().data<float>();
+    for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, offsets.front()}, {offsets.back(), params.numel()}}) {
+      exact_accumulate(g + lo, exact.data<int64_t>() + kLimbs * lo, hi - lo, cat("gradients [", lo, ", ", hi, ")"));
+      std::fill(g + lo, g + hi, 0.0f);
+    }
+  }
+
+  // Calls fn(pointer, count) over this rank's gradients (full or its shard), leaving out
+  // the flat range stage_groups.skip_*.
+  template <typename Fn>
+  void for_each_counted(const Tensor& g, bool full, Fn fn) const {
+    const int64_t sb = stage_groups.skip_begin, se = stage_groups.skip_end;
+    auto pieces = [&](int64_t b, int64_t e, float* at) {  // flat [b, e) stored at `at`
+      if (se <= b || sb >= e || se <= sb) return fn(at, e - b);
+      if (sb > b) fn(at, sb - b);
+      if (se < e) fn(at + (se - b), e - se);
+    };
+    if (full) return pieces(0, params.numel(), g.data<float>());
+    for (const Unit& u : units) pieces(u.mine_begin(me), u.mine_end(me), g.data<float>() + u.shard_offset);
   }
 
   // ZeRO 2-3: the units whose sums have arrived give their full gradients' pages back now,
@@ -196,19 +224,23 @@ struct DataParallel::Impl {
   double grad_norm_and_clip(double max_norm) {
     const bool full = config.zero < 2;
     Tensor g = full ? params.grads() : shard_grads;
+    comm::Communicator* stages = stage_groups.stages;
     double norm = 0;
     if (config.deterministic) {
       int64_t acc[kSquareLimbs] = {};
-      exact_accumulate_squares(g.data<float>(), g.numel(), acc);
+      for_each_counted(g, full, [&](const float* x, int64_t n) { exact_accumulate_squares(x, n, acc); });
       if (!full) uc.sum_i64(acc, kSquareLimbs, "all-reduce gradient norm");
+      if (stages) comm::all_reduce(*stages, {.output = acc, .count = kSquareLimbs, .dtype = DType::kI64});
       norm = std::sqrt(exact_decode_squares(acc));
-    } else if (full) {
+    } else if (full && !stages) {
       return optim::clip_grad_norm(params, max_norm);  // the single-process computation
     } else {
       double sq = 0;
-      const float* d = g.data<float>();
-      for (int64_t i = 0; i < g.numel(); ++i) sq += static_cast<double>(d[i]) * d[i];
-      uc.sum_f64(&sq, 1, "all-reduce gradient norm");
+      for_each_counted(g, full, [&](const float* d, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(d[i]) * d[i];
+      });
+      if (!full) uc.sum_f64(&sq, 1, "all-reduce gradient norm");
+      if (stages) comm::all_reduce(*stages, {.output = &sq, .count = 1, .dtype = DType::kF64});
       norm = std::sqrt(sq);
     }
     if (max_norm > 0 && norm > max_norm) {
@@ -287,6 +319,25 @@ void DataParallel::begin_micro_step(bool last) {
 void DataParallel::on_block(int block, BlockPhase phase) { impl_->on_block(block, phase); }
 
 void DataParallel::end_micro_step() { impl_->process_ready(0); }
+
+void DataParallel::set_stage_groups(const StageGroups& groups) {
+  Impl& m = *impl_;
+  LOOM_CHECK(!m.zero3());  // ZeRO 3 gathers by block; pipeline stages are refused with it
+  LOOM_CHECK(groups.tied_begin <= groups.tied_end && groups.tied_end <= m.params.numel());
+  m.stage_groups = groups;
+}
+
+void DataParallel::sum_tied_gradients() {
+  Impl& m = *impl_;
+  const StageGroups& g = m.stage_groups;
+  if (g.tied == nullptr || g.tied_end == g.tied_begin) return;
+  const auto n = static_cast<size_t>(g.tied_end - g.tied_begin);
+  if (m.config.deterministic)  // integer limbs: the exact sum, in any order
+    comm::all_reduce(*g.tied, {.output = m.exact.data<int64_t>() + kLimbs * g.tied_begin, .count = kLimbs * n,
+                               .dtype = DType::kI64});
+  else  // two ranks: a + b on both
+    comm::all_reduce(*g.tied, {.output = m.params.grads().data<float>() + g.tied_begin, .count = n, .dtype = DType::kF32});
+}
 
 double DataParallel::finish_step(double lr, double max_norm) {
   Impl& m = *impl_;

@@ -24,6 +24,15 @@ struct GptConfig {
   int64_t vocab_size = 256;
 };
 
+// What of the model this process holds (pipeline stages, docs/parallelism.md); the
+// default is all of it. Parameters keep their global names and blocks their global ids.
+struct GptPart {
+  std::vector<int64_t> blocks;  // the blocks held, ascending; with all_blocks, ignored
+  bool all_blocks = true;
+  bool embeddings = true;  // wte and wpe (the first stage)
+  bool head = true;        // ln_f and the output projection, tied to wte (the last stage)
+};
+
 // Everything one micro-batch's forward saves for its backward.
 struct GptCtx {
   Arena arena;
@@ -39,7 +48,7 @@ struct GptCtx {
 
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& config, DType dtype = DType::kF32);
+  explicit Gpt(const GptConfig& config, DType dtype = DType::kF32, GptPart part = {});
 
   // GPT-2 initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
   // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0.
@@ -53,6 +62,18 @@ class Gpt {
   // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
   void backward(GptCtx& ctx, double scale) const;
 
+  // Pipeline stages run the model in pieces, each over what this part holds; forward and
+  // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
+  // ctx is the micro-batch's (one per micro-batch and chunk in flight); begin(ctx) resets
+  // its arena before the first forward piece.
+  void begin(GptCtx& ctx, int64_t b, int64_t t) const;
+  Tensor embed(const Tensor& tokens, GptCtx& ctx) const;                            // -> (B, T, C)
+  Tensor forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;  // blocks [lo, hi)
+  double forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const;     // ln_f, logits, loss
+  Tensor backward_head(GptCtx& ctx, double scale) const;                            // -> d(x of forward_head)
+  Tensor backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const;
+  void backward_embed(const Tensor& dx, GptCtx& ctx) const;
+
   // Called as forward and backward enter and leave each transformer block, in the order
   // loom/params.h's BlockPhase describes; block -1 is wte, wpe, ln_f and the tied head.
   BlockHook on_block;
@@ -61,6 +82,8 @@ class Gpt {
   std::vector<int64_t> block_offsets() const;
 
   const GptConfig& config() const { return config_; }
+  const GptPart& part() const { return part_; }
+  bool holds_block(int64_t block) const;
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   // Forward FLOPs per token: 2 x matmul parameters (tied head counted, wpe not) plus
@@ -69,11 +92,13 @@ class Gpt {
 
  private:
   Tensor trunk(const Tensor& tokens, GptCtx& ctx) const;  // embeddings + blocks + ln_f
+  Tensor logits(const Tensor& h, GptCtx& ctx) const;      // the tied head: h @ wte^T
 
   GptConfig config_;
+  GptPart part_;
   ParamSet params_;
   Embedding wte_, wpe_;
-  std::vector<Block> blocks_;
+  std::vector<Block> blocks_;  // by global id; the ones not held are empty
   LayerNorm ln_f_;
 };
 

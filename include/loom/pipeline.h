@@ -1,0 +1,71 @@
+// Pipeline parallelism for GPT (docs/parallelism.md, "Pipeline parallelism"): the executor
+// that runs one stage's list of a Schedule (loom/schedule.h) against the stage's part of
+// the model, moving activations and gradients between neighbouring stages with async
+// sends and receives that overlap compute.
+//
+// Layout: the n_layer blocks are cut into p x v contiguous, equal ranges in virtual-stage
+// order (chunk c of stage s is virtual stage c p + s); the first virtual stage also holds
+// the embeddings, the last ln_f and the head. The head is tied to wte, so with p > 1 the
+// last stage holds a copy of wte, whose gradients DataParallel::sum_tied_gradients adds to
+// the first stage's.
+//
+// Every directed link (stage to stage, activations or gradients) is its own two-rank
+// communicator, so a link's progress thread never waits behind another link's transfer.
+//
+// Thread-safety: one thread drives a Pipeline (the training thread).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "loom/comm.h"
+#include "loom/data_parallel.h"
+#include "loom/nn/gpt.h"
+#include "loom/schedule.h"
+
+namespace loom::parallel {
+
+// Blocks [first, second) of chunk `chunk` of stage `stage`. REQUIRES: n_layer % (p v) == 0.
+std::pair<int64_t, int64_t> chunk_blocks(int64_t n_layer, int stages, int virtual_stages, int stage, int chunk);
+// What stage `stage` holds of the model.
+nn::GptPart stage_part(int64_t n_layer, int stages, int virtual_stages, int stage);
+
+// Where one step's time went on this stage.
+struct PipelineStats {
+  double step_ms = 0;  // from the first action to the last
+  double busy_ms = 0;  // forward and backward compute
+  int peak_in_flight = 0;  // chunk contexts alive at once (activations held)
+};
+
+class Pipeline {
+ public:
+  // pp: the pipeline group, rank = stage. gpt holds stage_part(...) of this stage; the
+  // schedule's stages equal pp.size(). Collective over pp (creates the links).
+  Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // The micro-batch's tokens and targets, (B, T) i32 each; called on the first and the last
+  // stage for each micro-batch as it enters or leaves the pipeline.
+  using Batch = std::function<std::pair<Tensor, Tensor>(int microbatch)>;
+
+  // Runs this stage's list for one optimizer step: gradients of (mean loss x scale) of every
+  // micro-batch are accumulated into gpt's gradients, each backward piece between
+  // dp.begin_micro_step(false) and dp.end_micro_step() (so deterministic mode sums it
+  // exactly). The caller then finishes the step (sum_tied_gradients, the last micro-step,
+  // finish_step). Returns the micro-batch losses on the last stage, empty elsewhere.
+  // RuntimeError (a CommError) when a neighbour dies or stalls, naming it.
+  std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp);
+
+  const PipelineStats& stats() const;
+  int stage() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,224 @@
+// The pipeline executor (loom/pipeline.h): links, per-(micro-batch, chunk) contexts, and
+// one loop over this stage's actions.
+#include "loom/pipeline.h"
+
+#include <chrono>
+#include <map>
+
+#include "loom/error.h"
+
+namespace loom::parallel {
+
+std::pair<int64_t, int64_t> chunk_blocks(int64_t n_layer, int stages, int virtual_stages, int stage, int chunk) {
+  const int64_t parts = static_cast<int64_t>(stages) * virtual_stages;
+  LOOM_CHECK_EQ(n_layer % parts, 0);
+  const int64_t per = n_layer / parts, vs = static_cast<int64_t>(chunk) * stages + stage;
+  return {vs * per, (vs + 1) * per};
+}
+
+nn::GptPart stage_part(int64_t n_layer, int stages, int virtual_stages, int stage) {
+  nn::GptPart part{.all_blocks = false, .embeddings = stage == 0, .head = stage == stages - 1};
+  for (int c = 0; c < virtual_stages; ++c) {
+    auto [lo, hi] = chunk_blocks(n_layer, stages, virtual_stages, stage, c);
+    for (int64_t l = lo; l < hi; ++l) part.blocks.push_back(l);
+  }
+  return part;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+}  // namespace
+
+struct Pipeline::Impl {
+  // One (micro-batch, chunk) in flight: its saved activations and transfer buffers.
+  struct Slot {
+    nn::GptCtx ctx;
+    Tensor input;    // received activation (B, T, C)
+    Tensor grad_in;  // received d(output) (B, T, C)
+    Tensor output;   // forward's output, while its send is in flight
+    Tensor dx;       // backward's d(input), while its send is in flight
+    comm::Work recv_act, recv_grad, send_act, send_grad;
+  };
+
+  comm::Communicator& pp;
+  Schedule schedule;
+  nn::Gpt& gpt;
+  int stage = 0;
+  // Links by direction: activations to the next stage / from the previous, gradients to
+  // the previous / from the next.
+  std::unique_ptr<comm::Communicator> act_out, act_in, grad_out, grad_in;
+  std::vector<std::unique_ptr<Slot>> free_slots;
+  std::vector<std::unique_ptr<Slot>> retiring;  // backward done, a send may be in flight
+  std::map<std::pair<int, int>, std::unique_ptr<Slot>> live;
+  PipelineStats stats;
+
+  Impl(comm::Communicator& c, Schedule s, nn::Gpt& g) : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()) {}
+
+  // Every directed link becomes a two-rank communicator, made by splitting the pipeline
+  // group in rounds where no rank is in two links: edge e (stage e -> e + 1, and back for
+  // gradients) in round e % 2, the wrap-around edge of an odd ring in round 2.
+  void make_links() {
+    const int p = schedule.stages;
+    const bool ring = schedule.virtual_stages > 1;
+    const int edges = ring ? p : p - 1;
+    for (bool act : {true, false})
+      for (int round = 0; round < 3; ++round) {
+        int color = -1, key = 0;
+        for (int e = 0; e < edges; ++e) {
+          const int r = (p % 2 == 1 && e == p - 1) ? 2 : e % 2;
+          if (r != round) continue;
+          const int lo = e, hi = (e + 1) % p;  // activations lo -> hi, gradients hi -> lo
+          const int from = act ? lo : hi, to = act ? hi : lo;
+          if (stage == from || stage == to) {
+            color = e;
+            key = stage == from ? 0 : 1;
+          }
+        }
+        std::unique_ptr<comm::Communicator> link = pp.split(color, key);
+        if (!link) continue;
+        const bool sender = key == 0;
+        (act ? (sender ? act_out : act_in) : (sender ? grad_out : grad_in)) = std::move(link);
+      }
+  }
+
+  Slot& slot(int mb, int chunk) {
+    auto& s = live[{mb, chunk}];
+    if (s) return *s;
+    // Reuse a retired slot whose sends are done (its arena keeps its memory).
+    for (size_t i = 0; i < retiring.size(); ++i)
+      if (retiring[i]->send_act.done() && retiring[i]->send_grad.done()) {
+        free_slots.push_back(std::move(retiring[i]));
+        retiring.erase(retiring.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    if (!free_slots.empty()) {
+      s = std::move(free_slots.back());
+      free_slots.pop_back();
+    } else {
+      s = std::make_unique<Slot>();
+    }
+    stats.peak_in_flight = std::max(stats.peak_in_flight, static_cast<int>(live.size()));
+    return *s;
+  }
+
+  // Its last action done: the slot is reused once its sends are through.
+  void retire(int mb, int chunk) {
+    auto it = live.find({mb, chunk});
+    retiring.push_back(std::move(it->second));
+    live.erase(it);
+  }
+
+  static Tensor buffer(Tensor& t, const Shape& shape) {
+    if (!t.defined() || t.shape() != shape) t = Tensor::zeros(shape, DType::kF32);
+    return t;
+  }
+};
+
+Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt)
+    : impl_(std::make_unique<Impl>(pp, std::move(schedule), gpt)) {
+  Impl& m = *impl_;
+  LOOM_CHECK_EQ(m.schedule.stages, pp.size());
+  LOOM_CHECK_EQ(check_schedule(m.schedule), "");
+  LOOM_CHECK(m.schedule.stages > 1);
+  m.make_links();
+}
+
+Pipeline::~Pipeline() = default;
+
+const PipelineStats& Pipeline::stats() const { return impl_->stats; }
+int Pipeline::stage() const { return impl_->stage; }
+
+std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp) {
+  Impl& m = *impl_;
+  const Schedule& s = m.schedule;
+  const int v = s.virtual_stages, st = m.stage;
+  const int64_t n_layer = m.gpt.config().n_layer;
+  const Shape act_shape = {b, t, m.gpt.config().d_model};
+  const auto count = static_cast<size_t>(b * t * m.gpt.config().d_model);
+  std::vector<double> losses;
+  if (st == s.stages - 1)  // holds the last virtual stage
+    losses.assign(static_cast<size_t>(s.microbatches), 0.0);
+  m.stats = {};
+  const Clock::time_point start = Clock::now();
+
+  for (const PipeAction& a : s.actions[st]) {
+    const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
+    const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
+    // A message's tag names it by micro-batch and the virtual stage that produced it.
+    const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
+    auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
+    Impl::Slot& x = m.slot(a.microbatch, a.chunk);
+    const Clock::time_point t0 = Clock::now();
+    switch (a.op) {
+      case PipeOp::kRecvActivation:
+        x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
+                                                  .peer = 0, .tag = tag_of(vs - 1)});
+        continue;
+      case PipeOp::kRecvGrad:
+        x.recv_grad = comm::recv_async(*m.grad_in, {.buffer = Impl::buffer(x.grad_in, act_shape).raw(), .count = count,
+                                                    .peer = 0, .tag = tag_of(vs + 1)});
+        continue;
+      case PipeOp::kSendActivation:
+        x.send_act = comm::send_async(*m.act_out, {.buffer = x.output.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+        continue;
+      case PipeOp::kSendGrad:
+        x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+        m.retire(a.microbatch, a.chunk);
+        continue;
+      case PipeOp::kForward: {
+        m.gpt.begin(x.ctx, b, t);
+        Tensor in;
+        std::pair<Tensor, Tensor> data;
+        if (first || last) data = batch(a.microbatch);
+        if (first) {
+          in = m.gpt.embed(data.first, x.ctx);
+        } else {
+          x.recv_act.wait();
+          in = x.input;
+        }
+        Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
+        if (last) losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
+        else x.output = h;
+        break;
+      }
+      case PipeOp::kBackward: {
+        Tensor dy;
+        if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
+          dp.begin_micro_step(false);
+          dy = m.gpt.backward_head(x.ctx, scale);
+          dp.end_micro_step();
+        } else {
+          x.recv_grad.wait();
+          dy = x.grad_in;
+        }
+        dp.begin_micro_step(false);
+        Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx);
+        if (first) m.gpt.backward_embed(dx, x.ctx);
+        else x.dx = dx;
+        dp.end_micro_step();
+        break;
+      }
+      case PipeOp::kBackwardInput:
+      case PipeOp::kBackwardWeight:
+        LOOM_CHECK(false && "split backward passes are not run by the executor yet");
+    }
+    m.stats.busy_ms += ms_between(t0, Clock::now());
+    if (a.op == PipeOp::kBackward && first) m.retire(a.microbatch, a.chunk);  // no gradient to send
+  }
+  // Every send must be through before the buffers it reads are reused.
+  for (auto& r : m.retiring) {
+    r->send_act.wait();
+    r->send_grad.wait();
+  }
+  for (auto& r : m.retiring) m.free_slots.push_back(std::move(r));
+  m.retiring.clear();
+  LOOM_CHECK(m.live.empty());
+  m.stats.step_ms = ms_between(start, Clock::now());
+  return losses;
+}
+
+}  // namespace loom::parallel
