@@ -305,6 +305,58 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
             read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
 }
 
+// Pipeline stages as processes: deterministic pp = 2 (and dp x pp = 2 x 2 with ZeRO 1)
+// gives the losses, validation losses and checkpoints (weights and optimizer state) of one
+// process, bit for bit; a resume on the pipeline layout continues bitwise.
+TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
+  const std::string det = " --quiet --parallel.deterministic=true --training.micro_batch=1";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
+                      " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --training.steps=3"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
+               " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --resume"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
+               " --job.name=mesh --parallel.pp=2 --parallel.zero=1"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string one = read_file(p("runs/one/metrics.jsonl"));
+  ASSERT_EQ(loss_columns(one).size(), 6u);
+  for (const char* run : {"pp", "mesh"}) {
+    const std::string got = read_file(p(cat("runs/", run, "/metrics.jsonl")));
+    EXPECT_EQ(loss_columns(one), loss_columns(got)) << run;
+    EXPECT_EQ(column(one, "val_loss"), column(got, "val_loss")) << run;
+    EXPECT_EQ(column(got, "pp_bubble").size(), 6u) << run;
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+      EXPECT_EQ(read_file(p(cat("runs/one/checkpoints/step_6/", file))), read_file(p(cat("runs/", run, "/checkpoints/step_6/", file))))
+          << run << " " << file;
+  }
+}
+
+TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
+  const std::string cfg = cat("train ", p("nano.toml"), " --job.name=fresh");
+  expect_bad_input(cat(cfg, " --parallel.pp=2"), {"parallel.dp x parallel.tp x parallel.pp = 0 x 1 x 2", "the job has 1 rank"});
+  expect_bad_input(cat(cfg, " --parallel.pp=3 --parallel.dp=1"), {"1 x 1 x 3 = 3", "the job has 1 rank"});
+  // The rest against a world of 2: each rank refuses before it joins the others.
+  const std::string two = cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom ", cfg);
+  for (const auto& [flags, fragments] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {" --parallel.pp=2 --model.n_layer=3", {"model.n_layer = 3", "not divisible", "2 x 1 = 2"}},
+           {" --parallel.pp=2 --parallel.zero=3", {"parallel.zero", "ZeRO-3", "parallel.pp = 2"}},
+           {" --parallel.pp=2 --parallel.virtual_stages=2", {"parallel.virtual_stages", "= 2: several chunks per stage", "interleaved"}},
+           {" --parallel.pp=2 --model.n_layer=4 --parallel.pp_schedule=interleaved --parallel.virtual_stages=2 "
+            "--training.global_batch=3 --training.micro_batch=1",
+            {"3 micro-batches", "interleaved", "multiple of 2"}},
+           {" --parallel.pp=2 --parallel.pp_schedule=zb-h1", {"zb-h1", "loom plan"}},
+           {" --parallel.pp=2 --parallel.microbatches=3", {"parallel.microbatches", "= 3: a step has", "expected 2 or 0"}},
+           {" --parallel.pp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.pp", "not a GPT"}},
+       }) {
+    Result r = loom(cat(two, flags));
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.out << r.err;
+    const std::string said = r.out + r.err;  // the launcher prefixes each rank's lines
+    for (const auto& f : fragments) EXPECT_NE(said.find(f), std::string::npos) << "missing '" << f << "' in: " << said;
+  }
+}
+
 // job.gemm_path from the command line: training on the generic micro-kernel with 2 threads
 // gives the same losses and weights, bit for bit, as the widest one with 1 thread (Loom's
 // GEMM fixes its order of arithmetic: docs/numerics.md). job.gemm = "openblas" trains too;

@@ -8,6 +8,7 @@
 
 #include "kernels/gemm/gemm.h"
 #include "loom/error.h"
+#include "loom/schedule.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
 
@@ -57,7 +58,8 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"parallel.pp", int64_t{1}},
       {"parallel.zero", int64_t{0}},
       {"parallel.pp_schedule", std::string("1f1b")},
-      {"parallel.microbatches", int64_t{1}},
+      {"parallel.microbatches", int64_t{0}},
+      {"parallel.virtual_stages", int64_t{1}},
       {"parallel.bucket_mb", 25.0},
       {"parallel.deterministic", false},
       {"comm.transport", std::string("auto")},
@@ -189,6 +191,40 @@ void Config::apply_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
+void Config::check_layout(int world, const std::function<std::string(const std::string&)>& where) const {
+  const int64_t dp = i("parallel.dp"), pp = i("parallel.pp"), v = i("parallel.virtual_stages");
+  (void)world;  // dp x tp x pp = world was checked first (dividing by dp needs it)
+  if (v > 1 && s("parallel.pp_schedule") != "interleaved")
+    throw InputError(cat(where("parallel.virtual_stages"), " = ", v, ": several chunks per stage need parallel.pp_schedule = "
+                         "\"interleaved\", not \"", s("parallel.pp_schedule"), "\""));
+  const int64_t micro = i("training.global_batch") / (i("training.micro_batch") * dp);
+  if (i("parallel.microbatches") != 0 && i("parallel.microbatches") != micro)
+    throw InputError(cat(where("parallel.microbatches"), " = ", i("parallel.microbatches"), ": a step has training.global_batch / "
+                         "(training.micro_batch x parallel.dp) = ", micro, " micro-batches; expected ", micro, " or 0"));
+  if (pp == 1) return;
+  if (model_kind(*this) != "gpt")
+    throw InputError(cat(where("parallel.pp"), " = ", pp, ": pipeline stages split a GPT's blocks; model.preset = \"",
+                         s("model.preset"), "\" is not a GPT"));
+  if (i("model.n_layer") % (pp * v) != 0)
+    throw InputError(cat("model.n_layer = ", i("model.n_layer"), " blocks are not divisible among parallel.pp x "
+                         "parallel.virtual_stages = ", pp, " x ", v, " = ", pp * v, " pipeline chunks"));
+  if (i("parallel.zero") == 3)
+    throw InputError(cat(where("parallel.zero"), " = 3 with parallel.pp = ", pp, ": ZeRO-3 gathers every block on every "
+                         "rank, which pipeline stages exist to avoid; expected 0, 1 or 2"));
+  if (s("parallel.pp_schedule") == "zb-h1")
+    throw InputError(cat(where("parallel.pp_schedule"), " = \"zb-h1\": the executor does not split backward passes into "
+                         "input and weight gradients yet (loom plan simulates it); expected gpipe, 1f1b or interleaved"));
+  const parallel::ScheduleKind kind = parallel::schedule_kind_named(s("parallel.pp_schedule"));
+  const parallel::MicrobatchRule rule = parallel::microbatch_rule(kind, static_cast<int>(pp), static_cast<int>(v));
+  if (micro < rule.minimum || micro % rule.multiple_of != 0)
+    throw InputError(cat("training.global_batch / (training.micro_batch x parallel.dp) = ", micro, " micro-batches: the ",
+                         s("parallel.pp_schedule"), " schedule over parallel.pp = ", pp, " stages needs at least ", rule.minimum,
+                         rule.multiple_of > 1 ? cat(" and a multiple of ", rule.multiple_of) : std::string()));
+  if (!s("profile.trace_steps").empty())
+    throw InputError(cat(where("profile.trace_steps"), ": traces of pipeline stages are not drawn yet; expected \"\" with "
+                         "parallel.pp = ", pp));
+}
+
 int64_t Config::i(const std::string& key) const { return std::get<int64_t>(values_.at(key)); }
 double Config::f(const std::string& key) const { return std::get<double>(values_.at(key)); }
 bool Config::b(const std::string& key) const { return std::get<bool>(values_.at(key)); }
@@ -209,7 +245,8 @@ void Config::resolve(int world) {
   fill("model.d_model", p->d_model);
   fill("model.seq_len", p->seq_len);
   fill("model.vocab_size", p->vocab_size);
-  if (i("parallel.dp") == 0) values_["parallel.dp"] = int64_t{world};
+  const int64_t model_parallel = std::max<int64_t>(1, i("parallel.tp")) * std::max<int64_t>(1, i("parallel.pp"));
+  if (i("parallel.dp") == 0 && world % model_parallel == 0) values_["parallel.dp"] = int64_t{world} / model_parallel;
 
   auto where = [&](const std::string& key) {
     auto it = set_.find(key);
@@ -230,10 +267,9 @@ void Config::resolve(int world) {
   };
   for (const char* k : {"model.n_layer", "model.n_head", "model.vocab_size", "training.steps",
                         "training.global_batch", "training.micro_batch", "training.eval_steps",
-                        "job.log_every", "parallel.tp", "parallel.pp",
-                        "parallel.microbatches"})
+                        "job.log_every", "parallel.tp", "parallel.pp", "parallel.virtual_stages"})
     positive(k);
-  for (const char* k : {"parallel.dp", "job.threads", "training.warmup_steps", "training.eval_every",
+  for (const char* k : {"parallel.dp", "parallel.microbatches", "job.threads", "training.warmup_steps", "training.eval_every",
                         "checkpoint.every", "checkpoint.keep"})
     non_negative(k);
   if (std::string(p->kind) == "gpt") {
@@ -246,6 +282,16 @@ void Config::resolve(int world) {
       throw InputError(cat(where("model.vocab_size"), ": token files hold uint16 tokens, expected <= 65536"));
   } else {
     positive("model.hidden");
+  }
+  {
+    const int64_t dp = i("parallel.dp"), tp = i("parallel.tp"), pp = i("parallel.pp");
+    // No silent fallbacks: what this build cannot do yet is refused with the reason.
+    if (tp != 1)
+      throw InputError(cat(where("parallel.tp"), " = ", tp, ": tensor parallelism is not available in this build yet; expected 1"));
+    if (dp * tp * pp != world)
+      throw InputError(cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp, " = ", dp * tp * pp,
+                           ", but the job has ", world, " rank(s)",
+                           dp == 0 ? cat(" (not a multiple of tp x pp = ", tp * pp, ")") : std::string()));
   }
   if (i("training.global_batch") % (i("training.micro_batch") * i("parallel.dp")) != 0)
     throw InputError(cat("training.global_batch = ", i("training.global_batch"),
@@ -264,14 +310,8 @@ void Config::resolve(int world) {
   one_of("comm.transport", {"auto", "shm", "tcp", "mpi"});
   one_of("comm.grad_dtype", {"f32", "bf16"});
   one_of("comm.param_dtype", {"f32", "bf16"});
-  one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved"});
-  // No silent fallbacks: what this build cannot do yet is refused with the reason.
-  for (const char* k : {"parallel.tp", "parallel.pp"})
-    if (i(k) != 1)
-      throw InputError(cat(where(k), " = ", i(k), ": tensor and pipeline parallelism are not available in this build yet; expected 1"));
-  if (i("parallel.dp") != world)
-    throw InputError(cat(where("parallel.dp"), " = ", i("parallel.dp"), ": the job has ", world,
-                         " rank(s) and tp x pp = 1, so dp must be ", world, " (or 0: all ranks)"));
+  one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
+  check_layout(world, where);
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));

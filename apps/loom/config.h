@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -42,6 +43,9 @@ class Config {
   int threads(int local_ranks = 1) const;
 
  private:
+  // dp x tp x pp against the world, and what the pipeline needs of the model and batch.
+  void check_layout(int world, const std::function<std::string(const std::string&)>& where) const;
+
   std::map<std::string, Value> values_;
   std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)
 };

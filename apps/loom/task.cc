@@ -39,7 +39,7 @@ void fill_windows(const std::vector<uint16_t>& tokens, const std::vector<int64_t
 
 class GptTask : public Task {
  public:
-  explicit GptTask(const Config& c) : cfg_(gpt_config(c)), gpt_(cfg_), t_(cfg_.seq_len) {
+  GptTask(const Config& c, const nn::GptPart& part) : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part), t_(cfg_.seq_len) {
     train_ = data::read_tokens(c.s("data.train"));
     check_vocab(train_, cfg_.vocab_size, c.s("data.train"));
     if (static_cast<int64_t>(train_.size()) < t_ + 1)
@@ -67,17 +67,23 @@ class GptTask : public Task {
   void set_block_hook(BlockHook hook) override { gpt_.on_block = std::move(hook); }
   std::vector<int64_t> block_offsets() const override { return gpt_.block_offsets(); }
 
-  double micro_step(const std::vector<int64_t>& items, double scale) override {
+  nn::Gpt* gpt() override { return &gpt_; }
+  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& items) override {
     const auto b = static_cast<int64_t>(items.size());
     Tensor x = Tensor::zeros({b, t_}, DType::kI32), y = Tensor::zeros({b, t_}, DType::kI32);
     fill_windows(train_, items, t_, x, y);
+    return {x, y};
+  }
+
+  double micro_step(const std::vector<int64_t>& items, double scale) override {
+    auto [x, y] = batch(items);
     double loss = gpt_.forward(x, y, ctx_);
     gpt_.backward(ctx_, scale);
     return loss;
   }
 
-  EvalResult evaluate(int64_t max_items) override {
-    return eval_windows(gpt_, val_, t_, micro_batch_, max_items);
+  EvalResult evaluate(int64_t max_items, const nn::Gpt* whole) override {
+    return eval_windows(whole ? *whole : gpt_, val_, t_, micro_batch_, max_items);
   }
 
  private:
@@ -135,7 +141,9 @@ class MlpTask : public Task {
     return loss;
   }
 
-  EvalResult evaluate(int64_t max_items) override {
+  std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& items) override { return gather(train_, items); }
+
+  EvalResult evaluate(int64_t max_items, const nn::Gpt*) override {
     const int64_t n = max_items > 0 ? std::min(max_items, test_.n) : test_.n;
     EvalResult r{.accuracy = 0};
     double loss_sum = 0;
@@ -197,9 +205,9 @@ EvalResult eval_windows(const nn::Gpt& gpt, const std::vector<uint16_t>& tokens,
   return r;
 }
 
-std::unique_ptr<Task> make_task(const Config& c) {
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part) {
   if (model_kind(c) == "mlp") return std::make_unique<MlpTask>(c);
-  return std::make_unique<GptTask>(c);
+  return std::make_unique<GptTask>(c, part);
 }
 
 }  // namespace loom::app

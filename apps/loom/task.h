@@ -31,8 +31,9 @@ class Task {
   // Forward and backward over these items as one micro-batch; gradients of
   // (mean loss x scale) are accumulated. Returns the micro-batch's mean loss.
   virtual double micro_step(const std::vector<int64_t>& items, double scale) = 0;
-  // Validation over at most max_items items (0: all), in file order.
-  virtual EvalResult evaluate(int64_t max_items) = 0;
+  // Validation over at most max_items items (0: all), in file order; with `whole`, of that
+  // model (a pipeline stage holds only its part; GPT only).
+  virtual EvalResult evaluate(int64_t max_items, const nn::Gpt* whole = nullptr) = 0;
   virtual bool has_validation() const = 0;
   virtual int64_t tokens_per_item() const = 0;
   // Training FLOPs per item (forward + backward), for MFU.
@@ -44,10 +45,15 @@ class Task {
   virtual std::vector<int64_t> block_offsets() const = 0;
   // The model's shape, saved in checkpoints so sample/eval can rebuild it.
   virtual nlohmann::json model_json() const = 0;
+  // Pipeline parallelism: the GPT (this stage's part) and a micro-batch's (B, T) tokens and
+  // targets; nullptr and InputError for other models.
+  virtual nn::Gpt* gpt() { return nullptr; }
+  virtual std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& items) = 0;
 };
 
-// Loads and validates the data (InputError naming the file) and builds the model.
-std::unique_ptr<Task> make_task(const Config& c);
+// Loads and validates the data (InputError naming the file) and builds the model, or the
+// part of a GPT that `part` names (a pipeline stage).
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part = {});
 
 nn::GptConfig gpt_config(const Config& c);
 // Mean next-token loss over every full window of `tokens` (DESIGN.md section 4, loom eval).

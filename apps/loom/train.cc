@@ -18,9 +18,11 @@
 #include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/optim.h"
+#include "loom/pipeline.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
+#include "stages.h"
 #include "task.h"
 
 namespace loom::app {
@@ -141,7 +143,9 @@ int run_train(const TrainArgs& a) {
     throw InputError(cat(run, ": --resume given but the run directory does not exist"));
 
   // Everything that can be wrong with the input is found before anything is written.
-  std::unique_ptr<Task> task = make_task(c);
+  Mesh mesh = mesh_coordinates(c, env.rank);
+  const bool piped = mesh.pp > 1;
+  std::unique_ptr<Task> task = make_task(c, mesh_part(c, mesh));
   ParamSet& params = task->params();
   optim::OptimizerConfig oc{.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"),
                             .beta1 = c.f("training.beta1"), .beta2 = c.f("training.beta2"),
@@ -180,21 +184,42 @@ int run_train(const TrainArgs& a) {
   auto world = comm::join_world(
       env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
       server, store);
-  parallel::DataParallel dp(*world, params, oc,
+  if (piped) split_mesh(*world, mesh);
+  comm::Communicator& dp_comm = piped ? *mesh.dp : *world;
+  parallel::DataParallel dp(dp_comm, params, oc,
                             {.zero = static_cast<int>(c.i("parallel.zero")), .bucket_mb = c.f("parallel.bucket_mb"),
                              .deterministic = c.b("parallel.deterministic"),
                              .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32,
                              .param_dtype = c.s("comm.param_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
-                            task->block_offsets());
+                            piped ? std::vector<int64_t>{0, params.numel()} : task->block_offsets());
+  // Pipeline stages: the executor runs the schedule's list and tells DataParallel when each
+  // backward piece is done; ranks without a pipeline report blocks through the hook below.
+  std::unique_ptr<parallel::Pipeline> pipe;
+  std::optional<nn::Gpt> whole;  // the first stage of replica 0: every stage's weights, to evaluate and save
+  if (piped) {
+    dp.set_stage_groups(stage_groups(mesh, params));
+    pipe = std::make_unique<parallel::Pipeline>(
+        *mesh.pipe,
+        parallel::make_schedule(parallel::schedule_kind_named(c.s("parallel.pp_schedule")), mesh.pp,
+                                static_cast<int>(accum), mesh.v),
+        *task->gpt());
+    if (lead) whole.emplace(gpt_config(c));
+  }
+  // Collective over the pipeline (replica 0 only; the others hold the same weights).
+  auto gather_whole = [&](const optim::FlatState* state, optim::FlatState* whole_state) {
+    if (piped && mesh.dp_index == 0)
+      gather_stages(mesh, gpt_config(c), params, state, whole ? &whole->params() : nullptr, whole_state);
+  };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
   const std::vector<int64_t> trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
   std::optional<obs::Trace> trace;
   std::optional<StepTracer> tracer;
   bool tracing = false;
-  task->set_block_hook([&](int block, BlockPhase phase) {
-    if (tracing) tracer->on_block(block, phase);
-    else dp.on_block(block, phase);
-  });
+  if (!piped)
+    task->set_block_hook([&](int block, BlockPhase phase) {
+      if (tracing) tracer->on_block(block, phase);
+      else dp.on_block(block, phase);
+    });
   if (ck) {
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
@@ -223,7 +248,11 @@ int run_train(const TrainArgs& a) {
   obs::Progress progress(steps, c.i("job.log_every"), a.quiet || !lead);
   log_info(cat("training ", c.s("model.preset"), " (", params.numel(), " parameters) on ", c.s("data.train"), ": ",
                steps, " steps of ", global_batch, " x ", task->tokens_per_item(), " tokens, ", dp_size,
-               " data-parallel rank(s) x ", threads, " thread(s), ZeRO ", c.i("parallel.zero"),
+               " data-parallel rank(s)",
+               piped ? cat(" x ", mesh.pp, " pipeline stages (", c.s("parallel.pp_schedule"), ", ", accum, " micro-batches",
+                           mesh.v > 1 ? cat(", ", mesh.v, " chunks per stage") : std::string(), ")")
+                     : std::string(),
+               " x ", threads, " thread(s), ZeRO ", c.i("parallel.zero"),
                c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run));
   log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
                " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
@@ -234,13 +263,17 @@ int run_train(const TrainArgs& a) {
   auto save = [&](int64_t step) {
     dp.materialize_params();                              // collective: every rank takes part
     optim::FlatState opt = dp.gather_optimizer_state();  // likewise
+    optim::FlatState whole_opt;
+    if (piped && lead)
+      for (const auto& [name, t] : opt.buffers) whole_opt.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
+    gather_whole(&opt, &whole_opt);
     if (!lead) return;
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
                 {"data_epoch", step * global_batch / task->train_items()}};
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
-    std::string dir = checkpoint::save(ckpt_root, step, params, opt, state,
+    std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep"))});
     progress.note(cat("checkpoint ", dir));
   };
@@ -255,7 +288,23 @@ int run_train(const TrainArgs& a) {
       }
       dp.begin_step();
       std::vector<double> micro_losses;
-      for (int64_t m = 0; m < accum; ++m) {
+      if (piped) {
+        // This replica's shard of the global batch, micro-batch by micro-batch, through the stages.
+        auto batch = [&](int m) {
+          std::vector<int64_t> items(static_cast<size_t>(micro_batch));
+          for (int64_t i = 0; i < micro_batch; ++i)
+            items[i] = sampler.item(step * global_batch + mesh.dp_index * per_rank + m * micro_batch + i);
+          return task->batch(items);
+        };
+        micro_losses = pipe->run(batch, micro_batch, c.i("model.seq_len"), 1.0 / static_cast<double>(accum * dp_size), dp);
+        micro_losses.resize(static_cast<size_t>(accum));  // the last stage's, to every stage
+        comm::broadcast(*mesh.pipe, {.buffer = micro_losses.data(), .count = micro_losses.size(), .dtype = DType::kF64,
+                                     .root = mesh.pp - 1});
+        dp.sum_tied_gradients();
+        dp.begin_micro_step(true);  // every gradient is final: the sums over replicas start
+        dp.end_micro_step();
+      }
+      for (int64_t m = 0; m < (piped ? 0 : accum); ++m) {
         if (tracing) tracer->push(cat("micro-step ", m));
         dp.begin_micro_step(m == accum - 1);
         // This rank's shard of the global batch: items [rank * per_rank, (rank + 1) * per_rank).
@@ -267,6 +316,15 @@ int run_train(const TrainArgs& a) {
         if (tracing) tracer->pop();
       }
       const double loss = dp.mean_loss(micro_losses);
+      double bubble = -1;  // pipelines: 1 - compute / (stages x the slowest stage's step)
+      if (piped) {
+        double mine[2] = {pipe->stats().busy_ms, pipe->stats().step_ms};
+        std::vector<double> all(2 * static_cast<size_t>(mesh.pp));
+        comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = 2, .dtype = DType::kF64});
+        double busy = 0, longest = 0;
+        for (int s = 0; s < mesh.pp; ++s) busy += all[2 * s], longest = std::max(longest, all[2 * s + 1]);
+        bubble = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0;
+      }
       const double lr = optim::lr_at(sched, step);
       if (tracing) tracer->push("optimizer step");
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
@@ -289,12 +347,14 @@ int run_train(const TrainArgs& a) {
           .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
+      if (piped) line.add("pp_bubble", bubble);
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates
+      if (eval) gather_whole(nullptr, nullptr);
       if (lead && eval) {
         if (tracing) tracer->push("evaluate");
-        last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch);
+        last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch, whole ? &*whole : nullptr);
         if (tracing) tracer->pop();
         line.add("val_loss", last_eval.loss);
         if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);

@@ -34,23 +34,33 @@ bool Gpt::holds_block(int64_t block) const {
 }
 
 void Gpt::init(uint64_t seed) {
+  // One random stream over the whole model in registration order, whatever part this
+  // process holds: parameters held elsewhere draw and discard their values, so every
+  // pipeline stage starts from the weights one process would.
+  ParamSet whole;  // the full layout, never allocated
+  Embedding(whole, "transformer.wte.weight", config_.vocab_size, config_.d_model);
+  Embedding(whole, "transformer.wpe.weight", config_.seq_len, config_.d_model);
+  for (int64_t l = 0; l < config_.n_layer; ++l)
+    Block(whole, "transformer.h." + std::to_string(l), config_.d_model, config_.n_head);
+  LayerNorm(whole, "transformer.ln_f", config_.d_model);
+
   Rng rng(seed, /*stream=*/1);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  for (size_t i = 0; i < params_.infos().size(); ++i) {
-    const ParamInfo& p = params_.infos()[i];
-    Tensor v = params_.value(static_cast<int>(i));
+  for (const ParamInfo& p : whole.infos()) {
+    const int index = params_.find(p.name);
+    const bool zero = p.kind == ParamKind::kBias || (p.kind == ParamKind::kNorm && p.name.ends_with(".bias"));
+    const bool one = !zero && p.kind == ParamKind::kNorm;
+    if (index < 0) {
+      if (!zero && !one)
+        for (int64_t j = 0; j < p.numel; ++j) rng.normal();
+      continue;
+    }
+    Tensor v = params_.value(index);
     bool residual = p.name.ends_with("attn.c_proj.weight") || p.name.ends_with("mlp.c_proj.weight");
     double std = residual ? residual_std : 0.02;
     LOOM_DISPATCH_FLOAT(v.dtype(), T, {
       T* d = v.data<T>();
-      for (int64_t j = 0; j < p.numel; ++j) {
-        if (p.kind == ParamKind::kBias || (p.kind == ParamKind::kNorm && p.name.ends_with(".bias")))
-          d[j] = 0;
-        else if (p.kind == ParamKind::kNorm)
-          d[j] = 1;
-        else
-          d[j] = static_cast<T>(rng.normal() * std);
-      }
+      for (int64_t j = 0; j < p.numel; ++j) d[j] = zero ? T(0) : one ? T(1) : static_cast<T>(rng.normal() * std);
     });
   }
 }

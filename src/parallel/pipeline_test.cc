@@ -108,11 +108,9 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
   // The first and last stage share the tied embedding.
   std::unique_ptr<comm::Communicator> tied = pp_comm->split(st == 0 || st == run.pp - 1 ? 0 : -1, st);
 
-  nn::Gpt full(kModel);  // every stage starts from the same initial weights, by name
-  full.init(1234);
+  // Each stage initializes its part: the same weights one process draws (Gpt::init).
   nn::Gpt gpt(kModel, DType::kF32, stage_part(kModel.n_layer, run.pp, run.virtual_stages, st));
-  for (size_t i = 0; i < gpt.params().infos().size(); ++i)
-    gpt.params().value(static_cast<int>(i)).copy_from(full.params().value(full.params().find(gpt.params().infos()[i].name)));
+  gpt.init(1234);
 
   DataParallel dp(*dp_comm, gpt.params(), {.weight_decay = 0.1}, {.zero = run.zero, .deterministic = run.deterministic},
                   {0, gpt.params().numel()});

@@ -1,0 +1,102 @@
+#include "stages.h"
+
+#include "loom/error.h"
+#include "loom/pipeline.h"
+
+namespace loom::app {
+
+Mesh mesh_coordinates(const Config& c, int rank) {
+  Mesh m;
+  m.dp_size = static_cast<int>(c.i("parallel.dp"));
+  m.pp = static_cast<int>(c.i("parallel.pp"));
+  m.v = static_cast<int>(c.i("parallel.virtual_stages"));
+  m.dp_index = rank % m.dp_size;
+  m.stage = rank / m.dp_size;
+  return m;
+}
+
+void split_mesh(comm::Communicator& world, Mesh& m) {
+  LOOM_CHECK(m.pp > 1);
+  m.dp = world.split(m.stage, m.dp_index);
+  m.pipe = world.split(m.dp_index, m.stage);
+  m.tied = m.pipe->split(m.first() || m.last() ? 0 : -1, m.stage);
+}
+
+nn::GptPart mesh_part(const Config& c, const Mesh& m) {
+  if (m.pp == 1) return {};
+  return parallel::stage_part(c.i("model.n_layer"), m.pp, m.v, m.stage);
+}
+
+parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
+  parallel::StageGroups g{.stages = m.pipe.get(), .tied = m.tied.get()};
+  const int wte = params.find("transformer.wte.weight");
+  LOOM_CHECK(wte >= 0 || !(m.first() || m.last()));
+  if (wte < 0) return g;
+  const ParamInfo& info = params.infos()[wte];
+  g.tied_begin = info.offset;
+  g.tied_end = info.offset + info.numel;
+  if (m.last()) {  // the copy: its gradients are the first stage's after the sum, counted there
+    g.skip_begin = g.tied_begin;
+    g.skip_end = g.tied_end;
+  }
+  return g;
+}
+
+namespace {
+
+// Copies [info.offset, +numel) of `from` into `to` at the same name's place in `whole`.
+void copy_by_name(const ParamSet& layout, const Tensor& from, const ParamSet& whole, const Tensor& to) {
+  for (const ParamInfo& p : layout.infos()) {
+    const int w = whole.find(p.name);
+    LOOM_CHECK(w >= 0);
+    const ParamInfo& q = whole.infos()[w];
+    LOOM_CHECK_EQ(p.numel, q.numel);
+    std::copy_n(from.data<float>() + p.offset, p.numel, to.data<float>() + q.offset);
+  }
+}
+
+}  // namespace
+
+void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                   ParamSet* whole, optim::FlatState* whole_state) {
+  comm::Communicator& pipe = *m.pipe;
+  auto send = [&](const Tensor& t) {
+    comm::send(pipe, {.buffer = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = DType::kF32, .peer = 0});
+  };
+  if (!m.first()) {
+    send(mine.values());
+    if (state)
+      for (const auto& [name, t] : state->buffers) send(t);
+    return;
+  }
+  LOOM_CHECK(whole != nullptr && (state == nullptr) == (whole_state == nullptr));
+  auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState* st) {
+    copy_by_name(layout, values, *whole, whole->values());
+    if (!st) return;
+    LOOM_CHECK_EQ(st->buffers.size(), whole_state->buffers.size());
+    for (size_t k = 0; k < st->buffers.size(); ++k) copy_by_name(layout, st->buffers[k].second, *whole, whole_state->buffers[k].second);
+  };
+  take(mine, mine.values(), state);
+  for (int s = 1; s < m.pp; ++s) {
+    // Stage s's layout: the part it holds (its parameters are allocated here only while
+    // they are copied).
+    nn::Gpt theirs(model, DType::kF32, parallel::stage_part(model.n_layer, m.pp, m.v, s));
+    const ParamSet& layout = theirs.params();
+    auto recv = [&](const Tensor& t) {
+      comm::recv(pipe, {.buffer = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = DType::kF32, .peer = s});
+    };
+    recv(layout.values());
+    optim::FlatState st;
+    if (state) {
+      st.steps = state->steps;
+      for (const auto& [name, t] : state->buffers) {
+        st.buffers.emplace_back(name, Tensor::zeros({layout.numel()}, DType::kF32));
+        recv(st.buffers.back().second);
+      }
+    }
+    take(layout, layout.values(), state ? &st : nullptr);
+  }
+  if (whole_state) whole_state->steps = state->steps;
+}
+
+}  // namespace loom::app

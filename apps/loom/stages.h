@@ -1,0 +1,43 @@
+// The pipeline side of `loom train` (docs/parallelism.md, "Pipeline parallelism"): this
+// rank's place in the dp x pp mesh, its communicators, and gathering every stage's weights
+// and optimizer state onto the first stage for evaluation and checkpoints.
+#pragma once
+
+#include <memory>
+
+#include "config.h"
+#include "loom/comm.h"
+#include "loom/data_parallel.h"
+#include "loom/nn/gpt.h"
+#include "loom/optim.h"
+
+namespace loom::app {
+
+// Ranks: pp outermost, then dp (tp innermost once it exists): rank = stage x dp + dp_index.
+struct Mesh {
+  int dp_size = 1, pp = 1, v = 1;
+  int dp_index = 0, stage = 0;
+  std::unique_ptr<comm::Communicator> dp;    // this stage's replicas; null when pp = 1 (the world is)
+  std::unique_ptr<comm::Communicator> pipe;  // this replica's stages, rank = stage
+  std::unique_ptr<comm::Communicator> tied;  // first and last stage (the tied embedding)
+
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == pp - 1; }
+};
+
+// The config's layout for this rank. REQUIRES: c resolved against `rank`'s world.
+Mesh mesh_coordinates(const Config& c, int rank);
+// Splits `world` into the mesh's communicators. Collective over world (pp > 1 only).
+void split_mesh(comm::Communicator& world, Mesh& mesh);
+// What of the GPT this rank holds.
+nn::GptPart mesh_part(const Config& c, const Mesh& mesh);
+// The tied embedding's place in this stage's flat buffers, for DataParallel.
+parallel::StageGroups stage_groups(const Mesh& mesh, const ParamSet& params);
+
+// Collective over mesh.pipe: every stage's parameters (and, with `state`, optimizer
+// buffers, same names and order as `*whole_state`) copied by name into `whole` on the first
+// stage. The other stages only send.
+void gather_stages(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                   ParamSet* whole, optim::FlatState* whole_state);
+
+}  // namespace loom::app
