@@ -211,9 +211,6 @@ void Config::check_layout(int world, const std::function<std::string(const std::
   if (i("parallel.zero") == 3)
     throw InputError(cat(where("parallel.zero"), " = 3 with parallel.pp = ", pp, ": ZeRO-3 gathers every block on every "
                          "rank, which pipeline stages exist to avoid; expected 0, 1 or 2"));
-  if (s("parallel.pp_schedule") == "zb-h1")
-    throw InputError(cat(where("parallel.pp_schedule"), " = \"zb-h1\": the executor does not split backward passes into "
-                         "input and weight gradients yet (loom plan simulates it); expected gpipe, 1f1b or interleaved"));
   const parallel::ScheduleKind kind = parallel::schedule_kind_named(s("parallel.pp_schedule"));
   const parallel::MicrobatchRule rule = parallel::microbatch_rule(kind, static_cast<int>(pp), static_cast<int>(v));
   if (micro < rule.minimum || micro % rule.multiple_of != 0)

@@ -24,10 +24,10 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout) {
   if (layout == WeightLayout::kKM) {
     if (dinp != nullptr) gemm<T>(false, true, n, k, m, dout, m, weight, m, false, dinp, k);
-    gemm<T>(true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+    if (dweight != nullptr) gemm<T>(true, false, k, m, n, inp, k, dout, m, true, dweight, m);
   } else {
     if (dinp != nullptr) gemm<T>(false, false, n, k, m, dout, m, weight, k, false, dinp, k);
-    gemm<T>(true, false, m, k, n, dout, m, inp, k, true, dweight, k);
+    if (dweight != nullptr) gemm<T>(true, false, m, k, n, dout, m, inp, k, true, dweight, k);
   }
   if (dbias != nullptr) {
     // Columns split across threads; each column summed over rows in order: deterministic

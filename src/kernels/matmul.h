@@ -21,8 +21,9 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
                     int64_t m, WeightLayout layout);
 
 // dinp (N, K) = dout @ weight^T (overwritten; skipped when null);
-// dweight += inp^T @ dout in the weight's layout; dbias (M) += column sums of dout (skipped
-// when null). Sums are in a fixed order, so results are deterministic run to run.
+// dweight += inp^T @ dout in the weight's layout (skipped when null); dbias (M) += column sums
+// of dout (skipped when null). Zero-bubble pipelines call it twice, dinp first and the rest
+// later: the same bits as one call. Sums are in a fixed order, so results are deterministic run to run.
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout);

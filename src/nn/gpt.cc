@@ -151,26 +151,39 @@ double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) co
   return CrossEntropy().forward(out, targets, ctx.loss, ctx.arena);
 }
 
-Tensor Gpt::backward_head(GptCtx& ctx, double scale) const {
+Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   const int64_t c = config_.d_model, v = config_.vocab_size;
   Tensor dlogits = CrossEntropy().backward(ctx.loss, scale);
+  ctx.dlogits = defer_weights ? dlogits : Tensor();
   Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
-                      k::matmul_backward(dh.data<T>(), wte_.table.grad().data<T>(),
+                      k::matmul_backward(dh.data<T>(), defer_weights ? nullptr : wte_.table.grad().data<T>(),
                                          static_cast<T*>(nullptr), dlogits.data<T>(),
                                          ctx.head.x.data<T>(), wte_.table.value().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
   return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
 }
 
-Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const {
+Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx, bool defer_weights) const {
   Tensor dx = dy;
   for (int64_t l = hi; l-- > lo;) {
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
-    dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena);
+    dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena, defer_weights);
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   return dx;
+}
+
+void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const {
+  if (head) {
+    const int64_t c = config_.d_model, v = config_.vocab_size;
+    LOOM_CHECK(ctx.dlogits.defined());
+    LOOM_DISPATCH_FLOAT(ctx.dlogits.dtype(), T,
+                        k::matmul_backward(static_cast<T*>(nullptr), wte_.table.grad().data<T>(), static_cast<T*>(nullptr),
+                                           ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
+                                           ctx.head.x.numel() / c, c, v, k::WeightLayout::kMK));
+  }
+  for (int64_t l = hi; l-- > lo;) blocks_[l].backward_weight(ctx.blocks[l]);
 }
 
 void Gpt::backward_embed(const Tensor& dx, GptCtx& ctx) const {

@@ -38,15 +38,25 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   return y;
 }
 
-Tensor Linear::backward(const Tensor& dy, const LinearCtx& ctx, Arena& arena, bool need_dx) const {
+Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
   Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
   const int64_t n = dy.numel() / out;
+  ctx.dy = defer_weights ? dy : Tensor();
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                      k::matmul_backward(need_dx ? dx.data<T>() : nullptr, weight.grad().data<T>(),
-                                         bias.defined() ? bias.grad().data<T>() : nullptr,
+                      k::matmul_backward(need_dx ? dx.data<T>() : nullptr, defer_weights ? nullptr : weight.grad().data<T>(),
+                                         bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
                                          dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
                                          n, in, out, k::WeightLayout::kKM));
   return dx;
+}
+
+void Linear::backward_weight(const LinearCtx& ctx) const {
+  LOOM_CHECK(ctx.dy.defined());
+  LOOM_DISPATCH_FLOAT(ctx.dy.dtype(), T,
+                      k::matmul_backward(static_cast<T*>(nullptr), weight.grad().data<T>(),
+                                         bias.defined() ? bias.grad().data<T>() : nullptr, ctx.dy.data<T>(),
+                                         ctx.x.data<T>(), weight.value().data<T>(), ctx.dy.numel() / out, in, out,
+                                         k::WeightLayout::kKM));
 }
 
 LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_) : c(c_) {
@@ -162,16 +172,21 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   return c_proj.forward(y, ctx.c_proj, arena);
 }
 
-Tensor CausalSelfAttention::backward(const Tensor& dy, const AttentionCtx& ctx,
-                                     Arena& arena) const {
-  Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena);
+Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena,
+                                     bool defer_weights) const {
+  Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
   Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
   Tensor scratch = arena.alloc(ctx.att.shape(), dy.dtype());
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::attention_backward(dqkv.data<T>(), scratch.data<T>(), datt_out.data<T>(),
                                             ctx.qkv.data<T>(), ctx.att.data<T>(), ctx.b, ctx.t, c,
                                             n_head));
-  return c_attn.backward(dqkv, ctx.c_attn, arena);
+  return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
+}
+
+void CausalSelfAttention::backward_weight(const AttentionCtx& ctx) const {
+  c_proj.backward_weight(ctx.c_proj);
+  c_attn.backward_weight(ctx.c_attn);
 }
 
 Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden)
@@ -182,9 +197,14 @@ Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
   return c_proj.forward(gelu.forward(h, ctx.gelu, arena), ctx.c_proj, arena);
 }
 
-Tensor Mlp::backward(const Tensor& dy, const MlpCtx& ctx, Arena& arena) const {
-  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena), ctx.gelu, arena);
-  return c_fc.backward(dh, ctx.c_fc, arena);
+Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
+  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena);
+  return c_fc.backward(dh, ctx.c_fc, arena, true, defer_weights);
+}
+
+void Mlp::backward_weight(const MlpCtx& ctx) const {
+  c_proj.backward_weight(ctx.c_proj);
+  c_fc.backward_weight(ctx.c_fc);
 }
 
 Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head)
@@ -209,12 +229,17 @@ Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
   return y;
 }
 
-Tensor Block::backward(const Tensor& dy, const BlockCtx& ctx, Arena& arena) const {
-  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena), ctx.ln_2, arena);
+Tensor Block::backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights) const {
+  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena);
   add_into(dh, dy);
-  Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena), ctx.ln_1, arena);
+  Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena);
   add_into(dx, dh);
   return dx;
+}
+
+void Block::backward_weight(const BlockCtx& ctx) const {
+  mlp.backward_weight(ctx.mlp);
+  attn.backward_weight(ctx.attn);
 }
 
 }  // namespace loom::nn

@@ -322,3 +322,43 @@ TEST(Determinism, GptGradientsDoNotDependOnGemmPath) {
 
 }  // namespace
 }  // namespace loom::nn
+
+// Zero-bubble pipelines split backward: input gradients first, the linear layers' and the
+// head's weight gradients later. The two halves add exactly what one backward adds, and a
+// stage that holds only some blocks starts from the weights the whole model draws.
+namespace loom::nn {
+namespace {
+TEST(Gpt, DeferredWeightGradientsAndPartsEqualTheWhole) {
+  GptConfig cfg{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 13};
+  Gpt gpt(cfg);
+  gpt.init(5);
+  Tensor tokens = Tensor::zeros({2, 8}, DType::kI32), targets = Tensor::zeros({2, 8}, DType::kI32);
+  Rng r(6);
+  for (int i = 0; i < 16; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
+  }
+  GptCtx ctx;
+  gpt.forward(tokens, targets, ctx);
+  gpt.backward(ctx, 0.5);
+  const std::vector<float> whole(gpt.params().grads().data<float>(), gpt.params().grads().data<float>() + gpt.params().numel());
+
+  gpt.params().zero_grads();
+  gpt.forward(tokens, targets, ctx);
+  Tensor dx = gpt.backward_blocks(0, cfg.n_layer, gpt.backward_head(ctx, 0.5, /*defer_weights=*/true), ctx, true);
+  gpt.backward_weights(0, cfg.n_layer, /*head=*/true, ctx);
+  gpt.backward_embed(dx, ctx);  // after the head's share of wte, as one backward adds them
+  const float* split = gpt.params().grads().data<float>();
+  EXPECT_TRUE(std::equal(whole.begin(), whole.end(), split));
+
+  // The middle block alone, initialized from the same seed: the whole model's weights.
+  Gpt part(cfg, DType::kF32, {.blocks = {1}, .all_blocks = false, .embeddings = false, .head = false});
+  part.init(5);
+  ASSERT_EQ(part.params().infos().size(), 12u);
+  for (const ParamInfo& p : part.params().infos()) {
+    Tensor mine = part.params().value(part.params().find(p.name)), theirs = gpt.params().value(gpt.params().find(p.name));
+    EXPECT_EQ(std::memcmp(mine.raw(), theirs.raw(), mine.nbytes()), 0) << p.name;
+  }
+}
+}  // namespace
+}  // namespace loom::nn

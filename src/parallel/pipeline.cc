@@ -42,6 +42,7 @@ struct Pipeline::Impl {
     Tensor output;   // forward's output, while its send is in flight
     Tensor dx;       // backward's d(input), while its send is in flight
     comm::Work recv_act, recv_grad, send_act, send_grad;
+    int actions_left = 0;  // of this (micro-batch, chunk) in the list; 0: it retires
   };
 
   comm::Communicator& pp;
@@ -54,6 +55,7 @@ struct Pipeline::Impl {
   std::vector<std::unique_ptr<Slot>> free_slots;
   std::vector<std::unique_ptr<Slot>> retiring;  // backward done, a send may be in flight
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> live;
+  std::map<std::pair<int, int>, int> actions_per_slot;  // from the list
   PipelineStats stats;
 
   Impl(comm::Communicator& c, Schedule s, nn::Gpt& g) : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()) {}
@@ -101,13 +103,16 @@ struct Pipeline::Impl {
     } else {
       s = std::make_unique<Slot>();
     }
+    s->actions_left = actions_per_slot.at({mb, chunk});
     stats.peak_in_flight = std::max(stats.peak_in_flight, static_cast<int>(live.size()));
     return *s;
   }
 
-  // Its last action done: the slot is reused once its sends are through.
-  void retire(int mb, int chunk) {
+  // After each of its actions: when that was the last, the slot is reused once its sends
+  // are through.
+  void done_with(int mb, int chunk) {
     auto it = live.find({mb, chunk});
+    if (--it->second->actions_left > 0) return;
     retiring.push_back(std::move(it->second));
     live.erase(it);
   }
@@ -125,6 +130,7 @@ Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt)
   LOOM_CHECK_EQ(check_schedule(m.schedule), "");
   LOOM_CHECK(m.schedule.stages > 1);
   m.make_links();
+  for (const PipeAction& a : m.schedule.actions[m.stage]) ++m.actions_per_slot[{a.microbatch, a.chunk}];
 }
 
 Pipeline::~Pipeline() = default;
@@ -157,18 +163,17 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       case PipeOp::kRecvActivation:
         x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
                                                   .peer = 0, .tag = tag_of(vs - 1)});
-        continue;
+        break;
       case PipeOp::kRecvGrad:
         x.recv_grad = comm::recv_async(*m.grad_in, {.buffer = Impl::buffer(x.grad_in, act_shape).raw(), .count = count,
                                                     .peer = 0, .tag = tag_of(vs + 1)});
-        continue;
+        break;
       case PipeOp::kSendActivation:
         x.send_act = comm::send_async(*m.act_out, {.buffer = x.output.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
-        continue;
+        break;
       case PipeOp::kSendGrad:
         x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
-        m.retire(a.microbatch, a.chunk);
-        continue;
+        break;
       case PipeOp::kForward: {
         m.gpt.begin(x.ctx, b, t);
         Tensor in;
@@ -185,29 +190,35 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
         else x.output = h;
         break;
       }
-      case PipeOp::kBackward: {
+      case PipeOp::kBackward:
+      case PipeOp::kBackwardInput: {
+        // The input gradients; kBackwardInput leaves the linear layers' and the head's
+        // weight gradients to kBackwardWeight. Embedding gradients are taken here either way.
+        const bool defer = a.op == PipeOp::kBackwardInput;
         Tensor dy;
         if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
           dp.begin_micro_step(false);
-          dy = m.gpt.backward_head(x.ctx, scale);
+          dy = m.gpt.backward_head(x.ctx, scale, defer);
           dp.end_micro_step();
         } else {
           x.recv_grad.wait();
           dy = x.grad_in;
         }
         dp.begin_micro_step(false);
-        Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx);
+        Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx, defer);
         if (first) m.gpt.backward_embed(dx, x.ctx);
         else x.dx = dx;
         dp.end_micro_step();
         break;
       }
-      case PipeOp::kBackwardInput:
       case PipeOp::kBackwardWeight:
-        LOOM_CHECK(false && "split backward passes are not run by the executor yet");
+        dp.begin_micro_step(false);
+        m.gpt.backward_weights(lo, hi, last, x.ctx);
+        dp.end_micro_step();
+        break;
     }
-    m.stats.busy_ms += ms_between(t0, Clock::now());
-    if (a.op == PipeOp::kBackward && first) m.retire(a.microbatch, a.chunk);  // no gradient to send
+    if (pipe_op_computes(a.op)) m.stats.busy_ms += ms_between(t0, Clock::now());
+    m.done_with(a.microbatch, a.chunk);
   }
   // Every send must be through before the buffers it reads are reused.
   for (auto& r : m.retiring) {

@@ -43,6 +43,7 @@ struct GptCtx {
   LinearCtx head;  // input of the tied output projection
   CrossEntropyCtx loss;
   Tensor logits;  // (B, T, V), or (B, 1, V) for last_only; overwritten by backward
+  Tensor dlogits;  // kept by a backward_head that defers the head's weight gradients
   int64_t b = 0, t = 0;
 };
 
@@ -70,8 +71,11 @@ class Gpt {
   Tensor embed(const Tensor& tokens, GptCtx& ctx) const;                            // -> (B, T, C)
   Tensor forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;  // blocks [lo, hi)
   double forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const;     // ln_f, logits, loss
-  Tensor backward_head(GptCtx& ctx, double scale) const;                            // -> d(x of forward_head)
-  Tensor backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const;
+  // defer_weights (zero-bubble pipelines): input gradients and the LayerNorms' now, the
+  // linear layers' and the head's weight gradients in backward_weights, the same bits.
+  Tensor backward_head(GptCtx& ctx, double scale, bool defer_weights = false) const;  // -> d(x of forward_head)
+  Tensor backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx, bool defer_weights = false) const;
+  void backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const;
   void backward_embed(const Tensor& dx, GptCtx& ctx) const;
 
   // Called as forward and backward enter and leave each transformer block, in the order

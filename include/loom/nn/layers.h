@@ -24,6 +24,7 @@ namespace loom::nn {
 
 struct LinearCtx {
   Tensor x;
+  Tensor dy;  // kept by a backward that defers the weight gradients
 };
 
 // y = x @ W + b, W (in, out) as GPT-2's Conv1D, so Hugging Face checkpoints load as is.
@@ -32,8 +33,11 @@ class Linear {
   Linear() = default;
   Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;  // (N, in) -> (N, out)
-  // Returns dx (N, in), or an undefined tensor when need_dx is false.
-  Tensor backward(const Tensor& dy, const LinearCtx& ctx, Arena& arena, bool need_dx = true) const;
+  // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
+  // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later
+  // (zero-bubble pipelines), the same bits as one backward.
+  Tensor backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx = true, bool defer_weights = false) const;
+  void backward_weight(const LinearCtx& ctx) const;
 
   ParamRef weight;  // (in, out)
   ParamRef bias;    // (out), or undefined
@@ -106,7 +110,8 @@ class CausalSelfAttention {
   CausalSelfAttention() = default;
   CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
   Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;  // (B, T, C)
-  Tensor backward(const Tensor& dy, const AttentionCtx& ctx, Arena& arena) const;
+  Tensor backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena, bool defer_weights = false) const;
+  void backward_weight(const AttentionCtx& ctx) const;
 
   Linear c_attn, c_proj;
   int64_t c = 0, n_head = 0;
@@ -123,7 +128,8 @@ class Mlp {
   Mlp() = default;
   Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden);
   Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const;
-  Tensor backward(const Tensor& dy, const MlpCtx& ctx, Arena& arena) const;
+  Tensor backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights = false) const;
+  void backward_weight(const MlpCtx& ctx) const;
 
   Linear c_fc, c_proj;
   Gelu gelu;
@@ -141,7 +147,10 @@ class Block {
   Block() = default;
   Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
   Tensor forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const;  // (B, T, C)
-  Tensor backward(const Tensor& dy, const BlockCtx& ctx, Arena& arena) const;
+  // With defer_weights: dx and the LayerNorm gradients now, the linear layers' weight
+  // gradients in backward_weight (zero-bubble pipelines).
+  Tensor backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights = false) const;
+  void backward_weight(const BlockCtx& ctx) const;
 
   // Declared in Hugging Face order, which is also the parameters' registration order.
   LayerNorm ln_1;

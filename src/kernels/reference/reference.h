@@ -60,7 +60,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
       for (int64_t o = 0; o < m; ++o) acc += dout[i * m + o] * weight_at(weight, j, o, k, m, layout);
       if (dinp) dinp[i * k + j] = acc;
     }
-  for (int64_t j = 0; j < k; ++j)
+  for (int64_t j = 0; dweight && j < k; ++j)
     for (int64_t o = 0; o < m; ++o) {
       T acc = 0;
       for (int64_t i = 0; i < n; ++i) acc += inp[i * k + j] * dout[i * m + o];
