@@ -2,6 +2,7 @@
 // the file or key and what was expected, and leaves an existing run directory untouched;
 // a resumed run continues with bitwise-identical losses.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <zlib.h>
 
@@ -73,6 +74,8 @@ class Cli : public testing::TempDirTest {
     for (const auto& f : files) s += f + "\n" + (fs::is_regular_file(f) ? sha256_hex(read_file(f)) : "dir") + "\n";
     return s;
   }
+
+  void kill_and_resume(const std::string& train, const std::string& steps, std::initializer_list<std::string> fragments);
 
   // Bad input: exit 2, exactly one line on stderr containing every fragment, run dir untouched.
   void expect_bad_input(const std::string& args, std::initializer_list<std::string> fragments) {
@@ -305,21 +308,21 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
             read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
 }
 
-// Pipeline stages as processes: deterministic pp = 2 (and dp x pp = 2 x 2 with ZeRO 1 and
-// the zero-bubble schedule)
+// Pipeline stages as processes: deterministic pp = 2 with full activation recompute (and
+// dp x pp = 2 x 2 with ZeRO 1, the zero-bubble schedule and selective recompute)
 // gives the losses, validation losses and checkpoints (weights and optimizer state) of one
 // process, bit for bit; a resume on the pipeline layout continues bitwise.
 TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
   const std::string det = " --quiet --parallel.deterministic=true --training.micro_batch=1";
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
   Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
-                      " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --training.steps=3"));
+                      " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --training.steps=3 --training.recompute=full"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
-               " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --resume"));
+               " --job.name=pp --parallel.pp=2 --parallel.pp_schedule=gpipe --resume --training.recompute=full"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
-               " --job.name=mesh --parallel.pp=2 --parallel.zero=1 --parallel.pp_schedule=zb-h1"));
+               " --job.name=mesh --parallel.pp=2 --parallel.zero=1 --parallel.pp_schedule=zb-h1 --training.recompute=selective"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string one = read_file(p("runs/one/metrics.jsonl"));
   ASSERT_EQ(loss_columns(one).size(), 6u);
@@ -347,6 +350,7 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
            {" --parallel.pp=2 --model.n_layer=4 --parallel.pp_schedule=interleaved --parallel.virtual_stages=2 "
             "--training.global_batch=3 --training.micro_batch=1",
             {"3 micro-batches", "interleaved", "multiple of 2"}},
+           {" --parallel.pp=2 --parallel.pp_schedule=zb-h1 --training.recompute=full", {"training.recompute", "zb-h1"}},
            {" --parallel.pp=2 --parallel.microbatches=3", {"parallel.microbatches", "= 3: a step has", "expected 2 or 0"}},
            {" --parallel.pp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.pp", "not a GPT"}},
        }) {
@@ -355,6 +359,15 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
     const std::string said = r.out + r.err;  // the launcher prefixes each rank's lines
     for (const auto& f : fragments) EXPECT_NE(said.find(f), std::string::npos) << "missing '" << f << "' in: " << said;
   }
+  // Ranks started with different layouts (each valid alone) are named and refused at start.
+  write(p("differ.sh"), cat("#!/bin/sh\nif [ \"$RANK\" = 1 ]; then set -- --parallel.dp=2; else set -- --parallel.pp=2; fi\n",
+                            "exec ", LOOM_BINARY_DIR, "/loom ", cfg, " --quiet \"$@\"\n"));
+  ASSERT_EQ(::chmod(p("differ.sh").c_str(), 0755), 0);
+  Result r = loom(cat("launch -n 2 -- ", p("differ.sh")));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  for (const char* f : {"rank 1 was started with the layout \"dp=2 tp=1 pp=1", "but rank 0 with \"dp=1 tp=1 pp=2"})
+    EXPECT_NE((r.out + r.err).find(f), std::string::npos) << f << " in " << r.out << r.err;
+  EXPECT_FALSE(fs::exists(p("runs/fresh"))) << "a refused job wrote its run directory";
 }
 
 // job.gemm_path from the command line: training on the generic micro-kernel with 2 threads
@@ -466,9 +479,11 @@ pid_t rank_pid(pid_t launcher, int rank) {
   return -1;
 }
 
-TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
-  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
-                                " --quiet --training.steps=300 --checkpoint.every=5 --parallel.zero=3 --training.eval_every=0");
+// Runs `train` under a 2-rank launcher, kills rank 1 once a dozen steps are logged (a
+// checkpoint exists), and checks the job stops within 2 s with a line holding every
+// fragment; then resumes and checks the run ends as `full` (run uninterrupted) did.
+void Cli::kill_and_resume(const std::string& train, const std::string& steps,
+                          std::initializer_list<std::string> fragments) {
   ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --job.name=full")).code, 0);
 
   pid_t launcher = ::fork();
@@ -479,7 +494,6 @@ TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  // Kill rank 1 once a dozen steps are logged (a checkpoint exists).
   const std::string metrics = p("runs/cut/metrics.jsonl");
   auto lines = [&] {
     std::ifstream f(metrics);
@@ -496,16 +510,29 @@ TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
   EXPECT_LT(took, 2.0) << "the job took over 2 s to stop";
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
   const std::string out = read_file(p("cut.out"));
-  EXPECT_NE(out.find("rank 1 (pid"), std::string::npos) << out;
-  EXPECT_NE(out.find("rank 0 at step "), std::string::npos) << out;
-  EXPECT_NE(out.find("rank 1 died"), std::string::npos) << out;
-  ASSERT_LT(lines(), 300) << "rank 1 was killed after the run ended";
+  for (const auto& f : fragments) EXPECT_NE(out.find(f), std::string::npos) << "missing '" << f << "' in: " << out;
+  ASSERT_LT(lines(), std::stoll(steps)) << "rank 1 was killed after the run ended";
 
   Result r = loom(cat("launch -n 2 -- ", train, " --job.name=cut --resume"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics)));
-  EXPECT_EQ(read_file(p("runs/full/checkpoints/step_300/model.safetensors")),
-            read_file(p("runs/cut/checkpoints/step_300/model.safetensors")));
+  EXPECT_EQ(read_file(p(cat("runs/full/checkpoints/step_", steps, "/model.safetensors"))),
+            read_file(p(cat("runs/cut/checkpoints/step_", steps, "/model.safetensors"))));
+}
+
+TEST_F(Cli, KilledRankStopsTheJobNamingRankAndStepAndResumeIsBitwise) {
+  kill_and_resume(cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --training.steps=300 --checkpoint.every=5 --parallel.zero=3 --training.eval_every=0"),
+                  "300", {"rank 1 (pid", "rank 0 at step ", "rank 1 died"});
+}
+
+// A stage killed mid-pipeline: the other stage names itself, its stage and the step, and
+// the dead rank; a resume on the pipeline layout continues bitwise (deterministic mode).
+TEST_F(Cli, KilledPipelineStageStopsTheJobNamingRankStageAndStep) {
+  kill_and_resume(cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --training.steps=300 --checkpoint.every=5 --parallel.pp=2 --training.micro_batch=1 "
+                      "--parallel.deterministic=true --training.eval_every=0"),
+                  "300", {"rank 0 (stage 0 of 2, replica 0) at step ", "rank 1 died"});
 }
 
 }  // namespace

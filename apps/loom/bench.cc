@@ -129,7 +129,9 @@ int run_bench_train(const BenchTrainArgs& a) {
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
-  std::printf("%8s %12s %12s %10s %12s %8s %10s\n", "threads", "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss");
+  std::printf("%10s %8s %12s %12s %10s %12s %8s %10s %10s %10s\n", "recompute", "threads", "step_ms", "tokens/s", "GFLOP/s",
+              "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib");
+  for (const std::string& mode : a.recompute)
   for (int64_t th : a.threads) {
     // The machine is shared: the peak is the best of a measurement before and one after
     // the timed steps, so one noisy moment does not inflate MFU.
@@ -137,7 +139,9 @@ int run_bench_train(const BenchTrainArgs& a) {
     set_compute_threads(static_cast<int>(th));
     nn::Gpt gpt(cfg);
     gpt.init(0);
+    gpt.set_recompute(nn::recompute_named(mode));
     auto opt = optim::make_optimizer({}, gpt.params());
+    size_t kept = 0;  // activation bytes forward leaves for backward (the first, fresh, step)
     nn::GptCtx ctx;
     Rng rng(1234);
     Tensor x = Tensor::zeros({b, t}, DType::kI32), y = Tensor::zeros({b, t}, DType::kI32);
@@ -151,6 +155,7 @@ int run_bench_train(const BenchTrainArgs& a) {
       double t0 = now_s();
       gpt.params().zero_grads();
       loss = gpt.forward(x, y, ctx);
+      if (s == 0) kept = ctx.arena.peak_bytes();
       gpt.backward(ctx, 1.0);
       opt->step(3e-4);
       if (s >= a.warmup) times.push_back(now_s() - t0);
@@ -161,8 +166,11 @@ int run_bench_train(const BenchTrainArgs& a) {
     // Model FLOPs, attention counted in full as the PyTorch peer counts it (Loom skips the
     // masked blocks, so this slightly overstates the arithmetic it really does).
     const double gflops = 3.0 * gpt.forward_flops_per_token(t) * tps / 1e9;
-    std::printf("%8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f\n", static_cast<long long>(th), step * 1e3, tps,
-                gflops, peak, 100.0 * gflops / peak, loss);
+    const double mib = 1 << 20;
+    std::printf("%10s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f\n", mode.c_str(),
+                static_cast<long long>(th), step * 1e3, tps, gflops, peak, 100.0 * gflops / peak, loss,
+                static_cast<double>(kept) / mib,
+                static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib);
     std::fflush(stdout);
   }
   return 0;

@@ -35,6 +35,7 @@ struct BenchTrainArgs {
   std::vector<int64_t> threads = {1, 2};
   int64_t micro_batch = 8, steps = 10, warmup = 3;
   double peak_gflops = 0;  // 0: measure the sgemm peak per thread count
+  std::vector<std::string> recompute = {"none"};  // activation recompute modes to run
 };
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);

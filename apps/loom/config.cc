@@ -53,6 +53,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"training.decay_norms_and_biases", false},
       {"training.eval_every", int64_t{0}},
       {"training.eval_steps", int64_t{10}},
+      {"training.recompute", std::string("none")},
       {"parallel.dp", int64_t{0}},
       {"parallel.tp", int64_t{1}},
       {"parallel.pp", int64_t{1}},
@@ -201,6 +202,9 @@ void Config::check_layout(int world, const std::function<std::string(const std::
   if (i("parallel.microbatches") != 0 && i("parallel.microbatches") != micro)
     throw InputError(cat(where("parallel.microbatches"), " = ", i("parallel.microbatches"), ": a step has training.global_batch / "
                          "(training.micro_batch x parallel.dp) = ", micro, " micro-batches; expected ", micro, " or 0"));
+  if (pp > 1 && s("training.recompute") == "full" && s("parallel.pp_schedule") == "zb-h1")
+    throw InputError(cat(where("training.recompute"), " = \"full\" with parallel.pp_schedule = \"zb-h1\": the deferred "
+                         "weight passes need the activations full recompute discards; expected \"none\" or \"selective\""));
   if (pp == 1) return;
   if (model_kind(*this) != "gpt")
     throw InputError(cat(where("parallel.pp"), " = ", pp, ": pipeline stages split a GPT's blocks; model.preset = \"",
@@ -304,6 +308,10 @@ void Config::resolve(int world) {
     throw InputError(cat(where("job.gemm_path"), " = \"", s("job.gemm_path"), "\": picks a kernel of Loom's GEMM, but ",
                          where("job.gemm"), " = \"", s("job.gemm"), "\"; expected \"auto\""));
   one_of("training.optimizer", {"adamw", "sgd"});
+  one_of("training.recompute", {"none", "selective", "full"});
+  if (s("training.recompute") != "none" && std::string(p->kind) != "gpt")
+    throw InputError(cat(where("training.recompute"), " = \"", s("training.recompute"), "\": the ", p->kind,
+                         " model has no transformer blocks to recompute; expected \"none\""));
   one_of("comm.transport", {"auto", "shm", "tcp", "mpi"});
   one_of("comm.grad_dtype", {"f32", "bf16"});
   one_of("comm.param_dtype", {"f32", "bf16"});

@@ -159,6 +159,8 @@ int run_launch(const LaunchArgs& a) {
   }
 
   int first_failure = -1;  // index into children
+  bool first_signaled = false;
+  std::chrono::steady_clock::time_point first_failure_at;
   auto terminate_others = [&] {
     for (auto& c : children)
       if (!c.exited) ::kill(c.pid, SIGTERM);
@@ -188,8 +190,17 @@ int run_launch(const LaunchArgs& a) {
     }
     if (pass_failure >= 0 && first_failure < 0) {
       first_failure = pass_failure;
-      deadline_term = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      deadline_kill = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+      first_signaled = pass_signaled;
+      first_failure_at = std::chrono::steady_clock::now();
+      deadline_term = first_failure_at + std::chrono::milliseconds(500);
+      deadline_kill = first_failure_at + std::chrono::milliseconds(1500);
+    } else if (pass_failure >= 0 && pass_signaled && !first_signaled &&
+               std::chrono::steady_clock::now() < first_failure_at + std::chrono::milliseconds(250)) {
+      // A killed process stops being readable (its peers see it gone) a moment before its
+      // parent can reap it, so a peer that noticed may exit first: the killed rank is the
+      // one to name.
+      first_failure = pass_failure;
+      first_signaled = true;
     }
     bool all_exited = std::all_of(children.begin(), children.end(), [](const Child& c) { return c.exited; });
     if (all_exited && open_pipes == 0) break;

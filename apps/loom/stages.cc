@@ -15,6 +15,26 @@ Mesh mesh_coordinates(const Config& c, int rank) {
   return m;
 }
 
+void check_same_layout(comm::Communicator& world, const Config& c) {
+  std::string mine = cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
+                         c.i("parallel.virtual_stages"), " pp_schedule=", c.s("parallel.pp_schedule"), " zero=",
+                         c.i("parallel.zero"), " deterministic=", c.b("parallel.deterministic"), " global_batch=",
+                         c.i("training.global_batch"), " micro_batch=", c.i("training.micro_batch"), " n_layer=",
+                         c.i("model.n_layer"), " d_model=", c.i("model.d_model"));
+  constexpr size_t kWidth = 256;
+  mine.resize(kWidth, ' ');
+  std::string all(kWidth * static_cast<size_t>(world.size()), ' ');
+  comm::all_gather(world, {.input = mine.data(), .output = all.data(), .count = kWidth, .dtype = DType::kU8});
+  auto layout = [&](int r) {
+    std::string s = all.substr(static_cast<size_t>(r) * kWidth, kWidth);
+    return s.substr(0, s.find_last_not_of(' ') + 1);
+  };
+  for (int r = 1; r < world.size(); ++r)
+    if (layout(r) != layout(0))
+      throw InputError(cat("rank ", r, " was started with the layout \"", layout(r), "\" but rank 0 with \"", layout(0),
+                           "\"; every rank must be given the same [parallel], [training] batch and [model] settings"));
+}
+
 void split_mesh(comm::Communicator& world, Mesh& m) {
   LOOM_CHECK(m.pp > 1);
   m.dp = world.split(m.stage, m.dp_index);
@@ -57,8 +77,23 @@ void copy_by_name(const ParamSet& layout, const Tensor& from, const ParamSet& wh
 
 }  // namespace
 
+namespace {
+void gather_stages_impl(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                        ParamSet* whole, optim::FlatState* whole_state);
+}  // namespace
+
 void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
                    ParamSet* whole, optim::FlatState* whole_state) {
+  try {
+    gather_stages_impl(m, model, mine, state, whole, whole_state);
+  } catch (const comm::CommError& e) {
+    throw RuntimeError(cat("gathering the pipeline stages' weights onto stage 0: ", e.what()));
+  }
+}
+
+namespace {
+void gather_stages_impl(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                        ParamSet* whole, optim::FlatState* whole_state) {
   comm::Communicator& pipe = *m.pipe;
   auto send = [&](const Tensor& t) {
     comm::send(pipe, {.buffer = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = DType::kF32, .peer = 0});
@@ -98,5 +133,6 @@ void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mi
   }
   if (whole_state) whole_state->steps = state->steps;
 }
+}  // namespace
 
 }  // namespace loom::app

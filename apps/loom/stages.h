@@ -22,11 +22,20 @@ struct Mesh {
   std::unique_ptr<comm::Communicator> tied;  // first and last stage (the tied embedding)
 
   bool first() const { return stage == 0; }
+  // The job rank of each stage of this replica's pipeline.
+  std::vector<int> stage_ranks() const {
+    std::vector<int> r;
+    for (int s = 0; s < pp; ++s) r.push_back(s * dp_size + dp_index);
+    return r;
+  }
   bool last() const { return stage == pp - 1; }
 };
 
 // The config's layout for this rank. REQUIRES: c resolved against `rank`'s world.
 Mesh mesh_coordinates(const Config& c, int rank);
+// Refuses (InputError naming both ranks and layouts) ranks started with different layouts
+// or model shapes. Collective over world.
+void check_same_layout(comm::Communicator& world, const Config& c);
 // Splits `world` into the mesh's communicators. Collective over world (pp > 1 only).
 void split_mesh(comm::Communicator& world, Mesh& mesh);
 // What of the GPT this rank holds.

@@ -52,6 +52,7 @@ class GptTask : public Task {
     }
     micro_batch_ = c.i("training.micro_batch");
     gpt_.init(static_cast<uint64_t>(c.i("job.seed")));
+    gpt_.set_recompute(nn::recompute_named(c.s("training.recompute")));
   }
 
   ParamSet& params() override { return gpt_.params(); }

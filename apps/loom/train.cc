@@ -184,6 +184,7 @@ int run_train(const TrainArgs& a) {
   auto world = comm::join_world(
       env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
       server, store);
+  check_same_layout(*world, c);
   if (piped) split_mesh(*world, mesh);
   comm::Communicator& dp_comm = piped ? *mesh.dp : *world;
   parallel::DataParallel dp(dp_comm, params, oc,
@@ -202,7 +203,7 @@ int run_train(const TrainArgs& a) {
         *mesh.pipe,
         parallel::make_schedule(parallel::schedule_kind_named(c.s("parallel.pp_schedule")), mesh.pp,
                                 static_cast<int>(accum), mesh.v),
-        *task->gpt());
+        *task->gpt(), mesh.stage_ranks());
     if (lead) whole.emplace(gpt_config(c));
   }
   // Collective over the pipeline (replica 0 only; the others hold the same weights).
@@ -380,8 +381,9 @@ int run_train(const TrainArgs& a) {
         }
       }
     } catch (const RuntimeError& e) {
-      // Names the step, so a dead peer's line says when it happened.
-      throw RuntimeError(cat("rank ", env.rank, " at step ", step + 1, ": ", e.what()));
+      // Names the step (and the stage), so a dead peer's line says when and where it happened.
+      throw RuntimeError(cat("rank ", env.rank, piped ? cat(" (stage ", mesh.stage, " of ", mesh.pp, ", replica ", mesh.dp_index, ")") : "",
+                             " at step ", step + 1, ": ", e.what()));
     }
   }
   progress.finish();

@@ -95,6 +95,10 @@ struct CommConfig {
   // Which machine this rank is on, for topology (same id -> same host). Empty: detected
   // from hostname, boot id and network namespace (or $LOOM_HOST_ID).
   std::string host_id;
+  // The job rank of each member, so that errors name ranks as the job knows them; split
+  // fills it for sub-groups. Empty: the group's own ranks.
+  std::vector<int> job_ranks;
+  int job_rank(int r) const { return r >= 0 && r < static_cast<int>(job_ranks.size()) ? job_ranks[r] : r; }
 };
 
 // A group of ranks. Create with Communicator::create (world) or split (sub-group).

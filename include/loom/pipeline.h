@@ -42,8 +42,9 @@ struct PipelineStats {
 class Pipeline {
  public:
   // pp: the pipeline group, rank = stage. gpt holds stage_part(...) of this stage; the
-  // schedule's stages equal pp.size(). Collective over pp (creates the links).
-  Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt);
+  // schedule's stages equal pp.size(). stage_ranks: each stage's rank in the job, for
+  // error messages (empty: stages only). Collective over pp (creates the links).
+  Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt, std::vector<int> stage_ranks = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -57,7 +58,8 @@ class Pipeline {
   // dp.begin_micro_step(false) and dp.end_micro_step() (so deterministic mode sums it
   // exactly). The caller then finishes the step (sum_tied_gradients, the last micro-step,
   // finish_step). Returns the micro-batch losses on the last stage, empty elsewhere.
-  // RuntimeError (a CommError) when a neighbour dies or stalls, naming it.
+  // RuntimeError when a neighbour dies or stalls, naming this stage, the micro-batch, the
+  // transfer and the neighbour's stage and rank.
   std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp);
 
   const PipelineStats& stats() const;

@@ -67,12 +67,14 @@ void place(Communicator::Impl& m, const std::vector<std::string>& ids) {
     m.window = ShmWindow::create(*m.store, m.name, m.rank, m.size, m.config.shm_slot_bytes, d);
     topo.window = m.window.get();
     topo.window->set_check_fingerprints(m.config.check_fingerprints);
+    topo.window->set_job_ranks(m.config.job_ranks);
   } else if (local.size() > 1) {
     int local_rank = static_cast<int>(std::find(local.begin(), local.end(), m.rank) - local.begin());
     m.host_window = ShmWindow::create(*m.store, cat(m.name, "/host", local[0]), local_rank,
                                       static_cast<int>(local.size()), m.config.shm_slot_bytes, d, local);
     topo.window = m.host_window.get();
     topo.window->set_check_fingerprints(m.config.check_fingerprints);
+    topo.window->set_job_ranks(m.config.job_ranks);
   }
 }
 
@@ -169,7 +171,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::sort(members.begin(), members.end());
   int new_rank = static_cast<int>(
       std::find(members.begin(), members.end(), std::make_pair(key, m.rank)) - members.begin());
-  return create(*m.store, new_rank, static_cast<int>(members.size()), m.config, sub_name);
+  CommConfig sub = m.config;
+  sub.job_ranks.clear();
+  for (const auto& [k, old_rank] : members) sub.job_ranks.push_back(m.config.job_rank(old_rank));
+  return create(*m.store, new_rank, static_cast<int>(members.size()), sub, sub_name);
 }
 
 Work Communicator::Impl::submit_async(const Fingerprint& fp, std::function<void()> fn, bool p2p,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/matmul.h"
+#include "loom/error.h"
 #include "loom/rng.h"
 #include "nn/dispatch.h"
 
@@ -27,6 +28,18 @@ Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part) : config_(config), 
   }
   if (part_.head) ln_f_ = LayerNorm(params_, "transformer.ln_f", c);
   params_.allocate();
+}
+
+Recompute recompute_named(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  throw InputError(cat("recompute \"", name, "\": expected none, selective or full"));
+}
+
+void Gpt::set_recompute(Recompute mode) {
+  recompute_ = mode;
+  for (Block& b : blocks_) b.attn.recompute_scratch = mode == Recompute::kSelective ? &scratch_ : nullptr;
 }
 
 bool Gpt::holds_block(int64_t block) const {
@@ -95,7 +108,16 @@ Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx)
   for (int64_t l = lo; l < hi; ++l) {
     LOOM_CHECK(holds_block(l));
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
-    h = blocks_[l].forward(h, ctx.blocks[l], ctx.arena);
+    if (recompute_ == Recompute::kFull) {  // keep the input; the rest lives in the workspace
+      ctx.blocks[l].input = h;
+      scratch_.reset();
+      BlockCtx discard;
+      Tensor y = blocks_[l].forward(h, discard, scratch_);
+      h = ctx.arena.alloc(y.shape(), y.dtype());
+      h.copy_from(y);
+    } else {
+      h = blocks_[l].forward(h, ctx.blocks[l], ctx.arena);
+    }
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
   }
   return h;
@@ -168,7 +190,17 @@ Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ct
   Tensor dx = dy;
   for (int64_t l = hi; l-- > lo;) {
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
-    dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena, defer_weights);
+    if (recompute_ == Recompute::kFull) {  // the block's forward again, then its backward
+      LOOM_CHECK(!defer_weights);
+      scratch_.reset();
+      BlockCtx again;
+      blocks_[l].forward(ctx.blocks[l].input, again, scratch_);
+      Tensor d = blocks_[l].backward(dx, again, scratch_);
+      dx = ctx.arena.alloc(d.shape(), d.dtype());
+      dx.copy_from(d);
+    } else {
+      dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena, defer_weights);
+    }
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   return dx;

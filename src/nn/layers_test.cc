@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "kernels/gemm/gemm.h"
+#include "loom/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
 #include "loom/nn/mlp.h"
@@ -359,6 +360,44 @@ TEST(Gpt, DeferredWeightGradientsAndPartsEqualTheWhole) {
     Tensor mine = part.params().value(part.params().find(p.name)), theirs = gpt.params().value(gpt.params().find(p.name));
     EXPECT_EQ(std::memcmp(mine.raw(), theirs.raw(), mine.nbytes()), 0) << p.name;
   }
+}
+}  // namespace
+}  // namespace loom::nn
+
+// Activation recompute trades memory for a second forward: the gradients do not change by
+// a bit, and each mode keeps less per micro-batch than the one before.
+namespace loom::nn {
+namespace {
+TEST(Gpt, RecomputeKeepsTheBitsAndLessMemory) {
+  GptConfig cfg{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 13};
+  Tensor tokens = Tensor::zeros({2, 32}, DType::kI32), targets = Tensor::zeros({2, 32}, DType::kI32);
+  Rng r(8);
+  for (int i = 0; i < 64; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
+  }
+  std::vector<float> want;
+  size_t kept_before = 0;
+  for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    Gpt gpt(cfg);
+    gpt.init(9);
+    gpt.set_recompute(mode);
+    GptCtx ctx;
+    const double loss = gpt.forward(tokens, targets, ctx);
+    const size_t kept = ctx.arena.peak_bytes();  // what forward leaves for backward
+    gpt.backward(ctx, 1.0);
+    const float* g = gpt.params().grads().data<float>();
+    std::vector<float> got(g, g + gpt.params().numel());
+    if (mode == Recompute::kNone) {
+      want = got;
+      EXPECT_GT(loss, 0);
+    } else {
+      EXPECT_TRUE(got == want) << "recompute mode " << static_cast<int>(mode) << " changed the gradients";
+      EXPECT_LT(kept, kept_before) << "recompute mode " << static_cast<int>(mode);
+    }
+    kept_before = kept;
+  }
+  EXPECT_THROW(recompute_named("some"), InputError);
 }
 }  // namespace
 }  // namespace loom::nn

@@ -58,7 +58,28 @@ struct Pipeline::Impl {
   std::map<std::pair<int, int>, int> actions_per_slot;  // from the list
   PipelineStats stats;
 
-  Impl(comm::Communicator& c, Schedule s, nn::Gpt& g) : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()) {}
+  std::vector<int> stage_ranks;
+
+  Impl(comm::Communicator& c, Schedule s, nn::Gpt& g, std::vector<int> r)
+      : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()), stage_ranks(std::move(r)) {}
+
+  std::string stage_name(int s) const {
+    return stage_ranks.empty() ? cat("stage ", s) : cat("stage ", s, " (rank ", stage_ranks[s], ")");
+  }
+
+  // What an action moves, and with whom: for error messages.
+  std::string describe(const PipeAction& a) const {
+    const int p = schedule.stages, vs = schedule.virtual_stage(stage, a.chunk);
+    const std::string mb = cat(" of micro-batch ", a.microbatch);
+    switch (a.op) {
+      case PipeOp::kRecvActivation:
+      case PipeOp::kForward:
+        return cat("activations", mb, " from ", stage_name((vs - 1 + p) % p));
+      case PipeOp::kSendActivation: return cat("activations", mb, " to ", stage_name((vs + 1) % p));
+      case PipeOp::kSendGrad: return cat("gradients", mb, " to ", stage_name((vs - 1 + p) % p));
+      default: return cat("gradients", mb, " from ", stage_name((vs + 1) % p));
+    }
+  }
 
   // Every directed link becomes a two-rank communicator, made by splitting the pipeline
   // group in rounds where no rank is in two links: edge e (stage e -> e + 1, and back for
@@ -123,8 +144,8 @@ struct Pipeline::Impl {
   }
 };
 
-Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt)
-    : impl_(std::make_unique<Impl>(pp, std::move(schedule), gpt)) {
+Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt, std::vector<int> stage_ranks)
+    : impl_(std::make_unique<Impl>(pp, std::move(schedule), gpt, std::move(stage_ranks))) {
   Impl& m = *impl_;
   LOOM_CHECK_EQ(m.schedule.stages, pp.size());
   LOOM_CHECK_EQ(check_schedule(m.schedule), "");
@@ -150,80 +171,87 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
     losses.assign(static_cast<size_t>(s.microbatches), 0.0);
   m.stats = {};
   const Clock::time_point start = Clock::now();
-
-  for (const PipeAction& a : s.actions[st]) {
-    const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
-    const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
-    // A message's tag names it by micro-batch and the virtual stage that produced it.
-    const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
-    auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
-    Impl::Slot& x = m.slot(a.microbatch, a.chunk);
-    const Clock::time_point t0 = Clock::now();
-    switch (a.op) {
-      case PipeOp::kRecvActivation:
-        x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
-                                                  .peer = 0, .tag = tag_of(vs - 1)});
-        break;
-      case PipeOp::kRecvGrad:
-        x.recv_grad = comm::recv_async(*m.grad_in, {.buffer = Impl::buffer(x.grad_in, act_shape).raw(), .count = count,
-                                                    .peer = 0, .tag = tag_of(vs + 1)});
-        break;
-      case PipeOp::kSendActivation:
-        x.send_act = comm::send_async(*m.act_out, {.buffer = x.output.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
-        break;
-      case PipeOp::kSendGrad:
-        x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
-        break;
-      case PipeOp::kForward: {
-        m.gpt.begin(x.ctx, b, t);
-        Tensor in;
-        std::pair<Tensor, Tensor> data;
-        if (first || last) data = batch(a.microbatch);
-        if (first) {
-          in = m.gpt.embed(data.first, x.ctx);
-        } else {
-          x.recv_act.wait();
-          in = x.input;
+  const PipeAction* current = nullptr;
+  try {
+    for (const PipeAction& a : s.actions[st]) {
+      current = &a;
+      const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
+      const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
+      // A message's tag names it by micro-batch and the virtual stage that produced it.
+      const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
+      auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
+      Impl::Slot& x = m.slot(a.microbatch, a.chunk);
+      const Clock::time_point t0 = Clock::now();
+      switch (a.op) {
+        case PipeOp::kRecvActivation:
+          x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
+                                                    .peer = 0, .tag = tag_of(vs - 1)});
+          break;
+        case PipeOp::kRecvGrad:
+          x.recv_grad = comm::recv_async(*m.grad_in, {.buffer = Impl::buffer(x.grad_in, act_shape).raw(), .count = count,
+                                                      .peer = 0, .tag = tag_of(vs + 1)});
+          break;
+        case PipeOp::kSendActivation:
+          x.send_act = comm::send_async(*m.act_out, {.buffer = x.output.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+          break;
+        case PipeOp::kSendGrad:
+          x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+          break;
+        case PipeOp::kForward: {
+          m.gpt.begin(x.ctx, b, t);
+          Tensor in;
+          std::pair<Tensor, Tensor> data;
+          if (first || last) data = batch(a.microbatch);
+          if (first) {
+            in = m.gpt.embed(data.first, x.ctx);
+          } else {
+            x.recv_act.wait();
+            in = x.input;
+          }
+          Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
+          if (last) losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
+          else x.output = h;
+          break;
         }
-        Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
-        if (last) losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
-        else x.output = h;
-        break;
-      }
-      case PipeOp::kBackward:
-      case PipeOp::kBackwardInput: {
-        // The input gradients; kBackwardInput leaves the linear layers' and the head's
-        // weight gradients to kBackwardWeight. Embedding gradients are taken here either way.
-        const bool defer = a.op == PipeOp::kBackwardInput;
-        Tensor dy;
-        if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
+        case PipeOp::kBackward:
+        case PipeOp::kBackwardInput: {
+          // The input gradients; kBackwardInput leaves the linear layers' and the head's
+          // weight gradients to kBackwardWeight. Embedding gradients are taken here either way.
+          const bool defer = a.op == PipeOp::kBackwardInput;
+          Tensor dy;
+          if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
+            dp.begin_micro_step(false);
+            dy = m.gpt.backward_head(x.ctx, scale, defer);
+            dp.end_micro_step();
+          } else {
+            x.recv_grad.wait();
+            dy = x.grad_in;
+          }
           dp.begin_micro_step(false);
-          dy = m.gpt.backward_head(x.ctx, scale, defer);
+          Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx, defer);
+          if (first) m.gpt.backward_embed(dx, x.ctx);
+          else x.dx = dx;
           dp.end_micro_step();
-        } else {
-          x.recv_grad.wait();
-          dy = x.grad_in;
+          break;
         }
-        dp.begin_micro_step(false);
-        Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx, defer);
-        if (first) m.gpt.backward_embed(dx, x.ctx);
-        else x.dx = dx;
-        dp.end_micro_step();
-        break;
+        case PipeOp::kBackwardWeight:
+          dp.begin_micro_step(false);
+          m.gpt.backward_weights(lo, hi, last, x.ctx);
+          dp.end_micro_step();
+          break;
       }
-      case PipeOp::kBackwardWeight:
-        dp.begin_micro_step(false);
-        m.gpt.backward_weights(lo, hi, last, x.ctx);
-        dp.end_micro_step();
-        break;
+      if (pipe_op_computes(a.op)) m.stats.busy_ms += ms_between(t0, Clock::now());
+      m.done_with(a.microbatch, a.chunk);
     }
-    if (pipe_op_computes(a.op)) m.stats.busy_ms += ms_between(t0, Clock::now());
-    m.done_with(a.microbatch, a.chunk);
-  }
-  // Every send must be through before the buffers it reads are reused.
-  for (auto& r : m.retiring) {
-    r->send_act.wait();
-    r->send_grad.wait();
+    // Every send must be through before the buffers it reads are reused.
+    current = nullptr;
+    for (auto& r : m.retiring) {
+      r->send_act.wait();
+      r->send_grad.wait();
+    }
+  } catch (const comm::CommError& e) {
+    throw RuntimeError(cat("pipeline stage ", st, ": ", current ? cat("moving ", m.describe(*current)) : "finishing its sends",
+                           ": ", e.what()));
   }
   for (auto& r : m.retiring) m.free_slots.push_back(std::move(r));
   m.retiring.clear();

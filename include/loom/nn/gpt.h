@@ -24,6 +24,13 @@ struct GptConfig {
   int64_t vocab_size = 256;
 };
 
+// Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
+// backward. kSelective drops each block's attention probabilities (B x NH x T x T) and
+// recomputes them; kFull keeps only each block's input and reruns the block's forward in
+// backward. Gradients are bitwise equal to kNone (the kernels are deterministic).
+enum class Recompute : uint8_t { kNone, kSelective, kFull };
+Recompute recompute_named(const std::string& name);  // InputError for an unknown name
+
 // What of the model this process holds (pipeline stages, docs/parallelism.md); the
 // default is all of it. Parameters keep their global names and blocks their global ids.
 struct GptPart {
@@ -87,6 +94,12 @@ class Gpt {
 
   const GptConfig& config() const { return config_; }
   const GptPart& part() const { return part_; }
+  // REQUIRES: not kFull with backward's defer_weights (the weight passes need the
+  // activations full recompute discards).
+  void set_recompute(Recompute mode);
+  Recompute recompute() const { return recompute_; }
+  // Peak bytes of the recompute workspace (one block's activations at a time).
+  size_t recompute_peak_bytes() const { return scratch_.peak_bytes(); }
   bool holds_block(int64_t block) const;
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
@@ -104,6 +117,8 @@ class Gpt {
   Embedding wte_, wpe_;
   std::vector<Block> blocks_;  // by global id; the ones not held are empty
   LayerNorm ln_f_;
+  Recompute recompute_ = Recompute::kNone;
+  mutable Arena scratch_;  // recompute's workspace; one thread drives a model
 };
 
 }  // namespace loom::nn

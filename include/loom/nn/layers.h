@@ -115,6 +115,10 @@ class CausalSelfAttention {
 
   Linear c_attn, c_proj;
   int64_t c = 0, n_head = 0;
+  // Selective recompute: when set, the (B, NH, T, T) attention probabilities live in this
+  // arena only while forward or backward runs (each resets it), and backward recomputes
+  // them from the saved qkv: the same bits, B x NH x T x T fewer floats kept per block.
+  Arena* recompute_scratch = nullptr;
 };
 
 struct MlpCtx {
@@ -136,6 +140,7 @@ class Mlp {
 };
 
 struct BlockCtx {
+  Tensor input;  // full recompute: the block's input, the only activation it keeps
   LayerNormCtx ln_1, ln_2;
   AttentionCtx attn;
   MlpCtx mlp;

@@ -291,7 +291,7 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
             std::string who;
             for (int p : culprits) who += (who.empty() ? "rank " : ", rank ") + std::to_string(p);
             throw TimeoutError(cat(who, " made no progress for ", timeout.count(),
-                                   " ms while this rank (rank ", ranks_[rank_], ") is in ", cur.describe(),
+                                   " ms while this rank (rank ", job(rank_), ") is in ", cur.describe(),
                                    " (stopped, hung, or in another op)"),
                                culprits.front());
           }
@@ -305,8 +305,8 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
     Fingerprint theirs{static_cast<OpKind>(s.kind), static_cast<DType>(s.dtype),
                        static_cast<ReduceOp>(s.op), s.root, s.count, s.seq};
     if (!theirs.matches(cur))
-      throw MismatchError(cat("mismatched collectives: this rank (rank ", ranks_[rank_], ") called ",
-                              cur.describe(), " but rank ", ranks_[peer], " called ", theirs.describe()),
+      throw MismatchError(cat("mismatched collectives: this rank (rank ", job(rank_), ") called ",
+                              cur.describe(), " but rank ", job(peer), " called ", theirs.describe()),
                           ranks_[peer]);
   }
   // A rank posts a round only once it is done with every earlier one: wait_slot_free()
@@ -321,9 +321,9 @@ void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, si
   errno = 0;
   if (!read_process(pids_[peer], addr + offset, dst, n)) {
     if (errno == ESRCH)  // "rank N died", as a lost connection says it, so logs need one pattern
-      throw PeerLostError(cat("rank ", ranks_[peer], " died: its process (pid ", pids_[peer], ") is gone"),
+      throw PeerLostError(cat("rank ", job(peer), " died: its process (pid ", pids_[peer], ") is gone"),
                           ranks_[peer]);
-    throw PeerLostError(cat("rank ", ranks_[peer], " (pid ", pids_[peer], "): reading its memory failed (",
+    throw PeerLostError(cat("rank ", job(peer), " (pid ", pids_[peer], "): reading its memory failed (",
                             errno ? std::strerror(errno) : "nothing read", ")"),
                         ranks_[peer]);
   }

@@ -113,6 +113,8 @@ class ShmWindow {
   bool oversubscribed() const { return oversubscribed_; }  // more ranks than cores
   // Off: waits skip the fingerprint compare (CommConfig::check_fingerprints).
   void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
+  // How errors name ranks: the job rank of each transport rank (CommConfig::job_ranks).
+  void set_job_ranks(std::vector<int> job_ranks) { job_ranks_ = std::move(job_ranks); }
   // Copies `n` bytes from `peer`'s published address for `round`, plus `offset`, to `dst`.
   // REQUIRES: single_copy(), and peer's kPosted for `round` was waited for.
   void read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const;
@@ -146,6 +148,11 @@ class ShmWindow {
   uint64_t round_ = 0;
   uint64_t spin_limit_ = 2000;  // pause-loop iterations before yielding
   std::vector<int> ranks_;      // transport rank of each window rank
+  std::vector<int> job_ranks_;  // the job rank of each transport rank (empty: the same), for messages
+  int job(int window_rank) const {
+    const int t = ranks_[window_rank];
+    return t < static_cast<int>(job_ranks_.size()) ? job_ranks_[t] : t;
+  }
   std::vector<int> pids_;       // process of each window rank
   std::vector<uint64_t> posted_;  // per rank: the latest round it was seen to post
   bool single_copy_ = false;

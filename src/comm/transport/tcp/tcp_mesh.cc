@@ -52,6 +52,7 @@ struct Peer {
 
 struct TcpMesh::Impl {
   int rank = 0, size = 0;
+  int job_rank = 0;          // how messages name this rank (CommConfig::job_ranks)
   bool fingerprints = true;  // CommConfig::check_fingerprints
   Store* store = nullptr;
   std::string name;
@@ -60,7 +61,7 @@ struct TcpMesh::Impl {
   std::vector<PeerInfo> infos;
 
   [[noreturn]] void lost(int p, const std::string& how, const Fingerprint& cur) {
-    throw PeerLostError(cat(peers[p].who, " ", how, " while this rank (rank ", rank, ") is in ",
+    throw PeerLostError(cat(peers[p].who, " ", how, " while this rank (rank ", job_rank, ") is in ",
                             cur.describe()),
                         p);
   }
@@ -120,7 +121,7 @@ struct TcpMesh::Impl {
         moved |= peer.hdr_got != before;
         if (!whole) return moved;
         peer.data_waiting = false;
-        if (check_frame(peer.hdr, op.fp, op.bytes, peer.who, rank, p, fingerprints) != FrameType::kData) {
+        if (check_frame(peer.hdr, op.fp, op.bytes, peer.who, job_rank, p, fingerprints) != FrameType::kData) {
           control_frame(p);
           if (peer.left) lost(p, cat("left the communicator after ", peer.left_after, " ops"), cur);
           continue;
@@ -264,7 +265,7 @@ void TcpMesh::wait_all(milliseconds timeout, const Fingerprint& cur) {
         for (int p : culprits) silent += (silent.empty() ? "" : ", ") + m.peers[p].who;
         throw TimeoutError(cat(silent, " moved no data for ",
                                std::chrono::duration_cast<milliseconds>(timeout).count(),
-                               " ms while this rank (rank ", m.rank, ") is in ", cur.describe(),
+                               " ms while this rank (rank ", m.job_rank, ") is in ", cur.describe(),
                                " (stopped, hung, or its link is down)"),
                            first);
       }
@@ -402,7 +403,8 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
   impl->store = &store;
   impl->name = name;
   impl->peers.resize(size);
-  for (int p = 0; p < size; ++p) impl->peers[p].who = cat("rank ", p);
+  impl->job_rank = config.job_rank(rank);
+  for (int p = 0; p < size; ++p) impl->peers[p].who = cat("rank ", config.job_rank(p));
   Deadline d = Clock::now() + config.timeout;
   if (config.secret.empty() && !net::is_loopback(config.bind_address))
     throw InputError(cat("refusing to listen on non-loopback address ", config.bind_address,
