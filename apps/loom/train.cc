@@ -317,14 +317,26 @@ int run_train(const TrainArgs& a) {
         if (tracing) tracer->pop();
       }
       const double loss = dp.mean_loss(micro_losses);
-      double bubble = -1;  // pipelines: 1 - compute / (stages x the slowest stage's step)
+      // Pipelines: the measured bubble, 1 - compute / (stages x the slowest stage's step),
+      // and the simulator's prediction from the stages' measured costs.
+      double bubble = -1, predicted = -1;
       if (piped) {
-        double mine[2] = {pipe->stats().busy_ms, pipe->stats().step_ms};
-        std::vector<double> all(2 * static_cast<size_t>(mesh.pp));
-        comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = 2, .dtype = DType::kF64});
+        const parallel::PipelineStats& ps = pipe->stats();
+        constexpr size_t kN = 6;
+        double mine[kN] = {ps.busy_ms, ps.step_ms, ps.costs.forward_ms, ps.costs.backward_ms, ps.costs.backward_input_ms,
+                           ps.costs.backward_weight_ms};
+        std::vector<double> all(kN * static_cast<size_t>(mesh.pp));
+        comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = kN, .dtype = DType::kF64});
         double busy = 0, longest = 0;
-        for (int s = 0; s < mesh.pp; ++s) busy += all[2 * s], longest = std::max(longest, all[2 * s + 1]);
+        std::vector<parallel::PipeCosts> costs;
+        for (int s = 0; s < mesh.pp; ++s) {
+          const double* x = all.data() + kN * s;
+          busy += x[0];
+          longest = std::max(longest, x[1]);
+          costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5]});
+        }
         bubble = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0;
+        predicted = parallel::simulate_stages(pipe->schedule(), costs).bubble;
       }
       const double lr = optim::lr_at(sched, step);
       if (tracing) tracer->push("optimizer step");
@@ -348,7 +360,7 @@ int run_train(const TrainArgs& a) {
           .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
-      if (piped) line.add("pp_bubble", bubble);
+      if (piped) line.add("pp_bubble", bubble).add("pp_bubble_predicted", predicted);
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates

@@ -37,6 +37,9 @@ struct PipelineStats {
   double step_ms = 0;  // from the first action to the last
   double busy_ms = 0;  // forward and backward compute
   int peak_in_flight = 0;  // chunk contexts alive at once (activations held)
+  // This stage's measured costs in the simulator's terms (per micro-batch, whole stage),
+  // so that simulate() can predict the step the executor just ran.
+  parallel::PipeCosts costs;
 };
 
 class Pipeline {
@@ -63,6 +66,7 @@ class Pipeline {
   std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp);
 
   const PipelineStats& stats() const;
+  const Schedule& schedule() const;
   int stage() const;
 
  private:

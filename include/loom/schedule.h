@@ -107,6 +107,9 @@ struct Simulation {
 // when the lists deadlock (naming the stages and what each waits for) or fail
 // check_schedule.
 Simulation simulate(const Schedule& s, const PipeCosts& costs);
+// The same with each stage's own costs (measured stages differ: the first embeds, the last
+// computes the head and the loss); a send's transfer_ms is the sender's.
+Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage);
 
 // The bubble fraction the closed forms give for uniform stages and free transfers:
 // GPipe and 1F1B (p-1)/(m+p-1), interleaved (p-1)/(v m+p-1), ZB-H1 with

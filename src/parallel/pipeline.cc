@@ -158,6 +158,7 @@ Pipeline::~Pipeline() = default;
 
 const PipelineStats& Pipeline::stats() const { return impl_->stats; }
 int Pipeline::stage() const { return impl_->stage; }
+const Schedule& Pipeline::schedule() const { return impl_->schedule; }
 
 std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp) {
   Impl& m = *impl_;
@@ -171,6 +172,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
     losses.assign(static_cast<size_t>(s.microbatches), 0.0);
   m.stats = {};
   const Clock::time_point start = Clock::now();
+  double op_ms[4] = {};  // forward, backward, backward input, backward weight: summed
+  int op_count[4] = {};
   const PipeAction* current = nullptr;
   try {
     for (const PipeAction& a : s.actions[st]) {
@@ -181,6 +184,9 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
       auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
       Impl::Slot& x = m.slot(a.microbatch, a.chunk);
+      // Waiting for a neighbour is idle time, not compute.
+      if (a.op == PipeOp::kForward && !first) x.recv_act.wait();
+      if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) x.recv_grad.wait();
       const Clock::time_point t0 = Clock::now();
       switch (a.op) {
         case PipeOp::kRecvActivation:
@@ -205,7 +211,6 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           if (first) {
             in = m.gpt.embed(data.first, x.ctx);
           } else {
-            x.recv_act.wait();
             in = x.input;
           }
           Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
@@ -224,7 +229,6 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
             dy = m.gpt.backward_head(x.ctx, scale, defer);
             dp.end_micro_step();
           } else {
-            x.recv_grad.wait();
             dy = x.grad_in;
           }
           dp.begin_micro_step(false);
@@ -240,7 +244,13 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           dp.end_micro_step();
           break;
       }
-      if (pipe_op_computes(a.op)) m.stats.busy_ms += ms_between(t0, Clock::now());
+      if (pipe_op_computes(a.op)) {
+        const double ms = ms_between(t0, Clock::now());
+        m.stats.busy_ms += ms;
+        const int k = a.op == PipeOp::kForward ? 0 : a.op == PipeOp::kBackward ? 1 : a.op == PipeOp::kBackwardInput ? 2 : 3;
+        op_ms[k] += ms;
+        ++op_count[k];
+      }
       m.done_with(a.microbatch, a.chunk);
     }
     // Every send must be through before the buffers it reads are reused.
@@ -257,6 +267,10 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   m.retiring.clear();
   LOOM_CHECK(m.live.empty());
   m.stats.step_ms = ms_between(start, Clock::now());
+  // Means per chunk action, times v: the simulator's per-stage terms.
+  auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * v : 0.0; };
+  m.stats.costs = {.forward_ms = mean(0), .backward_ms = mean(1) > 0 ? mean(1) : mean(2) + mean(3),
+                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3)};
   return losses;
 }
 

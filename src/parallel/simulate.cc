@@ -26,6 +26,11 @@ double compute_cost(const PipeCosts& c, PipeOp op, int v) {
 }  // namespace
 
 Simulation simulate(const Schedule& s, const PipeCosts& costs) {
+  return simulate_stages(s, std::vector<PipeCosts>(static_cast<size_t>(s.stages), costs));
+}
+
+Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage) {
+  LOOM_CHECK_EQ(per_stage.size(), static_cast<size_t>(s.stages));
   if (std::string problem = check_schedule(s); !problem.empty()) throw RuntimeError("pipeline schedule: " + problem);
   const int p = s.stages, v = s.virtual_stages;
   Simulation sim;
@@ -54,11 +59,11 @@ Simulation simulate(const Schedule& s, const PipeCosts& costs) {
             now[st] = it->second;
           }
         } else if (a.op == PipeOp::kSendActivation) {
-          arrival[{true, a.microbatch, vs + 1}] = now[st] + costs.transfer_ms;
+          arrival[{true, a.microbatch, vs + 1}] = now[st] + per_stage[st].transfer_ms;
         } else if (a.op == PipeOp::kSendGrad) {
-          arrival[{false, a.microbatch, vs - 1}] = now[st] + costs.transfer_ms;
+          arrival[{false, a.microbatch, vs - 1}] = now[st] + per_stage[st].transfer_ms;
         } else {
-          const double d = compute_cost(costs, a.op, v);
+          const double d = compute_cost(per_stage[st], a.op, v);
           sim.timeline.push_back({st, a, now[st], now[st] + d});
           now[st] += d;
           sim.busy_ms[st] += d;
@@ -87,7 +92,7 @@ Simulation simulate(const Schedule& s, const PipeCosts& costs) {
   double busy = 0;
   for (double b : sim.busy_ms) busy += b;
   sim.bubble = sim.step_ms > 0 ? 1.0 - busy / (p * sim.step_ms) : 0.0;
-  for (int st = 0; st < p; ++st) sim.peak_activation_mb.push_back(sim.peak_in_flight[st] * costs.activation_mb / v);
+  for (int st = 0; st < p; ++st) sim.peak_activation_mb.push_back(sim.peak_in_flight[st] * per_stage[st].activation_mb / v);
   std::stable_sort(sim.timeline.begin(), sim.timeline.end(),
                    [](const SimulatedAction& a, const SimulatedAction& b) { return a.end_ms < b.end_ms; });
   return sim;
