@@ -62,6 +62,36 @@ parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
   return g;
 }
 
+std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, parallel::DataParallel& dp,
+                                  const parallel::Pipeline::Batch& batch, int64_t b, int64_t t, double scale) {
+  std::vector<double> losses = pipe.run(batch, b, t, scale, dp);
+  losses.resize(static_cast<size_t>(pipe.schedule().microbatches));  // the last stage's, to every stage
+  comm::broadcast(*mesh.pipe, {.buffer = losses.data(), .count = losses.size(), .dtype = DType::kF64, .root = mesh.pp - 1});
+  dp.sum_tied_gradients();
+  dp.begin_micro_step(true);  // every gradient is final: the sums over replicas start
+  dp.end_micro_step();
+  return losses;
+}
+
+PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe) {
+  const parallel::PipelineStats& ps = pipe.stats();
+  constexpr size_t kN = 6;
+  double mine[kN] = {ps.busy_ms, ps.step_ms, ps.costs.forward_ms, ps.costs.backward_ms, ps.costs.backward_input_ms,
+                     ps.costs.backward_weight_ms};
+  std::vector<double> all(kN * static_cast<size_t>(mesh.pp));
+  comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = kN, .dtype = DType::kF64});
+  double busy = 0, longest = 0;
+  std::vector<parallel::PipeCosts> costs;
+  for (int s = 0; s < mesh.pp; ++s) {
+    const double* x = all.data() + kN * s;
+    busy += x[0];
+    longest = std::max(longest, x[1]);
+    costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5]});
+  }
+  return {.measured = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0,
+          .predicted = parallel::simulate_stages(pipe.schedule(), costs).bubble};
+}
+
 namespace {
 
 // Copies [info.offset, +numel) of `from` into `to` at the same name's place in `whole`.

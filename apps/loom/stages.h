@@ -10,6 +10,7 @@
 #include "loom/data_parallel.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim.h"
+#include "loom/pipeline.h"
 
 namespace loom::app {
 
@@ -42,6 +43,20 @@ void split_mesh(comm::Communicator& world, Mesh& mesh);
 nn::GptPart mesh_part(const Config& c, const Mesh& mesh);
 // The tied embedding's place in this stage's flat buffers, for DataParallel.
 parallel::StageGroups stage_groups(const Mesh& mesh, const ParamSet& params);
+
+// One optimizer step's pipeline part: runs the schedule, gives every stage the last stage's
+// micro-batch losses (returned), sums the tied embedding's gradients and starts the sums
+// over replicas (DataParallel's last micro-step). Collective over the mesh.
+std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, parallel::DataParallel& dp,
+                                  const parallel::Pipeline::Batch& batch, int64_t b, int64_t t, double scale);
+
+// The step's bubble as measured, 1 - compute / (stages x the slowest stage's step), and as
+// the simulator predicts it on the same list from the stages' measured costs. Collective
+// over mesh.pipe.
+struct PipelineBubble {
+  double measured = -1, predicted = -1;
+};
+PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe);
 
 // Collective over mesh.pipe: every stage's parameters (and, with `state`, optimizer
 // buffers, same names and order as `*whole_state`) copied by name into `whole` on the first

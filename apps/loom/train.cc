@@ -297,13 +297,8 @@ int run_train(const TrainArgs& a) {
             items[i] = sampler.item(step * global_batch + mesh.dp_index * per_rank + m * micro_batch + i);
           return task->batch(items);
         };
-        micro_losses = pipe->run(batch, micro_batch, c.i("model.seq_len"), 1.0 / static_cast<double>(accum * dp_size), dp);
-        micro_losses.resize(static_cast<size_t>(accum));  // the last stage's, to every stage
-        comm::broadcast(*mesh.pipe, {.buffer = micro_losses.data(), .count = micro_losses.size(), .dtype = DType::kF64,
-                                     .root = mesh.pp - 1});
-        dp.sum_tied_gradients();
-        dp.begin_micro_step(true);  // every gradient is final: the sums over replicas start
-        dp.end_micro_step();
+        micro_losses = pipeline_step(mesh, *pipe, dp, batch, micro_batch, c.i("model.seq_len"),
+                                     1.0 / static_cast<double>(accum * dp_size));
       }
       for (int64_t m = 0; m < (piped ? 0 : accum); ++m) {
         if (tracing) tracer->push(cat("micro-step ", m));
@@ -317,27 +312,7 @@ int run_train(const TrainArgs& a) {
         if (tracing) tracer->pop();
       }
       const double loss = dp.mean_loss(micro_losses);
-      // Pipelines: the measured bubble, 1 - compute / (stages x the slowest stage's step),
-      // and the simulator's prediction from the stages' measured costs.
-      double bubble = -1, predicted = -1;
-      if (piped) {
-        const parallel::PipelineStats& ps = pipe->stats();
-        constexpr size_t kN = 6;
-        double mine[kN] = {ps.busy_ms, ps.step_ms, ps.costs.forward_ms, ps.costs.backward_ms, ps.costs.backward_input_ms,
-                           ps.costs.backward_weight_ms};
-        std::vector<double> all(kN * static_cast<size_t>(mesh.pp));
-        comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = kN, .dtype = DType::kF64});
-        double busy = 0, longest = 0;
-        std::vector<parallel::PipeCosts> costs;
-        for (int s = 0; s < mesh.pp; ++s) {
-          const double* x = all.data() + kN * s;
-          busy += x[0];
-          longest = std::max(longest, x[1]);
-          costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5]});
-        }
-        bubble = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0;
-        predicted = parallel::simulate_stages(pipe->schedule(), costs).bubble;
-      }
+      const PipelineBubble bubble = piped ? pipeline_bubble(mesh, *pipe) : PipelineBubble{};
       const double lr = optim::lr_at(sched, step);
       if (tracing) tracer->push("optimizer step");
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
@@ -360,7 +335,7 @@ int run_train(const TrainArgs& a) {
           .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
-      if (piped) line.add("pp_bubble", bubble).add("pp_bubble_predicted", predicted);
+      if (piped) line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates

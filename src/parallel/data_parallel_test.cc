@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "../comm/comm_testing.h"
+#include "loom_testing.h"
 #include "loom/data.h"
 #include "loom/data_parallel.h"
 #include "loom/nn/gpt.h"
@@ -26,19 +27,8 @@ constexpr int kSteps = 20;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 const nn::GptConfig kModel{.n_layer = 2, .n_head = 2, .d_model = 64, .seq_len = 64, .vocab_size = 256};  // gpt-nano
 
-// Structured bytes (a few repeated phrases with noise) so the loss falls.
 const std::vector<uint16_t>& tokens() {
-  static const std::vector<uint16_t> t = [] {
-    std::vector<uint16_t> v;
-    Rng rng(7, 3);
-    const char* phrases[] = {"the quick brown fox ", "jumps over the lazy dog. ", "loom trains models; ",
-                             "all ranks agree. "};
-    while (v.size() < 40000) {
-      for (const char* c = phrases[rng.next_u64() % 4]; *c; ++c) v.push_back(static_cast<uint8_t>(*c));
-      if (rng.next_u64() % 5 == 0) v.push_back(static_cast<uint16_t>(rng.next_u64() % 256));
-    }
-    return v;
-  }();
+  static const std::vector<uint16_t> t = loom::testing::phrase_tokens(40000);
   return t;
 }
 

@@ -13,6 +13,7 @@
 #include "loom/pipeline.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
+#include "loom_testing.h"
 
 namespace loom::parallel {
 namespace {
@@ -23,16 +24,7 @@ constexpr int64_t kGlobalBatch = 8;
 const nn::GptConfig kModel{.n_layer = 12, .n_head = 2, .d_model = 64, .seq_len = 32, .vocab_size = 256};
 
 const std::vector<uint16_t>& tokens() {
-  static const std::vector<uint16_t> t = [] {
-    std::vector<uint16_t> v;
-    Rng rng(7, 3);
-    const char* phrases[] = {"the quick brown fox ", "jumps over the lazy dog. ", "loom trains models; "};
-    while (v.size() < 20000) {
-      for (const char* c = phrases[rng.next_u64() % 3]; *c; ++c) v.push_back(static_cast<uint8_t>(*c));
-      if (rng.next_u64() % 5 == 0) v.push_back(static_cast<uint16_t>(rng.next_u64() % 256));
-    }
-    return v;
-  }();
+  static const std::vector<uint16_t> t = loom::testing::phrase_tokens(20000);
   return t;
 }
 
@@ -196,7 +188,7 @@ TEST_P(PipelineParity, DeterministicIsBitwiseEqualToOneProcess) {
   }
 }
 
-std::string run_name(const testing::TestParamInfo<Layout>& info) {
+std::string run_name(const ::testing::TestParamInfo<Layout>& info) {
   const Layout& r = info.param;
   std::string s = schedule_kind_name(r.schedule);
   for (char& c : s)
@@ -206,7 +198,7 @@ std::string run_name(const testing::TestParamInfo<Layout>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllLayouts, PipelineParity,
-    testing::Values(Layout{.pp = 2, .schedule = ScheduleKind::kGpipe}, Layout{.pp = 2, .schedule = ScheduleKind::kOneFOneB},
+    ::testing::Values(Layout{.pp = 2, .schedule = ScheduleKind::kGpipe}, Layout{.pp = 2, .schedule = ScheduleKind::kOneFOneB},
                     Layout{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved},
                     Layout{.pp = 3, .schedule = ScheduleKind::kOneFOneB}, Layout{.pp = 4, .schedule = ScheduleKind::kOneFOneB},
                     Layout{.pp = 4, .virtual_stages = 3, .schedule = ScheduleKind::kInterleaved},

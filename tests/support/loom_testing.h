@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loom/error.h"
+#include "loom/rng.h"
 
 namespace loom::testing {
 
@@ -73,6 +74,19 @@ double rel_err(const std::vector<A>& got, const std::vector<double>& want) {
   for (size_t i = 0; i < got.size() && i < want.size(); ++i)
     err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
   return err / scale;
+}
+
+// Structured bytes (a few repeated phrases with noise) so that a GPT's loss falls: the
+// training data of the parity tests. The same `count` tokens on every call.
+inline std::vector<uint16_t> phrase_tokens(size_t count) {
+  std::vector<uint16_t> v;
+  Rng rng(7, 3);
+  const char* phrases[] = {"the quick brown fox ", "jumps over the lazy dog. ", "loom trains models; ", "all ranks agree. "};
+  while (v.size() < count) {
+    for (const char* c = phrases[rng.next_u64() % 4]; *c; ++c) v.push_back(static_cast<uint8_t>(*c));
+    if (rng.next_u64() % 5 == 0) v.push_back(static_cast<uint16_t>(rng.next_u64() % 256));
+  }
+  return v;
 }
 
 }  // namespace loom::testing
