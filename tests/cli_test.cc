@@ -395,6 +395,41 @@ TEST_F(Cli, GemmPathAndThreadsDoNotChangeTheBits) {
 // [profile] trace_steps: one Chrome-trace file for the run holding every rank's chosen
 // steps, their blocks, collectives and waits, properly nested, and the communication
 // track's bytes adding up to the step's comm_bytes metric.
+// A pipeline's trace shows the schedule as it ran: each stage's forward and backward of
+// every micro-batch once, one after another, inside the step's pipeline span, and the waits
+// for a neighbour named by micro-batch and stage.
+TEST_F(Cli, TraceOfPipelineStepsShowsTheSchedule) {
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --job.name=pptrace --training.steps=3 --profile.trace_steps=2 --checkpoint.every=0 "
+                      "--parallel.pp=2 --training.micro_batch=1"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto trace = nlohmann::json::parse(read_file(p("runs/pptrace/trace.json")));
+  std::map<int, std::vector<std::tuple<double, double, std::string>>> spans;  // rank -> (begin, end, name)
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("tid") == 0)
+      spans[e.at("pid").get<int>()].emplace_back(e.at("ts").get<double>(), e.at("ts").get<double>() + e.at("dur").get<double>(),
+                                                 e.at("name").get<std::string>());
+  for (int stage : {0, 1}) {
+    auto& list = spans[stage];
+    std::sort(list.begin(), list.end());
+    double pipeline_begin = -1, pipeline_end = -1, last_compute_end = 0;
+    std::map<std::string, int> count;
+    for (const auto& [b, e, name] : list) {
+      ++count[name];
+      if (name == cat("pipeline 1f1b, stage ", stage)) pipeline_begin = b, pipeline_end = e;
+      if (!name.starts_with("forward mb") && !name.starts_with("backward mb")) continue;
+      EXPECT_GE(b + 0.002, last_compute_end) << "stage " << stage << ": " << name << " overlaps the compute before it";
+      EXPECT_TRUE(b + 0.002 >= pipeline_begin && e <= pipeline_end + 0.002) << name << " outside the pipeline span";
+      last_compute_end = e;
+    }
+    for (int mb = 0; mb < 4; ++mb)
+      for (const char* op : {"forward", "backward"}) EXPECT_EQ(count[cat(op, " mb ", mb)], 1) << "stage " << stage << " " << op << mb;
+    if (stage == 1) {
+      EXPECT_EQ(count["wait: activations of micro-batch 0 from stage 0 (rank 0)"], 1) << "stage 1 waits first";
+    }
+  }
+}
+
 TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
   Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
                       " --quiet --job.name=traced --training.steps=5 --profile.trace_steps=2,4 --checkpoint.every=0"));

@@ -221,9 +221,6 @@ void Config::check_layout(int world, const std::function<std::string(const std::
     throw InputError(cat("training.global_batch / (training.micro_batch x parallel.dp) = ", micro, " micro-batches: the ",
                          s("parallel.pp_schedule"), " schedule over parallel.pp = ", pp, " stages needs at least ", rule.minimum,
                          rule.multiple_of > 1 ? cat(" and a multiple of ", rule.multiple_of) : std::string()));
-  if (!s("profile.trace_steps").empty())
-    throw InputError(cat(where("profile.trace_steps"), ": traces of pipeline stages are not drawn yet; expected \"\" with "
-                         "parallel.pp = ", pp));
 }
 
 int64_t Config::i(const std::string& key) const { return std::get<int64_t>(values_.at(key)); }

@@ -286,6 +286,8 @@ int run_train(const TrainArgs& a) {
       if (tracing) {
         tracer->push(cat("step ", step + 1));
         dp.set_comm_observer([&](const parallel::CommSpan& s) { tracer->on_comm(s); });
+        if (piped)  // each compute action and each wait for a neighbour: the schedule as it ran
+          pipe->set_observer([&](const parallel::PipeSpan& s) { trace->span(obs::Trace::kTraining, s.what, s.begin, s.end); });
       }
       dp.begin_step();
       std::vector<double> micro_losses;
@@ -297,8 +299,10 @@ int run_train(const TrainArgs& a) {
             items[i] = sampler.item(step * global_batch + mesh.dp_index * per_rank + m * micro_batch + i);
           return task->batch(items);
         };
+        if (tracing) tracer->push(cat("pipeline ", c.s("parallel.pp_schedule"), ", stage ", mesh.stage));
         micro_losses = pipeline_step(mesh, *pipe, dp, batch, micro_batch, c.i("model.seq_len"),
                                      1.0 / static_cast<double>(accum * dp_size));
+        if (tracing) tracer->pop();
       }
       for (int64_t m = 0; m < (piped ? 0 : accum); ++m) {
         if (tracing) tracer->push(cat("micro-step ", m));
@@ -360,11 +364,12 @@ int run_train(const TrainArgs& a) {
       if (tracing) {
         tracer->pop();  // the step
         dp.set_comm_observer(nullptr);
+        if (piped) pipe->set_observer(nullptr);
         tracing = false;
         if (done == trace_steps.back()) {
           const std::string path = (fs::path(run) / "trace.json").string();
           write_merged_trace(*world, *trace, path);
-          progress.note(cat("trace of step(s) ", c.s("profile.trace_steps"), " of ", dp_size, " rank(s): ", path));
+          progress.note(cat("trace of step(s) ", c.s("profile.trace_steps"), " of ", world->size(), " rank(s): ", path));
         }
       }
     } catch (const RuntimeError& e) {

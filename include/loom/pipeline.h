@@ -15,7 +15,9 @@
 // Thread-safety: one thread drives a Pipeline (the training thread).
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <string>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -42,6 +44,14 @@ struct PipelineStats {
   parallel::PipeCosts costs;
 };
 
+// One span of a stage's step, for traces: a compute action ("forward mb 3 chunk 0") or a
+// wait for a neighbour ("wait: activations of micro-batch 3 from stage 0 (rank 0)").
+struct PipeSpan {
+  std::string what;
+  bool compute = true;
+  std::chrono::steady_clock::time_point begin, end;
+};
+
 class Pipeline {
  public:
   // pp: the pipeline group, rank = stage. gpt holds stage_part(...) of this stage; the
@@ -64,6 +74,9 @@ class Pipeline {
   // RuntimeError when a neighbour dies or stalls, naming this stage, the micro-batch, the
   // transfer and the neighbour's stage and rank.
   std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp);
+
+  // Called on the training thread for every compute action and every wait; empty: off.
+  void set_observer(std::function<void(const PipeSpan&)> observer);
 
   const PipelineStats& stats() const;
   const Schedule& schedule() const;

@@ -59,6 +59,7 @@ struct Pipeline::Impl {
   PipelineStats stats;
 
   std::vector<int> stage_ranks;
+  std::function<void(const PipeSpan&)> observer;
 
   Impl(comm::Communicator& c, Schedule s, nn::Gpt& g, std::vector<int> r)
       : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()), stage_ranks(std::move(r)) {}
@@ -159,6 +160,7 @@ Pipeline::~Pipeline() = default;
 const PipelineStats& Pipeline::stats() const { return impl_->stats; }
 int Pipeline::stage() const { return impl_->stage; }
 const Schedule& Pipeline::schedule() const { return impl_->schedule; }
+void Pipeline::set_observer(std::function<void(const PipeSpan&)> observer) { impl_->observer = std::move(observer); }
 
 std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp) {
   Impl& m = *impl_;
@@ -185,9 +187,12 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
       Impl::Slot& x = m.slot(a.microbatch, a.chunk);
       // Waiting for a neighbour is idle time, not compute.
+      const Clock::time_point w0 = Clock::now();
       if (a.op == PipeOp::kForward && !first) x.recv_act.wait();
       if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) x.recv_grad.wait();
       const Clock::time_point t0 = Clock::now();
+      if (m.observer && t0 - w0 > std::chrono::microseconds(20))
+        m.observer({.what = "wait: " + m.describe(a), .compute = false, .begin = w0, .end = t0});
       switch (a.op) {
         case PipeOp::kRecvActivation:
           x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
@@ -245,7 +250,11 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           break;
       }
       if (pipe_op_computes(a.op)) {
-        const double ms = ms_between(t0, Clock::now());
+        const Clock::time_point t1 = Clock::now();
+        const double ms = ms_between(t0, t1);
+        if (m.observer)
+          m.observer({.what = cat(pipe_op_name(a.op), " mb ", a.microbatch, v > 1 ? cat(" chunk ", a.chunk) : std::string()),
+                      .begin = t0, .end = t1});
         m.stats.busy_ms += ms;
         const int k = a.op == PipeOp::kForward ? 0 : a.op == PipeOp::kBackward ? 1 : a.op == PipeOp::kBackwardInput ? 2 : 3;
         op_ms[k] += ms;
