@@ -257,6 +257,18 @@ int run_train(const TrainArgs& a) {
                c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run));
   log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
                " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
+  // Stages hold different parts: after the first step (every buffer touched) rank 0 logs
+  // every rank's. Collective.
+  auto log_stage_state = [&](const parallel::StateBytes& mem) {
+    int64_t mine[4] = {params.numel(), mem.params, mem.grads, mem.optimizer};
+    std::vector<int64_t> all(4 * static_cast<size_t>(world->size()));
+    comm::all_gather(*world, {.input = mine, .output = all.data(), .count = 4, .dtype = DType::kI64});
+    for (int r = 0; r < world->size(); ++r) {
+      const int64_t* x = all.data() + 4 * r;
+      log_info(cat("model state of rank ", r, " (stage ", r / mesh.dp_size, ", replica ", r % mesh.dp_size, "): ", x[0],
+                   " parameters; parameters ", mb(x[1]), " MiB, gradients ", mb(x[2]), " MiB, optimizer ", mb(x[3]), " MiB"));
+    }
+  };
   const double tokens_per_step = static_cast<double>(global_batch * task->tokens_per_item());
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0;
   EvalResult last_eval;
@@ -323,6 +335,7 @@ int run_train(const TrainArgs& a) {
       if (tracing) tracer->pop();
       const parallel::CommStats cs = dp.take_stats();
       const parallel::StateBytes mem = dp.state_bytes();  // resident pages, after the step
+      if (piped && step == start_step) log_stage_state(mem);
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ema_step_s = step == start_step ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
       if (step > start_step) {  // the first step warms caches and connections
