@@ -270,7 +270,7 @@ int run_train(const TrainArgs& a) {
     }
   };
   const double tokens_per_step = static_cast<double>(global_batch * task->tokens_per_item());
-  double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0;
+  double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
   EvalResult last_eval;
 
   auto save = [&](int64_t step) {
@@ -342,6 +342,8 @@ int run_train(const TrainArgs& a) {
         comm_ms_total += cs.comm_ms;
         exposed_ms_total += cs.exposed_ms;
         step_s_total += step_s;
+        bubble_total += bubble.measured;
+        predicted_total += bubble.predicted;
       }
 
       const int64_t done = step + 1;
@@ -400,7 +402,18 @@ int run_train(const TrainArgs& a) {
                 static_cast<long long>(full.items), full.loss);
   }
   const int64_t timed = steps - start_step - 1;
-  if (lead && dp_size > 1 && timed > 0) {
+  if (lead && piped && timed > 0) {
+    // The data-parallel scaling figure below assumes every rank computes the whole step,
+    // which stages do not: the pipeline's own summary instead.
+    std::printf("pipeline: dp %lld x pp %d = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
+                "(the simulator predicts %.1f%% from the measured costs)%s\n",
+                static_cast<long long>(dp_size), mesh.pp, world->size(), c.s("parallel.pp_schedule").c_str(),
+                static_cast<long long>(accum), tokens_per_step * timed / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
+                100.0 * bubble_total / static_cast<double>(timed), 100.0 * predicted_total / static_cast<double>(timed),
+                dp_size > 1 ? cat(", gradient communication over replicas ", comm_ms_total / static_cast<double>(timed),
+                                  " ms/step of which ", exposed_ms_total / static_cast<double>(timed), " ms exposed").c_str()
+                            : "");
+  } else if (lead && dp_size > 1 && timed > 0) {
     const double step_ms = step_s_total * 1e3 / static_cast<double>(timed);
     std::printf("data parallel: %lld ranks, %.0f tokens/s (%.0f per rank), step %.1f ms, gradient communication "
                 "%.1f ms/step of which %.1f ms exposed (%.1f%% of the step)\n",
