@@ -39,8 +39,9 @@ struct PipelineStats {
   double step_ms = 0;  // from the first action to the last
   double busy_ms = 0;  // forward and backward compute
   int peak_in_flight = 0;  // chunk contexts alive at once (activations held)
-  // This stage's measured costs in the simulator's terms (per micro-batch, whole stage),
-  // so that simulate() can predict the step the executor just ran.
+  // This stage's measured costs in the simulator's terms (per micro-batch, whole stage; the
+  // transfer timed by bouncing a message of the activations' size over its links when the
+  // size first appears), so that simulate() can predict the step the executor just ran.
   parallel::PipeCosts costs;
 };
 

@@ -60,6 +60,40 @@ struct Pipeline::Impl {
 
   std::vector<int> stage_ranks;
   std::function<void(const PipeSpan&)> observer;
+  size_t timed_count = 0;    // the message size transfer_ms was measured for
+  double transfer_ms = 0;    // one activation or gradient to a neighbour, one way
+
+  // Measures one transfer of `count` floats: each link pair (activations s -> s+1, gradients
+  // back) bounces a message of that size, and a stage's figure is the mean one-way time of
+  // its links, the best of a few rounds. Every op is async on its own link, so no order
+  // between stages can deadlock. Collective over the pipeline.
+  void measure_transfer(size_t count) {
+    if (count == timed_count) return;
+    std::vector<float> out(count), back(count), in(count);
+    double best = 1e30;
+    for (int round = 0; round < 3; ++round) {
+      const Clock::time_point t0 = Clock::now();
+      comm::Work got, sent, reply, returned;
+      if (act_in) got = comm::recv_async(*act_in, {.buffer = in.data(), .count = count, .peer = 0, .tag = kProbe});
+      if (act_out) {
+        sent = comm::send_async(*act_out, {.buffer = out.data(), .count = count, .peer = 1, .tag = kProbe});
+        returned = comm::recv_async(*grad_in, {.buffer = back.data(), .count = count, .peer = 0, .tag = kProbe});
+      }
+      if (act_in) {
+        got.wait();
+        reply = comm::send_async(*grad_out, {.buffer = in.data(), .count = count, .peer = 1, .tag = kProbe});
+      }
+      sent.wait();
+      returned.wait();
+      reply.wait();
+      best = std::min(best, ms_between(t0, Clock::now()));
+    }
+    // A stage with an outgoing link waited one round trip; the last stage of a plain
+    // pipeline one arrival and one reply: halve either way.
+    transfer_ms = best / 2;
+    timed_count = count;
+  }
+  static constexpr uint32_t kProbe = 0xFFFFFFF0u;
 
   Impl(comm::Communicator& c, Schedule s, nn::Gpt& g, std::vector<int> r)
       : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()), stage_ranks(std::move(r)) {}
@@ -172,6 +206,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   std::vector<double> losses;
   if (st == s.stages - 1)  // holds the last virtual stage
     losses.assign(static_cast<size_t>(s.microbatches), 0.0);
+  m.measure_transfer(count);
   m.stats = {};
   const Clock::time_point start = Clock::now();
   double op_ms[4] = {};  // forward, backward, backward input, backward weight: summed
@@ -279,7 +314,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   // Means per chunk action, times v: the simulator's per-stage terms.
   auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * v : 0.0; };
   m.stats.costs = {.forward_ms = mean(0), .backward_ms = mean(1) > 0 ? mean(1) : mean(2) + mean(3),
-                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3)};
+                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3), .transfer_ms = m.transfer_ms};
   return losses;
 }
 
