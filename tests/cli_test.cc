@@ -146,6 +146,14 @@ TEST_F(Cli, PlanPredictsTheBubbleAndDrawsTheSchedule) {
   const std::string svg = read_file(p("plan.svg"));
   EXPECT_TRUE(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
 
+  // Measured stages: a config's model, each stage's part run on this machine.
+  Result measured = loom(cat("plan --pp 2 --microbatches 4 --schedule all --config ", p("nano.toml")));
+  ASSERT_EQ(measured.code, 0) << measured.err;
+  for (const char* f : {"stage 0 measured: forward", "stage 1 measured: forward", "per micro-batch of 2 x 64 tokens",
+                        "1f1b               1", "zb-h1              1",
+                        "model.n_layer = 2 blocks are not divisible among --pp x virtual stages = 4"})
+    EXPECT_NE(measured.out.find(f), std::string::npos) << f << " in\n" << measured.out;
+  expect_bad_input(cat("plan --pp 2 --config ", p("nope.toml")), {"nope.toml", "not found"});
   expect_bad_input("plan --pp 4 --microbatches 6 --schedule interleaved --virtual-stages 2",
                    {"micro-batches = 6", "interleaved", "multiple of 4"});
   expect_bad_input("plan --pp 4 --schedule zb", {"pipeline schedule \"zb\"", "zb-h1"});

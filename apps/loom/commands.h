@@ -49,6 +49,7 @@ struct PlanArgs {
   double transfer_ms = 0, activation_mb = 1;
   int width = 100;
   std::string svg;  // where to write the picture; empty: none
+  std::string config;  // measure each stage's costs for this training config instead
 };
 // `loom plan`: the pipeline simulator (loom/schedule.h) from the command line.
 int run_plan(const PlanArgs& a);

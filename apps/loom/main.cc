@@ -116,6 +116,9 @@ int run(int argc, char** argv) {
   pl->add_option("--activation-mb", plan.activation_mb, "Saved activations of one micro-batch in one stage")->capture_default_str();
   pl->add_option("--width", plan.width, "Columns of the text timeline")->capture_default_str();
   pl->add_option("--svg", plan.svg, "Also draw the timeline into this SVG file (opens in any browser)");
+  pl->add_option("--config", plan.config,
+                 "Measure each stage's forward and backward times and activations for this training config's model and "
+                 "micro-batch on this machine, instead of --forward-ms/--backward-ms/--activation-mb");
 
   loom::app::LaunchArgs launch;
   auto* l = app.add_subcommand("launch", "Run N local ranks of a command (torchrun-style environment)");

@@ -1,11 +1,18 @@
 // `loom plan`: evaluates pipeline schedules with the simulator (loom/schedule.h) and
 // prints the predicted step time, bubble and activation memory per stage, with a timeline.
+#include <algorithm>
+#include <chrono>
+#include <map>
 #include <cstdio>
 
 #include "commands.h"
+#include "config.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/pipeline.h"
+#include "loom/rng.h"
 #include "loom/schedule.h"
+#include "task.h"
 
 namespace loom::app {
 
@@ -22,10 +29,101 @@ void check_costs(const PlanArgs& a) {
   if (a.width < 10) throw InputError(cat("--width = ", a.width, ": expected >= 10"));
 }
 
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Each stage's costs for a config's model: its part built and run on random tokens, one
+// micro-batch of the config's size at a time (the median of 3 after one warm-up).
+std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
+  Config c;
+  c.merge_file(a.config);
+  if (c.s("data.train").empty()) c.set("data.train", std::string("-"));
+  c.resolve();
+  apply_compute_settings(c);
+  const nn::GptConfig cfg = gpt_config(c);
+  if (model_kind(c) != "gpt") throw InputError(cat(a.config, ": loom plan measures GPT stages; model.preset = \"", c.s("model.preset"), "\""));
+  if (cfg.n_layer % (a.pp * v) != 0)
+    throw InputError(cat(a.config, ": model.n_layer = ", cfg.n_layer, " blocks are not divisible among --pp x virtual stages = ",
+                         a.pp * v));
+  const int64_t b = c.i("training.micro_batch"), t = cfg.seq_len;
+  Tensor tokens = Tensor::zeros({b, t}, DType::kI32), targets = Tensor::zeros({b, t}, DType::kI32);
+  Rng rng(1);
+  for (int64_t i = 0; i < b * t; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
+  }
+  Tensor act = Tensor::zeros({b, t, cfg.d_model}, DType::kF32);  // a neighbour's activation or gradient
+  for (int64_t i = 0; i < act.numel(); ++i) act.data<float>()[i] = static_cast<float>(rng.normal() * 0.1);
+  std::vector<parallel::PipeCosts> costs;
+  for (int s = 0; s < a.pp; ++s) {
+    nn::Gpt gpt(cfg, DType::kF32, parallel::stage_part(cfg.n_layer, a.pp, v, s));
+    gpt.init(1);
+    std::vector<nn::GptCtx> ctx(static_cast<size_t>(v));
+    std::vector<double> f, bw, bi, w;
+    double kept = 0;
+    for (int rep = 0; rep < 4; ++rep) {
+      double tf = 0, tb = 0, tbi = 0, tw = 0;
+      for (bool split : {false, true})
+        for (int ch = 0; ch < v; ++ch) {
+          const auto [lo, hi] = parallel::chunk_blocks(cfg.n_layer, a.pp, v, s, ch);
+          const bool first = s == 0 && ch == 0, last = s == a.pp - 1 && ch == v - 1;
+          double t0 = now_ms();
+          gpt.begin(ctx[ch], b, t);
+          Tensor h = gpt.forward_blocks(lo, hi, first ? gpt.embed(tokens, ctx[ch]) : act, ctx[ch]);
+          if (last) gpt.forward_head(h, targets, ctx[ch]);
+          if (!split) tf += now_ms() - t0;
+          if (rep == 0 && !split) kept += static_cast<double>(ctx[ch].arena.peak_bytes()) / (1 << 20);
+          t0 = now_ms();
+          Tensor dx = gpt.backward_blocks(lo, hi, last ? gpt.backward_head(ctx[ch], 1.0, split) : act, ctx[ch], split);
+          if (first) gpt.backward_embed(dx, ctx[ch]);
+          (split ? tbi : tb) += now_ms() - t0;
+          if (split) {
+            t0 = now_ms();
+            gpt.backward_weights(lo, hi, last, ctx[ch]);
+            tw += now_ms() - t0;
+          }
+        }
+      if (rep == 0) continue;  // warm-up
+      f.push_back(tf), bw.push_back(tb), bi.push_back(tbi), w.push_back(tw);
+    }
+    auto median = [](std::vector<double> x) {
+      std::sort(x.begin(), x.end());
+      return x[x.size() / 2];
+    };
+    costs.push_back({.forward_ms = median(f), .backward_ms = median(bw), .backward_input_ms = median(bi),
+                     .backward_weight_ms = median(w), .transfer_ms = a.transfer_ms, .activation_mb = kept});
+    std::printf("stage %d measured%s: forward %.3g ms, backward %.3g ms (input %.3g + weight %.3g), activations %.3g MiB per "
+                "micro-batch of %lld x %lld tokens\n",
+                s, v > 1 ? cat(" as ", v, " chunks").c_str() : "", costs.back().forward_ms, costs.back().backward_ms, costs.back().backward_input_ms,
+                costs.back().backward_weight_ms, kept, static_cast<long long>(b), static_cast<long long>(t));
+  }
+  return costs;
+}
+
+// The costs to simulate with: measured per stage for --config, else the given ones.
+std::vector<parallel::PipeCosts> stage_costs(const PlanArgs& a, const parallel::PipeCosts& given, int v) {
+  if (!a.config.empty()) return measure_stages(a, v);
+  return std::vector<parallel::PipeCosts>(static_cast<size_t>(a.pp), given);
+}
+
 // One line per schedule: the numbers to pick a schedule by.
-int compare_all(const PlanArgs& a, const parallel::PipeCosts& costs) {
-  std::printf("%d stages, %d micro-batches; per stage: forward %g ms, backward %g ms, transfer %g ms\n", a.pp,
-              a.microbatches, a.forward_ms, a.backward_ms, a.transfer_ms);
+int compare_all(const PlanArgs& a, const parallel::PipeCosts& given) {
+  std::map<int, std::vector<parallel::PipeCosts>> measured;  // by chunks per stage
+  std::map<int, std::string> unmeasurable;                   // ... and why a chunk count is not
+  measured[1] = stage_costs(a, given, 1);
+  const int chunks = std::max(2, a.virtual_stages);
+  try {
+    measured[chunks] = stage_costs(a, given, chunks);
+  } catch (const InputError& e) {
+    unmeasurable[chunks] = e.what();
+  }
+  if (a.config.empty())
+    std::printf("%d stages, %d micro-batches; per stage: forward %g ms, backward %g ms, transfer %g ms\n", a.pp,
+                a.microbatches, a.forward_ms, a.backward_ms, a.transfer_ms);
+  else
+    std::printf("%d stages, %d micro-batches; the stages of %s measured (once per chunk count); transfer %g ms\n", a.pp,
+                a.microbatches, a.config.c_str(), a.transfer_ms);
   std::printf("%-12s %7s %11s %9s %9s %22s\n", "schedule", "chunks", "step (ms)", "bubble", "closed", "peak activations (MiB)");
   for (auto kind : {parallel::ScheduleKind::kGpipe, parallel::ScheduleKind::kOneFOneB, parallel::ScheduleKind::kInterleaved,
                     parallel::ScheduleKind::kZeroBubble}) {
@@ -36,8 +134,12 @@ int compare_all(const PlanArgs& a, const parallel::PipeCosts& costs) {
                   parallel::schedule_kind_name(kind), v, "-", rule.multiple_of, rule.minimum);
       continue;
     }
+    if (unmeasurable.count(v)) {
+      std::printf("%-12s %7d %11s  (%s)\n", parallel::schedule_kind_name(kind), v, "-", unmeasurable[v].c_str());
+      continue;
+    }
     const parallel::Schedule s = parallel::make_schedule(kind, a.pp, a.microbatches, v);
-    const parallel::Simulation sim = parallel::simulate(s, costs);
+    const parallel::Simulation sim = parallel::simulate_stages(s, measured[v]);
     double peak = 0;
     for (double m : sim.peak_activation_mb) peak = std::max(peak, m);
     std::printf("%-12s %7d %11.4g %8.1f%% %8.1f%% %22.4g\n", parallel::schedule_kind_name(kind), v, sim.step_ms,
@@ -60,10 +162,14 @@ int run_plan(const PlanArgs& a) {
   }
   const parallel::ScheduleKind kind = parallel::schedule_kind_named(a.schedule);
   const parallel::Schedule s = parallel::make_schedule(kind, a.pp, a.microbatches, a.virtual_stages);
-  const parallel::Simulation sim = parallel::simulate(s, costs);
-  std::printf("schedule %s: %d stage(s) x %d chunk(s), %d micro-batches; per stage: forward %g ms, backward %g ms, "
-              "transfer %g ms\n",
-              a.schedule.c_str(), a.pp, a.virtual_stages, a.microbatches, a.forward_ms, a.backward_ms, a.transfer_ms);
+  const parallel::Simulation sim = parallel::simulate_stages(s, stage_costs(a, costs, a.virtual_stages));
+  if (a.config.empty())
+    std::printf("schedule %s: %d stage(s) x %d chunk(s), %d micro-batches; per stage: forward %g ms, backward %g ms, "
+                "transfer %g ms\n",
+                a.schedule.c_str(), a.pp, a.virtual_stages, a.microbatches, a.forward_ms, a.backward_ms, a.transfer_ms);
+  else
+    std::printf("schedule %s: %d stage(s) x %d chunk(s), %d micro-batches; stage costs measured above, transfer %g ms\n",
+                a.schedule.c_str(), a.pp, a.virtual_stages, a.microbatches, a.transfer_ms);
   std::printf("predicted step %.4g ms, bubble %.1f%% (closed form for uniform stages and free transfers: %.1f%%)\n",
               sim.step_ms, 100 * sim.bubble, 100 * parallel::closed_form_bubble(kind, a.pp, a.microbatches, a.virtual_stages));
   for (int st = 0; st < a.pp; ++st)
