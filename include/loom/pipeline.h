@@ -17,8 +17,8 @@
 
 #include <chrono>
 #include <functional>
-#include <string>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,7 +42,7 @@ struct PipelineStats {
   // This stage's measured costs in the simulator's terms (per micro-batch, whole stage; the
   // transfer timed by bouncing a message of the activations' size over its links when the
   // size first appears), so that simulate() can predict the step the executor just ran.
-  parallel::PipeCosts costs;
+  PipeCosts costs;
 };
 
 // One span of a stage's step, for traces: a compute action ("forward mb 3 chunk 0") or a
