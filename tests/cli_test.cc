@@ -417,6 +417,7 @@ TEST_F(Cli, TraceOfPipelineStepsShowsTheSchedule) {
     if (e.at("ph") == "X" && e.at("tid") == 0)
       spans[e.at("pid").get<int>()].emplace_back(e.at("ts").get<double>(), e.at("ts").get<double>() + e.at("dur").get<double>(),
                                                  e.at("name").get<std::string>());
+  int waits = 0;  // a pipeline waits somewhere (how long where depends on the machine's load)
   for (int stage : {0, 1}) {
     auto& list = spans[stage];
     std::sort(list.begin(), list.end());
@@ -432,10 +433,14 @@ TEST_F(Cli, TraceOfPipelineStepsShowsTheSchedule) {
     }
     for (int mb = 0; mb < 4; ++mb)
       for (const char* op : {"forward", "backward"}) EXPECT_EQ(count[cat(op, " mb ", mb)], 1) << "stage " << stage << " " << op << mb;
-    if (stage == 1) {
-      EXPECT_EQ(count["wait: activations of micro-batch 0 from stage 0 (rank 0)"], 1) << "stage 1 waits first";
-    }
+    // Waits name the neighbour they wait for.
+    for (const auto& [name, n] : count)
+      if (name.starts_with("wait: activations") || name.starts_with("wait: gradients of")) {
+        ++waits;
+        EXPECT_TRUE(name.find(stage == 0 ? "from stage 1 (rank 1)" : "from stage 0 (rank 0)") != std::string::npos) << name;
+      }
   }
+  EXPECT_GT(waits, 0) << "no stage ever waited for a neighbour";
 }
 
 TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {

@@ -19,13 +19,33 @@ namespace loom {
 // What a parameter is, for optimizer policies such as "no weight decay on biases".
 enum class ParamKind : uint8_t { kWeight, kBias, kNorm, kEmbedding };
 
+// How a tensor-parallel parameter is cut from its logical tensor: along `dim`, which holds
+// `groups` equal blocks (the fused q, k and v are 3), each cut into `parts` equal pieces;
+// this process holds piece `index` of every block, the blocks' pieces side by side.
+// dim < 0: not cut (the whole logical tensor, replicated).
+struct ParamSplit {
+  int dim = -1;
+  int groups = 1;
+  int index = 0;
+  int parts = 1;
+};
+
 struct ParamInfo {
   std::string name;  // Hugging Face style, e.g. "transformer.h.0.attn.c_attn.weight"
-  Shape shape;
+  Shape shape;       // what this process holds
   ParamKind kind;
   int64_t offset;  // in elements, into the flat buffers
   int64_t numel;
+  ParamSplit split;
+  Shape global_shape;  // the logical tensor's
 };
+
+// Copies this process's piece of the logical tensor `whole` (global_shape) into `mine`
+// (shape); the other way, puts it back. Same element type on both sides.
+template <typename T>
+void take_piece(const ParamInfo& p, const T* whole, T* mine);
+template <typename T>
+void put_piece(const ParamInfo& p, const T* mine, T* whole);
 
 // Where a model is in a micro-step, reported block by block to whoever manages the blocks'
 // parameters (data parallelism: ZeRO-3 gathers a block's parameters at kForward and
@@ -66,8 +86,9 @@ class ParamSet {
   ParamSet(const ParamSet&) = delete;
   ParamSet& operator=(const ParamSet&) = delete;
 
-  // REQUIRES: not yet allocated; name unique.
-  ParamRef add(const std::string& name, const Shape& shape, ParamKind kind);
+  // REQUIRES: not yet allocated; name unique. shape: what this process holds (split: its
+  // piece of the logical tensor).
+  ParamRef add(const std::string& name, const Shape& shape, ParamKind kind, ParamSplit split = {});
   void allocate();
 
   DType dtype() const { return dtype_; }

@@ -1,16 +1,72 @@
 #include "loom/params.h"
 
+#include <algorithm>
+
+#include "loom/error.h"
+
 namespace loom {
 
 Tensor ParamRef::value() const { return set_->value(index_); }
 Tensor ParamRef::grad() const { return set_->grad(index_); }
 const ParamInfo& ParamRef::info() const { return set_->infos()[index_]; }
 
-ParamRef ParamSet::add(const std::string& name, const Shape& shape, ParamKind kind) {
+namespace {
+// The piece's layout: outer x (groups x piece) x inner, of a logical outer x (groups x
+// parts x piece) x inner.
+struct PieceLayout {
+  int64_t outer = 1, inner = 1, piece = 0, groups = 1, parts = 1, index = 0;
+};
+PieceLayout piece_layout(const ParamInfo& p) {
+  PieceLayout l;
+  const int d = p.split.dim;
+  for (int i = 0; i < d; ++i) l.outer *= p.shape[i];
+  for (size_t i = static_cast<size_t>(d) + 1; i < p.shape.size(); ++i) l.inner *= p.shape[i];
+  l.groups = p.split.groups;
+  l.parts = p.split.parts;
+  l.index = p.split.index;
+  l.piece = p.shape[d] / l.groups;
+  return l;
+}
+
+// Calls run(offset in the logical tensor, offset in the piece, count) for each contiguous
+// run of the piece.
+template <typename Run>
+void for_each_run(const ParamInfo& p, Run run) {
+  if (p.split.dim < 0) return run(0, 0, p.numel);
+  const PieceLayout l = piece_layout(p);
+  for (int64_t o = 0; o < l.outer; ++o)
+    for (int64_t g = 0; g < l.groups; ++g)
+      run(((o * l.groups + g) * l.parts + l.index) * l.piece * l.inner, (o * l.groups + g) * l.piece * l.inner,
+          l.piece * l.inner);
+}
+}  // namespace
+
+template <typename T>
+void take_piece(const ParamInfo& p, const T* whole, T* mine) {
+  for_each_run(p, [&](int64_t w, int64_t m, int64_t n) { std::copy_n(whole + w, n, mine + m); });
+}
+
+template <typename T>
+void put_piece(const ParamInfo& p, const T* mine, T* whole) {
+  for_each_run(p, [&](int64_t w, int64_t m, int64_t n) { std::copy_n(mine + m, n, whole + w); });
+}
+
+template void take_piece<float>(const ParamInfo&, const float*, float*);
+template void take_piece<double>(const ParamInfo&, const double*, double*);
+template void put_piece<float>(const ParamInfo&, const float*, float*);
+template void put_piece<double>(const ParamInfo&, const double*, double*);
+
+ParamRef ParamSet::add(const std::string& name, const Shape& shape, ParamKind kind, ParamSplit split) {
   LOOM_CHECK(!values_.defined());
   LOOM_CHECK_EQ(find(name), -1);
   int64_t n = shape_numel(shape);
-  infos_.push_back({name, shape, kind, numel_, n});
+  Shape global = shape;
+  if (split.dim >= 0) {
+    LOOM_CHECK(split.dim < static_cast<int>(shape.size()) && split.parts >= 1 && split.index >= 0 && split.index < split.parts);
+    LOOM_CHECK_EQ(shape[split.dim] % split.groups, 0);
+    global[split.dim] *= split.parts;
+  }
+  infos_.push_back({name, shape, kind, numel_, n, split, global});
   numel_ += n;
   return ParamRef(this, static_cast<int>(infos_.size()) - 1);
 }

@@ -11,7 +11,7 @@
 namespace loom::nn {
 namespace k = loom::kernels;
 
-Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part) : config_(config), part_(std::move(part)), params_(dtype) {
+Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp) : config_(config), part_(std::move(part)), params_(dtype) {
   const int64_t c = config.d_model;
   if (part_.all_blocks) {
     part_.blocks.clear();
@@ -24,7 +24,7 @@ Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part) : config_(config), 
   blocks_.resize(static_cast<size_t>(config.n_layer));
   for (int64_t l : part_.blocks) {
     LOOM_CHECK(l >= 0 && l < config.n_layer);
-    blocks_[l] = Block(params_, "transformer.h." + std::to_string(l), c, config.n_head);
+    blocks_[l] = Block(params_, "transformer.h." + std::to_string(l), c, config.n_head, tp);
   }
   if (part_.head) ln_f_ = LayerNorm(params_, "transformer.ln_f", c);
   params_.allocate();
@@ -72,8 +72,9 @@ void Gpt::init(uint64_t seed) {
     bool residual = p.name.ends_with("attn.c_proj.weight") || p.name.ends_with("mlp.c_proj.weight");
     double std = residual ? residual_std : 0.02;
     LOOM_DISPATCH_FLOAT(v.dtype(), T, {
-      T* d = v.data<T>();
-      for (int64_t j = 0; j < p.numel; ++j) d[j] = zero ? T(0) : one ? T(1) : static_cast<T>(rng.normal() * std);
+      std::vector<T> whole_values(static_cast<size_t>(p.numel));  // the logical tensor; this part keeps its piece
+      for (T& x : whole_values) x = zero ? T(0) : one ? T(1) : static_cast<T>(rng.normal() * std);
+      take_piece(params_.infos()[index], whole_values.data(), v.data<T>());
     });
   }
 }

@@ -20,10 +20,23 @@ Shape with_last(const Tensor& x, int64_t last) {
 }
 }  // namespace
 
-Linear::Linear(ParamSet& ps, const std::string& prefix, int64_t in_, int64_t out_, bool has_bias)
-    : in(in_), out(out_) {
-  weight = ps.add(prefix + ".weight", {in, out}, ParamKind::kWeight);
-  if (has_bias) bias = ps.add(prefix + ".bias", {out}, ParamKind::kBias);
+Linear::Linear(ParamSet& ps, const std::string& prefix, int64_t in_, int64_t out_, bool has_bias, Shard shard_,
+               TpSplit split_, int groups)
+    : in(in_), out(out_), shard(shard_), split(shard_.split() ? split_ : TpSplit::kNone) {
+  ParamSplit w, b;
+  if (split == TpSplit::kColumn) {
+    LOOM_CHECK_EQ(out % (groups * shard.parts), 0);
+    out /= shard.parts;
+    w = {.dim = 1, .groups = groups, .index = shard.index, .parts = shard.parts};
+    b = {.dim = 0, .groups = groups, .index = shard.index, .parts = shard.parts};
+  } else if (split == TpSplit::kRow) {
+    LOOM_CHECK_EQ(in % shard.parts, 0);
+    in /= shard.parts;
+    w = {.dim = 0, .index = shard.index, .parts = shard.parts};  // the bias stays whole
+  }
+  LOOM_CHECK(split == TpSplit::kNone || shard.seam != nullptr);
+  weight = ps.add(prefix + ".weight", {in, out}, ParamKind::kWeight, w);
+  if (has_bias) bias = ps.add(prefix + ".bias", {out}, ParamKind::kBias, b);
 }
 
 Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
@@ -31,10 +44,20 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   ctx.x = x;
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   const int64_t n = x.numel() / in;
-  LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
-                                        bias.defined() ? bias.value().data<T>() : nullptr, n, in,
-                                        out, k::WeightLayout::kKM));
+  const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
+  LOOM_DISPATCH_FLOAT(x.dtype(), T, {
+    k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
+                      bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM);
+    if (row) {
+      shard.seam->sum(y);
+      if (bias.defined()) {
+        T* yd = y.data<T>();
+        const T* bd = bias.value().data<T>();
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < out; ++j) yd[i * out + j] += bd[j];
+      }
+    }
+  });
   return y;
 }
 
@@ -47,6 +70,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
                                          bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
                                          dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
                                          n, in, out, k::WeightLayout::kKM));
+  if (need_dx && split == TpSplit::kColumn) shard.seam->sum(dx);  // every part's share of dx
   return dx;
 }
 
@@ -151,12 +175,13 @@ Tensor CrossEntropy::backward(const CrossEntropyCtx& ctx, double scale) const {
 }
 
 CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c_,
-                                         int64_t n_head_)
-    : c_attn(ps, prefix + ".c_attn", c_, 3 * c_),
-      c_proj(ps, prefix + ".c_proj", c_, c_),
-      c(c_),
-      n_head(n_head_) {
-  LOOM_CHECK_EQ(c % n_head, 0);
+                                         int64_t n_head_, Shard shard)
+    : c_attn(ps, prefix + ".c_attn", c_, 3 * c_, true, shard, TpSplit::kColumn, 3),
+      c_proj(ps, prefix + ".c_proj", c_, c_, true, shard, TpSplit::kRow),
+      c(c_ / shard.parts),
+      n_head(n_head_ / shard.parts) {
+  LOOM_CHECK_EQ(c_ % n_head_, 0);
+  LOOM_CHECK_EQ(n_head_ % shard.parts, 0);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const {
@@ -166,7 +191,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
   if (recompute_scratch) recompute_scratch->reset();
   Tensor att = (recompute_scratch ? *recompute_scratch : arena).alloc({ctx.b, n_head, ctx.t, ctx.t}, x.dtype());
-  Tensor y = arena.alloc(x.shape(), x.dtype());
+  Tensor y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
                       k::attention_forward(y.data<T>(), att.data<T>(), ctx.qkv.data<T>(),
                                            ctx.b, ctx.t, c, n_head));
@@ -201,8 +226,9 @@ void CausalSelfAttention::backward_weight(const AttentionCtx& ctx) const {
   c_attn.backward_weight(ctx.c_attn);
 }
 
-Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden)
-    : c_fc(ps, prefix + ".c_fc", c, hidden), c_proj(ps, prefix + ".c_proj", hidden, c) {}
+Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Shard shard)
+    : c_fc(ps, prefix + ".c_fc", c, hidden, true, shard, TpSplit::kColumn),
+      c_proj(ps, prefix + ".c_proj", hidden, c, true, shard, TpSplit::kRow) {}
 
 Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
   Tensor h = c_fc.forward(x, ctx.c_fc, arena);
@@ -219,11 +245,11 @@ void Mlp::backward_weight(const MlpCtx& ctx) const {
   c_fc.backward_weight(ctx.c_fc);
 }
 
-Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head)
+Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard)
     : ln_1(ps, prefix + ".ln_1", c),
-      attn(ps, prefix + ".attn", c, n_head),
+      attn(ps, prefix + ".attn", c, n_head, shard),
       ln_2(ps, prefix + ".ln_2", c),
-      mlp(ps, prefix + ".mlp", c, 4 * c) {}
+      mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
 
 namespace {
 // a += b, elementwise (residual connections).

@@ -56,7 +56,9 @@ struct GptCtx {
 
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& config, DType dtype = DType::kF32, GptPart part = {});
+  // tp: tensor parallelism over the blocks (attention heads and the MLP split over
+  // tp.parts; embeddings, LayerNorms and the head replicated).
+  explicit Gpt(const GptConfig& config, DType dtype = DType::kF32, GptPart part = {}, Shard tp = {});
 
   // GPT-2 initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
   // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0.

@@ -10,13 +10,15 @@
 // finite-difference gradient checks. Tensor shapes are in comments; leading dimensions
 // are flattened into N rows. Legend: N rows, B batch, T time, C channels, V vocabulary.
 //
-// Layers know nothing of parallelism (STYLE.md rule 14).
+// Layers know nothing of parallelism (STYLE.md rule 14) beyond the seam tensor parallelism
+// cuts them at (loom/nn/shard.h): where a split layer's pieces meet, never how.
 // Thread-safety: forward/backward on distinct contexts may run concurrently only if they
 // write distinct gradients; the normal use is one thread per model replica.
 #pragma once
 
 #include <string>
 
+#include "loom/nn/shard.h"
 #include "loom/params.h"
 #include "loom/tensor.h"
 
@@ -27,11 +29,19 @@ struct LinearCtx {
   Tensor dy;  // kept by a backward that defers the weight gradients
 };
 
+// How a Linear is split by tensor parallelism (Megatron): column-parallel holds out/parts of
+// the outputs (of each of `groups` blocks, e.g. the fused q, k, v) and sums dx over the
+// parts in backward; row-parallel holds in/parts of the inputs, sums y over the parts in
+// forward, then adds the replicated bias.
+enum class TpSplit : uint8_t { kNone, kColumn, kRow };
+
 // y = x @ W + b, W (in, out) as GPT-2's Conv1D, so Hugging Face checkpoints load as is.
 class Linear {
  public:
   Linear() = default;
-  Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true);
+  // in, out: the logical sizes; the parameters hold this part's piece.
+  Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true, Shard shard = {},
+         TpSplit split = TpSplit::kNone, int groups = 1);
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;  // (N, in) -> (N, out)
   // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
   // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later
@@ -41,7 +51,9 @@ class Linear {
 
   ParamRef weight;  // (in, out)
   ParamRef bias;    // (out), or undefined
-  int64_t in = 0, out = 0;
+  int64_t in = 0, out = 0;  // this part's
+  Shard shard;
+  TpSplit split = TpSplit::kNone;
 };
 
 struct LayerNormCtx {
@@ -108,13 +120,14 @@ struct AttentionCtx {
 class CausalSelfAttention {
  public:
   CausalSelfAttention() = default;
-  CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
+  // Heads split over shard.parts: c_attn column-parallel per q, k and v, c_proj row-parallel.
+  CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard = {});
   Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;  // (B, T, C)
   Tensor backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const AttentionCtx& ctx) const;
 
   Linear c_attn, c_proj;
-  int64_t c = 0, n_head = 0;
+  int64_t c = 0, n_head = 0;  // this part's width (n_head x head size) and heads
   // Selective recompute: when set, the (B, NH, T, T) attention probabilities live in this
   // arena only while forward or backward runs (each resets it), and backward recomputes
   // them from the saved qkv: the same bits, B x NH x T x T fewer floats kept per block.
@@ -130,7 +143,8 @@ struct MlpCtx {
 class Mlp {
  public:
   Mlp() = default;
-  Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden);
+  // Split over shard.parts: c_fc column-parallel, c_proj row-parallel.
+  Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Shard shard = {});
   Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const;
   Tensor backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const MlpCtx& ctx) const;
@@ -150,7 +164,7 @@ struct BlockCtx {
 class Block {
  public:
   Block() = default;
-  Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head);
+  Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard = {});
   Tensor forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const;  // (B, T, C)
   // With defer_weights: dx and the LayerNorm gradients now, the linear layers' weight
   // gradients in backward_weight (zero-bubble pipelines).

@@ -1,0 +1,26 @@
+// Tensor parallelism's seam (DESIGN.md section 3, docs/parallelism.md "Tensor
+// parallelism"): a layer split across `parts` processes computes a piece, and the pieces
+// meet where the layer says. nn/ declares the seam; parallel/ implements it over the
+// tensor-parallel communicator, so nn/ never includes comm/. parts == 1 is the serial
+// layer and never calls the seam.
+#pragma once
+
+#include "loom/tensor.h"
+
+namespace loom::nn {
+
+class Seam {
+ public:
+  virtual ~Seam() = default;
+  // Every part's t summed, in place, in an order fixed by the number of parts.
+  virtual void sum(const Tensor& t) = 0;
+};
+
+struct Shard {
+  int index = 0;
+  int parts = 1;
+  Seam* seam = nullptr;  // REQUIRES: set when parts > 1
+  bool split() const { return parts > 1; }
+};
+
+}  // namespace loom::nn
