@@ -192,9 +192,8 @@ void Config::apply_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
-void Config::check_layout(int world, const std::function<std::string(const std::string&)>& where) const {
+void Config::check_layout(const std::function<std::string(const std::string&)>& where) const {
   const int64_t dp = i("parallel.dp"), pp = i("parallel.pp"), v = i("parallel.virtual_stages");
-  (void)world;  // dp x tp x pp = world was checked first (dividing by dp needs it)
   if (v > 1 && s("parallel.pp_schedule") != "interleaved")
     throw InputError(cat(where("parallel.virtual_stages"), " = ", v, ": several chunks per stage need parallel.pp_schedule = "
                          "\"interleaved\", not \"", s("parallel.pp_schedule"), "\""));
@@ -313,7 +312,7 @@ void Config::resolve(int world) {
   one_of("comm.grad_dtype", {"f32", "bf16"});
   one_of("comm.param_dtype", {"f32", "bf16"});
   one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
-  check_layout(world, where);
+  check_layout(where);
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));

@@ -43,8 +43,9 @@ class Config {
   int threads(int local_ranks = 1) const;
 
  private:
-  // dp x tp x pp against the world, and what the pipeline needs of the model and batch.
-  void check_layout(int world, const std::function<std::string(const std::string&)>& where) const;
+  // What a pipeline layout needs of the model and the batch (dp x tp x pp = world is
+  // checked before: the batch checks divide by dp).
+  void check_layout(const std::function<std::string(const std::string&)>& where) const;
 
   std::map<std::string, Value> values_;
   std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)
