@@ -345,6 +345,16 @@ TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
   }
 }
 
+// [job] mem_limit_mb: a rank over its budget stops the run with a line naming it.
+TEST_F(Cli, MemoryLimitStopsARankOverItsBudget) {
+  Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=mem --job.mem_limit_mb=1"));
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  for (const char* f : {"rank 0 at step 1: used ", "MiB at its peak, over job.mem_limit_mb = 1 MiB per rank"})
+    EXPECT_NE(r.err.find(f), std::string::npos) << f << " in " << r.err;
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --job.name=mem2 --job.mem_limit_mb=4000 --training.steps=2")).code, 0);
+  expect_bad_input(cat("train ", p("nano.toml"), " --job.name=mem3 --job.mem_limit_mb=-5"), {"job.mem_limit_mb", ">= 0"});
+}
+
 TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
   const std::string cfg = cat("train ", p("nano.toml"), " --job.name=fresh");
   expect_bad_input(cat(cfg, " --parallel.pp=2"), {"parallel.dp x parallel.tp x parallel.pp = 0 x 1 x 2", "the job has 1 rank"});

@@ -24,6 +24,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"job.seed", int64_t{1337}},
       {"job.threads", int64_t{0}},  // 0: all cores of the machine
       {"job.log_every", int64_t{10}},
+      {"job.mem_limit_mb", 0.0},  // per rank: a step ending above it stops the job; 0: none
       {"job.gemm", std::string("loom")},       // who computes matrix products
       {"job.gemm_path", std::string("auto")},  // Loom's GEMM micro-kernel: auto = CPUID
       {"model.preset", std::string("gpt-mini")},
@@ -316,6 +317,8 @@ void Config::resolve(int world) {
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));
+  if (!(f("job.mem_limit_mb") >= 0))
+    throw InputError(cat(where("job.mem_limit_mb"), " = ", f("job.mem_limit_mb"), ": expected >= 0 (0: no limit)"));
   if (!(f("comm.timeout_s") > 0)) throw InputError(cat(where("comm.timeout_s"), " = ", f("comm.timeout_s"), ": expected > 0"));
   if (b("parallel.deterministic") && s("comm.grad_dtype") != "f32")
     throw InputError(cat(where("comm.grad_dtype"), " = \"", s("comm.grad_dtype"),

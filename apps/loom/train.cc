@@ -196,7 +196,9 @@ int run_train(const TrainArgs& a) {
   // Pipeline stages: the executor runs the schedule's list and tells DataParallel when each
   // backward piece is done; ranks without a pipeline report blocks through the hook below.
   std::unique_ptr<parallel::Pipeline> pipe;
-  std::optional<nn::Gpt> whole;  // the first stage of replica 0: every stage's weights, to evaluate and save
+  // Rank 0 with pipeline stages: every stage's weights, gathered to evaluate or save and
+  // freed after, so that between those moments rank 0 holds only its stage.
+  std::optional<nn::Gpt> whole;
   if (piped) {
     dp.set_stage_groups(stage_groups(mesh, params));
     pipe = std::make_unique<parallel::Pipeline>(
@@ -204,10 +206,10 @@ int run_train(const TrainArgs& a) {
         parallel::make_schedule(parallel::schedule_kind_named(c.s("parallel.pp_schedule")), mesh.pp,
                                 static_cast<int>(accum), mesh.v),
         *task->gpt(), mesh.stage_ranks());
-    if (lead) whole.emplace(gpt_config(c));
   }
   // Collective over the pipeline (replica 0 only; the others hold the same weights).
   auto gather_whole = [&](const optim::FlatState* state, optim::FlatState* whole_state) {
+    if (piped && lead && !whole) whole.emplace(gpt_config(c));
     if (piped && mesh.dp_index == 0)
       gather_stages(mesh, gpt_config(c), params, state, whole ? &whole->params() : nullptr, whole_state);
   };
@@ -277,6 +279,7 @@ int run_train(const TrainArgs& a) {
     dp.materialize_params();                              // collective: every rank takes part
     optim::FlatState opt = dp.gather_optimizer_state();  // likewise
     optim::FlatState whole_opt;
+    if (piped && lead && !whole) whole.emplace(gpt_config(c));
     if (piped && lead)
       for (const auto& [name, t] : opt.buffers) whole_opt.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
     gather_whole(&opt, &whole_opt);
@@ -288,6 +291,7 @@ int run_train(const TrainArgs& a) {
                   {"config", c.to_toml()}};
     std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep"))});
+    whole.reset();
     progress.note(cat("checkpoint ", dir));
   };
 
@@ -334,6 +338,10 @@ int run_train(const TrainArgs& a) {
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
       if (tracing) tracer->pop();
       const parallel::CommStats cs = dp.take_stats();
+      // [job] mem_limit_mb: the rank's peak resident memory, checked after every step.
+      if (const double limit = c.f("job.mem_limit_mb"); limit > 0 && peak_rss_mb() > limit)
+        throw RuntimeError(cat("used ", static_cast<int64_t>(peak_rss_mb()), " MiB at its peak, over job.mem_limit_mb = ",
+                               limit, " MiB per rank"));
       const parallel::StateBytes mem = dp.state_bytes();  // resident pages, after the step
       if (piped && step == start_step) log_stage_state(mem);
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -362,6 +370,7 @@ int run_train(const TrainArgs& a) {
       if (lead && eval) {
         if (tracing) tracer->push("evaluate");
         last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch, whole ? &*whole : nullptr);
+        whole.reset();
         if (tracing) tracer->pop();
         line.add("val_loss", last_eval.loss);
         if (last_eval.accuracy >= 0) line.add("val_accuracy", last_eval.accuracy);
