@@ -13,11 +13,7 @@ zero=${2:-0}
 shift $(( $# > 2 ? 2 : $# ))
 ranks=("${@:-}")
 [ -n "${ranks[0]}" ] || ranks=(1 2 4)
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
 cores=$(nproc)
 
 echo "# weak scaling, gpt-mini, micro-batch 8 x 256 tokens per rank, 1 thread per rank, ZeRO $zero, $cores cores"

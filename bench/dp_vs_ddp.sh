@@ -10,11 +10,7 @@ cd "$(dirname "$0")/.."
 np=${1:-2}
 steps=${2:-13}
 peers=${LOOM_PEERS:-../shared/peers}
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
 
 $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
   --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \

@@ -11,11 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pps=("${@:-}")
 [ -n "${pps[0]}" ] || pps=(1 2 4)
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
 
 echo "# GPT n_layer 12, d_model 768, vocab 50257, seq 256; model state per rank (MiB); formula: 16 bytes per parameter"
 printf "%3s %5s %12s %12s %10s %10s %10s %10s %10s\n" pp rank parameters formula params grads optimizer state formula

@@ -11,11 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-13}
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
 
 run() {  # NAME RANKS FLAGS...
   local name=$1 np=$2

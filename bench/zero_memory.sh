@@ -11,11 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-4}
 steps=${2:-4}
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source bench/common.sh
 
 printf "%-6s %12s %12s %12s %12s %14s %10s %12s\n" stage params_MiB grads_MiB optim_MiB state_MiB formula_MiB "state/P" peak_rss_MiB
 for zero in 0 1 2 3; do
