@@ -207,11 +207,20 @@ int run_train(const TrainArgs& a) {
                                 static_cast<int>(accum), mesh.v),
         *task->gpt(), mesh.stage_ranks());
   }
-  // Collective over the pipeline (replica 0 only; the others hold the same weights).
-  auto gather_whole = [&](const optim::FlatState* state, optim::FlatState* whole_state) {
-    if (piped && lead && !whole) whole.emplace(gpt_config(c));
-    if (piped && mesh.dp_index == 0)
-      gather_stages(mesh, gpt_config(c), params, state, whole ? &whole->params() : nullptr, whole_state);
+  // Collective over the pipeline (replica 0 only; the others hold the same weights): rank 0
+  // builds `whole` and, given this stage's optimizer state, returns the whole model's.
+  auto gather_whole = [&](const optim::FlatState* state) {
+    optim::FlatState whole_state;
+    if (!piped || mesh.dp_index != 0) return whole_state;
+    if (lead) {
+      whole.emplace(gpt_config(c));
+      if (state)
+        for (const auto& [name, t] : state->buffers)
+          whole_state.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
+    }
+    gather_stages(mesh, gpt_config(c), params, state, lead ? &whole->params() : nullptr,
+                  lead && state ? &whole_state : nullptr);
+    return whole_state;
   };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
   const std::vector<int64_t> trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
@@ -278,11 +287,7 @@ int run_train(const TrainArgs& a) {
   auto save = [&](int64_t step) {
     dp.materialize_params();                              // collective: every rank takes part
     optim::FlatState opt = dp.gather_optimizer_state();  // likewise
-    optim::FlatState whole_opt;
-    if (piped && lead && !whole) whole.emplace(gpt_config(c));
-    if (piped && lead)
-      for (const auto& [name, t] : opt.buffers) whole_opt.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
-    gather_whole(&opt, &whole_opt);
+    optim::FlatState whole_opt = gather_whole(&opt);
     if (!lead) return;
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
@@ -366,7 +371,7 @@ int run_train(const TrainArgs& a) {
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates
-      if (eval) gather_whole(nullptr, nullptr);
+      if (eval) gather_whole(nullptr);
       if (lead && eval) {
         if (tracing) tracer->push("evaluate");
         last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch, whole ? &*whole : nullptr);
