@@ -20,6 +20,7 @@
 #include "loom/nn/mlp.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
+#include "loom_testing.h"
 
 namespace loom::nn {
 namespace {
@@ -186,12 +187,7 @@ TEST(ModelGrad, GptEndToEnd) {
   GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 6, .vocab_size = 11};
   Gpt gpt(cfg, kF64);
   gpt.init(20);
-  Tensor tokens = Tensor::zeros({2, 5}, DType::kI32), targets = Tensor::zeros({2, 5}, DType::kI32);
-  Rng r(21);
-  for (int i = 0; i < 10; ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(11));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(11));
-  }
+  auto [tokens, targets] = testing::random_tokens(2, 5, 11, 21);
   GptCtx ctx;
   auto loss = [&] { return gpt.forward(tokens, targets, ctx); };
   double l0 = loss();
@@ -266,12 +262,7 @@ std::pair<double, std::vector<float>> gpt_step_bits(int threads) {
   set_compute_threads(threads);
   Gpt gpt(cfg);
   gpt.init(5);
-  Tensor x = Tensor::zeros({4, 32}, DType::kI32), y = Tensor::zeros({4, 32}, DType::kI32);
-  Rng r(6);
-  for (int i = 0; i < 128; ++i) {
-    x.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
-    y.data<int32_t>()[i] = static_cast<int32_t>(r.below(97));
-  }
+  auto [x, y] = testing::random_tokens(4, 32, 97, 6);
   GptCtx ctx;
   double loss = gpt.forward(x, y, ctx);
   gpt.backward(ctx, 1.0);
@@ -333,12 +324,7 @@ TEST(Gpt, DeferredWeightGradientsAndPartsEqualTheWhole) {
   GptConfig cfg{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 13};
   Gpt gpt(cfg);
   gpt.init(5);
-  Tensor tokens = Tensor::zeros({2, 8}, DType::kI32), targets = Tensor::zeros({2, 8}, DType::kI32);
-  Rng r(6);
-  for (int i = 0; i < 16; ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
-  }
+  auto [tokens, targets] = testing::random_tokens(2, 8, 13, 6);
   GptCtx ctx;
   gpt.forward(tokens, targets, ctx);
   gpt.backward(ctx, 0.5);
@@ -370,12 +356,7 @@ namespace loom::nn {
 namespace {
 TEST(Gpt, RecomputeKeepsTheBitsAndLessMemory) {
   GptConfig cfg{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 13};
-  Tensor tokens = Tensor::zeros({2, 32}, DType::kI32), targets = Tensor::zeros({2, 32}, DType::kI32);
-  Rng r(8);
-  for (int i = 0; i < 64; ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(13));
-  }
+  auto [tokens, targets] = testing::random_tokens(2, 32, 13, 8);
   std::vector<float> want;
   size_t kept_before = 0;
   for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {

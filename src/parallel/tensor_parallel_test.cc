@@ -12,6 +12,7 @@
 #include "loom/rng.h"
 #include "loom/tensor_parallel.h"
 #include "loom/threads.h"
+#include "loom_testing.h"
 
 namespace loom::parallel {
 namespace {
@@ -25,12 +26,7 @@ struct Result {
 
 template <typename T>
 Result run(nn::Gpt& gpt) {
-  Tensor tokens = Tensor::zeros({2, kModel.seq_len}, DType::kI32), targets = Tensor::zeros({2, kModel.seq_len}, DType::kI32);
-  Rng r(3);
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(kModel.vocab_size));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(kModel.vocab_size));
-  }
+  auto [tokens, targets] = loom::testing::random_tokens(2, kModel.seq_len, kModel.vocab_size, 3);
   nn::GptCtx ctx;
   Result out;
   out.loss = gpt.forward(tokens, targets, ctx);

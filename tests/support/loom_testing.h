@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/error.h"
 #include "loom/rng.h"
+#include "loom/tensor.h"
 
 namespace loom::testing {
 
@@ -87,6 +89,18 @@ inline std::vector<uint16_t> phrase_tokens(size_t count) {
     if (rng.next_u64() % 5 == 0) v.push_back(static_cast<uint16_t>(rng.next_u64() % 256));
   }
   return v;
+}
+
+// Random next-token data for a GPT: (B, T) i32 tokens and targets below `vocab`, drawn in
+// turn (token i, then target i) from Rng(seed).
+inline std::pair<Tensor, Tensor> random_tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  Tensor tokens = Tensor::zeros({b, t}, DType::kI32), targets = Tensor::zeros({b, t}, DType::kI32);
+  Rng r(seed);
+  for (int64_t i = 0; i < b * t; ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>(r.below(static_cast<uint64_t>(vocab)));
+    targets.data<int32_t>()[i] = static_cast<int32_t>(r.below(static_cast<uint64_t>(vocab)));
+  }
+  return {tokens, targets};
 }
 
 }  // namespace loom::testing
