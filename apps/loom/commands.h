@@ -11,6 +11,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;  // --section.key=value
   bool resume = false;
+  bool restart = false;  // an existing run directory is moved aside and the run starts afresh
   bool quiet = false;  // no progress; the run summary still prints
 };
 int run_train(const TrainArgs& a);

@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -117,7 +118,11 @@ void Config::set(const std::string& key, const Value& v) {
 }
 
 void Config::merge_file(const std::string& path) {
-  if (!std::filesystem::exists(path)) throw InputError(cat(path, ": config file not found"));
+  std::error_code ec;
+  const auto kind = std::filesystem::status(path, ec).type();
+  if (kind == std::filesystem::file_type::not_found) throw InputError(cat(path, ": config file not found"));
+  if (kind != std::filesystem::file_type::regular)
+    throw InputError(cat(path, ": not a regular file; expected a TOML config file"));
   toml::table tbl;
   try {
     tbl = toml::parse_file(path);
@@ -295,9 +300,27 @@ void Config::resolve(int world) {
     throw InputError(cat("training.global_batch = ", i("training.global_batch"),
                          ": expected a multiple of training.micro_batch x parallel.dp = ",
                          i("training.micro_batch") * i("parallel.dp")));
+  // Names and paths are what they claim: no NUL (which would cut a path short), newline or
+  // other control character in any text value.
+  for (const auto& [k, v] : values_)
+    if (const std::string* x = std::get_if<std::string>(&v))
+      for (const char ch : *x)
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          throw InputError(cat(where(k), " = \"", printable(*x), "\": contains a control character; expected printable text"));
+  // Values that make training meaningless are refused, not trained on: every number is
+  // finite, and each hyperparameter is inside the range where its formula means something.
+  for (const auto& [k, v] : values_)
+    if (const double* x = std::get_if<double>(&v); x && !std::isfinite(*x))
+      throw InputError(cat(where(k), " = ", *x, ": expected a finite number"));
   for (const char* k : {"training.lr", "training.min_lr", "training.weight_decay", "training.grad_clip", "training.eps"})
     if (!(f(k) >= 0)) throw InputError(cat(where(k), " = ", f(k), ": expected >= 0"));
   if (!(f("training.lr") > 0)) throw InputError(cat(where("training.lr"), ": expected > 0"));
+  if (f("training.min_lr") > f("training.lr"))
+    throw InputError(cat(where("training.min_lr"), " = ", f("training.min_lr"), ": expected <= training.lr = ", f("training.lr")));
+  for (const char* k : {"training.beta1", "training.beta2", "training.momentum"})
+    if (!(f(k) >= 0 && f(k) < 1)) throw InputError(cat(where(k), " = ", f(k), ": expected in [0, 1)"));
+  if (s("training.optimizer") == "adamw" && !(f("training.eps") > 0))
+    throw InputError(cat(where("training.eps"), " = ", f("training.eps"), ": AdamW divides by sqrt(v) + eps; expected > 0"));
   one_of("training.decay", {"cosine", "linear", "constant"});
   one_of("job.gemm", {"loom", "openblas"});
   one_of("job.gemm_path", {"auto", "avx512", "avx2", "generic"});

@@ -85,7 +85,7 @@ int run_launch(const LaunchArgs& a) {
     secret = comm::generate_secret();
   }
   std::string job_id = std::getenv("LOOM_JOB_ID") ? std::getenv("LOOM_JOB_ID")
-                       : a.nnodes > 1 ? cat("job-", host, "-", port)
+                       : a.nnodes > 1 ? comm::tagged_job_id(cat("job-", host, "-", port), secret)
                                       : cat("job-", comm::generate_secret().substr(0, 16));
   std::string dir = cat(std::filesystem::temp_directory_path().string(), "/loom-launch-", ::getpid());
   std::filesystem::create_directories(dir);

@@ -31,6 +31,8 @@ int run(int argc, char** argv) {
   auto* t = app.add_subcommand("train", "Train a model in this process (see configs/ for presets)");
   t->add_option("config", train.config, "TOML config file")->required();
   t->add_flag("--resume", train.resume, "Continue the run in the run directory from its latest checkpoint");
+  t->add_flag("--restart", train.restart,
+              "Start afresh under an existing job name: the old run directory is kept aside as NAME.old-TIME");
   t->add_flag("--quiet", train.quiet, "No progress output");
   t->allow_extras();
   t->footer("Any config key may be overridden: --training.steps=50 --job.name=try2");
@@ -170,13 +172,13 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const loom::Error& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    std::fprintf(stderr, "loom: error: %s\n", loom::printable(e.what()).c_str());
     return e.exit_code();
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "loom: error: out of memory\n");
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {
-    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    std::fprintf(stderr, "loom: error: %s\n", loom::printable(e.what()).c_str());
     return 1;
   }
 }

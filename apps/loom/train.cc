@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 
 #include "commands.h"
 #include "config.h"
+#include "loom/bounded_json.h"
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/data.h"
@@ -22,6 +24,7 @@
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
+#include "run_dir.h"
 #include "stages.h"
 #include "task.h"
 
@@ -46,8 +49,10 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
     size_t nl = all.find('\n', pos);
     if (nl == std::string::npos) break;  // a torn last line is dropped
     std::string line = all.substr(pos, nl - pos + 1);
-    try {
-      if (json::parse(line).value("step", int64_t{0}) <= last_step) kept += line;
+    try {  // a line that is not a metrics object is dropped
+      const json j = parse_json_bounded(line, path, kMetricsLineLimits);
+      if (j.is_object() && j.value("step", int64_t{0}) <= last_step) kept += line;
+    } catch (const Error&) {
     } catch (const json::exception&) {
     }
     pos = nl + 1;
@@ -137,16 +142,28 @@ int run_train(const TrainArgs& a) {
 
   const std::string run = c.run_path();
   const std::string ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(run) / "checkpoints").string() : c.s("checkpoint.dir");
-  if (fs::exists(run) && !a.resume)
-    throw InputError(cat(run, ": run directory exists; pass --resume to continue it, or set job.name or job.run_dir"));
-  if (a.resume && !fs::exists(run))
-    throw InputError(cat(run, ": --resume given but the run directory does not exist"));
-
+  if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   // Everything that can be wrong with the input is found before anything is written.
   Mesh mesh = mesh_coordinates(c, env.rank);
   const bool piped = mesh.pp > 1;
   std::unique_ptr<Task> task = make_task(c, mesh_part(c, mesh));
   ParamSet& params = task->params();
+  // Rank 0 writes the run directory and claims it once the config, data and model are
+  // known good and before any checkpoint is read: a second job, or a --resume of a running
+  // one, is refused here naming the holder.
+  std::optional<RunDirectory> run_dir;
+  if (lead) {
+    const bool own_ckpt_dir = !c.s("checkpoint.dir").empty();
+    if (a.restart && own_ckpt_dir && checkpoint::latest_step_dir(ckpt_root))
+      throw InputError(cat(ckpt_root, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with the "
+                           "new run's; move it or set another checkpoint.dir"));
+    run_dir.emplace(RunDirectory::claim(run, a.resume ? RunDirectory::Mode::kResume
+                                             : a.restart ? RunDirectory::Mode::kRestart
+                                                         : RunDirectory::Mode::kFresh,
+                                        own_ckpt_dir ? ckpt_root : ""));
+    if (!run_dir->moved_aside().empty()) log_info(cat("--restart: the old ", run, " is now ", run_dir->moved_aside()));
+  }
+
   optim::OptimizerConfig oc{.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"),
                             .beta1 = c.f("training.beta1"), .beta2 = c.f("training.beta2"),
                             .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
@@ -164,7 +181,9 @@ int run_train(const TrainArgs& a) {
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
   if (a.resume) {
-    if (!checkpoint::latest_step_dir(ckpt_root)) throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint"));
+    if (!checkpoint::latest_step_dir(ckpt_root))
+      throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
+                           "(the old directory is kept aside)"));
     ck = checkpoint::Checkpoint::open(ckpt_root);
     if (ck->state().value("model", json()) != task->model_json())
       throw InputError(cat(ck->path(), ": checkpoint of model ", ck->state().value("model", json()).dump(),
@@ -284,7 +303,7 @@ int run_train(const TrainArgs& a) {
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
   EvalResult last_eval;
 
-  auto save = [&](int64_t step) {
+  auto save = [&](int64_t step, bool loss_finite) {
     dp.materialize_params();                              // collective: every rank takes part
     optim::FlatState opt = dp.gather_optimizer_state();  // likewise
     optim::FlatState whole_opt = gather_whole(&opt);
@@ -295,7 +314,9 @@ int run_train(const TrainArgs& a) {
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
     std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
-                                       {.keep = static_cast<int>(c.i("checkpoint.keep"))});
+                                       {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
+    if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
+      log_warn(cat("step ", step, ": the loss is not finite; ", dir, " is kept only beside the newest finite checkpoint"));
     whole.reset();
     progress.note(cat("checkpoint ", dir));
   };
@@ -387,7 +408,7 @@ int run_train(const TrainArgs& a) {
       const int64_t every = c.i("checkpoint.every");
       if ((every > 0 && done % every == 0) || done == steps) {
         if (tracing) tracer->push("checkpoint");
-        save(done);
+        save(done, std::isfinite(loss));
         if (tracing) tracer->pop();
       }
       if (tracing) {

@@ -23,7 +23,10 @@ namespace loom::checkpoint {
 constexpr int kFormatVersion = 1;
 
 struct SaveOptions {
-  int keep = 0;  // keep the newest `keep` step directories (0 keeps all)
+  // Keep the newest `keep` step directories (0 keeps all), and whatever `keep` says the
+  // newest one whose loss and weights were finite.
+  int keep = 0;
+  bool loss_finite = true;  // the loss of the step saved; state.json "finite" also checks the weights
 };
 
 // Writes root/step_<step> atomically and points root/latest at it. Returns its path.

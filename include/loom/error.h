@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -43,6 +44,12 @@ std::string cat(const Args&... args) {
   (out << ... << args);
   return out.str();
 }
+
+// `text` safe to print as part of one line: control characters (newline, escape, C1
+// controls) and bytes that are not UTF-8 become \n, \t, \r or \xHH, so that a name or
+// value echoed from input can neither break a message into several lines nor drive the
+// terminal. Every error and log line passes through it when printed.
+std::string printable(std::string_view text);
 
 // Throws RuntimeError naming the failed system call, its subject and errno's text when
 // rc < 0. Returns rc otherwise. Every OS call goes through this or an equivalent.

@@ -5,13 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace loom {
 
-// Whole file; InputError when missing or unreadable (it is the user's file).
-std::string read_file(const std::string& path);
+// Whole file; InputError when missing, not a regular file, unreadable, or larger than
+// `max_bytes` (checked before anything is read: it is the user's file).
+std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 void write_file_atomic(const std::string& path, std::string_view bytes);
 void fsync_dir(const std::string& dir);
 bool path_exists(const std::string& path);

@@ -128,8 +128,16 @@ struct LaunchEnv {
   bool store_hosted = false;   // true: the launcher serves the store (LOOM_STORE_HOSTED=1)
   std::string secret;          // LOOM_SECRET, or the contents of LOOM_SECRET_FILE (0600)
   std::string job_id = "default";
+  // The job id came from the scheduler (Slurm's job number, PMIx's namespace, torchrun's run
+  // id), which anyone can predict: join_world adds a tag derived from the secret.
+  bool job_id_from_scheduler = false;
   std::string source;          // "loom launch", "torchrun", "mpirun", "slurm" or "none"
 };
+
+// `base` with a tag only holders of `secret` can compute ("<base>-<8 hex digits>"), so
+// that a job id carries the launcher's randomness even where a scheduler's id is its base.
+// `base` unchanged when there is no secret.
+std::string tagged_job_id(const std::string& base, const std::string& secret);
 
 // Reads, in order of precedence: torchrun / PyTorchJob (RANK, WORLD_SIZE, ...), OpenMPI
 // (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, ...). InputError naming the variable when a

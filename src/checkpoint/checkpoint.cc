@@ -1,8 +1,10 @@
 #include "loom/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
+#include "loom/bounded_json.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
 
@@ -27,16 +29,49 @@ json tensor_index(const std::string& file, const std::vector<std::pair<std::stri
   return out;
 }
 
+// Whether a step directory's state.json says its loss and weights were finite. Directories
+// written before the key existed count as finite; unreadable ones do not.
+bool finite_checkpoint(const fs::path& dir) {
+  try {
+    const std::string path = (dir / "state.json").string();
+    const json state = parse_json_bounded(read_file(path, kStateJsonLimits.max_bytes), path, kStateJsonLimits);
+    return !state.is_object() || state.value("finite", true);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Removes all but the newest `keep` step directories, except the newest finite one: a run
+// that diverged never prunes the last checkpoint it could be resumed from.
 void prune(const std::string& root, int keep) {
   if (keep <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(root)) {
     std::string n = e.path().filename().string();
-    if (e.is_directory() && n.starts_with("step_") && n.find_first_not_of("0123456789", 5) == std::string::npos)
+    if (e.is_directory() && n.size() > 5 && n.size() < 24 && n.starts_with("step_") &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
       steps.emplace_back(std::stoll(n.substr(5)), e.path());
   }
   std::sort(steps.rbegin(), steps.rend());
-  for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i) fs::remove_all(steps[i].second);
+  bool finite_kept = false;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool finite = !finite_kept && finite_checkpoint(steps[i].second);
+    finite_kept = finite_kept || finite;
+    if (i >= static_cast<size_t>(keep) && !finite) fs::remove_all(steps[i].second);
+  }
+}
+
+template <typename T>
+bool all_finite(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
+bool all_finite(const ParamSet& params) {
+  const Tensor& v = params.values();
+  if (v.dtype() == DType::kF64) return all_finite(v.data<double>(), v.numel());
+  return all_finite(v.data<float>(), v.numel());
 }
 
 }  // namespace
@@ -79,6 +114,7 @@ std::string save_impl(const std::string& root, int64_t step, const ParamSet& par
   st["version"] = kFormatVersion;
   st["step"] = step;
   if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps;
+  st["finite"] = options.loss_finite && all_finite(params);
   add_file("state.json", write_text("state.json", st.dump(2) + "\n"));
   json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion},
                 {"tensors", tensors}, {"files", files}};
@@ -133,12 +169,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json, latest or checkpoints/)"));
   c.path_ = *dir;
   const std::string index_path = (fs::path(*dir) / "index.json").string();
-  json index;
-  try {
-    index = json::parse(read_file(index_path));
-  } catch (const json::exception& e) {
-    throw InputError(cat(index_path, ": not JSON (", e.what(), ")"));
-  }
+  const json index = parse_json_bounded(read_file(index_path, kIndexJsonLimits.max_bytes), index_path, kIndexJsonLimits);
   if (!index.contains("files") || !index["files"].is_object() || !index["files"].contains(kModelFile))
     throw InputError(cat(index_path, ": expected files with ", kModelFile));
   // Each file is read once: its hash is verified, then the same bytes are parsed.
@@ -154,11 +185,7 @@ Checkpoint Checkpoint::open(const std::string& path) {
     } else if (it.key() == kOptimizerFile) {
       c.optimizer_ = SafetensorsFile::parse(file, std::move(bytes));
     } else if (it.key() == "state.json") {
-      try {
-        c.state_ = json::parse(bytes);
-      } catch (const json::exception& e) {
-        throw InputError(cat(file, ": not JSON (", e.what(), ")"));
-      }
+      c.state_ = parse_json_bounded(bytes, file, kStateJsonLimits);
     }
   }
   if (c.state_.is_null()) throw InputError(cat(index_path, ": expected files with state.json"));

@@ -6,13 +6,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "loom/bounded_json.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
 
 namespace loom {
 namespace {
 using json = nlohmann::json;
-constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // as Python's safetensors
 }  // namespace
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(path, read_file(path)); }
@@ -25,16 +25,12 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, std::string byte
   if (b.size() < 8) throw InputError(cat(path, ": not safetensors: ", b.size(), " bytes, expected an 8-byte header length"));
   uint64_t n = 0;
   std::memcpy(&n, b.data(), 8);
-  if (n > kMaxHeader || n > b.size() - 8)
+  if (n > b.size() - 8)
     throw InputError(cat(path, ": safetensors header length ", n, " runs past the file (", b.size(), " bytes)"));
   f.data_start_ = 8 + n;
   const size_t data_size = b.size() - f.data_start_;
-  json header;
-  try {
-    header = json::parse(b.begin() + 8, b.begin() + static_cast<ptrdiff_t>(f.data_start_));
-  } catch (const json::exception& e) {
-    throw InputError(cat(path, ": safetensors header is not JSON (", e.what(), ")"));
-  }
+  const json header = parse_json_bounded(std::string_view(b).substr(8, n), cat(path, ": safetensors header"),
+                                         kSafetensorsHeaderLimits);
   if (!header.is_object()) throw InputError(cat(path, ": safetensors header is not a JSON object"));
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();

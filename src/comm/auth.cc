@@ -25,7 +25,7 @@ std::string recv_msg(int fd, Deadline d, const std::string& who) {
   uint32_t n = 0;
   net::read_exact(fd, &n, sizeof n, d, who);
   if (n > kMaxMessage)
-    throw AuthError(cat("handshake from ", who, " announced ", n, " bytes (cap ", kMaxMessage,
+    throw CommError(cat("handshake from ", who, " announced ", n, " bytes (cap ", kMaxMessage,
                         "): not a Loom peer"),
                     -1);
   std::string body(n, '\0');

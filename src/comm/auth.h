@@ -16,6 +16,17 @@
 
 namespace loom::comm::auth {
 
+// A connector that did not prove it holds the secret (wrong MAC), or that does not speak
+// the handshake at all. The acceptor logs it and drops the connection; it is never the
+// job's business (docs/security.md): someone without the secret cannot act on a job.
+class Unauthenticated : public AuthError {
+ public:
+  using AuthError::AuthError;
+};
+
+// How long an acceptor gives one connection to complete its handshake.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+
 struct Hello {
   std::string job_id;
   std::string purpose;  // "store", or the communicator's name
@@ -30,9 +41,10 @@ std::string random_bytes(size_t n);
 void connect_handshake(int fd, const std::string& secret, const Hello& mine, Deadline d,
                        const std::string& who);
 
-// Acceptor side. Returns the verified hello, or throws AuthError with the reason (after
-// telling the connector). `check` may reject a verified hello: it returns an empty
-// string to accept, else the reason.
+// Acceptor side. Returns the verified hello, or throws (after telling the connector):
+// Unauthenticated when the MAC is wrong, AuthError with the reason when `check` rejects a
+// verified hello (`check` returns an empty string to accept, else the reason), CommError
+// when the bytes are not a handshake or do not arrive in time.
 template <typename F>
 Hello accept_handshake(int fd, const std::string& secret, Deadline d, F&& check);
 
@@ -55,12 +67,15 @@ template <typename F>
 Hello accept_handshake(int fd, const std::string& secret, Deadline d, F&& check) {
   std::string nonce_a, nonce_c, hello_bytes;
   AcceptResult r = accept_read(fd, secret, d, nonce_a, nonce_c, hello_bytes);
-  std::string reason;
-  if (!r.mac_ok)
-    reason = cat("authentication failed: wrong secret (from ", r.hello.purpose, " rank ",
-                 r.hello.rank, " of job '", r.hello.job_id, "')");
-  else
-    reason = check(r.hello);
+  if (!r.mac_ok) {
+    const std::string reason = "authentication failed: wrong secret";
+    accept_reply(fd, secret, reason, nonce_a, nonce_c, hello_bytes, d);
+    // What the hello claims is unverified: quoted for the log, never trusted.
+    throw Unauthenticated(cat(reason, " (the hello claims ", r.hello.purpose, " rank ", r.hello.rank, " of job '",
+                              r.hello.job_id, "')"),
+                          -1);
+  }
+  const std::string reason = check(r.hello);
   accept_reply(fd, secret, reason, nonce_a, nonce_c, hello_bytes, d);
   if (!reason.empty()) throw AuthError(reason, r.hello.rank);
   return r.hello;

@@ -12,13 +12,18 @@
 
 namespace loom {
 
-std::string read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+std::string read_file(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(cat(path, ": cannot open: ", std::strerror(errno)));
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw InputError(cat(path, ": not a regular file"));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw InputError(cat(path, ": ", st.st_size, " bytes, over the ", max_bytes, "-byte limit of its format"));
   }
   std::string data(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include "loom/error.h"
+
 namespace loom {
 namespace {
 std::mutex g_mu;
@@ -11,7 +13,7 @@ std::atomic<bool> g_quiet{false};
 
 void emit(const char* level, const std::string& message) {
   std::lock_guard<std::mutex> lock(g_mu);
-  std::fprintf(stderr, "loom: %s%s\n", level, message.c_str());
+  std::fprintf(stderr, "loom: %s%s\n", level, printable(message).c_str());
   std::fflush(stderr);
 }
 }  // namespace

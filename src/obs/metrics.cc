@@ -91,7 +91,7 @@ void Progress::update(int64_t step, double loss, double tokens_per_s, double sec
 void Progress::note(const std::string& line) {
   if (quiet_) return;
   if (live_) std::fprintf(stderr, "\r\033[K");
-  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fprintf(stderr, "%s\n", printable(line).c_str());
   live_ = false;
 }
 

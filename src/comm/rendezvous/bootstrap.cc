@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "comm/auth.h"
 #include "comm/net.h"
 #include "loom/fileio.h"
 #include "loom/rendezvous.h"
@@ -74,12 +75,18 @@ LaunchEnv launch_env_from_environment() {
   if (env("RANK") || env("WORLD_SIZE")) {
     e.source = env("LOOM_LAUNCHER") ? "loom launch" : "torchrun";
     read_world(e, "WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK");
-    if (const char* run = env("TORCHELASTIC_RUN_ID"); run && !env("LOOM_JOB_ID")) e.job_id = run;
+    if (const char* run = env("TORCHELASTIC_RUN_ID"); run && !env("LOOM_JOB_ID")) {
+      e.job_id = run;
+      e.job_id_from_scheduler = true;
+    }
   } else if (env("OMPI_COMM_WORLD_SIZE")) {
     e.source = "mpirun";
     read_world(e, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
                "OMPI_COMM_WORLD_LOCAL_RANK");
-    if (const char* ns = env("PMIX_NAMESPACE"); ns && !env("LOOM_JOB_ID")) e.job_id = ns;
+    if (const char* ns = env("PMIX_NAMESPACE"); ns && !env("LOOM_JOB_ID")) {
+      e.job_id = ns;
+      e.job_id_from_scheduler = true;
+    }
   } else if (env("SLURM_PROCID")) {
     e.source = "slurm";
     e.size = env_int("SLURM_NTASKS", 1, 1 << 20, 1);
@@ -88,7 +95,10 @@ LaunchEnv launch_env_from_environment() {
     e.local_size = env_int("SLURM_NTASKS_PER_NODE", 1, e.size, 1);
     if (const char* nodes = env("SLURM_JOB_NODELIST")) e.master_addr = first_slurm_host(nodes);
     int job = env_int("SLURM_JOB_ID", 0, 0x7fffffff, 0);
-    if (!env("LOOM_JOB_ID")) e.job_id = cat("slurm-", job);
+    if (!env("LOOM_JOB_ID")) {
+      e.job_id = cat("slurm-", job);
+      e.job_id_from_scheduler = true;
+    }
     // Convention (documented in docs/launch.md): a port derived from the job id, so every
     // task computes the same one without talking.
     e.master_port = 20000 + job % 20000;
@@ -101,11 +111,26 @@ LaunchEnv launch_env_from_environment() {
   return e;
 }
 
+std::string tagged_job_id(const std::string& base, const std::string& secret) {
+  if (secret.empty()) return base;
+  static constexpr char kHex[] = "0123456789abcdef";
+  const std::string mac = auth::hmac_sha256(secret, "loom-job-id" + base);
+  std::string tag;
+  for (int i = 0; i < 4; ++i) {
+    const auto c = static_cast<unsigned char>(mac[i]);
+    tag += kHex[c >> 4];
+    tag += kHex[c & 15];
+  }
+  return cat(base, "-", tag);
+}
+
 std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
                                          std::unique_ptr<TcpStoreServer>& server,
                                          std::unique_ptr<Store>& store) {
   config.secret = e.secret;
   config.job_id = e.job_id;
+  // The id every connection of this job claims, once the secret is known.
+  auto job_id = [&] { return e.job_id_from_scheduler ? tagged_job_id(e.job_id, config.secret) : e.job_id; };
   Deadline d = Clock::now() + config.timeout;
   if (e.size == 1 && e.master_port == 0) {
     store = std::make_unique<HashStore>();
@@ -125,7 +150,7 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
     if (e.rank == 0) {
       if (config.secret.empty()) config.secret = generate_secret();
       server = std::make_unique<TcpStoreServer>(
-          TcpStoreConfig{.host = "127.0.0.1", .secret = config.secret, .job_id = e.job_id});
+          TcpStoreConfig{.host = "127.0.0.1", .secret = config.secret, .job_id = job_id()});
       ::umask(077);
       write_file_atomic(base + ".secret", config.secret);
       write_file_atomic(base + ".port", std::to_string(server->port()));
@@ -141,14 +166,15 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
     handoff = base;
   } else if (e.rank == 0 && !e.store_hosted) {
     server = std::make_unique<TcpStoreServer>(
-        TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id});
+        TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = job_id()});
   }
   // Peers on other hosts must reach this rank: listen where the route to the store leaves
   // from, unless the caller chose an address.
   if (net::is_loopback(config.bind_address) && !net::is_loopback(host))
     config.bind_address = net::local_address_towards(host);
+  config.job_id = job_id();
   store = std::make_unique<TcpStore>(
-      TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = e.job_id, .rank = e.rank}, d);
+      TcpStoreConfig{.host = host, .port = port, .secret = config.secret, .job_id = config.job_id, .rank = e.rank}, d);
   auto comm = Communicator::create(*store, e.rank, e.size, config);
   // Every rank has read the files to get here (each connected to rank 0).
   if (!handoff.empty() && e.rank == 0) {

@@ -33,7 +33,6 @@ Response checked(Response r, const std::vector<std::string>& keys) {
     case Status::kMissing: return r;
     case Status::kTimeout:
       throw TimeoutError(cat("store: timed out waiting for key ", key_list(keys)), -1);
-    case Status::kPeerAuthFailed: throw AuthError(cat("store: ", r.payload), -1);
     case Status::kError: break;
   }
   throw CommError(cat("store: ", r.payload), -1);

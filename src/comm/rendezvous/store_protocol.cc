@@ -68,7 +68,7 @@ Response parse_response(std::string_view body) {
   wire::Reader rd(body, "store response");
   Response r;
   auto s = rd.get<uint8_t>();
-  if (s > static_cast<uint8_t>(Status::kPeerAuthFailed)) rd.fail(cat("unknown status ", int(s)));
+  if (s > static_cast<uint8_t>(Status::kError)) rd.fail(cat("unknown status ", int(s)));
   r.status = static_cast<Status>(s);
   r.payload = std::string(rd.str(kMaxValue));
   rd.finish();

@@ -11,7 +11,7 @@
 namespace loom::comm::store_protocol {
 
 enum class Cmd : uint8_t { kSet = 1, kGet, kAdd, kWait, kCompareSet, kRemove, kTryGet };
-enum class Status : uint8_t { kOk = 0, kTimeout, kMissing, kError, kPeerAuthFailed };
+enum class Status : uint8_t { kOk = 0, kTimeout, kMissing, kError };
 
 constexpr size_t kMaxKey = 4096;
 constexpr size_t kMaxValue = 64u << 20;

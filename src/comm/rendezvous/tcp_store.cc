@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "comm/auth.h"
+#include "comm/handshake_budget.h"
 #include "comm/net.h"
 #include "comm/rendezvous/kv_table.h"
 #include "loom/log.h"
@@ -26,8 +27,6 @@ using store_protocol::Response;
 using store_protocol::Status;
 
 namespace {
-
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 
 struct Client {
   net::Fd fd;
@@ -52,26 +51,36 @@ struct TcpStoreServer::Impl {
   std::thread loop;
   std::atomic<bool> stop{false};
 
-  std::mutex mu;  // guards the handoff of handshaken clients and auth notices
+  std::mutex mu;  // guards the handoff of handshaken clients
   std::vector<std::unique_ptr<Client>> arrived;
-  std::vector<std::string> auth_failures;
-  std::vector<std::thread> handshakes;
+  HandshakeBudget budget;
+
+  struct Handshake {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::list<Handshake> handshakes;  // owned by the loop thread; finished ones are joined there
 
   KvTable table;  // owned by the loop thread
   std::list<std::unique_ptr<Client>> clients;
   std::list<Parked> parked;
-  std::vector<std::string> notices;  // auth failures of this job's ranks, oldest first
 
   void wake() {
     char c = 1;
     [[maybe_unused]] auto n = ::write(wake_pipe[1], &c, 1);
   }
 
+  // A connection that fails its handshake is logged (address, reason) and dropped; it is
+  // never the job's business (docs/security.md): no rank hears of it.
   void handshake(net::Fd fd) {
-    std::string who = net::peer_address(fd.get());
+    const std::string who = net::peer_address(fd.get());
+    auto refused = [&](const std::string& why) {
+      if (const int64_t n = budget.to_log(host_of(who)); n > 0)
+        log_warn(cat("store: refused ", who, ": ", why, n > 1 ? cat(" (", n, " refusals from this address since the last line)") : ""));
+    };
     try {
       auto hello = auth::accept_handshake(
-          fd.get(), config.secret, Clock::now() + kHandshakeTimeout, [&](const auth::Hello& h) {
+          fd.get(), config.secret, Clock::now() + auth::kHandshakeTimeout, [&](const auth::Hello& h) {
             if (h.purpose != "store") return cat("this is a store; connection is for '", h.purpose, "'");
             if (h.job_id != config.job_id)
               return cat("this store belongs to job '", config.job_id, "', not job '", h.job_id,
@@ -83,19 +92,10 @@ struct TcpStoreServer::Impl {
       c->who = hello.rank >= 0 ? cat("rank ", hello.rank, " (", who, ")") : who;
       std::lock_guard lock(mu);
       arrived.push_back(std::move(c));
-    } catch (const AuthError& e) {
-      std::string what = e.what();
-      log_warn(cat("store: refused ", who, ": ", what));
-      // Only failures that claim this job are the job's business: a stale job's rank is
-      // refused quietly, a wrong secret claiming our job fails the waiting ranks at once.
-      if (what.find("wrong secret") != std::string::npos &&
-          what.find("job '" + config.job_id + "'") != std::string::npos) {
-        std::lock_guard lock(mu);
-        auth_failures.push_back(cat(what, " from ", who));
-      }
     } catch (const Error& e) {
-      log_warn(cat("store: dropped connection from ", who, ": ", e.what()));
+      refused(e.what());
     }
+    budget.finish(host_of(who));
     wake();
   }
 
@@ -103,8 +103,33 @@ struct TcpStoreServer::Impl {
     std::lock_guard lock(mu);
     for (auto& c : arrived) clients.push_back(std::move(c));
     arrived.clear();
-    for (auto& n : auth_failures) notices.push_back(std::move(n));
-    auth_failures.clear();
+  }
+
+  // Starts the handshake of a new connection on its own thread, within its address's budget.
+  void admit(net::Fd fd) {
+    const std::string who = net::peer_address(fd.get());
+    if (!budget.admit(host_of(who))) {
+      if (const int64_t n = budget.to_log(host_of(who)); n > 0)
+        log_warn(cat("store: closed ", n, " connection(s) from ", host_of(who), " over its handshake budget"));
+      return;  // closed unread
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    handshakes.push_back({std::thread([this, done, f = std::make_shared<net::Fd>(std::move(fd))]() mutable {
+                            handshake(std::move(*f));
+                            done->store(true);
+                          }),
+                          done});
+  }
+
+  void join_finished_handshakes() {
+    for (auto it = handshakes.begin(); it != handshakes.end();) {
+      if (!it->done->load()) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = handshakes.erase(it);
+    }
   }
 
   void respond(Client* c, const Response& r) {
@@ -118,10 +143,6 @@ struct TcpStoreServer::Impl {
       respond(c, *out);
       return;
     }
-    if (!notices.empty()) {
-      respond(c, Response{Status::kPeerAuthFailed, notices.back()});
-      return;
-    }
     Deadline deadline = Clock::now() + milliseconds(r.timeout_ms);
     parked.push_back({c, std::move(r), deadline});
   }
@@ -129,8 +150,7 @@ struct TcpStoreServer::Impl {
   void retry_parked() {
     for (auto it = parked.begin(); it != parked.end();) {
       std::optional<Response> out;
-      if (!(out = table.try_apply(it->request)) && !notices.empty())
-        out = Response{Status::kPeerAuthFailed, notices.back()};
+      out = table.try_apply(it->request);
       if (!out && Clock::now() >= it->deadline) out = Response{Status::kTimeout, {}};
       if (out) {
         respond(it->client, *out);
@@ -194,6 +214,7 @@ struct TcpStoreServer::Impl {
   void run() {
     while (!stop.load()) {
       adopt_arrivals();
+      join_finished_handshakes();
       retry_parked();
       std::vector<pollfd> fds{{listener.get(), POLLIN, 0}, {wake_pipe[0], POLLIN, 0}};
       std::vector<Client*> order;
@@ -213,11 +234,7 @@ struct TcpStoreServer::Impl {
         }
       }
       if (fds[0].revents & POLLIN) {
-        while (auto fd = net::accept_until(listener.get(), Clock::now())) {
-          handshakes.emplace_back([this, f = std::make_shared<net::Fd>(std::move(fd))]() mutable {
-            handshake(std::move(*f));
-          });
-        }
+        while (auto fd = net::accept_until(listener.get(), Clock::now())) admit(std::move(fd));
       }
       for (size_t i = 0; i < order.size(); ++i) {
         if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) read_from(order[i]);
@@ -243,7 +260,7 @@ TcpStoreServer::~TcpStoreServer() {
   impl_->stop = true;
   impl_->wake();
   impl_->loop.join();
-  for (auto& t : impl_->handshakes) t.join();
+  for (auto& h : impl_->handshakes) h.thread.join();
   ::close(impl_->wake_pipe[0]);
   ::close(impl_->wake_pipe[1]);
 }
@@ -259,10 +276,22 @@ struct TcpStore::Impl {
 TcpStore::TcpStore(const TcpStoreConfig& config, Deadline d) : impl_(std::make_unique<Impl>()) {
   impl_->config = config;
   impl_->who = cat("store ", config.host, ":", config.port);
-  impl_->fd = net::connect_tcp(config.host, config.port, d, impl_->who);
-  auth::connect_handshake(impl_->fd.get(), config.secret,
-                          {.job_id = config.job_id, .purpose = "store", .rank = config.rank},
-                          d, impl_->who);
+  // A connection the server closes before the handshake ends (its address over the
+  // handshake budget while someone floods it) is retried; a refusal with a reason is not.
+  for (auto pause = milliseconds(5);; pause = std::min(pause * 2, milliseconds(200))) {
+    impl_->fd = net::connect_tcp(config.host, config.port, d, impl_->who);
+    try {
+      auth::connect_handshake(impl_->fd.get(), config.secret,
+                              {.job_id = config.job_id, .purpose = "store", .rank = config.rank}, d, impl_->who);
+      return;
+    } catch (const AuthError&) {
+      throw;
+    } catch (const CommError& e) {
+      if (Clock::now() + pause >= d)
+        throw TimeoutError(cat("cannot complete the handshake with ", impl_->who, " before the deadline: ", e.what()), -1);
+    }
+    std::this_thread::sleep_for(pause);
+  }
 }
 
 TcpStore::~TcpStore() = default;

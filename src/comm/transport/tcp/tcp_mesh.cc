@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/auth.h"
+#include "comm/handshake_budget.h"
 #include "comm/net.h"
 #include "comm/transport/tcp/frame.h"
 #include "comm/wire.h"
@@ -464,6 +465,7 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
     auth::connect_handshake(fd.get(), config.secret, hello, d, who);
     impl->peers[p].fd = std::move(fd);
   }
+  HandshakeBudget refusals;  // paces the log lines of refused connections
   for (int accepted = 0; accepted < size - 1 - rank;) {
     net::Fd fd = net::accept_until(listener.get(), d);
     if (!fd) {
@@ -473,8 +475,12 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
       throw TimeoutError(cat("rank(s) ", missing, " of '", name, "' did not connect to rank ", rank,
                              " within ", config.timeout.count(), " ms"), -1);
     }
+    const std::string from = net::peer_address(fd.get());
     try {
-      auto h = auth::accept_handshake(fd.get(), config.secret, d, [&](const auth::Hello& h) {
+      // Each handshake gets a few seconds, not the whole deadline: a connection that says
+      // nothing cannot hold the listener until the job times out.
+      const Deadline hd = std::min(d, Clock::now() + auth::kHandshakeTimeout);
+      auto h = auth::accept_handshake(fd.get(), config.secret, hd, [&](const auth::Hello& h) {
         if (h.job_id != config.job_id)
           return cat("rank ", rank, " belongs to job '", config.job_id, "', not job '", h.job_id,
                      "' (a rank of a stale job?)");
@@ -488,14 +494,16 @@ std::unique_ptr<TcpMesh> TcpMesh::connect(Store& store, const std::string& name,
       });
       impl->peers[h.rank].fd = std::move(fd);
       ++accepted;
+    } catch (const auth::Unauthenticated& e) {
+      // Someone without the secret: logged and dropped, never the job's business.
+      if (const int64_t n = refusals.to_log(host_of(from)); n > 0)
+        log_warn(cat("rank ", rank, ": refused ", from, ": ", e.what(), n > 1 ? cat(" (", n, " refusals since the last line)") : ""));
     } catch (const AuthError& e) {
-      if (std::string(e.what()).find("stale job") != std::string::npos) {
-        log_warn(cat("rank ", rank, ": refused a connection: ", e.what()));
-        continue;
-      }
-      throw;
+      if (std::string(e.what()).find("stale job") == std::string::npos) throw;  // a rank of this job disagrees
+      log_warn(cat("rank ", rank, ": refused a connection: ", e.what()));
     } catch (const CommError& e) {
-      log_warn(cat("rank ", rank, ": dropped a connection that failed its handshake: ", e.what()));
+      if (const int64_t n = refusals.to_log(host_of(from)); n > 0)
+        log_warn(cat("rank ", rank, ": dropped ", from, ", which failed its handshake: ", e.what()));
     }
   }
   peers_out = impl->infos;

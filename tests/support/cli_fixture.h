@@ -1,0 +1,94 @@
+// The loom binary as a test sees it: a per-test directory with a small corpus and a
+// gpt-nano config (nano.toml), commands run with their exit code, stdout and stderr, a
+// fingerprint of a directory's files, and the bad-input expectation every CLI test uses.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "loom/data.h"
+#include "loom/fileio.h"
+#include "loom/safetensors.h"
+#include "loom_testing.h"
+
+namespace loom {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+class Cli : public testing::TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    // A small byte-level corpus: enough windows for gpt-nano.
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";
+    std::vector<uint16_t> toks = data::byte_tokenize(text);
+    data::write_tokens(p("train.bin"), toks);
+    data::write_tokens(p("val.bin"), std::vector<uint16_t>(toks.begin(), toks.begin() + 2000));
+    write(p("nano.toml"), cat("[job]\nname = \"r\"\nrun_dir = \"", p("runs"),
+                              "\"\nthreads = 1\n[model]\npreset = \"gpt-nano\"\n[data]\ntrain = \"", p("train.bin"),
+                              "\"\nval = \"", p("val.bin"), "\"\n[training]\nsteps = 6\nglobal_batch = 4\n"
+                              "micro_batch = 2\nwarmup_steps = 2\neval_every = 3\neval_steps = 2\n"
+                              "[checkpoint]\nevery = 3\nkeep = 5\n"));
+  }
+  std::string p(const std::string& name) const { return path(name); }
+  static void write(const std::string& path, const std::string& s) { std::ofstream(path, std::ios::binary) << s; }
+
+  Result loom(const std::string& args) const {
+    const std::string err_path = p("stderr.txt");
+    const std::string cmd = cat(LOOM_BINARY_DIR, "/loom ", args, " 2>", err_path);
+    testing::CommandResult c = testing::run_command(cmd);
+    Result r{c.code, std::move(c.out), ""};
+    std::ifstream e(err_path);
+    std::stringstream ss;
+    ss << e.rdbuf();
+    r.err = ss.str();
+    return r;
+  }
+
+  // Every file under the run directory with its contents: a fingerprint of "untouched".
+  std::string snapshot(const std::string& root) const {
+    std::string s;
+    if (!std::filesystem::exists(root)) return "absent";
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    // .lock names the last process that claimed the directory, not anything it holds.
+    std::erase_if(files, [](const std::string& f) { return f.ends_with("/.lock"); });
+    for (const auto& f : files) s += f + "\n" + (std::filesystem::is_regular_file(f) ? sha256_hex(read_file(f)) : "dir") + "\n";
+    return s;
+  }
+
+  void kill_and_resume(const std::string& train, const std::string& steps, std::initializer_list<std::string> fragments);
+
+  // Bad input: exit 2, exactly one line on stderr containing every fragment, run dir untouched.
+  void expect_bad_input(const std::string& args, std::initializer_list<std::string> fragments) {
+    const std::string before = snapshot(p("runs"));
+    Result r = loom(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_TRUE(r.err.starts_with("loom: error: ")) << r.err;
+    for (const auto& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "missing '" << f << "' in: " << r.err;
+    EXPECT_EQ(snapshot(p("runs")), before) << args;
+  }
+};
+
+// The metrics columns that must be bitwise equal between two runs of the same training.
+inline std::vector<std::string> loss_columns(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"tokens\"")));
+  return out;
+}
+
+}  // namespace loom
