@@ -1,0 +1,24 @@
+#include <gtest/gtest.h>
+
+#include "loom/error.h"
+
+namespace loom {
+namespace {
+
+// One error is one line, and what it echoes cannot drive the terminal.
+TEST(Printable, EscapesControlsAndBrokenUtf8KeepsText) {
+  EXPECT_EQ(printable("plain text: 42"), "plain text: 42");
+  EXPECT_EQ(printable("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+  EXPECT_EQ(printable(std::string("x\0y", 3)), "x\\x00y");
+  EXPECT_EQ(printable("\x1b[2Jgone"), "\\x1b[2Jgone");
+  EXPECT_EQ(printable("\x7f"), "\\x7f");
+  EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xc2\x9b" "31m"), "\\xc2\\x9b31m") << "U+009B, the C1 CSI";
+  EXPECT_EQ(printable("\x9b" "31m"), "\\x9b31m") << "a lone 8-bit CSI";
+  EXPECT_EQ(printable("\xff\xc3"), "\\xff\\xc3") << "not UTF-8, and a sequence cut short";
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80") << "a surrogate";
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf") << "an overlong '/'";
+}
+
+}  // namespace
+}  // namespace loom
