@@ -453,5 +453,53 @@ TEST_F(RunIntegrity, HandshakesWithoutTheSecretNeverActOnTheJob) {
   }
 }
 
+// Every regular file under `root` (at most 1 MiB each) that contains `needle`.
+std::vector<std::string> files_containing(const std::string& root, const std::string& needle) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    if (!it->is_regular_file(ec) || it->file_size(ec) > (1u << 20)) continue;
+    if (slurp_proc(it->path().string()).find(needle) != std::string::npos) out.push_back(it->path().string());
+  }
+  return out;
+}
+
+// The launcher's secret is in no command line, log or run directory, and no file in the
+// temporary directory holds it, during the job or after a SIGKILLed launcher.
+TEST_F(RunIntegrity, LaunchSecretIsNeverOnDisk) {
+  Background job(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                     " --quiet --job.name=s --training.eval_every=0 --training.steps=100000 --checkpoint.every=5"),
+                 p("job.out"));
+  wait_for_lines(p("runs/s/metrics.jsonl"), 10);
+  std::vector<pid_t> ranks = children_of(job.pid());
+  ASSERT_EQ(ranks.size(), 2u);
+  // The rank's own view of it: LOOM_SECRET_FILE in its environment names a descriptor.
+  const std::string env = slurp_proc(cat("/proc/", ranks[0], "/environ"));
+  const size_t at = env.find("LOOM_SECRET_FILE=/proc/self/fd/");
+  ASSERT_NE(at, std::string::npos);
+  const std::string fd = env.substr(at + 31, env.find('\0', at) - at - 31);
+  const std::string secret = slurp_proc(cat("/proc/", ranks[0], "/fd/", fd));
+  ASSERT_EQ(secret.size(), 64u);
+  for (pid_t pid : {job.pid(), ranks[0], ranks[1]})
+    EXPECT_EQ(slurp_proc(cat("/proc/", pid, "/cmdline")).find(secret), std::string::npos);
+  const std::string tmp = fs::temp_directory_path().string();
+  EXPECT_EQ(files_containing(tmp, secret), std::vector<std::string>{});
+  ::kill(job.pid(), SIGKILL);
+  job.wait();
+  for (pid_t pid : ranks) {  // the kernel tells the ranks their launcher is gone (PR_SET_PDEATHSIG)
+    auto alive = [&] {  // a zombie waiting for a reaper has ended
+      const std::string stat = slurp_proc(cat("/proc/", pid, "/stat"));
+      return !stat.empty() && stat.find(") Z ") == std::string::npos;
+    };
+    for (int i = 0; i < 1000 && alive(); ++i) ::usleep(10000);
+    EXPECT_FALSE(alive()) << "rank pid " << pid << " outlived its launcher";
+    ::kill(pid, SIGKILL);
+  }
+  EXPECT_EQ(files_containing(tmp, secret), std::vector<std::string>{});
+  EXPECT_EQ(job.output().find(secret), std::string::npos);
+}
+
 }  // namespace
 }  // namespace loom

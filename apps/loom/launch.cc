@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,20 +88,19 @@ int run_launch(const LaunchArgs& a) {
   std::string job_id = std::getenv("LOOM_JOB_ID") ? std::getenv("LOOM_JOB_ID")
                        : a.nnodes > 1 ? comm::tagged_job_id(cat("job-", host, "-", port), secret)
                                       : cat("job-", comm::generate_secret().substr(0, 16));
-  std::string dir = cat(std::filesystem::temp_directory_path().string(), "/loom-launch-", ::getpid());
-  std::filesystem::create_directories(dir);
-  ::chmod(dir.c_str(), 0700);
-  std::string secret_file = dir + "/secret";
-  {
-    int fd = static_cast<int>(sys_check(::open(secret_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600),
-                                        "open", secret_file));
-    sys_check(::write(fd, secret.data(), secret.size()), "write", secret_file);
-    ::close(fd);
+  // The secret reaches the ranks as an inherited descriptor of a file without a name
+  // (O_TMPFILE, or one unlinked at once), read through /proc/self/fd: nothing of it is ever
+  // on disk under a name, so nothing remains whatever ends the launcher, SIGKILL included.
+  const std::string tmp = std::filesystem::temp_directory_path().string();
+  int secret_fd = static_cast<int>(::open(tmp.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (secret_fd < 0) {  // a filesystem without O_TMPFILE
+    std::string name = tmp + "/loom-secret-XXXXXX";
+    secret_fd = static_cast<int>(sys_check(::mkostemp(name.data(), O_CLOEXEC), "mkostemp", name));
+    ::unlink(name.c_str());
   }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{dir};
+  sys_check(::fchmod(secret_fd, 0600), "fchmod", "the secret file");
+  sys_check(::write(secret_fd, secret.data(), secret.size()), "write", "the secret file");
+  const std::string secret_file = cat("/proc/self/fd/", secret_fd);
 
   std::unique_ptr<comm::TcpStoreServer> server;
   if (a.node_rank == 0) {
@@ -124,10 +124,15 @@ int run_launch(const LaunchArgs& a) {
     c.rank = a.node_rank * a.nproc + i;
     int fds[2];
     sys_check(::pipe2(fds, O_CLOEXEC), "pipe2", "rank output");
+    const pid_t launcher_pid = ::getpid();
     pid_t pid = ::fork();
     sys_check(pid, "fork", cat("rank ", c.rank));
     if (pid == 0) {
       ::setpgid(0, 0);  // signals reach ranks only through the launcher
+      // ... or from the kernel when the launcher dies without forwarding anything (SIGKILL):
+      // a rank never outlives its launcher.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher_pid) ::_exit(128 + SIGTERM);
       ::dup2(fds[1], 1);
       ::dup2(fds[1], 2);
       ::signal(SIGINT, SIG_DFL);
@@ -145,6 +150,7 @@ int run_launch(const LaunchArgs& a) {
       ::setenv("LOOM_STORE_HOSTED", "1", 1);
       ::setenv("LOOM_JOB_ID", job_id.c_str(), 1);
       ::setenv("LOOM_SECRET_FILE", secret_file.c_str(), 1);
+      ::fcntl(secret_fd, F_SETFD, 0);  // inherited by this rank only
       ::unsetenv("LOOM_SECRET");
       std::vector<char*> argv;
       for (const auto& s : a.command) argv.push_back(const_cast<char*>(s.c_str()));
