@@ -441,30 +441,12 @@ TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
                    {"profile.trace_steps", "expected steps"});
 }
 
-// /proc files report size 0: read them as streams.
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // The pid of the launcher's child that has RANK=rank in its environment, or -1.
 pid_t rank_pid(pid_t launcher, int rank) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    const std::string stat = slurp(e.path().string() + "/stat");
-    if (stat.rfind(')') == std::string::npos) continue;
-    // pid (comm) state ppid ...
-    std::istringstream in(stat.substr(stat.rfind(')') + 2));
-    std::string state;
-    pid_t ppid = 0;
-    in >> state >> ppid;
-    if (ppid != launcher) continue;
-    const std::string env = slurp(e.path().string() + "/environ");
+  for (pid_t pid : children_of(launcher)) {
+    const std::string env = slurp_proc(cat("/proc/", pid, "/environ"));
     if (("\0" + env).find(cat(std::string(1, '\0'), "RANK=", rank, std::string(1, '\0'))) != std::string::npos)
-      return static_cast<pid_t>(std::stoi(name));
+      return pid;
   }
   return -1;
 }

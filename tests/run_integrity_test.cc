@@ -66,14 +66,6 @@ class Background {
   std::string out_;
 };
 
-// /proc files report size 0: read them as streams.
-std::string slurp_proc(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 size_t lines_of(const std::string& path) {
   std::ifstream f(path);
   return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n'));
@@ -319,23 +311,6 @@ std::vector<int> listening_ports(pid_t pid) {
     if (state == "0A" && inodes.count(inode)) ports.push_back(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
   }
   return ports;
-}
-
-// The children of `parent`, from /proc.
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    const std::string stat = slurp_proc(e.path().string() + "/stat");
-    if (stat.rfind(')') == std::string::npos) continue;
-    std::istringstream in(stat.substr(stat.rfind(')') + 2));
-    std::string state;
-    pid_t ppid = 0;
-    in >> state >> ppid;
-    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(name)));
-  }
-  return out;
 }
 
 // Someone without the secret who knows the job id: from `source` (a loopback address),

@@ -316,7 +316,8 @@ int run_train(const TrainArgs& a) {
     std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
     if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
-      log_warn(cat("step ", step, ": the loss is not finite; ", dir, " is kept only beside the newest finite checkpoint"));
+      log_warn(cat("step ", step, ": the loss is not finite; saved ", dir,
+                   ", and the newest finite checkpoint is kept whatever checkpoint.keep says"));
     whole.reset();
     progress.note(cat("checkpoint ", dir));
   };

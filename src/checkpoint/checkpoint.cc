@@ -35,7 +35,7 @@ bool finite_checkpoint(const fs::path& dir) {
   try {
     const std::string path = (dir / "state.json").string();
     const json state = parse_json_bounded(read_file(path, kStateJsonLimits.max_bytes), path, kStateJsonLimits);
-    return !state.is_object() || state.value("finite", true);
+    return state.is_object() && (!state.contains("finite") || state["finite"] == true);
   } catch (const Error&) {
     return false;
   }

@@ -235,6 +235,7 @@ TEST(Rendezvous, HandshakeBudgetIsPerAddress) {
   for (int i = 0; i < 100; ++i)
     if (const int64_t n = b.to_log("c", t0 + std::chrono::milliseconds(i)); n > 0) logged += n, ++lines;
   EXPECT_EQ(lines, 5);
+  EXPECT_EQ(logged, 5) << "one refusal per line";
   EXPECT_EQ(b.to_log("c", t0 + std::chrono::seconds(11)), 96) << "the rest in one line, 10 s later";
 }
 

@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/types.h>
+
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -88,6 +91,31 @@ inline std::vector<std::string> loss_columns(const std::string& metrics) {
   std::vector<std::string> out;
   std::istringstream in(metrics);
   for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"tokens\"")));
+  return out;
+}
+
+// /proc files report size 0: read them as streams.
+inline std::string slurp_proc(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The children of `parent`, from /proc.
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    const std::string stat = slurp_proc(e.path().string() + "/stat");
+    if (stat.rfind(')') == std::string::npos) continue;
+    std::istringstream in(stat.substr(stat.rfind(')') + 2));  // pid (comm) state ppid ...
+    std::string state;
+    pid_t ppid = 0;
+    in >> state >> ppid;
+    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(name)));
+  }
   return out;
 }
 
