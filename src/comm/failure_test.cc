@@ -276,6 +276,17 @@ TEST(Rendezvous, TcpListenerDropsWhoeverLacksTheSecret) {
   EXPECT_NE(job[0].output().find("refused 127.0.0.1:"), std::string::npos) << job[0].output();
 }
 
+// A scheduler's predictable id gets a tag only holders of the secret can compute.
+TEST(Rendezvous, SchedulerJobIdsCarryATagFromTheSecret) {
+  const std::string a = tagged_job_id("slurm-4711", "secret one"), b = tagged_job_id("slurm-4711", "secret two");
+  EXPECT_TRUE(a.starts_with("slurm-4711-")) << a;
+  EXPECT_EQ(a.size(), std::string("slurm-4711-").size() + 8) << a;
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a, tagged_job_id("slurm-4711", "secret one"));
+  EXPECT_NE(a, tagged_job_id("slurm-4712", "secret one"));
+  EXPECT_EQ(tagged_job_id("slurm-4711", ""), "slurm-4711");
+}
+
 TEST(Rendezvous, StaleJobDuplicateRankAndWorldSizeAreNamed) {
   {
     Job job;
