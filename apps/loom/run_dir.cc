@@ -59,7 +59,10 @@ void write_holder(int fd, const fs::path& dir) {
                        "); wait for it to end, or set job.name or job.run_dir"));
 }
 
-[[noreturn]] void refuse_existing(const fs::path& dir) {
+// `dir` exists where a fresh run wants it: named as held when a job holds it, else as there.
+[[noreturn]] void refuse_taken(const fs::path& dir) {
+  if (const int held = try_lock(dir); held < 0) refuse_held(dir);
+  else ::close(held);
   throw InputError(cat(dir.string(), ": run directory exists; pass --resume to continue it, --restart to start afresh "
                        "(the old directory is kept aside), or set job.name or job.run_dir"));
 }
@@ -92,9 +95,7 @@ int create_locked(const fs::path& dir) {
     errno = err;
     sys_check(-1, "rename", dir.string());
   }
-  if (const int held = try_lock(dir); held < 0) refuse_held(dir);
-  else ::close(held);
-  refuse_existing(dir);
+  refuse_taken(dir);
 }
 
 // The lock of a directory the job writes into but that may already exist.
@@ -136,11 +137,7 @@ RunDirectory RunDirectory::claim_unchecked(const std::string& path, Mode mode, c
     throw InputError(cat(path, ": exists and is not a directory; expected a run directory"));
   if (mode == Mode::kResume && !exists)
     throw InputError(cat(path, ": --resume given but the run directory does not exist"));
-  if (mode == Mode::kFresh && exists) {
-    if (const int held = try_lock(dir); held < 0) refuse_held(dir);
-    else ::close(held);
-    refuse_existing(dir);
-  }
+  if (mode == Mode::kFresh && exists) refuse_taken(dir);
   if (!extra_lock.empty()) {
     fs::create_directories(extra_lock);
     r.extra_fd_ = lock_existing(extra_lock);
@@ -152,8 +149,9 @@ RunDirectory RunDirectory::claim_unchecked(const std::string& path, Mode mode, c
   if (mode == Mode::kRestart && exists) {
     const int old = try_lock(dir);
     if (old < 0) refuse_held(dir);
-    std::string aside = cat(path, ".old-", utc_now("%Y%m%d-%H%M%S"));
-    for (int n = 2; fs::exists(aside, ec); ++n) aside = cat(path, ".old-", utc_now("%Y%m%d-%H%M%S"), "-", n);
+    const std::string stem = cat(path, ".old-", utc_now("%Y%m%d-%H%M%S"));
+    std::string aside = stem;
+    for (int n = 2; fs::exists(aside, ec); ++n) aside = cat(stem, "-", n);
     const int moved = ::renameat2(AT_FDCWD, dir.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE);
     const int err = errno;
     ::close(old);

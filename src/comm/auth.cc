@@ -57,6 +57,18 @@ std::string random_bytes(size_t n) {
   return out;
 }
 
+std::string hex(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (const char b : bytes) {
+    const auto c = static_cast<unsigned char>(b);
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
 void parse_connect_message(std::string_view msg, std::string& nonce_c, Hello& hello,
                            std::string& hello_bytes, std::string& mac) {
   wire::Reader r(msg, "handshake");

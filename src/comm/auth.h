@@ -36,6 +36,7 @@ struct Hello {
 
 std::string hmac_sha256(std::string_view key, std::string_view message);  // 32 raw bytes
 std::string random_bytes(size_t n);
+std::string hex(std::string_view bytes);  // lowercase, two digits per byte
 
 // Connector side: throws AuthError naming `who` and the acceptor's reason.
 void connect_handshake(int fd, const std::string& secret, const Hello& mine, Deadline d,

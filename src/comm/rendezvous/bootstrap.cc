@@ -113,15 +113,7 @@ LaunchEnv launch_env_from_environment() {
 
 std::string tagged_job_id(const std::string& base, const std::string& secret) {
   if (secret.empty()) return base;
-  static constexpr char kHex[] = "0123456789abcdef";
-  const std::string mac = auth::hmac_sha256(secret, "loom-job-id" + base);
-  std::string tag;
-  for (int i = 0; i < 4; ++i) {
-    const auto c = static_cast<unsigned char>(mac[i]);
-    tag += kHex[c >> 4];
-    tag += kHex[c & 15];
-  }
-  return cat(base, "-", tag);
+  return cat(base, "-", auth::hex(auth::hmac_sha256(secret, "loom-job-id" + base).substr(0, 4)));
 }
 
 std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,

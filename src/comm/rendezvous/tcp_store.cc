@@ -320,14 +320,6 @@ Response TcpStore::call(const Request& r, Deadline d) {
   }
 }
 
-std::string generate_secret() {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string raw = auth::random_bytes(32), out;
-  for (unsigned char c : raw) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
+std::string generate_secret() { return auth::hex(auth::random_bytes(32)); }
 
 }  // namespace loom::comm
