@@ -9,6 +9,7 @@
 
 #include "kernels/gemm/gemm.h"
 #include "loom/error.h"
+#include "loom/nn/gpt.h"
 #include "loom/schedule.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
@@ -275,12 +276,28 @@ void Config::resolve(int world) {
   for (const char* k : {"parallel.dp", "parallel.microbatches", "job.threads", "training.warmup_steps", "training.eval_every",
                         "checkpoint.every", "checkpoint.keep"})
     non_negative(k);
+  // Upper bounds keep every size derived from the config (a step's items, the data cursor,
+  // the layout's ranks) inside int64 arithmetic; the memory plan then says whether it fits.
+  auto at_most = [&](const std::string& key, int64_t hi) {
+    if (i(key) > hi) throw InputError(cat(where(key), " = ", i(key), ": expected at most ", hi));
+  };
+  for (const char* k : {"model.n_layer", "model.n_head", "model.d_model", "model.seq_len", "model.hidden"})
+    at_most(k, INT32_MAX);
+  for (const char* k : {"training.steps", "training.warmup_steps", "training.eval_every", "checkpoint.every", "job.log_every"})
+    at_most(k, int64_t{1} << 36);
+  for (const char* k : {"training.global_batch", "training.micro_batch", "training.eval_steps"}) at_most(k, int64_t{1} << 24);
+  for (const char* k : {"parallel.dp", "parallel.tp", "parallel.pp", "parallel.virtual_stages", "parallel.microbatches",
+                        "checkpoint.keep", "job.threads"})
+    at_most(k, int64_t{1} << 20);
   if (std::string(p->kind) == "gpt") {
     positive("model.d_model");
     positive("model.seq_len");
-    if (i("model.d_model") % i("model.n_head") != 0)
-      throw InputError(cat(where("model.d_model"), " = ", i("model.d_model"), " is not divisible by model.n_head = ",
-                           i("model.n_head")));
+    const nn::GptConfig g{.n_layer = i("model.n_layer"), .n_head = i("model.n_head"), .d_model = i("model.d_model"),
+                          .seq_len = i("model.seq_len"), .vocab_size = i("model.vocab_size")};
+    if (const std::string problem = nn::gpt_config_problem(g); !problem.empty())
+      throw InputError(cat("model.", problem, explicitly_set("model.d_model") || explicitly_set("model.n_head")
+                                                  ? cat(" (", where("model.d_model"), ", ", where("model.n_head"), ")")
+                                                  : std::string()));
     if (i("model.vocab_size") > 65536)
       throw InputError(cat(where("model.vocab_size"), ": token files hold uint16 tokens, expected <= 65536"));
   } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "commands.h"
@@ -28,15 +29,25 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
-// The model's shape: from the checkpoint's state.json, or read off the tensors of a bare
-// file (n_layer, d_model, vocab_size, seq_len) with n_head from the config.
-nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
-  if (ck.has_state() && ck.state().contains("model")) {
-    const auto& m = ck.state()["model"];
-    if (m.value("kind", "") != "gpt") throw InputError(cat(ck.path(), ": not a GPT checkpoint (model ", m.dump(), ")"));
-    return {.n_layer = m.at("n_layer"), .n_head = m.at("n_head"), .d_model = m.at("d_model"),
-            .seq_len = m.at("seq_len"), .vocab_size = m.at("vocab_size")};
+// The block ids of a file's tensors named [transformer.]h.<id>.*; names that are not blocks
+// are ignored.
+std::set<int64_t> block_ids(const SafetensorsFile& f) {
+  std::set<int64_t> ids;
+  for (const auto& e : f.entries()) {
+    const std::string n = e.name.starts_with("transformer.") ? e.name.substr(12) : e.name;
+    const size_t dot = n.find('.', 2);
+    if (!n.starts_with("h.") || dot == std::string::npos || dot == 2 || dot > 11) continue;
+    const std::string digits = n.substr(2, dot - 2);
+    if (digits.find_first_not_of("0123456789") == std::string::npos) ids.insert(std::stoll(digits));
   }
+  return ids;
+}
+
+// The model's shape: from the checkpoint's state.json, or read off the tensors of a bare
+// file (n_layer, d_model, vocab_size, seq_len) with n_head from the config. Either way it
+// is checked to make a GPT and to agree with the weights before anything is built, so that
+// the model allocated is the size of the file read, whatever the file claims.
+nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
   const SafetensorsFile& f = ck.weights();
   auto find = [&](const std::string& name) {
     const SafetensorsEntry* e = f.find("transformer." + name);
@@ -47,16 +58,36 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
   };
   const SafetensorsEntry* wte = find("wte.weight");
   const SafetensorsEntry* wpe = find("wpe.weight");
-  std::set<int64_t> layers;
-  for (const auto& e : f.entries()) {
-    std::string n = e.name.starts_with("transformer.") ? e.name.substr(12) : e.name;
-    if (n.starts_with("h.")) layers.insert(std::stoll(n.substr(2, n.find('.', 2) - 2)));
+  const std::set<int64_t> blocks = block_ids(f);
+  nn::GptConfig g;
+  std::string from;
+  const bool from_state = ck.has_state() && !ck.state().model.is_null();
+  if (from_state) {
+    const nlohmann::json& m = ck.state().model;  // fields validated by Checkpoint::open
+    from = (std::filesystem::path(ck.path()) / "state.json").string() + ": model";
+    if (m["kind"] != "gpt") throw InputError(cat(from, ".kind = ", m["kind"].dump(), ": expected \"gpt\""));
+    g = {.n_layer = m["n_layer"].get<int64_t>(), .n_head = m["n_head"].get<int64_t>(),
+         .d_model = m["d_model"].get<int64_t>(), .seq_len = m["seq_len"].get<int64_t>(),
+         .vocab_size = m["vocab_size"].get<int64_t>()};
+  } else {
+    from = f.path();
+    g = {.n_layer = static_cast<int64_t>(blocks.size()), .n_head = c.i("model.n_head"), .d_model = wte->shape[1],
+         .seq_len = wpe->shape[0], .vocab_size = wte->shape[0]};
+    if (g.d_model > 0 && g.d_model % g.n_head != 0)
+      throw InputError(cat(f.path(), ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
+                           " (set it with --model.n_head=N or a config)"));
   }
-  nn::GptConfig g{.n_layer = static_cast<int64_t>(layers.size()), .n_head = c.i("model.n_head"),
-                  .d_model = wte->shape[1], .seq_len = wpe->shape[0], .vocab_size = wte->shape[0]};
-  if (g.d_model % g.n_head != 0)
-    throw InputError(cat(f.path(), ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
-                         " (set it with --model.n_head=N or a config)"));
+  if (const std::string problem = nn::gpt_config_problem(g); !problem.empty())
+    throw InputError(cat(from, from_state ? "." : ": ", problem));
+  for (const auto& [e, want] : {std::pair{wte, Shape{g.vocab_size, g.d_model}}, std::pair{wpe, Shape{g.seq_len, g.d_model}}})
+    if (e->shape != want)
+      throw InputError(cat(f.path(), ": tensor ", e->name, " has shape ", shape_str(e->shape), ", the model shape (",
+                           from_state ? from : "read off wte and wpe", ": vocab_size ", g.vocab_size, ", seq_len ",
+                           g.seq_len, ", d_model ", g.d_model, ") needs ", shape_str(want)));
+  if (blocks.size() != static_cast<size_t>(g.n_layer) || (!blocks.empty() && *blocks.rbegin() != g.n_layer - 1))
+    throw InputError(cat(from, ": n_layer = ", g.n_layer, ", but ", f.path(), " holds blocks ",
+                         blocks.empty() ? std::string("none") : cat(*blocks.begin(), "..", *blocks.rbegin(), " (",
+                                                                     blocks.size(), " of them)")));
   return g;
 }
 

@@ -180,5 +180,11 @@ int main(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {
     std::fprintf(stderr, "loom: error: %s\n", loom::printable(e.what()).c_str());
     return 1;
+  } catch (const std::exception& e) {
+    // Every reader turns bad input into a loom::Error; reaching here is a bug in Loom, said
+    // as such (the hostile-input test fails on this line) rather than an abort.
+    std::fflush(stdout);
+    std::fprintf(stderr, "loom: error: internal error (a bug; please report it): %s\n", loom::printable(e.what()).c_str());
+    return 1;
   }
 }

@@ -185,17 +185,26 @@ int run_train(const TrainArgs& a) {
       throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
                            "(the old directory is kept aside)"));
     ck = checkpoint::Checkpoint::open(ckpt_root);
-    if (ck->state().value("model", json()) != task->model_json())
-      throw InputError(cat(ck->path(), ": checkpoint of model ", ck->state().value("model", json()).dump(),
+    const checkpoint::State& saved = ck->state();
+    const std::string state_path = (fs::path(ck->path()) / "state.json").string();
+    if (saved.model != task->model_json())
+      throw InputError(cat(state_path, ": checkpoint of model ", saved.model.is_null() ? "(not recorded)" : saved.model.dump(),
                            ", the config builds ", task->model_json().dump()));
     // All randomness is counter-based on (seed, stream, epoch); a different seed would
-    // silently change the data order, so it is refused.
-    const auto saved_seed = ck->state().at("rng").at("seed").get<uint64_t>();
-    if (saved_seed != seed)
-      throw InputError(cat(ck->path(), ": trained with job.seed = ", saved_seed, ", the config says ", seed,
+    // silently change the data order, so it is refused. So is a step past the run's end, or
+    // a data cursor that another global batch would move.
+    if (!saved.seed) throw InputError(cat(state_path, ": rng.seed: missing; expected the seed the run trained with"));
+    if (*saved.seed != seed)
+      throw InputError(cat(ck->path(), ": trained with job.seed = ", *saved.seed, ", the config says ", seed,
                            "; resume with the same seed"));
+    if (saved.step > steps)
+      throw InputError(cat(state_path, ": step = ", saved.step, " is past training.steps = ", steps));
+    if (saved.data_cursor && *saved.data_cursor != saved.step * global_batch)
+      throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
+                           ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
+                           "; resume with the global batch the run trained with"));
     ck->load_params(params);
-    start_step = ck->state().at("step").get<int64_t>();
+    start_step = saved.step;
   }
 
   std::unique_ptr<comm::TcpStoreServer> server;

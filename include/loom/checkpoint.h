@@ -39,16 +39,33 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params,
                  const optim::FlatState& optimizer, const nlohmann::json& state,
                  const SaveOptions& options = {});
 
+// state.json as Checkpoint::open validated it (docs/formats.md): every field of its type and
+// in its range, so callers read them without checks of their own.
+struct State {
+  int64_t step = 0;
+  int64_t optimizer_steps = 0;  // <= step
+  bool has_optimizer_steps = false;
+  std::optional<int64_t> data_cursor;
+  std::optional<uint64_t> seed;  // rng.seed
+  // {"kind": "gpt" | "mlp", and that kind's shape fields, each an integer in [1, 2^31 - 1]};
+  // null when the checkpoint does not say.
+  nlohmann::json model;
+  bool finite = true;
+  nlohmann::json raw;  // the whole file
+};
+
 class Checkpoint {
  public:
   // `path`: a step directory, a checkpoint root holding `latest`, a run directory holding
   // checkpoints/, or a .safetensors file.
-  // Verifies hashes (directories) and parses the headers. InputError on anything wrong.
+  // Verifies every file's size and hash (directories), parses the headers and validates
+  // index.json and state.json field by field, and that the index and the files agree on
+  // every tensor. InputError naming the file and the field on anything wrong.
   static Checkpoint open(const std::string& path);
 
   const std::string& path() const { return path_; }
-  bool has_state() const { return !state_.is_null(); }
-  const nlohmann::json& state() const { return state_; }  // null for a bare file
+  bool has_state() const { return state_.has_value(); }
+  const State& state() const { return *state_; }  // REQUIRES: has_state()
   const SafetensorsFile& weights() const { return *model_; }
 
   // Copies every parameter of `params` from the checkpoint, by name, converting dtype.
@@ -62,7 +79,7 @@ class Checkpoint {
  private:
   std::string path_;
   std::optional<SafetensorsFile> model_, optimizer_;
-  nlohmann::json state_;
+  std::optional<State> state_;
 };
 
 // Resolves root/latest (or a step directory) to the step directory; nullopt when none.

@@ -7,6 +7,7 @@
 #include "loom/bounded_json.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "schema.h"
 
 namespace loom::checkpoint {
 namespace fs = std::filesystem;
@@ -147,12 +148,36 @@ std::optional<std::string> latest_step_dir(const std::string& root) {
   if (path_exists((fs::path(root) / "index.json").string())) return root;
   const std::string latest = (fs::path(root) / "latest").string();
   if (!path_exists(latest)) return std::nullopt;
-  std::string name = read_file(latest);
+  std::string name = read_file(latest, 256);
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos)
-    throw InputError(cat(latest, ": expected the name of a step directory"));
+  if (name.size() < 6 || name.size() > 24 || !name.starts_with("step_") ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    throw InputError(cat(latest, ": \"", printable(name.substr(0, 40)), "\": expected the name of a step directory, step_N"));
   return (fs::path(root) / name).string();
 }
+
+namespace {
+
+// Every tensor the index lists is in its file with that dtype and shape, and each file
+// holds nothing else.
+void check_index_matches(const Index& index, const std::string& index_path, const SafetensorsFile& file,
+                         const std::string& file_name) {
+  size_t listed = 0;
+  for (const IndexedTensor& t : index.tensors) {
+    if (t.file != file_name) continue;
+    ++listed;
+    const SafetensorsEntry* e = file.find(t.name);
+    if (e == nullptr) throw InputError(cat(index_path, ": tensor ", printable(t.name), " is not in ", file.path()));
+    if (e->dtype != t.dtype || e->shape != t.shape)
+      throw InputError(cat(index_path, ": tensor ", printable(t.name), " is ", safetensors_dtype_name(t.dtype), " ",
+                           shape_str(t.shape), ", but ", file.path(), " holds ", safetensors_dtype_name(e->dtype), " ",
+                           shape_str(e->shape)));
+  }
+  if (listed != file.entries().size())
+    throw InputError(cat(index_path, ": lists ", listed, " tensors in ", file_name, ", which holds ", file.entries().size()));
+}
+
+}  // namespace
 
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
@@ -169,26 +194,38 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json, latest or checkpoints/)"));
   c.path_ = *dir;
   const std::string index_path = (fs::path(*dir) / "index.json").string();
-  const json index = parse_json_bounded(read_file(index_path, kIndexJsonLimits.max_bytes), index_path, kIndexJsonLimits);
-  if (!index.contains("files") || !index["files"].is_object() || !index["files"].contains(kModelFile))
-    throw InputError(cat(index_path, ": expected files with ", kModelFile));
-  // Each file is read once: its hash is verified, then the same bytes are parsed.
-  for (auto it = index["files"].begin(); it != index["files"].end(); ++it) {
-    const std::string file = (fs::path(*dir) / it.key()).string();
-    if (it.key().find('/') != std::string::npos || !it.value().contains("sha256"))
-      throw InputError(cat(index_path, ": bad entry for ", it.key()));
-    std::string bytes = read_file(file);
-    if (sha256_hex(bytes) != it.value()["sha256"].get<std::string>())
-      throw InputError(cat(file, ": SHA-256 mismatch with index.json: the checkpoint is corrupt"));
-    if (it.key() == kModelFile) {
+  const Index index =
+      parse_index(parse_json_bounded(read_file(index_path, kIndexJsonLimits.max_bytes), index_path, kIndexJsonLimits),
+                  index_path);
+  // Each file is read once, no more bytes than the index says: its size and hash are
+  // verified, then the same bytes are parsed.
+  for (const auto& [name, entry] : index.files) {
+    const std::string file = (fs::path(*dir) / name).string();
+    std::string bytes = read_file(file, static_cast<size_t>(entry.bytes));
+    if (static_cast<int64_t>(bytes.size()) != entry.bytes || sha256_hex(bytes) != entry.sha256)
+      throw InputError(cat(file, ": ", bytes.size() != static_cast<size_t>(entry.bytes)
+                                           ? cat(bytes.size(), " bytes, index.json says ", entry.bytes)
+                                           : std::string("SHA-256 mismatch with index.json"),
+                           ": the checkpoint is corrupt"));
+    if (name == kModelFile) {
       c.model_ = SafetensorsFile::parse(file, std::move(bytes));
-    } else if (it.key() == kOptimizerFile) {
+      check_index_matches(index, index_path, *c.model_, name);
+    } else if (name == kOptimizerFile) {
       c.optimizer_ = SafetensorsFile::parse(file, std::move(bytes));
-    } else if (it.key() == "state.json") {
-      c.state_ = parse_json_bounded(bytes, file, kStateJsonLimits);
+      check_index_matches(index, index_path, *c.optimizer_, name);
+    } else {
+      c.state_ = parse_state(parse_json_bounded(bytes, file, kStateJsonLimits), file);
     }
   }
-  if (c.state_.is_null()) throw InputError(cat(index_path, ": expected files with state.json"));
+  // A step directory's name and its state agree.
+  const std::string dir_name = fs::path(*dir).filename().string();
+  if (dir_name.starts_with("step_") && dir_name != cat("step_", c.state_->step))
+    throw InputError(cat((fs::path(*dir) / "state.json").string(), ": step = ", c.state_->step, ", but the directory is ",
+                         dir_name));
+  if (c.optimizer_.has_value() != c.state_->has_optimizer_steps)
+    throw InputError(cat((fs::path(*dir) / "state.json").string(), ": optimizer_steps ",
+                         c.optimizer_ ? "missing, but the checkpoint holds optimizer state"
+                                      : "given, but the checkpoint holds no optimizer state"));
   return c;
 }
 
@@ -233,7 +270,7 @@ void Checkpoint::load_optimizer(const ParamSet& params, optim::FlatState& state)
       copy_checked(*optimizer_, optimizer_->find(name), name,
                    flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
     }
-  state.steps = state_.value("optimizer_steps", int64_t{0});
+  state.steps = state_->optimizer_steps;
 }
 
 }  // namespace loom::checkpoint

@@ -83,7 +83,7 @@ TEST_F(CheckpointTest, SaveLoadRestoresWeightsAndOptimizer) {
   nn::Gpt b(cfg);
   auto opt_b = optim::make_optimizer({}, b.params());
   Checkpoint c = Checkpoint::open(root);
-  EXPECT_EQ(c.state()["step"], 9);
+  EXPECT_EQ(c.state().step, 9);
   c.load_params(b.params());
   c.load_optimizer(b.params(), *opt_b);
   EXPECT_EQ(opt_b->steps(), 1);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "loom/bounded_json.h"
@@ -74,7 +75,7 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, std::string byte
   // Extents must tile the data section exactly: no overlap, no hole (as the reference reader).
   std::vector<const SafetensorsEntry*> order;
   for (const auto& e : f.entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
   size_t pos = 0;
   for (const auto* e : order) {
     if (e->begin != pos)

@@ -1,26 +1,48 @@
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "loom/data.h"
 #include "loom/error.h"
+#include "loom/fileio.h"
 
 namespace loom::data {
 namespace {
 
-// Whole file through zlib, which reads gzip and plain files alike.
+// The most an IDX file may hold once decompressed: Fashion-MNIST's training images are
+// 47 MB; a gzip bomb stops here instead of filling memory.
+constexpr size_t kMaxIdxBytes = size_t{1} << 30;
+
+// The whole file, gunzipped when it starts with the gzip magic, plain otherwise. Refuses
+// what is not a regular file (a FIFO or /dev/zero would never end) and output past the cap.
 std::string read_maybe_gzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) throw InputError(cat(path, ": cannot open (expected an IDX file, gzip or plain)"));
+  std::string in = read_file(path, kMaxIdxBytes);
+  if (in.size() < 2 || static_cast<unsigned char>(in[0]) != 0x1f || static_cast<unsigned char>(in[1]) != 0x8b) return in;
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw RuntimeError(cat(path, ": zlib inflateInit2 failed"));
+  z.next_in = reinterpret_cast<Bytef*>(in.data());
+  z.avail_in = static_cast<uInt>(std::min<size_t>(in.size(), UINT32_MAX));
   std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  int err = 0;
-  const char* msg = gzerror(f, &err);
-  std::string what = (n < 0 || err < 0) ? std::string(msg) : "";
-  gzclose(f);
-  if (!what.empty()) throw InputError(cat(path, ": corrupt gzip data: ", what));
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    if (out.size() >= kMaxIdxBytes) {
+      inflateEnd(&z);
+      throw InputError(cat(path, ": decompresses to more than ", kMaxIdxBytes, " bytes, over the limit for an IDX file"));
+    }
+    const size_t have = out.size();
+    out.resize(std::min(kMaxIdxBytes + 1, std::max<size_t>(2 * have, 1 << 16)));
+    z.next_out = reinterpret_cast<Bytef*>(out.data() + have);
+    z.avail_out = static_cast<uInt>(out.size() - have);
+    rc = inflate(&z, Z_NO_FLUSH);
+    out.resize(out.size() - z.avail_out);
+    if (rc == Z_BUF_ERROR && z.avail_in == 0) break;  // input ended inside the stream
+    if (rc == Z_BUF_ERROR) rc = Z_OK;                 // only out of room: go on
+  }
+  const bool whole = rc == Z_STREAM_END;
+  const std::string why = z.msg != nullptr ? z.msg : "the gzip stream ends early";
+  inflateEnd(&z);
+  if (!whole) throw InputError(cat(path, ": corrupt gzip data: ", why));
   return out;
 }
 
@@ -43,8 +65,9 @@ std::vector<int64_t> idx_dims(const std::string& b, const std::string& path, int
   int64_t total = 1;
   for (int i = 0; i < ndims; ++i) {
     dims.push_back(be32(b, 4 + 4 * static_cast<size_t>(i)));
+    if (dims.back() == 0) throw InputError(cat(path, ": IDX dimension ", i, " is 0; expected at least one item and pixel"));
+    if (dims.back() > (int64_t{1} << 34) / total) throw InputError(cat(path, ": IDX dimensions too large"));
     total *= dims.back();
-    if (total > (int64_t{1} << 34)) throw InputError(cat(path, ": IDX dimensions too large"));
   }
   if (b.size() != header + static_cast<size_t>(total))
     throw InputError(cat(path, ": IDX size mismatch: header says ", total, " data bytes, file has ",

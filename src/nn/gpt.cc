@@ -11,7 +11,69 @@
 namespace loom::nn {
 namespace k = loom::kernels;
 
+std::string gpt_config_problem(const GptConfig& g) {
+  const std::pair<const char*, int64_t> fields[] = {{"n_layer", g.n_layer}, {"n_head", g.n_head},
+                                                    {"d_model", g.d_model}, {"seq_len", g.seq_len},
+                                                    {"vocab_size", g.vocab_size}};
+  for (const auto& [name, v] : fields)
+    if (v < 1 || v > INT32_MAX) return cat(name, " = ", v, ": expected an integer in [1, ", INT32_MAX, "]");
+  if (g.d_model % g.n_head != 0) return cat("d_model = ", g.d_model, ": not divisible by n_head = ", g.n_head);
+  const double params = gpt_counts(g).total();
+  if (params > 0x1p40) return cat("the shape makes ", params, " parameters; expected at most 2^40");
+  return "";
+}
+
+double GptCounts::total() const { return embeddings + total_blocks + head; }
+
+GptCounts gpt_counts(const GptConfig& g) {
+  const auto c = static_cast<double>(g.d_model);
+  GptCounts n;
+  n.embeddings = (static_cast<double>(g.vocab_size) + static_cast<double>(g.seq_len)) * c;
+  n.block = 12 * c * c + 13 * c;  // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj with biases
+  n.total_blocks = static_cast<double>(g.n_layer) * n.block;
+  n.head = 2 * c;
+  return n;
+}
+
+ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
+                                     Recompute recompute, bool with_backward) {
+  // Each term is one arena allocation of the code above and in layers.cc, rounded up to the
+  // arena's 64-byte alignment; f32 (and i32 positions) throughout.
+  auto a = [](double elements) { return std::ceil(elements * 4 / 64) * 64; };
+  const double n = static_cast<double>(b) * static_cast<double>(t), c = static_cast<double>(g.d_model);
+  const double scores = static_cast<double>(b) * static_cast<double>(g.n_head) * static_cast<double>(t) *
+                        static_cast<double>(t);
+  // One block without recompute: forward keeps ln_1 (mean, rstd, y), qkv, the attention
+  // probabilities, the heads' output, c_proj's output, ln_2 (mean, rstd, y), c_fc, GELU and
+  // c_proj's outputs; backward adds every d(input) on the way back and the attention's
+  // d(scores) scratch.
+  const double fwd_no_scores = 2 * a(n) + a(n * c) + a(3 * n * c) + a(n * c) + a(n * c) + 2 * a(n) + a(n * c) +
+                               a(4 * n * c) + a(4 * n * c) + a(n * c);
+  const double bwd_no_scores = a(4 * n * c) + a(4 * n * c) + a(n * c) + a(n * c) + a(n * c) + a(3 * n * c) +
+                               a(n * c) + a(n * c);
+  const double block_fwd = fwd_no_scores + a(scores), block_bwd = bwd_no_scores + a(scores);
+  ActivationBytes r;
+  const auto l = static_cast<double>(blocks);
+  if (recompute == Recompute::kNone) {
+    r.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
+  } else if (recompute == Recompute::kSelective) {  // the probabilities live in the workspace
+    r.arena = l * (fwd_no_scores + (with_backward ? bwd_no_scores : 0));
+    r.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * c) : a(scores)) : 0;
+  } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block
+    r.arena = l * (a(n * c) + (with_backward ? a(n * c) : 0));
+    r.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;
+  }
+  if (ends.embeddings) r.arena += a(n) + 2 * a(n * c);  // positions, wte and wpe outputs
+  if (ends.head) {
+    const double v = static_cast<double>(g.vocab_size);
+    r.arena += 2 * a(n) + a(n * c) + a(n * v) + a(n);  // ln_f, logits, losses
+    if (with_backward) r.arena += 2 * a(n * c);        // d(ln_f output), d(ln_f input)
+  }
+  return r;
+}
+
 Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp) : config_(config), part_(std::move(part)), params_(dtype) {
+  LOOM_CHECK_EQ(gpt_config_problem(config), "");
   const int64_t c = config.d_model;
   if (part_.all_blocks) {
     part_.blocks.clear();

@@ -380,5 +380,40 @@ TEST(Gpt, RecomputeKeepsTheBitsAndLessMemory) {
   }
   EXPECT_THROW(recompute_named("some"), InputError);
 }
+
+// The memory plan (docs/parallelism.md, "Memory") predicts the arena and workspace of a
+// micro-batch to the byte: every allocation forward and backward make is in the formula.
+TEST(Gpt, ActivationBytesPredictTheArenaExactly) {
+  const GptConfig shapes[] = {{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 13},
+                              {.n_layer = 1, .n_head = 4, .d_model = 24, .seq_len = 9, .vocab_size = 50},
+                              {.n_layer = 2, .n_head = 1, .d_model = 5, .seq_len = 7, .vocab_size = 3}};
+  for (const GptConfig& cfg : shapes)
+    for (int64_t b : {1, 3})
+      for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+        const int64_t t = cfg.seq_len - 1;
+        auto [tokens, targets] = testing::random_tokens(b, t, cfg.vocab_size, 4);
+        Gpt gpt(cfg);
+        gpt.init(3);
+        gpt.set_recompute(mode);
+        GptCtx ctx;
+        gpt.forward(tokens, targets, ctx);
+        const ActivationBytes fwd = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, /*with_backward=*/false);
+        const std::string what = cat("d_model ", cfg.d_model, ", b ", b, ", recompute ", static_cast<int>(mode));
+        EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), fwd.arena) << what;
+        gpt.backward(ctx, 1.0);
+        const ActivationBytes both = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode);
+        EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), both.arena) << what;
+        EXPECT_EQ(static_cast<double>(gpt.recompute_peak_bytes()), both.workspace) << what;
+        EXPECT_EQ(static_cast<double>(gpt.params().numel()), gpt_counts(cfg).total()) << what;
+      }
+}
+
+TEST(Gpt, ConfigProblemsNameTheField) {
+  EXPECT_EQ(gpt_config_problem({}), "");
+  EXPECT_EQ(gpt_config_problem({.d_model = 0}).substr(0, 12), "d_model = 0:");
+  EXPECT_EQ(gpt_config_problem({.n_head = 3}).substr(0, 15), "d_model = 256: ");
+  EXPECT_EQ(gpt_config_problem({.seq_len = int64_t{1} << 40}).substr(0, 8), "seq_len ");
+  EXPECT_NE(gpt_config_problem({.n_layer = 1 << 20, .d_model = 1 << 20}).find("parameters"), std::string::npos);
+}
 }  // namespace
 }  // namespace loom::nn

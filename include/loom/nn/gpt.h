@@ -24,6 +24,21 @@ struct GptConfig {
   int64_t vocab_size = 256;
 };
 
+// Why `config` cannot be built, "" when it can: every field in [1, 2^31 - 1], d_model
+// divisible by n_head, and at most 2^40 parameters. The message starts with the field, as
+// "d_model = 0: expected ...", for the caller to prefix with the file or key it came from.
+std::string gpt_config_problem(const GptConfig& config);
+
+// Parameter counts of a GPT, before one is built (doubles: no shape overflows them).
+struct GptCounts {
+  double embeddings = 0;  // wte (V x C) + wpe (T x C)
+  double block = 0;       // one transformer block: 12 C^2 + 13 C
+  double head = 0;        // ln_f; the output projection is wte, tied
+  double total() const;
+  double total_blocks = 0;  // n_layer x block
+};
+GptCounts gpt_counts(const GptConfig& config);
+
 // Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
 // backward. kSelective drops each block's attention probabilities (B x NH x T x T) and
 // recomputes them; kFull keeps only each block's input and reruns the block's forward in
@@ -53,6 +68,19 @@ struct GptCtx {
   Tensor dlogits;  // kept by a backward_head that defers the head's weight gradients
   int64_t b = 0, t = 0;
 };
+
+// Bytes one micro-batch of b sequences of t tokens takes in its context's arena (what
+// forward keeps and backward adds: GptCtx::arena's peak) through `blocks` blocks, with the
+// embeddings and the head when `ends` says, and separately the recompute workspace's
+// peak. with_backward = false: forward only (evaluation). docs/parallelism.md, "Memory".
+struct ActivationBytes {
+  double arena = 0, workspace = 0;
+};
+struct GptEnds {
+  bool embeddings = true, head = true;
+};
+ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
+                                     Recompute recompute, bool with_backward = true);
 
 class Gpt {
  public:
