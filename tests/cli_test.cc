@@ -585,3 +585,51 @@ TEST_F(Cli, LaunchTearsDownWithinTwoSecondsAndNamesTheRank) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// "... parameters 0.449 MiB ..." -> 0.449: the number after `key` in `text` (-1 when absent).
+double figure_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
+TEST_F(Cli, DryRunPrintsTheMemoryPlanAndWritesNothing) {
+  const Result r = loom(cat("train ", p("nano.toml"), " --dry-run --parallel.dp=2 --parallel.zero=1"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("memory per rank: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory on this host: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("for 2 rank(s)"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(p("runs"))) << "a dry run wrote the run directory";
+  // The plan's model state is what a run then measures (resident pages, so a little more).
+  const Result run = loom(cat("train ", p("nano.toml"), " --training.steps=1"));
+  ASSERT_EQ(run.code, 0) << run.err;
+  const Result plan = loom(cat("train ", p("nano.toml"), " --dry-run"));
+  for (const char* part : {"parameters ", "gradients ", "optimizer "}) {
+    const double planned = figure_after(plan.out, part), measured = figure_after(run.err.substr(run.err.find("model state")), part);
+    EXPECT_GT(planned, 0) << plan.out;
+    EXPECT_NEAR(measured, planned, 0.02 * planned + 0.01) << part << "\n" << plan.out << run.err;
+  }
+  // loom plan prints the same figures for the same config.
+  const Result planned = loom(cat("plan --config ", p("nano.toml"), " --pp 2 --microbatches 2"));
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  EXPECT_EQ(planned.out.substr(0, planned.out.find("memory on this host")),
+            plan.out.substr(0, plan.out.find("memory on this host")));
+}
+
+TEST_F(Cli, RunThatCannotFitIsRefusedBeforeAllocating) {
+  // gpt2-124m's shape with 2^20 sequences per micro-batch: terabytes of activations. Refused
+  // with the figures, at once, before the model or the data is touched.
+  const std::string big = " --model.n_layer=12 --model.n_head=12 --model.d_model=768 --model.seq_len=1024 "
+                          "--model.vocab_size=50257 --training.micro_batch=1048576 --training.global_batch=1048576";
+  expect_bad_input(cat("train ", p("nano.toml"), big), {"needs ", " GiB on this host", "GiB are available", "activations"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --dry-run", big), {"needs ", "GiB are available"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --model.d_model=4611686018427387904"),
+                   {"model.d_model", "4611686018427387904", "at most 2147483647"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --model.d_model=1048576 --model.n_layer=1048576"),
+                   {"model.d_model = 1048576 with n_layer = 1048576", "at most 2^40"});
+}
+
+}  // namespace
+}  // namespace loom

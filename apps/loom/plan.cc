@@ -2,8 +2,9 @@
 // prints the predicted step time, bubble and activation memory per stage, with a timeline.
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstdio>
+#include <map>
+#include <numeric>
 
 #include "commands.h"
 #include "config.h"
@@ -12,6 +13,7 @@
 #include "loom/pipeline.h"
 #include "loom/rng.h"
 #include "loom/schedule.h"
+#include "memory_plan.h"
 #include "task.h"
 
 namespace loom::app {
@@ -39,7 +41,7 @@ std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
   Config c;
   c.merge_file(a.config);
   if (c.s("data.train").empty()) c.set("data.train", std::string("-"));
-  c.resolve();
+  c.resolve(layout_ranks(c, 1));
   apply_compute_settings(c);
   const nn::GptConfig cfg = gpt_config(c);
   if (model_kind(c) != "gpt") throw InputError(cat(a.config, ": loom plan measures GPT stages; model.preset = \"", c.s("model.preset"), "\""));
@@ -150,9 +152,25 @@ int compare_all(const PlanArgs& a, const parallel::PipeCosts& given) {
 
 }  // namespace
 
+// The memory of the config's own layout, as `loom train --dry-run` prints it. Measuring
+// builds the model, so a config that cannot fit stops here.
+void print_memory_plan(const std::string& path) {
+  Config c;
+  c.merge_file(path);
+  if (c.s("data.train").empty()) c.set("data.train", std::string("-"));
+  const int ranks = layout_ranks(c, 1);
+  c.resolve(ranks);
+  std::vector<int> all(static_cast<size_t>(ranks));
+  std::iota(all.begin(), all.end(), 0);
+  const MemoryPlan mem = plan_memory(c, ranks, all);
+  std::printf("%s", describe(mem).c_str());
+  check_fits(mem);
+}
+
 int run_plan(const PlanArgs& a) {
   check_costs(a);
   if (a.pp < 1) throw InputError(cat("--pp = ", a.pp, ": expected >= 1"));
+  if (!a.config.empty()) print_memory_plan(a.config);
   const parallel::PipeCosts costs{.forward_ms = a.forward_ms, .backward_ms = a.backward_ms,
                                   .backward_input_ms = a.backward_input_ms, .backward_weight_ms = a.backward_weight_ms,
                                   .transfer_ms = a.transfer_ms, .activation_mb = a.activation_mb};

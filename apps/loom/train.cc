@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <optional>
 
 #include "commands.h"
@@ -24,6 +26,7 @@
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
+#include "memory_plan.h"
 #include "run_dir.h"
 #include "stages.h"
 #include "task.h"
@@ -134,7 +137,25 @@ int run_train(const TrainArgs& a) {
   Config c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
-  c.resolve(env.size);
+  // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
+  const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
+  c.resolve(ranks);
+  // Sizes before allocation: the first rank of each host checks that what the host's ranks
+  // will hold fits in the memory it has free, before any data or model is loaded.
+  if (a.dry_run || env.local_rank == 0) {
+    std::vector<int> here(static_cast<size_t>(a.dry_run && env.size == 1 ? ranks : env.local_size));
+    std::iota(here.begin(), here.end(), a.dry_run && env.size == 1 ? 0 : env.rank - env.local_rank);
+    const MemoryPlan mem = plan_memory(c, ranks, here);
+    if (a.dry_run) {
+      std::printf("%s", describe(mem).c_str());
+      std::fflush(stdout);
+      check_fits(mem);
+      std::printf("dry run: the config is valid for %d rank(s) and fits this host; nothing was loaded or written\n", ranks);
+      return 0;
+    }
+    check_fits(mem);
+    if (env.rank == 0) log_info(cat("memory plan: ", describe(mem).substr(0, describe(mem).find('\n'))));
+  }
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
   apply_compute_settings(c, env.local_size);

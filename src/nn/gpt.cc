@@ -19,7 +19,9 @@ std::string gpt_config_problem(const GptConfig& g) {
     if (v < 1 || v > INT32_MAX) return cat(name, " = ", v, ": expected an integer in [1, ", INT32_MAX, "]");
   if (g.d_model % g.n_head != 0) return cat("d_model = ", g.d_model, ": not divisible by n_head = ", g.n_head);
   const double params = gpt_counts(g).total();
-  if (params > 0x1p40) return cat("the shape makes ", params, " parameters; expected at most 2^40");
+  if (params > 0x1p40)
+    return cat("d_model = ", g.d_model, " with n_layer = ", g.n_layer, ", vocab_size = ", g.vocab_size, " and seq_len = ",
+               g.seq_len, ": ", params, " parameters; expected at most 2^40");
   return "";
 }
 

@@ -1,0 +1,213 @@
+#include "memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "loom/error.h"
+#include "loom/nn/gpt.h"
+#include "loom/pipeline.h"
+#include "loom/schedule.h"
+
+namespace loom::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kF32 = 4;
+constexpr double kExactSumBytes = 3 * 8;  // parallel/exact_sum.h: kLimbs int64 per element
+
+// Bytes as GiB with 3 significant digits, e.g. "0.0123" or "1.2e+04".
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", bytes / (1 << 30));
+  return buf;
+}
+
+double file_bytes(const std::string& path) {
+  std::error_code ec;
+  const auto n = fs::file_size(path, ec);
+  return ec ? 0.0 : static_cast<double>(n);
+}
+
+// One token file held as uint16 (the same bytes as the file, less the header), plus the
+// file's bytes while it is read.
+double token_data_bytes(const Config& c) {
+  const double train = file_bytes(c.s("data.train")), val = c.s("data.val").empty() ? 0 : file_bytes(c.s("data.val"));
+  return train + val + std::max(train, val);
+}
+
+// Per stage of a GPT: what the stage holds, in parameters (before ZeRO), and the bytes its
+// micro-batches keep.
+struct StageShape {
+  double params = 0, largest_block = 0, activations = 0, workspace = 0;
+};
+
+StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
+  const int pp = static_cast<int>(c.i("parallel.pp")), v = static_cast<int>(c.i("parallel.virtual_stages"));
+  const int64_t b = c.i("training.micro_batch"), t = g.seq_len;
+  const nn::GptCounts n = nn::gpt_counts(g);
+  const auto recompute = nn::recompute_named(c.s("training.recompute"));
+  StageShape s;
+  s.largest_block = n.block;
+  if (pp == 1) {
+    s.params = n.total();
+    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute);
+    s.activations = a.arena;
+    s.workspace = a.workspace;
+    return s;
+  }
+  const nn::GptPart part = parallel::stage_part(g.n_layer, pp, v, stage);
+  s.params = static_cast<double>(part.blocks.size()) * n.block + (part.embeddings ? n.embeddings : 0) +
+             (part.head ? static_cast<double>(g.vocab_size * g.d_model) + n.head : 0);
+  // Each (micro-batch, chunk) in flight keeps its context and its received activation and
+  // gradient; the simulator says how many the schedule keeps at once on this stage.
+  const parallel::Schedule sched = parallel::make_schedule(
+      parallel::schedule_kind_named(c.s("parallel.pp_schedule")), pp,
+      static_cast<int>(c.i("training.global_batch") / (b * c.i("parallel.dp"))), v);
+  const int in_flight = parallel::simulate(sched, {}).peak_in_flight[static_cast<size_t>(stage)];
+  const auto chunk_blocks = static_cast<int64_t>(part.blocks.size()) / v;
+  const nn::ActivationBytes a =
+      nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head}, b, t, recompute);
+  s.activations = in_flight * (a.arena + 2 * kF32 * static_cast<double>(b * t * g.d_model));
+  s.workspace = a.workspace;
+  return s;
+}
+
+double mlp_params(const Config& c) {
+  // The images are Fashion-MNIST's 28 x 28 (the only IDX data the mlp model reads).
+  const double in = 784, h = static_cast<double>(c.i("model.hidden")), k = static_cast<double>(c.i("model.vocab_size"));
+  const double layers = static_cast<double>(c.i("model.n_layer"));
+  return in * h + h + (layers - 1) * (h * h + h) + h * k + k;
+}
+
+RankBytes rank_bytes(const Config& c, int stage, bool lead) {
+  const bool gpt = model_kind(c) == "gpt";
+  const double dp = static_cast<double>(c.i("parallel.dp"));
+  const int zero = static_cast<int>(c.i("parallel.zero"));
+  const double state_buffers = c.s("training.optimizer") == "adamw" ? 2 : 1;  // exp_avg and exp_avg_sq; momentum
+  StageShape s;
+  nn::GptConfig g{.n_layer = c.i("model.n_layer"), .n_head = c.i("model.n_head"), .d_model = c.i("model.d_model"),
+                  .seq_len = c.i("model.seq_len"), .vocab_size = c.i("model.vocab_size")};
+  if (gpt) {
+    s = gpt_stage(c, g, stage);
+  } else {
+    s.params = mlp_params(c);
+    const double h = static_cast<double>(c.i("model.hidden")), layers = static_cast<double>(c.i("model.n_layer"));
+    s.largest_block = h * h;
+    s.activations = kF32 * static_cast<double>(c.i("training.micro_batch")) * (2 * 784 + 4 * h * layers);
+  }
+  RankBytes r;
+  // ZeRO-3 holds its shard and the blocks it has gathered (two at a time: the one computed
+  // and the next); ZeRO-2 likewise for gradients; ZeRO-1 and up shard the optimizer state.
+  r.params = kF32 * (zero == 3 ? std::min(s.params, s.params / dp + 2 * s.largest_block) : s.params);
+  r.grads = kF32 * (zero >= 2 ? std::min(s.params, s.params / dp + 2 * s.largest_block) : s.params);
+  r.optimizer = kF32 * state_buffers * (zero >= 1 ? s.params / dp : s.params);
+  r.activations = s.activations;
+  r.workspace = s.workspace;
+  if (c.b("parallel.deterministic") && dp > 1) r.exact_sums = kExactSumBytes * s.params;
+  // Saving gathers the optimizer state in the full layout on every rank; rank 0 also holds
+  // the whole model and its state with pipeline stages, and the bytes of the file it writes.
+  r.checkpoint = kF32 * state_buffers * s.params;
+  if (lead) {
+    const double whole = gpt ? nn::gpt_counts(g).total() : s.params;
+    if (c.i("parallel.pp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * whole;
+    r.checkpoint += kF32 * state_buffers * whole;
+  }
+  if (gpt && lead && !c.s("data.val").empty())  // evaluation: forward only, one micro-batch, the whole model
+    r.evaluation = nn::gpt_activation_bytes(g, g.n_layer, {}, c.i("training.micro_batch"), g.seq_len,
+                                            nn::Recompute::kNone, /*with_backward=*/false).arena;
+  r.data = gpt ? token_data_bytes(c) : 70000.0 * 784 * kF32;
+  return r;
+}
+
+// "MemAvailable:  123456 kB" -> bytes; 0 when absent.
+double meminfo_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// The cgroup (v2) limit less what the group uses; infinity without a limit.
+double cgroup_room() {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line))
+    if (line.starts_with("0::")) path = line.substr(3);
+  auto read_number = [](const std::string& file) {
+    std::ifstream in(file);
+    std::string v;
+    in >> v;
+    return v.empty() || v == "max" ? -1.0 : std::strtod(v.c_str(), nullptr);
+  };
+  const std::string dir = "/sys/fs/cgroup" + path;
+  const double max = read_number(dir + "/memory.max"), used = read_number(dir + "/memory.current");
+  if (max < 0) return std::numeric_limits<double>::infinity();
+  return std::max(0.0, max - std::max(0.0, used));
+}
+
+}  // namespace
+
+double RankBytes::total() const {
+  return params + grads + optimizer + activations + workspace + evaluation + checkpoint + exact_sums + data;
+}
+
+int layout_ranks(const Config& c, int fallback) {
+  const int64_t dp = c.i("parallel.dp"), tp = c.i("parallel.tp"), pp = c.i("parallel.pp"), most = int64_t{1} << 20;
+  if (dp > 0 && dp <= most && tp > 0 && tp <= most && pp > 0 && pp <= most && dp * tp * pp <= most)
+    return static_cast<int>(dp * tp * pp);
+  return fallback;
+}
+
+double available_memory_bytes() { return std::min(meminfo_available(), cgroup_room()); }
+
+MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_ranks) {
+  MemoryPlan plan;
+  const int pp = static_cast<int>(c.i("parallel.pp")), dp = static_cast<int>(c.i("parallel.dp"));
+  for (int s = 0; s < pp; ++s) plan.stages.push_back(rank_bytes(c, s, s == 0));
+  plan.host_ranks = host_ranks;
+  for (int r : host_ranks) {
+    LOOM_CHECK(r >= 0 && r < world);
+    RankBytes b = r == 0 ? plan.stages[0] : rank_bytes(c, r / dp, false);
+    plan.host_bytes += b.total();
+  }
+  plan.available_bytes = available_memory_bytes();
+  return plan;
+}
+
+// "12.3 MiB" or "4.56 GiB".
+std::string human(double bytes) {
+  return bytes < (1 << 30) ? cat(gib(bytes * 1024), " MiB") : cat(gib(bytes), " GiB");
+}
+
+std::string describe(const MemoryPlan& plan) {
+  std::string out;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const RankBytes& b = plan.stages[s];
+    out += cat("memory per rank", plan.stages.size() > 1 ? cat(" of stage ", s) : std::string(), ": ", human(b.total()),
+               " = parameters ", human(b.params), " + gradients ", human(b.grads), " + optimizer ", human(b.optimizer),
+               " + activations ", human(b.activations), " + recompute workspace ", human(b.workspace), " + evaluation ",
+               human(b.evaluation), " + checkpoint ", human(b.checkpoint), " + exact sums ", human(b.exact_sums),
+               " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates and writes checkpoints)" : "", "\n");
+  }
+  out += cat("memory on this host: ", human(plan.host_bytes), " for ", plan.host_ranks.size(), " rank(s), ",
+             human(plan.available_bytes), " available\n");
+  return out;
+}
+
+void check_fits(const MemoryPlan& plan) {
+  if (plan.host_bytes <= plan.available_bytes) return;
+  const RankBytes& b = plan.stages[0];
+  throw InputError(cat("the run needs ", gib(plan.host_bytes), " GiB on this host (", plan.host_ranks.size(),
+                       " rank(s); rank 0: parameters ", gib(b.params), ", gradients ", gib(b.grads), ", optimizer ",
+                       gib(b.optimizer), ", activations ", gib(b.activations + b.workspace), " GiB), but ",
+                       gib(plan.available_bytes), " GiB are available; `loom train --dry-run` shows the plan"));
+}
+
+}  // namespace loom::app
