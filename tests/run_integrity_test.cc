@@ -200,27 +200,32 @@ TEST_F(RunIntegrity, ValuesThatMakeTrainingMeaninglessAreRefused) {
   EXPECT_FALSE(fs::exists(p("runs")));
 }
 
-// A run that diverges (finite but far too large a learning rate) keeps the newest finite
-// checkpoint whatever checkpoint.keep says, and marks each checkpoint in state.json.
-TEST_F(RunIntegrity, DivergedRunKeepsItsLastFiniteCheckpoint) {
+// A run that diverges (far too large a learning rate) stops at the first step whose loss or
+// gradient norm is not finite, naming the step and the first non-finite gradient, before
+// updating; the checkpoints it wrote are finite and intact, and checkpoint.keep never prunes
+// the last of them.
+TEST_F(RunIntegrity, DivergedRunStopsAndKeepsItsLastFiniteCheckpoint) {
   Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=d --training.lr=1000 --training.min_lr=0 "
-                      "--training.grad_clip=0 --training.warmup_steps=0 --training.steps=12 --checkpoint.every=2 "
+                      "--training.grad_clip=0 --training.warmup_steps=0 --training.steps=40 --checkpoint.every=2 "
                       "--checkpoint.keep=1 --training.eval_every=0"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("the loss is not finite"), std::string::npos) << r.err;
+  ASSERT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  for (const char* part : {"loom: error: rank 0 at step ", "not finite", "the first non-finite gradient is transformer.",
+                           "The run stops before updating", "is intact"})
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << " in " << r.err;
+  EXPECT_EQ(r.err.find("the loss is not finite"), std::string::npos) << r.err;
   std::vector<std::string> kept;
   for (const auto& e : fs::directory_iterator(p("runs/d/checkpoints")))
     if (e.is_directory()) kept.push_back(e.path().filename().string());
-  std::sort(kept.begin(), kept.end());
-  ASSERT_EQ(kept.size(), 2u) << "the newest, and the newest finite";
-  EXPECT_EQ(kept[0], "step_12");
-  const auto state = [&](const std::string& step) {
-    return json::parse(read_file(p("runs/d/checkpoints/" + step + "/state.json")));
-  };
-  EXPECT_FALSE(state("step_12").at("finite").get<bool>());
-  EXPECT_TRUE(state(kept[1]).at("finite").get<bool>());
-  // It resumes: the finite one is a checkpoint like any other.
-  r = loom(cat("eval --checkpoint ", p("runs/d/checkpoints/" + kept[1]), " --data ", p("val.bin")));
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_NE(r.err.find(kept[0] + ", is intact"), std::string::npos) << r.err;
+  const json state = json::parse(read_file(p("runs/d/checkpoints/" + kept[0] + "/state.json")));
+  EXPECT_TRUE(state.at("finite").get<bool>());
+  // The metrics stop at the step before: no line for the step that stopped.
+  const std::string metrics = read_file(p("runs/d/metrics.jsonl"));
+  const int64_t stopped = std::stoll(r.err.substr(r.err.find(" at step ") + 9));
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), stopped - 1);
+  r = loom(cat("eval --checkpoint ", p("runs/d/checkpoints/" + kept[0]), " --data ", p("val.bin")));
   EXPECT_EQ(r.code, 0) << r.err;
 }
 

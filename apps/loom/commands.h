@@ -14,6 +14,7 @@ struct TrainArgs {
   bool restart = false;  // an existing run directory is moved aside and the run starts afresh
   bool quiet = false;  // no progress; the run summary still prints
   bool dry_run = false;  // check the config and print the memory plan; load and write nothing
+  bool allow_nonfinite = false;  // resume from a checkpoint holding NaN or Inf
 };
 int run_train(const TrainArgs& a);
 

@@ -11,6 +11,7 @@
 #include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/error.h"
+#include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
@@ -92,7 +93,10 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
 }
 
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
-  auto gpt = std::make_unique<nn::Gpt>(shape_of(ck, c));
+  const nn::GptConfig shape = shape_of(ck, c);
+  if (const std::string bad = ck.nonfinite_report(); !bad.empty())
+    log_warn(cat(bad, "; what the model computes from them is not meaningful"));
+  auto gpt = std::make_unique<nn::Gpt>(shape);
   ck.load_params(gpt->params());
   return gpt;
 }

@@ -34,6 +34,8 @@ int run(int argc, char** argv) {
   t->add_flag("--restart", train.restart,
               "Start afresh under an existing job name: the old run directory is kept aside as NAME.old-TIME");
   t->add_flag("--quiet", train.quiet, "No progress output");
+  t->add_flag("--allow-nonfinite", train.allow_nonfinite,
+              "Resume even from a checkpoint whose weights or optimizer state hold NaN or Inf");
   t->add_flag("--dry-run", train.dry_run,
               "Check the config and print the memory each rank and this host will need; load and write nothing");
   t->allow_extras();

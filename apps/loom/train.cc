@@ -154,7 +154,8 @@ int run_train(const TrainArgs& a) {
       return 0;
     }
     check_fits(mem);
-    if (env.rank == 0) log_info(cat("memory plan: ", describe(mem).substr(0, describe(mem).find('\n'))));
+    set_log_quiet(a.quiet || env.rank != 0);
+    log_info(cat("memory plan: ", describe(mem).substr(0, describe(mem).find('\n'))));
   }
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
@@ -224,6 +225,13 @@ int run_train(const TrainArgs& a) {
       throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
                            ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
                            "; resume with the global batch the run trained with"));
+    // NaN or Inf in the weights or the optimizer state would only spread through training.
+    if (const std::string bad = ck->nonfinite_report(); !bad.empty()) {
+      if (!a.allow_nonfinite)
+        throw InputError(cat(bad, "; training from it would spread them: resume from an earlier checkpoint, or pass "
+                                  "--allow-nonfinite"));
+      log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
+    }
     ck->load_params(params);
     start_step = saved.step;
   }
@@ -333,6 +341,7 @@ int run_train(const TrainArgs& a) {
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
   EvalResult last_eval;
 
+  std::string last_checkpoint = ck ? ck->path() : "";
   auto save = [&](int64_t step, bool loss_finite) {
     dp.materialize_params();                              // collective: every rank takes part
     optim::FlatState opt = dp.gather_optimizer_state();  // likewise
@@ -345,6 +354,7 @@ int run_train(const TrainArgs& a) {
                   {"config", c.to_toml()}};
     std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
+    last_checkpoint = dir;
     if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
       log_warn(cat("step ", step, ": the loss is not finite; saved ", dir,
                    ", and the newest finite checkpoint is kept whatever checkpoint.keep says"));
@@ -394,6 +404,18 @@ int run_train(const TrainArgs& a) {
       if (tracing) tracer->push("optimizer step");
       const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
       if (tracing) tracer->pop();
+      // A loss or gradient norm that is not finite stops the run at this step, before any
+      // update or checkpoint (every rank sees the same global loss and norm).
+      if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+        const std::string first = dp.first_nonfinite_gradient();  // collective over the group
+        throw RuntimeError(cat("the loss (", loss, ") or the gradient norm (", grad_norm, ") is not finite; ",
+                               first.empty() ? std::string("every gradient is finite")
+                                             : cat("the first non-finite gradient is ", first, piped ? " (this stage)" : ""),
+                               ". The run stops before updating; ",
+                               last_checkpoint.empty() ? std::string("no checkpoint was written")
+                                                       : cat("the last checkpoint, ", last_checkpoint, ", is intact"),
+                               " (a lower training.lr or a training.grad_clip may help)"));
+      }
       const parallel::CommStats cs = dp.take_stats();
       // [job] mem_limit_mb: the rank's peak resident memory, checked after every step.
       if (const double limit = c.f("job.mem_limit_mb"); limit > 0 && peak_rss_mb() > limit)

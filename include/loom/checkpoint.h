@@ -68,6 +68,10 @@ class Checkpoint {
   const State& state() const { return *state_; }  // REQUIRES: has_state()
   const SafetensorsFile& weights() const { return *model_; }
 
+  // "" when every weight and optimizer value is finite; else one line naming the first
+  // tensor holding NaN or Inf, how many it holds, and how many other tensors do.
+  std::string nonfinite_report() const;
+
   // Copies every parameter of `params` from the checkpoint, by name, converting dtype.
   // InputError naming the tensor when one is missing or its shape differs.
   void load_params(const ParamSet& params) const;

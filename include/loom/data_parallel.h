@@ -113,8 +113,13 @@ class DataParallel {
 
   // Waits for the gradient sums, clips them to max_norm (0: no clipping), updates the
   // parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the global gradient norm
-  // before clipping.
+  // before clipping. A norm that is not finite leaves the parameters and the optimizer
+  // state as they were (no update, the step not counted).
   double finish_step(double lr, double max_norm);
+  // After finish_step: the name of the parameter holding the first gradient element that is
+  // not finite, in flat order over this group's ranks; "" when every one is finite.
+  // Collective over the group (every rank gets the name).
+  std::string first_nonfinite_gradient();
 
   // ZeRO 3: gathers every parameter into params.values(), where they stay, whatever the
   // block hook reports, until the next begin_step(): for evaluation, checkpoints and the

@@ -248,6 +248,18 @@ void copy_checked(const SafetensorsFile& f, const SafetensorsEntry* e, const std
 }
 }  // namespace
 
+std::string Checkpoint::nonfinite_report() const {
+  std::vector<std::pair<const SafetensorsFile*, std::pair<std::string, int64_t>>> found;
+  for (const auto* f : {&*model_, optimizer_ ? &*optimizer_ : nullptr})
+    if (f != nullptr)
+      for (auto& t : f->nonfinite()) found.emplace_back(f, std::move(t));
+  if (found.empty()) return "";
+  const auto& [file, first] = found.front();
+  return cat(file->path(), ": tensor ", printable(first.first), " holds ", first.second,
+             " non-finite value(s) (NaN or Inf)",
+             found.size() > 1 ? cat(", and ", found.size() - 1, " more tensor(s) do") : std::string());
+}
+
 void Checkpoint::load_params(const ParamSet& params) const {
   for (size_t i = 0; i < params.infos().size(); ++i) {
     const std::string& name = params.infos()[i].name;

@@ -131,7 +131,7 @@ double clip_grad_norm_impl(T* g, int64_t n, double max_norm) {
   double norm = 0;
   for (double s : partial) norm += s;
   norm = std::sqrt(norm);
-  if (max_norm > 0 && norm > max_norm) {
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {  // a non-finite norm leaves them to be named
     const T coef = static_cast<T>(max_norm / (norm + 1e-6));
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) g[i] *= coef;

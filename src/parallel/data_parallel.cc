@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "parallel/dp_comm.h"
 #include "parallel/exact_sum.h"
@@ -243,7 +244,7 @@ struct DataParallel::Impl {
       if (stages) comm::all_reduce(*stages, {.output = &sq, .count = 1, .dtype = DType::kF64});
       norm = std::sqrt(sq);
     }
-    if (max_norm > 0 && norm > max_norm) {
+    if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
       const auto coef = static_cast<float>(max_norm / (norm + 1e-6));  // as optim::clip_grad_norm
       float* d = g.data<float>();
       for (int64_t i = 0; i < g.numel(); ++i) d[i] *= coef;
@@ -350,10 +351,37 @@ double DataParallel::finish_step(double lr, double max_norm) {
   // gathered block is stale after it.
   if (m.zero3()) m.release_all();
   const double norm = m.grad_norm_and_clip(max_norm);
+  if (!std::isfinite(norm)) return norm;  // every rank of the group sees the same norm
   m.optimizer->step(lr);
   if (m.config.zero == 1 || m.config.zero == 2)
     for (Unit& u : m.units) m.uc.gather(u, m.params.values(), m.params.values(), u.mine_begin(m.me), "all-gather parameters");
   return norm;
+}
+
+std::string DataParallel::first_nonfinite_gradient() {
+  Impl& m = *impl_;
+  const bool full = m.config.zero < 2;
+  const Tensor g = full ? m.params.grads() : m.shard_grads;
+  // This rank's first, as a flat offset (doubles hold every offset exactly); then the
+  // group's smallest.
+  double first = std::numeric_limits<double>::infinity();
+  auto scan = [&](int64_t flat_begin, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n && flat_begin + i < first; ++i)
+      if (!std::isfinite(x[i])) first = static_cast<double>(flat_begin + i);
+  };
+  if (full) {
+    scan(0, g.data<float>(), g.numel());
+  } else {
+    for (const Unit& u : m.units) scan(u.mine_begin(m.me), g.data<float>() + u.shard_offset, u.mine_end(m.me) - u.mine_begin(m.me));
+  }
+  std::vector<double> all(static_cast<size_t>(m.n));
+  m.uc.all_gather_f64(&first, all.data(), 1, "all-gather first non-finite gradient");
+  first = *std::min_element(all.begin(), all.end());
+  if (!std::isfinite(first)) return "";
+  const auto at = static_cast<int64_t>(first);
+  for (const ParamInfo& p : m.params.infos())
+    if (at >= p.offset && at < p.offset + p.numel) return p.name;
+  return "";
 }
 
 void DataParallel::materialize_params() {
