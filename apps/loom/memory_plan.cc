@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <limits>
 
 #include "loom/error.h"
+#include "loom/host.h"
 #include "loom/nn/gpt.h"
 #include "loom/pipeline.h"
 #include "loom/schedule.h"
@@ -123,35 +122,6 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
   return r;
 }
 
-// "MemAvailable:  123456 kB" -> bytes; 0 when absent.
-double meminfo_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
-// The cgroup (v2) limit less what the group uses; infinity without a limit.
-double cgroup_room() {
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(cg, line))
-    if (line.starts_with("0::")) path = line.substr(3);
-  auto read_number = [](const std::string& file) {
-    std::ifstream in(file);
-    std::string v;
-    in >> v;
-    return v.empty() || v == "max" ? -1.0 : std::strtod(v.c_str(), nullptr);
-  };
-  const std::string dir = "/sys/fs/cgroup" + path;
-  const double max = read_number(dir + "/memory.max"), used = read_number(dir + "/memory.current");
-  if (max < 0) return std::numeric_limits<double>::infinity();
-  return std::max(0.0, max - std::max(0.0, used));
-}
-
 }  // namespace
 
 double RankBytes::total() const {
@@ -164,8 +134,6 @@ int layout_ranks(const Config& c, int fallback) {
     return static_cast<int>(dp * tp * pp);
   return fallback;
 }
-
-double available_memory_bytes() { return std::min(meminfo_available(), cgroup_room()); }
 
 MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_ranks) {
   MemoryPlan plan;

@@ -36,7 +36,5 @@ MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_
 std::string describe(const MemoryPlan& plan);
 // InputError "needs X GiB on this host (...), Y GiB available" when the plan does not fit.
 void check_fits(const MemoryPlan& plan);
-// Bytes this host can give a new process now: MemAvailable, capped by the cgroup's limit.
-double available_memory_bytes();
 
 }  // namespace loom::app

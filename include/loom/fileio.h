@@ -11,8 +11,9 @@
 
 namespace loom {
 
-// Whole file; InputError when missing, not a regular file, unreadable, or larger than
-// `max_bytes` (checked before anything is read: it is the user's file).
+// Whole file; InputError when missing, not a regular file (a FIFO is refused without
+// waiting for a writer), unreadable, larger than `max_bytes` or than the memory available
+// (both checked before anything is read: it is the user's file).
 std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 void write_file_atomic(const std::string& path, std::string_view bytes);
 void fsync_dir(const std::string& dir);

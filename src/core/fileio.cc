@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "loom/error.h"
+#include "loom/host.h"
 
 namespace loom {
 
@@ -24,6 +25,12 @@ std::string read_file(const std::string& path, size_t max_bytes) {
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
     ::close(fd);
     throw InputError(cat(path, ": ", st.st_size, " bytes, over the ", max_bytes, "-byte limit of its format"));
+  }
+  // Whatever the format allows, a file is read whole only when memory can hold it.
+  if (const double room = available_memory_bytes(); static_cast<double>(st.st_size) > room) {
+    ::close(fd);
+    throw InputError(cat(path, ": ", st.st_size, " bytes, more than the ", static_cast<int64_t>(room),
+                         " bytes of memory available to read it into"));
   }
   std::string data(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
