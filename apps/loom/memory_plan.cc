@@ -146,6 +146,7 @@ MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_
     plan.host_bytes += b.total();
   }
   plan.available_bytes = available_memory_bytes();
+  plan.data_files = c.s("data.train") + (c.s("data.val").empty() ? "" : " and " + c.s("data.val"));
   return plan;
 }
 
@@ -174,7 +175,8 @@ void check_fits(const MemoryPlan& plan) {
   const RankBytes& b = plan.stages[0];
   throw InputError(cat("the run needs ", gib(plan.host_bytes), " GiB on this host (", plan.host_ranks.size(),
                        " rank(s); rank 0: parameters ", gib(b.params), ", gradients ", gib(b.grads), ", optimizer ",
-                       gib(b.optimizer), ", activations ", gib(b.activations + b.workspace), " GiB), but ",
+                       gib(b.optimizer), ", activations ", gib(b.activations + b.workspace), ", data ", gib(b.data),
+                       " GiB for ", printable(plan.data_files), "), but ",
                        gib(plan.available_bytes), " GiB are available; `loom train --dry-run` shows the plan"));
 }
 

@@ -25,6 +25,7 @@ struct MemoryPlan {
   std::vector<int> host_ranks;    // the job ranks this host runs
   double host_bytes = 0;          // their sum
   double available_bytes = 0;     // what this host has free now (MemAvailable, cgroup limit)
+  std::string data_files;         // what the data figure reads, for messages
 };
 
 // The ranks the layout of an unresolved config names (parallel.dp x tp x pp), for planning
