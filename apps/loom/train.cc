@@ -140,6 +140,7 @@ int run_train(const TrainArgs& a) {
   // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
   const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
   c.resolve(ranks);
+  std::string memory_plan_line;  // logged once the input has been found good
   // Sizes before allocation: the first rank of each host checks that what the host's ranks
   // will hold fits in the memory it has free, before any data or model is loaded.
   if (a.dry_run || env.local_rank == 0) {
@@ -154,8 +155,7 @@ int run_train(const TrainArgs& a) {
       return 0;
     }
     check_fits(mem);
-    set_log_quiet(a.quiet || env.rank != 0);
-    log_info(cat("memory plan: ", describe(mem).substr(0, describe(mem).find('\n'))));
+    memory_plan_line = describe(mem).substr(0, describe(mem).find('\n'));
   }
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
@@ -323,6 +323,7 @@ int run_train(const TrainArgs& a) {
                      : std::string(),
                " x ", threads, " thread(s), ZeRO ", c.i("parallel.zero"),
                c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run));
+  if (!memory_plan_line.empty()) log_info("planned " + memory_plan_line);
   log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
                " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
   // Stages hold different parts: after the first step (every buffer touched) rank 0 logs
