@@ -9,6 +9,7 @@
 #include "loom/nn/gpt.h"
 #include "loom/pipeline.h"
 #include "loom/schedule.h"
+#include "parallel/exact_sum.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kF32 = 4;
-constexpr double kExactSumBytes = 3 * 8;  // parallel/exact_sum.h: kLimbs int64 per element
+constexpr double kExactSumBytes = parallel::kLimbs * sizeof(int64_t);  // exact-sum slots per element
 
 // Bytes as GiB with 3 significant digits, e.g. "0.0123" or "1.2e+04".
 std::string gib(double bytes) {

@@ -155,7 +155,8 @@ int run_train(const TrainArgs& a) {
       return 0;
     }
     check_fits(mem);
-    memory_plan_line = describe(mem).substr(0, describe(mem).find('\n'));
+    const std::string lines = describe(mem);
+    memory_plan_line = lines.substr(0, lines.find('\n'));
   }
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);

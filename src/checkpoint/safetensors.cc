@@ -125,15 +125,12 @@ void SafetensorsFile::read_into(const SafetensorsEntry& e, const Tensor& out) co
 
 std::vector<std::pair<std::string, int64_t>> SafetensorsFile::nonfinite() const {
   std::vector<std::pair<std::string, int64_t>> out;
-  std::vector<const SafetensorsEntry*> order;
-  for (const auto& e : entries_) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (const SafetensorsEntry* e : order) {
-    const char* src = bytes_.data() + data_start_ + e->begin;
-    const auto n = static_cast<int64_t>((e->end - e->begin) / std::max<size_t>(1, dtype_size(e->dtype)));
+  for (const SafetensorsEntry& e : entries_) {
+    const char* src = bytes_.data() + data_start_ + e.begin;
+    const auto n = static_cast<int64_t>((e.end - e.begin) / std::max<size_t>(1, dtype_size(e.dtype)));
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {
-      switch (e->dtype) {
+      switch (e.dtype) {
         case DType::kF32: { float v; std::memcpy(&v, src + 4 * i, 4); bad += !std::isfinite(v); break; }
         case DType::kF64: { double v; std::memcpy(&v, src + 8 * i, 8); bad += !std::isfinite(v); break; }
         case DType::kBF16: { uint16_t v; std::memcpy(&v, src + 2 * i, 2); bad += (v & 0x7f80) == 0x7f80; break; }
@@ -141,7 +138,7 @@ std::vector<std::pair<std::string, int64_t>> SafetensorsFile::nonfinite() const 
         default: i = n; break;  // integers are always finite
       }
     }
-    if (bad > 0) out.emplace_back(e->name, bad);
+    if (bad > 0) out.emplace_back(e.name, bad);
   }
   return out;
 }
