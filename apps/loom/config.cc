@@ -9,6 +9,7 @@
 
 #include "kernels/gemm/gemm.h"
 #include "loom/error.h"
+#include "loom/fileio.h"
 #include "loom/nn/gpt.h"
 #include "loom/schedule.h"
 #include "loom/threads.h"
@@ -16,6 +17,9 @@
 
 namespace loom::app {
 namespace {
+
+// A config names a few dozen keys; a file far larger is not one (and is not read whole).
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
 
 // The schema: every key, its type (by its default's type) and its default. Key names are
 // stable (DESIGN.md section 4): add keys, never rename.
@@ -124,9 +128,13 @@ void Config::merge_file(const std::string& path) {
   if (kind == std::filesystem::file_type::not_found) throw InputError(cat(path, ": config file not found"));
   if (kind != std::filesystem::file_type::regular)
     throw InputError(cat(path, ": not a regular file; expected a TOML config file"));
+  merge_toml(read_file(path, kMaxConfigBytes), path);
+}
+
+void Config::merge_toml(std::string_view text, const std::string& path) {
   toml::table tbl;
   try {
-    tbl = toml::parse_file(path);
+    tbl = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     throw InputError(cat(path, ":", e.source().begin.line, ": invalid TOML: ", e.description()));
   }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -21,6 +22,8 @@ class Config {
   Config();
   // Merges a TOML file. InputError for a missing file, bad TOML, unknown key, wrong type.
   void merge_file(const std::string& path);
+  // The same from TOML text already read from `path` (named in errors).
+  void merge_toml(std::string_view text, const std::string& path);
   // Applies "--section.key=value" strings (the leading dashes optional).
   void apply_overrides(const std::vector<std::string>& overrides);
   // Fills model shape keys from [model] preset where not set explicitly and parallel.dp = 0

@@ -21,6 +21,8 @@ constexpr int32_t kTokenVersion = 1;
 constexpr int kTokenHeaderWords = 256;
 
 std::vector<uint16_t> read_tokens(const std::string& path);
+// The same from bytes already read from `path` (named in errors).
+std::vector<uint16_t> parse_tokens(const std::string& path, std::string_view bytes);
 void write_tokens(const std::string& path, std::span<const uint16_t> tokens);
 
 // Byte-level tokenizer: token i is byte value i (vocabulary 256).
@@ -48,8 +50,15 @@ struct ImageSet {
   std::vector<int32_t> labels;
 };
 
+// The most an IDX file may hold once decompressed: Fashion-MNIST's training images are
+// 47 MB; a gzip bomb stops here instead of filling memory.
+constexpr size_t kMaxIdxBytes = size_t{1} << 30;
+
 // Reads an IDX3 ubyte image file and its IDX1 ubyte label file (gzip or plain).
 ImageSet read_idx(const std::string& images_path, const std::string& labels_path);
+// The same from the files' bytes (gzip or plain), each at most `max_bytes` once decompressed.
+ImageSet parse_idx(const std::string& images_path, const std::string& images, const std::string& labels_path,
+                   const std::string& labels, size_t max_bytes = kMaxIdxBytes);
 // Fashion-MNIST from Debian's dataset-fashion-mnist: dir/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz
 ImageSet load_fashion_mnist(const std::string& dir, bool train);
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";

@@ -148,12 +148,7 @@ std::optional<std::string> latest_step_dir(const std::string& root) {
   if (path_exists((fs::path(root) / "index.json").string())) return root;
   const std::string latest = (fs::path(root) / "latest").string();
   if (!path_exists(latest)) return std::nullopt;
-  std::string name = read_file(latest, 256);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  if (name.size() < 6 || name.size() > 24 || !name.starts_with("step_") ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos)
-    throw InputError(cat(latest, ": \"", printable(name.substr(0, 40)), "\": expected the name of a step directory, step_N"));
-  return (fs::path(root) / name).string();
+  return (fs::path(root) / parse_latest(read_file(latest, kMaxLatestBytes), latest)).string();
 }
 
 namespace {

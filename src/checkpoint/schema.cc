@@ -113,4 +113,13 @@ State parse_state(const json& j, const std::string& path) {
   return s;
 }
 
+std::string parse_latest(std::string_view text, const std::string& path) {
+  std::string name(text);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.size() < 6 || name.size() > 24 || !name.starts_with("step_") ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    throw InputError(cat(path, ": \"", printable(name.substr(0, 40)), "\": expected the name of a step directory, step_N"));
+  return name;
+}
+
 }  // namespace loom::checkpoint

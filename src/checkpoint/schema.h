@@ -1,6 +1,6 @@
 // The JSON files of a checkpoint directory, validated field by field before anything in
 // them is used (docs/formats.md, "Checkpoints"): index.json's files and tensors, and
-// state.json's step, counters, RNG and model shape. Every violation is an InputError
+// state.json's step, counters, RNG and model shape; and the `latest` pointer. Every violation is an InputError
 // naming the file and the field. Internal to loom_checkpoint.
 #pragma once
 
@@ -31,5 +31,10 @@ struct Index {
 
 Index parse_index(const nlohmann::json& index, const std::string& path);
 State parse_state(const nlohmann::json& state, const std::string& path);
+
+// `latest` holds one line: the name of a step directory, step_N.
+constexpr size_t kMaxLatestBytes = 256;
+// The directory name `text` (read from `path`) names, trailing newline and spaces dropped.
+std::string parse_latest(std::string_view text, const std::string& path);
 
 }  // namespace loom::checkpoint

@@ -10,28 +10,23 @@
 namespace loom::data {
 namespace {
 
-// The most an IDX file may hold once decompressed: Fashion-MNIST's training images are
-// 47 MB; a gzip bomb stops here instead of filling memory.
-constexpr size_t kMaxIdxBytes = size_t{1} << 30;
-
-// The whole file, gunzipped when it starts with the gzip magic, plain otherwise. Refuses
-// what is not a regular file (a FIFO or /dev/zero would never end) and output past the cap.
-std::string read_maybe_gzip(const std::string& path) {
-  std::string in = read_file(path, kMaxIdxBytes);
+// `in` (read from `path`) gunzipped when it starts with the gzip magic, as it is otherwise;
+// refuses output past `cap` bytes.
+std::string maybe_gunzip(const std::string& path, const std::string& in, size_t cap) {
   if (in.size() < 2 || static_cast<unsigned char>(in[0]) != 0x1f || static_cast<unsigned char>(in[1]) != 0x8b) return in;
   z_stream z{};
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) throw RuntimeError(cat(path, ": zlib inflateInit2 failed"));
-  z.next_in = reinterpret_cast<Bytef*>(in.data());
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
   z.avail_in = static_cast<uInt>(std::min<size_t>(in.size(), UINT32_MAX));
   std::string out;
   int rc = Z_OK;
   while (rc == Z_OK) {
-    if (out.size() >= kMaxIdxBytes) {
+    if (out.size() >= cap) {
       inflateEnd(&z);
-      throw InputError(cat(path, ": decompresses to more than ", kMaxIdxBytes, " bytes, over the limit for an IDX file"));
+      throw InputError(cat(path, ": decompresses to more than ", cap, " bytes, over the limit for an IDX file"));
     }
     const size_t have = out.size();
-    out.resize(std::min(kMaxIdxBytes + 1, std::max<size_t>(2 * have, 1 << 16)));
+    out.resize(std::min(cap + 1, std::max<size_t>(2 * have, 1 << 16)));
     z.next_out = reinterpret_cast<Bytef*>(out.data() + have);
     z.avail_out = static_cast<uInt>(out.size() - have);
     rc = inflate(&z, Z_NO_FLUSH);
@@ -78,8 +73,15 @@ std::vector<int64_t> idx_dims(const std::string& b, const std::string& path, int
 }  // namespace
 
 ImageSet read_idx(const std::string& images_path, const std::string& labels_path) {
-  const std::string ib = read_maybe_gzip(images_path);
-  const std::string lb = read_maybe_gzip(labels_path);
+  // read_file refuses what is not a regular file (a FIFO or /dev/zero would never end).
+  return parse_idx(images_path, read_file(images_path, kMaxIdxBytes), labels_path,
+                   read_file(labels_path, kMaxIdxBytes));
+}
+
+ImageSet parse_idx(const std::string& images_path, const std::string& images, const std::string& labels_path,
+                   const std::string& labels, size_t max_bytes) {
+  const std::string ib = maybe_gunzip(images_path, images, max_bytes);
+  const std::string lb = maybe_gunzip(labels_path, labels, max_bytes);
   auto idims = idx_dims(ib, images_path, 3);
   auto ldims = idx_dims(lb, labels_path, 1);
   if (idims[0] != ldims[0])

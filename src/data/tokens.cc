@@ -11,8 +11,9 @@
 namespace loom::data {
 namespace fs = std::filesystem;
 
-std::vector<uint16_t> read_tokens(const std::string& path) {
-  const std::string bytes = read_file(path);
+std::vector<uint16_t> read_tokens(const std::string& path) { return parse_tokens(path, read_file(path)); }
+
+std::vector<uint16_t> parse_tokens(const std::string& path, std::string_view bytes) {
   constexpr size_t kHeader = kTokenHeaderWords * sizeof(int32_t);
   if (bytes.size() < kHeader)
     throw InputError(cat(path, ": truncated token file: ", bytes.size(), " bytes, expected a ",
@@ -33,7 +34,7 @@ std::vector<uint16_t> read_tokens(const std::string& path) {
                          " token file: header says ", count, " tokens (", want, " bytes), file has ",
                          bytes.size(), " bytes"));
   std::vector<uint16_t> tokens(count);
-  std::memcpy(tokens.data(), bytes.data() + kHeader, count * sizeof(uint16_t));
+  if (count > 0) std::memcpy(tokens.data(), bytes.data() + kHeader, count * sizeof(uint16_t));
   return tokens;
 }
 
@@ -46,7 +47,7 @@ void write_tokens(const std::string& path, std::span<const uint16_t> tokens) {
   header[2] = static_cast<int32_t>(tokens.size());
   std::string bytes(sizeof(header) + tokens.size_bytes(), '\0');
   std::memcpy(bytes.data(), header, sizeof(header));
-  std::memcpy(bytes.data() + sizeof(header), tokens.data(), tokens.size_bytes());
+  if (!tokens.empty()) std::memcpy(bytes.data() + sizeof(header), tokens.data(), tokens.size_bytes());
   write_file_atomic(path, bytes);
 }
 

@@ -1,0 +1,56 @@
+// libFuzzer target: the run configuration, as `loom train`, `loom plan` and `loom launch`
+// read it: TOML text, then --section.key=value flags, then resolution and the memory plan.
+// The input is the TOML file, then (after the first NUL byte, if any) one flag per line.
+// Properties: no crash and no library exception escaping (toml++'s included); a config
+// that resolves plans its memory without overflow, and its to_toml() text reads back to
+// the same config; anything else is an InputError naming the file or the flag.
+#include <sstream>
+
+#include "config.h"
+#include "memory_plan.h"
+#include "reader_checks.h"
+
+using namespace loom;
+using namespace loom::app;
+
+namespace {
+
+// Whether an error names the file, the flag or the key ("section.key") it is about.
+bool names_its_source(const std::string& what, const std::string& path) {
+  if (what.starts_with(path) || what.starts_with("flag ")) return true;
+  for (const char* section : {"checkpoint.", "comm.", "data.", "job.", "model.", "parallel.", "profile.", "training."})
+    if (what.find(section) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string path = "fuzz/config.toml";
+  const std::string_view in(reinterpret_cast<const char*>(data), size);
+  const size_t nul = in.find('\0');
+  const std::string_view toml = in.substr(0, nul);
+  std::vector<std::string> flags;
+  if (nul != std::string_view::npos) {
+    std::istringstream lines{std::string(in.substr(nul + 1))};
+    for (std::string line; std::getline(lines, line);) flags.push_back(line);
+  }
+  Config c;
+  int world = 1;
+  try {
+    c.merge_toml(toml, path);
+    c.apply_overrides(flags);
+    world = layout_ranks(c, 1);
+    c.resolve(world);
+  } catch (const InputError& e) {
+    if (!names_its_source(e.what(), path)) fuzz::finding("an error that names neither file, flag nor key", e.what());
+    return 0;
+  }
+  const MemoryPlan plan = plan_memory(c, world, {0});
+  if (describe(plan).empty()) fuzz::finding("an empty memory plan", "");
+  Config again;
+  again.merge_toml(c.to_toml(), "fuzz/resolved.toml");
+  again.resolve(world);
+  if (again.to_toml() != c.to_toml()) fuzz::finding("to_toml() does not read back to the same config", c.to_toml());
+  return 0;
+}

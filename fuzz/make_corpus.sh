@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Writes the seed files of the file-format fuzz targets into fuzz/corpus/<target>/, from
+# real files Loom writes: a tiny GPT's and a tiny MLP's checkpoints (model, optimizer,
+# index.json, state.json, latest), a token file from `loom data prepare`, the first images
+# of Fashion-MNIST's test set, and the configs under configs/. The seeds are committed; run
+# this again (after ./build.sh) when a format changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+loom=build/release/loom
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+c=fuzz/corpus
+mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/idx $c/config
+
+# Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each.
+$loom train configs/gpt-nano.toml --model.n_layer=1 --model.n_head=1 --model.d_model=4 --model.seq_len=4 \
+  --training.steps=2 --training.global_batch=2 --training.micro_batch=1 --training.warmup_steps=1 \
+  --training.eval_every=0 --checkpoint.every=2 --job.run_dir="$tmp" --job.name=gpt >/dev/null
+$loom train configs/mlp.toml --model.n_layer=1 --model.hidden=2 --training.steps=2 --training.global_batch=2 \
+  --training.micro_batch=2 --training.warmup_steps=1 --training.eval_every=0 --checkpoint.every=2 \
+  --job.run_dir="$tmp" --job.name=mlp >/dev/null
+for kind in gpt mlp; do
+  step=$tmp/$kind/checkpoints/step_2
+  cp "$step/model.safetensors" $c/safetensors/$kind-model
+  cp "$step/optimizer.safetensors" $c/safetensors/$kind-optimizer
+  cp "$step/index.json" $c/checkpoint/$kind-index
+  cp "$step/state.json" $c/checkpoint/$kind-state
+done
+cp "$tmp/gpt/checkpoints/latest" $c/checkpoint/latest
+
+# Token files: a few lines of text through the byte tokenizer (training and validation parts).
+printf 'The quick brown fox jumps over the lazy dog.\nPack my box with five dozen liquor jugs.\n' >"$tmp/text.txt"
+$loom data prepare "text:$tmp/text.txt" --out "$tmp/tokens.bin" >/dev/null
+cp "$tmp/tokens.bin" $c/tokens/train
+cp "$tmp/tokens_val.bin" $c/tokens/val
+
+# IDX: the first 3 test images and labels, gzipped and plain; each seed is a 4-byte
+# little-endian image-file length, the image file, then the label file (fuzz/idx_fuzz.cc).
+python3 - "$c/idx" <<'PY'
+import gzip, struct, sys
+src = "/usr/share/datasets/fashion-mnist/t10k-"
+images = gzip.open(src + "images-idx3-ubyte.gz").read()
+labels = gzip.open(src + "labels-idx1-ubyte.gz").read()
+n = 3
+img = struct.pack(">IIII", 0x803, n, 28, 28) + images[16:16 + n * 784]
+lab = struct.pack(">II", 0x801, n) + labels[8:8 + n]
+for name, (a, b) in {"plain": (img, lab), "gzip": (gzip.compress(img, mtime=0), gzip.compress(lab, mtime=0))}.items():
+    open(f"{sys.argv[1]}/{name}", "wb").write(struct.pack("<I", len(a)) + a + b)
+PY
+
+# Configs: each shipped one, and gpt-nano with flags after a NUL byte (fuzz/config_fuzz.cc).
+for f in configs/*.toml; do cp "$f" $c/config/"$(basename "$f" .toml)"; done
+{ cat configs/gpt-nano.toml; printf '\0--parallel.pp=2\n--parallel.microbatches=4\n--training.micro_batch=2\n'; } >$c/config/gpt-nano-flags
