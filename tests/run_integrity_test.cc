@@ -229,6 +229,20 @@ TEST_F(RunIntegrity, DivergedRunStopsAndKeepsItsLastFiniteCheckpoint) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// Deterministic mode sums gradients exactly, which holds only finite values below 2^31:
+// a diverging run stops the same way, naming the first gradient it could not sum.
+TEST_F(RunIntegrity, DivergedDeterministicRunStopsNamingTheGradient) {
+  Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=dd --training.lr=1000 --training.min_lr=0 "
+                      "--training.grad_clip=0 --training.warmup_steps=0 --training.steps=40 --checkpoint.every=0 "
+                      "--training.eval_every=0 --parallel.deterministic=true"));
+  ASSERT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  for (const char* part : {"loom: error: rank 0 at step ", "gradient norm (nan) is not finite",
+                           "the first gradient deterministic mode cannot sum exactly (not finite, or 2^31 or more in "
+                           "magnitude) is transformer.", "The run stops before updating"})
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << " in " << r.err;
+}
+
 // Config, data and checkpoint paths must be what their format expects; names with control
 // characters are refused; whatever an error echoes, it stays one line.
 TEST_F(RunIntegrity, PathsAndNamesAreWhatTheyClaim) {

@@ -412,7 +412,10 @@ int run_train(const TrainArgs& a) {
         const std::string first = dp.first_nonfinite_gradient();  // collective over the group
         throw RuntimeError(cat("the loss (", loss, ") or the gradient norm (", grad_norm, ") is not finite; ",
                                first.empty() ? std::string("every gradient is finite")
-                                             : cat("the first non-finite gradient is ", first, piped ? " (this stage)" : ""),
+                               : c.b("parallel.deterministic")
+                                   ? cat("the first gradient deterministic mode cannot sum exactly (not finite, or 2^31 "
+                                         "or more in magnitude) is ", first, piped ? " (this stage)" : "")
+                                   : cat("the first non-finite gradient is ", first, piped ? " (this stage)" : ""),
                                ". The run stops before updating; ",
                                last_checkpoint.empty() ? std::string("no checkpoint was written")
                                                        : cat("the last checkpoint, ", last_checkpoint, ", is intact"),

@@ -68,6 +68,7 @@ struct DataParallel::Impl {
   std::vector<Group> groups;  // ZeRO 3: index 1 + block
   bool pinned = false;        // ZeRO 3: materialize_params() ran this step
   Tensor exact;             // deterministic: kLimbs int64 per gradient element
+  int64_t unsummable = -1;  // deterministic: this step's first flat element exact sums cannot hold
   std::unique_ptr<optim::Optimizer> optimizer;
   UnitComm uc;
 
@@ -155,9 +156,16 @@ struct DataParallel::Impl {
   void accumulate_rest() {
     float* g = params.grads().data<float>();
     for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, offsets.front()}, {offsets.back(), params.numel()}}) {
-      exact_accumulate(g + lo, exact.data<int64_t>() + kLimbs * lo, hi - lo, cat("gradients [", lo, ", ", hi, ")"));
+      accumulate_exactly(g, lo, hi - lo);
       std::fill(g + lo, g + hi, 0.0f);
     }
+  }
+
+  // Deterministic: flat gradients [begin, begin + n) into the exact sums, noting the first
+  // one they cannot hold (not finite, or too large), which then makes the norm NaN.
+  void accumulate_exactly(const float* grads, int64_t begin, int64_t n) {
+    const int64_t out = exact_accumulate(grads + begin, exact.data<int64_t>() + kLimbs * begin, n);
+    if (out >= 0 && (unsummable < 0 || begin + out < unsummable)) unsummable = begin + out;
   }
 
   // Calls fn(pointer, count) over this rank's gradients (full or its shard), leaving out
@@ -211,8 +219,7 @@ struct DataParallel::Impl {
     float* g = params.grads().data<float>() + u.begin;
     const int64_t len = u.end - u.begin;
     if (config.deterministic) {
-      exact_accumulate(g, exact.data<int64_t>() + kLimbs * u.begin, len,
-                       cat("gradients [", u.begin, ", ", u.end, ")"));
+      accumulate_exactly(params.grads().data<float>(), u.begin, len);
       std::fill(g, g + len, 0.0f);  // the next micro-step's backward accumulates from zero
     }
     if (last_micro) uc.launch_reduce(u, params.grads(), exact, shard_grads);
@@ -228,10 +235,15 @@ struct DataParallel::Impl {
     comm::Communicator* stages = stage_groups.stages;
     double norm = 0;
     if (config.deterministic) {
-      int64_t acc[kSquareLimbs] = {};
+      // The squares' limbs, then how many ranks met a gradient the exact sums cannot hold:
+      // any makes the norm NaN on every rank of the group and every stage.
+      int64_t acc[kSquareLimbs + 1] = {};
       for_each_counted(g, full, [&](const float* x, int64_t n) { exact_accumulate_squares(x, n, acc); });
-      if (!full) uc.sum_i64(acc, kSquareLimbs, "all-reduce gradient norm");
-      if (stages) comm::all_reduce(*stages, {.output = acc, .count = kSquareLimbs, .dtype = DType::kI64});
+      acc[kSquareLimbs] = unsummable >= 0 ? 1 : 0;
+      if (!full) uc.sum_i64(acc, kSquareLimbs + 1, "all-reduce gradient norm");
+      else if (n > 1) uc.sum_i64(acc + kSquareLimbs, 1, "all-reduce unsummable gradients");
+      if (stages) comm::all_reduce(*stages, {.output = acc, .count = kSquareLimbs + 1, .dtype = DType::kI64});
+      if (acc[kSquareLimbs] > 0) return std::numeric_limits<double>::quiet_NaN();
       norm = std::sqrt(exact_decode_squares(acc));
     } else if (full && !stages) {
       return optim::clip_grad_norm(params, max_norm);  // the single-process computation
@@ -309,6 +321,7 @@ void DataParallel::begin_step() {
   if (m.config.zero >= 2) zero_pages(m.params.grads().raw(), m.params.grads().nbytes());
   else m.params.zero_grads();
   if (m.config.deterministic) m.exact.zero();
+  m.unsummable = -1;
   m.stats = {};
 }
 
@@ -374,6 +387,8 @@ std::string DataParallel::first_nonfinite_gradient() {
   } else {
     for (const Unit& u : m.units) scan(u.mine_begin(m.me), g.data<float>() + u.shard_offset, u.mine_end(m.me) - u.mine_begin(m.me));
   }
+  // Deterministic mode summed only what its exact sums hold: the rest was noted as it came.
+  if (m.unsummable >= 0) first = std::min(first, static_cast<double>(m.unsummable));
   std::vector<double> all(static_cast<size_t>(m.n));
   m.uc.all_gather_f64(&first, all.data(), 1, "all-gather first non-finite gradient");
   first = *std::min_element(all.begin(), all.end());

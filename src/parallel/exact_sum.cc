@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "loom/error.h"
 
 namespace loom::parallel {
 namespace {
@@ -10,17 +9,16 @@ namespace {
 constexpr double kTwo64 = 18446744073709551616.0;  // 2^64
 constexpr double kRange = 2147483648.0;            // 2^31
 
-[[noreturn]] void out_of_range(float v, int64_t i, const std::string& what) {
-  throw RuntimeError(cat(what, ": gradient element ", i, " is ", v,
-                         "; deterministic mode sums exactly only finite values below 2^31 in magnitude"));
-}
-
 }  // namespace
 
-void exact_accumulate(const float* x, int64_t* acc, int64_t n, const std::string& what) {
+int64_t exact_accumulate(const float* x, int64_t* acc, int64_t n) {
+  int64_t first_out = -1;
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    if (!(std::fabs(v) < kRange)) out_of_range(v, i, what);
+    if (!(std::fabs(v) < kRange)) {
+      if (first_out < 0) first_out = i;
+      continue;
+    }
     if (v == 0) continue;
     // x * 2^64 is exact in double; its integer part fits in 95 bits.
     const auto q = static_cast<__int128>(std::nearbyint(static_cast<double>(v) * kTwo64));
@@ -29,6 +27,7 @@ void exact_accumulate(const float* x, int64_t* acc, int64_t n, const std::string
     a[1] += static_cast<int64_t>((q >> 32) & 0xffffffff);
     a[2] += static_cast<int64_t>(q >> 64);
   }
+  return first_out;
 }
 
 void exact_decode(const int64_t* acc, float* out, int64_t n) {

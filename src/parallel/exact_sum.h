@@ -9,15 +9,15 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace loom::parallel {
 
 constexpr int kLimbs = 3;  // int64 slots per element
 
-// acc[3i .. 3i+2] += limbs(x[i]) for i < n. Throws RuntimeError naming `what` and the
-// element when a value is not finite or |x| >= 2^31.
-void exact_accumulate(const float* x, int64_t* acc, int64_t n, const std::string& what);
+// acc[3i .. 3i+2] += limbs(x[i]) for every i < n whose x[i] is in range. Returns the
+// first i whose value is not (NaN, Inf or |x| >= 2^31: its sum is left as it was), or -1
+// when every one is: the caller stops the step (DataParallel reports the norm as NaN).
+int64_t exact_accumulate(const float* x, int64_t* acc, int64_t n);
 // out[i] = the f32 nearest to the sum held in acc[3i .. 3i+2].
 void exact_decode(const int64_t* acc, float* out, int64_t n);
 
