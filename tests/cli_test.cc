@@ -61,7 +61,7 @@ TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
   expect_bad_input(cat("train ", cfg, fresh, " --data.train=", p("magic.bin")), {"magic.bin", "magic", "20240520"});
   expect_bad_input(cat("train ", cfg), {"run directory exists", "--resume"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.dp=2"), {"parallel.dp", "the job has 1 rank"});
-  expect_bad_input(cat("train ", cfg, fresh, " --parallel.tp=2"), {"parallel.tp", "not available"});
+  expect_bad_input(cat("train ", cfg, fresh, " --parallel.tp=2"), {"parallel.dp x parallel.tp x parallel.pp = 0 x 2 x 1"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=4"), {"parallel.zero", "expected 0, 1, 2 or 3"});
   expect_bad_input(cat("train ", cfg, fresh, " --comm.param_dtype=bf16"), {"comm.param_dtype", "only ZeRO-3"});
   expect_bad_input(cat("train ", cfg, fresh, " --parallel.zero=3 --comm.param_dtype=bf16 --parallel.deterministic=true"),
@@ -208,6 +208,12 @@ TEST_F(Cli, DataPrepareSampleAndEval) {
   EXPECT_NE(r.out.find("\"tokens\": 1984}"), std::string::npos) << r.out;
 }
 
+// "... parameters 0.449 MiB ..." -> 0.449: the number after `key` in `text` (-1 when absent).
+double figure_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
 // The values of one key on every metrics line that has it, as written.
 std::vector<std::string> column(const std::string& metrics, const std::string& key) {
   std::vector<std::string> out;
@@ -277,6 +283,55 @@ TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
   }
 }
 
+// Tensor parallelism as processes: tp = 2 (and dp x tp = 2 x 2 with ZeRO 1) trains like
+// one process: losses, gradient norms and validation losses within 1e-4 (the pieces' sums
+// add the heads' and the MLP's partial products in another order than one matrix product
+// does; docs/parallelism.md). Checkpoints hold the logical tensors: `loom eval` reads them in
+// one process, and a resume on tp = 2 continues bit for bit.
+TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
+  const std::string common = " --training.micro_batch=2 --training.eval_every=3 --checkpoint.every=3";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, " --quiet --job.name=one")).code, 0);
+  const std::string tp2 = cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common, " --parallel.tp=2");
+  Result r = loom(cat(tp2, " --job.name=tp"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  // Each piece's model state is what the memory plan says.
+  const Result plan = loom(cat("train ", p("nano.toml"), " --dry-run --parallel.tp=2 --parallel.dp=1 --training.micro_batch=2"));
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  const std::string said = r.out + r.err;
+  for (const char* part : {"parameters ", "gradients ", "optimizer "}) {
+    const double planned = figure_after(plan.out, part), measured = figure_after(said.substr(said.find("model state per rank")), part);
+    EXPECT_NEAR(measured, planned, 0.02 * planned + 0.01) << part << "\n" << plan.out << said;
+  }
+  r = loom(cat(tp2, " --quiet --job.name=tpr --training.steps=3"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat(tp2, " --quiet --job.name=tpr --resume"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common, " --quiet",
+               " --job.name=mesh --parallel.tp=2 --parallel.dp=2 --parallel.zero=1"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string one = read_file(p("runs/one/metrics.jsonl"));
+  ASSERT_EQ(column(one, "loss").size(), 6u);
+  for (const char* run : {"tp", "mesh"}) {
+    const std::string got = read_file(p(cat("runs/", run, "/metrics.jsonl")));
+    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+      const auto want = column(one, key), have = column(got, key);
+      ASSERT_EQ(want.size(), have.size()) << run << " " << key;
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << run << " " << key << " at line " << i;
+    }
+  }
+  const std::string tp = read_file(p("runs/tp/metrics.jsonl")), tpr = read_file(p("runs/tpr/metrics.jsonl"));
+  EXPECT_EQ(loss_columns(tp), loss_columns(tpr));
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_EQ(read_file(p(cat("runs/tp/checkpoints/step_6/", file))), read_file(p(cat("runs/tpr/checkpoints/step_6/", file))))
+        << file;
+  r = loom(cat("eval --checkpoint ", p("runs/tp/checkpoints/step_6"), " --data ", p("val.bin")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Result whole = loom(cat("eval --checkpoint ", p("runs/one/checkpoints/step_6"), " --data ", p("val.bin")));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_NEAR(figure_after(r.out, "\"loss\": "), figure_after(whole.out, "\"loss\": "), 1e-4) << r.out << whole.out;
+}
+
 // [job] mem_limit_mb: a rank over its budget stops the run with a line naming it.
 TEST_F(Cli, MemoryLimitStopsARankOverItsBudget) {
   Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=mem --job.mem_limit_mb=1"));
@@ -303,6 +358,9 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
            {" --parallel.pp=2 --parallel.pp_schedule=zb-h1 --training.recompute=full", {"training.recompute", "zb-h1"}},
            {" --parallel.pp=2 --parallel.microbatches=3", {"parallel.microbatches", "= 3: a step has", "expected 2 or 0"}},
            {" --parallel.pp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.pp", "not a GPT"}},
+           {" --parallel.tp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.tp", "not a GPT"}},
+           {" --parallel.tp=2 --model.n_head=1", {"model.n_head = 1", "not divisible among parallel.tp = 2"}},
+           {" --parallel.tp=2 --parallel.pp=2 --parallel.dp=1", {"parallel.tp", "with parallel.pp = 2", "not available"}},
        }) {
     Result r = loom(cat(two, flags));
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out << r.err;
@@ -588,12 +646,6 @@ TEST_F(Cli, LaunchTearsDownWithinTwoSecondsAndNamesTheRank) {
 
 namespace loom {
 namespace {
-
-// "... parameters 0.449 MiB ..." -> 0.449: the number after `key` in `text` (-1 when absent).
-double figure_after(const std::string& text, const std::string& key) {
-  const size_t at = text.find(key);
-  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
-}
 
 TEST_F(Cli, DryRunPrintsTheMemoryPlanAndWritesNothing) {
   const Result r = loom(cat("train ", p("nano.toml"), " --dry-run --parallel.dp=2 --parallel.zero=1"));

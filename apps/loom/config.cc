@@ -219,6 +219,14 @@ void Config::check_layout(const std::function<std::string(const std::string&)>& 
   if (pp > 1 && s("training.recompute") == "full" && s("parallel.pp_schedule") == "zb-h1")
     throw InputError(cat(where("training.recompute"), " = \"full\" with parallel.pp_schedule = \"zb-h1\": the deferred "
                          "weight passes need the activations full recompute discards; expected \"none\" or \"selective\""));
+  if (const int64_t tp = i("parallel.tp"); tp > 1) {
+    if (model_kind(*this) != "gpt")
+      throw InputError(cat(where("parallel.tp"), " = ", tp, ": tensor parallelism splits a GPT's attention heads and MLP; "
+                           "model.preset = \"", s("model.preset"), "\" is not a GPT"));
+    if (i("model.n_head") % tp != 0)
+      throw InputError(cat("model.n_head = ", i("model.n_head"), " attention heads are not divisible among parallel.tp = ", tp,
+                           " tensor-parallel ranks"));
+  }
   if (pp == 1) return;
   if (model_kind(*this) != "gpt")
     throw InputError(cat(where("parallel.pp"), " = ", pp, ": pipeline stages split a GPT's blocks; model.preset = \"",
@@ -314,8 +322,9 @@ void Config::resolve(int world) {
   {
     const int64_t dp = i("parallel.dp"), tp = i("parallel.tp"), pp = i("parallel.pp");
     // No silent fallbacks: what this build cannot do yet is refused with the reason.
-    if (tp != 1)
-      throw InputError(cat(where("parallel.tp"), " = ", tp, ": tensor parallelism is not available in this build yet; expected 1"));
+    if (tp > 1 && pp > 1)
+      throw InputError(cat(where("parallel.tp"), " = ", tp, " with parallel.pp = ", pp, ": tensor and pipeline parallelism "
+                           "together are not available in this build yet; expected tp = 1 or pp = 1"));
     if (dp * tp * pp != world)
       throw InputError(cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp, " = ", dp * tp * pp,
                            ", but the job has ", world, " rank(s)",

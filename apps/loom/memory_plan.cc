@@ -39,8 +39,8 @@ double token_data_bytes(const Config& c) {
   return train + val + std::max(train, val);
 }
 
-// Per stage of a GPT: what the stage holds, in parameters (before ZeRO), and the bytes its
-// micro-batches keep.
+// Per stage (and tensor-parallel piece) of a GPT: what it holds, in parameters (before
+// ZeRO), and the bytes its micro-batches keep.
 struct StageShape {
   double params = 0, largest_block = 0, activations = 0, workspace = 0;
 };
@@ -48,13 +48,14 @@ struct StageShape {
 StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   const int pp = static_cast<int>(c.i("parallel.pp")), v = static_cast<int>(c.i("parallel.virtual_stages"));
   const int64_t b = c.i("training.micro_batch"), t = g.seq_len;
-  const nn::GptCounts n = nn::gpt_counts(g);
+  const int tp = static_cast<int>(c.i("parallel.tp"));  // > 1 only with pp = 1
+  const nn::GptCounts n = nn::gpt_counts(g, tp);
   const auto recompute = nn::recompute_named(c.s("training.recompute"));
   StageShape s;
   s.largest_block = n.block;
   if (pp == 1) {
     s.params = n.total();
-    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute);
+    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp);
     s.activations = a.arena;
     s.workspace = a.workspace;
     return s;
@@ -109,11 +110,12 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
   r.workspace = s.workspace;
   if (c.b("parallel.deterministic") && dp > 1) r.exact_sums = kExactSumBytes * s.params;
   // Saving gathers the optimizer state in the full layout on every rank; rank 0 also holds
-  // the whole model and its state with pipeline stages, and the bytes of the file it writes.
+  // the whole model and its state with pipeline stages or tensor-parallel pieces, and the
+  // bytes of the file it writes.
   r.checkpoint = kF32 * state_buffers * s.params;
   if (lead) {
     const double whole = gpt ? nn::gpt_counts(g).total() : s.params;
-    if (c.i("parallel.pp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * whole;
+    if (c.i("parallel.pp") > 1 || c.i("parallel.tp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * whole;
     r.checkpoint += kF32 * state_buffers * whole;
   }
   if (gpt && lead && !c.s("data.val").empty())  // evaluation: forward only, one micro-batch, the whole model
@@ -138,12 +140,13 @@ int layout_ranks(const Config& c, int fallback) {
 
 MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_ranks) {
   MemoryPlan plan;
-  const int pp = static_cast<int>(c.i("parallel.pp")), dp = static_cast<int>(c.i("parallel.dp"));
+  const int pp = static_cast<int>(c.i("parallel.pp")), dp = static_cast<int>(c.i("parallel.dp")),
+            tp = static_cast<int>(c.i("parallel.tp"));
   for (int s = 0; s < pp; ++s) plan.stages.push_back(rank_bytes(c, s, s == 0));
   plan.host_ranks = host_ranks;
   for (int r : host_ranks) {
     LOOM_CHECK(r >= 0 && r < world);
-    RankBytes b = r == 0 ? plan.stages[0] : rank_bytes(c, r / dp, false);
+    RankBytes b = r == 0 ? plan.stages[0] : rank_bytes(c, r / (dp * tp), false);
     plan.host_bytes += b.total();
   }
   plan.available_bytes = available_memory_bytes();

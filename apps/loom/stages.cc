@@ -10,9 +10,18 @@ Mesh mesh_coordinates(const Config& c, int rank) {
   m.dp_size = static_cast<int>(c.i("parallel.dp"));
   m.pp = static_cast<int>(c.i("parallel.pp"));
   m.v = static_cast<int>(c.i("parallel.virtual_stages"));
-  m.dp_index = rank % m.dp_size;
-  m.stage = rank / m.dp_size;
+  m.tp = static_cast<int>(c.i("parallel.tp"));
+  m.tp_index = rank % m.tp;
+  m.dp_index = rank / m.tp % m.dp_size;
+  m.stage = rank / m.tp / m.dp_size;
   return m;
+}
+
+std::string Mesh::where() const {
+  std::string s;
+  if (pp > 1) s += cat("stage ", stage, " of ", pp, ", ");
+  if (tp > 1) s += cat("tp ", tp_index, " of ", tp, ", ");
+  return s + cat("replica ", dp_index);
 }
 
 void check_same_layout(comm::Communicator& world, const Config& c) {
@@ -36,10 +45,11 @@ void check_same_layout(comm::Communicator& world, const Config& c) {
 }
 
 void split_mesh(comm::Communicator& world, Mesh& m) {
-  LOOM_CHECK(m.pp > 1);
-  m.dp = world.split(m.stage, m.dp_index);
-  m.pipe = world.split(m.dp_index, m.stage);
+  LOOM_CHECK(m.split());
+  m.dp = world.split(m.stage * m.tp + m.tp_index, m.dp_index);
+  m.pipe = world.split(m.dp_index * m.tp + m.tp_index, m.stage);
   m.tied = m.pipe->split(m.first() || m.last() ? 0 : -1, m.stage);
+  if (m.tp > 1) m.tpc = world.split(m.stage * m.dp_size + m.dp_index, m.tp_index);
 }
 
 nn::GptPart mesh_part(const Config& c, const Mesh& m) {
@@ -48,6 +58,18 @@ nn::GptPart mesh_part(const Config& c, const Mesh& m) {
 }
 
 parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
+  if (m.tp > 1) {
+    LOOM_CHECK(m.pp == 1);  // refused by Config::resolve
+    // Every piece holds the replicated parameters whole: the first piece counts them.
+    parallel::StageGroups g{.stages = m.tpc.get()};
+    if (m.tp_index > 0)
+      for (const ParamInfo& p : params.infos())
+        if (p.split.dim < 0) {
+          if (!g.skip.empty() && g.skip.back().second == p.offset) g.skip.back().second += p.numel;
+          else g.skip.emplace_back(p.offset, p.offset + p.numel);
+        }
+    return g;
+  }
   parallel::StageGroups g{.stages = m.pipe.get(), .tied = m.tied.get()};
   const int wte = params.find("transformer.wte.weight");
   LOOM_CHECK(wte >= 0 || !(m.first() || m.last()));
@@ -55,10 +77,7 @@ parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
   const ParamInfo& info = params.infos()[wte];
   g.tied_begin = info.offset;
   g.tied_end = info.offset + info.numel;
-  if (m.last()) {  // the copy: its gradients are the first stage's after the sum, counted there
-    g.skip_begin = g.tied_begin;
-    g.skip_end = g.tied_end;
-  }
+  if (m.last()) g.skip = {{g.tied_begin, g.tied_end}};  // the copy: its gradients are the first stage's after the sum, counted there
   return g;
 }
 
@@ -107,6 +126,69 @@ void copy_by_name(const ParamSet& layout, const Tensor& from, const ParamSet& wh
 }
 
 }  // namespace
+
+namespace {
+
+// The seam of a model built only for its parameters' layout: it never computes.
+class LayoutOnly : public nn::Seam {
+ public:
+  void sum(const Tensor&) override { LOOM_CHECK(false); }
+};
+
+}  // namespace
+
+void gather_pieces(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                   ParamSet* whole, optim::FlatState* whole_state) {
+  LOOM_CHECK(m.tp > 1 && m.pp == 1);
+  comm::Communicator& tp = *m.tpc;
+  auto move = [&](const Tensor& t, int peer, bool sending) {
+    const auto n = static_cast<size_t>(t.numel());
+    if (sending) comm::send(tp, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
+    else comm::recv(tp, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
+  };
+  try {
+    if (m.tp_index != 0) {
+      move(mine.values(), 0, true);
+      if (state)
+        for (const auto& [name, t] : state->buffers) move(t, 0, true);
+      return;
+    }
+    LOOM_CHECK(whole != nullptr && (state == nullptr) == (whole_state == nullptr));
+    // Piece i's layout: the model split the same way, its parameters allocated here only
+    // while they are put in place.
+    auto put = [&](const ParamSet& layout, const Tensor& from, const Tensor& to) {
+      for (const ParamInfo& p : layout.infos()) {
+        const int w = whole->find(p.name);
+        LOOM_CHECK(w >= 0);
+        float* dst = to.data<float>() + whole->infos()[w].offset;
+        if (p.split.dim < 0) std::copy_n(from.data<float>() + p.offset, p.numel, dst);
+        else put_piece(p, from.data<float>() + p.offset, dst);
+      }
+    };
+    auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState& st) {
+      put(layout, values, whole->values());
+      if (!state) return;
+      for (size_t k = 0; k < st.buffers.size(); ++k) put(layout, st.buffers[k].second, whole_state->buffers[k].second);
+    };
+    take(mine, mine.values(), state ? *state : optim::FlatState{});
+    for (int i = 1; i < m.tp; ++i) {
+      LayoutOnly seam;
+      nn::Gpt theirs(model, DType::kF32, {}, {.index = i, .parts = m.tp, .seam = &seam});
+      const ParamSet& layout = theirs.params();
+      move(layout.values(), i, false);
+      optim::FlatState st;
+      if (state)
+        for (const auto& [name, t] : state->buffers) {
+          st.buffers.emplace_back(name, Tensor::zeros({layout.numel()}, DType::kF32));
+          move(st.buffers.back().second, i, false);
+        }
+      take(layout, layout.values(), st);
+    }
+    if (whole_state) whole_state->steps = state->steps;
+  } catch (const comm::CommError& e) {
+    throw RuntimeError(cat("gathering the tensor-parallel pieces' weights onto tp index 0: ", e.what()));
+  }
+}
 
 namespace {
 void gather_stages_impl(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,

@@ -14,22 +14,26 @@
 
 namespace loom::app {
 
-// Ranks: pp outermost, then dp (tp innermost once it exists): rank = stage x dp + dp_index.
+// Ranks: pp outermost, then dp, tp innermost: rank = (stage x dp + dp_index) x tp + tp_index.
 struct Mesh {
-  int dp_size = 1, pp = 1, v = 1;
-  int dp_index = 0, stage = 0;
-  std::unique_ptr<comm::Communicator> dp;    // this stage's replicas; null when pp = 1 (the world is)
+  int dp_size = 1, pp = 1, v = 1, tp = 1;
+  int dp_index = 0, stage = 0, tp_index = 0;
+  std::unique_ptr<comm::Communicator> dp;    // this stage's and piece's replicas; null when pp = tp = 1 (the world is)
   std::unique_ptr<comm::Communicator> pipe;  // this replica's stages, rank = stage
   std::unique_ptr<comm::Communicator> tied;  // first and last stage (the tied embedding)
+  std::unique_ptr<comm::Communicator> tpc;   // this stage's tensor-parallel pieces, rank = tp_index (tp > 1)
 
+  bool split() const { return pp > 1 || tp > 1; }
   bool first() const { return stage == 0; }
   // The job rank of each stage of this replica's pipeline.
   std::vector<int> stage_ranks() const {
     std::vector<int> r;
-    for (int s = 0; s < pp; ++s) r.push_back(s * dp_size + dp_index);
+    for (int s = 0; s < pp; ++s) r.push_back((s * dp_size + dp_index) * tp + tp_index);
     return r;
   }
   bool last() const { return stage == pp - 1; }
+  // "stage 1 of 2, tp 0 of 2, replica 3" for what this layout has.
+  std::string where() const;
 };
 
 // The config's layout for this rank. REQUIRES: c resolved against `rank`'s world.
@@ -37,11 +41,12 @@ Mesh mesh_coordinates(const Config& c, int rank);
 // Refuses (InputError naming both ranks and layouts) ranks started with different layouts
 // or model shapes. Collective over world.
 void check_same_layout(comm::Communicator& world, const Config& c);
-// Splits `world` into the mesh's communicators. Collective over world (pp > 1 only).
+// Splits `world` into the mesh's communicators. Collective over world (pp or tp > 1 only).
 void split_mesh(comm::Communicator& world, Mesh& mesh);
 // What of the GPT this rank holds.
 nn::GptPart mesh_part(const Config& c, const Mesh& mesh);
-// The tied embedding's place in this stage's flat buffers, for DataParallel.
+// The tied embedding's place in this stage's flat buffers, and which gradients other ranks
+// count in the norm, for DataParallel.
 parallel::StageGroups stage_groups(const Mesh& mesh, const ParamSet& params);
 
 // One optimizer step's pipeline part: runs the schedule, gives every stage the last stage's
@@ -57,6 +62,12 @@ struct PipelineBubble {
   double measured = -1, predicted = -1;
 };
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe);
+
+// Collective over mesh.tpc (tp > 1, pp = 1): every piece's parameters (and, with `state`,
+// optimizer buffers) put together into the logical tensors of `whole` on tp index 0. The
+// other pieces only send.
+void gather_pieces(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
+                   ParamSet* whole, optim::FlatState* whole_state);
 
 // Collective over mesh.pipe: every stage's parameters (and, with `state`, optimizer
 // buffers, same names and order as `*whole_state`) copied by name into `whole` on the first

@@ -39,7 +39,8 @@ void fill_windows(const std::vector<uint16_t>& tokens, const std::vector<int64_t
 
 class GptTask : public Task {
  public:
-  GptTask(const Config& c, const nn::GptPart& part) : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part), t_(cfg_.seq_len) {
+  GptTask(const Config& c, const nn::GptPart& part, const nn::Shard& tp)
+      : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part, tp), t_(cfg_.seq_len) {
     train_ = data::read_tokens(c.s("data.train"));
     check_vocab(train_, cfg_.vocab_size, c.s("data.train"));
     if (static_cast<int64_t>(train_.size()) < t_ + 1)
@@ -206,9 +207,9 @@ EvalResult eval_windows(const nn::Gpt& gpt, const std::vector<uint16_t>& tokens,
   return r;
 }
 
-std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part) {
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part, const nn::Shard& tp) {
   if (model_kind(c) == "mlp") return std::make_unique<MlpTask>(c);
-  return std::make_unique<GptTask>(c, part);
+  return std::make_unique<GptTask>(c, part, tp);
 }
 
 }  // namespace loom::app

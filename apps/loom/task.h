@@ -52,8 +52,9 @@ class Task {
 };
 
 // Loads and validates the data (InputError naming the file) and builds the model, or the
-// part of a GPT that `part` names (a pipeline stage).
-std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part = {});
+// part of a GPT that `part` names (a pipeline stage), split over `tp` (its tensor-parallel
+// piece; the serial model when tp.parts = 1).
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part = {}, const nn::Shard& tp = {});
 
 nn::GptConfig gpt_config(const Config& c);
 // Mean next-token loss over every full window of `tokens` (DESIGN.md section 4, loom eval).

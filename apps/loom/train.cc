@@ -24,6 +24,7 @@
 #include "loom/optim.h"
 #include "loom/pipeline.h"
 #include "loom/rendezvous.h"
+#include "loom/tensor_parallel.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
 #include "memory_plan.h"
@@ -169,7 +170,11 @@ int run_train(const TrainArgs& a) {
   // Everything that can be wrong with the input is found before anything is written.
   Mesh mesh = mesh_coordinates(c, env.rank);
   const bool piped = mesh.pp > 1;
-  std::unique_ptr<Task> task = make_task(c, mesh_part(c, mesh));
+  // Tensor parallelism: this rank builds its piece of every block; the seam's communicator
+  // exists once the job has joined (below), before the first forward.
+  parallel::TensorParallelSeam seam;
+  std::unique_ptr<Task> task = make_task(
+      c, mesh_part(c, mesh), mesh.tp > 1 ? nn::Shard{.index = mesh.tp_index, .parts = mesh.tp, .seam = &seam} : nn::Shard{});
   ParamSet& params = task->params();
   // Rank 0 writes the run directory and claims it once the config, data and model are
   // known good and before any checkpoint is read: a second job, or a --resume of a running
@@ -243,8 +248,9 @@ int run_train(const TrainArgs& a) {
       env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
       server, store);
   check_same_layout(*world, c);
-  if (piped) split_mesh(*world, mesh);
-  comm::Communicator& dp_comm = piped ? *mesh.dp : *world;
+  if (mesh.split()) split_mesh(*world, mesh);
+  if (mesh.tp > 1) seam.attach(*mesh.tpc);
+  comm::Communicator& dp_comm = mesh.split() ? *mesh.dp : *world;
   parallel::DataParallel dp(dp_comm, params, oc,
                             {.zero = static_cast<int>(c.i("parallel.zero")), .bucket_mb = c.f("parallel.bucket_mb"),
                              .deterministic = c.b("parallel.deterministic"),
@@ -254,30 +260,32 @@ int run_train(const TrainArgs& a) {
   // Pipeline stages: the executor runs the schedule's list and tells DataParallel when each
   // backward piece is done; ranks without a pipeline report blocks through the hook below.
   std::unique_ptr<parallel::Pipeline> pipe;
-  // Rank 0 with pipeline stages: every stage's weights, gathered to evaluate or save and
-  // freed after, so that between those moments rank 0 holds only its stage.
+  // Rank 0 with pipeline stages or tensor-parallel pieces: every stage's or piece's weights,
+  // gathered to evaluate or save and freed after, so that between those moments rank 0
+  // holds only its own.
   std::optional<nn::Gpt> whole;
+  if (mesh.split()) dp.set_stage_groups(stage_groups(mesh, params));
   if (piped) {
-    dp.set_stage_groups(stage_groups(mesh, params));
     pipe = std::make_unique<parallel::Pipeline>(
         *mesh.pipe,
         parallel::make_schedule(parallel::schedule_kind_named(c.s("parallel.pp_schedule")), mesh.pp,
                                 static_cast<int>(accum), mesh.v),
         *task->gpt(), mesh.stage_ranks());
   }
-  // Collective over the pipeline (replica 0 only; the others hold the same weights): rank 0
-  // builds `whole` and, given this stage's optimizer state, returns the whole model's.
+  // Collective over the pipeline or the tensor-parallel pieces (replica 0 only; the others
+  // hold the same weights): rank 0 builds `whole` and, given this rank's optimizer state,
+  // returns the whole model's.
   auto gather_whole = [&](const optim::FlatState* state) {
     optim::FlatState whole_state;
-    if (!piped || mesh.dp_index != 0) return whole_state;
+    if (!mesh.split() || mesh.dp_index != 0) return whole_state;
     if (lead) {
       whole.emplace(gpt_config(c));
       if (state)
         for (const auto& [name, t] : state->buffers)
           whole_state.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
     }
-    gather_stages(mesh, gpt_config(c), params, state, lead ? &whole->params() : nullptr,
-                  lead && state ? &whole_state : nullptr);
+    (piped ? gather_stages : gather_pieces)(mesh, gpt_config(c), params, state, lead ? &whole->params() : nullptr,
+                                            lead && state ? &whole_state : nullptr);
     return whole_state;
   };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
@@ -319,6 +327,7 @@ int run_train(const TrainArgs& a) {
   log_info(cat("training ", c.s("model.preset"), " (", params.numel(), " parameters) on ", c.s("data.train"), ": ",
                steps, " steps of ", global_batch, " x ", task->tokens_per_item(), " tokens, ", dp_size,
                " data-parallel rank(s)",
+               mesh.tp > 1 ? cat(" x ", mesh.tp, " tensor-parallel ranks") : std::string(),
                piped ? cat(" x ", mesh.pp, " pipeline stages (", c.s("parallel.pp_schedule"), ", ", accum, " micro-batches",
                            mesh.v > 1 ? cat(", ", mesh.v, " chunks per stage") : std::string(), ")")
                      : std::string(),
@@ -335,7 +344,7 @@ int run_train(const TrainArgs& a) {
     comm::all_gather(*world, {.input = mine, .output = all.data(), .count = 4, .dtype = DType::kI64});
     for (int r = 0; r < world->size(); ++r) {
       const int64_t* x = all.data() + 4 * r;
-      log_info(cat("model state of rank ", r, " (stage ", r / mesh.dp_size, ", replica ", r % mesh.dp_size, "): ", x[0],
+      log_info(cat("model state of rank ", r, " (", mesh_coordinates(c, r).where(), "): ", x[0],
                    " parameters; parameters ", mb(x[1]), " MiB, gradients ", mb(x[2]), " MiB, optimizer ", mb(x[3]), " MiB"));
     }
   };
@@ -354,7 +363,8 @@ int run_train(const TrainArgs& a) {
                 {"data_epoch", step * global_batch / task->train_items()}};
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
-    std::string dir = checkpoint::save(ckpt_root, step, piped ? whole->params() : params, piped ? whole_opt : opt, state,
+    std::string dir = checkpoint::save(ckpt_root, step, mesh.split() ? whole->params() : params,
+                                       mesh.split() ? whole_opt : opt, state,
                                        {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
     last_checkpoint = dir;
     if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
@@ -427,7 +437,7 @@ int run_train(const TrainArgs& a) {
         throw RuntimeError(cat("used ", static_cast<int64_t>(peak_rss_mb()), " MiB at its peak, over job.mem_limit_mb = ",
                                limit, " MiB per rank"));
       const parallel::StateBytes mem = dp.state_bytes();  // resident pages, after the step
-      if (piped && step == start_step) log_stage_state(mem);
+      if (mesh.split() && step == start_step) log_stage_state(mem);
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ema_step_s = step == start_step ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
       if (step > start_step) {  // the first step warms caches and connections
@@ -482,7 +492,7 @@ int run_train(const TrainArgs& a) {
       }
     } catch (const RuntimeError& e) {
       // Names the step (and the stage), so a dead peer's line says when and where it happened.
-      throw RuntimeError(cat("rank ", env.rank, piped ? cat(" (stage ", mesh.stage, " of ", mesh.pp, ", replica ", mesh.dp_index, ")") : "",
+      throw RuntimeError(cat("rank ", env.rank, mesh.split() ? cat(" (", mesh.where(), ")") : "",
                              " at step ", step + 1, ": ", e.what()));
     }
   }

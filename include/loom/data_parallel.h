@@ -67,17 +67,19 @@ struct StateBytes {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-// Pipeline stages (docs/parallelism.md, "Pipeline parallelism"): this rank holds one stage's
-// parameters. The gradient norm is of the whole model, so this rank's squares are summed
-// over `stages` (the ranks of the other stages), leaving out [skip_begin, skip_end) (the
-// last stage's copy of the tied embedding, counted on the first stage); the tied
-// parameter's gradients [tied_begin, tied_end) are summed over `tied` (the first and the
-// last stage) by sum_tied_gradients().
+// Model parallelism (docs/parallelism.md, "Pipeline parallelism", "Tensor parallelism"):
+// this rank holds one stage's parameters, or one tensor-parallel piece of them. The
+// gradient norm is of the whole model, so this rank's squares are summed over `stages`
+// (the ranks holding the other stages and pieces), leaving out the flat ranges in `skip`
+// (sorted, disjoint: what another rank of that group counts: the last stage's copy of the
+// tied embedding, and on every tensor-parallel piece but the first the replicated
+// parameters); the tied parameter's gradients [tied_begin, tied_end) are summed over
+// `tied` (the first and the last stage) by sum_tied_gradients().
 struct StageGroups {
   comm::Communicator* stages = nullptr;
   comm::Communicator* tied = nullptr;
   int64_t tied_begin = 0, tied_end = 0;
-  int64_t skip_begin = 0, skip_end = 0;
+  std::vector<std::pair<int64_t, int64_t>> skip;
 };
 
 class DataParallel {

@@ -12,13 +12,20 @@ namespace loom::parallel {
 
 class TensorParallelSeam : public nn::Seam {
  public:
-  explicit TensorParallelSeam(comm::Communicator& tp) : tp_(tp) {}
+  // Unattached: a model can be built (and its input checked) before the job's communicators
+  // exist; attach() before the first forward.
+  TensorParallelSeam() = default;
+  explicit TensorParallelSeam(comm::Communicator& tp) : tp_(&tp) {}
+  void attach(comm::Communicator& tp) { tp_ = &tp; }
   // An all-reduce over the tensor-parallel group (f32 or f64), in place.
   void sum(const Tensor& t) override;
-  nn::Shard shard() { return {.index = tp_.rank(), .parts = tp_.size(), .seam = this}; }
+  nn::Shard shard() {
+    LOOM_CHECK(tp_ != nullptr);
+    return {.index = tp_->rank(), .parts = tp_->size(), .seam = this};
+  }
 
  private:
-  comm::Communicator& tp_;
+  comm::Communicator* tp_ = nullptr;
 };
 
 }  // namespace loom::parallel

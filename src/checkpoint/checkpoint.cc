@@ -241,6 +241,17 @@ void copy_checked(const SafetensorsFile& f, const SafetensorsEntry* e, const std
                          ", the model expects ", shape_str(dst.shape()), " (a different model shape?)"));
   f.read_into(*e, dst);
 }
+
+// The tensor for parameter `p` (or its optimizer buffer `name`) into dst: the whole of it,
+// or for a tensor-parallel piece the logical tensor's piece.
+void load_param(const SafetensorsFile& f, const SafetensorsEntry* e, const std::string& name, const ParamInfo& p,
+                const Tensor& dst) {
+  if (p.split.dim < 0) return copy_checked(f, e, name, dst);
+  LOOM_CHECK(dst.dtype() == DType::kF32);
+  Tensor whole = Tensor::zeros(p.global_shape, DType::kF32);
+  copy_checked(f, e, name, whole);
+  take_piece(p, whole.data<float>(), dst.data<float>());
+}
 }  // namespace
 
 std::string Checkpoint::nonfinite_report() const {
@@ -257,8 +268,8 @@ std::string Checkpoint::nonfinite_report() const {
 
 void Checkpoint::load_params(const ParamSet& params) const {
   for (size_t i = 0; i < params.infos().size(); ++i) {
-    const std::string& name = params.infos()[i].name;
-    copy_checked(*model_, find_param(*model_, name), name, params.value(static_cast<int>(i)));
+    const ParamInfo& p = params.infos()[i];
+    load_param(*model_, find_param(*model_, p.name), p.name, p, params.value(static_cast<int>(i)));
   }
 }
 
@@ -274,8 +285,7 @@ void Checkpoint::load_optimizer(const ParamSet& params, optim::FlatState& state)
   for (const auto& [role, flat] : state.buffers)
     for (const ParamInfo& p : params.infos()) {
       const std::string name = role + "." + p.name;
-      copy_checked(*optimizer_, optimizer_->find(name), name,
-                   flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
+      load_param(*optimizer_, optimizer_->find(name), name, p, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
     }
   state.steps = state_->optimizer_steps;
 }

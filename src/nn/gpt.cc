@@ -27,31 +27,36 @@ std::string gpt_config_problem(const GptConfig& g) {
 
 double GptCounts::total() const { return embeddings + total_blocks + head; }
 
-GptCounts gpt_counts(const GptConfig& g) {
+GptCounts gpt_counts(const GptConfig& g, int tp) {
   const auto c = static_cast<double>(g.d_model);
   GptCounts n;
   n.embeddings = (static_cast<double>(g.vocab_size) + static_cast<double>(g.seq_len)) * c;
-  n.block = 12 * c * c + 13 * c;  // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj with biases
+  // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj with biases: 12 C^2 + 13 C. A
+  // tensor-parallel piece holds 1/tp of the matrices and of c_attn's and c_fc's biases; the
+  // LayerNorms and the row-parallel projections' biases whole.
+  n.block = (12 * c * c + 7 * c) / tp + 6 * c;
   n.total_blocks = static_cast<double>(g.n_layer) * n.block;
   n.head = 2 * c;
   return n;
 }
 
 ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward) {
+                                     Recompute recompute, bool with_backward, int tp) {
   // Each term is one arena allocation of the code above and in layers.cc, rounded up to the
   // arena's 64-byte alignment; f32 (and i32 positions) throughout.
   auto a = [](double elements) { return std::ceil(elements * 4 / 64) * 64; };
   const double n = static_cast<double>(b) * static_cast<double>(t), c = static_cast<double>(g.d_model);
-  const double scores = static_cast<double>(b) * static_cast<double>(g.n_head) * static_cast<double>(t) *
+  const double p = c / tp;  // a tensor-parallel piece's share of the channels (heads, MLP)
+  const double scores = static_cast<double>(b) * static_cast<double>(g.n_head / tp) * static_cast<double>(t) *
                         static_cast<double>(t);
   // One block without recompute: forward keeps ln_1 (mean, rstd, y), qkv, the attention
   // probabilities, the heads' output, c_proj's output, ln_2 (mean, rstd, y), c_fc, GELU and
   // c_proj's outputs; backward adds every d(input) on the way back and the attention's
-  // d(scores) scratch.
-  const double fwd_no_scores = 2 * a(n) + a(n * c) + a(3 * n * c) + a(n * c) + a(n * c) + 2 * a(n) + a(n * c) +
-                               a(4 * n * c) + a(4 * n * c) + a(n * c);
-  const double bwd_no_scores = a(4 * n * c) + a(4 * n * c) + a(n * c) + a(n * c) + a(n * c) + a(3 * n * c) +
+  // d(scores) scratch. Split over tp pieces, qkv, the heads and the MLP's hidden layer are
+  // a piece's share; what the projections' sums give back is whole.
+  const double fwd_no_scores = 2 * a(n) + a(n * c) + a(3 * n * p) + a(n * p) + a(n * c) + 2 * a(n) + a(n * c) +
+                               a(4 * n * p) + a(4 * n * p) + a(n * c);
+  const double bwd_no_scores = a(4 * n * p) + a(4 * n * p) + a(n * c) + a(n * c) + a(n * p) + a(3 * n * p) +
                                a(n * c) + a(n * c);
   const double block_fwd = fwd_no_scores + a(scores), block_bwd = bwd_no_scores + a(scores);
   ActivationBytes r;
@@ -60,7 +65,7 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     r.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
   } else if (recompute == Recompute::kSelective) {  // the probabilities live in the workspace
     r.arena = l * (fwd_no_scores + (with_backward ? bwd_no_scores : 0));
-    r.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * c) : a(scores)) : 0;
+    r.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * p) : a(scores)) : 0;
   } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block
     r.arena = l * (a(n * c) + (with_backward ? a(n * c) : 0));
     r.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;

@@ -169,14 +169,20 @@ struct DataParallel::Impl {
   }
 
   // Calls fn(pointer, count) over this rank's gradients (full or its shard), leaving out
-  // the flat range stage_groups.skip_*.
+  // the flat ranges stage_groups.skip.
   template <typename Fn>
   void for_each_counted(const Tensor& g, bool full, Fn fn) const {
-    const int64_t sb = stage_groups.skip_begin, se = stage_groups.skip_end;
+    const auto& skip = stage_groups.skip;
     auto pieces = [&](int64_t b, int64_t e, float* at) {  // flat [b, e) stored at `at`
-      if (se <= b || sb >= e || se <= sb) return fn(at, e - b);
-      if (sb > b) fn(at, sb - b);
-      if (se < e) fn(at + (se - b), e - se);
+      int64_t from = b;
+      for (auto [sb, se] : skip) {
+        if (se <= from || sb >= se) continue;
+        if (sb >= e) break;
+        if (sb > from) fn(at + (from - b), sb - from);
+        from = std::max(from, se);
+        if (from >= e) return;
+      }
+      if (from < e) fn(at + (from - b), e - from);
     };
     if (full) return pieces(0, params.numel(), g.data<float>());
     for (const Unit& u : units) pieces(u.mine_begin(me), u.mine_end(me), g.data<float>() + u.shard_offset);
@@ -336,8 +342,11 @@ void DataParallel::end_micro_step() { impl_->process_ready(0); }
 
 void DataParallel::set_stage_groups(const StageGroups& groups) {
   Impl& m = *impl_;
-  LOOM_CHECK(!m.zero3());  // ZeRO 3 gathers by block; pipeline stages are refused with it
+  LOOM_CHECK(!m.zero3() || groups.tied == nullptr);  // ZeRO 3 gathers by block: refused with pipeline stages
   LOOM_CHECK(groups.tied_begin <= groups.tied_end && groups.tied_end <= m.params.numel());
+  for (size_t i = 0; i < groups.skip.size(); ++i)
+    LOOM_CHECK(groups.skip[i].first <= groups.skip[i].second && groups.skip[i].second <= m.params.numel() &&
+               (i == 0 || groups.skip[i - 1].second <= groups.skip[i].first));
   m.stage_groups = groups;
 }
 

@@ -112,7 +112,7 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
     const ParamInfo& info = gpt.params().infos()[wte];
     groups.tied_begin = info.offset;
     groups.tied_end = info.offset + info.numel;
-    if (st == run.pp - 1) groups.skip_begin = info.offset, groups.skip_end = info.offset + info.numel;
+    if (st == run.pp - 1) groups.skip = {{info.offset, info.offset + info.numel}};
   }
   dp.set_stage_groups(groups);
   dp.sync_params();

@@ -37,7 +37,8 @@ struct GptCounts {
   double total() const;
   double total_blocks = 0;  // n_layer x block
 };
-GptCounts gpt_counts(const GptConfig& config);
+// tp: a tensor-parallel piece's counts (tp divides n_head).
+GptCounts gpt_counts(const GptConfig& config, int tp = 1);
 
 // Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
 // backward. kSelective drops each block's attention probabilities (B x NH x T x T) and
@@ -80,7 +81,7 @@ struct GptEnds {
   bool embeddings = true, head = true;
 };
 ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward = true);
+                                     Recompute recompute, bool with_backward = true, int tp = 1);
 
 class Gpt {
  public:
