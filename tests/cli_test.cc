@@ -322,6 +322,9 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   }
   const std::string tp = read_file(p("runs/tp/metrics.jsonl")), tpr = read_file(p("runs/tpr/metrics.jsonl"));
   EXPECT_EQ(loss_columns(tp), loss_columns(tpr));
+  // Per micro-batch (2 a step: global_batch 4), two all-reduces per block (2) in forward and
+  // two in backward.
+  EXPECT_EQ(column(tp, "tp_comm_calls"), std::vector<std::string>(6, "16"));
   for (const char* file : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_EQ(read_file(p(cat("runs/tp/checkpoints/step_6/", file))), read_file(p(cat("runs/tpr/checkpoints/step_6/", file))))
         << file;

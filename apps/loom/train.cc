@@ -457,6 +457,10 @@ int run_train(const TrainArgs& a) {
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
       if (piped) line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
+      if (mesh.tp > 1) {
+        const parallel::TensorParallelSeam::Stats ts = seam.take_stats();  // this step's (evaluation runs on `whole`)
+        line.add("tp_comm_ms", ts.ms).add("tp_comm_bytes", ts.bytes).add("tp_comm_calls", ts.calls);
+      }
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates

@@ -5,6 +5,8 @@
 // Thread-safety: one thread uses a seam (the one driving the model).
 #pragma once
 
+#include <utility>
+
 #include "loom/comm.h"
 #include "loom/nn/shard.h"
 
@@ -19,6 +21,15 @@ class TensorParallelSeam : public nn::Seam {
   void attach(comm::Communicator& tp) { tp_ = &tp; }
   // An all-reduce over the tensor-parallel group (f32 or f64), in place.
   void sum(const Tensor& t) override;
+
+  // The seam's all-reduces since the last take_stats(): how many, the time this thread
+  // spent in them (every one is on the critical path: the next layer needs its result) and
+  // their payload bytes.
+  struct Stats {
+    int64_t calls = 0, bytes = 0;
+    double ms = 0;
+  };
+  Stats take_stats() { return std::exchange(stats_, {}); }
   nn::Shard shard() {
     LOOM_CHECK(tp_ != nullptr);
     return {.index = tp_->rank(), .parts = tp_->size(), .seam = this};
@@ -26,6 +37,7 @@ class TensorParallelSeam : public nn::Seam {
 
  private:
   comm::Communicator* tp_ = nullptr;
+  Stats stats_;
 };
 
 }  // namespace loom::parallel

@@ -1,10 +1,16 @@
 #include "loom/tensor_parallel.h"
 
+#include <chrono>
+
 namespace loom::parallel {
 
 void TensorParallelSeam::sum(const Tensor& t) {
   LOOM_CHECK(tp_ != nullptr && (t.dtype() == DType::kF32 || t.dtype() == DType::kF64));
+  const auto begin = std::chrono::steady_clock::now();
   comm::all_reduce(*tp_, {.output = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = t.dtype()});
+  stats_.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+  stats_.bytes += static_cast<int64_t>(t.nbytes());
+  ++stats_.calls;
 }
 
 }  // namespace loom::parallel
