@@ -572,6 +572,15 @@ TEST_F(Cli, KilledPipelineStageStopsTheJobNamingRankStageAndStep) {
                   "300", {"rank 0 (stage 0 of 2, replica 0) at step ", "rank 1 died"});
 }
 
+// A tensor-parallel piece killed mid-step (its peer waits in a seam all-reduce or the norm's):
+// the other piece names itself, its tp index and the step, and the dead rank; a resume on
+// tp = 2 continues bitwise.
+TEST_F(Cli, KilledTensorParallelPieceStopsTheJobNamingRankPieceAndStep) {
+  kill_and_resume(cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --training.steps=300 --checkpoint.every=5 --parallel.tp=2 --training.eval_every=0"),
+                  "300", {"rank 0 (tp 0 of 2, replica 0) at step ", "rank 1 died"});
+}
+
 }  // namespace
 }  // namespace loom
 

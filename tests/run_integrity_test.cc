@@ -257,6 +257,8 @@ TEST_F(RunIntegrity, PathsAndNamesAreWhatTheyClaim) {
   expect_bad_input(cfg + "--data.train=" + p("fifo"), {"fifo", "not a regular file"});
   expect_bad_input(cfg + "--job.name=\"$(printf 'a\\nb')\"", {"job.name", "a\\nb", "control character"});
   expect_bad_input(cfg + "--job.name=\"$(printf 'x\\033[2Jy')\"", {"job.name", "x\\x1b[2Jy", "control character"});
+  // TOML holds UTF-8 only: a flag's value that is not UTF-8 would not read back from the run's config.toml.
+  expect_bad_input(cfg + "--job.name=\"$(printf 'a\\377b')\"", {"job.name", "a\\xffb", "not UTF-8"});
   write(p("nul.toml"), "[job]\nname = \"a\\u0000b\"\n");
   expect_bad_input(cat("train ", p("nul.toml")), {"job.name", "a\\x00b", "control character"});
   write(p("runs_file"), "");

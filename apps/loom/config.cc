@@ -335,12 +335,12 @@ void Config::resolve(int world) {
                          ": expected a multiple of training.micro_batch x parallel.dp = ",
                          i("training.micro_batch") * i("parallel.dp")));
   // Names and paths are what they claim: no NUL (which would cut a path short), newline or
-  // other control character in any text value.
+  // other control character in any text value, and UTF-8 throughout (what TOML can hold:
+  // the run directory's config.toml reads back to the same values).
   for (const auto& [k, v] : values_)
-    if (const std::string* x = std::get_if<std::string>(&v))
-      for (const char ch : *x)
-        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-          throw InputError(cat(where(k), " = \"", printable(*x), "\": contains a control character; expected printable text"));
+    if (const std::string* x = std::get_if<std::string>(&v); x != nullptr && printable(*x) != *x)
+      throw InputError(cat(where(k), " = \"", printable(*x), "\": contains a control character or bytes that are not UTF-8; "
+                           "expected printable UTF-8 text"));
   // Values that make training meaningless are refused, not trained on: every number is
   // finite, and each hyperparameter is inside the range where its formula means something.
   for (const auto& [k, v] : values_)
