@@ -446,6 +446,31 @@ TEST_F(Cli, TraceOfPipelineStepsShowsTheSchedule) {
   EXPECT_GT(waits, 0) << "no stage ever waited for a neighbour";
 }
 
+// A tensor-parallel step's trace shows every seam all-reduce on the communication track (and
+// the training thread's wait for it), as many and as many bytes as the step's metrics say.
+TEST_F(Cli, TraceOfTensorParallelStepShowsItsAllReduces) {
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                      " --quiet --job.name=tptrace --training.steps=3 --profile.trace_steps=2 --checkpoint.every=0 "
+                      "--parallel.tp=2"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto trace = nlohmann::json::parse(read_file(p("runs/tptrace/trace.json")));
+  const std::string metrics = read_file(p("runs/tptrace/metrics.jsonl"));
+  for (int rank : {0, 1}) {
+    int64_t calls = 0, bytes = 0, waits = 0;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") != "X" || e.at("pid").get<int>() != rank) continue;
+      if (e.at("tid") == 1 && e.at("name") == "tp all-reduce") ++calls, bytes += e.at("args").at("bytes").get<int64_t>();
+      if (e.at("tid") == 0 && e.at("name") == "wait: tp all-reduce") ++waits;
+    }
+    if (rank == 0) {  // rank 0's metrics; every piece makes the same calls
+      EXPECT_EQ(cat(calls), column(metrics, "tp_comm_calls")[1]);
+      EXPECT_EQ(cat(bytes), column(metrics, "tp_comm_bytes")[1]);
+    }
+    EXPECT_EQ(calls, 16) << "rank " << rank;
+    EXPECT_EQ(waits, calls) << "rank " << rank;
+  }
+}
+
 TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
   Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
                       " --quiet --job.name=traced --training.steps=5 --profile.trace_steps=2,4 --checkpoint.every=0"));

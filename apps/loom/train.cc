@@ -381,6 +381,7 @@ int run_train(const TrainArgs& a) {
       if (tracing) {
         tracer->push(cat("step ", step + 1));
         dp.set_comm_observer([&](const parallel::CommSpan& s) { tracer->on_comm(s); });
+        if (mesh.tp > 1) seam.set_observer([&](const parallel::CommSpan& s) { tracer->on_comm(s); });
         if (piped)  // each compute action and each wait for a neighbour: the schedule as it ran
           pipe->set_observer([&](const parallel::PipeSpan& s) { trace->span(obs::Trace::kTraining, s.what, s.begin, s.end); });
       }
@@ -486,6 +487,7 @@ int run_train(const TrainArgs& a) {
       if (tracing) {
         tracer->pop();  // the step
         dp.set_comm_observer(nullptr);
+        seam.set_observer(nullptr);
         if (piped) pipe->set_observer(nullptr);
         tracing = false;
         if (done == trace_steps.back()) {

@@ -5,9 +5,11 @@
 // Thread-safety: one thread uses a seam (the one driving the model).
 #pragma once
 
+#include <functional>
 #include <utility>
 
 #include "loom/comm.h"
+#include "loom/data_parallel.h"
 #include "loom/nn/shard.h"
 
 namespace loom::parallel {
@@ -30,6 +32,9 @@ class TensorParallelSeam : public nn::Seam {
     double ms = 0;
   };
   Stats take_stats() { return std::exchange(stats_, {}); }
+  // Called for every all-reduce as it completes (the training thread ran and waited for all
+  // of it); empty: off. For traces.
+  void set_observer(std::function<void(const CommSpan&)> observer) { observer_ = std::move(observer); }
   nn::Shard shard() {
     LOOM_CHECK(tp_ != nullptr);
     return {.index = tp_->rank(), .parts = tp_->size(), .seam = this};
@@ -38,6 +43,7 @@ class TensorParallelSeam : public nn::Seam {
  private:
   comm::Communicator* tp_ = nullptr;
   Stats stats_;
+  std::function<void(const CommSpan&)> observer_;
 };
 
 }  // namespace loom::parallel
