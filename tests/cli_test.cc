@@ -283,8 +283,8 @@ TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
   }
 }
 
-// Tensor parallelism as processes: tp = 2 (and dp x tp = 2 x 2 with ZeRO 1) trains like
-// one process: losses, gradient norms and validation losses within 1e-4 (the pieces' sums
+// Tensor parallelism as processes: tp = 2 (and dp x tp = 2 x 2 with ZeRO 1, and pp x tp =
+// 2 x 2) trains like one process: losses, gradient norms and validation losses within 1e-4 (the pieces' sums
 // add the heads' and the MLP's partial products in another order than one matrix product
 // does; docs/parallelism.md). Checkpoints hold the logical tensors: `loom eval` reads them in
 // one process, and a resume on tp = 2 continues bit for bit.
@@ -309,9 +309,12 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common, " --quiet",
                " --job.name=mesh --parallel.tp=2 --parallel.dp=2 --parallel.zero=1"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common, " --quiet",
+               " --job.name=mesh3d --parallel.tp=2 --parallel.pp=2 --parallel.zero=1"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string one = read_file(p("runs/one/metrics.jsonl"));
   ASSERT_EQ(column(one, "loss").size(), 6u);
-  for (const char* run : {"tp", "mesh"}) {
+  for (const char* run : {"tp", "mesh", "mesh3d"}) {
     const std::string got = read_file(p(cat("runs/", run, "/metrics.jsonl")));
     for (const char* key : {"loss", "grad_norm", "val_loss"}) {
       const auto want = column(one, key), have = column(got, key);
@@ -363,7 +366,6 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
            {" --parallel.pp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.pp", "not a GPT"}},
            {" --parallel.tp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.tp", "not a GPT"}},
            {" --parallel.tp=2 --model.n_head=1", {"model.n_head = 1", "not divisible among parallel.tp = 2"}},
-           {" --parallel.tp=2 --parallel.pp=2 --parallel.dp=1", {"parallel.tp", "with parallel.pp = 2", "not available"}},
        }) {
     Result r = loom(cat(two, flags));
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out << r.err;

@@ -321,10 +321,6 @@ void Config::resolve(int world) {
   }
   {
     const int64_t dp = i("parallel.dp"), tp = i("parallel.tp"), pp = i("parallel.pp");
-    // No silent fallbacks: what this build cannot do yet is refused with the reason.
-    if (tp > 1 && pp > 1)
-      throw InputError(cat(where("parallel.tp"), " = ", tp, " with parallel.pp = ", pp, ": tensor and pipeline parallelism "
-                           "together are not available in this build yet; expected tp = 1 or pp = 1"));
     if (dp * tp * pp != world)
       throw InputError(cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp, " = ", dp * tp * pp,
                            ", but the job has ", world, " rank(s)",

@@ -43,12 +43,13 @@ double token_data_bytes(const Config& c) {
 // ZeRO), and the bytes its micro-batches keep.
 struct StageShape {
   double params = 0, largest_block = 0, activations = 0, workspace = 0;
+  double whole_stage = 0;  // the stage's parameters unsplit (tensor-parallel pieces gather into it)
 };
 
 StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   const int pp = static_cast<int>(c.i("parallel.pp")), v = static_cast<int>(c.i("parallel.virtual_stages"));
   const int64_t b = c.i("training.micro_batch"), t = g.seq_len;
-  const int tp = static_cast<int>(c.i("parallel.tp"));  // > 1 only with pp = 1
+  const int tp = static_cast<int>(c.i("parallel.tp"));
   const nn::GptCounts n = nn::gpt_counts(g, tp);
   const auto recompute = nn::recompute_named(c.s("training.recompute"));
   StageShape s;
@@ -61,8 +62,12 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
     return s;
   }
   const nn::GptPart part = parallel::stage_part(g.n_layer, pp, v, stage);
-  s.params = static_cast<double>(part.blocks.size()) * n.block + (part.embeddings ? n.embeddings : 0) +
-             (part.head ? static_cast<double>(g.vocab_size * g.d_model) + n.head : 0);
+  auto stage_params = [&](const nn::GptCounts& k) {
+    return static_cast<double>(part.blocks.size()) * k.block + (part.embeddings ? k.embeddings : 0) +
+           (part.head ? static_cast<double>(g.vocab_size * g.d_model) + k.head : 0);
+  };
+  s.params = stage_params(n);
+  s.whole_stage = stage_params(nn::gpt_counts(g));
   // Each (micro-batch, chunk) in flight keeps its context and its received activation and
   // gradient; the simulator says how many the schedule keeps at once on this stage.
   const parallel::Schedule sched = parallel::make_schedule(
@@ -71,7 +76,7 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   const int in_flight = parallel::simulate(sched, {}).peak_in_flight[static_cast<size_t>(stage)];
   const auto chunk_blocks = static_cast<int64_t>(part.blocks.size()) / v;
   const nn::ActivationBytes a =
-      nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head}, b, t, recompute);
+      nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head}, b, t, recompute, true, tp);
   s.activations = in_flight * (a.arena + 2 * kF32 * static_cast<double>(b * t * g.d_model));
   s.workspace = a.workspace;
   return s;
@@ -113,6 +118,9 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
   // the whole model and its state with pipeline stages or tensor-parallel pieces, and the
   // bytes of the file it writes.
   r.checkpoint = kF32 * state_buffers * s.params;
+  // With pipeline stages and tensor-parallel pieces, a stage's first piece holds the whole
+  // stage and its state while it gathers (counted on every piece of the stage).
+  if (c.i("parallel.pp") > 1 && c.i("parallel.tp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * s.whole_stage;
   if (lead) {
     const double whole = gpt ? nn::gpt_counts(g).total() : s.params;
     if (c.i("parallel.pp") > 1 || c.i("parallel.tp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * whole;

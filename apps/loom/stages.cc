@@ -1,5 +1,7 @@
 #include "stages.h"
 
+#include <algorithm>
+
 #include "loom/error.h"
 #include "loom/pipeline.h"
 
@@ -50,6 +52,7 @@ void split_mesh(comm::Communicator& world, Mesh& m) {
   m.pipe = world.split(m.dp_index * m.tp + m.tp_index, m.stage);
   m.tied = m.pipe->split(m.first() || m.last() ? 0 : -1, m.stage);
   if (m.tp > 1) m.tpc = world.split(m.stage * m.dp_size + m.dp_index, m.tp_index);
+  if (m.tp > 1 && m.pp > 1) m.mp = world.split(m.dp_index, m.stage * m.tp + m.tp_index);
 }
 
 nn::GptPart mesh_part(const Config& c, const Mesh& m) {
@@ -58,26 +61,25 @@ nn::GptPart mesh_part(const Config& c, const Mesh& m) {
 }
 
 parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
-  if (m.tp > 1) {
-    LOOM_CHECK(m.pp == 1);  // refused by Config::resolve
-    // Every piece holds the replicated parameters whole: the first piece counts them.
-    parallel::StageGroups g{.stages = m.tpc.get()};
-    if (m.tp_index > 0)
-      for (const ParamInfo& p : params.infos())
-        if (p.split.dim < 0) {
-          if (!g.skip.empty() && g.skip.back().second == p.offset) g.skip.back().second += p.numel;
-          else g.skip.emplace_back(p.offset, p.offset + p.numel);
-        }
-    return g;
-  }
-  parallel::StageGroups g{.stages = m.pipe.get(), .tied = m.tied.get()};
+  // The norm sums over every stage and piece of this replica.
+  parallel::StageGroups g{.stages = m.mp ? m.mp.get() : m.pp > 1 ? m.pipe.get() : m.tpc.get(),
+                          .tied = m.pp > 1 ? m.tied.get() : nullptr};
+  auto skip = [&](int64_t begin, int64_t end) {  // ranges come in ascending order
+    if (!g.skip.empty() && g.skip.back().second >= begin) g.skip.back().second = std::max(g.skip.back().second, end);
+    else g.skip.emplace_back(begin, end);
+  };
   const int wte = params.find("transformer.wte.weight");
-  LOOM_CHECK(wte >= 0 || !(m.first() || m.last()));
-  if (wte < 0) return g;
-  const ParamInfo& info = params.infos()[wte];
-  g.tied_begin = info.offset;
-  g.tied_end = info.offset + info.numel;
-  if (m.last()) g.skip = {{g.tied_begin, g.tied_end}};  // the copy: its gradients are the first stage's after the sum, counted there
+  LOOM_CHECK(m.pp == 1 || wte >= 0 || !(m.first() || m.last()));
+  for (const ParamInfo& p : params.infos()) {
+    const bool tied_copy = m.pp > 1 && m.last() && p.name == "transformer.wte.weight";  // counted on the first stage
+    const bool replicated = m.tp_index > 0 && p.split.dim < 0;                         // counted on the first piece
+    if (tied_copy || replicated) skip(p.offset, p.offset + p.numel);
+  }
+  if (m.pp > 1 && wte >= 0) {
+    const ParamInfo& info = params.infos()[wte];
+    g.tied_begin = info.offset;
+    g.tied_end = info.offset + info.numel;
+  }
   return g;
 }
 
@@ -137,9 +139,9 @@ class LayoutOnly : public nn::Seam {
 
 }  // namespace
 
-void gather_pieces(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                   ParamSet* whole, optim::FlatState* whole_state) {
-  LOOM_CHECK(m.tp > 1 && m.pp == 1);
+void gather_pieces(const Mesh& m, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
+                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state) {
+  LOOM_CHECK(m.tp > 1);
   comm::Communicator& tp = *m.tpc;
   auto move = [&](const Tensor& t, int peer, bool sending) {
     const auto n = static_cast<size_t>(t.numel());
@@ -173,7 +175,7 @@ void gather_pieces(const Mesh& m, const nn::GptConfig& model, const ParamSet& mi
     take(mine, mine.values(), state ? *state : optim::FlatState{});
     for (int i = 1; i < m.tp; ++i) {
       LayoutOnly seam;
-      nn::Gpt theirs(model, DType::kF32, {}, {.index = i, .parts = m.tp, .seam = &seam});
+      nn::Gpt theirs(model, DType::kF32, part, {.index = i, .parts = m.tp, .seam = &seam});
       const ParamSet& layout = theirs.params();
       move(layout.values(), i, false);
       optim::FlatState st;

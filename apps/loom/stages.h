@@ -22,6 +22,7 @@ struct Mesh {
   std::unique_ptr<comm::Communicator> pipe;  // this replica's stages, rank = stage
   std::unique_ptr<comm::Communicator> tied;  // first and last stage (the tied embedding)
   std::unique_ptr<comm::Communicator> tpc;   // this stage's tensor-parallel pieces, rank = tp_index (tp > 1)
+  std::unique_ptr<comm::Communicator> mp;    // this replica's stages and pieces, rank = stage x tp + tp_index (both > 1)
 
   bool split() const { return pp > 1 || tp > 1; }
   bool first() const { return stage == 0; }
@@ -63,11 +64,11 @@ struct PipelineBubble {
 };
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe);
 
-// Collective over mesh.tpc (tp > 1, pp = 1): every piece's parameters (and, with `state`,
-// optimizer buffers) put together into the logical tensors of `whole` on tp index 0. The
-// other pieces only send.
-void gather_pieces(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                   ParamSet* whole, optim::FlatState* whole_state);
+// Collective over mesh.tpc (tp > 1): every piece's parameters (and, with `state`,
+// optimizer buffers) of this stage (`part`) put together into the logical tensors of
+// `whole` (the same part, unsplit) on tp index 0. The other pieces only send.
+void gather_pieces(const Mesh& mesh, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
+                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state);
 
 // Collective over mesh.pipe: every stage's parameters (and, with `state`, optimizer
 // buffers, same names and order as `*whole_state`) copied by name into `whole` on the first

@@ -278,14 +278,37 @@ int run_train(const TrainArgs& a) {
   auto gather_whole = [&](const optim::FlatState* state) {
     optim::FlatState whole_state;
     if (!mesh.split() || mesh.dp_index != 0) return whole_state;
+    // Buffers shaped like `state`'s for a model of n parameters.
+    auto state_like = [&](int64_t n) {
+      optim::FlatState st;
+      if (state)
+        for (const auto& [name, t] : state->buffers) st.buffers.emplace_back(name, Tensor::zeros({n}, t.dtype()));
+      return st;
+    };
     if (lead) {
       whole.emplace(gpt_config(c));
-      if (state)
-        for (const auto& [name, t] : state->buffers)
-          whole_state.buffers.emplace_back(name, Tensor::zeros({whole->params().numel()}, t.dtype()));
+      whole_state = state_like(whole->params().numel());
     }
-    (piped ? gather_stages : gather_pieces)(mesh, gpt_config(c), params, state, lead ? &whole->params() : nullptr,
-                                            lead && state ? &whole_state : nullptr);
+    ParamSet* to = lead ? &whole->params() : nullptr;
+    optim::FlatState* to_state = lead && state ? &whole_state : nullptr;
+    if (!piped) {
+      gather_pieces(mesh, gpt_config(c), {}, params, state, to, to_state);
+    } else if (mesh.tp == 1) {
+      gather_stages(mesh, gpt_config(c), params, state, to, to_state);
+    } else {
+      // Pieces onto each stage's first piece, then those stages onto rank 0.
+      const nn::GptPart part = mesh_part(c, mesh);
+      std::optional<nn::Gpt> stage;
+      optim::FlatState stage_state;
+      if (mesh.tp_index == 0) {
+        stage.emplace(gpt_config(c), DType::kF32, part);
+        stage_state = state_like(stage->params().numel());
+      }
+      gather_pieces(mesh, gpt_config(c), part, params, state, stage ? &stage->params() : nullptr,
+                    stage && state ? &stage_state : nullptr);
+      if (mesh.tp_index == 0)
+        gather_stages(mesh, gpt_config(c), stage->params(), state ? &stage_state : nullptr, to, to_state);
+    }
     return whole_state;
   };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
@@ -514,9 +537,10 @@ int run_train(const TrainArgs& a) {
   if (lead && piped && timed > 0) {
     // The data-parallel scaling figure below assumes every rank computes the whole step,
     // which stages do not: the pipeline's own summary instead.
-    std::printf("pipeline: dp %lld x pp %d = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
+    std::printf("pipeline: dp %lld x pp %d%s = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
                 "(the simulator predicts %.1f%% from the measured costs)%s\n",
-                static_cast<long long>(dp_size), mesh.pp, world->size(), c.s("parallel.pp_schedule").c_str(),
+                static_cast<long long>(dp_size), mesh.pp, mesh.tp > 1 ? cat(" x tp ", mesh.tp).c_str() : "", world->size(),
+                c.s("parallel.pp_schedule").c_str(),
                 static_cast<long long>(accum), tokens_per_step * timed / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
                 100.0 * bubble_total / static_cast<double>(timed), 100.0 * predicted_total / static_cast<double>(timed),
                 dp_size > 1 ? cat(", gradient communication over replicas ", comm_ms_total / static_cast<double>(timed),
