@@ -338,6 +338,42 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   EXPECT_NEAR(figure_after(r.out, "\"loss\": "), figure_after(whole.out, "\"loss\": "), 1e-4) << r.out << whole.out;
 }
 
+// Layouts over dp, pp and tp in {1, 2, 4} up to 8 ranks, and 3 ranks on the tp axis, each
+// against one process training the same model on the same global batch: losses and
+// gradient norms within 1e-4 (tp's sums in another order; docs/parallelism.md).
+TEST_F(Cli, EveryMeshLayoutTrainsLikeOneProcess) {
+  struct Layout {
+    int dp, pp, tp;
+    std::string model;  // n_head divisible by tp
+  };
+  const std::string four_heads = " --model.n_head=4 --model.n_layer=4", three_heads = " --model.n_head=3 --model.d_model=48";
+  const std::vector<Layout> layouts = {{1, 1, 4, four_heads}, {2, 1, 4, four_heads}, {1, 2, 4, four_heads},
+                                       {1, 4, 2, four_heads}, {2, 2, 2, four_heads}, {4, 1, 2, four_heads},
+                                       {1, 1, 3, three_heads}, {2, 1, 3, three_heads}};
+  const std::string common = " --quiet --training.steps=4 --training.global_batch=8 --training.micro_batch=1 "
+                             "--training.eval_every=0 --checkpoint.every=0 --job.threads=1";
+  std::map<std::string, std::string> reference;  // model flags -> one process's metrics
+  for (const std::string& model : {four_heads, three_heads}) {
+    const std::string name = cat("one", reference.size());
+    ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, model, " --job.name=", name)).code, 0);
+    reference[model] = read_file(p(cat("runs/", name, "/metrics.jsonl")));
+  }
+  for (const Layout& l : layouts) {
+    const std::string name = cat("dp", l.dp, "pp", l.pp, "tp", l.tp);
+    Result r = loom(cat("launch -n ", l.dp * l.pp * l.tp, " -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common,
+                        l.model, " --job.name=", name, " --parallel.dp=", l.dp, " --parallel.pp=", l.pp, " --parallel.tp=", l.tp));
+    ASSERT_EQ(r.code, 0) << name << "\n" << r.out << r.err;
+    const std::string got = read_file(p(cat("runs/", name, "/metrics.jsonl")));
+    for (const char* key : {"loss", "grad_norm"}) {
+      const auto want = column(reference[l.model], key), have = column(got, key);
+      ASSERT_EQ(want.size(), 4u) << name << " " << key;
+      ASSERT_EQ(have.size(), 4u) << name << " " << key;
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << name << " " << key << " at step " << i + 1;
+    }
+  }
+}
+
 // [job] mem_limit_mb: a rank over its budget stops the run with a line naming it.
 TEST_F(Cli, MemoryLimitStopsARankOverItsBudget) {
   Result r = loom(cat("train ", p("nano.toml"), " --quiet --job.name=mem --job.mem_limit_mb=1"));
