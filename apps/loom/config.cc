@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -265,7 +266,10 @@ void Config::resolve(int world) {
   fill("model.d_model", p->d_model);
   fill("model.seq_len", p->seq_len);
   fill("model.vocab_size", p->vocab_size);
-  const int64_t model_parallel = std::max<int64_t>(1, i("parallel.tp")) * std::max<int64_t>(1, i("parallel.pp"));
+  // tp and pp are range-checked below; clamped here so that their product cannot overflow
+  // before they are (the config fuzzer found tp x pp past 2^63).
+  auto axis = [&](const char* key) { return std::clamp<int64_t>(i(key), 1, int64_t{1} << 20); };
+  const int64_t model_parallel = axis("parallel.tp") * axis("parallel.pp");
   if (i("parallel.dp") == 0 && world % model_parallel == 0) values_["parallel.dp"] = int64_t{world} / model_parallel;
 
   auto where = [&](const std::string& key) {
