@@ -448,8 +448,9 @@ int run_train(const TrainArgs& a) {
                                first.empty() ? std::string("every gradient is finite")
                                : c.b("parallel.deterministic")
                                    ? cat("the first gradient deterministic mode cannot sum exactly (not finite, or 2^31 "
-                                         "or more in magnitude) is ", first, piped ? " (this stage)" : "")
-                                   : cat("the first non-finite gradient is ", first, piped ? " (this stage)" : ""),
+                                         "or more in magnitude) is ", first, mesh.split() ? " (this rank's part of the model)" : "")
+                                   : cat("the first non-finite gradient is ", first,
+                                         mesh.split() ? " (this rank's part of the model)" : ""),
                                ". The run stops before updating; ",
                                last_checkpoint.empty() ? std::string("no checkpoint was written")
                                                        : cat("the last checkpoint, ", last_checkpoint, ", is intact"),
