@@ -6,3 +6,15 @@ loom=build/release/loom
 [ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+
+# gpt_mini_run NAME RANKS FLAGS...: `loom launch -n RANKS -- loom train configs/gpt-mini.toml`
+# with one compute thread per rank, global batch 16, no evaluation or checkpoints, $steps
+# steps (set by the caller), into $work/NAME (its output in $work/NAME.out).
+gpt_mini_run() {
+  local name=$1 np=$2
+  shift 2
+  $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name="$name" \
+    --job.threads=1 --training.steps="$steps" --training.global_batch=16 --training.eval_every=0 \
+    --checkpoint.every=0 "$@" > "$work/$name.out"
+}
+

@@ -14,11 +14,8 @@ steps=${1:-13}
 source bench/common.sh
 
 run() {  # NAME RANKS FLAGS...
-  local name=$1 np=$2
-  shift 2
-  $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name="$name" \
-    --job.threads=1 --training.steps="$steps" --training.global_batch=16 --training.eval_every=0 \
-    --checkpoint.every=0 "$@" > "$work/$name.out"
+  local name=$1
+  gpt_mini_run "$@"
   /usr/bin/env python3 - "$work/$name/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][3:]

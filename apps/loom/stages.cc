@@ -1,6 +1,8 @@
 #include "stages.h"
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 
 #include "loom/error.h"
 #include "loom/pipeline.h"
@@ -116,20 +118,22 @@ PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe)
 
 namespace {
 
-// Copies [info.offset, +numel) of `from` into `to` at the same name's place in `whole`.
+// Copies [info.offset, +numel) of `from` into `to` at the same name's place in `whole`: the
+// whole tensor, or a tensor-parallel piece into its place in the logical tensor.
 void copy_by_name(const ParamSet& layout, const Tensor& from, const ParamSet& whole, const Tensor& to) {
   for (const ParamInfo& p : layout.infos()) {
     const int w = whole.find(p.name);
     LOOM_CHECK(w >= 0);
     const ParamInfo& q = whole.infos()[w];
+    float* dst = to.data<float>() + q.offset;
+    if (p.split.dim >= 0) {
+      put_piece(p, from.data<float>() + p.offset, dst);
+      continue;
+    }
     LOOM_CHECK_EQ(p.numel, q.numel);
-    std::copy_n(from.data<float>() + p.offset, p.numel, to.data<float>() + q.offset);
+    std::copy_n(from.data<float>() + p.offset, p.numel, dst);
   }
 }
-
-}  // namespace
-
-namespace {
 
 // The seam of a model built only for its parameters' layout: it never computes.
 class LayoutOnly : public nn::Seam {
@@ -137,117 +141,71 @@ class LayoutOnly : public nn::Seam {
   void sum(const Tensor&) override { LOOM_CHECK(false); }
 };
 
-}  // namespace
-
-void gather_pieces(const Mesh& m, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
-                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state) {
-  LOOM_CHECK(m.tp > 1);
-  comm::Communicator& tp = *m.tpc;
+// Collective over `c`: rank 0 copies its parameters (and, with `state`, optimizer buffers)
+// and every other rank's by name into `whole`; rank r's layout is `layout_of(r)`'s (built
+// only while its parameters are copied). The other ranks only send. CommError names `what`.
+void gather_parts(comm::Communicator& c, const std::function<std::unique_ptr<nn::Gpt>(int)>& layout_of,
+                  const ParamSet& mine, const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state,
+                  const char* what) {
   auto move = [&](const Tensor& t, int peer, bool sending) {
     const auto n = static_cast<size_t>(t.numel());
-    if (sending) comm::send(tp, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
-    else comm::recv(tp, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
+    if (sending) comm::send(c, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
+    else comm::recv(c, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
   };
   try {
-    if (m.tp_index != 0) {
+    if (c.rank() != 0) {
       move(mine.values(), 0, true);
       if (state)
         for (const auto& [name, t] : state->buffers) move(t, 0, true);
       return;
     }
     LOOM_CHECK(whole != nullptr && (state == nullptr) == (whole_state == nullptr));
-    // Piece i's layout: the model split the same way, its parameters allocated here only
-    // while they are put in place.
-    auto put = [&](const ParamSet& layout, const Tensor& from, const Tensor& to) {
-      for (const ParamInfo& p : layout.infos()) {
-        const int w = whole->find(p.name);
-        LOOM_CHECK(w >= 0);
-        float* dst = to.data<float>() + whole->infos()[w].offset;
-        if (p.split.dim < 0) std::copy_n(from.data<float>() + p.offset, p.numel, dst);
-        else put_piece(p, from.data<float>() + p.offset, dst);
-      }
+    auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState* st) {
+      copy_by_name(layout, values, *whole, whole->values());
+      if (!st) return;
+      LOOM_CHECK_EQ(st->buffers.size(), whole_state->buffers.size());
+      for (size_t k = 0; k < st->buffers.size(); ++k)
+        copy_by_name(layout, st->buffers[k].second, *whole, whole_state->buffers[k].second);
     };
-    auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState& st) {
-      put(layout, values, whole->values());
-      if (!state) return;
-      for (size_t k = 0; k < st.buffers.size(); ++k) put(layout, st.buffers[k].second, whole_state->buffers[k].second);
-    };
-    take(mine, mine.values(), state ? *state : optim::FlatState{});
-    for (int i = 1; i < m.tp; ++i) {
-      LayoutOnly seam;
-      nn::Gpt theirs(model, DType::kF32, part, {.index = i, .parts = m.tp, .seam = &seam});
-      const ParamSet& layout = theirs.params();
-      move(layout.values(), i, false);
+    take(mine, mine.values(), state);
+    for (int r = 1; r < c.size(); ++r) {
+      const std::unique_ptr<nn::Gpt> theirs = layout_of(r);
+      const ParamSet& layout = theirs->params();
+      move(layout.values(), r, false);
       optim::FlatState st;
       if (state)
         for (const auto& [name, t] : state->buffers) {
           st.buffers.emplace_back(name, Tensor::zeros({layout.numel()}, DType::kF32));
-          move(st.buffers.back().second, i, false);
+          move(st.buffers.back().second, r, false);
         }
-      take(layout, layout.values(), st);
+      take(layout, layout.values(), state ? &st : nullptr);
     }
     if (whole_state) whole_state->steps = state->steps;
   } catch (const comm::CommError& e) {
-    throw RuntimeError(cat("gathering the tensor-parallel pieces' weights onto tp index 0: ", e.what()));
+    throw RuntimeError(cat(what, ": ", e.what()));
   }
 }
 
-namespace {
-void gather_stages_impl(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                        ParamSet* whole, optim::FlatState* whole_state);
 }  // namespace
+
+void gather_pieces(const Mesh& m, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
+                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state) {
+  LOOM_CHECK(m.tp > 1);
+  LayoutOnly seam;
+  gather_parts(
+      *m.tpc,
+      [&](int i) {
+        return std::make_unique<nn::Gpt>(model, DType::kF32, part, nn::Shard{.index = i, .parts = m.tp, .seam = &seam});
+      },
+      mine, state, whole, whole_state, "gathering the tensor-parallel pieces' weights onto tp index 0");
+}
 
 void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
                    ParamSet* whole, optim::FlatState* whole_state) {
-  try {
-    gather_stages_impl(m, model, mine, state, whole, whole_state);
-  } catch (const comm::CommError& e) {
-    throw RuntimeError(cat("gathering the pipeline stages' weights onto stage 0: ", e.what()));
-  }
+  gather_parts(
+      *m.pipe,
+      [&](int s) { return std::make_unique<nn::Gpt>(model, DType::kF32, parallel::stage_part(model.n_layer, m.pp, m.v, s)); },
+      mine, state, whole, whole_state, "gathering the pipeline stages' weights onto stage 0");
 }
-
-namespace {
-void gather_stages_impl(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                        ParamSet* whole, optim::FlatState* whole_state) {
-  comm::Communicator& pipe = *m.pipe;
-  auto send = [&](const Tensor& t) {
-    comm::send(pipe, {.buffer = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = DType::kF32, .peer = 0});
-  };
-  if (!m.first()) {
-    send(mine.values());
-    if (state)
-      for (const auto& [name, t] : state->buffers) send(t);
-    return;
-  }
-  LOOM_CHECK(whole != nullptr && (state == nullptr) == (whole_state == nullptr));
-  auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState* st) {
-    copy_by_name(layout, values, *whole, whole->values());
-    if (!st) return;
-    LOOM_CHECK_EQ(st->buffers.size(), whole_state->buffers.size());
-    for (size_t k = 0; k < st->buffers.size(); ++k) copy_by_name(layout, st->buffers[k].second, *whole, whole_state->buffers[k].second);
-  };
-  take(mine, mine.values(), state);
-  for (int s = 1; s < m.pp; ++s) {
-    // Stage s's layout: the part it holds (its parameters are allocated here only while
-    // they are copied).
-    nn::Gpt theirs(model, DType::kF32, parallel::stage_part(model.n_layer, m.pp, m.v, s));
-    const ParamSet& layout = theirs.params();
-    auto recv = [&](const Tensor& t) {
-      comm::recv(pipe, {.buffer = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = DType::kF32, .peer = s});
-    };
-    recv(layout.values());
-    optim::FlatState st;
-    if (state) {
-      st.steps = state->steps;
-      for (const auto& [name, t] : state->buffers) {
-        st.buffers.emplace_back(name, Tensor::zeros({layout.numel()}, DType::kF32));
-        recv(st.buffers.back().second);
-      }
-    }
-    take(layout, layout.values(), state ? &st : nullptr);
-  }
-  if (whole_state) whole_state->steps = state->steps;
-}
-}  // namespace
 
 }  // namespace loom::app
