@@ -227,6 +227,10 @@ void Config::check_layout(const std::function<std::string(const std::string&)>& 
     if (i("model.n_head") % tp != 0)
       throw InputError(cat("model.n_head = ", i("model.n_head"), " attention heads are not divisible among parallel.tp = ", tp,
                            " tensor-parallel ranks"));
+    if (i("model.vocab_size") % tp != 0)
+      throw InputError(cat("model.vocab_size = ", i("model.vocab_size"), " rows of the vocab-parallel embedding are not divisible "
+                           "among parallel.tp = ", tp, " tensor-parallel ranks (a larger vocab_size pads it: ids past the data's "
+                           "are never seen)"));
   }
   if (pp == 1) return;
   if (model_kind(*this) != "gpt")

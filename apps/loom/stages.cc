@@ -139,6 +139,7 @@ void copy_by_name(const ParamSet& layout, const Tensor& from, const ParamSet& wh
 class LayoutOnly : public nn::Seam {
  public:
   void sum(const Tensor&) override { LOOM_CHECK(false); }
+  void max(const Tensor&) override { LOOM_CHECK(false); }
 };
 
 // Collective over `c`: rank 0 copies its parameters (and, with `state`, optimizer buffers)

@@ -21,8 +21,9 @@ class TensorParallelSeam : public nn::Seam {
   TensorParallelSeam() = default;
   explicit TensorParallelSeam(comm::Communicator& tp) : tp_(&tp) {}
   void attach(comm::Communicator& tp) { tp_ = &tp; }
-  // An all-reduce over the tensor-parallel group (f32 or f64), in place.
-  void sum(const Tensor& t) override;
+  // All-reduces over the tensor-parallel group (f32 or f64), in place.
+  void sum(const Tensor& t) override { reduce(t, comm::ReduceOp::kSum, "tp all-reduce"); }
+  void max(const Tensor& t) override { reduce(t, comm::ReduceOp::kMax, "tp all-reduce max"); }
 
   // The seam's all-reduces since the last take_stats(): how many, the time this thread
   // spent in them (every one is on the critical path: the next layer needs its result) and
@@ -41,6 +42,8 @@ class TensorParallelSeam : public nn::Seam {
   }
 
  private:
+  void reduce(const Tensor& t, comm::ReduceOp op, const char* what);
+
   comm::Communicator* tp_ = nullptr;
   Stats stats_;
   std::function<void(const CommSpan&)> observer_;

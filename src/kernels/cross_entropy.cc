@@ -41,6 +41,51 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   }
 }
 
+template <typename T>
+void cross_entropy_slice_max(T* mx, const T* logits, int64_t n, int64_t v) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) mx[i] = *std::max_element(logits + i * v, logits + (i + 1) * v);
+}
+
+template <typename T>
+void cross_entropy_slice_sums(T* sums, const T* logits, const int32_t* targets, const T* mx, int64_t n, int64_t v,
+                              int64_t v_begin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = logits + i * v;
+    const T m = mx[i];
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < v; ++j) sum += fast_exp(row[j] - m);
+    sums[i] = sum;
+    const int64_t target = targets[i] - v_begin;
+    sums[n + i] = target >= 0 && target < v ? row[target] : T(0);
+  }
+}
+
+template <typename T>
+void cross_entropy_slice_backward(T* dlogits, const T* logits, const int32_t* targets, const T* mx, const T* sum,
+                                  T dloss, int64_t n, int64_t v, int64_t v_begin) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = logits + i * v;
+    T* drow = dlogits + i * v;
+    const T m = mx[i], inv = dloss / sum[i];
+    for (int64_t j = 0; j < v; ++j) drow[j] = fast_exp(row[j] - m) * inv;
+    const int64_t target = targets[i] - v_begin;
+    if (target >= 0 && target < v) drow[target] -= dloss;
+  }
+}
+
+#define LOOM_CROSS_ENTROPY_SLICE(T)                                                                                \
+  template void cross_entropy_slice_max<T>(T*, const T*, int64_t, int64_t);                                        \
+  template void cross_entropy_slice_sums<T>(T*, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t);    \
+  template void cross_entropy_slice_backward<T>(T*, const T*, const int32_t*, const T*, const T*, T, int64_t, int64_t, \
+                                                int64_t);
+LOOM_CROSS_ENTROPY_SLICE(float)
+LOOM_CROSS_ENTROPY_SLICE(double)
+#undef LOOM_CROSS_ENTROPY_SLICE
+
 template void cross_entropy_forward<float>(float*, const float*, const int32_t*, int64_t,
                                            int64_t);
 template void cross_entropy_forward<double>(double*, const double*, const int32_t*, int64_t,

@@ -7,7 +7,10 @@ namespace loom::kernels {
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) std::copy(table + ids[i] * c, table + (ids[i] + 1) * c, out + i * c);
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0) std::fill_n(out + i * c, c, T(0));
+    else std::copy(table + ids[i] * c, table + (ids[i] + 1) * c, out + i * c);
+  }
 }
 
 template <typename T>
@@ -19,6 +22,7 @@ void embedding_backward(T* dtable, const int32_t* ids, const T* dout, int64_t n,
   for (int64_t c0 = 0; c0 < c; c0 += kCols) {
     int64_t c1 = std::min(c, c0 + kCols);
     for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0) continue;
       T* dst = dtable + ids[i] * c;
       const T* src = dout + i * c;
       for (int64_t j = c0; j < c1; ++j) dst[j] += src[j];

@@ -237,13 +237,67 @@ TEST(Kernels, CrossEntropy) {
   EXPECT_EQ(lf, dlf);
 }
 
+// Vocab-parallel cross-entropy: three pieces of the columns (of unequal widths), combined as
+// the layer combines them (max, then the sums), give the whole row's loss and dlogits; the
+// fast slice kernels equal their reference twins.
+TEST(Kernels, CrossEntropyBySlices) {
+  const int64_t n = 9, v = 17;
+  const int64_t begins[] = {0, 6, 12, 17};
+  auto logits = randn(n * v, 13, 3.0);
+  std::vector<int32_t> tgt(n);
+  for (int64_t i = 0; i < n; ++i) tgt[i] = static_cast<int32_t>((i * 5) % v);
+  std::vector<double> loss(n), dl(n * v);
+  ref::cross_entropy_forward(loss.data(), logits.data(), tgt.data(), n, v);
+  ref::cross_entropy_backward(dl.data(), logits.data(), tgt.data(), 1.0 / n, n, v);
+  auto run = [&](auto slice_max, auto slice_sums, auto slice_backward, auto t) {
+    using T = decltype(t);
+    std::vector<std::vector<T>> pieces(3);
+    for (int p = 0; p < 3; ++p)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = begins[p]; j < begins[p + 1]; ++j) pieces[p].push_back(static_cast<T>(logits[i * v + j]));
+    std::vector<T> mx(n, -INFINITY), sums(2 * n, 0), piece_mx(n), piece_sums(2 * n);
+    for (int p = 0; p < 3; ++p) {
+      slice_max(piece_mx.data(), pieces[p].data(), n, begins[p + 1] - begins[p]);
+      for (int64_t i = 0; i < n; ++i) mx[i] = std::max(mx[i], piece_mx[i]);
+    }
+    for (int p = 0; p < 3; ++p) {
+      slice_sums(piece_sums.data(), pieces[p].data(), tgt.data(), mx.data(), n, begins[p + 1] - begins[p], begins[p]);
+      for (int64_t i = 0; i < 2 * n; ++i) sums[i] += piece_sums[i];
+    }
+    std::vector<double> got_loss(n), got_dl(n * v);
+    for (int64_t i = 0; i < n; ++i) got_loss[i] = std::log(sums[i]) + mx[i] - sums[n + i];
+    for (int p = 0; p < 3; ++p) {
+      const int64_t w = begins[p + 1] - begins[p];
+      slice_backward(pieces[p].data(), pieces[p].data(), tgt.data(), mx.data(), sums.data(), static_cast<T>(1.0 / n), n,
+                     w, begins[p]);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < w; ++j) got_dl[i * v + begins[p] + j] = pieces[p][i * w + j];
+    }
+    return std::pair{got_loss, got_dl};
+  };
+  auto [ref_loss, ref_dl] = run(ref::cross_entropy_slice_max<double>, ref::cross_entropy_slice_sums<double>,
+                                ref::cross_entropy_slice_backward<double>, 0.0);
+  EXPECT_LT(rel_err(ref_loss, loss), 1e-14);
+  EXPECT_LT(rel_err(ref_dl, dl), 1e-14);
+  auto [f64_loss, f64_dl] = run(cross_entropy_slice_max<double>, cross_entropy_slice_sums<double>,
+                                cross_entropy_slice_backward<double>, 0.0);
+  EXPECT_LT(rel_err(f64_loss, loss), 1e-14);
+  EXPECT_LT(rel_err(f64_dl, dl), 1e-14);
+  auto [f32_loss, f32_dl] = run(cross_entropy_slice_max<float>, cross_entropy_slice_sums<float>,
+                                cross_entropy_slice_backward<float>, 0.0f);
+  EXPECT_LT(rel_err(f32_loss, loss), 2e-6);
+  EXPECT_LT(rel_err(f32_dl, dl), 2e-6);
+}
+
 TEST(Kernels, Embedding) {
-  const int64_t n = 10, c = 70, vocab = 4;  // repeated ids: backward must accumulate
+  // Repeated ids: backward must accumulate; -1: a row another vocab-parallel piece holds.
+  const int64_t n = 12, c = 70, vocab = 4;
   auto table = randn(vocab * c, 14), dy = randn(n * c, 15);
-  std::vector<int32_t> ids = {0, 3, 3, 1, 0, 2, 3, 1, 1, 0};
+  std::vector<int32_t> ids = {0, 3, 3, -1, 1, 0, 2, 3, 1, -1, 1, 0};
   std::vector<double> y(n * c), dt(vocab * c, 0);
   ref::embedding_forward(y.data(), ids.data(), table.data(), n, c);
   ref::embedding_backward(dt.data(), ids.data(), dy.data(), n, c);
+  for (int64_t j = 0; j < c; ++j) EXPECT_EQ(y[3 * c + j], 0.0);
   auto fwd = [&](const std::vector<double>& tb) {
     std::vector<double> o(n * c);
     ref::embedding_forward(o.data(), ids.data(), tb.data(), n, c);

@@ -30,7 +30,7 @@ double GptCounts::total() const { return embeddings + total_blocks + head; }
 GptCounts gpt_counts(const GptConfig& g, int tp) {
   const auto c = static_cast<double>(g.d_model);
   GptCounts n;
-  n.embeddings = (static_cast<double>(g.vocab_size) + static_cast<double>(g.seq_len)) * c;
+  n.embeddings = (static_cast<double>(g.vocab_size) / tp + static_cast<double>(g.seq_len)) * c;  // wte vocab-parallel
   // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj with biases: 12 C^2 + 13 C. A
   // tensor-parallel piece holds 1/tp of the matrices and of c_attn's and c_fc's biases; the
   // LayerNorms and the row-parallel projections' biases whole.
@@ -70,16 +70,20 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     r.arena = l * (a(n * c) + (with_backward ? a(n * c) : 0));
     r.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;
   }
-  if (ends.embeddings) r.arena += a(n) + 2 * a(n * c);  // positions, wte and wpe outputs
+  // Vocab-parallel (tp > 1): wte's lookup keeps the ids by their place in this piece, and
+  // the loss each row's max, sum of exponentials and target logit over the pieces.
+  const double split = tp > 1 ? 1 : 0;
+  if (ends.embeddings) r.arena += a(n) + 2 * a(n * c) + split * a(n);  // positions, wte and wpe outputs
   if (ends.head) {
-    const double v = static_cast<double>(g.vocab_size);
-    r.arena += 2 * a(n) + a(n * c) + a(n * v) + a(n);  // ln_f, logits, losses
+    const double v = static_cast<double>(g.vocab_size / tp);
+    r.arena += 2 * a(n) + a(n * c) + a(n * v) + a(n) + split * a(3 * n);  // ln_f, logits, losses
     if (with_backward) r.arena += 2 * a(n * c);        // d(ln_f output), d(ln_f input)
   }
   return r;
 }
 
-Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp) : config_(config), part_(std::move(part)), params_(dtype) {
+Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp)
+    : config_(config), part_(std::move(part)), params_(dtype), loss_(tp) {
   LOOM_CHECK_EQ(gpt_config_problem(config), "");
   const int64_t c = config.d_model;
   if (part_.all_blocks) {
@@ -88,7 +92,7 @@ Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp) : config_
   }
   LOOM_CHECK(std::is_sorted(part_.blocks.begin(), part_.blocks.end()));
   // Hugging Face order: wte, wpe, the blocks, ln_f (the head's weight is wte).
-  if (part_.embeddings || part_.head) wte_ = Embedding(params_, "transformer.wte.weight", config.vocab_size, c);
+  if (part_.embeddings || part_.head) wte_ = Embedding(params_, "transformer.wte.weight", config.vocab_size, c, tp);
   if (part_.embeddings) wpe_ = Embedding(params_, "transformer.wpe.weight", config.seq_len, c);
   blocks_.resize(static_cast<size_t>(config.n_layer));
   for (int64_t l : part_.blocks) {
@@ -214,7 +218,7 @@ Tensor last_positions(const Tensor& h, GptCtx& ctx, int64_t c) {
 }  // namespace
 
 Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
-  const int64_t c = config_.d_model, v = config_.vocab_size;
+  const int64_t c = config_.d_model, v = wte_.rows;  // a vocab-parallel piece's columns
   ctx.head.x = h;
   Tensor out = ctx.arena.alloc({h.dim(0), h.dim(1), v}, h.dtype());
   LOOM_DISPATCH_FLOAT(h.dtype(), T,
@@ -226,6 +230,7 @@ Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
 }
 
 Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const {
+  LOOM_CHECK(!wte_.shard.split());
   Tensor h = trunk(tokens, ctx);  // (B, T, C)
   Tensor out = logits(last_only ? last_positions(h, ctx, config_.d_model) : h, ctx);
   if (on_block) on_block(-1, BlockPhase::kForwardDone);
@@ -233,19 +238,20 @@ Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) co
 }
 
 double Gpt::forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const {
-  Tensor out = forward_logits(tokens, ctx, /*last_only=*/false);
-  return CrossEntropy().forward(out, targets, ctx.loss, ctx.arena);
+  Tensor out = logits(trunk(tokens, ctx), ctx);
+  if (on_block) on_block(-1, BlockPhase::kForwardDone);
+  return loss_.forward(out, targets, ctx.loss, ctx.arena);
 }
 
 double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const {
   LOOM_CHECK(part_.head);
   Tensor out = logits(ln_f_.forward(x, ctx.ln_f, ctx.arena), ctx);
-  return CrossEntropy().forward(out, targets, ctx.loss, ctx.arena);
+  return loss_.forward(out, targets, ctx.loss, ctx.arena);
 }
 
 Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
-  const int64_t c = config_.d_model, v = config_.vocab_size;
-  Tensor dlogits = CrossEntropy().backward(ctx.loss, scale);
+  const int64_t c = config_.d_model, v = wte_.rows;
+  Tensor dlogits = loss_.backward(ctx.loss, scale);
   ctx.dlogits = defer_weights ? dlogits : Tensor();
   Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
@@ -253,6 +259,7 @@ Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
                                          static_cast<T*>(nullptr), dlogits.data<T>(),
                                          ctx.head.x.data<T>(), wte_.table.value().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
+  if (wte_.shard.split()) wte_.shard.seam->sum(dh);  // every piece's columns' share
   return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
 }
 
@@ -278,7 +285,7 @@ Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ct
 
 void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const {
   if (head) {
-    const int64_t c = config_.d_model, v = config_.vocab_size;
+    const int64_t c = config_.d_model, v = wte_.rows;
     LOOM_CHECK(ctx.dlogits.defined());
     LOOM_DISPATCH_FLOAT(ctx.dlogits.dtype(), T,
                         k::matmul_backward(static_cast<T*>(nullptr), wte_.table.grad().data<T>(), static_cast<T*>(nullptr),

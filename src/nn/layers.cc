@@ -1,5 +1,7 @@
 #include "loom/nn/layers.h"
 
+#include <cmath>
+
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
@@ -126,19 +128,34 @@ Tensor Gelu::backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena) const 
   return dx;
 }
 
-Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t rows_, int64_t c_)
-    : rows(rows_), c(c_) {
-  table = ps.add(name, {rows, c}, ParamKind::kEmbedding);
+Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t rows_, int64_t c_, Shard shard_)
+    : rows(rows_), c(c_), shard(shard_) {
+  ParamSplit split;
+  if (shard.split()) {
+    LOOM_CHECK(rows % shard.parts == 0 && shard.seam != nullptr);
+    rows /= shard.parts;
+    split = {.dim = 0, .index = shard.index, .parts = shard.parts};
+  }
+  table = ps.add(name, {rows, c}, ParamKind::kEmbedding, split);
 }
 
 Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const {
   ctx.ids = ids;
+  if (shard.split()) {  // this part's rows by their place in its piece; -1 for the others'
+    ctx.ids = arena.alloc(ids.shape(), DType::kI32);
+    const int32_t* from = ids.data<int32_t>();
+    int32_t* to = ctx.ids.data<int32_t>();
+    const int64_t begin = shard.index * rows;
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      to[i] = from[i] >= begin && from[i] < begin + rows ? static_cast<int32_t>(from[i] - begin) : -1;
+  }
   Shape s = ids.shape();
   s.push_back(c);
   Tensor y = arena.alloc(s, table.value().dtype());
   LOOM_DISPATCH_FLOAT(y.dtype(), T,
-                      k::embedding_forward(y.data<T>(), ids.data<int32_t>(),
+                      k::embedding_forward(y.data<T>(), ctx.ids.data<int32_t>(),
                                            table.value().data<T>(), ids.numel(), c));
+  if (shard.split()) shard.seam->sum(y);
   return y;
 }
 
@@ -155,10 +172,21 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossE
   ctx.logits = logits;
   ctx.targets = targets;
   Tensor losses = arena.alloc({n}, logits.dtype());
+  if (vocab.split()) ctx.stats = arena.alloc({3, n}, logits.dtype());
   double sum = 0;
   LOOM_DISPATCH_FLOAT(logits.dtype(), T, {
-    k::cross_entropy_forward(losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), n, v);
-    const T* l = losses.data<T>();
+    T* l = losses.data<T>();
+    const int32_t* tg = targets.data<int32_t>();
+    if (vocab.split()) {
+      T* mx = ctx.stats.data<T>();
+      k::cross_entropy_slice_max(mx, logits.data<T>(), n, v);
+      vocab.seam->max(ctx.stats.slice_rows(0, 1));
+      k::cross_entropy_slice_sums(mx + n, logits.data<T>(), tg, mx, n, v, vocab.index * v);
+      vocab.seam->sum(ctx.stats.slice_rows(1, 3));
+      for (int64_t i = 0; i < n; ++i) l[i] = std::log(mx[n + i]) + mx[i] - mx[2 * n + i];
+    } else {
+      k::cross_entropy_forward(l, logits.data<T>(), tg, n, v);
+    }
     for (int64_t i = 0; i < n; ++i) sum += l[i];  // in order, in double: deterministic
   });
   return n == 0 ? 0.0 : sum / static_cast<double>(n);
@@ -167,10 +195,17 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossE
 Tensor CrossEntropy::backward(const CrossEntropyCtx& ctx, double scale) const {
   const Tensor& logits = ctx.logits;
   const int64_t v = logits.dim(-1), n = logits.numel() / v;
-  LOOM_DISPATCH_FLOAT(logits.dtype(), T,
-                      k::cross_entropy_backward(logits.data<T>(), logits.data<T>(),
-                                                ctx.targets.data<int32_t>(),
-                                                static_cast<T>(scale / static_cast<double>(n)), n, v));
+  LOOM_DISPATCH_FLOAT(logits.dtype(), T, {
+    const auto dloss = static_cast<T>(scale / static_cast<double>(n));
+    const int32_t* tg = ctx.targets.data<int32_t>();
+    if (vocab.split()) {
+      const T* stats = ctx.stats.data<T>();
+      k::cross_entropy_slice_backward(logits.data<T>(), logits.data<T>(), tg, stats, stats + n, dloss, n, v,
+                                      vocab.index * v);
+    } else {
+      k::cross_entropy_backward(logits.data<T>(), logits.data<T>(), tg, dloss, n, v);
+    }
+  });
   return logits;
 }
 

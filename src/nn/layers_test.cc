@@ -413,9 +413,10 @@ TEST(Gpt, ActivationBytesPredictTheArenaExactly) {
 TEST(Gpt, ActivationBytesPredictATensorParallelPiece) {
   struct Alone : Seam {
     void sum(const Tensor&) override {}
+    void max(const Tensor&) override {}
   } alone;
-  const GptConfig shapes[] = {{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 13},
-                              {.n_layer = 1, .n_head = 4, .d_model = 24, .seq_len = 9, .vocab_size = 50}};
+  const GptConfig shapes[] = {{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 14},
+                              {.n_layer = 1, .n_head = 4, .d_model = 24, .seq_len = 9, .vocab_size = 52}};
   for (const GptConfig& cfg : shapes)
     for (int tp : {2, 4}) {
       if (cfg.n_head % tp != 0) continue;

@@ -1,4 +1,5 @@
-// Tensor parallelism equals serial: a GPT whose heads and MLP are split over 2 or 4 ranks
+// Tensor parallelism equals serial: a GPT whose heads, MLP and vocabulary (the tied embedding,
+// the head and the loss) are split over 2 or 4 ranks
 // (threads) starts from the pieces of the serial model's weights, bit for bit, and computes
 // the serial loss and the pieces of the serial gradients to rounding: the split matrix
 // products and the parts' sums add in another order (docs/parallelism.md states the
@@ -21,6 +22,7 @@ const nn::GptConfig kModel{.n_layer = 2, .n_head = 4, .d_model = 64, .seq_len = 
 
 struct Result {
   double loss = 0;
+  int64_t logit_columns = 0;  // of the logits this rank held
   std::map<std::string, std::vector<double>> values, grads;  // each parameter's piece
 };
 
@@ -30,6 +32,7 @@ Result run(nn::Gpt& gpt) {
   nn::GptCtx ctx;
   Result out;
   out.loss = gpt.forward(tokens, targets, ctx);
+  out.logit_columns = ctx.logits.dim(-1);
   gpt.backward(ctx, 1.0);
   for (size_t i = 0; i < gpt.params().infos().size(); ++i) {
     Tensor v = gpt.params().value(static_cast<int>(i)), g = gpt.params().grad(static_cast<int>(i));
@@ -61,6 +64,7 @@ void expect_tensor_parallel_equals_serial(int parts, double tolerance) {
     gpt.init(11);
     const Result got = run<T>(gpt);
     EXPECT_NEAR(got.loss, serial.loss, tolerance * std::abs(serial.loss)) << "rank " << tp.rank();
+    EXPECT_EQ(got.logit_columns, kModel.vocab_size / parts) << "no rank holds a whole row of the logits";
     for (const ParamInfo& p : gpt.params().infos()) {
       EXPECT_EQ(got.values.at(p.name), piece<T>(p, serial.values.at(p.name))) << p.name << " starts elsewhere";
       const std::vector<double> want = piece<T>(p, serial.grads.at(p.name));
@@ -75,8 +79,8 @@ void expect_tensor_parallel_equals_serial(int parts, double tolerance) {
   });
 }
 
-TEST(TensorParallel, HeadsAndMlpSplitOverTwoRanksEqualSerial) { expect_tensor_parallel_equals_serial<double>(2, 1e-12); }
-TEST(TensorParallel, HeadsAndMlpSplitOverFourRanksEqualSerial) { expect_tensor_parallel_equals_serial<double>(4, 1e-12); }
+TEST(TensorParallel, HeadsMlpAndVocabularySplitOverTwoRanksEqualSerial) { expect_tensor_parallel_equals_serial<double>(2, 1e-12); }
+TEST(TensorParallel, HeadsMlpAndVocabularySplitOverFourRanksEqualSerial) { expect_tensor_parallel_equals_serial<double>(4, 1e-12); }
 // f32: each gradient within 1e-5 of its tensor's largest element (about 80 ulps of
 // accumulated reordering over the 64- and 256-long sums the split cuts).
 TEST(TensorParallel, Float32WithinTheStatedTolerance) { expect_tensor_parallel_equals_serial<float>(2, 1e-5); }

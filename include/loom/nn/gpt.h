@@ -31,13 +31,13 @@ std::string gpt_config_problem(const GptConfig& config);
 
 // Parameter counts of a GPT, before one is built (doubles: no shape overflows them).
 struct GptCounts {
-  double embeddings = 0;  // wte (V x C) + wpe (T x C)
+  double embeddings = 0;  // wte (V x C; V / tp x C for a piece) + wpe (T x C)
   double block = 0;       // one transformer block: 12 C^2 + 13 C
   double head = 0;        // ln_f; the output projection is wte, tied
   double total() const;
   double total_blocks = 0;  // n_layer x block
 };
-// tp: a tensor-parallel piece's counts (tp divides n_head).
+// tp: a tensor-parallel piece's counts (tp divides n_head and vocab_size).
 GptCounts gpt_counts(const GptConfig& config, int tp = 1);
 
 // Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
@@ -85,8 +85,8 @@ ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, Gp
 
 class Gpt {
  public:
-  // tp: tensor parallelism over the blocks (attention heads and the MLP split over
-  // tp.parts; embeddings, LayerNorms and the head replicated).
+  // tp: tensor parallelism (attention heads, the MLP and the vocabulary of the tied
+  // embedding, head and loss split over tp.parts; wpe and the LayerNorms replicated).
   explicit Gpt(const GptConfig& config, DType dtype = DType::kF32, GptPart part = {}, Shard tp = {});
 
   // GPT-2 initialisation: weights N(0, 0.02), residual projections (attn.c_proj,
@@ -96,7 +96,8 @@ class Gpt {
   // tokens, targets: (B, T) i32, T <= seq_len, ids < vocab_size (callers validate at the data
   // edge). Returns the mean next-token cross-entropy.
   double forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const;
-  // Logits (B, T, V), or only the last position's (B, 1, V) when last_only.
+  // Logits (B, T, V), or only the last position's (B, 1, V) when last_only. REQUIRES: not
+  // tensor-parallel (a piece holds only its columns of the logits).
   Tensor forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const;
   // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
   void backward(GptCtx& ctx, double scale) const;
@@ -148,6 +149,7 @@ class Gpt {
   Embedding wte_, wpe_;
   std::vector<Block> blocks_;  // by global id; the ones not held are empty
   LayerNorm ln_f_;
+  CrossEntropy loss_;
   Recompute recompute_ = Recompute::kNone;
   mutable Arena scratch_;  // recompute's workspace; one thread drives a model
 };

@@ -89,25 +89,36 @@ struct EmbeddingCtx {
 class Embedding {
  public:
   Embedding() = default;
-  Embedding(ParamSet& ps, const std::string& name, int64_t rows, int64_t c);
-  // ids (N) i32 with 0 <= id < rows -> (N, C)
+  // rows: the logical table's. Split over shard.parts (vocab-parallel): each part holds
+  // rows / parts consecutive rows, looks up the ids it holds, and the parts' outputs are
+  // summed (each id's row comes from the one part that holds it).
+  Embedding(ParamSet& ps, const std::string& name, int64_t rows, int64_t c, Shard shard = {});
+  // ids (N) i32 with 0 <= id < rows (logical) -> (N, C)
   Tensor forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const;
   void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;  // only accumulates dtable
 
-  ParamRef table;  // (rows, C)
-  int64_t rows = 0, c = 0;
+  ParamRef table;  // (rows, C): this part's rows
+  int64_t rows = 0, c = 0;  // this part's
+  Shard shard;
 };
 
 // Mean softmax cross-entropy over rows. forward returns the mean loss; backward returns
 // dlogits of (mean loss x scale), written over the logits, which it consumes.
 struct CrossEntropyCtx {
   Tensor logits, targets;
+  Tensor stats;  // vocab-parallel: (3, N) each row's max, sum of exponentials and target logit over every part
 };
 class CrossEntropy {
  public:
-  // logits (N, V), targets (N) i32
+  // vocab: split over vocab.parts, each part holds V / parts consecutive columns of the
+  // logits (no part ever holds a whole row); the parts combine each row's max, sum of
+  // exponentials and target logit (a max and one sum per forward, nothing in backward).
+  explicit CrossEntropy(Shard vocab = {}) : vocab(vocab) {}
+  // logits (N, V) (a vocab-parallel part's columns: (N, V / parts)), targets (N) i32 (< V)
   double forward(const Tensor& logits, const Tensor& targets, CrossEntropyCtx& ctx, Arena& arena) const;
   Tensor backward(const CrossEntropyCtx& ctx, double scale) const;
+
+  Shard vocab;
 };
 
 struct AttentionCtx {

@@ -14,6 +14,8 @@ class Seam {
   virtual ~Seam() = default;
   // Every part's t summed, in place, in an order fixed by the number of parts.
   virtual void sum(const Tensor& t) = 0;
+  // The elementwise largest of every part's t, in place (exact: the same bits on every part).
+  virtual void max(const Tensor& t) = 0;
 };
 
 struct Shard {

@@ -225,16 +225,45 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   }
 }
 
+// The vocab-parallel pieces of the above (kernels/cross_entropy.h): a piece holds columns
+// [v_begin, v_begin + v) of each row.
+template <typename T>
+void cross_entropy_slice_max(T* mx, const T* logits, int64_t n, int64_t v) {
+  for (int64_t i = 0; i < n; ++i) {
+    mx[i] = logits[i * v];
+    for (int64_t j = 0; j < v; ++j) mx[i] = std::max(mx[i], logits[i * v + j]);
+  }
+}
+
+template <typename T>
+void cross_entropy_slice_sums(T* sums, const T* logits, const int32_t* targets, const T* mx, int64_t n, int64_t v,
+                              int64_t v_begin) {
+  for (int64_t i = 0; i < n; ++i) {
+    sums[i] = 0;
+    for (int64_t j = 0; j < v; ++j) sums[i] += std::exp(logits[i * v + j] - mx[i]);
+    const bool mine = targets[i] >= v_begin && targets[i] < v_begin + v;
+    sums[n + i] = mine ? logits[i * v + targets[i] - v_begin] : T(0);
+  }
+}
+
+template <typename T>
+void cross_entropy_slice_backward(T* dlogits, const T* logits, const int32_t* targets, const T* mx, const T* sum,
+                                  T dloss, int64_t n, int64_t v, int64_t v_begin) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < v; ++j)
+      dlogits[i * v + j] = (std::exp(logits[i * v + j] - mx[i]) / sum[i] - (j + v_begin == targets[i])) * dloss;
+}
+
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j) out[i * c + j] = table[ids[i] * c + j];
+    for (int64_t j = 0; j < c; ++j) out[i * c + j] = ids[i] < 0 ? T(0) : table[ids[i] * c + j];
 }
 
 template <typename T>
 void embedding_backward(T* dtable, const int32_t* ids, const T* dout, int64_t n, int64_t c) {
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j) dtable[ids[i] * c + j] += dout[i * c + j];
+    for (int64_t j = 0; j < c && ids[i] >= 0; ++j) dtable[ids[i] * c + j] += dout[i * c + j];
 }
 
 template <typename T>
