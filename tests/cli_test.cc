@@ -329,6 +329,9 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   // two in backward, and the vocab-parallel ends': the embedding's sum, the loss's max and
   // sums, the head's dx.
   EXPECT_EQ(column(tp, "tp_comm_calls"), std::vector<std::string>(6, "24"));
+  const auto tp_ms = column(tp, "tp_comm_ms"), exposed_ms = column(tp, "tp_exposed_comm_ms");
+  ASSERT_EQ(exposed_ms.size(), tp_ms.size());
+  for (size_t i = 0; i < tp_ms.size(); ++i) EXPECT_LE(std::stod(exposed_ms[i]), std::stod(tp_ms[i])) << "step " << i + 1;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"})
     EXPECT_EQ(read_file(p(cat("runs/tp/checkpoints/step_6/", file))), read_file(p(cat("runs/tpr/checkpoints/step_6/", file))))
         << file;

@@ -484,7 +484,8 @@ int run_train(const TrainArgs& a) {
       if (piped) line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
       if (mesh.tp > 1) {
         const parallel::TensorParallelSeam::Stats ts = seam.take_stats();  // this step's (evaluation runs on `whole`)
-        line.add("tp_comm_ms", ts.ms).add("tp_comm_bytes", ts.bytes).add("tp_comm_calls", ts.calls);
+        line.add("tp_comm_ms", ts.ms).add("tp_exposed_comm_ms", ts.exposed_ms).add("tp_comm_bytes", ts.bytes);
+        line.add("tp_comm_calls", ts.calls);
       }
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);

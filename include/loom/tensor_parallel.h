@@ -5,6 +5,7 @@
 // Thread-safety: one thread uses a seam (the one driving the model).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <utility>
 
@@ -24,13 +25,15 @@ class TensorParallelSeam : public nn::Seam {
   // All-reduces over the tensor-parallel group (f32 or f64), in place.
   void sum(const Tensor& t) override { reduce(t, comm::ReduceOp::kSum, "tp all-reduce"); }
   void max(const Tensor& t) override { reduce(t, comm::ReduceOp::kMax, "tp all-reduce max"); }
+  // On the communicator's progress thread while the caller computes.
+  std::unique_ptr<Pending> start_sum(const Tensor& t) override;
 
-  // The seam's all-reduces since the last take_stats(): how many, the time this thread
-  // spent in them (every one is on the critical path: the next layer needs its result) and
-  // their payload bytes.
+  // The seam's all-reduces since the last take_stats(): how many, their payload bytes, the
+  // time they took (issued to done) and the part of it this thread waited for them
+  // (exposed: all of a blocking one; of an async one, what the caller's compute did not hide).
   struct Stats {
     int64_t calls = 0, bytes = 0;
-    double ms = 0;
+    double ms = 0, exposed_ms = 0;
   };
   Stats take_stats() { return std::exchange(stats_, {}); }
   // Called for every all-reduce as it completes (the training thread ran and waited for all
@@ -42,7 +45,11 @@ class TensorParallelSeam : public nn::Seam {
   }
 
  private:
+  class Async;
   void reduce(const Tensor& t, comm::ReduceOp op, const char* what);
+  // One all-reduce, issued by this thread at `issued` (its time counts from there to when
+  // this thread had the result).
+  void record(const CommSpan& span, std::chrono::steady_clock::time_point issued);
 
   comm::Communicator* tp_ = nullptr;
   Stats stats_;

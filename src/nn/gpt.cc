@@ -251,15 +251,20 @@ double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) co
 
 Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   const int64_t c = config_.d_model, v = wte_.rows;
-  Tensor dlogits = loss_.backward(ctx.loss, scale);
-  ctx.dlogits = defer_weights ? dlogits : Tensor();
-  Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), dlogits.dtype());
+  ctx.dlogits = loss_.backward(ctx.loss, scale);
+  Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), ctx.dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
-                      k::matmul_backward(dh.data<T>(), defer_weights ? nullptr : wte_.table.grad().data<T>(),
-                                         static_cast<T*>(nullptr), dlogits.data<T>(),
-                                         ctx.head.x.data<T>(), wte_.table.value().data<T>(),
+                      k::matmul_backward(dh.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                                         ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
-  if (wte_.shard.split()) wte_.shard.seam->sum(dh);  // every piece's columns' share
+  // Vocab-parallel: every piece's columns' share of dh summed, while this piece computes
+  // its rows of the tied weight's gradient.
+  std::unique_ptr<Seam::Pending> sum = wte_.shard.split() ? wte_.shard.seam->start_sum(dh) : nullptr;
+  if (!defer_weights) {
+    backward_weights(0, 0, /*head=*/true, ctx);
+    ctx.dlogits = Tensor();
+  }
+  if (sum) sum->wait();
   return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
 }
 

@@ -66,13 +66,26 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
   Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
   const int64_t n = dy.numel() / out;
-  ctx.dy = defer_weights ? dy : Tensor();
-  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                      k::matmul_backward(need_dx ? dx.data<T>() : nullptr, defer_weights ? nullptr : weight.grad().data<T>(),
-                                         bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
-                                         dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
-                                         n, in, out, k::WeightLayout::kKM));
-  if (need_dx && split == TpSplit::kColumn) shard.seam->sum(dx);  // every part's share of dx
+  ctx.dy = dy;
+  if (need_dx && split == TpSplit::kColumn) {
+    // Every part's share of dx summed; the sum travels while this part computes its weight
+    // gradients (the same bits as one call: each output of the product is computed alone).
+    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                        k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                                           dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(), n, in, out,
+                                           k::WeightLayout::kKM));
+    std::unique_ptr<Seam::Pending> sum = shard.seam->start_sum(dx);
+    if (!defer_weights) backward_weight(ctx);
+    sum->wait();
+  } else {
+    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                        k::matmul_backward(need_dx ? dx.data<T>() : nullptr,
+                                           defer_weights ? nullptr : weight.grad().data<T>(),
+                                           bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
+                                           dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(), n, in, out,
+                                           k::WeightLayout::kKM));
+  }
+  if (!defer_weights) ctx.dy = Tensor();
   return dx;
 }
 

@@ -3,18 +3,59 @@
 #include <chrono>
 
 namespace loom::parallel {
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+}  // namespace
+
+void TensorParallelSeam::record(const CommSpan& span, Clock::time_point issued) {
+  stats_.ms += ms_between(issued, span.wait_end);
+  stats_.exposed_ms += ms_between(span.wait_begin, span.wait_end);
+  stats_.bytes += span.bytes;
+  ++stats_.calls;
+  if (observer_) observer_(span);
+}
 
 void TensorParallelSeam::reduce(const Tensor& t, comm::ReduceOp op, const char* what) {
   LOOM_CHECK(tp_ != nullptr && (t.dtype() == DType::kF32 || t.dtype() == DType::kF64));
-  const auto begin = std::chrono::steady_clock::now();
+  const auto begin = Clock::now();
   comm::all_reduce(*tp_, {.output = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = t.dtype(), .op = op});
-  const auto end = std::chrono::steady_clock::now();
-  stats_.ms += std::chrono::duration<double, std::milli>(end - begin).count();
-  if (observer_)
-    observer_({.what = what, .bytes = static_cast<int64_t>(t.nbytes()), .begin = begin, .end = end,
-               .wait_begin = begin, .wait_end = end});
-  stats_.bytes += static_cast<int64_t>(t.nbytes());
-  ++stats_.calls;
+  const auto end = Clock::now();
+  record({.what = what, .bytes = static_cast<int64_t>(t.nbytes()), .begin = begin, .end = end, .wait_begin = begin,
+          .wait_end = end},
+         begin);
+}
+
+class TensorParallelSeam::Async : public nn::Seam::Pending {
+ public:
+  Async(TensorParallelSeam& seam, comm::Work work, int64_t bytes, Clock::time_point issued)
+      : seam_(seam), work_(std::move(work)), bytes_(bytes), issued_(issued) {}
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    const auto wait_begin = Clock::now();
+    work_.wait();
+    const auto wait_end = Clock::now();
+    const auto [begin, end] = work_.span();
+    seam_.record({.what = "tp all-reduce", .bytes = bytes_, .begin = begin, .end = end, .wait_begin = wait_begin,
+                  .wait_end = wait_end},
+                 issued_);
+  }
+
+ private:
+  TensorParallelSeam& seam_;
+  comm::Work work_;  // waits on destruction, should a caller (unwinding) not have
+  int64_t bytes_;
+  Clock::time_point issued_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<nn::Seam::Pending> TensorParallelSeam::start_sum(const Tensor& t) {
+  LOOM_CHECK(tp_ != nullptr && (t.dtype() == DType::kF32 || t.dtype() == DType::kF64));
+  const auto issued = Clock::now();
+  comm::Work work =
+      comm::all_reduce_async(*tp_, {.output = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = t.dtype()});
+  return std::make_unique<Async>(*this, std::move(work), static_cast<int64_t>(t.nbytes()), issued);
 }
 
 }  // namespace loom::parallel

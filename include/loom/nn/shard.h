@@ -5,6 +5,8 @@
 // layer and never calls the seam.
 #pragma once
 
+#include <memory>
+
 #include "loom/tensor.h"
 
 namespace loom::nn {
@@ -16,6 +18,23 @@ class Seam {
   virtual void sum(const Tensor& t) = 0;
   // The elementwise largest of every part's t, in place (exact: the same bits on every part).
   virtual void max(const Tensor& t) = 0;
+
+  // A sum in flight: t may be read only after wait().
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+  // Starts sum(t) and returns, so that the caller computes what does not need t while it
+  // travels (backward: the weight gradients while the input gradient is summed). The
+  // default sums at once.
+  virtual std::unique_ptr<Pending> start_sum(const Tensor& t) {
+    struct Done : Pending {
+      void wait() override {}
+    };
+    sum(t);
+    return std::make_unique<Done>();
+  }
 };
 
 struct Shard {
