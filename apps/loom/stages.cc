@@ -140,6 +140,8 @@ class LayoutOnly : public nn::Seam {
  public:
   void sum(const Tensor&) override { LOOM_CHECK(false); }
   void max(const Tensor&) override { LOOM_CHECK(false); }
+  void all_gather(const Tensor&, const Tensor&) override { LOOM_CHECK(false); }
+  void reduce_scatter(const Tensor&, const Tensor&) override { LOOM_CHECK(false); }
 };
 
 // Collective over `c`: rank 0 copies its parameters (and, with `state`, optimizer buffers)

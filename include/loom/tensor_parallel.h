@@ -27,8 +27,10 @@ class TensorParallelSeam : public nn::Seam {
   void max(const Tensor& t) override { reduce(t, comm::ReduceOp::kMax, "tp all-reduce max"); }
   // On the communicator's progress thread while the caller computes.
   std::unique_ptr<Pending> start_sum(const Tensor& t) override;
+  void all_gather(const Tensor& local, const Tensor& whole) override;
+  void reduce_scatter(const Tensor& whole, const Tensor& local) override;
 
-  // The seam's all-reduces since the last take_stats(): how many, their payload bytes, the
+  // The seam's collectives since the last take_stats(): how many, their payload bytes, the
   // time they took (issued to done) and the part of it this thread waited for them
   // (exposed: all of a blocking one; of an async one, what the caller's compute did not hide).
   struct Stats {
@@ -36,7 +38,7 @@ class TensorParallelSeam : public nn::Seam {
     double ms = 0, exposed_ms = 0;
   };
   Stats take_stats() { return std::exchange(stats_, {}); }
-  // Called for every all-reduce as it completes (the training thread ran and waited for all
+  // Called for every collective as it completes (the training thread ran and waited for all
   // of it); empty: off. For traces.
   void set_observer(std::function<void(const CommSpan&)> observer) { observer_ = std::move(observer); }
   nn::Shard shard() {

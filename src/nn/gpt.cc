@@ -41,49 +41,57 @@ GptCounts gpt_counts(const GptConfig& g, int tp) {
 }
 
 ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward, int tp) {
+                                     Recompute recompute, bool with_backward, int tp, bool sequence_parallel) {
   // Each term is one arena allocation of the code above and in layers.cc, rounded up to the
   // arena's 64-byte alignment; f32 (and i32 positions) throughout.
   auto a = [](double elements) { return std::ceil(elements * 4 / 64) * 64; };
   const double n = static_cast<double>(b) * static_cast<double>(t), c = static_cast<double>(g.d_model);
   const double p = c / tp;  // a tensor-parallel piece's share of the channels (heads, MLP)
+  // The rows of the residual stream a piece holds: sequence parallelism keeps 1 / tp of them.
+  const bool sp = sequence_parallel && tp > 1;
+  const double r = sp ? n / tp : n;
   const double scores = static_cast<double>(b) * static_cast<double>(g.n_head / tp) * static_cast<double>(t) *
                         static_cast<double>(t);
   // One block without recompute: forward keeps ln_1 (mean, rstd, y), qkv, the attention
   // probabilities, the heads' output, c_proj's output, ln_2 (mean, rstd, y), c_fc, GELU and
   // c_proj's outputs; backward adds every d(input) on the way back and the attention's
   // d(scores) scratch. Split over tp pieces, qkv, the heads and the MLP's hidden layer are
-  // a piece's share; what the projections' sums give back is whole.
-  const double fwd_no_scores = 2 * a(n) + a(n * c) + a(3 * n * p) + a(n * p) + a(n * c) + 2 * a(n) + a(n * c) +
-                               a(4 * n * p) + a(4 * n * p) + a(n * c);
-  const double bwd_no_scores = a(4 * n * p) + a(4 * n * p) + a(n * c) + a(n * c) + a(n * p) + a(3 * n * p) +
-                               a(n * c) + a(n * c);
+  // a piece's share; what the projections give back is r rows.
+  const double fwd_no_scores = 2 * a(r) + a(r * c) + a(3 * n * p) + a(n * p) + a(r * c) + 2 * a(r) + a(r * c) +
+                               a(4 * n * p) + a(4 * n * p) + a(r * c);
+  const double bwd_no_scores = a(4 * n * p) + a(4 * n * p) + a(r * c) + a(r * c) + a(n * p) + a(3 * n * p) +
+                               a(r * c) + a(r * c);
   const double block_fwd = fwd_no_scores + a(scores), block_bwd = bwd_no_scores + a(scores);
-  ActivationBytes r;
+  ActivationBytes out;
   const auto l = static_cast<double>(blocks);
   if (recompute == Recompute::kNone) {
-    r.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
+    out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
   } else if (recompute == Recompute::kSelective) {  // the probabilities live in the workspace
-    r.arena = l * (fwd_no_scores + (with_backward ? bwd_no_scores : 0));
-    r.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * p) : a(scores)) : 0;
+    out.arena = l * (fwd_no_scores + (with_backward ? bwd_no_scores : 0));
+    out.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * p) : a(scores)) : 0;
   } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block
-    r.arena = l * (a(n * c) + (with_backward ? a(n * c) : 0));
-    r.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;
+    out.arena = l * (a(r * c) + (with_backward ? a(r * c) : 0));
+    out.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;
   }
   // Vocab-parallel (tp > 1): wte's lookup keeps the ids by their place in this piece, and
   // the loss each row's max, sum of exponentials and target logit over the pieces.
   const double split = tp > 1 ? 1 : 0;
-  if (ends.embeddings) r.arena += a(n) + 2 * a(n * c) + split * a(n);  // positions, wte and wpe outputs
+  if (ends.embeddings) out.arena += a(n) + 2 * a(r * c) + split * a(n);  // positions, wte and wpe outputs
   if (ends.head) {
     const double v = static_cast<double>(g.vocab_size / tp);
-    r.arena += 2 * a(n) + a(n * c) + a(n * v) + a(n) + split * a(3 * n);  // ln_f, logits, losses
-    if (with_backward) r.arena += 2 * a(n * c);        // d(ln_f output), d(ln_f input)
+    // ln_f, (sequence-parallel) its output gathered, logits, losses
+    out.arena += 2 * a(r) + a(r * c) + (sp ? a(n * c) : 0) + a(n * v) + a(n) + split * a(3 * n);
+    if (with_backward) out.arena += 2 * a(r * c);  // d(ln_f output), d(ln_f input)
   }
-  return r;
+  // Sequence parallelism's staging: a gathered input or a partial output of every row, and
+  // in a column-parallel backward both at once.
+  if (sp) out.staging = (with_backward && blocks > 0 ? 2 : 1) * a(n * c);
+  return out;
 }
 
 Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp)
-    : config_(config), part_(std::move(part)), params_(dtype), loss_(tp) {
+    : config_(config), part_(std::move(part)), tp_(tp), params_(dtype), loss_(tp) {
+  LOOM_CHECK(!tp.sequence_split() || (part_.all_blocks && part_.embeddings && part_.head));  // no pipeline stages
   LOOM_CHECK_EQ(gpt_config_problem(config), "");
   const int64_t c = config.d_model;
   if (part_.all_blocks) {
@@ -99,7 +107,7 @@ Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp)
     LOOM_CHECK(l >= 0 && l < config.n_layer);
     blocks_[l] = Block(params_, "transformer.h." + std::to_string(l), c, config.n_head, tp);
   }
-  if (part_.head) ln_f_ = LayerNorm(params_, "transformer.ln_f", c);
+  if (part_.head) ln_f_ = LayerNorm(params_, "transformer.ln_f", c, tp);
   params_.allocate();
 }
 
@@ -167,8 +175,9 @@ Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
-  Tensor x = wte_.forward(tokens, ctx.wte, ctx.arena);
-  Tensor p = wpe_.forward(ctx.positions, ctx.wpe, ctx.arena);
+  Tensor x = wte_.forward(tokens, ctx.wte, ctx.arena);  // sequence-parallel: this piece's rows
+  Tensor p = wpe_.forward(sequence_rows(ctx.positions.view({ctx.b * ctx.t})), ctx.wpe, ctx.arena);
+  ctx.wpe.ids = ctx.positions;  // backward_embed gathers every row
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     T* xd = x.data<T>();
     const T* pd = p.data<T>();
@@ -177,15 +186,29 @@ Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
   return x;
 }
 
+Tensor Gpt::sequence_rows(const Tensor& rows) const {
+  if (!tp_.sequence_split()) return rows;
+  const int64_t m = rows.dim(0) / tp_.parts;
+  return rows.slice_rows(tp_.index * m, (tp_.index + 1) * m);
+}
+
+BlockCtx Gpt::block_ctx(const GptCtx& ctx) const {
+  BlockCtx b;
+  b.attn.b = ctx.b;  // sequence parallelism: the block sees only some rows
+  b.attn.t = ctx.t;
+  return b;
+}
+
 Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const {
   Tensor h = x;
   for (int64_t l = lo; l < hi; ++l) {
     LOOM_CHECK(holds_block(l));
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
+    ctx.blocks[l] = block_ctx(ctx);
     if (recompute_ == Recompute::kFull) {  // keep the input; the rest lives in the workspace
       ctx.blocks[l].input = h;
       scratch_.reset();
-      BlockCtx discard;
+      BlockCtx discard = block_ctx(ctx);
       Tensor y = blocks_[l].forward(h, discard, scratch_);
       h = ctx.arena.alloc(y.shape(), y.dtype());
       h.copy_from(y);
@@ -220,10 +243,15 @@ Tensor last_positions(const Tensor& h, GptCtx& ctx, int64_t c) {
 Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
   const int64_t c = config_.d_model, v = wte_.rows;  // a vocab-parallel piece's columns
   ctx.head.x = h;
-  Tensor out = ctx.arena.alloc({h.dim(0), h.dim(1), v}, h.dtype());
+  if (tp_.sequence_split()) {  // every row of this piece's columns
+    ctx.head.x = ctx.arena.alloc({h.numel() / c * tp_.parts, c}, h.dtype());
+    tp_.seam->all_gather(h, ctx.head.x);
+  }
+  const Tensor& x = ctx.head.x;
+  Tensor out = ctx.arena.alloc(x.ndim() == 3 ? Shape{x.dim(0), x.dim(1), v} : Shape{x.dim(0), v}, h.dtype());
   LOOM_DISPATCH_FLOAT(h.dtype(), T,
-                      k::matmul_forward(out.data<T>(), h.data<T>(), wte_.table.value().data<T>(),
-                                        static_cast<const T*>(nullptr), h.numel() / c, c, v,
+                      k::matmul_forward(out.data<T>(), x.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), x.numel() / c, c, v,
                                         k::WeightLayout::kMK));
   ctx.logits = out;
   return out;
@@ -252,19 +280,28 @@ double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) co
 Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   const int64_t c = config_.d_model, v = wte_.rows;
   ctx.dlogits = loss_.backward(ctx.loss, scale);
-  Tensor dh = ctx.arena.alloc(ctx.head.x.shape(), ctx.dlogits.dtype());
+  // Sequence-parallel: every row's share of this piece's columns, summed over the pieces
+  // and scattered by rows once the tied weight's gradient is computed.
+  const bool sequence = tp_.sequence_split();
+  if (sequence) tp_.seam->staging().reset();
+  Tensor dh = (sequence ? tp_.seam->staging() : ctx.arena).alloc(ctx.head.x.shape(), ctx.dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
                       k::matmul_backward(dh.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
                                          ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
   // Vocab-parallel: every piece's columns' share of dh summed, while this piece computes
   // its rows of the tied weight's gradient.
-  std::unique_ptr<Seam::Pending> sum = wte_.shard.split() ? wte_.shard.seam->start_sum(dh) : nullptr;
+  std::unique_ptr<Seam::Pending> sum = wte_.shard.split() && !sequence ? wte_.shard.seam->start_sum(dh) : nullptr;
   if (!defer_weights) {
     backward_weights(0, 0, /*head=*/true, ctx);
     ctx.dlogits = Tensor();
   }
   if (sum) sum->wait();
+  if (sequence) {
+    Tensor mine = ctx.arena.alloc({dh.dim(0) / tp_.parts, c}, dh.dtype());
+    tp_.seam->reduce_scatter(dh, mine);
+    dh = mine;
+  }
   return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
 }
 
@@ -275,7 +312,7 @@ Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ct
     if (recompute_ == Recompute::kFull) {  // the block's forward again, then its backward
       LOOM_CHECK(!defer_weights);
       scratch_.reset();
-      BlockCtx again;
+      BlockCtx again = block_ctx(ctx);
       blocks_[l].forward(ctx.blocks[l].input, again, scratch_);
       Tensor d = blocks_[l].backward(dx, again, scratch_);
       dx = ctx.arena.alloc(d.shape(), d.dtype());
@@ -301,8 +338,14 @@ void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx)
 }
 
 void Gpt::backward_embed(const Tensor& dx, GptCtx& ctx) const {
-  wte_.backward(dx, ctx.wte);
-  wpe_.backward(dx, ctx.wpe);
+  Tensor rows = dx;
+  if (tp_.sequence_split()) {  // every row: wte's rows here may be looked up by any token
+    tp_.seam->staging().reset();
+    rows = tp_.seam->staging().alloc({ctx.b * ctx.t, config_.d_model}, dx.dtype());
+    tp_.seam->all_gather(dx, rows);
+  }
+  wte_.backward(rows, ctx.wte);
+  wpe_.backward(rows, ctx.wpe);
 }
 
 void Gpt::backward(GptCtx& ctx, double scale) const {

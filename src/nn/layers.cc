@@ -41,8 +41,74 @@ Linear::Linear(ParamSet& ps, const std::string& prefix, int64_t in_, int64_t out
   if (has_bias) bias = ps.add(prefix + ".bias", {out}, ParamKind::kBias, b);
 }
 
+namespace {
+// x (rows, cols) += bias (cols) on every row.
+void add_bias(const Tensor& x, const Tensor& bias) {
+  const int64_t cols = bias.numel(), rows = x.numel() / cols;
+  LOOM_DISPATCH_FLOAT(x.dtype(), T, {
+    T* xd = x.data<T>();
+    const T* bd = bias.data<T>();
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) xd[i * cols + j] += bd[j];
+  });
+}
+
+// Every part's rows of `local` (m, cols) gathered into a (parts x m, cols) temporary of the
+// seam's staging buffer.
+Tensor gather_rows(const Shard& shard, const Tensor& local) {
+  const int64_t cols = local.dim(-1);
+  Tensor whole = shard.seam->staging().alloc({local.numel() / cols * shard.parts, cols}, local.dtype());
+  shard.seam->all_gather(local, whole);
+  return whole;
+}
+
+// The parts' `whole` (parts x m, cols) summed; this part's m rows into the arena.
+Tensor scatter_rows(const Shard& shard, const Tensor& whole, Arena& arena) {
+  const int64_t cols = whole.dim(-1);
+  Tensor local = arena.alloc({whole.numel() / cols / shard.parts, cols}, whole.dtype());
+  shard.seam->reduce_scatter(whole, local);
+  return local;
+}
+}  // namespace
+
+Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+  shard.seam->staging().reset();
+  ctx.x = x;  // column: this part's rows (gathered again in backward); row: every row
+  const Tensor input = split == TpSplit::kColumn ? gather_rows(shard, x) : x;
+  const int64_t n = input.numel() / in;
+  // Column: every row of this part's columns; row: this part's share of every row, summed
+  // over the parts and scattered by rows, then the replicated bias.
+  Tensor y = split == TpSplit::kColumn ? arena.alloc({n, out}, x.dtype()) : shard.seam->staging().alloc({n, out}, x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::matmul_forward(y.data<T>(), input.data<T>(), weight.value().data<T>(),
+                                        bias.defined() && split == TpSplit::kColumn ? bias.value().data<T>() : nullptr, n,
+                                        in, out, k::WeightLayout::kKM));
+  if (split == TpSplit::kColumn) return y;
+  Tensor mine = scatter_rows(shard, y, arena);
+  if (bias.defined()) add_bias(mine, bias.value());
+  return mine;
+}
+
+Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena) const {
+  shard.seam->staging().reset();
+  // Column: this part's columns of dy for every row; the input gathered again, dx summed
+  // over the parts and scattered by rows. Row: dy's rows gathered from every part, so the
+  // replicated bias's gradient is whole on every part.
+  const bool column = split == TpSplit::kColumn;
+  const Tensor x = column ? gather_rows(shard, ctx.x) : ctx.x;
+  const Tensor dout = column ? dy : gather_rows(shard, dy);
+  const int64_t n = dout.numel() / out;
+  Tensor dx = column ? shard.seam->staging().alloc({n, in}, dy.dtype()) : arena.alloc(ctx.x.shape(), dy.dtype());
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::matmul_backward(dx.data<T>(), weight.grad().data<T>(),
+                                         bias.defined() ? bias.grad().data<T>() : nullptr, dout.data<T>(), x.data<T>(),
+                                         weight.value().data<T>(), n, in, out, k::WeightLayout::kKM));
+  return column ? scatter_rows(shard, dx, arena) : dx;
+}
+
 Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   LOOM_CHECK_EQ(x.dim(-1), in);
+  if (split != TpSplit::kNone && shard.sequence_split()) return forward_sequence(x, ctx, arena);
   ctx.x = x;
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   const int64_t n = x.numel() / in;
@@ -50,20 +116,19 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
                       bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM);
-    if (row) {
-      shard.seam->sum(y);
-      if (bias.defined()) {
-        T* yd = y.data<T>();
-        const T* bd = bias.value().data<T>();
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < out; ++j) yd[i * out + j] += bd[j];
-      }
-    }
   });
+  if (row) {
+    shard.seam->sum(y);
+    if (bias.defined()) add_bias(y, bias.value());
+  }
   return y;
 }
 
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
+  if (split != TpSplit::kNone && shard.sequence_split()) {
+    LOOM_CHECK(need_dx && !defer_weights);  // sequence parallelism runs without pipeline stages
+    return backward_sequence(dy, ctx, arena);
+  }
   Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
   const int64_t n = dy.numel() / out;
   ctx.dy = dy;
@@ -98,7 +163,7 @@ void Linear::backward_weight(const LinearCtx& ctx) const {
                                          k::WeightLayout::kKM));
 }
 
-LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_) : c(c_) {
+LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_, Shard shard_) : c(c_), shard(shard_) {
   weight = ps.add(prefix + ".weight", {c}, ParamKind::kNorm);
   bias = ps.add(prefix + ".bias", {c}, ParamKind::kNorm);
 }
@@ -119,11 +184,25 @@ Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) cons
 
 Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const {
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
-  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                      k::layernorm_backward(dx.data<T>(), weight.grad().data<T>(),
-                                            bias.grad().data<T>(), dy.data<T>(), ctx.x.data<T>(),
-                                            weight.value().data<T>(), ctx.mean.data<T>(),
-                                            ctx.rstd.data<T>(), dy.numel() / c, c));
+  // Sequence-parallel: this part's rows' share of the parameter gradients, summed over the
+  // parts, then added in.
+  Tensor share;
+  if (shard.sequence_split()) {
+    shard.seam->staging().reset();
+    share = shard.seam->staging().zeros({2, c}, dy.dtype());
+  }
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T, {
+    T* dw = share.defined() ? share.data<T>() : weight.grad().data<T>();
+    T* db = share.defined() ? share.data<T>() + c : bias.grad().data<T>();
+    k::layernorm_backward(dx.data<T>(), dw, db, dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
+                          ctx.mean.data<T>(), ctx.rstd.data<T>(), dy.numel() / c, c);
+    if (share.defined()) {
+      shard.seam->sum(share);
+      T* gw = weight.grad().data<T>();
+      T* gb = bias.grad().data<T>();
+      for (int64_t j = 0; j < c; ++j) gw[j] += dw[j], gb[j] += db[j];
+    }
+  });
   return dx;
 }
 
@@ -164,10 +243,15 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
   }
   Shape s = ids.shape();
   s.push_back(c);
-  Tensor y = arena.alloc(s, table.value().dtype());
+  if (shard.sequence_split()) {
+    shard.seam->staging().reset();
+    s = {ids.numel(), c};
+  }
+  Tensor y = shard.sequence_split() ? shard.seam->staging().alloc(s, table.value().dtype()) : arena.alloc(s, table.value().dtype());
   LOOM_DISPATCH_FLOAT(y.dtype(), T,
                       k::embedding_forward(y.data<T>(), ctx.ids.data<int32_t>(),
                                            table.value().data<T>(), ids.numel(), c));
+  if (shard.sequence_split()) return scatter_rows(shard, y, arena);
   if (shard.split()) shard.seam->sum(y);
   return y;
 }
@@ -233,9 +317,13 @@ CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const {
-  LOOM_CHECK_EQ(x.ndim(), 3);
-  ctx.b = x.dim(0);
-  ctx.t = x.dim(1);
+  if (c_attn.shard.sequence_split()) {
+    LOOM_CHECK_EQ(ctx.b * ctx.t, x.numel() / x.dim(-1) * c_attn.shard.parts);
+  } else {
+    LOOM_CHECK_EQ(x.ndim(), 3);
+    ctx.b = x.dim(0);
+    ctx.t = x.dim(1);
+  }
   ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
   if (recompute_scratch) recompute_scratch->reset();
   Tensor att = (recompute_scratch ? *recompute_scratch : arena).alloc({ctx.b, n_head, ctx.t, ctx.t}, x.dtype());
@@ -294,9 +382,9 @@ void Mlp::backward_weight(const MlpCtx& ctx) const {
 }
 
 Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard)
-    : ln_1(ps, prefix + ".ln_1", c),
+    : ln_1(ps, prefix + ".ln_1", c, shard),
       attn(ps, prefix + ".attn", c, n_head, shard),
-      ln_2(ps, prefix + ".ln_2", c),
+      ln_2(ps, prefix + ".ln_2", c, shard),
       mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
 
 namespace {

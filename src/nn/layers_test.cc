@@ -411,33 +411,45 @@ TEST(Gpt, ActivationBytesPredictTheArenaExactly) {
 // A tensor-parallel piece's arena and parameters: the same formulas with tp. The seam here
 // sums nothing (one piece alone computes wrong values, with the right memory).
 TEST(Gpt, ActivationBytesPredictATensorParallelPiece) {
-  struct Alone : Seam {
+  struct Alone : Seam {  // a piece's shapes and allocations without its peers
     void sum(const Tensor&) override {}
     void max(const Tensor&) override {}
-  } alone;
+    void all_gather(const Tensor& local, const Tensor& whole) override { whole.zero(), local.zero(); }
+    void reduce_scatter(const Tensor&, const Tensor& local) override { local.zero(); }
+  };
   const GptConfig shapes[] = {{.n_layer = 3, .n_head = 2, .d_model = 16, .seq_len = 32, .vocab_size = 14},
                               {.n_layer = 1, .n_head = 4, .d_model = 24, .seq_len = 9, .vocab_size = 52}};
   for (const GptConfig& cfg : shapes)
-    for (int tp : {2, 4}) {
-      if (cfg.n_head % tp != 0) continue;
-      for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-        const int64_t b = 3, t = cfg.seq_len - 1;
-        auto [tokens, targets] = testing::random_tokens(b, t, cfg.vocab_size, 4);
-        Gpt gpt(cfg, DType::kF32, {}, {.index = 1, .parts = tp, .seam = &alone});
-        gpt.init(3);
-        gpt.set_recompute(mode);
-        GptCtx ctx;
-        gpt.forward(tokens, targets, ctx);
-        const std::string what = cat("d_model ", cfg.d_model, ", tp ", tp, ", recompute ", static_cast<int>(mode));
-        const ActivationBytes fwd = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, /*with_backward=*/false, tp);
-        EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), fwd.arena) << what;
-        gpt.backward(ctx, 1.0);
-        const ActivationBytes both = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, true, tp);
-        EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), both.arena) << what;
-        EXPECT_EQ(static_cast<double>(gpt.recompute_peak_bytes()), both.workspace) << what;
-        EXPECT_EQ(static_cast<double>(gpt.params().numel()), gpt_counts(cfg, tp).total()) << what;
+    for (int tp : {2, 4})
+      for (bool sequence : {false, true}) {
+        if (cfg.n_head % tp != 0) continue;
+        for (Recompute mode : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+          const int64_t b = 4, t = cfg.seq_len - 1;
+          auto [tokens, targets] = testing::random_tokens(b, t, cfg.vocab_size, 4);
+          Alone alone;
+          Gpt gpt(cfg, DType::kF32, {}, {.index = 1, .parts = tp, .seam = &alone, .sequence = sequence});
+          gpt.init(3);
+          gpt.set_recompute(mode);
+          GptCtx ctx;
+          gpt.forward(tokens, targets, ctx);
+          const std::string what = cat("d_model ", cfg.d_model, ", tp ", tp, ", sequence parallel ", sequence,
+                                       ", recompute ", static_cast<int>(mode));
+          const ActivationBytes fwd =
+              gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, /*with_backward=*/false, tp, sequence);
+          EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), fwd.arena) << what;
+          EXPECT_EQ(static_cast<double>(alone.staging().peak_bytes()), fwd.staging) << what;
+          gpt.backward(ctx, 1.0);
+          const ActivationBytes both = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, true, tp, sequence);
+          EXPECT_EQ(static_cast<double>(ctx.arena.peak_bytes()), both.arena) << what;
+          EXPECT_EQ(static_cast<double>(gpt.recompute_peak_bytes()), both.workspace) << what;
+          EXPECT_EQ(static_cast<double>(alone.staging().peak_bytes()), both.staging) << what;
+          EXPECT_EQ(static_cast<double>(gpt.params().numel()), gpt_counts(cfg, tp).total()) << what;
+          if (sequence) {  // what sequence parallelism saves
+            const ActivationBytes whole = gpt_activation_bytes(cfg, cfg.n_layer, {}, b, t, mode, true, tp, false);
+            EXPECT_LT(both.arena, whole.arena) << what;
+          }
+        }
       }
-    }
 }
 
 TEST(Gpt, ConfigProblemsNameTheField) {

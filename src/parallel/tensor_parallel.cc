@@ -26,6 +26,28 @@ void TensorParallelSeam::reduce(const Tensor& t, comm::ReduceOp op, const char* 
          begin);
 }
 
+void TensorParallelSeam::all_gather(const Tensor& local, const Tensor& whole) {
+  LOOM_CHECK(tp_ != nullptr && local.dtype() == whole.dtype() && whole.numel() == local.numel() * tp_->size());
+  const auto begin = Clock::now();
+  comm::all_gather(*tp_, {.input = local.raw(), .output = whole.raw(), .count = static_cast<size_t>(local.numel()),
+                          .dtype = local.dtype()});
+  const auto end = Clock::now();
+  record({.what = "tp all-gather", .bytes = static_cast<int64_t>(whole.nbytes()), .begin = begin, .end = end,
+          .wait_begin = begin, .wait_end = end},
+         begin);
+}
+
+void TensorParallelSeam::reduce_scatter(const Tensor& whole, const Tensor& local) {
+  LOOM_CHECK(tp_ != nullptr && local.dtype() == whole.dtype() && whole.numel() == local.numel() * tp_->size());
+  const auto begin = Clock::now();
+  comm::reduce_scatter(*tp_, {.input = whole.raw(), .output = local.raw(), .count = static_cast<size_t>(local.numel()),
+                              .dtype = local.dtype()});
+  const auto end = Clock::now();
+  record({.what = "tp reduce-scatter", .bytes = static_cast<int64_t>(whole.nbytes()), .begin = begin, .end = end,
+          .wait_begin = begin, .wait_end = end},
+         begin);
+}
+
 class TensorParallelSeam::Async : public nn::Seam::Pending {
  public:
   Async(TensorParallelSeam& seam, comm::Work work, int64_t bytes, Clock::time_point issued)

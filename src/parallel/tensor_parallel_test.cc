@@ -52,7 +52,8 @@ std::vector<double> piece(const ParamInfo& p, const std::vector<double>& whole) 
 }
 
 template <typename T>
-void expect_tensor_parallel_equals_serial(int parts, double tolerance) {
+void expect_tensor_parallel_equals_serial(int parts, double tolerance, bool sequence = false,
+                                          nn::Recompute recompute = nn::Recompute::kNone) {
   set_compute_threads(1);
   const DType dtype = sizeof(T) == 8 ? DType::kF64 : DType::kF32;
   nn::Gpt serial_model(kModel, dtype);
@@ -60,8 +61,11 @@ void expect_tensor_parallel_equals_serial(int parts, double tolerance) {
   const Result serial = run<T>(serial_model);
   comm::testing::run_ranks(parts, {}, [&](comm::Communicator& tp) {
     TensorParallelSeam seam(tp);
-    nn::Gpt gpt(kModel, dtype, {}, seam.shard());
+    nn::Shard shard = seam.shard();
+    shard.sequence = sequence;
+    nn::Gpt gpt(kModel, dtype, {}, shard);
     gpt.init(11);
+    gpt.set_recompute(recompute);
     const Result got = run<T>(gpt);
     EXPECT_NEAR(got.loss, serial.loss, tolerance * std::abs(serial.loss)) << "rank " << tp.rank();
     EXPECT_EQ(got.logit_columns, kModel.vocab_size / parts) << "no rank holds a whole row of the logits";
@@ -84,6 +88,17 @@ TEST(TensorParallel, HeadsMlpAndVocabularySplitOverFourRanksEqualSerial) { expec
 // f32: each gradient within 1e-5 of its tensor's largest element (about 80 ulps of
 // accumulated reordering over the 64- and 256-long sums the split cuts).
 TEST(TensorParallel, Float32WithinTheStatedTolerance) { expect_tensor_parallel_equals_serial<float>(2, 1e-5); }
+// Sequence parallelism: LayerNorms and residuals on each rank's rows, all-gathers and
+// reduce-scatters in place of the all-reduces; the same model, to rounding.
+TEST(TensorParallel, SequenceParallelOverTwoRanksEqualsSerial) { expect_tensor_parallel_equals_serial<double>(2, 1e-12, true); }
+TEST(TensorParallel, SequenceParallelOverFourRanksEqualsSerial) { expect_tensor_parallel_equals_serial<double>(4, 1e-12, true); }
+TEST(TensorParallel, SequenceParallelWithRecomputeEqualsSerial) {
+  expect_tensor_parallel_equals_serial<double>(2, 1e-12, true, nn::Recompute::kFull);
+  expect_tensor_parallel_equals_serial<double>(2, 1e-12, true, nn::Recompute::kSelective);
+}
+TEST(TensorParallel, SequenceParallelFloat32WithinTheStatedTolerance) {
+  expect_tensor_parallel_equals_serial<float>(2, 1e-5, true);
+}
 
 }  // namespace
 }  // namespace loom::parallel

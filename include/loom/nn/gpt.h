@@ -76,12 +76,14 @@ struct GptCtx {
 // peak. with_backward = false: forward only (evaluation). docs/parallelism.md, "Memory".
 struct ActivationBytes {
   double arena = 0, workspace = 0;
+  double staging = 0;  // sequence parallelism's temporaries (nn::Seam::staging)
 };
 struct GptEnds {
   bool embeddings = true, head = true;
 };
 ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward = true, int tp = 1);
+                                     Recompute recompute, bool with_backward = true, int tp = 1,
+                                     bool sequence_parallel = false);
 
 class Gpt {
  public:
@@ -141,10 +143,13 @@ class Gpt {
 
  private:
   Tensor trunk(const Tensor& tokens, GptCtx& ctx) const;  // embeddings + blocks + ln_f
+  Tensor sequence_rows(const Tensor& rows) const;         // this piece's rows under sequence parallelism, else all
+  BlockCtx block_ctx(const GptCtx& ctx) const;            // a block's context, told the micro-batch's shape
   Tensor logits(const Tensor& h, GptCtx& ctx) const;      // the tied head: h @ wte^T
 
   GptConfig config_;
   GptPart part_;
+  Shard tp_;
   ParamSet params_;
   Embedding wte_, wpe_;
   std::vector<Block> blocks_;  // by global id; the ones not held are empty

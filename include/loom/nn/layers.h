@@ -54,6 +54,13 @@ class Linear {
   int64_t in = 0, out = 0;  // this part's
   Shard shard;
   TpSplit split = TpSplit::kNone;
+
+ private:
+  // Sequence parallelism (shard.sequence): a column-parallel layer takes this part's rows
+  // (m, in) and gives every row of its columns; a row-parallel layer takes every row and
+  // gives this part's rows (m, out).
+  Tensor forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
+  Tensor backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena) const;
 };
 
 struct LayerNormCtx {
@@ -63,12 +70,15 @@ struct LayerNormCtx {
 class LayerNorm {
  public:
   LayerNorm() = default;
-  LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c);
+  // shard.sequence: each part normalizes its own rows, so its parameter gradients are its
+  // rows' share; backward sums them over the parts before adding them in.
+  LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c, Shard shard = {});
   Tensor forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const;  // (N, C) -> (N, C)
   Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const;
 
   ParamRef weight, bias;  // (C)
   int64_t c = 0;
+  Shard shard;
 };
 
 struct GeluCtx {
@@ -93,9 +103,11 @@ class Embedding {
   // rows / parts consecutive rows, looks up the ids it holds, and the parts' outputs are
   // summed (each id's row comes from the one part that holds it).
   Embedding(ParamSet& ps, const std::string& name, int64_t rows, int64_t c, Shard shard = {});
-  // ids (N) i32 with 0 <= id < rows (logical) -> (N, C)
+  // ids (N) i32 with 0 <= id < rows (logical) -> (N, C); with shard.sequence, this part's
+  // rows of it (N / parts, C): the parts' lookups are summed and scattered by rows.
   Tensor forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const;
-  void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;  // only accumulates dtable
+  // Only accumulates dtable. dy: (N, C), every row (with shard.sequence too).
+  void backward(const Tensor& dy, const EmbeddingCtx& ctx) const;
 
   ParamRef table;  // (rows, C): this part's rows
   int64_t rows = 0, c = 0;  // this part's
@@ -124,7 +136,7 @@ class CrossEntropy {
 struct AttentionCtx {
   LinearCtx c_attn, c_proj;
   Tensor qkv, att;
-  int64_t b = 0, t = 0;
+  int64_t b = 0, t = 0;  // with sequence parallelism set by the caller (x holds only some rows)
 };
 
 // Causal multi-head self-attention with GPT-2's fused c_attn (C -> 3C) and c_proj.
@@ -133,7 +145,9 @@ class CausalSelfAttention {
   CausalSelfAttention() = default;
   // Heads split over shard.parts: c_attn column-parallel per q, k and v, c_proj row-parallel.
   CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard = {});
-  Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;  // (B, T, C)
+  // (B, T, C); with sequence parallelism this part's rows (B x T / parts, C), ctx.b and
+  // ctx.t set.
+  Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;
   Tensor backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const AttentionCtx& ctx) const;
 
