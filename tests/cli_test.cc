@@ -342,6 +342,49 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   EXPECT_NEAR(figure_after(r.out, "\"loss\": "), figure_after(whole.out, "\"loss\": "), 1e-4) << r.out << whole.out;
 }
 
+// Sequence parallelism (tp = 2, and dp x tp = 2 x 2 with ZeRO 2) trains like one process
+// within the tensor-parallel tolerance and resumes bit for bit; its collectives are
+// all-gathers and reduce-scatters (and the LayerNorms' gradient sums), and the memory plan
+// gives each rank fewer activation bytes than tensor parallelism alone.
+TEST_F(Cli, SequenceParallelTrainsLikeOneProcessAndResumes) {
+  const std::string common = " --quiet --training.micro_batch=2 --training.eval_every=3 --checkpoint.every=3";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, " --job.name=one")).code, 0);
+  const std::string sp = " --parallel.tp=2 --parallel.sequence_parallel=true";
+  auto launch = [&](int n, const std::string& flags) {
+    return loom(cat("launch -n ", n, " -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common, sp, flags));
+  };
+  for (const auto& [n, flags] : std::vector<std::pair<int, std::string>>{
+           {2, " --job.name=sp"}, {4, " --job.name=spdp --parallel.dp=2 --parallel.zero=2"},
+           {2, " --job.name=spr --training.steps=3"}, {2, " --job.name=spr --resume"}}) {
+    const Result r = launch(n, flags);
+    ASSERT_EQ(r.code, 0) << flags << "\n" << r.out << r.err;
+  }
+  const std::string one = read_file(p("runs/one/metrics.jsonl")), got = read_file(p("runs/sp/metrics.jsonl"));
+  for (const char* run : {"sp", "spdp"}) {
+    const std::string metrics = read_file(p(cat("runs/", run, "/metrics.jsonl")));
+    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+      const auto want = column(one, key), have = column(metrics, key);
+      ASSERT_EQ(want.size(), have.size()) << run << " " << key;
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << run << " " << key << " at line " << i;
+    }
+  }
+  EXPECT_EQ(loss_columns(got), loss_columns(read_file(p("runs/spr/metrics.jsonl"))));
+  // Per micro-batch (2 a step) and block (2): forward gathers c_attn's and c_fc's inputs and
+  // reduce-scatters both c_proj outputs (4); backward gathers both c_proj's dy, gathers
+  // c_attn's and c_fc's inputs again and reduce-scatters their dx (6), and sums ln_1's and
+  // ln_2's gradients (2). The ends: the embedding's reduce-scatter, ln_f's gather, the loss's
+  // max and sum, the head's reduce-scatter, ln_f's gradient sum, backward_embed's gather (7).
+  EXPECT_EQ(column(got, "tp_comm_calls"), std::vector<std::string>(6, std::to_string(2 * (2 * 12 + 7))));
+  auto activations = [&](const std::string& flags) {
+    const Result plan = loom(cat("train ", p("nano.toml"), " --dry-run --parallel.tp=2 --parallel.dp=1 --training.micro_batch=2",
+                                 flags));
+    EXPECT_EQ(plan.code, 0) << plan.err;
+    return figure_after(plan.out, "activations ");
+  };
+  EXPECT_LT(activations(" --parallel.sequence_parallel=true"), activations(""));
+}
+
 // Layouts over dp, pp and tp in {1, 2, 4} up to 8 ranks, and 3 ranks on the tp axis, each
 // against one process training the same model on the same global batch: losses and
 // gradient norms within 1e-4 (tp's sums in another order; docs/parallelism.md).
@@ -407,12 +450,20 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
            {" --parallel.tp=2 --model.preset=mlp --data.train=fashion-mnist", {"parallel.tp", "not a GPT"}},
            {" --parallel.tp=2 --model.n_head=1", {"model.n_head = 1", "not divisible among parallel.tp = 2"}},
            {" --parallel.tp=2 --model.vocab_size=255", {"model.vocab_size = 255", "not divisible among parallel.tp = 2"}},
+           {" --parallel.sequence_parallel=true", {"parallel.sequence_parallel", "parallel.tp = 1"}},
+           {" --parallel.tp=2 --parallel.pp=1 --parallel.sequence_parallel=true --training.micro_batch=1 --model.seq_len=63",
+            {"training.micro_batch x model.seq_len = 1 x 63 = 63 rows", "not divisible among parallel.tp = 2"}},
        }) {
     Result r = loom(cat(two, flags));
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.out << r.err;
     const std::string said = r.out + r.err;  // the launcher prefixes each rank's lines
     for (const auto& f : fragments) EXPECT_NE(said.find(f), std::string::npos) << "missing '" << f << "' in: " << said;
   }
+  const Result staged = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom ", cfg,
+                                 " --parallel.tp=2 --parallel.pp=2 --parallel.sequence_parallel=true"));
+  EXPECT_EQ(staged.code, 2) << staged.out << staged.err;
+  EXPECT_NE((staged.out + staged.err).find("= true with parallel.pp = 2: not built for pipeline stages"), std::string::npos)
+      << staged.out << staged.err;
   // Ranks started with different layouts (each valid alone) are named and refused at start.
   write(p("differ.sh"), cat("#!/bin/sh\nif [ \"$RANK\" = 1 ]; then set -- --parallel.dp=2; else set -- --parallel.pp=2; fi\n",
                             "exec ", LOOM_BINARY_DIR, "/loom ", cfg, " --quiet \"$@\"\n"));

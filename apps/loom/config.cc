@@ -71,6 +71,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"parallel.virtual_stages", int64_t{1}},
       {"parallel.bucket_mb", 25.0},
       {"parallel.deterministic", false},
+      {"parallel.sequence_parallel", false},
       {"comm.transport", std::string("auto")},
       {"comm.timeout_s", 300.0},
       {"comm.grad_dtype", std::string("f32")},
@@ -231,6 +232,19 @@ void Config::check_layout(const std::function<std::string(const std::string&)>& 
       throw InputError(cat("model.vocab_size = ", i("model.vocab_size"), " rows of the vocab-parallel embedding are not divisible "
                            "among parallel.tp = ", tp, " tensor-parallel ranks (a larger vocab_size pads it: ids past the data's "
                            "are never seen)"));
+  }
+  if (b("parallel.sequence_parallel")) {
+    const int64_t tp = i("parallel.tp"), rows = i("training.micro_batch") * i("model.seq_len");
+    if (tp == 1)
+      throw InputError(cat(where("parallel.sequence_parallel"), " = true with parallel.tp = 1: sequence parallelism splits "
+                           "the rows between tensor-parallel ranks; expected parallel.tp > 1 or false"));
+    if (pp > 1)
+      throw InputError(cat(where("parallel.sequence_parallel"), " = true with parallel.pp = ", pp, ": not built for pipeline "
+                           "stages yet (their transfers carry whole micro-batches); expected parallel.pp = 1 or false"));
+    if (rows % tp != 0)
+      throw InputError(cat("training.micro_batch x model.seq_len = ", i("training.micro_batch"), " x ", i("model.seq_len"),
+                           " = ", rows, " rows are not divisible among parallel.tp = ", tp,
+                           " ranks, as parallel.sequence_parallel = true needs"));
   }
   if (pp == 1) return;
   if (model_kind(*this) != "gpt")

@@ -56,9 +56,10 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   s.largest_block = n.block;
   if (pp == 1) {
     s.params = n.total();
-    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp);
+    const nn::ActivationBytes a =
+        nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp, c.b("parallel.sequence_parallel"));
     s.activations = a.arena;
-    s.workspace = a.workspace;
+    s.workspace = a.workspace + a.staging;
     return s;
   }
   const nn::GptPart part = parallel::stage_part(g.n_layer, pp, v, stage);
@@ -173,7 +174,7 @@ std::string describe(const MemoryPlan& plan) {
     const RankBytes& b = plan.stages[s];
     out += cat("memory per rank", plan.stages.size() > 1 ? cat(" of stage ", s) : std::string(), ": ", human(b.total()),
                " = parameters ", human(b.params), " + gradients ", human(b.grads), " + optimizer ", human(b.optimizer),
-               " + activations ", human(b.activations), " + recompute workspace ", human(b.workspace), " + evaluation ",
+               " + activations ", human(b.activations), " + workspace ", human(b.workspace), " + evaluation ",
                human(b.evaluation), " + checkpoint ", human(b.checkpoint), " + exact sums ", human(b.exact_sums),
                " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates and writes checkpoints)" : "", "\n");
   }

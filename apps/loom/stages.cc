@@ -31,7 +31,7 @@ std::string Mesh::where() const {
 void check_same_layout(comm::Communicator& world, const Config& c) {
   std::string mine = cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
                          c.i("parallel.virtual_stages"), " pp_schedule=", c.s("parallel.pp_schedule"), " zero=",
-                         c.i("parallel.zero"), " deterministic=", c.b("parallel.deterministic"), " global_batch=",
+                         c.i("parallel.zero"), " sequence_parallel=", c.b("parallel.sequence_parallel"), " deterministic=", c.b("parallel.deterministic"), " global_batch=",
                          c.i("training.global_batch"), " micro_batch=", c.i("training.micro_batch"), " n_layer=",
                          c.i("model.n_layer"), " d_model=", c.i("model.d_model"));
   constexpr size_t kWidth = 256;

@@ -174,7 +174,9 @@ int run_train(const TrainArgs& a) {
   // exists once the job has joined (below), before the first forward.
   parallel::TensorParallelSeam seam;
   std::unique_ptr<Task> task = make_task(
-      c, mesh_part(c, mesh), mesh.tp > 1 ? nn::Shard{.index = mesh.tp_index, .parts = mesh.tp, .seam = &seam} : nn::Shard{});
+      c, mesh_part(c, mesh),
+      mesh.tp > 1 ? nn::Shard{.index = mesh.tp_index, .parts = mesh.tp, .seam = &seam, .sequence = c.b("parallel.sequence_parallel")}
+                  : nn::Shard{});
   ParamSet& params = task->params();
   // Rank 0 writes the run directory and claims it once the config, data and model are
   // known good and before any checkpoint is read: a second job, or a --resume of a running
