@@ -277,6 +277,12 @@ TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
     EXPECT_EQ(loss_columns(one), loss_columns(got)) << run;
     EXPECT_EQ(column(one, "val_loss"), column(got, "val_loss")) << run;
     EXPECT_EQ(column(got, "pp_bubble").size(), 6u) << run;
+    EXPECT_EQ(column(got, "pp_wait_ms").size(), 6u) << run;
+    EXPECT_EQ(column(got, "pp_comm_ms").size(), 6u) << run;
+    // Stage 0 (rank 0) sends each of its micro-batches' activations, 1 x 64 x 64 floats: 4
+    // micro-batches a step (global batch 4) on pp = 2, 2 on each replica of dp x pp = 2 x 2.
+    const int64_t microbatches = std::string(run) == "pp" ? 4 : 2;
+    EXPECT_EQ(column(got, "pp_comm_bytes"), std::vector<std::string>(6, std::to_string(microbatches * 64 * 64 * 4))) << run;
     for (const char* file : {"model.safetensors", "optimizer.safetensors"})
       EXPECT_EQ(read_file(p(cat("runs/one/checkpoints/step_6/", file))), read_file(p(cat("runs/", run, "/checkpoints/step_6/", file))))
           << run << " " << file;

@@ -483,7 +483,11 @@ int run_train(const TrainArgs& a) {
           .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
-      if (piped) line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
+      if (piped) {
+        const parallel::PipelineStats& ps = pipe->stats();
+        line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
+        line.add("pp_wait_ms", ps.wait_ms).add("pp_comm_ms", ps.send_ms).add("pp_comm_bytes", ps.sent_bytes);
+      }
       if (mesh.tp > 1) {
         const parallel::TensorParallelSeam::Stats ts = seam.take_stats();  // this step's (evaluation runs on `whole`)
         line.add("tp_comm_ms", ts.ms).add("tp_exposed_comm_ms", ts.exposed_ms).add("tp_comm_bytes", ts.bytes);

@@ -146,7 +146,8 @@ class Work {
   // Blocks until the op completes; rethrows its CommError. Throws TimeoutError if the op
   // has not completed by `deadline` (the op itself goes on and fails at its own timeout).
   void wait(Deadline deadline = Deadline::max());
-  bool done() const;
+  bool done() const;      // true for a handle with no op
+  bool valid() const { return state_ != nullptr; }  // holds an op (started, maybe done)
   // When the progress thread started and completed the op. REQUIRES: a waited-for op.
   std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point> span() const;
 

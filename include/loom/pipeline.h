@@ -38,6 +38,9 @@ nn::GptPart stage_part(int64_t n_layer, int stages, int virtual_stages, int stag
 struct PipelineStats {
   double step_ms = 0;  // from the first action to the last
   double busy_ms = 0;  // forward and backward compute
+  double wait_ms = 0;  // waiting for a neighbour's activations or gradients (bubble and transfers)
+  double send_ms = 0;  // this stage's sends, each from its start to its completion on the progress thread
+  int64_t sent_bytes = 0;
   int peak_in_flight = 0;  // chunk contexts alive at once (activations held)
   // This stage's measured costs in the simulator's terms (per micro-batch, whole stage; the
   // transfer timed by bouncing a message of the activations' size over its links when the

@@ -143,12 +143,23 @@ struct Pipeline::Impl {
       }
   }
 
+  // A send's time in flight into the step's stats, once it is through; the handle released.
+  void account_send(comm::Work& send) {
+    if (!send.valid()) return;
+    send.wait();
+    const auto [begin, end] = send.span();
+    stats.send_ms += ms_between(begin, end);
+    send = comm::Work();
+  }
+
   Slot& slot(int mb, int chunk) {
     auto& s = live[{mb, chunk}];
     if (s) return *s;
     // Reuse a retired slot whose sends are done (its arena keeps its memory).
     for (size_t i = 0; i < retiring.size(); ++i)
       if (retiring[i]->send_act.done() && retiring[i]->send_grad.done()) {
+        account_send(retiring[i]->send_act);
+        account_send(retiring[i]->send_grad);
         free_slots.push_back(std::move(retiring[i]));
         retiring.erase(retiring.begin() + static_cast<std::ptrdiff_t>(i));
         break;
@@ -226,6 +237,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       if (a.op == PipeOp::kForward && !first) x.recv_act.wait();
       if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) x.recv_grad.wait();
       const Clock::time_point t0 = Clock::now();
+      m.stats.wait_ms += ms_between(w0, t0);
       if (m.observer && t0 - w0 > std::chrono::microseconds(20))
         m.observer({.what = "wait: " + m.describe(a), .compute = false, .begin = w0, .end = t0});
       switch (a.op) {
@@ -239,9 +251,11 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           break;
         case PipeOp::kSendActivation:
           x.send_act = comm::send_async(*m.act_out, {.buffer = x.output.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+          m.stats.sent_bytes += static_cast<int64_t>(count * sizeof(float));
           break;
         case PipeOp::kSendGrad:
           x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
+          m.stats.sent_bytes += static_cast<int64_t>(count * sizeof(float));
           break;
         case PipeOp::kForward: {
           m.gpt.begin(x.ctx, b, t);
@@ -300,8 +314,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
     // Every send must be through before the buffers it reads are reused.
     current = nullptr;
     for (auto& r : m.retiring) {
-      r->send_act.wait();
-      r->send_grad.wait();
+      m.account_send(r->send_act);
+      m.account_send(r->send_grad);
     }
   } catch (const comm::CommError& e) {
     throw RuntimeError(cat("pipeline stage ", st, ": ", current ? cat("moving ", m.describe(*current)) : "finishing its sends",
