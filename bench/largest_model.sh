@@ -2,7 +2,8 @@
 # The largest GPT each layout trains inside a per-rank memory budget ([job] mem_limit_mb,
 # enforced by loom train after every step): width 512 (n_head 8, vocab 256 bytes, seq 256),
 # micro-batch 1, 2 ranks, two steps each. For dp 2 (each rank holds the whole model), pp 2
-# (each rank half the blocks) and tp 2 (each rank half of every block's matrices) it
+# (each rank half the blocks) and tp 2 (each rank half of every block's matrices and of the
+# vocabulary; also with sequence parallelism, which splits the rest of the activations) it
 # doubles n_layer until a run is stopped, then bisects;
 # printed: the largest n_layer that trained, its parameters, and rank 0's peak memory.
 # Usage: bench/largest_model.sh [LIMIT_MB]
@@ -22,7 +23,8 @@ import json; print(round(max(json.loads(l)['mem_peak_mb'] for l in open('$work/$
 
 echo "# largest GPT (d_model 512) that trains inside job.mem_limit_mb = $limit MiB per rank, 2 ranks, $(nproc) cores"
 printf "%-8s %8s %12s %16s\n" layout n_layer parameters "rank 0 peak MiB"
-for layout in "dp2:--parallel.pp=1" "pp2:--parallel.pp=2 --training.global_batch=2" "tp2:--parallel.tp=2"; do
+for layout in "dp2:--parallel.pp=1" "pp2:--parallel.pp=2 --training.global_batch=2" "tp2:--parallel.tp=2" \
+              "tp2sp:--parallel.tp=2 --parallel.sequence_parallel=true"; do
   name=${layout%%:*} flags=${layout#*:}
   lo=0 hi=2 best_peak=0
   while fits "$flags" "$hi"; do lo=$hi best_peak=$peak; hi=$((hi * 2)); done
