@@ -348,7 +348,8 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   EXPECT_NEAR(figure_after(r.out, "\"loss\": "), figure_after(whole.out, "\"loss\": "), 1e-4) << r.out << whole.out;
 }
 
-// Sequence parallelism (tp = 2, and dp x tp = 2 x 2 with ZeRO 2) trains like one process
+// Sequence parallelism (tp = 2, dp x tp = 2 x 2 with ZeRO 2 and pp x tp = 2 x 2, whose
+// stages pass only each piece's rows) trains like one process
 // within the tensor-parallel tolerance and resumes bit for bit; its collectives are
 // all-gathers and reduce-scatters (and the LayerNorms' gradient sums), and the memory plan
 // gives each rank fewer activation bytes than tensor parallelism alone.
@@ -361,12 +362,13 @@ TEST_F(Cli, SequenceParallelTrainsLikeOneProcessAndResumes) {
   };
   for (const auto& [n, flags] : std::vector<std::pair<int, std::string>>{
            {2, " --job.name=sp"}, {4, " --job.name=spdp --parallel.dp=2 --parallel.zero=2"},
+           {4, " --job.name=sppp --parallel.pp=2 --parallel.zero=1"},
            {2, " --job.name=spr --training.steps=3"}, {2, " --job.name=spr --resume"}}) {
     const Result r = launch(n, flags);
     ASSERT_EQ(r.code, 0) << flags << "\n" << r.out << r.err;
   }
   const std::string one = read_file(p("runs/one/metrics.jsonl")), got = read_file(p("runs/sp/metrics.jsonl"));
-  for (const char* run : {"sp", "spdp"}) {
+  for (const char* run : {"sp", "spdp", "sppp"}) {
     const std::string metrics = read_file(p(cat("runs/", run, "/metrics.jsonl")));
     for (const char* key : {"loss", "grad_norm", "val_loss"}) {
       const auto want = column(one, key), have = column(metrics, key);
@@ -376,6 +378,9 @@ TEST_F(Cli, SequenceParallelTrainsLikeOneProcessAndResumes) {
     }
   }
   EXPECT_EQ(loss_columns(got), loss_columns(read_file(p("runs/spr/metrics.jsonl"))));
+  // Stage 0 sends each micro-batch's activations as its piece's rows: 2 x 64 / 2 rows of 64
+  // floats, for the 2 micro-batches of a step, half of what a stage sends without it.
+  EXPECT_EQ(column(read_file(p("runs/sppp/metrics.jsonl")), "pp_comm_bytes"), std::vector<std::string>(6, "32768"));
   // Per micro-batch (2 a step) and block (2): forward gathers c_attn's and c_fc's inputs and
   // reduce-scatters both c_proj outputs (4); backward gathers both c_proj's dy, gathers
   // c_attn's and c_fc's inputs again and reduce-scatters their dx (6), and sums ln_1's and
@@ -486,9 +491,9 @@ TEST_F(Cli, ImpossibleLayoutsAreRefusedBeforeAnythingStarts) {
     for (const auto& f : fragments) EXPECT_NE(said.find(f), std::string::npos) << "missing '" << f << "' in: " << said;
   }
   const Result staged = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom ", cfg,
-                                 " --parallel.tp=2 --parallel.pp=2 --parallel.sequence_parallel=true"));
+                                 " --parallel.tp=2 --parallel.pp=2 --parallel.sequence_parallel=true --parallel.pp_schedule=zb-h1"));
   EXPECT_EQ(staged.code, 2) << staged.out << staged.err;
-  EXPECT_NE((staged.out + staged.err).find("= true with parallel.pp = 2: not built for pipeline stages"), std::string::npos)
+  EXPECT_NE((staged.out + staged.err).find("= true with parallel.pp_schedule = \"zb-h1\": the deferred"), std::string::npos)
       << staged.out << staged.err;
   // Ranks started with different layouts (each valid alone) are named and refused at start.
   write(p("differ.sh"), cat("#!/bin/sh\nif [ \"$RANK\" = 1 ]; then set -- --parallel.dp=2; else set -- --parallel.pp=2; fi\n",

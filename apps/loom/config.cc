@@ -238,9 +238,10 @@ void Config::check_layout(const std::function<std::string(const std::string&)>& 
     if (tp == 1)
       throw InputError(cat(where("parallel.sequence_parallel"), " = true with parallel.tp = 1: sequence parallelism splits "
                            "the rows between tensor-parallel ranks; expected parallel.tp > 1 or false"));
-    if (pp > 1)
-      throw InputError(cat(where("parallel.sequence_parallel"), " = true with parallel.pp = ", pp, ": not built for pipeline "
-                           "stages yet (their transfers carry whole micro-batches); expected parallel.pp = 1 or false"));
+    if (pp > 1 && s("parallel.pp_schedule") == "zb-h1")
+      throw InputError(cat(where("parallel.sequence_parallel"), " = true with parallel.pp_schedule = \"zb-h1\": the deferred "
+                           "weight passes would need every row of the inputs sequence parallelism does not keep; expected "
+                           "another schedule or false"));
     if (rows % tp != 0)
       throw InputError(cat("training.micro_batch x model.seq_len = ", i("training.micro_batch"), " x ", i("model.seq_len"),
                            " = ", rows, " rows are not divisible among parallel.tp = ", tp,

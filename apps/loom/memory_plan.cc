@@ -76,10 +76,12 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
       static_cast<int>(c.i("training.global_batch") / (b * c.i("parallel.dp"))), v);
   const int in_flight = parallel::simulate(sched, {}).peak_in_flight[static_cast<size_t>(stage)];
   const auto chunk_blocks = static_cast<int64_t>(part.blocks.size()) / v;
-  const nn::ActivationBytes a =
-      nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head}, b, t, recompute, true, tp);
-  s.activations = in_flight * (a.arena + 2 * kF32 * static_cast<double>(b * t * g.d_model));
-  s.workspace = a.workspace;
+  const bool sp = c.b("parallel.sequence_parallel");
+  const nn::ActivationBytes a = nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head},
+                                                         b, t, recompute, true, tp, sp);
+  const double received = static_cast<double>(b * t * g.d_model) / (sp ? tp : 1);  // sequence parallel: this piece's rows
+  s.activations = in_flight * (a.arena + 2 * kF32 * received);
+  s.workspace = a.workspace + a.staging;
   return s;
 }
 

@@ -91,7 +91,6 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
 
 Gpt::Gpt(const GptConfig& config, DType dtype, GptPart part, Shard tp)
     : config_(config), part_(std::move(part)), tp_(tp), params_(dtype), loss_(tp) {
-  LOOM_CHECK(!tp.sequence_split() || (part_.all_blocks && part_.embeddings && part_.head));  // no pipeline stages
   LOOM_CHECK_EQ(gpt_config_problem(config), "");
   const int64_t c = config.d_model;
   if (part_.all_blocks) {
@@ -184,6 +183,11 @@ Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
     for (int64_t i = 0; i < x.numel(); ++i) xd[i] += pd[i];
   });
   return x;
+}
+
+Shape Gpt::activation_shape(int64_t b, int64_t t) const {
+  if (tp_.sequence_split()) return {b * t / tp_.parts, config_.d_model};
+  return {b, t, config_.d_model};
 }
 
 Tensor Gpt::sequence_rows(const Tensor& rows) const {

@@ -156,6 +156,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
 
 void Linear::backward_weight(const LinearCtx& ctx) const {
   LOOM_CHECK(ctx.dy.defined());
+  LOOM_CHECK(split == TpSplit::kNone || !shard.sequence_split());  // its input is not kept gathered
   LOOM_DISPATCH_FLOAT(ctx.dy.dtype(), T,
                       k::matmul_backward(static_cast<T*>(nullptr), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, ctx.dy.data<T>(),

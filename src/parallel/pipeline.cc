@@ -212,8 +212,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   const Schedule& s = m.schedule;
   const int v = s.virtual_stages, st = m.stage;
   const int64_t n_layer = m.gpt.config().n_layer;
-  const Shape act_shape = {b, t, m.gpt.config().d_model};
-  const auto count = static_cast<size_t>(b * t * m.gpt.config().d_model);
+  const Shape act_shape = m.gpt.activation_shape(b, t);  // sequence parallelism: this piece's rows
+  const auto count = static_cast<size_t>(shape_numel(act_shape));
   std::vector<double> losses;
   if (st == s.stages - 1)  // holds the last virtual stage
     losses.assign(static_cast<size_t>(s.microbatches), 0.0);

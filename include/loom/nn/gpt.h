@@ -109,6 +109,9 @@ class Gpt {
   // ctx is the micro-batch's (one per micro-batch and chunk in flight); begin(ctx) resets
   // its arena before the first forward piece.
   void begin(GptCtx& ctx, int64_t b, int64_t t) const;
+  // What embed and each block give and take for b sequences of t tokens: (B, T, C), or under
+  // sequence parallelism this piece's rows (B x T / parts, C).
+  Shape activation_shape(int64_t b, int64_t t) const;
   Tensor embed(const Tensor& tokens, GptCtx& ctx) const;                            // -> (B, T, C)
   Tensor forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;  // blocks [lo, hi)
   double forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const;     // ln_f, logits, loss
