@@ -201,6 +201,11 @@ TEST_F(Cli, DataPrepareSampleAndEval) {
   r = loom(cat("sample --checkpoint ", p("runs/r"), " --tokens 20 --prompt The"));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.out.starts_with("The")) << r.out;
+  // Decoding with the key/value cache picks the tokens the whole window's forward picks
+  // (inside the first window the two see the same tokens; their logits differ by rounding).
+  const Result recomputed = loom(cat("sample --checkpoint ", p("runs/r"), " --tokens 20 --prompt The --no-kv-cache"));
+  EXPECT_EQ(recomputed.code, 0) << recomputed.err;
+  EXPECT_EQ(recomputed.out, r.out);
   r = loom(cat("eval --checkpoint ", p("runs/r/checkpoints/step_3"), " --data ", p("val.bin")));
   EXPECT_EQ(r.code, 0) << r.err;
   // 2000 tokens, windows of 64: 31 full windows x 64 targets.

@@ -23,6 +23,7 @@ struct SampleArgs {
   std::vector<std::string> overrides;
   int64_t tokens = 256, top_k = 40, seed = 1, lines = 0;
   double temperature = 0.8;
+  bool kv_cache = true;  // false: the whole window's forward for every token
 };
 int run_sample(const SampleArgs& a);
 

@@ -133,14 +133,32 @@ int run_sample(const SampleArgs& a) {
   const size_t prompt_len = seq.size();
   Rng rng(static_cast<uint64_t>(a.seed), /*stream=*/3);
   nn::GptCtx ctx;
+  // With the cache each token is one position's forward. When the window is full the cache
+  // starts again from the last half window (absolute positions: the cached keys cannot
+  // slide), so every token sees between seq_len / 2 and seq_len tokens before it.
+  nn::KvCache cache = gpt->make_cache();
+  Arena arena;
+  auto next_logits = [&]() -> const float* {
+    const auto context = [&](int64_t n) { return std::span<const int32_t>(seq).last(static_cast<size_t>(n)); };
+    if (!a.kv_cache) {  // the whole window again, the reference the cache is tested against
+      const auto n = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(window)));
+      Tensor x = Tensor::zeros({1, n}, DType::kI32);
+      std::ranges::copy(context(n), x.data<int32_t>());
+      return gpt->forward_logits(x, ctx, /*last_only=*/true).data<float>();
+    }
+    if (cache.length == 0)  // the prompt (its last window)
+      return gpt->decode(context(std::min<int64_t>(static_cast<int64_t>(seq.size()), window)), cache, arena).data<float>();
+    if (cache.length == cache.capacity()) {
+      cache.length = 0;
+      return gpt->decode(context(window / 2 > 0 ? window / 2 : 1), cache, arena).data<float>();
+    }
+    return gpt->decode(context(1), cache, arena).data<float>();
+  };
   int64_t lines = 0;
   std::vector<float> probs(static_cast<size_t>(vocab));
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   for (int64_t n = 0; n < a.tokens; ++n) {
-    const auto ctx_len = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(window)));
-    Tensor x = Tensor::zeros({1, ctx_len}, DType::kI32);
-    std::copy(seq.end() - ctx_len, seq.end(), x.data<int32_t>());
-    const float* logits = gpt->forward_logits(x, ctx, /*last_only=*/true).data<float>();
+    const float* logits = next_logits();
     // Temperature, top-k, then one draw from the renormalized distribution.
     for (int32_t i = 0; i < vocab; ++i) order[i] = i;
     const int64_t k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;

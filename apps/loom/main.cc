@@ -51,6 +51,8 @@ int run(int argc, char** argv) {
   s->add_option("--temperature", sample.temperature, "Softmax temperature")->capture_default_str();
   s->add_option("--top-k", sample.top_k, "Sample among the k likeliest tokens (0: all)")->capture_default_str();
   s->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
+  s->add_flag("!--no-kv-cache", sample.kv_cache,
+              "Recompute the whole window for every token instead of decoding with the key/value cache");
   s->allow_extras();
 
   loom::app::EvalArgs eval;

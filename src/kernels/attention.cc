@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/fast_math.h"
 #include "kernels/matmul.h"
@@ -99,6 +100,49 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
 
 template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t,
                                        int64_t);
+// One (new row, head) pair is one task: its scores against every cached key, the softmax,
+// the weighted sum of the values.
+template <typename T>
+void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T* vcache, int64_t past, int64_t n,
+                      int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+#pragma omp parallel
+  {
+    std::vector<T> scores(static_cast<size_t>(past + n));
+#pragma omp for schedule(static)
+    for (int64_t ih = 0; ih < n * nh; ++ih) {
+      const int64_t i = ih / nh, h = ih % nh, len = past + i + 1;
+      const T* qi = q + i * ldq + h * hs;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < len; ++j) {
+        const T* kj = kcache + j * c + h * hs;
+        T dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < hs; ++d) dot += qi[d] * kj[d];
+        scores[j] = dot * scale;
+        mx = std::max(mx, scores[j]);
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < len; ++j) sum += (scores[j] = fast_exp(scores[j] - mx));
+      const T inv = T(1) / sum;
+      T* y = out + i * c + h * hs;
+      std::fill(y, y + hs, T(0));
+      for (int64_t j = 0; j < len; ++j) {
+        const T w = scores[j] * inv;
+        const T* vj = vcache + j * c + h * hs;
+#pragma omp simd
+        for (int64_t d = 0; d < hs; ++d) y[d] += w * vj[d];
+      }
+    }
+  }
+}
+
+template void attention_decode<float>(float*, const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                                      int64_t, int64_t);
+template void attention_decode<double>(double*, const double*, int64_t, const double*, const double*, int64_t, int64_t,
+                                       int64_t, int64_t);
+
 template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t,
                                         int64_t, int64_t);
 template void attention_backward<float>(float*, float*, const float*, const float*,

@@ -17,4 +17,13 @@ template <typename T>
 void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
                         int64_t b, int64_t t, int64_t c, int64_t nh);
 
+// Incremental decoding with a key/value cache (docs/serving.md): n new tokens at positions
+// past..past+n-1 of one sequence. q: their query rows (n, C) with row stride ldq (the q
+// columns of c_attn's output); kcache, vcache (past + n, C): every position's keys and
+// values so far, the new ones included. out (n, C): row i attends to positions 0..past+i.
+// scratch: past + n elements per thread.
+template <typename T>
+void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T* vcache, int64_t past, int64_t n,
+                      int64_t c, int64_t nh);
+
 }  // namespace loom::kernels

@@ -211,6 +211,29 @@ TEST(Kernels, AttentionAcrossBlocks) {
   expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, att, dqkv);
 }
 
+// Decoding with a key/value cache: a prefill of 5 positions, then one position at a time,
+// gives the rows of the full causal attention; the fast kernel equals its reference twin.
+TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
+  const int64_t t = 13, c = 16, nh = 4, prefill = 5;
+  auto qkv = randn(t * 3 * c, 41);
+  std::vector<double> y(t * c), att(nh * t * t);
+  ref::attention_forward(y.data(), att.data(), qkv.data(), 1, t, c, nh);
+  std::vector<double> kc(t * c), vc(t * c);
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t d = 0; d < c; ++d) kc[j * c + d] = qkv[j * 3 * c + c + d], vc[j * c + d] = qkv[j * 3 * c + 2 * c + d];
+  auto decode = [&](auto kernel, auto zero) {
+    using T = decltype(zero);
+    std::vector<T> q(qkv.begin(), qkv.end()), k(kc.begin(), kc.end()), v(vc.begin(), vc.end()), out(t * c);
+    kernel(out.data(), q.data(), 3 * c, k.data(), v.data(), 0, prefill, c, nh);
+    for (int64_t i = prefill; i < t; ++i)
+      kernel(out.data() + i * c, q.data() + i * 3 * c, 3 * c, k.data(), v.data(), i, 1, c, nh);
+    return std::vector<double>(out.begin(), out.end());
+  };
+  EXPECT_LT(rel_err(decode(ref::attention_decode<double>, 0.0), y), 1e-14);
+  EXPECT_LT(rel_err(decode(attention_decode<double>, 0.0), y), 1e-14);
+  EXPECT_LT(rel_err(decode(attention_decode<float>, 0.0f), y), 2e-6);
+}
+
 TEST(Kernels, CrossEntropy) {
   const int64_t n = 9, v = 17;
   auto logits = randn(n * v, 13, 3.0);

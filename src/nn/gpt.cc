@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
+#include "kernels/pointwise.h"
 #include "loom/error.h"
 #include "loom/rng.h"
 #include "nn/dispatch.h"
@@ -357,6 +359,65 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
   Tensor dx = backward_blocks(0, config_.n_layer, backward_head(ctx, scale), ctx);
   backward_embed(dx, ctx);
   if (on_block) on_block(-1, BlockPhase::kBackwardDone);
+}
+
+namespace {
+// a += b, elementwise (the residual stream).
+void add_into(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_FLOAT(a.dtype(), T, k::add_forward(a.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
+}
+}  // namespace
+
+KvCache Gpt::make_cache() const {
+  LOOM_CHECK(!tp_.split() && part_.all_blocks && part_.embeddings && part_.head);
+  KvCache cache;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    cache.k.push_back(Tensor::zeros({config_.seq_len, config_.d_model}, params_.dtype()));
+    cache.v.push_back(Tensor::zeros({config_.seq_len, config_.d_model}, params_.dtype()));
+  }
+  return cache;
+}
+
+Tensor Gpt::decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const {
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t c = config_.d_model, past = cache.length;
+  LOOM_CHECK(n >= 1 && past + n <= cache.capacity() && static_cast<int64_t>(cache.k.size()) == config_.n_layer);
+  arena.reset();
+  Tensor ids = arena.alloc({n}, DType::kI32), positions = arena.alloc({n}, DType::kI32);
+  for (int64_t i = 0; i < n; ++i) {
+    ids.data<int32_t>()[i] = tokens[static_cast<size_t>(i)];
+    positions.data<int32_t>()[i] = static_cast<int32_t>(past + i);
+  }
+  EmbeddingCtx wte_ctx, wpe_ctx;
+  Tensor x = wte_.forward(ids, wte_ctx, arena);  // (n, C)
+  add_into(x, wpe_.forward(positions, wpe_ctx, arena));
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const Block& block = blocks_[l];
+    BlockCtx bc;  // what forward would keep for backward; not needed here
+    Tensor qkv = block.attn.c_attn.forward(block.ln_1.forward(x, bc.ln_1, arena), bc.attn.c_attn, arena);  // (n, 3C)
+    Tensor y = arena.alloc({n, c}, x.dtype());
+    LOOM_DISPATCH_FLOAT(x.dtype(), T, {
+      T* k = cache.k[l].data<T>() + past * c;
+      T* v = cache.v[l].data<T>() + past * c;
+      const T* row = qkv.data<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(row + i * 3 * c + c, c, k + i * c);
+        std::copy_n(row + i * 3 * c + 2 * c, c, v + i * c);
+      }
+      k::attention_decode(y.data<T>(), row, 3 * c, cache.k[l].data<T>(), cache.v[l].data<T>(), past, n, c,
+                          block.attn.n_head);
+    });
+    add_into(x, block.attn.c_proj.forward(y, bc.attn.c_proj, arena));
+    add_into(x, block.mlp.forward(block.ln_2.forward(x, bc.ln_2, arena), bc.mlp, arena));
+  }
+  cache.length = past + n;
+  LayerNormCtx ln_f_ctx;
+  Tensor last = ln_f_.forward(x.slice_rows(n - 1, n), ln_f_ctx, arena);
+  Tensor out = arena.alloc({config_.vocab_size}, x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::matmul_forward(out.data<T>(), last.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), 1, c, config_.vocab_size, k::WeightLayout::kMK));
+  return out;
 }
 
 std::vector<int64_t> Gpt::block_offsets() const {

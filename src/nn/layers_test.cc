@@ -452,6 +452,47 @@ TEST(Gpt, ActivationBytesPredictATensorParallelPiece) {
       }
 }
 
+// Incremental decoding: a prefill of 4 tokens, then one token at a time, gives at every
+// position the logits the full forward gives there (to rounding: the attention adds in
+// another order); and a cache restarted on the last half window (what `loom sample` does
+// past the window) gives the full forward's logits over exactly those tokens.
+template <typename T>
+void expect_decoding_equals_the_full_forward(double tolerance) {
+  const GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 12, .vocab_size = 20};
+  Gpt gpt(cfg, sizeof(T) == 8 ? DType::kF64 : DType::kF32);
+  gpt.init(5);
+  auto [tokens, unused] = testing::random_tokens(1, cfg.seq_len, cfg.vocab_size, 9);
+  const int32_t* ids = tokens.data<int32_t>();
+  GptCtx ctx;
+  const Tensor full = gpt.forward_logits(tokens, ctx, /*last_only=*/false);  // (1, T, V)
+  auto expect_row = [&](const Tensor& got, const T* want, const std::string& what) {
+    double scale = 0, worst = 0;
+    for (int64_t j = 0; j < cfg.vocab_size; ++j) {
+      scale = std::max(scale, std::abs(static_cast<double>(want[j])));
+      worst = std::max(worst, std::abs(static_cast<double>(got.data<T>()[j]) - static_cast<double>(want[j])));
+    }
+    EXPECT_LE(worst, tolerance * scale) << what;
+  };
+  KvCache cache = gpt.make_cache();
+  Arena arena;
+  const int64_t prefill = 4;
+  expect_row(gpt.decode({ids, static_cast<size_t>(prefill)}, cache, arena), full.data<T>() + (prefill - 1) * cfg.vocab_size,
+             "after the prefill");
+  for (int64_t i = prefill; i < cfg.seq_len; ++i)
+    expect_row(gpt.decode({ids + i, 1}, cache, arena), full.data<T>() + i * cfg.vocab_size, cat("position ", i));
+  EXPECT_EQ(cache.length, cache.capacity());
+  cache.length = 0;  // past the window: start again from the last half
+  const int64_t half = cfg.seq_len / 2;
+  Tensor tail = Tensor::zeros({1, half}, DType::kI32);
+  std::copy_n(ids + cfg.seq_len - half, half, tail.data<int32_t>());
+  GptCtx tail_ctx;
+  const Tensor want = gpt.forward_logits(tail, tail_ctx, /*last_only=*/true);
+  expect_row(gpt.decode({ids + cfg.seq_len - half, static_cast<size_t>(half)}, cache, arena), want.data<T>(), "restarted");
+}
+
+TEST(Gpt, DecodingWithACacheEqualsTheFullForward) { expect_decoding_equals_the_full_forward<double>(1e-12); }
+TEST(Gpt, DecodingWithACacheInFloat32WithinTheStatedTolerance) { expect_decoding_equals_the_full_forward<float>(1e-5); }
+
 TEST(Gpt, ConfigProblemsNameTheField) {
   EXPECT_EQ(gpt_config_problem({}), "");
   EXPECT_EQ(gpt_config_problem({.d_model = 0}).substr(0, 12), "d_model = 0:");

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,14 @@ ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, Gp
                                      Recompute recompute, bool with_backward = true, int tp = 1,
                                      bool sequence_parallel = false);
 
+// Keys and values of one sequence's tokens so far, per block, for incremental decoding
+// (docs/serving.md): position p's of block l at row p of k[l] and v[l].
+struct KvCache {
+  std::vector<Tensor> k, v;  // per block: (seq_len, C)
+  int64_t length = 0;        // positions held
+  int64_t capacity() const { return k.empty() ? 0 : k[0].dim(0); }
+};
+
 class Gpt {
  public:
   // tp: tensor parallelism (attention heads, the MLP and the vocabulary of the tied
@@ -103,6 +112,15 @@ class Gpt {
   Tensor forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const;
   // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
   void backward(GptCtx& ctx, double scale) const;
+
+  // Incremental decoding (the whole model in one process): an empty cache for up to seq_len
+  // positions; then decode runs `tokens` (one or more) at positions cache.length onwards,
+  // adds their keys and values to the cache and returns the logits (V) of the last one, in
+  // `arena` (reset first). Each token costs one position's forward, not the window's; the
+  // logits equal forward_logits over the cached tokens to rounding (the attention adds in
+  // another order). REQUIRES: 1 <= tokens.size() <= capacity - length, ids < vocab_size.
+  KvCache make_cache() const;
+  Tensor decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const;
 
   // Pipeline stages run the model in pieces, each over what this part holds; forward and
   // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
