@@ -379,44 +379,68 @@ KvCache Gpt::make_cache() const {
 }
 
 Tensor Gpt::decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const {
-  const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t c = config_.d_model, past = cache.length;
-  LOOM_CHECK(n >= 1 && past + n <= cache.capacity() && static_cast<int64_t>(cache.k.size()) == config_.n_layer);
-  arena.reset();
-  Tensor ids = arena.alloc({n}, DType::kI32), positions = arena.alloc({n}, DType::kI32);
-  for (int64_t i = 0; i < n; ++i) {
-    ids.data<int32_t>()[i] = tokens[static_cast<size_t>(i)];
-    positions.data<int32_t>()[i] = static_cast<int32_t>(past + i);
+  KvCache* caches[] = {&cache};
+  const std::span<const int32_t> one[] = {tokens};
+  return decode_batch(one, caches, arena).view({config_.vocab_size});
+}
+
+Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
+                         Arena& arena) const {
+  const auto seqs = static_cast<int64_t>(tokens.size());
+  const int64_t c = config_.d_model;
+  LOOM_CHECK(seqs >= 1 && caches.size() == tokens.size());
+  // The sequences' new tokens, one after another: sequence s's rows [first[s], first[s + 1]).
+  std::vector<int64_t> first = {0};
+  for (int64_t s = 0; s < seqs; ++s) {
+    const KvCache& cache = *caches[s];
+    const auto n = static_cast<int64_t>(tokens[s].size());
+    LOOM_CHECK(n >= 1 && cache.length + n <= cache.capacity() && static_cast<int64_t>(cache.k.size()) == config_.n_layer);
+    first.push_back(first.back() + n);
   }
+  const int64_t rows = first.back();
+  arena.reset();
+  Tensor ids = arena.alloc({rows}, DType::kI32), positions = arena.alloc({rows}, DType::kI32);
+  for (int64_t s = 0; s < seqs; ++s)
+    for (int64_t i = first[s]; i < first[s + 1]; ++i) {
+      ids.data<int32_t>()[i] = tokens[s][static_cast<size_t>(i - first[s])];
+      positions.data<int32_t>()[i] = static_cast<int32_t>(caches[s]->length + i - first[s]);
+    }
   EmbeddingCtx wte_ctx, wpe_ctx;
-  Tensor x = wte_.forward(ids, wte_ctx, arena);  // (n, C)
+  Tensor x = wte_.forward(ids, wte_ctx, arena);  // (rows, C)
   add_into(x, wpe_.forward(positions, wpe_ctx, arena));
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const Block& block = blocks_[l];
     BlockCtx bc;  // what forward would keep for backward; not needed here
-    Tensor qkv = block.attn.c_attn.forward(block.ln_1.forward(x, bc.ln_1, arena), bc.attn.c_attn, arena);  // (n, 3C)
-    Tensor y = arena.alloc({n, c}, x.dtype());
+    Tensor qkv = block.attn.c_attn.forward(block.ln_1.forward(x, bc.ln_1, arena), bc.attn.c_attn, arena);  // (rows, 3C)
+    Tensor y = arena.alloc({rows, c}, x.dtype());
     LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-      T* k = cache.k[l].data<T>() + past * c;
-      T* v = cache.v[l].data<T>() + past * c;
-      const T* row = qkv.data<T>();
-      for (int64_t i = 0; i < n; ++i) {
-        std::copy_n(row + i * 3 * c + c, c, k + i * c);
-        std::copy_n(row + i * 3 * c + 2 * c, c, v + i * c);
+      for (int64_t s = 0; s < seqs; ++s) {  // each sequence attends to its own cache
+        const KvCache& cache = *caches[s];
+        const int64_t past = cache.length, n = first[s + 1] - first[s];
+        const T* row = qkv.data<T>() + first[s] * 3 * c;
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy_n(row + i * 3 * c + c, c, cache.k[l].data<T>() + (past + i) * c);
+          std::copy_n(row + i * 3 * c + 2 * c, c, cache.v[l].data<T>() + (past + i) * c);
+        }
+        k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, cache.k[l].data<T>(), cache.v[l].data<T>(), past, n,
+                            c, block.attn.n_head);
       }
-      k::attention_decode(y.data<T>(), row, 3 * c, cache.k[l].data<T>(), cache.v[l].data<T>(), past, n, c,
-                          block.attn.n_head);
     });
     add_into(x, block.attn.c_proj.forward(y, bc.attn.c_proj, arena));
     add_into(x, block.mlp.forward(block.ln_2.forward(x, bc.ln_2, arena), bc.mlp, arena));
   }
-  cache.length = past + n;
+  Tensor last = arena.alloc({seqs, c}, x.dtype());  // each sequence's last row
+  for (int64_t s = 0; s < seqs; ++s) {
+    caches[s]->length += first[s + 1] - first[s];
+    last.slice_rows(s, s + 1).copy_from(x.slice_rows(first[s + 1] - 1, first[s + 1]));
+  }
   LayerNormCtx ln_f_ctx;
-  Tensor last = ln_f_.forward(x.slice_rows(n - 1, n), ln_f_ctx, arena);
-  Tensor out = arena.alloc({config_.vocab_size}, x.dtype());
+  Tensor h = ln_f_.forward(last, ln_f_ctx, arena);
+  Tensor out = arena.alloc({seqs, config_.vocab_size}, x.dtype());
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(out.data<T>(), last.data<T>(), wte_.table.value().data<T>(),
-                                        static_cast<const T*>(nullptr), 1, c, config_.vocab_size, k::WeightLayout::kMK));
+                      k::matmul_forward(out.data<T>(), h.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), seqs, c, config_.vocab_size,
+                                        k::WeightLayout::kMK));
   return out;
 }
 

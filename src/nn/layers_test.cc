@@ -493,6 +493,50 @@ void expect_decoding_equals_the_full_forward(double tolerance) {
 TEST(Gpt, DecodingWithACacheEqualsTheFullForward) { expect_decoding_equals_the_full_forward<double>(1e-12); }
 TEST(Gpt, DecodingWithACacheInFloat32WithinTheStatedTolerance) { expect_decoding_equals_the_full_forward<float>(1e-5); }
 
+// Continuous batching's foundation: sequences decoded together (joining with a prefill of
+// their own length while the others decode one token) get the same bits as each alone.
+TEST(Gpt, DecodingABatchGivesEachSequenceTheBitsItGetsAlone) {
+  const int threads = compute_threads();
+  set_compute_threads(2);
+  const GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 32, .seq_len = 16, .vocab_size = 20};
+  Gpt gpt(cfg, DType::kF32);
+  gpt.init(6);
+  auto [tokens, unused] = testing::random_tokens(3, cfg.seq_len, cfg.vocab_size, 10);
+  auto seq = [&](int64_t s) { return std::span<const int32_t>(tokens.data<int32_t>() + s * cfg.seq_len, cfg.seq_len); };
+  // Sequence s's calls: a prefill of prefill[s] tokens at step join[s], then one token a step.
+  const int64_t prefill[] = {3, 5, 2}, join[] = {0, 0, 2}, steps = 8;
+  auto call = [&](int64_t s, int64_t step) -> std::span<const int32_t> {
+    if (step < join[s]) return {};
+    if (step == join[s]) return seq(s).first(static_cast<size_t>(prefill[s]));
+    return seq(s).subspan(static_cast<size_t>(prefill[s] + step - join[s] - 1), 1);
+  };
+  std::vector<std::vector<float>> alone(3);
+  Arena arena;
+  for (int64_t s = 0; s < 3; ++s) {
+    KvCache cache = gpt.make_cache();
+    for (int64_t step = join[s]; step < steps; ++step) {
+      const Tensor logits = gpt.decode(call(s, step), cache, arena);
+      alone[s].insert(alone[s].end(), logits.data<float>(), logits.data<float>() + cfg.vocab_size);
+    }
+  }
+  std::vector<KvCache> caches(3);
+  for (auto& c : caches) c = gpt.make_cache();
+  std::vector<std::vector<float>> together(3);
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<std::span<const int32_t>> batch;
+    std::vector<KvCache*> batch_caches;
+    std::vector<int64_t> who;
+    for (int64_t s = 0; s < 3; ++s)
+      if (step >= join[s]) batch.push_back(call(s, step)), batch_caches.push_back(&caches[s]), who.push_back(s);
+    const Tensor logits = gpt.decode_batch(batch, batch_caches, arena);  // (sequences, V)
+    for (size_t i = 0; i < who.size(); ++i)
+      together[who[i]].insert(together[who[i]].end(), logits.data<float>() + i * cfg.vocab_size,
+                              logits.data<float>() + (i + 1) * cfg.vocab_size);
+  }
+  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(together[s], alone[s]) << "sequence " << s;
+  set_compute_threads(threads);
+}
+
 TEST(Gpt, ConfigProblemsNameTheField) {
   EXPECT_EQ(gpt_config_problem({}), "");
   EXPECT_EQ(gpt_config_problem({.d_model = 0}).substr(0, 12), "d_model = 0:");

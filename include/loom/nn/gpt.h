@@ -121,6 +121,12 @@ class Gpt {
   // another order). REQUIRES: 1 <= tokens.size() <= capacity - length, ids < vocab_size.
   KvCache make_cache() const;
   Tensor decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const;
+  // Several sequences at once (continuous batching): sequence s runs tokens[s] against
+  // caches[s]; their rows share every matrix product, each attends to its own cache. Returns
+  // each sequence's last logits (S, V), the same bits as decoding each alone (the kernels
+  // compute a row the same way whatever the other rows).
+  Tensor decode_batch(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
+                      Arena& arena) const;
 
   // Pipeline stages run the model in pieces, each over what this part holds; forward and
   // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
