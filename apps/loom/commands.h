@@ -22,10 +22,18 @@ struct SampleArgs {
   std::string checkpoint, config, prompt;
   std::vector<std::string> overrides;
   int64_t tokens = 256, top_k = 40, seed = 1, lines = 0;
-  double temperature = 0.8;
+  double temperature = 0.8, top_p = 1.0;
   bool kv_cache = true;  // false: the whole window's forward for every token
 };
 int run_sample(const SampleArgs& a);
+
+struct ServeArgs {
+  std::vector<std::string> models;  // NAME=PATH
+  std::string host = "127.0.0.1", api_key, config;
+  std::vector<std::string> overrides;
+  int64_t port = 8000, max_tokens = 4096;
+};
+int run_serve(const ServeArgs& a);
 
 struct EvalArgs {
   std::string checkpoint, data, config;

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "infer.h"
 #include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/error.h"
@@ -15,12 +16,12 @@
 #include "loom/metrics.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
+#include "sampler.h"
 #include "task.h"
 
 namespace loom::app {
-namespace {
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config inference_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config c;
   if (!path.empty()) c.merge_file(path);
   c.apply_overrides(overrides);
@@ -29,6 +30,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   apply_compute_settings(c);
   return c;
 }
+
+namespace {
 
 // The block ids of a file's tensors named [transformer.]h.<id>.*; names that are not blocks
 // are ignored.
@@ -92,6 +95,8 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
   return g;
 }
 
+}  // namespace
+
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
   const nn::GptConfig shape = shape_of(ck, c);
   if (const std::string bad = ck.nonfinite_report(); !bad.empty())
@@ -101,11 +106,9 @@ std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config
   return gpt;
 }
 
-}  // namespace
-
 int run_eval(const EvalArgs& a) {
   if (a.batch <= 0) throw InputError(cat("--batch ", a.batch, ": expected a positive integer"));
-  Config c = load_config(a.config, a.overrides);
+  Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   auto gpt = load_gpt(ck, c);
   std::vector<uint16_t> tokens = data::read_tokens(a.data);
@@ -118,9 +121,9 @@ int run_eval(const EvalArgs& a) {
 }
 
 int run_sample(const SampleArgs& a) {
-  if (a.tokens < 0 || a.top_k < 0 || !(a.temperature > 0))
-    throw InputError("sample: expected --tokens >= 0, --top-k >= 0 and --temperature > 0");
-  Config c = load_config(a.config, a.overrides);
+  if (a.tokens < 0 || a.top_k < 0 || !(a.temperature > 0) || !(a.top_p > 0 && a.top_p <= 1))
+    throw InputError("sample: expected --tokens >= 0, --top-k >= 0, --temperature > 0 and --top-p in (0, 1]");
+  Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   auto gpt = load_gpt(ck, c);
   const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
@@ -155,25 +158,10 @@ int run_sample(const SampleArgs& a) {
     return gpt->decode(context(1), cache, arena).data<float>();
   };
   int64_t lines = 0;
-  std::vector<float> probs(static_cast<size_t>(vocab));
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  Sampler sampler(vocab);
+  const SamplingParams params{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
   for (int64_t n = 0; n < a.tokens; ++n) {
-    const float* logits = next_logits();
-    // Temperature, top-k, then one draw from the renormalized distribution.
-    for (int32_t i = 0; i < vocab; ++i) order[i] = i;
-    const int64_t k = a.top_k > 0 ? std::min(a.top_k, vocab) : vocab;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t p, int32_t q) { return logits[p] > logits[q]; });
-    double mx = logits[order[0]], sum = 0;
-    for (int64_t i = 0; i < k; ++i) sum += (probs[i] = static_cast<float>(std::exp((logits[order[i]] - mx) / a.temperature)));
-    double r = rng.uniform() * sum;
-    int64_t pick = k - 1;
-    for (int64_t i = 0; i < k; ++i)
-      if ((r -= probs[i]) < 0) {
-        pick = i;
-        break;
-      }
-    seq.push_back(order[pick]);
+    seq.push_back(sampler.pick(next_logits(), params, rng));
     if (bytes && seq.back() == '\n' && a.lines > 0 && ++lines >= a.lines) break;
   }
   if (bytes) {

@@ -50,10 +50,23 @@ int run(int argc, char** argv) {
   s->add_option("--lines", sample.lines, "Stop after this many generated lines (0: no limit)")->capture_default_str();
   s->add_option("--temperature", sample.temperature, "Softmax temperature")->capture_default_str();
   s->add_option("--top-k", sample.top_k, "Sample among the k likeliest tokens (0: all)")->capture_default_str();
+  s->add_option("--top-p", sample.top_p, "Then among the fewest likeliest tokens holding this share of the probability")
+      ->capture_default_str();
   s->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
   s->add_flag("!--no-kv-cache", sample.kv_cache,
               "Recompute the whole window for every token instead of decoding with the key/value cache");
   s->allow_extras();
+
+  loom::app::ServeArgs serve;
+  auto* v = app.add_subcommand("serve", "OpenAI-style completions server for GPT checkpoints (docs/serving.md)");
+  v->add_option("--model", serve.models, "NAME=PATH: a step directory, checkpoint root, run directory or .safetensors; "
+                                         "repeat for more models")->required();
+  v->add_option("--host", serve.host, "Address to listen on (other than loopback: needs an API key)")->capture_default_str();
+  v->add_option("--port", serve.port, "Port (0: any free port, printed)")->capture_default_str();
+  v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
+  v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
+  v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
+  v->allow_extras();
 
   loom::app::EvalArgs eval;
   auto* e = app.add_subcommand("eval", "Mean next-token loss of a GPT over every full window of a token file");
@@ -151,6 +164,10 @@ int run(int argc, char** argv) {
   if (s->parsed()) {
     sample.overrides = overrides_of(*s);
     return loom::app::run_sample(sample);
+  }
+  if (v->parsed()) {
+    serve.overrides = overrides_of(*v);
+    return loom::app::run_serve(serve);
   }
   if (e->parsed()) {
     eval.overrides = overrides_of(*e);

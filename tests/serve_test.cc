@@ -1,0 +1,215 @@
+// `loom serve` as a user meets it: a server process on loopback, an HTTP client.
+// Completions are reproducible by seed, streamed or not, stop where asked, and every bad
+// request gets its status and a line naming the field; the server keeps serving.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_fixture.h"
+
+extern char** environ;
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+class Serve : public Cli {
+ protected:
+  void SetUp() override {
+    Cli::SetUp();
+    ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=20 --job.name=n")).code, 0);
+  }
+  void TearDown() override {
+    stop();
+    Cli::TearDown();
+  }
+
+  // Starts `loom serve ARGS --port 0` and waits for the line naming its port.
+  void start(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {cat(LOOM_BINARY_DIR, "/loom"), "serve", "--port", "0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> raw;
+    for (auto& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 1, p("serve.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&files, 2, p("serve.err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_EQ(posix_spawn(&pid_, raw[0], &files, nullptr, raw.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&files);
+    for (int i = 0; i < 200 && port_ == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      const std::string out = read_file(p("serve.out"));
+      if (const size_t at = out.find("127.0.0.1:"); at != std::string::npos) port_ = std::stoi(out.substr(at + 10));
+    }
+    ASSERT_GT(port_, 0) << read_file(p("serve.err"));
+  }
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << read_file(p("serve.err"));
+    pid_ = 0;
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  // POST /v1/completions: status and parsed body.
+  std::pair<int, json> complete(const json& body, const httplib::Headers& headers = {}) const {
+    auto r = client().Post("/v1/completions", headers, body.dump(), "application/json");
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+
+  pid_t pid_ = 0;
+  int port_ = 0;
+};
+
+TEST_F(Serve, CompletionsAreReproducibleStreamedOrNotAndStopWhereAsked) {
+  start({"--model", cat("nano=", p("runs/n"))});
+  auto c = client();
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "nano");
+
+  const json request = {{"model", "nano"}, {"prompt", "The quick "}, {"max_tokens", 24}, {"seed", 7}, {"temperature", 0.8}};
+  const auto [status, first] = complete(request);
+  ASSERT_EQ(status, 200) << first.dump();
+  const std::string text = first["choices"][0]["text"];
+  EXPECT_EQ(first["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(first["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(first["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(complete(request).second["choices"][0]["text"], text) << "the same seed, the same completion";
+
+  // Streamed: server-sent events whose pieces make the same text, then [DONE].
+  json streamed = request;
+  streamed["stream"] = true;
+  auto r = c.Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  std::string joined, finish;
+  std::istringstream events(r->body);
+  bool done = false;
+  for (std::string line; std::getline(events, line);) {
+    if (!line.starts_with("data: ")) continue;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(line.substr(6));
+    joined += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(joined, text);
+  EXPECT_EQ(finish, "length");
+
+  // A stop sequence taken from the text: the completion ends before its first occurrence.
+  const size_t at = text.find_first_of("abcdefghijklmnopqrstuvwxyz", 1);
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string stop = text.substr(at, 1);
+  json stopping = request;
+  stopping["stop"] = json::array({stop, "never appears"});
+  const auto [stop_status, stopped] = complete(stopping);
+  ASSERT_EQ(stop_status, 200) << stopped.dump();
+  EXPECT_EQ(stopped["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  stopping["stream"] = true;  // streamed, the held-back text is the same
+  r = c.Post("/v1/completions", stopping.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->body.find("\"finish_reason\":\"stop\""), std::string::npos) << r->body;
+
+  // Several clients at once: each gets what it gets alone.
+  std::vector<std::string> got(4);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] {
+      json q = request;
+      q["seed"] = i;
+      got[i] = complete(q).second["choices"][0]["text"];
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 4; ++i) {
+    json q = request;
+    q["seed"] = i;
+    EXPECT_EQ(complete(q).second["choices"][0]["text"], got[i]) << "client " << i;
+  }
+
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("loom_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 13"), std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_requests_running 0"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_count 13"), std::string::npos) << metrics->body;
+}
+
+TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
+  start({"--model", cat("nano=", p("runs/n")), "--api-key", "s3cret", "--max-tokens", "100"});
+  const httplib::Headers key = {{"Authorization", "Bearer s3cret"}};
+  for (const auto& [body, status, says] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"{\"model\": \"nano\"", 400, "not JSON"},
+           {"[1, 2]", 400, "JSON object"},
+           {R"({"model": "other"})", 404, "no model named"},
+           {R"({"prompt": "x"})", 400, "model"},
+           {R"({"model": "nano", "max_tokens": -1})", 400, "max_tokens"},
+           {R"({"model": "nano", "max_tokens": 101})", 400, "[0, 100]"},
+           {R"({"model": "nano", "max_tokens": 1e300})", 400, "max_tokens"},
+           {R"({"model": "nano", "temperature": "hot"})", 400, "temperature"},
+           {R"({"model": "nano", "top_p": 0})", 400, "top_p"},
+           {R"({"model": "nano", "prompt": [1, 999]})", 400, "token ids"},
+           {R"({"model": "nano", "stop": [""]})", 400, "stop"},
+           {R"({"model": "nano", "stream": "yes"})", 400, "stream"},
+           {R"({"model": "nano", "echo": true})", 400, "unknown field"},
+       }) {
+    auto r = client().Post("/v1/completions", key, body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+    const json error = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(error.is_object() && error.contains("error")) << body << " -> " << r->body;
+    EXPECT_NE(error["error"]["message"].get<std::string>().find(says), std::string::npos) << body << " -> " << r->body;
+  }
+  // Without the key (or with another of the same length): 401; /health needs none.
+  EXPECT_EQ(complete({{"model", "nano"}}).first, 401);
+  EXPECT_EQ(complete({{"model", "nano"}}, {{"Authorization", "Bearer s3creT"}}).first, 401);
+  EXPECT_EQ(client().Get("/health")->status, 200);
+  EXPECT_EQ(client().Get("/v1/models")->status, 401);
+  // A body over 1 MiB: 413 at once.
+  auto big = client().Post("/v1/completions", key, std::string(2 << 20, ' '), "application/json");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->status, 413);
+  // Still serving.
+  EXPECT_EQ(complete({{"model", "nano"}, {"max_tokens", 3}}, key).first, 200);
+}
+
+TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
+  const std::string model = cat(" --model nano=", p("runs/n"));
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {model + " --host 0.0.0.0", "needs an API key"},
+           {" --model nano", "expected NAME=PATH"},
+           {model + model, "given twice"},
+           {cat(" --model x=", p("nowhere")), "nowhere"},
+           {model + " --port 70000", "--port 70000"},
+       }) {
+    const Result r = loom("serve" + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace loom
