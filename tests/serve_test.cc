@@ -162,7 +162,8 @@ TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
   start({"--model", cat("nano=", p("runs/n")), "--api-key", "s3cret", "--max-tokens", "100"});
   const httplib::Headers key = {{"Authorization", "Bearer s3cret"}};
   for (const auto& [body, status, says] : std::vector<std::tuple<std::string, int, std::string>>{
-           {"{\"model\": \"nano\"", 400, "not JSON"},
+           {"{\"model\": \"nano\"", 400, "the body"},
+           {R"({"model": "nano", "prompt": [[[[1]]]]})", 400, "nested"},
            {"[1, 2]", 400, "JSON object"},
            {R"({"model": "other"})", 404, "no model named"},
            {R"({"prompt": "x"})", 400, "model"},

@@ -19,6 +19,7 @@
 
 #include "commands.h"
 #include "infer.h"
+#include "loom/bounded_json.h"
 #include "loom/data.h"
 #include "loom/error.h"
 #include "loom/log.h"
@@ -128,9 +129,9 @@ Completion parse_completion(const std::string& body, std::map<std::string, std::
                             int64_t max_tokens_cap) {
   json j;
   try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {
-    throw Refusal{400, cat("the body is not JSON: ", e.what())};
+    j = parse_json_bounded(body, "the body", kRequestLimits);
+  } catch (const InputError& e) {
+    throw Refusal{400, e.what()};
   }
   if (!j.is_object()) throw Refusal{400, "the body must be a JSON object"};
   static const std::set<std::string> known = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",

@@ -24,6 +24,8 @@ inline constexpr JsonLimits kSafetensorsHeaderLimits{size_t{16} << 20, 3};
 inline constexpr JsonLimits kIndexJsonLimits{size_t{32} << 20, 8};
 // step, cursor, rng {streams {..}}, model {..}, config text.
 inline constexpr JsonLimits kStateJsonLimits{size_t{4} << 20, 8};
+// A `loom serve` request body: {model, prompt: [ids], stop: [..], ...}.
+inline constexpr JsonLimits kRequestLimits{size_t{1} << 20, 3};
 // One metrics.jsonl line: a flat object.
 inline constexpr JsonLimits kMetricsLineLimits{size_t{1} << 20, 2};
 
