@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -154,7 +156,9 @@ TEST_F(Serve, CompletionsAreReproducibleStreamedOrNotAndStopWhereAsked) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("loom_requests_total{endpoint=\"/v1/completions\",code=\"200\"} 13"), std::string::npos)
       << metrics->body;
-  EXPECT_NE(metrics->body.find("loom_requests_running 0"), std::string::npos) << metrics->body;
+  for (const char* gauge : {"loom_requests_running{model=\"nano\"} 0", "loom_queue_depth{model=\"nano\"} 0"})
+    EXPECT_NE(metrics->body.find(gauge), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_batch_sequences_count"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_count 13"), std::string::npos) << metrics->body;
 }
 
@@ -195,6 +199,61 @@ TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
   EXPECT_EQ(big->status, 413);
   // Still serving.
   EXPECT_EQ(complete({{"model", "nano"}, {"max_tokens", 3}}, key).first, 200);
+}
+
+// Continuous batching's bounds: with one place in the batch and one in the queue, a third
+// request is refused with 429 at once; a streaming client that leaves frees its place and
+// cache for the waiting request, and nothing stays held.
+TEST_F(Serve, AFullQueueAnswers429AndALeavingClientFreesItsPlace) {
+  start({"--model", cat("nano=", p("runs/n")), "--max-batch", "1", "--queue", "1"});
+  auto gauge = [&](const std::string& name) {
+    const std::string body = client().Get("/metrics")->body, key = name + "{model=\"nano\"} ";
+    const size_t at = body.find(key);
+    return at == std::string::npos ? -1 : std::stoi(body.substr(at + key.size()));
+  };
+  auto wait_for = [&](const std::string& name, int value) {
+    for (int i = 0; i < 400 && gauge(name) != value; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return gauge(name) == value;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool leave = false;
+  int chunks = 0;
+  std::thread streaming([&] {  // holds the batch's place until told to leave
+    const json q = {{"model", "nano"}, {"max_tokens", 4000}, {"stream", true}, {"seed", 1}};
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = q.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      std::unique_lock lock(mu);
+      ++chunks;
+      cv.wait(lock, [&] { return leave; });
+      return false;  // the client goes away mid-stream
+    };
+    httplib::Response res;
+    httplib::Error error;
+    client().send(req, res, error);
+  });
+  ASSERT_TRUE(wait_for("loom_requests_running", 1));
+  std::pair<int, json> queued;
+  std::thread waiting([&] { queued = complete({{"model", "nano"}, {"max_tokens", 20}, {"seed", 2}}); });
+  ASSERT_TRUE(wait_for("loom_queue_depth", 1));
+  const auto refused = complete({{"model", "nano"}, {"max_tokens", 5}});
+  EXPECT_EQ(refused.first, 429) << refused.second.dump();
+  {
+    std::lock_guard lock(mu);
+    leave = true;
+  }
+  cv.notify_all();
+  streaming.join();
+  waiting.join();
+  EXPECT_EQ(queued.first, 200) << queued.second.dump();
+  EXPECT_EQ(queued.second["usage"]["completion_tokens"], 20);
+  EXPECT_TRUE(wait_for("loom_requests_running", 0));
+  EXPECT_EQ(gauge("loom_queue_depth"), 0);
+  EXPECT_EQ(gauge("loom_kv_caches_in_use"), 0) << "a cache held after its request ended";
 }
 
 TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {

@@ -32,6 +32,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1", api_key, config;
   std::vector<std::string> overrides;
   int64_t port = 8000, max_tokens = 4096;
+  int64_t max_batch = 16, token_budget = 2048, queue = 64, kv_cache_mb = 1024;  // continuous batching
 };
 int run_serve(const ServeArgs& a);
 

@@ -65,6 +65,12 @@ int run(int argc, char** argv) {
   v->add_option("--port", serve.port, "Port (0: any free port, printed)")->capture_default_str();
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
+  v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
+  v->add_option("--token-budget", serve.token_budget, "Most tokens (rows) one step runs; a prompt's prefill counts each")
+      ->capture_default_str();
+  v->add_option("--queue", serve.queue, "Requests that may wait for a place; beyond it: 429")->capture_default_str();
+  v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (whole caches of seq_len positions)")
+      ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
   v->allow_extras();
 

@@ -1,6 +1,6 @@
-// `loom serve`: an OpenAI-style completions server over cpp-httplib (docs/serving.md).
-// Every request decodes with its own key/value cache; the model's decode steps take turns
-// under one lock (continuous batching is not built yet).
+// `loom serve`: an OpenAI-style completions server over cpp-httplib (docs/serving.md). The
+// HTTP threads parse and validate requests and hand them to each model's Batcher, which
+// decodes all running requests together step by step (continuous batching).
 #include <httplib.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
@@ -24,6 +24,7 @@
 #include "loom/error.h"
 #include "loom/log.h"
 #include "loom/rng.h"
+#include "batcher.h"
 #include "sampler.h"
 
 namespace loom::app {
@@ -31,18 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-// `end`, less a UTF-8 character s[..end) ends in the middle of: a byte model emits one byte
-// at a time, and a streamed piece must not split a character that the next bytes complete.
-size_t whole_characters(const std::string& s, size_t end) {
-  for (size_t back = 1; back <= 3 && back <= end; ++back) {
-    const auto b = static_cast<unsigned char>(s[end - back]);
-    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t length = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-    return length > back ? end - back : end;
-  }
-  return end;
-}
 
 // A request the server refuses: HTTP status and a message naming the field.
 struct Refusal {
@@ -53,7 +42,7 @@ struct Refusal {
 struct Model {
   std::string name, path;
   std::unique_ptr<nn::Gpt> gpt;
-  std::mutex turn;  // one decode step at a time (each request has its own cache)
+  std::unique_ptr<Batcher> batcher;  // after gpt: destroyed first
 };
 
 // Prometheus histogram with fixed bucket bounds (seconds).
@@ -87,9 +76,15 @@ struct Metrics {
   std::mutex mu;
   std::map<std::pair<std::string, int>, uint64_t> requests;  // (endpoint, status)
   std::atomic<uint64_t> tokens{0}, prompt_tokens{0};
-  std::atomic<int64_t> running{0};
   Histogram first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
   Histogram per_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+  Histogram batch{{1, 2, 4, 8, 16, 32, 64, 128}};
+
+  void on_step(const BatchStep& step) {
+    batch.add(static_cast<double>(step.sequences));
+    tokens += step.tokens.size();
+    for (const auto& [first, seconds] : step.tokens) (first ? first_token : per_token).add(seconds);
+  }
 
   void count(const std::string& endpoint, int status) {
     std::lock_guard lock(mu);
@@ -106,23 +101,18 @@ struct Metrics {
                "loom_generated_tokens_total ", tokens.load(), "\n",
                "# HELP loom_prompt_tokens_total Prompt tokens read\n# TYPE loom_prompt_tokens_total counter\n",
                "loom_prompt_tokens_total ", prompt_tokens.load(), "\n",
-               "# HELP loom_requests_running Completions being generated\n# TYPE loom_requests_running gauge\n",
-               "loom_requests_running ", running.load(), "\n");
+               "");
     out += first_token.text("loom_time_to_first_token_seconds", "From a completion's arrival to its first token");
-    return out + per_token.text("loom_time_per_token_seconds", "Between a completion's consecutive tokens");
+    out += per_token.text("loom_time_per_token_seconds", "Between a completion's consecutive tokens");
+    return out + batch.text("loom_batch_sequences", "Sequences decoded together in one step");
   }
 };
 
 // A completion request, validated: every field checked before any work.
 struct Completion {
   Model* model = nullptr;
-  std::vector<int32_t> prompt;
-  int64_t max_tokens = 16;
-  SamplingParams sampling;
-  uint64_t seed = 0;
-  std::vector<std::string> stop;
+  GenerationRequest generation;
   bool stream = false;
-  bool text = true;  // a byte-level model: prompt and output are text, else token ids
 };
 
 Completion parse_completion(const std::string& body, std::map<std::string, std::unique_ptr<Model>>& models,
@@ -144,23 +134,23 @@ Completion parse_completion(const std::string& body, std::map<std::string, std::
   if (m == models.end()) throw Refusal{404, cat("\"model\": no model named \"", printable(j["model"].get<std::string>()), "\"")};
   c.model = m->second.get();
   const nn::GptConfig& g = c.model->gpt->config();
-  c.text = g.vocab_size <= 256;
+  c.generation.text = g.vocab_size <= 256;
   const json& p = j.contains("prompt") ? j["prompt"] : json("");
   if (p.is_string()) {
-    if (!c.text)
+    if (!c.generation.text)
       throw Refusal{400, cat("\"prompt\": model \"", c.model->name, "\" has a vocabulary of ", g.vocab_size,
                              " tokens and no tokenizer here; expected an array of token ids")};
-    for (unsigned char ch : p.get<std::string>()) c.prompt.push_back(ch);
+    for (unsigned char ch : p.get<std::string>()) c.generation.prompt.push_back(ch);
   } else if (p.is_array()) {
     for (const json& t : p) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= g.vocab_size)
         throw Refusal{400, cat("\"prompt\": token ids must be integers in [0, ", g.vocab_size, ")")};
-      c.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      c.generation.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
   } else {
     throw Refusal{400, "\"prompt\": expected a string or an array of token ids"};
   }
-  if (c.prompt.empty()) c.prompt.push_back(c.text ? '\n' : static_cast<int32_t>(g.vocab_size - 1));
+  if (c.generation.prompt.empty()) c.generation.prompt.push_back(c.generation.text ? '\n' : static_cast<int32_t>(g.vocab_size - 1));
   auto number = [&](const char* key, double lo, double hi, double fallback) {
     if (!j.contains(key)) return fallback;
     if (!j[key].is_number() || !(j[key].get<double>() >= lo && j[key].get<double>() <= hi))
@@ -169,23 +159,23 @@ Completion parse_completion(const std::string& body, std::map<std::string, std::
   };
   if (j.contains("max_tokens") && !j["max_tokens"].is_number_integer())
     throw Refusal{400, cat("\"max_tokens\": expected an integer in [0, ", max_tokens_cap, "]")};
-  c.max_tokens = static_cast<int64_t>(number("max_tokens", 0, static_cast<double>(max_tokens_cap), 16));
-  c.sampling.temperature = number("temperature", 0, 100, 1);
-  c.sampling.top_p = number("top_p", 0, 1, 1);
-  if (c.sampling.top_p == 0) throw Refusal{400, "\"top_p\": expected a number in (0, 1]"};
+  c.generation.max_tokens = static_cast<int64_t>(number("max_tokens", 0, static_cast<double>(max_tokens_cap), 16));
+  c.generation.sampling.temperature = number("temperature", 0, 100, 1);
+  c.generation.sampling.top_p = number("top_p", 0, 1, 1);
+  if (c.generation.sampling.top_p == 0) throw Refusal{400, "\"top_p\": expected a number in (0, 1]"};
   if (j.contains("seed") && !j["seed"].is_number_integer()) throw Refusal{400, "\"seed\": expected an integer"};
-  c.seed = j.contains("seed") ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  c.generation.seed = j.contains("seed") ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   if (j.contains("n") && j["n"] != 1) throw Refusal{400, "\"n\": only 1 completion per request"};
   if (j.contains("stream") && !j["stream"].is_boolean()) throw Refusal{400, "\"stream\": expected true or false"};
   c.stream = j.value("stream", false);
-  if (j.contains("stop") && !c.text) throw Refusal{400, "\"stop\": stop sequences are text; this model generates token ids"};
+  if (j.contains("stop") && !c.generation.text) throw Refusal{400, "\"stop\": stop sequences are text; this model generates token ids"};
   if (j.contains("stop")) {
     const json& s = j["stop"];
     const json list = s.is_array() ? s : json::array({s});
     if (list.size() > 4) throw Refusal{400, "\"stop\": at most 4 sequences"};
     for (const json& x : list) {
       if (!x.is_string() || x.get<std::string>().empty()) throw Refusal{400, "\"stop\": expected non-empty strings"};
-      c.stop.push_back(x.get<std::string>());
+      c.generation.stop.push_back(x.get<std::string>());
     }
   }
   return c;
@@ -194,7 +184,35 @@ Completion parse_completion(const std::string& body, std::map<std::string, std::
 class Server {
  public:
   Server(const ServeArgs& a, std::map<std::string, std::unique_ptr<Model>> models)
-      : args_(a), models_(std::move(models)), started_(std::time(nullptr)) {}
+      : args_(a), models_(std::move(models)), started_(std::time(nullptr)) {
+    for (auto& [name, m] : models_) {
+      const nn::GptConfig& g = m->gpt->config();
+      const double cache_bytes = 2.0 * static_cast<double>(g.n_layer * g.seq_len * g.d_model) * sizeof(float);
+      const BatcherLimits limits{.max_batch = a.max_batch, .token_budget = a.token_budget, .queue = a.queue,
+                                 .cache_slots = std::max<int64_t>(1, static_cast<int64_t>(
+                                                                         static_cast<double>(a.kv_cache_mb) * (1 << 20) / cache_bytes))};
+      m->batcher = std::make_unique<Batcher>(*m->gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
+    }
+  }
+  ~Server() {
+    for (auto& [name, m] : models_) m->batcher.reset();  // before the metrics its thread writes
+  }
+
+  // Per model: requests waiting, running, caches in use.
+  std::string gauges() const {
+    std::string out;
+    const std::pair<const char*, const char*> names[] = {{"loom_queue_depth", "Requests waiting for a place in the batch"},
+                                                         {"loom_requests_running", "Requests in the running batch"},
+                                                         {"loom_kv_caches_in_use", "Key/value caches held by running requests"}};
+    for (int k = 0; k < 3; ++k) {
+      out += cat("# HELP ", names[k].first, " ", names[k].second, "\n# TYPE ", names[k].first, " gauge\n");
+      for (const auto& [name, m] : models_) {
+        const Batcher& b = *m->batcher;
+        out += cat(names[k].first, "{model=\"", name, "\"} ", k == 0 ? b.queued() : k == 1 ? b.running() : b.caches_in_use(), "\n");
+      }
+    }
+    return out;
+  }
 
   void routes(httplib::Server& http) {
     http.set_payload_max_length(1 << 20);
@@ -206,7 +224,7 @@ class Server {
     http.Get("/metrics", [&](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, "/metrics")) return;
       metrics_.count("/metrics", 200);
-      res.set_content(metrics_.text(), "text/plain; version=0.0.4");
+      res.set_content(metrics_.text() + gauges(), "text/plain; version=0.0.4");
     });
     http.Get("/v1/models", [&](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, "/v1/models")) return;
@@ -253,104 +271,54 @@ class Server {
     return false;
   }
 
-  // Generates the completion, calling `emit(piece, done, finish_reason)` with the output as
-  // it becomes final (text held back while it may still begin a stop sequence), until emit
-  // returns false (the client left). Returns the prompt's and the completion's token counts.
-  template <typename Emit>
-  std::pair<int64_t, int64_t> generate(const Completion& c, Clock::time_point arrived, Emit&& emit) {
-    const nn::Gpt& gpt = *c.model->gpt;
-    const int64_t window = gpt.config().seq_len;
-    nn::KvCache cache = gpt.make_cache();
-    Arena arena;
-    Sampler sampler(gpt.config().vocab_size);
-    Rng rng(c.seed, /*stream=*/3);
-    std::vector<int32_t> seq = c.prompt;
-    std::string out;  // the completion so far (text, or ids separated by spaces)
-    size_t sent = 0;
-    metrics_.prompt_tokens += c.prompt.size();
-    ++metrics_.running;
-    Clock::time_point last = arrived;
-    int64_t made = 0;
-    std::string finish = "length";
-    while (made < c.max_tokens) {
-      int32_t token;
-      {
-        std::lock_guard lock(c.model->turn);
-        // The prompt's last window first; past the window the cache starts again from the
-        // last half window (docs/serving.md); otherwise one token.
-        int64_t n = 1;
-        if (cache.length == cache.capacity()) cache.length = 0, n = std::max<int64_t>(window / 2, 1);
-        if (made == 0) n = std::min<int64_t>(static_cast<int64_t>(seq.size()), window);
-        token = sampler.pick(gpt.decode(std::span<const int32_t>(seq).last(static_cast<size_t>(n)), cache, arena).data<float>(),
-                             c.sampling, rng);
-      }
-      seq.push_back(token);
-      ++made;
-      ++metrics_.tokens;
-      const Clock::time_point now = Clock::now();
-      (made == 1 ? metrics_.first_token : metrics_.per_token).add(std::chrono::duration<double>(now - last).count());
-      last = now;
-      out += c.text ? std::string(1, static_cast<char>(token)) : cat(made > 1 ? " " : "", token);
-      size_t ready = out.size();
-      for (const std::string& s : c.stop) {
-        if (out.ends_with(s)) {
-          ready = out.size() - s.size();  // the stop sequence itself is not returned
-          finish = "stop";
-          break;
-        }
-        for (size_t k = std::min(s.size() - 1, out.size()); k > 0; --k)  // may still become s
-          if (out.compare(out.size() - k, k, s, 0, k) == 0) {
-            ready = std::min(ready, out.size() - k);
-            break;
-          }
-      }
-      if (c.text) ready = whole_characters(out, ready);
-      const bool more = emit(out.substr(sent, ready - sent), false, "");
-      sent = ready;
-      if (finish == "stop") break;
-      if (!more) {
-        finish = "disconnected";
-        break;
-      }
-    }
-    --metrics_.running;
-    emit(finish == "stop" ? std::string() : out.substr(sent), true, finish);
-    return {static_cast<int64_t>(c.prompt.size()), made};
-  }
-
   void complete(Completion c, httplib::Response& res) {
-    const Clock::time_point arrived = Clock::now();
+    metrics_.prompt_tokens += c.generation.prompt.size();
+    std::shared_ptr<Generation> g = c.model->batcher->submit(std::move(c.generation));
+    if (!g) {
+      respond(res, "/v1/completions", 429,
+              json{{"error", {{"message", cat("model \"", c.model->name, "\" has ", args_.queue,
+                                               " requests waiting; try again later")},
+                              {"type", "rate_limit_error"}}}});
+      return;
+    }
     const std::string id = cat("cmpl-", ++next_id_);
     const long created = static_cast<long>(std::time(nullptr));
-    auto choice = [&](const std::string& text, const json& finish) {
+    const std::string name = c.model->name;
+    auto choice = [](const std::string& text, const json& finish) {
       return json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
     };
     if (!c.stream) {
       std::string out;
-      std::string finish;
-      const auto [prompt, made] = generate(c, arrived, [&](const std::string& piece, bool done, const std::string& why) {
-        out += piece;
-        if (done) finish = why;
-        return true;
-      });
+      Generation::Event e;
+      do out += (e = g->next()).piece;
+      while (!e.done);
+      const int64_t prompt = g->prompt_tokens(), made = g->completion_tokens();
       respond(res, "/v1/completions", 200,
-              json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", c.model->name},
-                   {"choices", json::array({choice(out, finish)})},
+              json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
+                   {"choices", json::array({choice(out, e.finish)})},
                    {"usage", {{"prompt_tokens", prompt}, {"completion_tokens", made}, {"total_tokens", prompt + made}}}});
       return;
     }
     metrics_.count("/v1/completions", 200);
-    res.set_chunked_content_provider("text/event-stream", [this, c, arrived, id, created, choice](size_t, httplib::DataSink& sink) {
-      generate(c, arrived, [&](const std::string& piece, bool done, const std::string& why) {
-        const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", c.model->name},
-                         {"choices", json::array({choice(piece, done ? json(why) : json(nullptr))})}};
-        std::string event = "data: " + utf8(chunk) + "\n\n";
-        if (done) event += "data: [DONE]\n\n";
-        return sink.is_writable() && sink.write(event.data(), event.size());
-      });
-      sink.done();
-      return true;
-    });
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [g, id, created, name, choice](size_t, httplib::DataSink& sink) {
+          for (;;) {
+            const Generation::Event e = g->next();
+            const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
+                             {"choices", json::array({choice(e.piece, e.done ? json(e.finish) : json(nullptr))})}};
+            std::string event = "data: " + utf8(chunk) + "\n\n";
+            if (e.done) event += "data: [DONE]\n\n";
+            if (!sink.is_writable() || !sink.write(event.data(), event.size())) {
+              g->cancel();  // the client left: its place and cache go to the others
+              return false;
+            }
+            if (e.done) break;
+          }
+          sink.done();
+          return true;
+        },
+        [g](bool) { g->cancel(); });  // a no-op once it is done
   }
 
   const ServeArgs& args_;
@@ -367,12 +335,22 @@ bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "
 int run_serve(const ServeArgs& a) {
   if (a.models.empty()) throw InputError("serve: expected at least one --model NAME=PATH");
   if (a.port < 0 || a.port > 65535) throw InputError(cat("--port ", a.port, ": expected 0 (any free port) to 65535"));
-  if (a.max_tokens < 1) throw InputError(cat("--max-tokens ", a.max_tokens, ": expected a positive integer"));
+  for (const auto& [flag, v] : {std::pair{"--max-tokens", a.max_tokens}, std::pair{"--max-batch", a.max_batch},
+                                 std::pair{"--token-budget", a.token_budget}, std::pair{"--kv-cache-mb", a.kv_cache_mb}})
+    if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
+  if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
   std::string key = a.api_key;
   if (key.empty() && std::getenv("LOOM_API_KEY") != nullptr) key = std::getenv("LOOM_API_KEY");
   if (!loopback(a.host) && key.empty())
     throw InputError(cat("--host ", printable(a.host), ": a server reachable from other hosts needs an API key "
                          "(--api-key KEY or LOOM_API_KEY)"));
+  // SIGINT and SIGTERM stop the server from a thread that waits for them (a handler may not
+  // call into the server); blocked before any thread starts, so that every thread inherits it.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   const Config c = inference_config(a.config, a.overrides);
   std::map<std::string, std::unique_ptr<Model>> models;
   for (const std::string& spec : a.models) {
@@ -391,13 +369,6 @@ int run_serve(const ServeArgs& a) {
   Server server(args, std::move(models));
   httplib::Server http;
   server.routes(http);
-  // SIGINT and SIGTERM stop the server from a thread that waits for them (a handler may not
-  // call into the server).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) throw RuntimeError(cat("serve: cannot listen on ", printable(a.host), ":", a.port));
   std::thread stopper([&] {

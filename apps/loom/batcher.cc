@@ -1,0 +1,246 @@
+#include "batcher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+
+#include "loom/error.h"
+#include "loom/rng.h"
+
+namespace loom::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// `end`, less a UTF-8 character s[..end) ends in the middle of: a byte model makes one byte
+// at a time, and a piece must not split a character that the next bytes complete.
+size_t whole_characters(const std::string& s, size_t end) {
+  for (size_t back = 1; back <= 3 && back <= end; ++back) {
+    const auto b = static_cast<unsigned char>(s[end - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t length = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    return length > back ? end - back : end;
+  }
+  return end;
+}
+
+}  // namespace
+
+Generation::Event Generation::next() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !events_.empty(); });
+  Event e = std::move(events_.front());
+  events_.pop_front();
+  return e;
+}
+
+void Generation::cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+}
+
+int64_t Generation::completion_tokens() const {
+  std::lock_guard lock(mu_);
+  return made_;
+}
+
+void Generation::push(Event e) {
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+struct Batcher::Sequence {
+  GenerationRequest request;
+  std::shared_ptr<Generation> generation;
+  std::vector<int32_t> tokens;  // the prompt, then what was made
+  std::unique_ptr<nn::KvCache> cache;
+  Sampler sampler;
+  Rng rng;
+  std::string out;  // the completion so far
+  size_t sent = 0;  // of out, in events already
+  int64_t made = 0;
+  Clock::time_point last;  // arrival, then each token
+
+  Sequence(GenerationRequest r, int64_t vocab)
+      : request(std::move(r)), generation(std::make_shared<Generation>()), tokens(request.prompt), sampler(vocab),
+        rng(request.seed, /*stream=*/3), last(Clock::now()) {}
+  bool cancelled() const {
+    std::lock_guard lock(generation->mu_);
+    return generation->cancelled_;
+  }
+  // The rows its next step runs: the prompt's last window first; past the window the cache
+  // starts again from the last half window (absolute positions cannot slide); else one.
+  int64_t rows(int64_t window) const {
+    if (cache->length == 0) return std::min<int64_t>(static_cast<int64_t>(tokens.size()), window);
+    if (cache->length == cache->capacity()) return std::max<int64_t>(window / 2, 1);
+    return 1;
+  }
+};
+
+Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step)
+    : gpt_(gpt), limits_(limits), on_step_(std::move(on_step)) {
+  LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.cache_slots >= 1);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Batcher::~Batcher() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<Generation> Batcher::submit(GenerationRequest request) {
+  auto s = std::make_unique<Sequence>(std::move(request), gpt_.config().vocab_size);
+  std::shared_ptr<Generation> g = s->generation;
+  g->prompt_tokens_ = static_cast<int64_t>(s->tokens.size());
+  if (s->request.max_tokens == 0) {
+    g->push({.piece = "", .done = true, .finish = "length"});
+    return g;
+  }
+  {
+    std::lock_guard lock(mu_);
+    // Beyond the running batch's free places, `queue` may wait.
+    const int64_t places = std::max<int64_t>(0, limits_.max_batch - static_cast<int64_t>(running_count_));
+    if (static_cast<int64_t>(queue_.size()) >= limits_.queue + places) return nullptr;
+    queue_.push_back(std::move(s));
+  }
+  cv_.notify_all();
+  return g;
+}
+
+int64_t Batcher::queued() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+int64_t Batcher::running() const {
+  std::lock_guard lock(mu_);
+  return running_count_;
+}
+
+int64_t Batcher::caches_in_use() const {
+  std::lock_guard lock(mu_);
+  return caches_made_ - static_cast<int64_t>(free_caches_.size());
+}
+
+void Batcher::admit() {  // REQUIRES: mu_ held
+  while (!queue_.empty() && static_cast<int64_t>(running_.size()) < limits_.max_batch) {
+    if (free_caches_.empty() && caches_made_ >= limits_.cache_slots) break;  // waits for a cache
+    std::unique_ptr<Sequence> s = std::move(queue_.front());
+    queue_.pop_front();
+    if (free_caches_.empty()) {
+      free_caches_.push_back(std::make_unique<nn::KvCache>(gpt_.make_cache()));
+      ++caches_made_;
+    }
+    s->cache = std::move(free_caches_.back());
+    free_caches_.pop_back();
+    s->cache->length = 0;
+    running_.push_back(std::move(s));
+  }
+  running_count_ = static_cast<int64_t>(running_.size());
+}
+
+bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final) {
+  const int32_t token = s.sampler.pick(logits, s.request.sampling, s.rng);
+  s.tokens.push_back(token);
+  ++s.made;
+  const Clock::time_point now = Clock::now();
+  step.tokens.emplace_back(s.made == 1, std::chrono::duration<double>(now - s.last).count());
+  s.last = now;
+  s.out += s.request.text ? std::string(1, static_cast<char>(token)) : cat(s.made > 1 ? " " : "", token);
+  size_t ready = s.out.size();
+  std::string finish;
+  for (const std::string& stop : s.request.stop) {
+    if (s.out.ends_with(stop)) {  // the stop sequence itself is not returned
+      ready = s.out.size() - stop.size();
+      finish = "stop";
+      break;
+    }
+    for (size_t k = std::min(stop.size() - 1, s.out.size()); k > 0; --k)  // may still become `stop`
+      if (s.out.compare(s.out.size() - k, k, stop, 0, k) == 0) {
+        ready = std::min(ready, s.out.size() - k);
+        break;
+      }
+  }
+  if (finish.empty() && s.made >= s.request.max_tokens) finish = "length", ready = s.out.size();
+  if (s.request.text && finish != "length") ready = whole_characters(s.out, ready);
+  Generation::Event e{.piece = s.out.substr(s.sent, ready - s.sent), .done = !finish.empty(), .finish = finish};
+  s.sent = ready;
+  {
+    std::lock_guard lock(s.generation->mu_);
+    s.generation->made_ = s.made;
+  }
+  if (e.done) {
+    final = std::move(e);  // pushed once the sequence has left the batch and freed its cache
+    return true;
+  }
+  if (!e.piece.empty()) s.generation->push(std::move(e));
+  return false;
+}
+
+void Batcher::loop() {
+  const int64_t window = gpt_.config().seq_len, vocab = gpt_.config().vocab_size;
+  Arena arena;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !running_.empty(); });
+      if (stop_) break;
+      admit();
+    }
+    // One step: every running sequence whose rows fit the token budget (the first always).
+    std::vector<Sequence*> batch;
+    std::vector<std::span<const int32_t>> rows;
+    std::vector<nn::KvCache*> caches;
+    int64_t total = 0;
+    for (auto& s : running_) {
+      if (s->cancelled()) continue;
+      const int64_t n = s->rows(window);
+      if (!batch.empty() && (total + n > limits_.token_budget)) continue;
+      if (s->cache->length == s->cache->capacity()) s->cache->length = 0;
+      batch.push_back(s.get());
+      rows.push_back(std::span<const int32_t>(s->tokens).last(static_cast<size_t>(n)));
+      caches.push_back(s->cache.get());
+      total += n;
+    }
+    BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
+    std::vector<std::pair<Sequence*, Generation::Event>> finished;
+    if (!batch.empty()) {
+      const Tensor logits = gpt_.decode_batch(rows, caches, arena);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Generation::Event final;
+        if (advance(*batch[i], logits.data<float>() + static_cast<int64_t>(i) * vocab, step, final))
+          finished.emplace_back(batch[i], std::move(final));
+      }
+    }
+    // Finished and cancelled sequences leave the batch and free their caches; only then are
+    // their last events sent, so that whoever reads them sees the place free.
+    std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>> last;
+    {
+      std::lock_guard lock(mu_);
+      std::erase_if(running_, [&](std::unique_ptr<Sequence>& s) {
+        auto done = std::find_if(finished.begin(), finished.end(), [&](const auto& f) { return f.first == s.get(); });
+        if (done != finished.end()) last.emplace_back(s->generation, std::move(done->second));
+        else if (s->cancelled()) last.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
+        else return false;
+        free_caches_.push_back(std::move(s->cache));
+        return true;
+      });
+      running_count_ = static_cast<int64_t>(running_.size());
+    }
+    for (auto& [generation, event] : last) generation->push(std::move(event));
+    if (on_step_ && step.sequences > 0) on_step_(step);
+  }
+  // Stopping: whoever waits is told.
+  std::lock_guard lock(mu_);
+  for (auto& s : running_) s->generation->push({.piece = "", .done = true, .finish = "cancelled"});
+  for (auto& s : queue_) s->generation->push({.piece = "", .done = true, .finish = "cancelled"});
+}
+
+}  // namespace loom::app

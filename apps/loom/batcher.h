@@ -1,0 +1,100 @@
+// Continuous batching for `loom serve` (docs/serving.md): one thread per model runs every
+// admitted request's next tokens in one Gpt::decode_batch per step, and requests join and
+// leave between steps (iteration-level scheduling). Each request decodes with a key/value
+// cache from a fixed pool; a request that cannot be admitted waits in a bounded queue.
+// Thread-safety: submit, Generation::next and Generation::cancel from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/nn/gpt.h"
+#include "sampler.h"
+
+namespace loom::app {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // at least one token, ids < vocab_size
+  int64_t max_tokens = 16;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;  // text models only
+  bool text = true;  // a byte-level model: output is text, else token ids separated by spaces
+};
+
+// One request's output as it becomes final: text is held back while it may begin a stop
+// sequence or ends inside a UTF-8 character.
+class Generation {
+ public:
+  struct Event {
+    std::string piece;
+    bool done = false;
+    std::string finish;  // with done: "length", "stop" or "cancelled"
+  };
+  Event next();    // blocks until there is one
+  void cancel();   // the client left: dropped at the next step, its cache freed
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t completion_tokens() const;  // so far
+
+ private:
+  friend class Batcher;
+  void push(Event e);
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  bool cancelled_ = false;
+  int64_t prompt_tokens_ = 0, made_ = 0;
+};
+
+struct BatcherLimits {
+  int64_t max_batch = 16;     // sequences per step
+  int64_t token_budget = 2048;  // rows per step (a prefill counts its tokens); one sequence always runs
+  int64_t queue = 64;         // requests waiting for a place in a full batch; beyond them submit refuses
+  int64_t cache_slots = 16;   // key/value caches (each seq_len positions), the memory budget
+};
+
+// What each step did, for metrics.
+struct BatchStep {
+  int64_t sequences = 0, rows = 0;
+  std::vector<std::pair<bool, double>> tokens;  // per token made: first of its request?, seconds since the last
+};
+
+class Batcher {
+ public:
+  Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step);
+  ~Batcher();  // cancels what is running and queued, and joins the thread
+  // The request's generation, or null when the queue is full.
+  std::shared_ptr<Generation> submit(GenerationRequest request);
+  int64_t queued() const;
+  int64_t running() const;
+  int64_t caches_in_use() const;
+
+ private:
+  struct Sequence;
+  void loop();
+  void admit();
+  // Samples, holds back and emits one sequence's new token; when it has finished, returns
+  // true with its last event in `final`, not yet sent.
+  bool advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final);
+
+  const nn::Gpt& gpt_;
+  BatcherLimits limits_;
+  std::function<void(const BatchStep&)> on_step_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // touched by the loop only, sized under mu_
+  std::vector<std::unique_ptr<nn::KvCache>> free_caches_;
+  int64_t caches_made_ = 0, running_count_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace loom::app
