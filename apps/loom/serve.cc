@@ -25,6 +25,7 @@
 #include "loom/log.h"
 #include "loom/rng.h"
 #include "batcher.h"
+#include "completion_request.h"
 #include "sampler.h"
 
 namespace loom::app {
@@ -33,11 +34,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-// A request the server refuses: HTTP status and a message naming the field.
-struct Refusal {
-  int status;
-  std::string message;
-};
 
 struct Model {
   std::string name, path;
@@ -108,78 +104,7 @@ struct Metrics {
   }
 };
 
-// A completion request, validated: every field checked before any work.
-struct Completion {
-  Model* model = nullptr;
-  GenerationRequest generation;
-  bool stream = false;
-};
 
-Completion parse_completion(const std::string& body, std::map<std::string, std::unique_ptr<Model>>& models,
-                            int64_t max_tokens_cap) {
-  json j;
-  try {
-    j = parse_json_bounded(body, "the body", kRequestLimits);
-  } catch (const InputError& e) {
-    throw Refusal{400, e.what()};
-  }
-  if (!j.is_object()) throw Refusal{400, "the body must be a JSON object"};
-  static const std::set<std::string> known = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
-                                              "stream", "n", "user"};
-  for (const auto& [key, value] : j.items())
-    if (!known.contains(key)) throw Refusal{400, cat("unknown field \"", printable(key), "\"")};
-  Completion c;
-  if (!j.contains("model") || !j["model"].is_string()) throw Refusal{400, "\"model\": expected a model name (GET /v1/models)"};
-  const auto m = models.find(j["model"].get<std::string>());
-  if (m == models.end()) throw Refusal{404, cat("\"model\": no model named \"", printable(j["model"].get<std::string>()), "\"")};
-  c.model = m->second.get();
-  const nn::GptConfig& g = c.model->gpt->config();
-  c.generation.text = g.vocab_size <= 256;
-  const json& p = j.contains("prompt") ? j["prompt"] : json("");
-  if (p.is_string()) {
-    if (!c.generation.text)
-      throw Refusal{400, cat("\"prompt\": model \"", c.model->name, "\" has a vocabulary of ", g.vocab_size,
-                             " tokens and no tokenizer here; expected an array of token ids")};
-    for (unsigned char ch : p.get<std::string>()) c.generation.prompt.push_back(ch);
-  } else if (p.is_array()) {
-    for (const json& t : p) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= g.vocab_size)
-        throw Refusal{400, cat("\"prompt\": token ids must be integers in [0, ", g.vocab_size, ")")};
-      c.generation.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
-  } else {
-    throw Refusal{400, "\"prompt\": expected a string or an array of token ids"};
-  }
-  if (c.generation.prompt.empty()) c.generation.prompt.push_back(c.generation.text ? '\n' : static_cast<int32_t>(g.vocab_size - 1));
-  auto number = [&](const char* key, double lo, double hi, double fallback) {
-    if (!j.contains(key)) return fallback;
-    if (!j[key].is_number() || !(j[key].get<double>() >= lo && j[key].get<double>() <= hi))
-      throw Refusal{400, cat("\"", key, "\": expected a number in [", lo, ", ", hi, "]")};
-    return j[key].get<double>();
-  };
-  if (j.contains("max_tokens") && !j["max_tokens"].is_number_integer())
-    throw Refusal{400, cat("\"max_tokens\": expected an integer in [0, ", max_tokens_cap, "]")};
-  c.generation.max_tokens = static_cast<int64_t>(number("max_tokens", 0, static_cast<double>(max_tokens_cap), 16));
-  c.generation.sampling.temperature = number("temperature", 0, 100, 1);
-  c.generation.sampling.top_p = number("top_p", 0, 1, 1);
-  if (c.generation.sampling.top_p == 0) throw Refusal{400, "\"top_p\": expected a number in (0, 1]"};
-  if (j.contains("seed") && !j["seed"].is_number_integer()) throw Refusal{400, "\"seed\": expected an integer"};
-  c.generation.seed = j.contains("seed") ? j["seed"].get<uint64_t>() : static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-  if (j.contains("n") && j["n"] != 1) throw Refusal{400, "\"n\": only 1 completion per request"};
-  if (j.contains("stream") && !j["stream"].is_boolean()) throw Refusal{400, "\"stream\": expected true or false"};
-  c.stream = j.value("stream", false);
-  if (j.contains("stop") && !c.generation.text) throw Refusal{400, "\"stop\": stop sequences are text; this model generates token ids"};
-  if (j.contains("stop")) {
-    const json& s = j["stop"];
-    const json list = s.is_array() ? s : json::array({s});
-    if (list.size() > 4) throw Refusal{400, "\"stop\": at most 4 sequences"};
-    for (const json& x : list) {
-      if (!x.is_string() || x.get<std::string>().empty()) throw Refusal{400, "\"stop\": expected non-empty strings"};
-      c.generation.stop.push_back(x.get<std::string>());
-    }
-  }
-  return c;
-}
 
 class Server {
  public:
@@ -236,11 +161,31 @@ class Server {
     http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, "/v1/completions")) return;
       try {
-        complete(parse_completion(req.body, models_, args_.max_tokens), res);
+        CompletionRequest c = parse_completion_request(
+            req.body,
+            [&](const std::string& name) {
+              const auto m = models_.find(name);
+              return m == models_.end() ? int64_t{-1} : m->second->gpt->config().vocab_size;
+            },
+            args_.max_tokens);
+        Model& model = *models_.at(c.model);
+        complete(model, std::move(c), res);
       } catch (const Refusal& r) {
         respond(res, "/v1/completions", r.status,
                 json{{"error", {{"message", r.message}, {"type", r.status == 404 ? "not_found_error" : "invalid_request_error"}}}});
       }
+    });
+    // Anything a handler did not expect: 500 with its line, logged, and the server goes on.
+    http.set_exception_handler([&](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      log_warn(cat("serve: ", printable(req.path), ": ", what));
+      respond(res, printable(req.path), 500, json{{"error", {{"message", what}, {"type", "server_error"}}}});
     });
     http.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
@@ -271,19 +216,19 @@ class Server {
     return false;
   }
 
-  void complete(Completion c, httplib::Response& res) {
+  void complete(Model& model, CompletionRequest c, httplib::Response& res) {
     metrics_.prompt_tokens += c.generation.prompt.size();
-    std::shared_ptr<Generation> g = c.model->batcher->submit(std::move(c.generation));
+    std::shared_ptr<Generation> g = model.batcher->submit(std::move(c.generation));
     if (!g) {
       respond(res, "/v1/completions", 429,
-              json{{"error", {{"message", cat("model \"", c.model->name, "\" has ", args_.queue,
+              json{{"error", {{"message", cat("model \"", model.name, "\" has ", args_.queue,
                                                " requests waiting; try again later")},
                               {"type", "rate_limit_error"}}}});
       return;
     }
     const std::string id = cat("cmpl-", ++next_id_);
     const long created = static_cast<long>(std::time(nullptr));
-    const std::string name = c.model->name;
+    const std::string name = model.name;
     auto choice = [](const std::string& text, const json& finish) {
       return json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
     };
