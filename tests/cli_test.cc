@@ -232,6 +232,17 @@ std::vector<std::string> column(const std::string& metrics, const std::string& k
   return out;
 }
 
+// Each of `keys` on every metrics line of `got` within `tolerance` of `want`'s (same count).
+void expect_columns_near(const std::string& want, const std::string& got, std::initializer_list<const char*> keys,
+                         double tolerance, const std::string& what) {
+  for (const char* key : keys) {
+    const auto w = column(want, key), h = column(got, key);
+    ASSERT_EQ(w.size(), h.size()) << what << " " << key;
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_NEAR(std::stod(h[i]), std::stod(w[i]), tolerance) << what << " " << key << " at line " << i;
+  }
+}
+
 TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
   const std::string det = " --quiet --parallel.deterministic=true --checkpoint.every=0";
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
@@ -325,15 +336,8 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string one = read_file(p("runs/one/metrics.jsonl"));
   ASSERT_EQ(column(one, "loss").size(), 6u);
-  for (const char* run : {"tp", "mesh", "mesh3d"}) {
-    const std::string got = read_file(p(cat("runs/", run, "/metrics.jsonl")));
-    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
-      const auto want = column(one, key), have = column(got, key);
-      ASSERT_EQ(want.size(), have.size()) << run << " " << key;
-      for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << run << " " << key << " at line " << i;
-    }
-  }
+  for (const char* run : {"tp", "mesh", "mesh3d"})
+    expect_columns_near(one, read_file(p(cat("runs/", run, "/metrics.jsonl"))), {"loss", "grad_norm", "val_loss"}, 1e-4, run);
   const std::string tp = read_file(p("runs/tp/metrics.jsonl")), tpr = read_file(p("runs/tpr/metrics.jsonl"));
   EXPECT_EQ(loss_columns(tp), loss_columns(tpr));
   // Per micro-batch (2 a step: global_batch 4), two all-reduces per block (2) in forward and
@@ -373,15 +377,8 @@ TEST_F(Cli, SequenceParallelTrainsLikeOneProcessAndResumes) {
     ASSERT_EQ(r.code, 0) << flags << "\n" << r.out << r.err;
   }
   const std::string one = read_file(p("runs/one/metrics.jsonl")), got = read_file(p("runs/sp/metrics.jsonl"));
-  for (const char* run : {"sp", "spdp", "sppp"}) {
-    const std::string metrics = read_file(p(cat("runs/", run, "/metrics.jsonl")));
-    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
-      const auto want = column(one, key), have = column(metrics, key);
-      ASSERT_EQ(want.size(), have.size()) << run << " " << key;
-      for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << run << " " << key << " at line " << i;
-    }
-  }
+  for (const char* run : {"sp", "spdp", "sppp"})
+    expect_columns_near(one, read_file(p(cat("runs/", run, "/metrics.jsonl"))), {"loss", "grad_norm", "val_loss"}, 1e-4, run);
   EXPECT_EQ(loss_columns(got), loss_columns(read_file(p("runs/spr/metrics.jsonl"))));
   // Stage 0 sends each micro-batch's activations as its piece's rows: 2 x 64 / 2 rows of 64
   // floats, for the 2 micro-batches of a step, half of what a stage sends without it.
@@ -447,13 +444,8 @@ TEST_F(Cli, EveryMeshLayoutTrainsLikeOneProcess) {
                         l.model, " --job.name=", name, " --parallel.dp=", l.dp, " --parallel.pp=", l.pp, " --parallel.tp=", l.tp));
     ASSERT_EQ(r.code, 0) << name << "\n" << r.out << r.err;
     const std::string got = read_file(p(cat("runs/", name, "/metrics.jsonl")));
-    for (const char* key : {"loss", "grad_norm"}) {
-      const auto want = column(reference[l.model], key), have = column(got, key);
-      ASSERT_EQ(want.size(), 4u) << name << " " << key;
-      ASSERT_EQ(have.size(), 4u) << name << " " << key;
-      for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(std::stod(have[i]), std::stod(want[i]), 1e-4) << name << " " << key << " at step " << i + 1;
-    }
+    ASSERT_EQ(column(got, "loss").size(), 4u) << name;
+    expect_columns_near(reference[l.model], got, {"loss", "grad_norm"}, 1e-4, name);
   }
 }
 

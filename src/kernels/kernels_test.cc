@@ -234,14 +234,22 @@ TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
   EXPECT_LT(rel_err(decode(attention_decode<float>, 0.0f), y), 2e-6);
 }
 
+// 9 rows of 17 logits with their targets, and the reference's losses and dlogits (mean).
+struct CrossEntropyCase {
+  static constexpr int64_t n = 9, v = 17;
+  std::vector<double> logits = randn(n * v, 13, 3.0), loss = std::vector<double>(n), dl = std::vector<double>(n * v);
+  std::vector<int32_t> tgt = std::vector<int32_t>(n);
+  CrossEntropyCase() {
+    for (int64_t i = 0; i < n; ++i) tgt[i] = static_cast<int32_t>((i * 5) % v);
+    ref::cross_entropy_forward(loss.data(), logits.data(), tgt.data(), n, v);
+    ref::cross_entropy_backward(dl.data(), logits.data(), tgt.data(), 1.0 / n, n, v);
+  }
+};
+
 TEST(Kernels, CrossEntropy) {
-  const int64_t n = 9, v = 17;
-  auto logits = randn(n * v, 13, 3.0);
-  std::vector<int32_t> tgt(n);
-  for (int64_t i = 0; i < n; ++i) tgt[i] = static_cast<int32_t>((i * 5) % v);
-  std::vector<double> loss(n), dl(n * v);
-  ref::cross_entropy_forward(loss.data(), logits.data(), tgt.data(), n, v);
-  ref::cross_entropy_backward(dl.data(), logits.data(), tgt.data(), 1.0 / n, n, v);
+  const CrossEntropyCase k;
+  const int64_t n = k.n, v = k.v;
+  const auto& [logits, loss, dl, tgt] = k;
   std::vector<double> w(n, 1.0 / n);
   auto fwd = [&](const std::vector<double>& l) {
     std::vector<double> o(n);
@@ -264,14 +272,10 @@ TEST(Kernels, CrossEntropy) {
 // the layer combines them (max, then the sums), give the whole row's loss and dlogits; the
 // fast slice kernels equal their reference twins.
 TEST(Kernels, CrossEntropyBySlices) {
-  const int64_t n = 9, v = 17;
+  const CrossEntropyCase k;
+  const int64_t n = k.n, v = k.v;
+  const auto& [logits, loss, dl, tgt] = k;
   const int64_t begins[] = {0, 6, 12, 17};
-  auto logits = randn(n * v, 13, 3.0);
-  std::vector<int32_t> tgt(n);
-  for (int64_t i = 0; i < n; ++i) tgt[i] = static_cast<int32_t>((i * 5) % v);
-  std::vector<double> loss(n), dl(n * v);
-  ref::cross_entropy_forward(loss.data(), logits.data(), tgt.data(), n, v);
-  ref::cross_entropy_backward(dl.data(), logits.data(), tgt.data(), 1.0 / n, n, v);
   auto run = [&](auto slice_max, auto slice_sums, auto slice_backward, auto t) {
     using T = decltype(t);
     std::vector<std::vector<T>> pieces(3);

@@ -1,11 +1,20 @@
 #include "loom/tensor_parallel.h"
 
 #include <chrono>
+#include <functional>
 
 namespace loom::parallel {
 namespace {
 using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+// A blocking collective: the training thread waits for all of it.
+CommSpan blocking(const char* what, int64_t bytes, const std::function<void()>& run) {
+  const auto begin = Clock::now();
+  run();
+  const auto end = Clock::now();
+  return {.what = what, .bytes = bytes, .begin = begin, .end = end, .wait_begin = begin, .wait_end = end};
+}
 }  // namespace
 
 void TensorParallelSeam::record(const CommSpan& span, Clock::time_point issued) {
@@ -18,34 +27,28 @@ void TensorParallelSeam::record(const CommSpan& span, Clock::time_point issued) 
 
 void TensorParallelSeam::reduce(const Tensor& t, comm::ReduceOp op, const char* what) {
   LOOM_CHECK(tp_ != nullptr && (t.dtype() == DType::kF32 || t.dtype() == DType::kF64));
-  const auto begin = Clock::now();
-  comm::all_reduce(*tp_, {.output = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = t.dtype(), .op = op});
-  const auto end = Clock::now();
-  record({.what = what, .bytes = static_cast<int64_t>(t.nbytes()), .begin = begin, .end = end, .wait_begin = begin,
-          .wait_end = end},
-         begin);
+  const CommSpan span = blocking(what, static_cast<int64_t>(t.nbytes()), [&] {
+    comm::all_reduce(*tp_, {.output = t.raw(), .count = static_cast<size_t>(t.numel()), .dtype = t.dtype(), .op = op});
+  });
+  record(span, span.begin);
 }
 
 void TensorParallelSeam::all_gather(const Tensor& local, const Tensor& whole) {
   LOOM_CHECK(tp_ != nullptr && local.dtype() == whole.dtype() && whole.numel() == local.numel() * tp_->size());
-  const auto begin = Clock::now();
-  comm::all_gather(*tp_, {.input = local.raw(), .output = whole.raw(), .count = static_cast<size_t>(local.numel()),
-                          .dtype = local.dtype()});
-  const auto end = Clock::now();
-  record({.what = "tp all-gather", .bytes = static_cast<int64_t>(whole.nbytes()), .begin = begin, .end = end,
-          .wait_begin = begin, .wait_end = end},
-         begin);
+  const CommSpan span = blocking("tp all-gather", static_cast<int64_t>(whole.nbytes()), [&] {
+    comm::all_gather(*tp_, {.input = local.raw(), .output = whole.raw(), .count = static_cast<size_t>(local.numel()),
+                            .dtype = local.dtype()});
+  });
+  record(span, span.begin);
 }
 
 void TensorParallelSeam::reduce_scatter(const Tensor& whole, const Tensor& local) {
   LOOM_CHECK(tp_ != nullptr && local.dtype() == whole.dtype() && whole.numel() == local.numel() * tp_->size());
-  const auto begin = Clock::now();
-  comm::reduce_scatter(*tp_, {.input = whole.raw(), .output = local.raw(), .count = static_cast<size_t>(local.numel()),
-                              .dtype = local.dtype()});
-  const auto end = Clock::now();
-  record({.what = "tp reduce-scatter", .bytes = static_cast<int64_t>(whole.nbytes()), .begin = begin, .end = end,
-          .wait_begin = begin, .wait_end = end},
-         begin);
+  const CommSpan span = blocking("tp reduce-scatter", static_cast<int64_t>(whole.nbytes()), [&] {
+    comm::reduce_scatter(*tp_, {.input = whole.raw(), .output = local.raw(), .count = static_cast<size_t>(local.numel()),
+                                .dtype = local.dtype()});
+  });
+  record(span, span.begin);
 }
 
 class TensorParallelSeam::Async : public nn::Seam::Pending {
