@@ -185,7 +185,7 @@ class Server {
       } catch (...) {
       }
       log_warn(cat("serve: ", printable(req.path), ": ", what));
-      respond(res, printable(req.path), 500, json{{"error", {{"message", what}, {"type", "server_error"}}}});
+      respond(res, "other", 500, json{{"error", {{"message", printable(what)}, {"type", "server_error"}}}});
     });
     http.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
