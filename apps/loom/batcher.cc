@@ -71,13 +71,6 @@ struct Batcher::Sequence {
     std::lock_guard lock(generation->mu_);
     return generation->cancelled_;
   }
-  // The rows its next step runs: the prompt's last window first; past the window the cache
-  // starts again from the last half window (absolute positions cannot slide); else one.
-  int64_t rows(int64_t window) const {
-    if (cache->length == 0) return std::min<int64_t>(static_cast<int64_t>(tokens.size()), window);
-    if (cache->length == cache->capacity()) return std::max<int64_t>(window / 2, 1);
-    return 1;
-  }
 };
 
 Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step)
@@ -185,7 +178,7 @@ bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generat
 }
 
 void Batcher::loop() {
-  const int64_t window = gpt_.config().seq_len, vocab = gpt_.config().vocab_size;
+  const int64_t vocab = gpt_.config().vocab_size;
   Arena arena;
   for (;;) {
     {
@@ -201,9 +194,9 @@ void Batcher::loop() {
     int64_t total = 0;
     for (auto& s : running_) {
       if (s->cancelled()) continue;
-      const int64_t n = s->rows(window);
+      const int64_t n = s->cache->next_rows(static_cast<int64_t>(s->tokens.size()));
       if (!batch.empty() && (total + n > limits_.token_budget)) continue;
-      if (s->cache->length == s->cache->capacity()) s->cache->length = 0;
+      if (s->cache->full()) s->cache->length = 0;
       batch.push_back(s.get());
       rows.push_back(std::span<const int32_t>(s->tokens).last(static_cast<size_t>(n)));
       caches.push_back(s->cache.get());

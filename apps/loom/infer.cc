@@ -149,13 +149,9 @@ int run_sample(const SampleArgs& a) {
       std::ranges::copy(context(n), x.data<int32_t>());
       return gpt->forward_logits(x, ctx, /*last_only=*/true).data<float>();
     }
-    if (cache.length == 0)  // the prompt (its last window)
-      return gpt->decode(context(std::min<int64_t>(static_cast<int64_t>(seq.size()), window)), cache, arena).data<float>();
-    if (cache.length == cache.capacity()) {
-      cache.length = 0;
-      return gpt->decode(context(window / 2 > 0 ? window / 2 : 1), cache, arena).data<float>();
-    }
-    return gpt->decode(context(1), cache, arena).data<float>();
+    const int64_t n = cache.next_rows(static_cast<int64_t>(seq.size()));
+    if (cache.full()) cache.length = 0;
+    return gpt->decode(context(n), cache, arena).data<float>();
   };
   int64_t lines = 0;
   Sampler sampler(vocab);

@@ -5,10 +5,10 @@
 
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
-#include "kernels/pointwise.h"
 #include "loom/error.h"
 #include "loom/rng.h"
 #include "nn/dispatch.h"
+#include "nn/residual.h"
 
 namespace loom::nn {
 namespace k = loom::kernels;
@@ -360,13 +360,6 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
   backward_embed(dx, ctx);
   if (on_block) on_block(-1, BlockPhase::kBackwardDone);
 }
-
-namespace {
-// a += b, elementwise (the residual stream).
-void add_into(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_FLOAT(a.dtype(), T, k::add_forward(a.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
-}
-}  // namespace
 
 KvCache Gpt::make_cache() const {
   LOOM_CHECK(!tp_.split() && part_.all_blocks && part_.embeddings && part_.head);

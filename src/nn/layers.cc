@@ -9,6 +9,7 @@
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "nn/dispatch.h"
+#include "nn/residual.h"
 
 namespace loom::nn {
 namespace k = loom::kernels;
@@ -387,14 +388,6 @@ Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head,
       attn(ps, prefix + ".attn", c, n_head, shard),
       ln_2(ps, prefix + ".ln_2", c, shard),
       mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
-
-namespace {
-// a += b, elementwise (residual connections).
-void add_into(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_FLOAT(a.dtype(), T,
-                      k::add_forward(a.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
-}
-}  // namespace
 
 Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
   Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);

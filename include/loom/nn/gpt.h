@@ -8,6 +8,7 @@
 // Thread-safety: one thread drives a model; kernels parallelize internally.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <span>
 #include <string>
@@ -92,6 +93,15 @@ struct KvCache {
   std::vector<Tensor> k, v;  // per block: (seq_len, C)
   int64_t length = 0;        // positions held
   int64_t capacity() const { return k.empty() ? 0 : k[0].dim(0); }
+  bool full() const { return length == capacity(); }
+  // How many of a sequence's last `tokens` its next decode runs: the prompt's last window
+  // first; a full cache starts again (the caller sets length 0) from the last half window,
+  // since positions are absolute and cached keys cannot slide; else the one new token.
+  int64_t next_rows(int64_t tokens) const {
+    if (length == 0) return std::min(tokens, capacity());
+    if (full()) return std::min(tokens, std::max<int64_t>(capacity() / 2, 1));
+    return 1;
+  }
 };
 
 class Gpt {

@@ -1,0 +1,15 @@
+// The residual stream's a += b, elementwise: the blocks' forward and backward and the
+// incremental decoder all add this way.
+#pragma once
+
+#include "kernels/pointwise.h"
+#include "loom/tensor.h"
+#include "nn/dispatch.h"
+
+namespace loom::nn {
+
+inline void add_into(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_FLOAT(a.dtype(), T, kernels::add_forward(a.data<T>(), a.data<T>(), b.data<T>(), a.numel()));
+}
+
+}  // namespace loom::nn
