@@ -12,20 +12,28 @@ trap 'rm -rf "$tmp"' EXIT
 c=fuzz/corpus
 mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/idx $c/config
 
-# Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each.
+# Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each,
+# and the GPT on two tensor-parallel ranks (an index whose tensors have several shards).
+# The version 1 seeds (gpt-index, mlp-index, as Loom wrote them before sharded checkpoints)
+# stay in the corpus; this writes the version 2 ones beside them.
 $loom train configs/gpt-nano.toml --model.n_layer=1 --model.n_head=1 --model.d_model=4 --model.seq_len=4 \
   --training.steps=2 --training.global_batch=2 --training.micro_batch=1 --training.warmup_steps=1 \
   --training.eval_every=0 --checkpoint.every=2 --job.run_dir="$tmp" --job.name=gpt >/dev/null
 $loom train configs/mlp.toml --model.n_layer=1 --model.hidden=2 --training.steps=2 --training.global_batch=2 \
   --training.micro_batch=2 --training.warmup_steps=1 --training.eval_every=0 --checkpoint.every=2 \
   --job.run_dir="$tmp" --job.name=mlp >/dev/null
+$loom launch -n 2 -- $loom train configs/gpt-nano.toml --model.n_layer=1 --model.n_head=2 --model.d_model=4 \
+  --model.seq_len=4 --training.steps=2 --training.global_batch=2 --training.micro_batch=1 --training.warmup_steps=1 \
+  --training.eval_every=0 --checkpoint.every=2 --job.run_dir="$tmp" --job.name=gpt-tp2 --parallel.tp=2 >/dev/null
 for kind in gpt mlp; do
   step=$tmp/$kind/checkpoints/step_2
-  cp "$step/model.safetensors" $c/safetensors/$kind-model
-  cp "$step/optimizer.safetensors" $c/safetensors/$kind-optimizer
-  cp "$step/index.json" $c/checkpoint/$kind-index
+  cp "$step/model-00000.safetensors" $c/safetensors/$kind-model
+  cp "$step/optimizer-00000.safetensors" $c/safetensors/$kind-optimizer
+  cp "$step/index.json" $c/checkpoint/$kind-index-v2
   cp "$step/state.json" $c/checkpoint/$kind-state
 done
+cp "$tmp/gpt-tp2/checkpoints/step_2/index.json" $c/checkpoint/gpt-tp2-index
+cp "$tmp/gpt-tp2/checkpoints/step_2/model-00001.safetensors" $c/safetensors/gpt-tp2-model-1
 cp "$tmp/gpt/checkpoints/latest" $c/checkpoint/latest
 
 # Token files: a few lines of text through the byte tokenizer (training and validation parts).

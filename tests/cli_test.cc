@@ -129,7 +129,7 @@ TEST_F(Cli, BadSafetensorsAndCheckpointsAreNamed) {
   raw("past.safetensors", R"({"wte.weight":{"dtype":"F32","shape":[256,64],"data_offsets":[0,65536]}})", 100);
   expect_bad_input(cat("eval --checkpoint ", p("past.safetensors"), " --data ", p("val.bin")), {"past.safetensors", "past the end"});
   // A real checkpoint's weights, loaded as a model of another shape.
-  const std::string weights = p("runs/r/checkpoints/step_3/model.safetensors");
+  const std::string weights = p("runs/r/checkpoints/step_3/model-00000.safetensors");
   expect_bad_input(cat("eval --checkpoint ", weights, " --data ", p("val.bin"), " --model.n_head=3"), {"not divisible"});
   // Resume with a different model shape: the checkpoint says gpt-nano d_model 64.
   expect_bad_input(cat("train ", p("nano.toml"), " --resume --model.d_model=32"), {"checkpoint of model", "d_model"});
@@ -142,13 +142,13 @@ TEST_F(Cli, BadSafetensorsAndCheckpointsAreNamed) {
   std::string bad = good;
   bad[bad.size() - 3] ^= 1;
   write(weights, bad);
-  expect_bad_input(cat("eval --checkpoint ", p("runs/r"), " --data ", p("val.bin")), {"model.safetensors", "SHA-256 mismatch"});
+  expect_bad_input(cat("eval --checkpoint ", p("runs/r"), " --data ", p("val.bin")), {"model-00000.safetensors", "SHA-256 mismatch"});
 }
 
 TEST_F(Cli, ShapeMismatchInBareSafetensorsIsNamed) {
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
   // Rename h.1 to h.2: the file then describes layers {0, 2}, a shape no GPT has.
-  SafetensorsFile f = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model.safetensors"));
+  SafetensorsFile f = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model-00000.safetensors"));
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& e : f.entries()) {
     Tensor t = Tensor::zeros(e.shape, DType::kF32);
@@ -186,8 +186,8 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
   auto full = losses("full"), cut = losses("cut");
   ASSERT_EQ(full.size(), 6u);
   EXPECT_EQ(full, cut);
-  EXPECT_EQ(read_file(p("runs/full/checkpoints/step_6/model.safetensors")),
-            read_file(p("runs/cut/checkpoints/step_6/model.safetensors")));
+  EXPECT_EQ(logical(p("runs/full/checkpoints/step_6"), checkpoint::Part::kModel),
+            logical(p("runs/cut/checkpoints/step_6"), checkpoint::Part::kModel));
 }
 
 TEST_F(Cli, DataPrepareSampleAndEval) {
@@ -219,29 +219,6 @@ double figure_after(const std::string& text, const std::string& key) {
   return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
 }
 
-// The values of one key on every metrics line that has it, as written.
-std::vector<std::string> column(const std::string& metrics, const std::string& key) {
-  std::vector<std::string> out;
-  std::istringstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find("\"" + key + "\": ");
-    if (at == std::string::npos) continue;
-    const size_t from = at + key.size() + 4;
-    out.push_back(line.substr(from, line.find_first_of(",}", from) - from));
-  }
-  return out;
-}
-
-// Each of `keys` on every metrics line of `got` within `tolerance` of `want`'s (same count).
-void expect_columns_near(const std::string& want, const std::string& got, std::initializer_list<const char*> keys,
-                         double tolerance, const std::string& what) {
-  for (const char* key : keys) {
-    const auto w = column(want, key), h = column(got, key);
-    ASSERT_EQ(w.size(), h.size()) << what << " " << key;
-    for (size_t i = 0; i < w.size(); ++i)
-      EXPECT_NEAR(std::stod(h[i]), std::stod(w[i]), tolerance) << what << " " << key << " at line " << i;
-  }
-}
 
 TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
   const std::string det = " --quiet --parallel.deterministic=true --checkpoint.every=0";
@@ -253,10 +230,10 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
   auto one = loss_columns(read_file(p("runs/one/metrics.jsonl")));
   ASSERT_EQ(one.size(), 6u);
   EXPECT_EQ(one, loss_columns(read_file(p("runs/two/metrics.jsonl"))));
-  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/model.safetensors")),
-            read_file(p("runs/two/checkpoints/step_6/model.safetensors")));
-  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
-            read_file(p("runs/two/checkpoints/step_6/optimizer.safetensors")));
+  EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kModel),
+            logical(p("runs/two/checkpoints/step_6"), checkpoint::Part::kModel));
+  EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kOptimizer),
+            logical(p("runs/two/checkpoints/step_6"), checkpoint::Part::kOptimizer));
   // ZeRO-3: parameters gathered block by block, evaluation and checkpoints still whole.
   r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det, " --job.name=z3 --parallel.zero=3"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
@@ -264,10 +241,10 @@ TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
   const std::vector<std::string> val = column(read_file(p("runs/one/metrics.jsonl")), "val_loss");
   EXPECT_FALSE(val.empty());
   EXPECT_EQ(val, column(read_file(p("runs/z3/metrics.jsonl")), "val_loss"));
-  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/model.safetensors")),
-            read_file(p("runs/z3/checkpoints/step_6/model.safetensors")));
-  EXPECT_EQ(read_file(p("runs/one/checkpoints/step_6/optimizer.safetensors")),
-            read_file(p("runs/z3/checkpoints/step_6/optimizer.safetensors")));
+  EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kModel),
+            logical(p("runs/z3/checkpoints/step_6"), checkpoint::Part::kModel));
+  EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kOptimizer),
+            logical(p("runs/z3/checkpoints/step_6"), checkpoint::Part::kOptimizer));
 }
 
 // Pipeline stages as processes: deterministic pp = 2 with full activation recompute (and
@@ -299,9 +276,9 @@ TEST_F(Cli, DeterministicPipelineEqualsOneProcessAndResumes) {
     // micro-batches a step (global batch 4) on pp = 2, 2 on each replica of dp x pp = 2 x 2.
     const int64_t microbatches = std::string(run) == "pp" ? 4 : 2;
     EXPECT_EQ(column(got, "pp_comm_bytes"), std::vector<std::string>(6, std::to_string(microbatches * 64 * 64 * 4))) << run;
-    for (const char* file : {"model.safetensors", "optimizer.safetensors"})
-      EXPECT_EQ(read_file(p(cat("runs/one/checkpoints/step_6/", file))), read_file(p(cat("runs/", run, "/checkpoints/step_6/", file))))
-          << run << " " << file;
+    for (checkpoint::Part part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+      EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), part), logical(p(cat("runs/", run, "/checkpoints/step_6")), part))
+          << run << " " << static_cast<int>(part);
   }
 }
 
@@ -347,9 +324,9 @@ TEST_F(Cli, TensorParallelTrainsLikeOneProcessAndResumes) {
   const auto tp_ms = column(tp, "tp_comm_ms"), exposed_ms = column(tp, "tp_exposed_comm_ms");
   ASSERT_EQ(exposed_ms.size(), tp_ms.size());
   for (size_t i = 0; i < tp_ms.size(); ++i) EXPECT_LE(std::stod(exposed_ms[i]), std::stod(tp_ms[i])) << "step " << i + 1;
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
-    EXPECT_EQ(read_file(p(cat("runs/tp/checkpoints/step_6/", file))), read_file(p(cat("runs/tpr/checkpoints/step_6/", file))))
-        << file;
+  for (checkpoint::Part part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+    EXPECT_EQ(logical(p("runs/tp/checkpoints/step_6"), part), logical(p("runs/tpr/checkpoints/step_6"), part))
+        << static_cast<int>(part);
   r = loom(cat("eval --checkpoint ", p("runs/tp/checkpoints/step_6"), " --data ", p("val.bin")));
   ASSERT_EQ(r.code, 0) << r.err;
   const Result whole = loom(cat("eval --checkpoint ", p("runs/one/checkpoints/step_6"), " --data ", p("val.bin")));
@@ -515,8 +492,8 @@ TEST_F(Cli, GemmPathAndThreadsDoNotChangeTheBits) {
   const auto bits = loss_columns(read_file(p("runs/auto/metrics.jsonl")));
   ASSERT_EQ(bits.size(), 6u);
   EXPECT_EQ(bits, loss_columns(read_file(p("runs/generic/metrics.jsonl"))));
-  EXPECT_EQ(read_file(p("runs/auto/checkpoints/step_6/model.safetensors")),
-            read_file(p("runs/generic/checkpoints/step_6/model.safetensors")));
+  EXPECT_EQ(logical(p("runs/auto/checkpoints/step_6"), checkpoint::Part::kModel),
+            logical(p("runs/generic/checkpoints/step_6"), checkpoint::Part::kModel));
   r = loom(cat(base, " --job.name=blas --job.gemm=openblas"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(loss_columns(read_file(p("runs/blas/metrics.jsonl"))).size(), 6u);
@@ -699,8 +676,8 @@ void Cli::kill_and_resume(const std::string& train, const std::string& steps,
   Result r = loom(cat("launch -n 2 -- ", train, " --job.name=cut --resume"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics)));
-  EXPECT_EQ(read_file(p(cat("runs/full/checkpoints/step_", steps, "/model.safetensors"))),
-            read_file(p(cat("runs/cut/checkpoints/step_", steps, "/model.safetensors"))));
+  EXPECT_EQ(logical(p(cat("runs/full/checkpoints/step_", steps)), checkpoint::Part::kModel),
+            logical(p(cat("runs/cut/checkpoints/step_", steps)), checkpoint::Part::kModel));
 }
 
 namespace {
@@ -740,7 +717,7 @@ namespace {
 TEST_F(Cli, IndependentReaderLoadsLoomWeights) {
   if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
-  const std::string file = p("runs/r/checkpoints/step_3/model.safetensors");
+  const std::string file = p("runs/r/checkpoints/step_3/model-00000.safetensors");
   const std::string cmd = cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ", file);
   auto [code, out] = testing::run_command(cmd);
   ASSERT_EQ(code, 0) << out;
@@ -766,7 +743,7 @@ TEST_F(Cli, IndependentReaderLoadsLoomWeights) {
 // publishes GPT-2) evaluate to exactly the loss of the checkpoint they came from.
 TEST_F(Cli, EvalOfBareHuggingFaceStyleFileMatchesCheckpoint) {
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
-  SafetensorsFile st = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model.safetensors"));
+  SafetensorsFile st = SafetensorsFile::open(p("runs/r/checkpoints/step_3/model-00000.safetensors"));
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& e : st.entries()) {
     Tensor t = Tensor::zeros(e.shape, DType::kF32);

@@ -226,10 +226,14 @@ class HostileInput : public Cli {
   }
 
   // The commands that read a checkpoint of run directory `run` (job name `job`).
-  std::vector<std::string> checkpoint_commands(const std::string& run, const std::string& job) const {
-    return {cat("train ", p("nano.toml"), " --quiet --resume --job.name=", job),
-            cat("eval --checkpoint ", run, " --data ", p("val.bin")),
-            cat("sample --checkpoint ", run, " --tokens 2")};
+  // `resume_only`: the commands that read the optimizer state.
+  std::vector<std::string> checkpoint_commands(const std::string& run, const std::string& job,
+                                               bool resume_only = false) const {
+    std::vector<std::string> out = {cat("train ", p("nano.toml"), " --quiet --resume --job.name=", job)};
+    if (resume_only) return out;
+    out.push_back(cat("eval --checkpoint ", run, " --data ", p("val.bin")));
+    out.push_back(cat("sample --checkpoint ", run, " --tokens 2"));
+    return out;
   }
 
   // Each variant made in a fresh copy of runs/base (run directory runs/v<i>) and every
@@ -306,9 +310,13 @@ TEST_F(HostileInput, CheckpointStateAndIndex) {
           [](const std::string& run) { return run; });
 }
 
+// Shard files are read when a load needs them: `eval` and `sample` read the model's,
+// `--resume` both. So the optimizer file's variants run `--resume` alone, the others every
+// command.
 TEST_F(HostileInput, CheckpointTensorsAndLatest) {
-  std::vector<Variant> all;
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+  std::vector<Variant> all, optimizer;
+  for (const char* f : {"model-00000.safetensors", "optimizer-00000.safetensors"}) {
+    if (f == std::string("optimizer-00000.safetensors")) std::swap(all, optimizer);
     const std::string rel = step_dir_ + "/" + f, bytes = read_file(p("runs/base/" + rel));
     uint64_t n = 0;
     std::memcpy(&n, bytes.data(), 8);
@@ -347,6 +355,9 @@ TEST_F(HostileInput, CheckpointTensorsAndLatest) {
                        false});
       }
   }
+  std::swap(all, optimizer);
+  run_all(optimizer, [&](const std::string& run, const std::string& job) { return checkpoint_commands(run, job, true); },
+          [](const std::string& run) { return run; });
   for (const char* name : {"", "step_3", "step_-1", "../base", "step_2/..", "step_99999999999999999999", "\x01\x02",
                            "step_2\nstep_3"})
     all.push_back({"latest", cat("latest = \"", printable(name), "\""), [=](const std::string& root) {
@@ -359,7 +370,7 @@ TEST_F(HostileInput, CheckpointTensorsAndLatest) {
 
 TEST_F(HostileInput, BareSafetensorsTokenFilesConfigsAndImages) {
   // Inputs outside a run directory live in the copy too, so every variant is its own.
-  fs::copy_file(p("runs/base/" + step_dir_ + "/model.safetensors"), p("runs/base/bare.safetensors"));
+  fs::copy_file(p("runs/base/" + step_dir_ + "/model-00000.safetensors"), p("runs/base/bare.safetensors"));
   fs::copy_file(p("val.bin"), p("runs/base/tokens.bin"));
   write(p("runs/base/run.toml"), read_file(p("nano.toml")) + "\n[profile]\ntrace_steps = \"\"\n");
   // Images: a small Fashion-MNIST-shaped IDX set (gzip), 12 training and 6 test images.

@@ -15,6 +15,7 @@ struct TrainArgs {
   bool quiet = false;  // no progress; the run summary still prints
   bool dry_run = false;  // check the config and print the memory plan; load and write nothing
   bool allow_nonfinite = false;  // resume from a checkpoint holding NaN or Inf
+  std::string init_from;  // start from these weights (a checkpoint or .safetensors): step 0, fresh optimizer
 };
 int run_train(const TrainArgs& a);
 
@@ -42,6 +43,13 @@ struct EvalArgs {
   int64_t batch = 8;
 };
 int run_eval(const EvalArgs& a);
+
+struct CkptArgs {
+  std::string action;  // verify | inspect | export
+  std::string path, out;
+};
+// `loom ckpt`: check, describe or export a checkpoint (docs/formats.md).
+int run_ckpt(const CkptArgs& a);
 
 struct BenchTrainArgs {
   std::string preset = "gpt-mini";

@@ -33,11 +33,12 @@ Config inference_config(const std::string& path, const std::vector<std::string>&
 
 namespace {
 
-// The block ids of a file's tensors named [transformer.]h.<id>.*; names that are not blocks
-// are ignored.
-std::set<int64_t> block_ids(const SafetensorsFile& f) {
+// The block ids of a checkpoint's weights named [transformer.]h.<id>.*; names that are not
+// blocks are ignored.
+std::set<int64_t> block_ids(const checkpoint::Checkpoint& ck) {
   std::set<int64_t> ids;
-  for (const auto& e : f.entries()) {
+  for (const auto& e : ck.tensors()) {
+    if (e.part != checkpoint::Part::kModel) continue;
     const std::string n = e.name.starts_with("transformer.") ? e.name.substr(12) : e.name;
     const size_t dot = n.find('.', 2);
     if (!n.starts_with("h.") || dot == std::string::npos || dot == 2 || dot > 11) continue;
@@ -52,17 +53,17 @@ std::set<int64_t> block_ids(const SafetensorsFile& f) {
 // is checked to make a GPT and to agree with the weights before anything is built, so that
 // the model allocated is the size of the file read, whatever the file claims.
 nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
-  const SafetensorsFile& f = ck.weights();
+  // What errors about the weights name: the file, or the checkpoint's directory.
+  const std::string f_path = ck.format_version() == 0 ? ck.path() : (std::filesystem::path(ck.path()) / "index.json").string();
   auto find = [&](const std::string& name) {
-    const SafetensorsEntry* e = f.find("transformer." + name);
-    if (e == nullptr) e = f.find(name);
-    if (e == nullptr || e->shape.size() != 2)
-      throw InputError(cat(f.path(), ": no 2-D tensor ", name, " (expected GPT-2 weights with Hugging Face names)"));
-    return e;
+    std::optional<checkpoint::TensorInfo> e = ck.find("transformer." + name);
+    if (!e || e->shape.size() != 2)
+      throw InputError(cat(f_path, ": no 2-D tensor ", name, " (expected GPT-2 weights with Hugging Face names)"));
+    return *e;
   };
-  const SafetensorsEntry* wte = find("wte.weight");
-  const SafetensorsEntry* wpe = find("wpe.weight");
-  const std::set<int64_t> blocks = block_ids(f);
+  const checkpoint::TensorInfo wte = find("wte.weight");
+  const checkpoint::TensorInfo wpe = find("wpe.weight");
+  const std::set<int64_t> blocks = block_ids(ck);
   nn::GptConfig g;
   std::string from;
   const bool from_state = ck.has_state() && !ck.state().model.is_null();
@@ -74,22 +75,22 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
          .d_model = m["d_model"].get<int64_t>(), .seq_len = m["seq_len"].get<int64_t>(),
          .vocab_size = m["vocab_size"].get<int64_t>()};
   } else {
-    from = f.path();
-    g = {.n_layer = static_cast<int64_t>(blocks.size()), .n_head = c.i("model.n_head"), .d_model = wte->shape[1],
-         .seq_len = wpe->shape[0], .vocab_size = wte->shape[0]};
+    from = f_path;
+    g = {.n_layer = static_cast<int64_t>(blocks.size()), .n_head = c.i("model.n_head"), .d_model = wte.shape[1],
+         .seq_len = wpe.shape[0], .vocab_size = wte.shape[0]};
     if (g.d_model > 0 && g.d_model % g.n_head != 0)
-      throw InputError(cat(f.path(), ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
+      throw InputError(cat(f_path, ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
                            " (set it with --model.n_head=N or a config)"));
   }
   if (const std::string problem = nn::gpt_config_problem(g); !problem.empty())
     throw InputError(cat(from, from_state ? "." : ": ", problem));
   for (const auto& [e, want] : {std::pair{wte, Shape{g.vocab_size, g.d_model}}, std::pair{wpe, Shape{g.seq_len, g.d_model}}})
-    if (e->shape != want)
-      throw InputError(cat(f.path(), ": tensor ", e->name, " has shape ", shape_str(e->shape), ", the model shape (",
+    if (e.shape != want)
+      throw InputError(cat(f_path, ": tensor ", e.name, " has shape ", shape_str(e.shape), ", the model shape (",
                            from_state ? from : "read off wte and wpe", ": vocab_size ", g.vocab_size, ", seq_len ",
                            g.seq_len, ", d_model ", g.d_model, ") needs ", shape_str(want)));
   if (blocks.size() != static_cast<size_t>(g.n_layer) || (!blocks.empty() && *blocks.rbegin() != g.n_layer - 1))
-    throw InputError(cat(from, ": n_layer = ", g.n_layer, ", but ", f.path(), " holds blocks ",
+    throw InputError(cat(from, ": n_layer = ", g.n_layer, ", but ", f_path, " holds blocks ",
                          blocks.empty() ? std::string("none") : cat(*blocks.begin(), "..", *blocks.rbegin(), " (",
                                                                      blocks.size(), " of them)")));
   return g;
@@ -99,10 +100,10 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
 
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
   const nn::GptConfig shape = shape_of(ck, c);
-  if (const std::string bad = ck.nonfinite_report(); !bad.empty())
-    log_warn(cat(bad, "; what the model computes from them is not meaningful"));
   auto gpt = std::make_unique<nn::Gpt>(shape);
   ck.load_params(gpt->params());
+  if (const std::string bad = ck.nonfinite_report(); !bad.empty())
+    log_warn(cat(bad, "; what the model computes from them is not meaningful"));
   return gpt;
 }
 

@@ -36,6 +36,9 @@ int run(int argc, char** argv) {
   t->add_flag("--quiet", train.quiet, "No progress output");
   t->add_flag("--allow-nonfinite", train.allow_nonfinite,
               "Resume even from a checkpoint whose weights or optimizer state hold NaN or Inf");
+  t->add_option("--init-from", train.init_from,
+                "Start from these weights (a checkpoint, run directory or .safetensors, any layout): step 0, a fresh "
+                "optimizer");
   t->add_flag("--dry-run", train.dry_run,
               "Check the config and print the memory each rank and this host will need; load and write nothing");
   t->allow_extras();
@@ -81,6 +84,16 @@ int run(int argc, char** argv) {
   e->add_option("--config", eval.config, "Config for the model shape of a bare safetensors file (n_head)");
   e->add_option("--batch", eval.batch, "Windows per forward pass")->capture_default_str();
   e->allow_extras();
+
+  loom::app::CkptArgs ckpt;
+  auto* ck = app.add_subcommand("ckpt", "Check, describe or export a checkpoint (any layout)");
+  ck->require_subcommand(1);
+  auto* ckv = ck->add_subcommand("verify", "Read every file of a checkpoint and check its size, hash and the index");
+  auto* cki = ck->add_subcommand("inspect", "Print a checkpoint's step, layout, files and tensors");
+  auto* cke = ck->add_subcommand("export", "Write a checkpoint's weights as one safetensors file (Hugging Face names)");
+  for (auto* sub : {ckv, cki, cke})
+    sub->add_option("checkpoint", ckpt.path, "Step directory, checkpoint root, run directory or .safetensors")->required();
+  cke->add_option("--out", ckpt.out, "The .safetensors file to write")->required();
 
   auto* d = app.add_subcommand("data", "Prepare datasets");
   d->require_subcommand(1);
@@ -186,6 +199,11 @@ int run(int argc, char** argv) {
                 static_cast<long long>(r.val_tokens));
     return 0;
   }
+  for (auto* sub : {ckv, cki, cke})
+    if (sub->parsed()) {
+      ckpt.action = sub->get_name();
+      return loom::app::run_ckpt(ckpt);
+    }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);

@@ -117,21 +117,21 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
   r.activations = s.activations;
   r.workspace = s.workspace;
   if (c.b("parallel.deterministic") && dp > 1) r.exact_sums = kExactSumBytes * s.params;
-  // Saving gathers the optimizer state in the full layout on every rank; rank 0 also holds
-  // the whole model and its state with pipeline stages or tensor-parallel pieces, and the
-  // bytes of the file it writes.
-  r.checkpoint = kF32 * state_buffers * s.params;
-  // With pipeline stages and tensor-parallel pieces, a stage's first piece holds the whole
-  // stage and its state while it gathers (counted on every piece of the stage).
-  if (c.i("parallel.pp") > 1 && c.i("parallel.tp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * s.whole_stage;
-  if (lead) {
-    const double whole = gpt ? nn::gpt_counts(g).total() : s.params;
-    if (c.i("parallel.pp") > 1 || c.i("parallel.tp") > 1) r.checkpoint += kF32 * (1 + state_buffers) * whole;
-    r.checkpoint += kF32 * state_buffers * whole;
+  // Saving: every rank copies its share (its 1/dp part of its stage's and piece's
+  // parameters and optimizer state) into blocks, and holds the larger of its two files'
+  // bytes while writing it (docs/formats.md, "Checkpoint directories").
+  r.checkpoint = kF32 * (1 + 2 * state_buffers) * s.params / dp;
+  if (gpt && !c.s("data.val").empty()) {
+    // Evaluation: rank 0 runs the whole model forward, one micro-batch; with stages or
+    // pieces it first gathers the whole model, and with both each stage's first piece
+    // gathers its stage (counted on every piece of the stage).
+    const bool split = c.i("parallel.pp") > 1 || c.i("parallel.tp") > 1;
+    if (c.i("parallel.pp") > 1 && c.i("parallel.tp") > 1) r.evaluation += kF32 * s.whole_stage;
+    if (lead && split) r.evaluation += kF32 * nn::gpt_counts(g).total();
+    if (lead)
+      r.evaluation += nn::gpt_activation_bytes(g, g.n_layer, {}, c.i("training.micro_batch"), g.seq_len,
+                                               nn::Recompute::kNone, /*with_backward=*/false).arena;
   }
-  if (gpt && lead && !c.s("data.val").empty())  // evaluation: forward only, one micro-batch, the whole model
-    r.evaluation = nn::gpt_activation_bytes(g, g.n_layer, {}, c.i("training.micro_batch"), g.seq_len,
-                                            nn::Recompute::kNone, /*with_backward=*/false).arena;
   r.data = gpt ? token_data_bytes(c) : 70000.0 * 784 * kF32;
   return r;
 }
@@ -178,7 +178,7 @@ std::string describe(const MemoryPlan& plan) {
                " = parameters ", human(b.params), " + gradients ", human(b.grads), " + optimizer ", human(b.optimizer),
                " + activations ", human(b.activations), " + workspace ", human(b.workspace), " + evaluation ",
                human(b.evaluation), " + checkpoint ", human(b.checkpoint), " + exact sums ", human(b.exact_sums),
-               " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates and writes checkpoints)" : "", "\n");
+               " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates)" : "", "\n");
   }
   out += cat("memory on this host: ", human(plan.host_bytes), " for ", plan.host_ranks.size(), " rank(s), ",
              human(plan.available_bytes), " available\n");

@@ -2,7 +2,7 @@
 // allocated (docs/parallelism.md, "Memory"): per rank of the layout (each pipeline stage's
 // share of parameters, gradients and optimizer state after ZeRO, one micro-batch's
 // activations times the micro-batches the schedule keeps in flight, the recompute
-// workspace, checkpoint gathers, exact-sum buffers and the token files), summed over the
+// workspace, evaluation, checkpoint shares, exact-sum buffers and the token files), summed over the
 // ranks this host runs, against the memory this host has free. `loom train` refuses a run
 // that cannot fit; `loom train --dry-run` and `loom plan --config` print the same figures.
 #pragma once

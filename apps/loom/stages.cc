@@ -62,21 +62,25 @@ nn::GptPart mesh_part(const Config& c, const Mesh& m) {
   return parallel::stage_part(c.i("model.n_layer"), m.pp, m.v, m.stage);
 }
 
+std::vector<std::pair<int64_t, int64_t>> copied_ranges(const Mesh& m, const ParamSet& params) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamInfo& p : params.infos()) {
+    const bool tied_copy = m.pp > 1 && m.last() && p.name == "transformer.wte.weight";  // counted on the first stage
+    const bool replicated = m.tp_index > 0 && p.split.dim < 0;                         // counted on the first piece
+    if (!tied_copy && !replicated) continue;
+    if (!out.empty() && out.back().second >= p.offset) out.back().second = std::max(out.back().second, p.offset + p.numel);
+    else out.emplace_back(p.offset, p.offset + p.numel);
+  }
+  return out;
+}
+
 parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
   // The norm sums over every stage and piece of this replica.
   parallel::StageGroups g{.stages = m.mp ? m.mp.get() : m.pp > 1 ? m.pipe.get() : m.tpc.get(),
                           .tied = m.pp > 1 ? m.tied.get() : nullptr};
-  auto skip = [&](int64_t begin, int64_t end) {  // ranges come in ascending order
-    if (!g.skip.empty() && g.skip.back().second >= begin) g.skip.back().second = std::max(g.skip.back().second, end);
-    else g.skip.emplace_back(begin, end);
-  };
+  g.skip = copied_ranges(m, params);
   const int wte = params.find("transformer.wte.weight");
   LOOM_CHECK(m.pp == 1 || wte >= 0 || !(m.first() || m.last()));
-  for (const ParamInfo& p : params.infos()) {
-    const bool tied_copy = m.pp > 1 && m.last() && p.name == "transformer.wte.weight";  // counted on the first stage
-    const bool replicated = m.tp_index > 0 && p.split.dim < 0;                         // counted on the first piece
-    if (tied_copy || replicated) skip(p.offset, p.offset + p.numel);
-  }
   if (m.pp > 1 && wte >= 0) {
     const ParamInfo& info = params.infos()[wte];
     g.tied_begin = info.offset;

@@ -46,6 +46,10 @@ void check_same_layout(comm::Communicator& world, const Config& c);
 void split_mesh(comm::Communicator& world, Mesh& mesh);
 // What of the GPT this rank holds.
 nn::GptPart mesh_part(const Config& c, const Mesh& mesh);
+// The flat ranges of this rank's parameters that another rank of its replica also holds and
+// counts: the last stage's copy of the tied embedding (the first stage's counts), and a
+// tensor-parallel piece's replicated parameters (piece 0's count). Ascending, merged.
+std::vector<std::pair<int64_t, int64_t>> copied_ranges(const Mesh& mesh, const ParamSet& params);
 // The tied embedding's place in this stage's flat buffers, and which gradients other ranks
 // count in the norm, for DataParallel.
 parallel::StageGroups stage_groups(const Mesh& mesh, const ParamSet& params);

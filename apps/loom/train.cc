@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 
+#include "checkpointing.h"
 #include "commands.h"
 #include "config.h"
 #include "loom/bounded_json.h"
@@ -167,6 +168,8 @@ int run_train(const TrainArgs& a) {
   const std::string run = c.run_path();
   const std::string ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(run) / "checkpoints").string() : c.s("checkpoint.dir");
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
+  if (a.resume && !a.init_from.empty())
+    throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
   Mesh mesh = mesh_coordinates(c, env.rank);
   const bool piped = mesh.pp > 1;
@@ -210,6 +213,18 @@ int run_train(const TrainArgs& a) {
 
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
+  // NaN or Inf in the weights or the optimizer state this rank read would only spread
+  // through training. Checked after each load; a report is given once.
+  std::string nonfinite_seen;
+  auto check_finite = [&] {
+    const std::string bad = ck->nonfinite_report();
+    if (bad.empty() || bad == nonfinite_seen) return;
+    nonfinite_seen = bad;
+    if (!a.allow_nonfinite)
+      throw InputError(cat(bad, "; training from it would spread them: resume from an earlier checkpoint, or pass "
+                                "--allow-nonfinite"));
+    log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
+  };
   if (a.resume) {
     if (!checkpoint::latest_step_dir(ckpt_root))
       throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
@@ -233,15 +248,16 @@ int run_train(const TrainArgs& a) {
       throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
                            ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
                            "; resume with the global batch the run trained with"));
-    // NaN or Inf in the weights or the optimizer state would only spread through training.
-    if (const std::string bad = ck->nonfinite_report(); !bad.empty()) {
-      if (!a.allow_nonfinite)
-        throw InputError(cat(bad, "; training from it would spread them: resume from an earlier checkpoint, or pass "
-                                  "--allow-nonfinite"));
-      log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
-    }
     ck->load_params(params);
+    check_finite();
     start_step = saved.step;
+  }
+  if (!a.init_from.empty()) {
+    // Weights only, this rank's piece of each, from whatever layout (or file) holds them.
+    ck = checkpoint::Checkpoint::open(a.init_from);
+    ck->load_params(params);
+    check_finite();
+    log_info(cat("initialized from ", ck->path()));
   }
 
   std::unique_ptr<comm::TcpStoreServer> server;
@@ -275,43 +291,23 @@ int run_train(const TrainArgs& a) {
         *task->gpt(), mesh.stage_ranks());
   }
   // Collective over the pipeline or the tensor-parallel pieces (replica 0 only; the others
-  // hold the same weights): rank 0 builds `whole` and, given this rank's optimizer state,
-  // returns the whole model's.
-  auto gather_whole = [&](const optim::FlatState* state) {
-    optim::FlatState whole_state;
-    if (!mesh.split() || mesh.dp_index != 0) return whole_state;
-    // Buffers shaped like `state`'s for a model of n parameters.
-    auto state_like = [&](int64_t n) {
-      optim::FlatState st;
-      if (state)
-        for (const auto& [name, t] : state->buffers) st.buffers.emplace_back(name, Tensor::zeros({n}, t.dtype()));
-      return st;
-    };
-    if (lead) {
-      whole.emplace(gpt_config(c));
-      whole_state = state_like(whole->params().numel());
-    }
+  // hold the same weights): rank 0 builds `whole`, to evaluate.
+  auto gather_whole = [&]() {
+    if (!mesh.split() || mesh.dp_index != 0) return;
+    if (lead) whole.emplace(gpt_config(c));
     ParamSet* to = lead ? &whole->params() : nullptr;
-    optim::FlatState* to_state = lead && state ? &whole_state : nullptr;
     if (!piped) {
-      gather_pieces(mesh, gpt_config(c), {}, params, state, to, to_state);
+      gather_pieces(mesh, gpt_config(c), {}, params, nullptr, to, nullptr);
     } else if (mesh.tp == 1) {
-      gather_stages(mesh, gpt_config(c), params, state, to, to_state);
+      gather_stages(mesh, gpt_config(c), params, nullptr, to, nullptr);
     } else {
       // Pieces onto each stage's first piece, then those stages onto rank 0.
       const nn::GptPart part = mesh_part(c, mesh);
       std::optional<nn::Gpt> stage;
-      optim::FlatState stage_state;
-      if (mesh.tp_index == 0) {
-        stage.emplace(gpt_config(c), DType::kF32, part);
-        stage_state = state_like(stage->params().numel());
-      }
-      gather_pieces(mesh, gpt_config(c), part, params, state, stage ? &stage->params() : nullptr,
-                    stage && state ? &stage_state : nullptr);
-      if (mesh.tp_index == 0)
-        gather_stages(mesh, gpt_config(c), stage->params(), state ? &stage_state : nullptr, to, to_state);
+      if (mesh.tp_index == 0) stage.emplace(gpt_config(c), DType::kF32, part);
+      gather_pieces(mesh, gpt_config(c), part, params, nullptr, stage ? &stage->params() : nullptr, nullptr);
+      if (mesh.tp_index == 0) gather_stages(mesh, gpt_config(c), stage->params(), nullptr, to, nullptr);
     }
-    return whole_state;
   };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.
   const std::vector<int64_t> trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
@@ -323,9 +319,10 @@ int run_train(const TrainArgs& a) {
       if (tracing) tracer->on_block(block, phase);
       else dp.on_block(block, phase);
     });
-  if (ck) {
+  if (ck && a.resume) {
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
+    check_finite();
     dp.load_optimizer_state(st);
     log_info(cat("resuming from ", ck->path(), " at step ", start_step));
   }
@@ -377,25 +374,24 @@ int run_train(const TrainArgs& a) {
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
   EvalResult last_eval;
 
-  std::string last_checkpoint = ck ? ck->path() : "";
+  std::string last_checkpoint = ck && a.resume ? ck->path() : "";
+  const json layout = {{"world", world->size()}, {"dp", dp_size}, {"tp", mesh.tp}, {"pp", mesh.pp},
+                       {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
+                       {"sequence_parallel", c.b("parallel.sequence_parallel")}};
   auto save = [&](int64_t step, bool loss_finite) {
-    dp.materialize_params();                              // collective: every rank takes part
-    optim::FlatState opt = dp.gather_optimizer_state();  // likewise
-    optim::FlatState whole_opt = gather_whole(&opt);
-    if (!lead) return;
+    dp.materialize_params();  // collective: every rank takes part
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
                 {"data_epoch", step * global_batch / task->train_items()}};
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
-    std::string dir = checkpoint::save(ckpt_root, step, mesh.split() ? whole->params() : params,
-                                       mesh.split() ? whole_opt : opt, state,
-                                       {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
+    const std::string dir =
+        save_checkpoint(*world, rank_share(mesh, params, dp), ckpt_root, step, state, layout,
+                        {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
     last_checkpoint = dir;
     if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
       log_warn(cat("step ", step, ": the loss is not finite; saved ", dir,
                    ", and the newest finite checkpoint is kept whatever checkpoint.keep says"));
-    whole.reset();
     progress.note(cat("checkpoint ", dir));
   };
 
@@ -496,7 +492,7 @@ int run_train(const TrainArgs& a) {
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
       if (eval) dp.materialize_params();  // collective; rank 0 alone evaluates
-      if (eval) gather_whole(nullptr);
+      if (eval) gather_whole();
       if (lead && eval) {
         if (tracing) tracer->push("evaluate");
         last_eval = task->evaluate(c.i("training.eval_steps") * micro_batch, whole ? &*whole : nullptr);

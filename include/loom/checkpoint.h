@@ -1,26 +1,35 @@
 // Checkpoints (docs/formats.md). One immutable directory per step:
-//   step_N/model.safetensors      weights, Hugging Face names, loadable by any safetensors reader
-//   step_N/optimizer.safetensors  optimizer state, "<role>.<param name>" (e.g. exp_avg.transformer.wte.weight)
-//   step_N/state.json             step, data cursor, RNG state, optimizer step count, model shape, config
-//   step_N/index.json             every logical tensor (name, dtype, shape, its shards) and
-//                                 every file's size and SHA-256
-// written under a temporary name, fsynced, renamed, and only then named by the `latest`
-// file beside it. Loading verifies every file's SHA-256 before any weight is used.
-// A bare .safetensors file (e.g. Hugging Face GPT-2 weights) loads as weights only.
-// Thread-safety: functions are reentrant; do not write one directory from two threads.
+//   step_N/model-<rank>.safetensors      the weights each rank wrote: blocks of logical tensors
+//   step_N/optimizer-<rank>.safetensors  its optimizer state, "<role>.<param name>" (e.g. exp_avg.transformer.wte.weight)
+//   step_N/state.json                    step, data cursor, RNG state, optimizer step count, model shape, config
+//   step_N/index.json                    every logical tensor (Hugging Face name, dtype, global shape)
+//                                        with the blocks its shards hold, and every file's size and SHA-256
+// Every rank writes its own shards into a temporary directory (write_shard); the lead then
+// writes the index and the state, fsyncs, renames, and only then points the `latest` file
+// beside it at the new directory (commit). Loading verifies the SHA-256 of every file it
+// reads before any weight is used, and puts the blocks together for any layout: each rank
+// reads what its own pieces need. Version 1 directories (one model.safetensors and one
+// optimizer.safetensors) and bare .safetensors files (e.g. Hugging Face GPT-2 weights) load too.
+// Thread-safety: functions are reentrant; a Checkpoint is used from one thread (it reads
+// its files on first use); do not write one directory from two threads.
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "loom/optim.h"
 #include "loom/params.h"
 #include "loom/safetensors.h"
+#include "loom/tensor_pieces.h"
 
 namespace loom::checkpoint {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
+
+enum class Part : uint8_t { kModel, kOptimizer };
 
 struct SaveOptions {
   // Keep the newest `keep` step directories (0 keeps all), and whatever `keep` says the
@@ -29,14 +38,29 @@ struct SaveOptions {
   bool loss_finite = true;  // the loss of the step saved; state.json "finite" also checks the weights
 };
 
-// Writes root/step_<step> atomically and points root/latest at it. Returns its path.
+// ---- Writing: every rank write_shard()s into temp_dir(), then the lead commit()s. ----
+
+// Where step `step` is written before commit renames it: root/.step_N.tmp.
+std::string temp_dir(const std::string& root, int64_t step);
+// The lead, before any rank writes: removes what a save of this step that never finished
+// left behind, and creates temp_dir(root, step).
+void begin_save(const std::string& root, int64_t step);
+// Writes `pieces` (of one part) as dir/file (safetensors, fsynced) and returns its record for
+// commit: {"file", "bytes", "sha256", "finite", "tensors": [{name, part, dtype, shape, key,
+// offsets, extents, sha256}]}. An empty list writes nothing and returns {"tensors": []}.
+// RuntimeError naming the file when it cannot be written (e.g. the disk is full).
+nlohmann::json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part);
+// The lead, once every rank's records are in temp_dir: index.json (with `layout`) and
+// state.json (from `state`, with format, version, step, optimizer_steps when `optimizer_steps`
+// is set, and finite), then the directory is fsynced, renamed to root/step_N, the root fsynced,
+// `latest` replaced, and old steps pruned. Returns the step directory.
+std::string commit(const std::string& root, int64_t step, const std::vector<nlohmann::json>& records,
+                   const nlohmann::json& state, const nlohmann::json& layout, std::optional<int64_t> optimizer_steps,
+                   const SaveOptions& options = {});
+
+// One process holding the whole model: all of the above, as rank 0 of one.
 std::string save(const std::string& root, int64_t step, const ParamSet& params,
                  const optim::Optimizer* optimizer, const nlohmann::json& state,
-                 const SaveOptions& options = {});
-
-// The same from optimizer state already in the flat layout (e.g. gathered from ZeRO shards).
-std::string save(const std::string& root, int64_t step, const ParamSet& params,
-                 const optim::FlatState& optimizer, const nlohmann::json& state,
                  const SaveOptions& options = {});
 
 // state.json as Checkpoint::open validated it (docs/formats.md): every field of its type and
@@ -54,36 +78,62 @@ struct State {
   nlohmann::json raw;  // the whole file
 };
 
+// A logical tensor of a checkpoint: its name, part, dtype and global shape.
+struct TensorInfo {
+  std::string name;
+  Part part;
+  DType dtype;
+  Shape shape;
+};
+
 class Checkpoint {
  public:
   // `path`: a step directory, a checkpoint root holding `latest`, a run directory holding
   // checkpoints/, or a .safetensors file.
-  // Verifies every file's size and hash (directories), parses the headers and validates
-  // index.json and state.json field by field, and that the index and the files agree on
-  // every tensor. InputError naming the file and the field on anything wrong.
+  // Validates index.json and state.json field by field, every file's size against the
+  // index, that each tensor's shards tile it, and state.json's hash. Shard files are read
+  // (their size and hash verified, their headers checked against the index) when a load
+  // first needs them. InputError naming the file and the field on anything wrong.
   static Checkpoint open(const std::string& path);
+
+  Checkpoint(Checkpoint&&) noexcept;
+  Checkpoint& operator=(Checkpoint&&) noexcept;
+  ~Checkpoint();
 
   const std::string& path() const { return path_; }
   bool has_state() const { return state_.has_value(); }
   const State& state() const { return *state_; }  // REQUIRES: has_state()
-  const SafetensorsFile& weights() const { return *model_; }
+  int format_version() const;    // 0 for a bare .safetensors file
+  const nlohmann::json& layout() const;  // what wrote it (version 2), else null
+  std::vector<TensorInfo> tensors() const;
+  // The tensor named `name` (a Hugging Face file may omit the "transformer." prefix); null when absent.
+  std::optional<TensorInfo> find(const std::string& name) const;
+  // Files and bytes: {file name: bytes}, as the index lists them (a bare file: itself).
+  std::map<std::string, int64_t> files() const;
 
-  // "" when every weight and optimizer value is finite; else one line naming the first
-  // tensor holding NaN or Inf, how many it holds, and how many other tensors do.
+  // "" when every weight and optimizer value read so far is finite; else one line naming
+  // the first tensor holding NaN or Inf, how many it holds, and how many other tensors do.
   std::string nonfinite_report() const;
 
-  // Copies every parameter of `params` from the checkpoint, by name, converting dtype.
-  // InputError naming the tensor when one is missing or its shape differs.
+  // Fills every parameter of `params` (this process's piece of each) from the checkpoint,
+  // by name, converting dtype. InputError naming the tensor when one is missing or its
+  // logical shape differs. Reads and verifies every file it needs before copying anything.
   void load_params(const ParamSet& params) const;
   // Restores optimizer state buffers and step count. REQUIRES: has_state().
   void load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const;
   // Fills `state`'s buffers (named and sized by the caller, flat layout) and step count.
   void load_optimizer(const ParamSet& params, optim::FlatState& state) const;
+  // The whole logical tensor, converted to dtype (f32 or f64).
+  Tensor read(const std::string& name, DType dtype) const;
+  // Reads and verifies every file (`loom ckpt verify`). Returns the bytes read.
+  int64_t verify_all() const;
 
  private:
+  Checkpoint();
+  struct Impl;
   std::string path_;
-  std::optional<SafetensorsFile> model_, optimizer_;
   std::optional<State> state_;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Resolves root/latest (or a step directory) to the step directory; nullopt when none.

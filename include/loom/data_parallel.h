@@ -147,6 +147,13 @@ class DataParallel {
   void load_optimizer_state(const optim::FlatState& state);
   // Empty full-layout buffers of the right names and sizes, to load a checkpoint into.
   optim::FlatState empty_optimizer_state() const;
+  // The flat ranges this rank owns, ascending: its part of every unit. ZeRO 1-3 keep
+  // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing
+  // among the replicas.
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  // This rank's optimizer state over owned_ranges(), concatenated in that order (copies),
+  // with the step count.
+  optim::FlatState owned_optimizer_state() const;
 
  private:
   struct Impl;

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,8 @@ class SafetensorsFile {
   // The tensor's elements converted to f32 or f64 (from F32, F64, BF16 or F16), written
   // into `out`. REQUIRES: out contiguous, numel equal. Throws InputError for other dtypes.
   void read_into(const SafetensorsEntry& e, const Tensor& out) const;
+  // The tensor's raw bytes in the file.
+  std::string_view bytes_of(const SafetensorsEntry& e) const;
   // The floating-point tensors holding NaN or Inf, in header order, with how many such
   // elements each holds.
   std::vector<std::pair<std::string, int64_t>> nonfinite() const;

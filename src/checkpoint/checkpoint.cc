@@ -1,8 +1,10 @@
+// Reading a checkpoint (docs/formats.md, "Checkpoint directories"): the index and state up
+// front, shard files when a load first needs them, each verified before use, and the
+// blocks of every logical tensor put together into whatever piece the caller holds.
 #include "loom/checkpoint.h"
 
-#include <algorithm>
-#include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "loom/bounded_json.h"
 #include "loom/error.h"
@@ -13,137 +15,6 @@ namespace loom::checkpoint {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-const char* kModelFile = "model.safetensors";
-const char* kOptimizerFile = "optimizer.safetensors";
-
-json tensor_index(const std::string& file, const std::vector<std::pair<std::string, Tensor>>& ts) {
-  json out = json::array();
-  for (const auto& [name, t] : ts) {
-    Shape zeros(t.shape().size(), 0);
-    out.push_back({{"name", name},
-                   {"dtype", std::string(safetensors_dtype_name(t.dtype()))},
-                   {"shape", t.shape()},
-                   {"shards", {{{"file", file}, {"offsets", zeros}, {"extents", t.shape()}}}}});
-  }
-  return out;
-}
-
-// Whether a step directory's state.json says its loss and weights were finite. Directories
-// written before the key existed count as finite; unreadable ones do not.
-bool finite_checkpoint(const fs::path& dir) {
-  try {
-    const std::string path = (dir / "state.json").string();
-    const json state = parse_json_bounded(read_file(path, kStateJsonLimits.max_bytes), path, kStateJsonLimits);
-    return state.is_object() && (!state.contains("finite") || state["finite"] == true);
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-// Removes all but the newest `keep` step directories, except the newest finite one: a run
-// that diverged never prunes the last checkpoint it could be resumed from.
-void prune(const std::string& root, int keep) {
-  if (keep <= 0) return;
-  std::vector<std::pair<int64_t, fs::path>> steps;
-  for (const auto& e : fs::directory_iterator(root)) {
-    std::string n = e.path().filename().string();
-    if (e.is_directory() && n.size() > 5 && n.size() < 24 && n.starts_with("step_") &&
-        n.find_first_not_of("0123456789", 5) == std::string::npos)
-      steps.emplace_back(std::stoll(n.substr(5)), e.path());
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  bool finite_kept = false;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const bool finite = !finite_kept && finite_checkpoint(steps[i].second);
-    finite_kept = finite_kept || finite;
-    if (i >= static_cast<size_t>(keep) && !finite) fs::remove_all(steps[i].second);
-  }
-}
-
-template <typename T>
-bool all_finite(const T* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return false;
-  return true;
-}
-
-bool all_finite(const ParamSet& params) {
-  const Tensor& v = params.values();
-  if (v.dtype() == DType::kF64) return all_finite(v.data<double>(), v.numel());
-  return all_finite(v.data<float>(), v.numel());
-}
-
-}  // namespace
-
-namespace {
-
-std::string save_impl(const std::string& root, int64_t step, const ParamSet& params,
-                      const optim::FlatState* optimizer, const json& state, const SaveOptions& options) {
-  fs::create_directories(root);
-  const std::string name = "step_" + std::to_string(step);
-  const fs::path final_dir = fs::path(root) / name;
-  const fs::path tmp_dir = fs::path(root) / ("." + name + ".tmp");
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
-
-  std::vector<std::pair<std::string, Tensor>> weights, opt_state;
-  for (size_t i = 0; i < params.infos().size(); ++i)
-    weights.emplace_back(params.infos()[i].name, params.value(static_cast<int>(i)));
-  if (optimizer != nullptr)
-    for (const auto& [role, flat] : optimizer->buffers)
-      for (const ParamInfo& p : params.infos())
-        opt_state.emplace_back(role + "." + p.name, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
-
-  json files = json::object();
-  auto add_file = [&](const std::string& file, const WrittenFile& w) {
-    files[file] = {{"bytes", w.bytes}, {"sha256", w.sha256}};
-  };
-  auto write_text = [&](const std::string& file, const std::string& text) {
-    write_file_atomic((tmp_dir / file).string(), text);
-    return WrittenFile{text.size(), sha256_hex(text)};
-  };
-  add_file(kModelFile, write_safetensors((tmp_dir / kModelFile).string(), weights, {{"format", "pt"}}));
-  json tensors = tensor_index(kModelFile, weights);
-  if (optimizer != nullptr) {
-    add_file(kOptimizerFile, write_safetensors((tmp_dir / kOptimizerFile).string(), opt_state));
-    for (auto& t : tensor_index(kOptimizerFile, opt_state)) tensors.push_back(t);
-  }
-  json st = state;
-  st["format"] = "loom-checkpoint";
-  st["version"] = kFormatVersion;
-  st["step"] = step;
-  if (optimizer != nullptr) st["optimizer_steps"] = optimizer->steps;
-  st["finite"] = options.loss_finite && all_finite(params);
-  add_file("state.json", write_text("state.json", st.dump(2) + "\n"));
-  json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion},
-                {"tensors", tensors}, {"files", files}};
-  write_text("index.json", index.dump(2) + "\n");
-  fsync_dir(tmp_dir.string());
-
-  fs::remove_all(final_dir);  // only a stale copy of the same step can be here
-  fs::rename(tmp_dir, final_dir);
-  fsync_dir(root);
-  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
-  prune(root, options.keep);
-  return final_dir.string();
-}
-
-}  // namespace
-
-std::string save(const std::string& root, int64_t step, const ParamSet& params,
-                 const optim::Optimizer* optimizer, const json& state, const SaveOptions& options) {
-  if (optimizer == nullptr) return save_impl(root, step, params, nullptr, state, options);
-  const optim::FlatState flat{.buffers = optimizer->state(), .steps = optimizer->steps()};
-  return save_impl(root, step, params, &flat, state, options);
-}
-
-std::string save(const std::string& root, int64_t step, const ParamSet& params,
-                 const optim::FlatState& optimizer, const json& state, const SaveOptions& options) {
-  return save_impl(root, step, params, &optimizer, state, options);
-}
-
 std::optional<std::string> latest_step_dir(const std::string& root) {
   if (path_exists((fs::path(root) / "index.json").string())) return root;
   const std::string latest = (fs::path(root) / "latest").string();
@@ -151,114 +22,233 @@ std::optional<std::string> latest_step_dir(const std::string& root) {
   return (fs::path(root) / parse_latest(read_file(latest, kMaxLatestBytes), latest)).string();
 }
 
-namespace {
+struct Checkpoint::Impl {
+  Index index;              // a bare file: version 0, the file listed under its own path
+  std::string dir;          // "" for a bare file
+  std::string index_path;   // what errors about the index name
+  std::map<std::string, size_t> by_name;
+  mutable std::map<std::string, SafetensorsFile> opened;
 
-// Every tensor the index lists is in its file with that dtype and shape, and each file
-// holds nothing else.
-void check_index_matches(const Index& index, const std::string& index_path, const SafetensorsFile& file,
-                         const std::string& file_name) {
-  size_t listed = 0;
-  for (const IndexedTensor& t : index.tensors) {
-    if (t.file != file_name) continue;
-    ++listed;
-    const SafetensorsEntry* e = file.find(t.name);
-    if (e == nullptr) throw InputError(cat(index_path, ": tensor ", printable(t.name), " is not in ", file.path()));
-    if (e->dtype != t.dtype || e->shape != t.shape)
-      throw InputError(cat(index_path, ": tensor ", printable(t.name), " is ", safetensors_dtype_name(t.dtype), " ",
-                           shape_str(t.shape), ", but ", file.path(), " holds ", safetensors_dtype_name(e->dtype), " ",
-                           shape_str(e->shape)));
+  std::string file_path(const std::string& file) const { return dir.empty() ? file : (fs::path(dir) / file).string(); }
+
+  const IndexedTensor* find(const std::string& name) const {
+    auto it = by_name.find(name);
+    // Hugging Face's own files omit the "transformer." prefix.
+    if (it == by_name.end() && name.starts_with("transformer.")) it = by_name.find(name.substr(12));
+    return it == by_name.end() ? nullptr : &index.tensors[it->second];
   }
-  if (listed != file.entries().size())
-    throw InputError(cat(index_path, ": lists ", listed, " tensors in ", file_name, ", which holds ", file.entries().size()));
-}
 
-}  // namespace
+  // Reads `file` no further than the index says, verifies its size and hash, parses it and
+  // checks its tensors against the index.
+  const SafetensorsFile& open_file(const std::string& file) const {
+    if (auto it = opened.find(file); it != opened.end()) return it->second;
+    const IndexedFile& entry = index.files.at(file);
+    const std::string path = file_path(file);
+    std::string bytes = read_file(path, static_cast<size_t>(entry.bytes));
+    if (static_cast<int64_t>(bytes.size()) != entry.bytes)
+      throw InputError(cat(path, ": ", bytes.size(), " bytes, index.json says ", entry.bytes, ": the checkpoint is corrupt"));
+    const bool intact = sha256_hex(bytes) == entry.sha256;
+    if (!intact) throw InputError(cat(path, ": SHA-256 mismatch with index.json", which_differs(file, bytes),
+                                      ": the checkpoint is corrupt"));
+    SafetensorsFile f = SafetensorsFile::parse(path, std::move(bytes));
+    check_file(f, file);
+    return opened.emplace(file, std::move(f)).first->second;
+  }
+
+  // For a file whose hash is wrong: which tensor's bytes differ from the index's record.
+  std::string which_differs(const std::string& file, std::string bytes) const {
+    try {
+      const SafetensorsFile f = SafetensorsFile::parse(file_path(file), std::move(bytes));
+      for (const IndexedTensor& t : index.tensors)
+        for (const IndexedShard& s : t.shards) {
+          if (s.file != file || s.sha256.empty()) continue;
+          const SafetensorsEntry* e = f.find(s.key);
+          if (e == nullptr) return cat(" (its header no longer lists tensor ", printable(s.key), ")");
+          if (sha256_hex(f.bytes_of(*e)) != s.sha256) return cat(" in tensor ", printable(s.key));
+        }
+      return " (in its header)";
+    } catch (const InputError&) {
+      return " (its header no longer parses)";
+    }
+  }
+
+  // Every shard the index places in `file` is there with its dtype and shape, and the file
+  // holds nothing else.
+  void check_file(const SafetensorsFile& f, const std::string& file) const {
+    size_t listed = 0;
+    for (const IndexedTensor& t : index.tensors)
+      for (const IndexedShard& s : t.shards) {
+        if (s.file != file) continue;
+        ++listed;
+        const SafetensorsEntry* e = f.find(s.key);
+        if (e == nullptr) throw InputError(cat(index_path, ": tensor ", printable(s.key), " is not in ", f.path()));
+        if (e->dtype != t.dtype || e->shape != s.box.extents)
+          throw InputError(cat(index_path, ": tensor ", printable(s.key), " is ", safetensors_dtype_name(t.dtype), " ",
+                               shape_str(s.box.extents), ", but ", f.path(), " holds ", safetensors_dtype_name(e->dtype),
+                               " ", shape_str(e->shape)));
+      }
+    if (listed != f.entries().size())
+      throw InputError(cat(index_path, ": lists ", listed, " tensors in ", file, ", which holds ", f.entries().size()));
+  }
+
+  // The shards of t that hold part of what p (this process's piece of t) needs.
+  std::vector<const IndexedShard*> needed(const IndexedTensor& t, const ParamInfo& p) const {
+    std::vector<const IndexedShard*> out;
+    const auto boxes = logical_boxes(p, Box{.offsets = Shape(p.shape.size(), 0), .extents = p.shape});
+    for (const IndexedShard& s : t.shards)
+      for (const auto& [logical, local] : boxes)
+        if (!empty(intersect(logical, s.box))) {
+          out.push_back(&s);
+          break;
+        }
+    return out;
+  }
+
+  const IndexedTensor& tensor_for(const std::string& name, const ParamInfo& p) const {
+    const IndexedTensor* t = find(name);
+    const std::string where = dir.empty() ? index.files.begin()->first : index_path;
+    if (t == nullptr) throw InputError(cat(where, ": no tensor ", name, " (the model expects it)"));
+    if (t->shape != p.global_shape)
+      throw InputError(cat(where, ": tensor ", name, " has shape ", shape_str(t->shape), ", the model expects ",
+                           shape_str(p.global_shape), " (a different model shape?)"));
+    return *t;
+  }
+
+  // each(fn) calls fn(tensor, param, destination) for everything a load fills: every file
+  // their shards hold is opened (and verified) before anything is copied.
+  template <typename Each>
+  void load_all(Each each) const {
+    std::set<std::string> files;
+    each([&](const IndexedTensor& t, const ParamInfo& p, const Tensor&) {
+      for (const IndexedShard* s : needed(t, p)) files.insert(s->file);
+    });
+    for (const std::string& f : files) open_file(f);
+    each([&](const IndexedTensor& t, const ParamInfo& p, const Tensor& dst) { fill(t, p, dst); });
+  }
+
+  // dst (p.shape, this process's piece of t) from t's shards, converting dtype.
+  void fill(const IndexedTensor& t, const ParamInfo& p, const Tensor& dst) const {
+    LOOM_CHECK(dst.is_contiguous() && dst.shape() == p.shape);
+    const Box whole{.offsets = Shape(p.shape.size(), 0), .extents = p.shape};
+    for (const IndexedShard* s : needed(t, p)) {
+      const SafetensorsFile& f = open_file(s->file);
+      const SafetensorsEntry& e = *f.find(s->key);
+      if (p.split.dim < 0 && s->box == whole) {  // the common case: one shard, the whole tensor
+        f.read_into(e, dst);
+        continue;
+      }
+      Tensor src = Tensor::zeros(s->box.extents, dst.dtype());
+      f.read_into(e, src);
+      for (const auto& [logical, local] : logical_boxes(p, whole)) {
+        const Box in = intersect(logical, s->box);
+        if (empty(in)) continue;
+        Shape src_at(in.offsets.size()), dst_at(in.offsets.size());
+        for (size_t d = 0; d < in.offsets.size(); ++d) {
+          src_at[d] = in.offsets[d] - s->box.offsets[d];
+          dst_at[d] = local.offsets[d] + in.offsets[d] - logical.offsets[d];
+        }
+        copy_box(src.raw(), s->box.extents, src_at, dst.raw(), p.shape, dst_at, in.extents, dtype_size(dst.dtype()));
+      }
+    }
+  }
+};
+
+Checkpoint::Checkpoint() : impl_(std::make_unique<Impl>()) {}
+Checkpoint::Checkpoint(Checkpoint&&) noexcept = default;
+Checkpoint& Checkpoint::operator=(Checkpoint&&) noexcept = default;
+Checkpoint::~Checkpoint() = default;
 
 Checkpoint Checkpoint::open(const std::string& path) {
   Checkpoint c;
+  Impl& m = *c.impl_;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw InputError(cat(path, ": no such checkpoint"));
-  if (!fs::is_directory(path, ec)) {
+  if (!fs::is_directory(path, ec)) {  // a bare .safetensors file: weights only
     c.path_ = path;
-    c.model_ = SafetensorsFile::open(path);
+    SafetensorsFile f = SafetensorsFile::open(path);
+    m.index.version = 0;
+    m.index.files[path] = {.bytes = static_cast<int64_t>(fs::file_size(path, ec))};
+    for (const SafetensorsEntry& e : f.entries()) {
+      m.by_name[e.name] = m.index.tensors.size();
+      m.index.tensors.push_back({.name = e.name, .part = Part::kModel, .dtype = e.dtype, .shape = e.shape,
+                                 .shards = {{.file = path, .key = e.name,
+                                             .box = {.offsets = Shape(e.shape.size(), 0), .extents = e.shape}}}});
+    }
+    m.opened.emplace(path, std::move(f));
     return c;
   }
   auto dir = latest_step_dir(path);
   if (!dir && fs::is_directory(fs::path(path) / "checkpoints", ec))  // a run directory
     dir = latest_step_dir((fs::path(path) / "checkpoints").string());
   if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json, latest or checkpoints/)"));
-  c.path_ = *dir;
-  const std::string index_path = (fs::path(*dir) / "index.json").string();
-  const Index index =
-      parse_index(parse_json_bounded(read_file(index_path, kIndexJsonLimits.max_bytes), index_path, kIndexJsonLimits),
-                  index_path);
-  // Each file is read once, no more bytes than the index says: its size and hash are
-  // verified, then the same bytes are parsed.
-  for (const auto& [name, entry] : index.files) {
-    const std::string file = (fs::path(*dir) / name).string();
-    std::string bytes = read_file(file, static_cast<size_t>(entry.bytes));
-    if (static_cast<int64_t>(bytes.size()) != entry.bytes || sha256_hex(bytes) != entry.sha256)
-      throw InputError(cat(file, ": ", bytes.size() != static_cast<size_t>(entry.bytes)
-                                           ? cat(bytes.size(), " bytes, index.json says ", entry.bytes)
-                                           : std::string("SHA-256 mismatch with index.json"),
-                           ": the checkpoint is corrupt"));
-    if (name == kModelFile) {
-      c.model_ = SafetensorsFile::parse(file, std::move(bytes));
-      check_index_matches(index, index_path, *c.model_, name);
-    } else if (name == kOptimizerFile) {
-      c.optimizer_ = SafetensorsFile::parse(file, std::move(bytes));
-      check_index_matches(index, index_path, *c.optimizer_, name);
-    } else {
-      c.state_ = parse_state(parse_json_bounded(bytes, file, kStateJsonLimits), file);
-    }
+  c.path_ = m.dir = *dir;
+  m.index_path = (fs::path(*dir) / "index.json").string();
+  m.index = parse_index(
+      parse_json_bounded(read_file(m.index_path, kIndexJsonLimits.max_bytes), m.index_path, kIndexJsonLimits),
+      m.index_path);
+  // Every file is the size the index says (so the sizes below are real), its tensors fit
+  // in it, and each tensor's shards tile it.
+  std::map<std::string, int64_t> needs;
+  for (const IndexedTensor& t : m.index.tensors)
+    for (const IndexedShard& s : t.shards) needs[s.file] += s.box.numel() * static_cast<int64_t>(dtype_size(t.dtype));
+  for (const auto& [name, entry] : m.index.files) {
+    const std::string file = m.file_path(name);
+    const auto size = fs::file_size(file, ec);
+    if (ec) throw InputError(cat(file, ": cannot read (", ec.message(), "); index.json lists it: the checkpoint is incomplete"));
+    if (static_cast<int64_t>(size) != entry.bytes)
+      throw InputError(cat(file, ": ", size, " bytes, index.json says ", entry.bytes, ": the checkpoint is corrupt"));
+    if (needs[name] > entry.bytes)
+      throw InputError(cat(m.index_path, ": the tensors it places in ", name, " need ", needs[name], " bytes, but the file has ",
+                           entry.bytes));
   }
+  for (size_t i = 0; i < m.index.tensors.size(); ++i) {
+    check_tiling(m.index.tensors[i], m.index_path);
+    m.by_name[m.index.tensors[i].name] = i;
+  }
+  const std::string state_path = (fs::path(*dir) / "state.json").string();
+  const IndexedFile& st = m.index.files.at("state.json");
+  const std::string bytes = read_file(state_path, static_cast<size_t>(st.bytes));
+  if (sha256_hex(bytes) != st.sha256)
+    throw InputError(cat(state_path, ": SHA-256 mismatch with index.json: the checkpoint is corrupt"));
+  c.state_ = parse_state(parse_json_bounded(bytes, state_path, kStateJsonLimits), state_path);
   // A step directory's name and its state agree.
   const std::string dir_name = fs::path(*dir).filename().string();
   if (dir_name.starts_with("step_") && dir_name != cat("step_", c.state_->step))
-    throw InputError(cat((fs::path(*dir) / "state.json").string(), ": step = ", c.state_->step, ", but the directory is ",
-                         dir_name));
-  if (c.optimizer_.has_value() != c.state_->has_optimizer_steps)
-    throw InputError(cat((fs::path(*dir) / "state.json").string(), ": optimizer_steps ",
-                         c.optimizer_ ? "missing, but the checkpoint holds optimizer state"
-                                      : "given, but the checkpoint holds no optimizer state"));
+    throw InputError(cat(state_path, ": step = ", c.state_->step, ", but the directory is ", dir_name));
+  bool optimizer = false;
+  for (const IndexedTensor& t : m.index.tensors) optimizer = optimizer || t.part == Part::kOptimizer;
+  if (optimizer && !c.state_->has_optimizer_steps)
+    throw InputError(cat(state_path, ": optimizer_steps missing, but the checkpoint holds optimizer state"));
+  if (m.index.version == 1 && !optimizer && c.state_->has_optimizer_steps && !m.index.files.contains("optimizer.safetensors"))
+    throw InputError(cat(state_path, ": optimizer_steps given, but the checkpoint holds no optimizer state"));
   return c;
 }
 
-namespace {
-// Finds `name` in f, accepting Hugging Face files that omit the "transformer." prefix.
-const SafetensorsEntry* find_param(const SafetensorsFile& f, const std::string& name) {
-  if (const auto* e = f.find(name)) return e;
-  const std::string prefix = "transformer.";
-  if (name.starts_with(prefix)) return f.find(name.substr(prefix.size()));
-  return nullptr;
+int Checkpoint::format_version() const { return impl_->index.version; }
+const json& Checkpoint::layout() const { return impl_->index.layout; }
+
+std::vector<TensorInfo> Checkpoint::tensors() const {
+  std::vector<TensorInfo> out;
+  for (const IndexedTensor& t : impl_->index.tensors) out.push_back({t.name, t.part, t.dtype, t.shape});
+  return out;
 }
 
-void copy_checked(const SafetensorsFile& f, const SafetensorsEntry* e, const std::string& name,
-                  const Tensor& dst) {
-  if (e == nullptr) throw InputError(cat(f.path(), ": no tensor ", name, " (the model expects it)"));
-  if (e->shape != dst.shape())
-    throw InputError(cat(f.path(), ": tensor ", name, " has shape ", shape_str(e->shape),
-                         ", the model expects ", shape_str(dst.shape()), " (a different model shape?)"));
-  f.read_into(*e, dst);
+std::optional<TensorInfo> Checkpoint::find(const std::string& name) const {
+  const IndexedTensor* t = impl_->find(name);
+  if (t == nullptr) return std::nullopt;
+  return TensorInfo{t->name, t->part, t->dtype, t->shape};
 }
 
-// The tensor for parameter `p` (or its optimizer buffer `name`) into dst: the whole of it,
-// or for a tensor-parallel piece the logical tensor's piece.
-void load_param(const SafetensorsFile& f, const SafetensorsEntry* e, const std::string& name, const ParamInfo& p,
-                const Tensor& dst) {
-  if (p.split.dim < 0) return copy_checked(f, e, name, dst);
-  LOOM_CHECK(dst.dtype() == DType::kF32);
-  Tensor whole = Tensor::zeros(p.global_shape, DType::kF32);
-  copy_checked(f, e, name, whole);
-  take_piece(p, whole.data<float>(), dst.data<float>());
+std::map<std::string, int64_t> Checkpoint::files() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, f] : impl_->index.files) out[name] = f.bytes;
+  return out;
 }
-}  // namespace
 
 std::string Checkpoint::nonfinite_report() const {
   std::vector<std::pair<const SafetensorsFile*, std::pair<std::string, int64_t>>> found;
-  for (const auto* f : {&*model_, optimizer_ ? &*optimizer_ : nullptr})
-    if (f != nullptr)
-      for (auto& t : f->nonfinite()) found.emplace_back(f, std::move(t));
+  for (const auto& [name, f] : impl_->opened)
+    for (auto& t : f.nonfinite()) found.emplace_back(&f, std::move(t));
   if (found.empty()) return "";
   const auto& [file, first] = found.front();
   return cat(file->path(), ": tensor ", printable(first.first), " holds ", first.second,
@@ -267,10 +257,13 @@ std::string Checkpoint::nonfinite_report() const {
 }
 
 void Checkpoint::load_params(const ParamSet& params) const {
-  for (size_t i = 0; i < params.infos().size(); ++i) {
-    const ParamInfo& p = params.infos()[i];
-    load_param(*model_, find_param(*model_, p.name), p.name, p, params.value(static_cast<int>(i)));
-  }
+  const Impl& m = *impl_;
+  m.load_all([&](auto&& fn) {
+    for (size_t i = 0; i < params.infos().size(); ++i) {
+      const ParamInfo& p = params.infos()[i];
+      fn(m.tensor_for(p.name, p), p, params.value(static_cast<int>(i)));
+    }
+  });
 }
 
 void Checkpoint::load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const {
@@ -281,13 +274,35 @@ void Checkpoint::load_optimizer(const ParamSet& params, optim::Optimizer& optimi
 
 void Checkpoint::load_optimizer(const ParamSet& params, optim::FlatState& state) const {
   LOOM_CHECK(has_state());
-  if (!optimizer_) throw InputError(cat(path_, ": holds no optimizer state"));
-  for (const auto& [role, flat] : state.buffers)
-    for (const ParamInfo& p : params.infos()) {
-      const std::string name = role + "." + p.name;
-      load_param(*optimizer_, optimizer_->find(name), name, p, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
-    }
+  const Impl& m = *impl_;
+  bool any = false;
+  for (const IndexedTensor& t : m.index.tensors) any = any || t.part == Part::kOptimizer;
+  if (!any && !state.buffers.empty()) throw InputError(cat(path_, ": holds no optimizer state"));
+  m.load_all([&](auto&& fn) {
+    for (const auto& [role, flat] : state.buffers)
+      for (const ParamInfo& p : params.infos())
+        fn(m.tensor_for(role + "." + p.name, p), p, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
+  });
   state.steps = state_->optimizer_steps;
+}
+
+Tensor Checkpoint::read(const std::string& name, DType dtype) const {
+  const IndexedTensor* t = impl_->find(name);
+  LOOM_CHECK(t != nullptr);
+  const ParamInfo whole{.name = name, .shape = t->shape, .kind = ParamKind::kWeight, .offset = 0,
+                        .numel = shape_numel(t->shape), .global_shape = t->shape};
+  Tensor out = Tensor::zeros(t->shape, dtype);
+  impl_->fill(*t, whole, out);
+  return out;
+}
+
+int64_t Checkpoint::verify_all() const {
+  int64_t bytes = 0;
+  for (const auto& [name, f] : impl_->index.files) {
+    if (name != "state.json") impl_->open_file(name);
+    bytes += f.bytes;
+  }
+  return bytes;
 }
 
 }  // namespace loom::checkpoint

@@ -6,8 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
 
 #include "loom/fileio.h"
+#include "loom/rng.h"
 #include "loom/nn/gpt.h"
 #include "loom_testing.h"
 
@@ -100,11 +103,18 @@ TEST_F(CheckpointTest, CorruptionAndShapeMismatchAreNamed) {
   nn::Gpt a(cfg);
   std::string dir = save(path("c"), 1, a.params(), nullptr, {});
   {
-    std::fstream f(dir + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir + "/model-00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-1, std::ios::end);
     f.put('\x7f');
   }
-  expect_input_error([&] { Checkpoint::open(dir); }, {"model.safetensors", "SHA-256 mismatch"});
+  // Found before any weight is copied, naming the file and the tensor whose bytes changed.
+  nn::Gpt victim(cfg);
+  victim.init(9);
+  const std::vector<float> before(victim.params().values().data<float>(),
+                                  victim.params().values().data<float>() + victim.params().numel());
+  expect_input_error([&] { Checkpoint::open(dir).load_params(victim.params()); },
+                     {"model-00000.safetensors", "SHA-256 mismatch", "in tensor transformer.ln_f.bias"});
+  EXPECT_EQ(0, std::memcmp(before.data(), victim.params().values().raw(), victim.params().values().nbytes()));
 
   std::string dir2 = save(path("d"), 1, a.params(), nullptr, {});
   nn::GptConfig other = cfg;
@@ -136,6 +146,143 @@ TEST_F(CheckpointTest, BareHuggingFaceFileWithoutPrefixLoads) {
   Checkpoint::open(path("hf.safetensors")).load_params(b.params());
   float want = a.params().values().data<float>()[10];
   EXPECT_EQ(b.params().values().data<float>()[10], f16_to_f32(f32_to_f16(want)));
+}
+
+// The boxes of a flat range hold exactly its elements, in order.
+TEST_F(CheckpointTest, RangeBoxesCoverExactlyTheRange) {
+  Rng rng(5, 0);
+  for (const Shape& shape : {Shape{}, Shape{7}, Shape{3, 5}, Shape{2, 3, 4}, Shape{3, 1, 2, 5}, Shape{4, 0}}) {
+    const int64_t n = shape_numel(shape);
+    for (int trial = 0; trial < 40; ++trial) {
+      int64_t a = n == 0 ? 0 : static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(n + 1));
+      int64_t b = n == 0 ? 0 : static_cast<int64_t>(rng.next_u64() % static_cast<uint64_t>(n + 1));
+      if (a > b) std::swap(a, b);
+      std::vector<int64_t> got;
+      const std::vector<Box> boxes = range_boxes(shape, a, b);
+      EXPECT_LE(boxes.size(), std::max<size_t>(1, 2 * shape.size() - 1));
+      for (const Box& box : boxes) {
+        // Every element of the box, row-major.
+        Shape at(shape.size(), 0);
+        for (int64_t k = 0; k < box.numel(); ++k) {
+          int64_t flat = 0, rest = k;
+          for (size_t d = shape.size(); d-- > 0;) {
+            at[d] = rest % box.extents[d];
+            rest /= box.extents[d];
+          }
+          for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + box.offsets[d] + at[d];
+          got.push_back(flat);
+        }
+      }
+      std::vector<int64_t> want(static_cast<size_t>(b - a));
+      std::iota(want.begin(), want.end(), a);
+      EXPECT_EQ(got, want) << shape_str(shape) << " [" << a << ", " << b << ")";
+    }
+  }
+}
+
+// Layouts made by hand: `parts` tensor-parallel pieces of three parameters (a fused
+// three-group weight split by columns, a replicated bias, an embedding split by rows), each
+// piece's flat buffer cut among `writers` ranks. A checkpoint written by one layout loads
+// into every other, bit for bit.
+struct HandLayout {
+  int parts, writers;
+};
+
+std::vector<std::unique_ptr<ParamSet>> pieces_of(const HandLayout& l) {
+  std::vector<std::unique_ptr<ParamSet>> out;
+  for (int i = 0; i < l.parts; ++i) {
+    auto p = std::make_unique<ParamSet>();
+    p->add("w", {4, 3 * (6 / l.parts)}, ParamKind::kWeight, {.dim = 1, .groups = 3, .index = i, .parts = l.parts});
+    p->add("b", {5}, ParamKind::kBias);
+    p->add("e", {12 / l.parts, 3}, ParamKind::kEmbedding, {.dim = 0, .groups = 1, .index = i, .parts = l.parts});
+    p->allocate();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+TEST_F(CheckpointTest, AnyLayoutLoadsIntoAnyOther) {
+  // The logical tensors: w (4, 18), b (5), e (12, 3), every element distinct.
+  std::map<std::string, std::vector<float>> logical;
+  float next = 1;
+  for (auto [name, n] : {std::pair{"w", 72}, std::pair{"b", 5}, std::pair{"e", 36}})
+    for (int k = 0; k < n; ++k) logical[name].push_back(next++);
+  auto fill = [&](ParamSet& ps) {
+    for (size_t i = 0; i < ps.infos().size(); ++i)
+      take_piece(ps.infos()[i], logical[ps.infos()[i].name].data(), ps.value(static_cast<int>(i)).data<float>());
+  };
+  const std::vector<HandLayout> layouts = {{1, 1}, {1, 3}, {2, 1}, {2, 2}, {3, 2}, {6, 1}};
+  for (const HandLayout& from : layouts) {
+    const std::string root = path(cat("from_", from.parts, "x", from.writers));
+    begin_save(root, 1);
+    std::vector<nlohmann::json> records;
+    auto sets = pieces_of(from);
+    for (int i = 0; i < from.parts; ++i) {
+      ParamSet& ps = *sets[i];
+      fill(ps);
+      for (int w = 0; w < from.writers; ++w) {
+        // Writer w's share of the flat buffer; piece 0 alone writes the replicated bias.
+        const int64_t lo = ps.numel() * w / from.writers, hi = ps.numel() * (w + 1) / from.writers;
+        std::vector<FlatRun> runs;
+        const ParamInfo& b = ps.infos()[1];
+        for (auto [rlo, rhi] : {std::pair{lo, std::min(hi, b.offset)}, std::pair{std::max(lo, b.offset + b.numel), hi}})
+          if (rhi > rlo) runs.push_back({rlo, rhi, ps.values().data<float>() + rlo});
+        if (i == 0 && std::max(lo, b.offset) < std::min(hi, b.offset + b.numel))
+          runs.push_back({std::max(lo, b.offset), std::min(hi, b.offset + b.numel),
+                          ps.values().data<float>() + std::max(lo, b.offset)});
+        std::sort(runs.begin(), runs.end(), [](const FlatRun& x, const FlatRun& y) { return x.begin < y.begin; });
+        records.push_back(write_shard(temp_dir(root, 1), cat("model-", i * from.writers + w, ".safetensors"),
+                                      pieces(ps, runs), Part::kModel));
+      }
+    }
+    commit(root, 1, records, {}, {{"tp", from.parts}}, std::nullopt);
+    const Checkpoint c = Checkpoint::open(root);
+    for (const HandLayout& to : layouts) {
+      for (auto& ps : pieces_of(to)) {
+        c.load_params(*ps);
+        auto want = std::make_unique<ParamSet>();
+        for (const ParamInfo& p : ps->infos()) want->add(p.name, p.shape, p.kind, p.split);
+        want->allocate();
+        fill(*want);
+        EXPECT_EQ(0, std::memcmp(want->values().raw(), ps->values().raw(), ps->values().nbytes()))
+            << "from tp " << from.parts << " x " << from.writers << " to tp " << to.parts;
+      }
+    }
+    EXPECT_EQ(c.read("w", DType::kF32).data<float>()[19], logical["w"][19]);
+  }
+}
+
+// An index whose shards overlap, leave a hole, or point past the tensor is refused by name.
+TEST_F(CheckpointTest, ShardsThatDoNotTileTheTensorAreRefused) {
+  ParamSet ps;
+  ps.add("w", {4, 6}, ParamKind::kWeight);
+  ps.allocate();
+  const std::string root = path("tile");
+  begin_save(root, 1);
+  const std::string tmp = temp_dir(root, 1);
+  const nlohmann::json rec = write_shard(tmp, "model-0.safetensors", pieces(ps, {{0, 24, ps.values().raw()}}), Part::kModel);
+  const std::string dir = commit(root, 1, {rec}, {}, {}, std::nullopt);
+  const std::string index_path = dir + "/index.json";
+  const nlohmann::json good = nlohmann::json::parse(read_file(index_path));
+  auto with_shards = [&](const nlohmann::json& shards) {
+    nlohmann::json j = good;
+    j["tensors"][0]["shards"] = shards;
+    write_file_atomic(index_path, j.dump());
+  };
+  nlohmann::json s = good["tensors"][0]["shards"][0];
+  nlohmann::json half = s, other = s;
+  half["extents"] = {2, 6};
+  other["key"] = "w2";
+  other["extents"] = {3, 6};
+  other["offsets"] = {1, 0};
+  with_shards({half, other});
+  expect_input_error([&] { Checkpoint::open(dir); }, {"index.json", "tensors[0].shards", "hold 30 elements of a tensor of 24"});
+  other["extents"] = {2, 6};
+  with_shards({half, other});
+  expect_input_error([&] { Checkpoint::open(dir); }, {"index.json", "tensor w", "shards 0 and 1 overlap"});
+  other["offsets"] = {3, 0};
+  with_shards({half, other});
+  expect_input_error([&] { Checkpoint::open(dir); }, {"index.json", "extents", "not a non-empty block of the shape [4, 6]"});
 }
 
 }  // namespace

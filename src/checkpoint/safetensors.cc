@@ -123,6 +123,10 @@ void SafetensorsFile::read_into(const SafetensorsEntry& e, const Tensor& out) co
   }
 }
 
+std::string_view SafetensorsFile::bytes_of(const SafetensorsEntry& e) const {
+  return std::string_view(bytes_).substr(data_start_ + e.begin, e.end - e.begin);
+}
+
 std::vector<std::pair<std::string, int64_t>> SafetensorsFile::nonfinite() const {
   std::vector<std::pair<std::string, int64_t>> out;
   for (const SafetensorsEntry& e : entries_) {

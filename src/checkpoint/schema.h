@@ -5,11 +5,13 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "loom/checkpoint.h"
+#include "loom/tensor_pieces.h"
 
 namespace loom::checkpoint {
 
@@ -18,18 +20,38 @@ struct IndexedFile {
   std::string sha256;  // 64 lowercase hex digits
 };
 
+// One block of a logical tensor, held whole by one tensor (`key`) of one file.
+struct IndexedShard {
+  std::string file, key;
+  Box box;
+  std::string sha256;  // of the tensor's bytes in the file; "" in format version 1
+};
+
 struct IndexedTensor {
-  std::string name, file;
+  std::string name;
+  Part part = Part::kModel;
   DType dtype;
   Shape shape;
+  std::vector<IndexedShard> shards;  // their extents sum to the shape's size
 };
 
 struct Index {
+  int version = kFormatVersion;
   std::map<std::string, IndexedFile> files;  // by plain file name
   std::vector<IndexedTensor> tensors;
+  nlohmann::json layout;  // version 2: the layout that wrote it (informational)
 };
 
+// Validates every field and the geometry each tensor's shards can be checked for without
+// allocating: within the shape, extents summing to its size, files listed and of the
+// tensor's part, no tensor of a file named twice.
 Index parse_index(const nlohmann::json& index, const std::string& path);
+// No two shards of `t` overlap, so (with parse_index's sum) they tile it. Memory: one bit
+// per element of t when it has many shards; call it once the files' sizes are known to be
+// real (they bound every tensor's size).
+void check_tiling(const IndexedTensor& t, const std::string& path);
+// Whether `name` may be a file of a checkpoint of this format version, and of which part.
+std::optional<Part> shard_file_part(const std::string& name, int version);
 State parse_state(const nlohmann::json& state, const std::string& path);
 
 // `latest` holds one line: the name of a step directory, step_N.

@@ -467,6 +467,32 @@ optim::FlatState DataParallel::gather_optimizer_state() {
   return s;
 }
 
+std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Unit& u : impl_->units)
+    if (u.mine_end(impl_->me) > u.mine_begin(impl_->me)) out.emplace_back(u.mine_begin(impl_->me), u.mine_end(impl_->me));
+  return out;
+}
+
+optim::FlatState DataParallel::owned_optimizer_state() const {
+  const Impl& m = *impl_;
+  int64_t n = 0;
+  for (const auto& [lo, hi] : owned_ranges()) n += hi - lo;
+  optim::FlatState s{.steps = m.optimizer->steps()};
+  for (const auto& [name, own] : m.optimizer->state()) {
+    Tensor t = Tensor::zeros({n}, own.dtype());
+    const float* from = own.data<float>();
+    float* to = t.data<float>();
+    for (const Unit& u : m.units) {
+      const int64_t len = u.mine_end(m.me) - u.mine_begin(m.me);
+      if (len <= 0) continue;
+      to = std::copy_n(from + (m.sharded() ? u.shard_offset : u.mine_begin(m.me)), len, to);
+    }
+    s.buffers.emplace_back(name, std::move(t));
+  }
+  return s;
+}
+
 void DataParallel::load_optimizer_state(const optim::FlatState& state) {
   Impl& m = *impl_;
   auto own = m.optimizer->state();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/fileio.h"
 #include "loom/safetensors.h"
@@ -98,6 +99,46 @@ inline std::vector<std::string> loss_columns(const std::string& metrics) {
   std::istringstream in(metrics);
   for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(", \"tokens\"")));
   return out;
+}
+
+// Every logical tensor of one part of a checkpoint (name, shape and f64 values), whatever
+// layout wrote it: equal strings mean equal weights (or optimizer state), bit for bit.
+inline std::string logical(const std::string& checkpoint_dir, checkpoint::Part part) {
+  const checkpoint::Checkpoint c = checkpoint::Checkpoint::open(checkpoint_dir);
+  std::vector<checkpoint::TensorInfo> ts = c.tensors();
+  std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::string out;
+  for (const checkpoint::TensorInfo& t : ts) {
+    if (t.part != part) continue;
+    const Tensor v = c.read(t.name, DType::kF64);
+    out += t.name + " " + shape_str(t.shape) + "\n";
+    out.append(static_cast<const char*>(v.raw()), v.nbytes());
+  }
+  return out;
+}
+
+// The values of one key on every metrics line that has it, as written.
+inline std::vector<std::string> column(const std::string& metrics, const std::string& key) {
+  std::vector<std::string> out;
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) continue;
+    const size_t from = at + key.size() + 4;
+    out.push_back(line.substr(from, line.find_first_of(",}", from) - from));
+  }
+  return out;
+}
+
+// Each of `keys` on every metrics line of `got` within `tolerance` of `want`'s (same count).
+inline void expect_columns_near(const std::string& want, const std::string& got, std::initializer_list<const char*> keys,
+                         double tolerance, const std::string& what) {
+  for (const char* key : keys) {
+    const auto w = column(want, key), h = column(got, key);
+    ASSERT_EQ(w.size(), h.size()) << what << " " << key;
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_NEAR(std::stod(h[i]), std::stod(w[i]), tolerance) << what << " " << key << " at line " << i;
+  }
 }
 
 // /proc files report size 0: read them as streams.

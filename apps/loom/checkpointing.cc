@@ -1,0 +1,124 @@
+#include "checkpointing.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "loom/error.h"
+
+namespace loom::app {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// `ranges` (ascending, disjoint) less `remove` (ascending, disjoint).
+std::vector<std::pair<int64_t, int64_t>> subtract(const std::vector<std::pair<int64_t, int64_t>>& ranges,
+                                                  const std::vector<std::pair<int64_t, int64_t>>& remove) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (auto [lo, hi] : ranges) {
+    for (const auto& [rlo, rhi] : remove) {
+      if (rhi <= lo || rlo >= hi) continue;
+      if (rlo > lo) out.emplace_back(lo, rlo);
+      lo = std::max(lo, rhi);
+    }
+    if (hi > lo) out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+// Every rank's string, in rank order. Collective.
+std::vector<std::string> all_gather_strings(comm::Communicator& world, const std::string& mine) {
+  const auto n = static_cast<size_t>(world.size());
+  int64_t size = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(n);
+  comm::all_gather(world, {.input = &size, .output = sizes.data(), .count = 1, .dtype = DType::kI64});
+  const size_t width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::string padded = mine;
+  padded.resize(width);
+  std::string all(width * n, '\0');
+  if (width > 0) comm::all_gather(world, {.input = padded.data(), .output = all.data(), .count = width, .dtype = DType::kU8});
+  std::vector<std::string> out;
+  for (size_t r = 0; r < n; ++r) out.push_back(all.substr(r * width, static_cast<size_t>(sizes[r])));
+  return out;
+}
+
+// Throws on every rank when any rank's `error` is not empty, naming the first such rank.
+void check_all(comm::Communicator& world, const std::string& error, const std::string& what) {
+  const std::vector<std::string> errors = all_gather_strings(world, error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) throw RuntimeError(cat(what, " failed on rank ", r, ": ", errors[r]));
+}
+
+}  // namespace
+
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp) {
+  const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
+  const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
+  RankShare share;
+  std::vector<checkpoint::FlatRun> values;
+  const auto* v = static_cast<const char*>(params.values().raw());
+  const size_t es = dtype_size(params.dtype());
+  for (const auto& [lo, hi] : mine) values.push_back({lo, hi, v + lo * static_cast<int64_t>(es)});
+  share.model = checkpoint::pieces(params, values);
+  // The optimizer state holds owned ranges one after another: where each of `mine` is.
+  const optim::FlatState state = dp.owned_optimizer_state();
+  share.optimizer_steps = state.steps;
+  for (const auto& [role, buffer] : state.buffers) {
+    std::vector<checkpoint::FlatRun> runs;
+    const auto* b = static_cast<const char*>(buffer.raw());
+    int64_t at = 0;  // where owned[k] starts in buffer
+    size_t k = 0;
+    for (const auto& [lo, hi] : mine) {
+      while (owned[k].second <= lo) at += owned[k].second - owned[k].first, ++k;
+      runs.push_back({lo, hi, b + (at + lo - owned[k].first) * static_cast<int64_t>(dtype_size(buffer.dtype()))});
+    }
+    for (checkpoint::Piece& p : checkpoint::pieces(params, runs, role + ".")) share.optimizer.push_back(std::move(p));
+  }
+  return share;
+}
+
+std::string save_checkpoint(comm::Communicator& world, const RankShare& share, const std::string& root, int64_t step,
+                            const json& state, const json& layout, const checkpoint::SaveOptions& options) {
+  const bool lead = world.rank() == 0;
+  const std::string what = cat("checkpoint step_", step);
+  auto attempt = [](auto fn) -> std::string {
+    try {
+      fn();
+      return "";
+    } catch (const Error& e) {
+      return e.what();
+    }
+  };
+  // A stale temporary directory goes before anyone writes into it.
+  check_all(world, lead ? attempt([&] { checkpoint::begin_save(root, step); }) : "", what);
+  const std::string tmp = checkpoint::temp_dir(root, step);
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "%05d.safetensors", world.rank());
+  json records = json::array();
+  const std::string written = attempt([&] {
+    records.push_back(checkpoint::write_shard(tmp, std::string("model-") + suffix, share.model, checkpoint::Part::kModel));
+    records.push_back(checkpoint::write_shard(tmp, std::string("optimizer-") + suffix, share.optimizer, checkpoint::Part::kOptimizer));
+  });
+  const std::vector<std::string> all = all_gather_strings(world, written.empty() ? records.dump() : "!" + written);
+  std::string failed;
+  for (size_t r = 0; r < all.size() && failed.empty(); ++r)
+    if (all[r].starts_with("!")) failed = cat(what, " failed on rank ", r, ": ", all[r].substr(1));
+  std::string committed;
+  if (failed.empty() && lead) {
+    committed = attempt([&] {
+      std::vector<json> every;
+      for (const std::string& r : all)
+        for (const json& rec : json::parse(r)) every.push_back(rec);
+      checkpoint::commit(root, step, every, state, layout, share.optimizer_steps, options);
+    });
+  }
+  if (lead && (!failed.empty() || !committed.empty())) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // what did get written; the previous checkpoint is untouched
+  }
+  if (!failed.empty()) throw RuntimeError(failed);
+  check_all(world, committed, what);
+  return (fs::path(root) / cat("step_", step)).string();
+}
+
+}  // namespace loom::app

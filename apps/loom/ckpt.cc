@@ -1,0 +1,76 @@
+// `loom ckpt verify | inspect | export` (docs/formats.md, "Checkpoint directories"): check
+// every hash and the index, describe a checkpoint, and write its weights as one safetensors
+// file with Hugging Face names, whatever layout wrote them.
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "loom/checkpoint.h"
+#include "loom/error.h"
+#include "loom/log.h"
+
+namespace loom::app {
+namespace {
+
+const char* part_name(checkpoint::Part p) { return p == checkpoint::Part::kModel ? "model" : "optimizer"; }
+
+int verify(const checkpoint::Checkpoint& ck) {
+  const int64_t bytes = ck.verify_all();
+  const std::vector<checkpoint::TensorInfo> tensors = ck.tensors();
+  if (const std::string bad = ck.nonfinite_report(); !bad.empty()) log_warn(bad);
+  std::printf("%s: %zu files, %lld bytes, %zu tensors: every file's size and SHA-256 and every tensor's shards agree "
+              "with index.json\n",
+              ck.path().c_str(), ck.files().size(), static_cast<long long>(bytes), tensors.size());
+  return 0;
+}
+
+int inspect(const checkpoint::Checkpoint& ck) {
+  std::printf("checkpoint %s (format version %d)\n", ck.path().c_str(), ck.format_version());
+  if (ck.has_state()) {
+    const checkpoint::State& s = ck.state();
+    std::printf("step %lld, optimizer steps %lld, data cursor %s, finite %s\n", static_cast<long long>(s.step),
+                static_cast<long long>(s.optimizer_steps), s.data_cursor ? std::to_string(*s.data_cursor).c_str() : "-",
+                s.finite ? "yes" : "no");
+    if (!s.model.is_null()) std::printf("model %s\n", s.model.dump().c_str());
+  }
+  if (!ck.layout().is_null()) std::printf("written by layout %s\n", ck.layout().dump().c_str());
+  int64_t total = 0;
+  for (const auto& [name, bytes] : ck.files()) {
+    std::printf("file %s %lld bytes\n", name.c_str(), static_cast<long long>(bytes));
+    total += bytes;
+  }
+  int64_t elements[2] = {0, 0};
+  for (const checkpoint::TensorInfo& t : ck.tensors()) {
+    elements[static_cast<int>(t.part)] += shape_numel(t.shape);
+    std::printf("tensor %s %s %s %s\n", part_name(t.part), t.name.c_str(), std::string(safetensors_dtype_name(t.dtype)).c_str(),
+                shape_str(t.shape).c_str());
+  }
+  std::printf("total %lld bytes; %lld model elements, %lld optimizer elements\n", static_cast<long long>(total),
+              static_cast<long long>(elements[0]), static_cast<long long>(elements[1]));
+  return 0;
+}
+
+int export_weights(const checkpoint::Checkpoint& ck, const std::string& out) {
+  if (out.empty()) throw InputError("loom ckpt export: --out FILE: expected where to write the safetensors file");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const checkpoint::TensorInfo& t : ck.tensors())
+    if (t.part == checkpoint::Part::kModel)
+      tensors.emplace_back(t.name, ck.read(t.name, t.dtype == DType::kF64 ? DType::kF64 : DType::kF32));
+  if (tensors.empty()) throw InputError(cat(ck.path(), ": holds no weights to export"));
+  if (const std::string bad = ck.nonfinite_report(); !bad.empty()) log_warn(bad);
+  const WrittenFile w = write_safetensors(out, tensors, {{"format", "pt"}});
+  std::printf("wrote %s: %zu tensors, %zu bytes\n", out.c_str(), tensors.size(), w.bytes);
+  return 0;
+}
+
+}  // namespace
+
+int run_ckpt(const CkptArgs& a) {
+  const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
+  if (a.action == "verify") return verify(ck);
+  if (a.action == "inspect") return inspect(ck);
+  if (a.action == "export") return export_weights(ck, a.out);
+  throw InputError(cat("loom ckpt ", a.action, ": expected verify, inspect or export"));
+}
+
+}  // namespace loom::app

@@ -1,0 +1,61 @@
+// Pieces of logical tensors (docs/formats.md, "Checkpoint directories"): how the part of a
+// parameter one rank holds (a tensor-parallel piece, a ZeRO range of the flat buffer, or
+// both) maps to blocks ("boxes") of the logical tensor, so that sharded checkpoints store
+// logical tensors and any layout can be rebuilt from them.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/params.h"
+#include "loom/tensor.h"
+
+namespace loom::checkpoint {
+
+// Elements [offsets[d], offsets[d] + extents[d]) along every dimension d of a tensor.
+struct Box {
+  Shape offsets, extents;
+  int64_t numel() const;
+  bool operator==(const Box&) const = default;
+};
+
+// The common elements of a and b (same rank); extents all zero when none.
+Box intersect(const Box& a, const Box& b);
+bool empty(const Box& b);
+
+// The boxes of `shape` covering its row-major element range [begin, end), in that order:
+// at most 2 x rank - 1 of them. REQUIRES: 0 <= begin <= end <= numel(shape).
+std::vector<Box> range_boxes(const Shape& shape, int64_t begin, int64_t end);
+
+// For a box of parameter p's piece (p.shape), the boxes of the logical tensor
+// (p.global_shape) it holds, each with the box of the piece it comes from (same extents).
+// A parameter that is not split maps to itself.
+std::vector<std::pair<Box, Box>> logical_boxes(const ParamInfo& p, const Box& local);
+
+// Copies the block `extents` of src (shape src_shape) starting at src_at into dst (shape
+// dst_shape) at dst_at; elements of elem_bytes bytes, row-major, contiguous.
+void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst, const Shape& dst_shape,
+              const Shape& dst_at, const Shape& extents, size_t elem_bytes);
+
+// A range [begin, end) of a buffer laid out as a ParamSet's values (the values, or an
+// optimizer buffer of the same layout), `data` pointing at its element `begin`.
+struct FlatRun {
+  int64_t begin = 0, end = 0;
+  const void* data = nullptr;
+};
+
+// One box of a logical tensor with its elements (data: contiguous, shape box.extents).
+struct Piece {
+  std::string name;  // the logical tensor's
+  Shape shape;       // the logical tensor's
+  Box box;
+  Tensor data;
+};
+
+// The pieces `runs` hold (ascending, disjoint ranges of a buffer laid out as `params`, of
+// params.dtype()), named prefix + parameter name, in flat order.
+std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix = "");
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,181 @@
+// Writing a checkpoint directory (docs/formats.md, "Checkpoint directories"): every rank's
+// shards, then the lead's index, state, rename and `latest`.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "loom/bounded_json.h"
+#include "loom/checkpoint.h"
+#include "loom/error.h"
+#include "loom/fileio.h"
+#include "schema.h"
+
+namespace loom::checkpoint {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Whether a step directory's state.json says its loss and weights were finite. Directories
+// written before the key existed count as finite; unreadable ones do not.
+bool finite_checkpoint(const fs::path& dir) {
+  try {
+    const std::string path = (dir / "state.json").string();
+    const json state = parse_json_bounded(read_file(path, kStateJsonLimits.max_bytes), path, kStateJsonLimits);
+    return state.is_object() && (!state.contains("finite") || state["finite"] == true);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Removes all but the newest `keep` step directories, except the newest finite one: a run
+// that diverged never prunes the last checkpoint it could be resumed from.
+void prune(const std::string& root, int keep) {
+  if (keep <= 0) return;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string n = e.path().filename().string();
+    if (e.is_directory() && n.size() > 5 && n.size() < 24 && n.starts_with("step_") &&
+        n.find_first_not_of("0123456789", 5) == std::string::npos)
+      steps.emplace_back(std::stoll(n.substr(5)), e.path());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  bool finite_kept = false;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool finite = !finite_kept && finite_checkpoint(steps[i].second);
+    finite_kept = finite_kept || finite;
+    if (i >= static_cast<size_t>(keep) && !finite) fs::remove_all(steps[i].second);
+  }
+}
+
+template <typename T>
+bool all_finite(const T* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
+bool all_finite(const Tensor& t) {
+  if (t.dtype() == DType::kF64) return all_finite(t.data<double>(), t.numel());
+  if (t.dtype() == DType::kF32) return all_finite(t.data<float>(), t.numel());
+  return true;
+}
+
+// The tensor's name in its shard file: the logical name when the piece is all of it (a
+// one-rank checkpoint's model file reads as a plain model), else name@offsets.
+std::string shard_key(const Piece& p) {
+  if (p.box.offsets == Shape(p.shape.size(), 0) && p.box.extents == p.shape) return p.name;
+  std::string key = p.name + "@";
+  for (size_t d = 0; d < p.box.offsets.size(); ++d) key += cat(d ? "," : "", p.box.offsets[d]);
+  return key;
+}
+
+}  // namespace
+
+std::string temp_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / cat(".step_", step, ".tmp")).string();
+}
+
+void begin_save(const std::string& root, int64_t step) {
+  try {
+    fs::create_directories(root);
+    fs::remove_all(temp_dir(root, step));
+    fs::create_directories(temp_dir(root, step));
+  } catch (const fs::filesystem_error& e) {
+    throw RuntimeError(cat(temp_dir(root, step), ": cannot create the checkpoint's directory: ", e.code().message()));
+  }
+}
+
+json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part) {
+  json tensors = json::array();
+  if (pieces.empty()) return {{"tensors", tensors}};
+  std::vector<std::pair<std::string, Tensor>> named;
+  bool finite = true;
+  for (const Piece& p : pieces) {
+    const std::string key = shard_key(p);
+    tensors.push_back({{"name", p.name},
+                       {"part", part == Part::kModel ? "model" : "optimizer"},
+                       {"dtype", std::string(safetensors_dtype_name(p.data.dtype()))},
+                       {"shape", p.shape},
+                       {"key", key},
+                       {"offsets", p.box.offsets},
+                       {"extents", p.box.extents},
+                       {"sha256", sha256_hex(std::string_view(static_cast<const char*>(p.data.raw()), p.data.nbytes()))}});
+    finite = finite && all_finite(p.data);
+    named.emplace_back(key, p.data);
+  }
+  const WrittenFile w = write_safetensors((fs::path(dir) / file).string(), named,
+                                          part == Part::kModel ? std::map<std::string, std::string>{{"format", "pt"}}
+                                                               : std::map<std::string, std::string>{});
+  return {{"file", file}, {"bytes", w.bytes}, {"sha256", w.sha256}, {"finite", finite}, {"tensors", tensors}};
+}
+
+std::string commit(const std::string& root, int64_t step, const std::vector<json>& records, const json& state,
+                   const json& layout, std::optional<int64_t> optimizer_steps, const SaveOptions& options) {
+  const std::string name = cat("step_", step);
+  const fs::path final_dir = fs::path(root) / name, tmp_dir = temp_dir(root, step);
+  json files = json::object();
+  json tensors = json::array();
+  std::map<std::string, size_t> where;  // tensor name -> its entry in `tensors`
+  bool finite = options.loss_finite;
+  for (const json& r : records) {
+    if (r["tensors"].empty()) continue;
+    files[r["file"].get<std::string>()] = {{"bytes", r["bytes"]}, {"sha256", r["sha256"]}};
+    finite = finite && r["finite"].get<bool>();
+    for (const json& t : r["tensors"]) {
+      const std::string n = t["name"];
+      auto [it, fresh] = where.emplace(n, tensors.size());
+      if (fresh)
+        tensors.push_back({{"name", n}, {"part", t["part"]}, {"dtype", t["dtype"]}, {"shape", t["shape"]}, {"shards", json::array()}});
+      tensors[it->second]["shards"].push_back(
+          {{"file", r["file"]}, {"key", t["key"]}, {"offsets", t["offsets"]}, {"extents", t["extents"]}, {"sha256", t["sha256"]}});
+    }
+  }
+  auto write_text = [&](const std::string& file, const std::string& text) {
+    write_file_atomic((tmp_dir / file).string(), text);
+    return json{{"bytes", text.size()}, {"sha256", sha256_hex(text)}};
+  };
+  json st = state;
+  st["format"] = "loom-checkpoint";
+  st["version"] = kFormatVersion;
+  st["step"] = step;
+  if (optimizer_steps) st["optimizer_steps"] = *optimizer_steps;
+  st["finite"] = finite;
+  files["state.json"] = write_text("state.json", st.dump(2) + "\n");
+  const json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion}, {"layout", layout.is_object() ? layout : json::object()},
+                      {"tensors", tensors}, {"files", files}};
+  write_text("index.json", index.dump(2) + "\n");
+  fsync_dir(tmp_dir.string());
+  try {
+    fs::remove_all(final_dir);  // only a stale copy of the same step can be here
+    fs::rename(tmp_dir, final_dir);
+  } catch (const fs::filesystem_error& e) {
+    throw RuntimeError(cat("rename(", tmp_dir.string(), ", ", final_dir.string(), ") failed: ", e.code().message()));
+  }
+  fsync_dir(root);
+  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  prune(root, options.keep);
+  return final_dir.string();
+}
+
+std::string save(const std::string& root, int64_t step, const ParamSet& params, const optim::Optimizer* optimizer,
+                 const json& state, const SaveOptions& options) {
+  begin_save(root, step);
+  const std::string dir = temp_dir(root, step);
+  std::vector<json> records{
+      write_shard(dir, "model-00000.safetensors", pieces(params, {{0, params.numel(), params.values().raw()}}), Part::kModel)};
+  std::optional<int64_t> steps;
+  if (optimizer != nullptr) {
+    std::vector<Piece> opt;
+    for (const auto& [role, flat] : optimizer->state()) {
+      LOOM_CHECK(flat.dtype() == params.dtype());
+      for (Piece& p : pieces(params, {{0, params.numel(), flat.raw()}}, role + ".")) opt.push_back(std::move(p));
+    }
+    records.push_back(write_shard(dir, "optimizer-00000.safetensors", opt, Part::kOptimizer));
+    steps = optimizer->steps();
+  }
+  return commit(root, step, records, state, {{"world", 1}}, steps, options);
+}
+
+}  // namespace loom::checkpoint

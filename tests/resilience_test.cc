@@ -1,0 +1,118 @@
+// Checkpoints across layouts and failures, end to end (docs/formats.md, "Checkpoint
+// directories"): a run saved on one layout resumes on another and continues as an
+// uninterrupted run would.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cli_fixture.h"
+#include "loom/checkpoint.h"
+#include "loom/fileio.h"
+
+namespace loom {
+namespace {
+namespace fs = std::filesystem;
+
+struct Layout {
+  int ranks;
+  std::string flags;
+  bool tp() const { return flags.find("parallel.tp=") != std::string::npos; }
+};
+
+// Train 3 of 6 steps on layout A, save, resume on layout B to the end, and compare with one
+// process training all 6 (which, in deterministic mode, every dp/ZeRO/pp layout equals bit
+// for bit): the losses, gradient norms and validation losses of every step and the final
+// weights and optimizer state, bitwise when neither layout has tp, within the
+// tensor-parallel tolerance (1e-4, docs/parallelism.md) when one does. The sample order
+// continues too: a repeated or skipped sample would change the losses.
+TEST_F(Cli, CheckpointsResumeOnAnyOtherLayout) {
+  const std::string common = " --quiet --parallel.deterministic=true --training.micro_batch=1";
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, " --job.name=one")).code, 0);
+  const std::string one = read_file(p("runs/one/metrics.jsonl"));
+  const Layout single{1, ""}, dp2z1{2, " --parallel.dp=2 --parallel.zero=1"}, dp2z2{2, " --parallel.dp=2 --parallel.zero=2"},
+      dp4z3{4, " --parallel.dp=4 --parallel.zero=3"}, dp2z0{2, " --parallel.dp=2"},
+      pp2{2, " --parallel.pp=2 --parallel.pp_schedule=gpipe"}, pp2_1f1b{2, " --parallel.pp=2"},
+      dp2pp2{4, " --parallel.dp=2 --parallel.pp=2 --parallel.zero=1"}, tp2{2, " --parallel.tp=2"},
+      dp2tp2{4, " --parallel.dp=2 --parallel.tp=2 --parallel.zero=2"},
+      pp2tp2{4, " --parallel.pp=2 --parallel.tp=2 --parallel.sequence_parallel=true"};
+  const std::vector<std::pair<Layout, Layout>> pairs = {
+      {single, dp2z1}, {dp2z1, single}, {dp2z2, dp4z3}, {dp4z3, dp2z0}, {pp2, dp2z2}, {dp2z1, pp2_1f1b},
+      {dp2pp2, single}, {single, dp2pp2}, {tp2, single}, {single, tp2}, {tp2, dp2tp2}, {dp2tp2, pp2tp2}, {pp2tp2, pp2}};
+  auto train = [&](const Layout& l, const std::string& flags) {
+    const std::string cmd = cat("train ", p("nano.toml"), common, l.flags, flags);
+    return l.ranks == 1 ? loom(cmd) : loom(cat("launch -n ", l.ranks, " -- ", LOOM_BINARY_DIR, "/loom ", cmd));
+  };
+  int n = 0;
+  for (const auto& [a, b] : pairs) {
+    const std::string name = cat("pair", n++), what = cat(name, ":", a.flags, " ->", b.flags);
+    Result r = train(a, cat(" --job.name=", name, " --training.steps=3"));
+    ASSERT_EQ(r.code, 0) << what << "\n" << r.out << r.err;
+    r = train(b, cat(" --job.name=", name, " --resume"));
+    ASSERT_EQ(r.code, 0) << what << "\n" << r.out << r.err;
+    const std::string got = read_file(p(cat("runs/", name, "/metrics.jsonl")));
+    const std::string dir = p(cat("runs/", name, "/checkpoints/step_6"));
+    if (!a.tp() && !b.tp()) {
+      EXPECT_EQ(loss_columns(one), loss_columns(got)) << what;
+      EXPECT_EQ(column(one, "val_loss"), column(got, "val_loss")) << what;
+      for (checkpoint::Part part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+        EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), part), logical(dir, part)) << what;
+    } else {
+      ASSERT_EQ(column(got, "loss").size(), 6u) << what;
+      expect_columns_near(one, got, {"loss", "grad_norm", "val_loss"}, 1e-4, what);
+    }
+    // The layout that wrote the last checkpoint is recorded in it.
+    EXPECT_EQ(checkpoint::Checkpoint::open(dir).layout()["world"], b.ranks) << what;
+  }
+}
+
+// `loom ckpt verify | inspect | export` on a checkpoint two tensor-parallel ranks wrote, and
+// `loom train --init-from` of the export on other layouts.
+TEST_F(Cli, CkptCommandsAndInitFromWorkOnAnyLayout) {
+  const std::string common = " --quiet --parallel.deterministic=true --training.micro_batch=1";
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common,
+                      " --job.name=tp --parallel.tp=2 --training.steps=3"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = loom(cat("ckpt verify ", p("runs/tp")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("every file's size and SHA-256"), std::string::npos) << r.out;
+  r = loom(cat("ckpt inspect ", p("runs/tp")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* want : {"step 3, optimizer steps 3", "\"tp\":2", "file model-00001.safetensors",
+                           "tensor model transformer.h.0.attn.c_attn.weight F32 [64, 192]",
+                           "tensor optimizer exp_avg.transformer.wte.weight F32 [256, 64]"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " missing from:\n" << r.out;
+  // The export holds every logical tensor whole, under its Hugging Face name.
+  r = loom(cat("ckpt export ", p("runs/tp"), " --out ", p("w.safetensors")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string exported = logical(p("w.safetensors"), checkpoint::Part::kModel);
+  EXPECT_EQ(exported, logical(p("runs/tp/checkpoints/step_3"), checkpoint::Part::kModel));
+  if (fs::exists("/usr/bin/python3")) {  // a reader that is not Loom's
+    auto [code, out] = testing::run_command(cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ",
+                                                p("w.safetensors")));
+    ASSERT_EQ(code, 0) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 4 + 12 * 2) << out;  // wte, wpe, ln_f (2); 12 per block
+    EXPECT_NE(out.find("transformer.h.1.attn.c_attn.weight float32 [64, 192]"), std::string::npos) << out;
+  }
+  // Training from the export: one process and dp x pp = 2 x 2 take the same steps.
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, " --job.name=i1 --init-from ", p("w.safetensors"))).code, 0);
+  r = loom(cat("launch -n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common,
+               " --job.name=i4 --parallel.dp=2 --parallel.pp=2 --init-from ", p("w.safetensors")));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string i1 = read_file(p("runs/i1/metrics.jsonl"));
+  EXPECT_EQ(loss_columns(i1), loss_columns(read_file(p("runs/i4/metrics.jsonl"))));
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), common, " --job.name=fresh")).code, 0);
+  EXPECT_NE(loss_columns(i1), loss_columns(read_file(p("runs/fresh/metrics.jsonl"))));  // it did start elsewhere
+  expect_bad_input(cat("train ", p("nano.toml"), " --resume --init-from ", p("w.safetensors")), {"--resume and --init-from"});
+  // A flipped byte in one rank's shard: verify names the file and the tensor, exit 2.
+  const std::string shard = p("runs/tp/checkpoints/step_3/model-00001.safetensors");
+  std::string bytes = read_file(shard);
+  bytes[bytes.size() - 5] ^= 4;
+  write(shard, bytes);
+  expect_bad_input(cat("ckpt verify ", p("runs/tp")), {"model-00001.safetensors", "SHA-256 mismatch", "in tensor transformer."});
+}
+
+}  // namespace
+}  // namespace loom
