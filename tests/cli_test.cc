@@ -627,15 +627,6 @@ TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
                    {"profile.trace_steps", "expected steps"});
 }
 
-// The pid of the launcher's child that has RANK=rank in its environment, or -1.
-pid_t rank_pid(pid_t launcher, int rank) {
-  for (pid_t pid : children_of(launcher)) {
-    const std::string env = slurp_proc(cat("/proc/", pid, "/environ"));
-    if (("\0" + env).find(cat(std::string(1, '\0'), "RANK=", rank, std::string(1, '\0'))) != std::string::npos)
-      return pid;
-  }
-  return -1;
-}
 
 }  // namespace
 

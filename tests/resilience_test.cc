@@ -2,8 +2,13 @@
 // directories"): a run saved on one layout resumes on another and continues as an
 // uninterrupted run would.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -112,6 +117,78 @@ TEST_F(Cli, CkptCommandsAndInitFromWorkOnAnyLayout) {
   bytes[bytes.size() - 5] ^= 4;
   write(shard, bytes);
   expect_bad_input(cat("ckpt verify ", p("runs/tp")), {"model-00001.safetensors", "SHA-256 mismatch", "in tensor transformer."});
+}
+
+// A save on a background thread writes what a synchronous one writes; checkpoint.every_s
+// saves on time as well as on steps.
+TEST_F(Cli, AsyncAndTimedSavesWriteWhatSyncSavesDo) {
+  const std::string common = " --quiet --parallel.deterministic=true --training.micro_batch=1 --checkpoint.keep=0";
+  const std::string two = cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), common,
+                              " --parallel.dp=2 --parallel.zero=1");
+  ASSERT_EQ(loom(cat(two, " --job.name=sync --checkpoint.every=2")).code, 0);
+  Result r = loom(cat(two, " --job.name=async --checkpoint.every=2 --checkpoint.async=true"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int step : {2, 4, 6})
+    for (checkpoint::Part part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+      EXPECT_EQ(logical(p(cat("runs/sync/checkpoints/step_", step)), part),
+                logical(p(cat("runs/async/checkpoints/step_", step)), part))
+          << "step " << step;
+  const std::string metrics = read_file(p("runs/async/metrics.jsonl"));
+  EXPECT_EQ(loss_columns(read_file(p("runs/sync/metrics.jsonl"))), loss_columns(metrics));
+  EXPECT_EQ(column(metrics, "ckpt_stall_ms").size(), 3u) << metrics;
+  // A microsecond's interval: every step saves, whatever checkpoint.every says.
+  r = loom(cat(two, " --job.name=timed --checkpoint.every=0 --checkpoint.every_s=0.000001 --checkpoint.async=true"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int step = 1; step <= 6; ++step)
+    EXPECT_TRUE(fs::exists(p(cat("runs/timed/checkpoints/step_", step, "/index.json")))) << step;
+  expect_bad_input(cat("train ", p("nano.toml"), " --checkpoint.every_s=-1"), {"checkpoint.every_s", "-1"});
+}
+
+// SIGTERM (what Kubernetes and Slurm send before killing), to the launcher or to one rank:
+// every rank finishes its step, saves and exits 0 within checkpoint.grace_s, and --resume
+// then loses no step: the run ends as an uninterrupted one does, bit for bit.
+TEST_F(Cli, SigtermSavesAndResumeLosesNothing) {
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --parallel.deterministic=true --training.steps=400 --checkpoint.every=0 "
+                                "--training.eval_every=0 --parallel.dp=2 --parallel.zero=2");
+  ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --quiet --job.name=full")).code, 0);
+  for (const bool to_launcher : {true, false}) {
+    const std::string name = to_launcher ? "launcher" : "rank", metrics = p(cat("runs/", name, "/metrics.jsonl"));
+    pid_t launcher = ::fork();
+    ASSERT_GE(launcher, 0);
+    if (launcher == 0) {
+      const std::string cmd = cat("exec ", LOOM_BINARY_DIR, "/loom launch -n 2 -- ", train, " --job.name=", name,
+                                  to_launcher ? " --checkpoint.async=true" : "", " > ", p(name + ".out"), " 2>&1");
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    auto lines = [&] {
+      std::ifstream f(metrics);
+      return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+    };
+    for (int i = 0; i < 3000 && lines() < 10; ++i) ::usleep(5000);
+    const pid_t target = to_launcher ? launcher : rank_pid(launcher, 1);
+    ASSERT_GT(target, 0);
+    ASSERT_EQ(::kill(target, SIGTERM), 0);
+    const auto sent = std::chrono::steady_clock::now();
+    int status = 0;
+    ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    const std::string out = read_file(p(name + ".out"));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": " << out;
+    EXPECT_LT(took, 20.0) << name << " exceeded checkpoint.grace_s";
+    EXPECT_NE(out.find("SIGTERM: saved step "), std::string::npos) << out;
+    // The checkpoint is the last step logged: nothing is lost.
+    const int64_t logged = lines();
+    ASSERT_LT(logged, 400) << name << ": the run ended before the signal";
+    EXPECT_EQ(read_file(p(cat("runs/", name, "/checkpoints/latest"))), cat("step_", logged, "\n")) << name;
+    const Result r = loom(cat("launch -n 2 -- ", train, " --quiet --job.name=", name, " --resume"));
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics))) << name;
+    EXPECT_EQ(logical(p("runs/full/checkpoints/step_400"), checkpoint::Part::kModel),
+              logical(p(cat("runs/", name, "/checkpoints/step_400")), checkpoint::Part::kModel))
+        << name;
+  }
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "loom/error.h"
+#include "loom/log.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;
@@ -119,6 +121,44 @@ std::string save_checkpoint(comm::Communicator& world, const RankShare& share, c
   if (!failed.empty()) throw RuntimeError(failed);
   check_all(world, committed, what);
   return (fs::path(root) / cat("step_", step)).string();
+}
+
+CheckpointSaver::CheckpointSaver(comm::Communicator& world, bool async) : world_(world) {
+  if (async) own_ = world.split(0, world.rank());
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (writer_.joinable()) writer_.join();
+}
+
+std::string CheckpointSaver::save(RankShare share, SaveRequest r) {
+  if (!own_) return save_checkpoint(world_, share, r.root, r.step, r.state, r.layout, r.options);
+  if (writer_.joinable() && !done_ && world_.rank() == 0)
+    log_info(cat("checkpoint step_", r.step, ": waiting for step_", writing_step_, ", still being written"));
+  wait();
+  done_ = false;
+  writing_step_ = r.step;
+  writer_ = std::thread([this, share = std::move(share), r = std::move(r)] {
+    try {
+      dir_ = save_checkpoint(*own_, share, r.root, r.step, r.state, r.layout, r.options);
+    } catch (...) {
+      failure_ = std::current_exception();
+    }
+    done_ = true;
+  });
+  return "";
+}
+
+std::optional<std::string> CheckpointSaver::poll() {
+  if (!writer_.joinable() || !done_) return std::nullopt;
+  return wait();
+}
+
+std::optional<std::string> CheckpointSaver::wait() {
+  if (!writer_.joinable()) return std::nullopt;
+  writer_.join();
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+  return dir_;
 }
 
 }  // namespace loom::app

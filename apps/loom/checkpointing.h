@@ -4,7 +4,12 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
@@ -30,5 +35,45 @@ RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::D
 std::string save_checkpoint(comm::Communicator& world, const RankShare& share, const std::string& root, int64_t step,
                             const nlohmann::json& state, const nlohmann::json& layout,
                             const checkpoint::SaveOptions& options);
+
+// Where and what save_checkpoint writes, less the share.
+struct SaveRequest {
+  std::string root;
+  int64_t step = 0;
+  nlohmann::json state, layout;
+  checkpoint::SaveOptions options;
+};
+
+// Saves checkpoints on the training thread, or (`async`) on a thread of its own with its own
+// communicator (a split of `world`), so that training goes on while the shards are
+// written: the training thread only copies its share. One save at a time: a save requested
+// while the last is still being written waits for it (logged), never interleaves.
+// Thread-safety: used from the training thread.
+class CheckpointSaver {
+ public:
+  // Collective over world when async (the split).
+  CheckpointSaver(comm::Communicator& world, bool async);
+  ~CheckpointSaver();  // waits for the save in flight, dropping its error (the run is failing)
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Collective over world. Sync: writes the checkpoint and returns its directory. Async:
+  // waits for the save in flight, hands `share` to the writer and returns "".
+  std::string save(RankShare share, SaveRequest request);
+  // The directory of the async save that has completed since the last call, without
+  // waiting; nullopt when none. Throws the save's RuntimeError when it failed.
+  std::optional<std::string> poll();
+  // Waits for the async save in flight, if any; its directory (or nullopt), or its error.
+  std::optional<std::string> wait();
+
+ private:
+  comm::Communicator& world_;
+  std::unique_ptr<comm::Communicator> own_;  // async: the writer's communicator
+  std::thread writer_;
+  std::atomic<bool> done_{false};
+  std::string dir_;              // set by the writer before done_
+  std::exception_ptr failure_;  // likewise
+  int64_t writing_step_ = -1;
+};
 
 }  // namespace loom::app

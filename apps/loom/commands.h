@@ -78,6 +78,7 @@ int run_plan(const PlanArgs& a);
 struct LaunchArgs {
   int nproc = 1, nnodes = 1, node_rank = 0;
   std::string master = "127.0.0.1:0";
+  double grace_s = 30;  // after SIGTERM or SIGINT is forwarded, before SIGKILL
   std::vector<std::string> command;
 };
 int run_launch(const LaunchArgs& a);

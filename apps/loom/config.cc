@@ -80,6 +80,8 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"checkpoint.keep", int64_t{3}},
       {"checkpoint.dir", std::string("")},
       {"checkpoint.async", false},
+      {"checkpoint.every_s", 0.0},
+      {"checkpoint.grace_s", 20.0},
       {"profile.trace_steps", std::string("")},
   };
   return kSchema;
@@ -396,6 +398,10 @@ void Config::resolve(int world) {
   if (!(f("job.mem_limit_mb") >= 0))
     throw InputError(cat(where("job.mem_limit_mb"), " = ", f("job.mem_limit_mb"), ": expected >= 0 (0: no limit)"));
   if (!(f("comm.timeout_s") > 0)) throw InputError(cat(where("comm.timeout_s"), " = ", f("comm.timeout_s"), ": expected > 0"));
+  if (!(f("checkpoint.every_s") >= 0 && f("checkpoint.every_s") < 1e9))
+    throw InputError(cat(where("checkpoint.every_s"), " = ", f("checkpoint.every_s"), ": expected seconds in [0, 1e9) (0: off)"));
+  if (!(f("checkpoint.grace_s") > 0 && f("checkpoint.grace_s") < 1e6))
+    throw InputError(cat(where("checkpoint.grace_s"), " = ", f("checkpoint.grace_s"), ": expected seconds in (0, 1e6)"));
   if (b("parallel.deterministic") && s("comm.grad_dtype") != "f32")
     throw InputError(cat(where("comm.grad_dtype"), " = \"", s("comm.grad_dtype"),
                          "\": parallel.deterministic sums gradients exactly; expected \"f32\""));

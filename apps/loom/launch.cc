@@ -71,6 +71,7 @@ std::pair<std::string, int> parse_master(const std::string& s) {
 int run_launch(const LaunchArgs& a) {
   if (a.command.empty()) throw InputError("loom launch: no command given after --");
   if (a.nproc < 1) throw InputError(cat("loom launch: -n must be >= 1, got ", a.nproc));
+  if (!(a.grace_s > 0 && a.grace_s < 1e6)) throw InputError(cat("loom launch: --grace ", a.grace_s, ": expected seconds in (0, 1e6)"));
   if (a.nnodes < 1 || a.node_rank < 0 || a.node_rank >= a.nnodes)
     throw InputError(cat("loom launch: --node-rank ", a.node_rank, " is out of range for --nnodes ", a.nnodes));
   auto [host, port] = parse_master(a.master);
@@ -235,7 +236,8 @@ int run_launch(const LaunchArgs& a) {
           for (auto& c : children)
             if (!c.exited) ::kill(c.pid, sigs[k]);
           if (deadline_kill == std::chrono::steady_clock::time_point::max())
-            deadline_kill = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+            deadline_kill = std::chrono::steady_clock::now() +
+                            std::chrono::milliseconds(static_cast<int64_t>(a.grace_s * 1000));
         }
     }
     for (size_t k = 1; k < fds.size(); ++k) {

@@ -167,6 +167,9 @@ int run(int argc, char** argv) {
   l->add_option("--node-rank", launch.node_rank, "This node's index")->capture_default_str();
   l->add_option("--master", launch.master, "HOST:PORT of the store (node 0 serves it; port 0 picks one)")
       ->capture_default_str();
+  l->add_option("--grace", launch.grace_s,
+                "Seconds the ranks get after a forwarded SIGTERM (they finish the step, save and exit) before SIGKILL")
+      ->capture_default_str();
   l->add_option("command", launch.command, "-- CMD ARGS...")->required();
   l->positionals_at_end();
 

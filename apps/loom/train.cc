@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +40,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+// SIGTERM (what Kubernetes and Slurm send before killing): the run finishes its step,
+// saves and exits 0 (docs/launch.md, "Preemption").
+volatile std::sig_atomic_t g_terminate = 0;
+void on_terminate(int) { g_terminate = 1; }
 
 double peak_rss_mb() {
   struct rusage ru{};
@@ -378,7 +385,12 @@ int run_train(const TrainArgs& a) {
   const json layout = {{"world", world->size()}, {"dp", dp_size}, {"tp", mesh.tp}, {"pp", mesh.pp},
                        {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
+  CheckpointSaver saver(*world, c.b("checkpoint.async"));
+  auto last_save = std::chrono::steady_clock::now();
+  // Collective: the time this rank's training stopped for the save (with async, the copy of
+  // its share; otherwise the whole write).
   auto save = [&](int64_t step, bool loss_finite) {
+    const auto t0 = std::chrono::steady_clock::now();
     dp.materialize_params();  // collective: every rank takes part
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
@@ -386,14 +398,30 @@ int run_train(const TrainArgs& a) {
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
     const std::string dir =
-        save_checkpoint(*world, rank_share(mesh, params, dp), ckpt_root, step, state, layout,
-                        {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite});
-    last_checkpoint = dir;
+        saver.save(rank_share(mesh, params, dp),
+                   {.root = ckpt_root, .step = step, .state = state, .layout = layout,
+                    .options = {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite}});
+    last_save = std::chrono::steady_clock::now();
     if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
-      log_warn(cat("step ", step, ": the loss is not finite; saved ", dir,
-                   ", and the newest finite checkpoint is kept whatever checkpoint.keep says"));
-    progress.note(cat("checkpoint ", dir));
+      log_warn(cat("step ", step, ": the loss is not finite; saving it, and the newest finite checkpoint is kept "
+                   "whatever checkpoint.keep says"));
+    if (!dir.empty()) {
+      last_checkpoint = dir;
+      progress.note(cat("checkpoint ", dir));
+    }
+    return std::chrono::duration<double, std::milli>(last_save - t0).count();
   };
+  auto saved = [&](const std::optional<std::string>& dir) {  // an async save that completed
+    if (!dir) return;
+    last_checkpoint = *dir;
+    progress.note(cat("checkpoint ", *dir));
+  };
+  struct sigaction term{};
+  term.sa_handler = on_terminate;
+  term.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &term, nullptr);
+  int64_t end_step = steps;  // earlier after SIGTERM
+  std::optional<std::chrono::steady_clock::time_point> terminate_seen;
 
   for (int64_t step = start_step; step < steps; ++step) {
     try {
@@ -503,13 +531,36 @@ int run_train(const TrainArgs& a) {
         progress.note(cat("step ", done, ": val_loss ", last_eval.loss,
                           last_eval.accuracy >= 0 ? cat(", val_accuracy ", last_eval.accuracy) : std::string()));
       }
+      // Whether to save now: every checkpoint.every steps, at the end, when checkpoint.every_s
+      // have passed on rank 0's clock, or when any rank got SIGTERM. The last two need every
+      // rank to agree: one small all-reduce a step.
+      saved(saver.poll());
+      std::array<int64_t, 2> flags = {g_terminate ? 1 : 0,
+                                      lead && c.f("checkpoint.every_s") > 0 &&
+                                              std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() >=
+                                                  c.f("checkpoint.every_s")};
+      if (g_terminate && !terminate_seen) terminate_seen = std::chrono::steady_clock::now();
+      if (world->size() > 1)
+        comm::all_reduce(*world, {.output = flags.data(), .count = 2, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+      const int64_t every = c.i("checkpoint.every");
+      const bool stop = flags[0] != 0 && done < steps;
+      if ((every > 0 && done % every == 0) || done == steps || flags[1] != 0 || stop) {
+        if (tracing) tracer->push("checkpoint");
+        line.add("ckpt_stall_ms", save(done, std::isfinite(loss)));
+        if (tracing) tracer->pop();
+      }
       if (metrics) metrics->write(line);
       progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
-      const int64_t every = c.i("checkpoint.every");
-      if ((every > 0 && done % every == 0) || done == steps) {
-        if (tracing) tracer->push("checkpoint");
-        save(done, std::isfinite(loss));
-        if (tracing) tracer->pop();
+      if (stop) {
+        saved(saver.wait());
+        if (!terminate_seen) terminate_seen = std::chrono::steady_clock::now();  // another rank's signal
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - *terminate_seen).count();
+        log_info(cat("SIGTERM: saved step ", done, " of ", steps, " (", last_checkpoint, ") ", took,
+                     " s after the signal; stopping. `loom train ... --resume` continues from it"));
+        if (took > c.f("checkpoint.grace_s"))
+          log_warn(cat("the save after SIGTERM took ", took, " s, over checkpoint.grace_s = ", c.f("checkpoint.grace_s"),
+                       " s: the job may be killed before it ends next time"));
+        end_step = done;
       }
       if (tracing) {
         tracer->pop();  // the step
@@ -517,7 +568,7 @@ int run_train(const TrainArgs& a) {
         seam.set_observer(nullptr);
         if (piped) pipe->set_observer(nullptr);
         tracing = false;
-        if (done == trace_steps.back()) {
+        if (done == trace_steps.back() || end_step == done) {
           const std::string path = (fs::path(run) / "trace.json").string();
           write_merged_trace(*world, *trace, path);
           progress.note(cat("trace of step(s) ", c.s("profile.trace_steps"), " of ", world->size(), " rank(s): ", path));
@@ -528,16 +579,18 @@ int run_train(const TrainArgs& a) {
       throw RuntimeError(cat("rank ", env.rank, mesh.split() ? cat(" (", mesh.where(), ")") : "",
                              " at step ", step + 1, ": ", e.what()));
     }
+    if (end_step < steps) break;
   }
+  saved(saver.wait());  // the last save complete before the run reports done
   progress.finish();
   dp.materialize_params();
-  if (lead && task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
+  if (lead && end_step == steps && task->has_validation() && last_eval.items > 0 && last_eval.accuracy >= 0) {
     // A full pass over the test set for the final figure.
     EvalResult full = task->evaluate(0);
     std::printf("test accuracy %.4f over %lld images (loss %.4f)\n", full.accuracy,
                 static_cast<long long>(full.items), full.loss);
   }
-  const int64_t timed = steps - start_step - 1;
+  const int64_t timed = end_step - start_step - 1;
   if (lead && piped && timed > 0) {
     // The data-parallel scaling figure below assumes every rank computes the whole step,
     // which stages do not: the pipeline's own summary instead.
