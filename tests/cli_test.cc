@@ -178,7 +178,7 @@ TEST_F(Cli, ResumeIsBitwiseIdentical) {
     for (std::string line; std::getline(in, line);) {
       std::string keep = line.substr(0, line.find(", \"tokens\""));
       auto v = line.find("\"val_loss\"");
-      if (v != std::string::npos) keep += line.substr(v);
+      if (v != std::string::npos) keep += line.substr(v, line.find_first_of(",}", v) - v);
       out.push_back(keep);
     }
     return out;

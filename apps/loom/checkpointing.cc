@@ -1,5 +1,6 @@
 #include "checkpointing.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
@@ -53,6 +54,13 @@ void check_all(comm::Communicator& world, const std::string& error, const std::s
 
 }  // namespace
 
+int64_t RankShare::bytes() const {
+  int64_t n = 0;
+  for (const auto* list : {&model, &optimizer})
+    for (const checkpoint::Piece& p : *list) n += static_cast<int64_t>(p.data.nbytes());
+  return n;
+}
+
 RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
@@ -62,17 +70,16 @@ RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::D
   const size_t es = dtype_size(params.dtype());
   for (const auto& [lo, hi] : mine) values.push_back({lo, hi, v + lo * static_cast<int64_t>(es)});
   share.model = checkpoint::pieces(params, values);
-  // The optimizer state holds owned ranges one after another: where each of `mine` is.
-  const optim::FlatState state = dp.owned_optimizer_state();
+  // The optimizer state: one view per owned range; each of `mine` lies in one of them.
+  const parallel::DataParallel::OwnedState state = dp.owned_optimizer_state();
   share.optimizer_steps = state.steps;
-  for (const auto& [role, buffer] : state.buffers) {
+  for (const auto& [role, views] : state.buffers) {
     std::vector<checkpoint::FlatRun> runs;
-    const auto* b = static_cast<const char*>(buffer.raw());
-    int64_t at = 0;  // where owned[k] starts in buffer
     size_t k = 0;
     for (const auto& [lo, hi] : mine) {
-      while (owned[k].second <= lo) at += owned[k].second - owned[k].first, ++k;
-      runs.push_back({lo, hi, b + (at + lo - owned[k].first) * static_cast<int64_t>(dtype_size(buffer.dtype()))});
+      while (owned[k].second <= lo) ++k;
+      const auto* b = static_cast<const char*>(views[k].raw());
+      runs.push_back({lo, hi, b + (lo - owned[k].first) * static_cast<int64_t>(dtype_size(views[k].dtype()))});
     }
     for (checkpoint::Piece& p : checkpoint::pieces(params, runs, role + ".")) share.optimizer.push_back(std::move(p));
   }
@@ -131,8 +138,21 @@ CheckpointSaver::~CheckpointSaver() {
   if (writer_.joinable()) writer_.join();
 }
 
+namespace {
+// save_checkpoint, logging (rank 0) what this rank wrote and how fast.
+std::string timed_save(comm::Communicator& comm, const RankShare& share, const SaveRequest& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string dir = save_checkpoint(comm, share, r.root, r.step, r.state, r.layout, r.options);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info(cat("checkpoint step_", r.step, ": this rank wrote ", static_cast<double>(share.bytes()) / (1 << 20),
+               " MiB of tensors in ", s * 1e3, " ms (", static_cast<double>(share.bytes()) / s / 1e9,
+               " GB/s), the whole checkpoint committed"));
+  return dir;
+}
+}  // namespace
+
 std::string CheckpointSaver::save(RankShare share, SaveRequest r) {
-  if (!own_) return save_checkpoint(world_, share, r.root, r.step, r.state, r.layout, r.options);
+  if (!own_) return timed_save(world_, share, r);
   if (writer_.joinable() && !done_ && world_.rank() == 0)
     log_info(cat("checkpoint step_", r.step, ": waiting for step_", writing_step_, ", still being written"));
   wait();
@@ -140,7 +160,7 @@ std::string CheckpointSaver::save(RankShare share, SaveRequest r) {
   writing_step_ = r.step;
   writer_ = std::thread([this, share = std::move(share), r = std::move(r)] {
     try {
-      dir_ = save_checkpoint(*own_, share, r.root, r.step, r.state, r.layout, r.options);
+      dir_ = timed_save(*own_, share, r);
     } catch (...) {
       failure_ = std::current_exception();
     }

@@ -24,6 +24,7 @@ namespace loom::app {
 struct RankShare {
   std::vector<checkpoint::Piece> model, optimizer;
   int64_t optimizer_steps = 0;
+  int64_t bytes() const;  // of every piece's data
 };
 RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp);
 

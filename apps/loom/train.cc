@@ -220,6 +220,7 @@ int run_train(const TrainArgs& a) {
 
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
+  double load_s = 0;  // reading the weights (then the optimizer state, after joining)
   // NaN or Inf in the weights or the optimizer state this rank read would only spread
   // through training. Checked after each load; a report is given once.
   std::string nonfinite_seen;
@@ -255,7 +256,9 @@ int run_train(const TrainArgs& a) {
       throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
                            ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
                            "; resume with the global batch the run trained with"));
+    const auto t0 = std::chrono::steady_clock::now();
     ck->load_params(params);
+    load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_finite();
     start_step = saved.step;
   }
@@ -327,11 +330,15 @@ int run_train(const TrainArgs& a) {
       else dp.on_block(block, phase);
     });
   if (ck && a.resume) {
+    const auto t0 = std::chrono::steady_clock::now();
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
     check_finite();
     dp.load_optimizer_state(st);
-    log_info(cat("resuming from ", ck->path(), " at step ", start_step));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() + load_s;
+    log_info(cat("resuming from ", ck->path(), " at step ", start_step, ": this rank read ",
+                 static_cast<double>(ck->bytes_read()) / (1 << 20), " MiB of shards in ", s * 1e3, " ms (",
+                 static_cast<double>(ck->bytes_read()) / s / 1e9, " GB/s)"));
   }
   dp.sync_params();
   if (!trace_steps.empty()) {

@@ -127,6 +127,8 @@ class Checkpoint {
   Tensor read(const std::string& name, DType dtype) const;
   // Reads and verifies every file (`loom ckpt verify`). Returns the bytes read.
   int64_t verify_all() const;
+  // The bytes of the shard files read so far.
+  int64_t bytes_read() const;
 
  private:
   Checkpoint();

@@ -151,9 +151,13 @@ class DataParallel {
   // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing
   // among the replicas.
   std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
-  // This rank's optimizer state over owned_ranges(), concatenated in that order (copies),
-  // with the step count.
-  optim::FlatState owned_optimizer_state() const;
+  // This rank's optimizer state over owned_ranges(): per buffer (by name), one view into
+  // the optimizer's own buffer per range, in that order. Valid until the next step.
+  struct OwnedState {
+    std::vector<std::pair<std::string, std::vector<Tensor>>> buffers;
+    int64_t steps = 0;
+  };
+  OwnedState owned_optimizer_state() const;
 
  private:
   struct Impl;

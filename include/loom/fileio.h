@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -15,7 +16,37 @@ namespace loom {
 // waiting for a writer), unreadable, larger than `max_bytes` or than the memory available
 // (both checked before anything is read: it is the user's file).
 std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
+// A file's bytes in memory of their own: a large file in anonymous memory asking for huge
+// pages (a 200 MB read faults 100 pages instead of 50,000), a small one in a string.
+// Move-only.
+class FileBytes {
+ public:
+  FileBytes() = default;
+  explicit FileBytes(std::string bytes);
+  FileBytes(FileBytes&& o) noexcept;
+  FileBytes& operator=(FileBytes&& o) noexcept;
+  FileBytes(const FileBytes&) = delete;
+  FileBytes& operator=(const FileBytes&) = delete;
+  ~FileBytes();
+  static FileBytes allocate(size_t size);  // uninitialized (large: zero pages)
+
+  char* data() { return map_ != nullptr ? static_cast<char*>(map_) : small_.data(); }
+  const char* data() const { return map_ != nullptr ? static_cast<const char*>(map_) : small_.data(); }
+  size_t size() const { return size_; }
+  std::string_view view() const { return {data(), size_}; }
+
+ private:
+  std::string small_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+};
+
+// read_file's checks and errors, into FileBytes.
+FileBytes read_file_bytes(const std::string& path, size_t max_bytes = SIZE_MAX);
+
 void write_file_atomic(const std::string& path, std::string_view bytes);
+// The same for bytes in several parts, written one after another (no joined copy).
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts);
 void fsync_dir(const std::string& dir);
 bool path_exists(const std::string& path);
 

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/fileio.h"
 #include "loom/tensor.h"
 
 namespace loom {
@@ -31,6 +32,7 @@ class SafetensorsFile {
   static SafetensorsFile open(const std::string& path);
   // Parses bytes the caller already read from `path` (e.g. to verify their hash first).
   static SafetensorsFile parse(const std::string& path, std::string bytes);
+  static SafetensorsFile parse(const std::string& path, FileBytes bytes);
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
@@ -47,7 +49,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::string bytes_;
+  FileBytes bytes_;
   size_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
@@ -63,7 +65,8 @@ WrittenFile write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
-// Hex SHA-256 of bytes (OpenSSL).
+// Hex SHA-256 of bytes (OpenSSL), or of parts one after another.
 std::string sha256_hex(std::string_view bytes);
+std::string sha256_hex(const std::vector<std::string_view>& parts);
 
 }  // namespace loom

@@ -28,7 +28,9 @@ namespace loom {
 // before the first step) is not resident.
 class Storage {
  public:
-  explicit Storage(size_t bytes);
+  // Zeroed. `huge_pages`: a mapped allocation asks the kernel for huge pages (far fewer page
+  // faults when it is written whole at once, e.g. a checkpoint's copy of the model).
+  explicit Storage(size_t bytes, bool huge_pages = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

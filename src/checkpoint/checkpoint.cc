@@ -44,19 +44,19 @@ struct Checkpoint::Impl {
     if (auto it = opened.find(file); it != opened.end()) return it->second;
     const IndexedFile& entry = index.files.at(file);
     const std::string path = file_path(file);
-    std::string bytes = read_file(path, static_cast<size_t>(entry.bytes));
+    FileBytes bytes = read_file_bytes(path, static_cast<size_t>(entry.bytes));
     if (static_cast<int64_t>(bytes.size()) != entry.bytes)
       throw InputError(cat(path, ": ", bytes.size(), " bytes, index.json says ", entry.bytes, ": the checkpoint is corrupt"));
-    const bool intact = sha256_hex(bytes) == entry.sha256;
-    if (!intact) throw InputError(cat(path, ": SHA-256 mismatch with index.json", which_differs(file, bytes),
-                                      ": the checkpoint is corrupt"));
+    if (sha256_hex(bytes.view()) != entry.sha256)
+      throw InputError(cat(path, ": SHA-256 mismatch with index.json", which_differs(file, std::move(bytes)),
+                           ": the checkpoint is corrupt"));
     SafetensorsFile f = SafetensorsFile::parse(path, std::move(bytes));
     check_file(f, file);
     return opened.emplace(file, std::move(f)).first->second;
   }
 
   // For a file whose hash is wrong: which tensor's bytes differ from the index's record.
-  std::string which_differs(const std::string& file, std::string bytes) const {
+  std::string which_differs(const std::string& file, FileBytes bytes) const {
     try {
       const SafetensorsFile f = SafetensorsFile::parse(file_path(file), std::move(bytes));
       for (const IndexedTensor& t : index.tensors)
@@ -294,6 +294,12 @@ Tensor Checkpoint::read(const std::string& name, DType dtype) const {
   Tensor out = Tensor::zeros(t->shape, dtype);
   impl_->fill(*t, whole, out);
   return out;
+}
+
+int64_t Checkpoint::bytes_read() const {
+  int64_t bytes = 0;
+  for (const auto& [name, f] : impl_->opened) bytes += impl_->index.files.at(name).bytes;
+  return bytes;
 }
 
 int64_t Checkpoint::verify_all() const {

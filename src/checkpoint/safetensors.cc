@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <nlohmann/json.hpp>
 
@@ -17,13 +18,17 @@ namespace {
 using json = nlohmann::json;
 }  // namespace
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(path, read_file(path)); }
+SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(path, read_file_bytes(path)); }
 
 SafetensorsFile SafetensorsFile::parse(const std::string& path, std::string bytes) {
+  return parse(path, FileBytes(std::move(bytes)));
+}
+
+SafetensorsFile SafetensorsFile::parse(const std::string& path, FileBytes bytes) {
   SafetensorsFile f;
   f.path_ = path;
   f.bytes_ = std::move(bytes);
-  const std::string& b = f.bytes_;
+  const std::string_view b = f.bytes_.view();
   if (b.size() < 8) throw InputError(cat(path, ": not safetensors: ", b.size(), " bytes, expected an 8-byte header length"));
   uint64_t n = 0;
   std::memcpy(&n, b.data(), 8);
@@ -124,7 +129,7 @@ void SafetensorsFile::read_into(const SafetensorsEntry& e, const Tensor& out) co
 }
 
 std::string_view SafetensorsFile::bytes_of(const SafetensorsEntry& e) const {
-  return std::string_view(bytes_).substr(data_start_ + e.begin, e.end - e.begin);
+  return bytes_.view().substr(data_start_ + e.begin, e.end - e.begin);
 }
 
 std::vector<std::pair<std::string, int64_t>> SafetensorsFile::nonfinite() const {
@@ -162,23 +167,26 @@ WrittenFile write_safetensors(const std::string& path,
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  std::string out(8 + h.size() + offset, '\0');
-  uint64_t n = h.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, h.data(), h.size());
-  size_t pos = 8 + h.size();
-  for (const auto& [name, t] : tensors) {
-    std::memcpy(out.data() + pos, t.raw(), t.nbytes());
-    pos += t.nbytes();
-  }
-  write_file_atomic(path, out);
-  return {out.size(), sha256_hex(out)};
+  const uint64_t n = h.size();
+  std::string head(8, '\0');
+  std::memcpy(head.data(), &n, 8);
+  head += h;
+  // Written and hashed from where the tensors are: no copy of the file in memory.
+  std::vector<std::string_view> parts{head};
+  for (const auto& [name, t] : tensors) parts.emplace_back(static_cast<const char*>(t.raw()), t.nbytes());
+  write_file_atomic(path, parts);
+  return {head.size() + offset, sha256_hex(parts)};
 }
 
-std::string sha256_hex(std::string_view bytes) {
+std::string sha256_hex(std::string_view bytes) { return sha256_hex(std::vector<std::string_view>{bytes}); }
+
+std::string sha256_hex(const std::vector<std::string_view>& parts) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  LOOM_CHECK(EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr) == 1);
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  LOOM_CHECK(ctx != nullptr && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1);
+  for (std::string_view p : parts) LOOM_CHECK(EVP_DigestUpdate(ctx.get(), p.data(), p.size()) == 1);
+  LOOM_CHECK(EVP_DigestFinal_ex(ctx.get(), md, &len) == 1);
   static const char* kHex = "0123456789abcdef";
   std::string s;
   for (unsigned int i = 0; i < len; ++i) {

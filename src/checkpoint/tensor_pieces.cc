@@ -143,6 +143,11 @@ void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void
 
 std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix) {
   const size_t es = dtype_size(params.dtype());
+  // One allocation for every piece, in huge pages: the copy is written whole at once.
+  int64_t total = 0;
+  for (const FlatRun& r : runs) total += r.end - r.begin;
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(total) * es, /*huge_pages=*/true);
+  size_t at = 0;  // bytes into storage
   std::vector<Piece> out;
   for (const FlatRun& r : runs) {
     for (const ParamInfo& p : params.infos()) {
@@ -152,7 +157,8 @@ std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& ru
       const auto* base = static_cast<const char*>(r.data);
       for (const Box& local : range_boxes(p.shape, lo - p.offset, hi - p.offset))
         for (auto& [logical, from] : logical_boxes(p, local)) {
-          Tensor data = Tensor::zeros(logical.extents, params.dtype());
+          Tensor data(storage, at, logical.extents, params.dtype());
+          at += data.nbytes();
           copy_box_biased(base, r.begin - p.offset, p.shape, from.offsets, static_cast<char*>(data.raw()),
                           logical.extents, Shape(logical.extents.size(), 0), logical.extents, es);
           out.push_back({.name = prefix + p.name, .shape = p.global_shape, .box = std::move(logical), .data = std::move(data)});

@@ -1,19 +1,24 @@
 #include "loom/fileio.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "loom/error.h"
 #include "loom/host.h"
 
 namespace loom {
 
-std::string read_file(const std::string& path, size_t max_bytes) {
+namespace {
+
+// Opens `path` for a whole read after read_file's checks; returns the descriptor and size.
+std::pair<int, size_t> open_for_read(const std::string& path, size_t max_bytes) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(cat(path, ": cannot open: ", std::strerror(errno)));
@@ -32,10 +37,14 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     throw InputError(cat(path, ": ", st.st_size, " bytes, more than the ", static_cast<int64_t>(room),
                          " bytes of memory available to read it into"));
   }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
+  return {fd, static_cast<size_t>(st.st_size)};
+}
+
+// Reads size bytes from fd into out, and closes it.
+void read_all(int fd, const std::string& path, char* out, size_t size) {
   size_t got = 0;
-  while (got < data.size()) {
-    ssize_t r = ::read(fd, data.data() + got, data.size() - got);
+  while (got < size) {
+    ssize_t r = ::read(fd, out + got, size - got);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
       int err = errno;
@@ -45,7 +54,57 @@ std::string read_file(const std::string& path, size_t max_bytes) {
     got += static_cast<size_t>(r);
   }
   ::close(fd);
+}
+
+constexpr size_t kHugeBytes = size_t{1} << 21;
+
+}  // namespace
+
+std::string read_file(const std::string& path, size_t max_bytes) {
+  const auto [fd, size] = open_for_read(path, max_bytes);
+  std::string data(size, '\0');
+  read_all(fd, path, data.data(), size);
   return data;
+}
+
+FileBytes::FileBytes(std::string bytes) : small_(std::move(bytes)), size_(small_.size()) {}
+
+FileBytes::FileBytes(FileBytes&& o) noexcept
+    : small_(std::move(o.small_)), map_(std::exchange(o.map_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+FileBytes& FileBytes::operator=(FileBytes&& o) noexcept {
+  if (this != &o) {
+    if (map_ != nullptr) ::munmap(map_, size_);
+    small_ = std::move(o.small_);
+    map_ = std::exchange(o.map_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+FileBytes::~FileBytes() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+FileBytes FileBytes::allocate(size_t size) {
+  FileBytes b;
+  b.size_ = size;
+  if (size < kHugeBytes) {
+    b.small_.resize(size);
+    return b;
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  ::madvise(p, size, MADV_HUGEPAGE);  // advice: without huge pages it still works
+  b.map_ = p;
+  return b;
+}
+
+FileBytes read_file_bytes(const std::string& path, size_t max_bytes) {
+  const auto [fd, size] = open_for_read(path, max_bytes);
+  FileBytes b = FileBytes::allocate(size);
+  read_all(fd, path, b.data(), size);
+  return b;
 }
 
 void fsync_dir(const std::string& dir) {
@@ -56,24 +115,32 @@ void fsync_dir(const std::string& dir) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
+  write_file_atomic(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
   const std::string tmp = cat(path, ".tmp.", ::getpid());
   int fd = static_cast<int>(
       sys_check(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), "open", tmp));
-  size_t put = 0;
-  while (put < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw RuntimeError(cat("write(", tmp, ") failed: ", std::strerror(err)));
+  for (std::string_view bytes : parts) {
+    size_t put = 0;
+    while (put < bytes.size()) {
+      ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw RuntimeError(cat("write(", tmp, ") failed: ", std::strerror(err)));
+      }
+      put += static_cast<size_t>(w);
     }
-    put += static_cast<size_t>(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  const int synced = ::fsync(fd), sync_err = errno;
+  const int closed = ::close(fd), close_err = errno;
+  if (synced != 0 || closed != 0) {
     ::unlink(tmp.c_str());
-    sys_check(-1, "fsync/close", tmp);
+    throw RuntimeError(cat(synced != 0 ? "fsync(" : "close(", tmp, ") failed: ", std::strerror(synced != 0 ? sync_err : close_err)));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -9,10 +9,11 @@
 
 namespace loom {
 
-Storage::Storage(size_t bytes) : bytes_(bytes) {
+Storage::Storage(size_t bytes, bool huge_pages) : bytes_(bytes) {
   if (bytes >= kMappedBytes) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+    if (huge_pages) ::madvise(p, bytes, MADV_HUGEPAGE);  // advice: it works without
     data_ = static_cast<std::byte*>(p);  // page aligned, reads as zero
     mapped_ = true;
     return;

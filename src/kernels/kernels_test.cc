@@ -249,7 +249,9 @@ struct CrossEntropyCase {
 TEST(Kernels, CrossEntropy) {
   const CrossEntropyCase k;
   const int64_t n = k.n, v = k.v;
-  const auto& [logits, loss, dl, tgt] = k;
+  // References, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const auto &logits = k.logits, &loss = k.loss, &dl = k.dl;
+  const auto& tgt = k.tgt;
   std::vector<double> w(n, 1.0 / n);
   auto fwd = [&](const std::vector<double>& l) {
     std::vector<double> o(n);
@@ -274,7 +276,9 @@ TEST(Kernels, CrossEntropy) {
 TEST(Kernels, CrossEntropyBySlices) {
   const CrossEntropyCase k;
   const int64_t n = k.n, v = k.v;
-  const auto& [logits, loss, dl, tgt] = k;
+  // References, not a structured binding: clang 14 cannot capture bindings in lambdas.
+  const auto &logits = k.logits, &loss = k.loss, &dl = k.dl;
+  const auto& tgt = k.tgt;
   const int64_t begins[] = {0, 6, 12, 17};
   auto run = [&](auto slice_max, auto slice_sums, auto slice_backward, auto t) {
     using T = decltype(t);

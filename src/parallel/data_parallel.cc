@@ -474,21 +474,18 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   return out;
 }
 
-optim::FlatState DataParallel::owned_optimizer_state() const {
+DataParallel::OwnedState DataParallel::owned_optimizer_state() const {
   const Impl& m = *impl_;
-  int64_t n = 0;
-  for (const auto& [lo, hi] : owned_ranges()) n += hi - lo;
-  optim::FlatState s{.steps = m.optimizer->steps()};
+  OwnedState s{.steps = m.optimizer->steps()};
   for (const auto& [name, own] : m.optimizer->state()) {
-    Tensor t = Tensor::zeros({n}, own.dtype());
-    const float* from = own.data<float>();
-    float* to = t.data<float>();
+    std::vector<Tensor> views;
     for (const Unit& u : m.units) {
       const int64_t len = u.mine_end(m.me) - u.mine_begin(m.me);
       if (len <= 0) continue;
-      to = std::copy_n(from + (m.sharded() ? u.shard_offset : u.mine_begin(m.me)), len, to);
+      const int64_t at = m.sharded() ? u.shard_offset : u.mine_begin(m.me);  // where the part is in `own`
+      views.push_back(own.slice_rows(at, at + len));
     }
-    s.buffers.emplace_back(name, std::move(t));
+    s.buffers.emplace_back(name, std::move(views));
   }
   return s;
 }
