@@ -303,13 +303,16 @@ TEST_F(RunIntegrity, JsonIsParsedWithinBounds) {
   const std::string deep = std::string(1 << 20, '[') + std::string(1 << 20, ']');
   fs::copy(step, p("deep_index"));
   write(p("deep_index/index.json"), deep);
+  fs::remove(p("deep_index/index.sha256"));  // else its hash refuses it before parsing
   timed_bad_input("eval --checkpoint " + p("deep_index") + data, {"index.json", "nested deeper than 8"});
-  // state.json: its hash in index.json updated to match, as a careless tool would leave it.
+  // state.json: its hash in index.json updated to match, and the index's own hash, as a
+  // careless tool would leave them.
   fs::copy(step, p("deep_state"));
   write(p("deep_state/state.json"), deep);
   json index = json::parse(read_file(p("deep_state/index.json")));
   index["files"]["state.json"] = {{"bytes", deep.size()}, {"sha256", sha256_hex(deep)}};
   write(p("deep_state/index.json"), index.dump());
+  write(p("deep_state/index.sha256"), sha256_hex(index.dump()) + "\n");
   timed_bad_input("eval --checkpoint " + p("deep_state") + data, {"state.json", "nested deeper than 8"});
 }
 

@@ -105,8 +105,9 @@ std::string save_checkpoint(comm::Communicator& world, const RankShare& share, c
   std::snprintf(suffix, sizeof suffix, "%05d.safetensors", world.rank());
   json records = json::array();
   const std::string written = attempt([&] {
-    records.push_back(checkpoint::write_shard(tmp, std::string("model-") + suffix, share.model, checkpoint::Part::kModel));
-    records.push_back(checkpoint::write_shard(tmp, std::string("optimizer-") + suffix, share.optimizer, checkpoint::Part::kOptimizer));
+    records.push_back(checkpoint::write_shard(tmp, std::string("model-") + suffix, share.model, checkpoint::Part::kModel, step));
+    records.push_back(
+        checkpoint::write_shard(tmp, std::string("optimizer-") + suffix, share.optimizer, checkpoint::Part::kOptimizer, step));
   });
   const std::vector<std::string> all = all_gather_strings(world, written.empty() ? records.dump() : "!" + written);
   std::string failed;

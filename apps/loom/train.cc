@@ -46,6 +46,31 @@ namespace {
 volatile std::sig_atomic_t g_terminate = 0;
 void on_terminate(int) { g_terminate = 1; }
 
+// LOOM_FAULT_AT=POINT:STEP[:RANK] (tests, docs/formats.md "Crash safety"): this process
+// SIGKILLs itself at that point of the save of that step (on that rank; default every rank).
+void install_fault_hook(int rank) {
+  const char* spec = std::getenv("LOOM_FAULT_AT");
+  if (spec == nullptr || *spec == '\0') return;
+  const std::string s = spec;
+  const size_t a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
+  std::string point = s.substr(0, a);
+  int64_t step = -1, only = -1;
+  try {
+    if (a != std::string::npos) step = std::stoll(s.substr(a + 1, b == std::string::npos ? b : b - a - 1));
+    if (b != std::string::npos) only = std::stoll(s.substr(b + 1));
+  } catch (const std::exception&) {
+    step = -1;
+  }
+  const std::vector<std::string> points = {"shard", "state", "index", "renamed", "latest"};
+  if (step < 0 || std::find(points.begin(), points.end(), point) == points.end())
+    throw InputError(cat("LOOM_FAULT_AT = \"", printable(s), "\": expected POINT:STEP[:RANK], POINT one of shard, state, "
+                         "index, renamed, latest"));
+  if (only >= 0 && only != rank) return;
+  checkpoint::set_fault_hook([point, step](std::string_view at, int64_t saving) {
+    if (at == point && saving == step) ::raise(SIGKILL);
+  });
+}
+
 double peak_rss_mb() {
   struct rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
@@ -392,6 +417,7 @@ int run_train(const TrainArgs& a) {
   const json layout = {{"world", world->size()}, {"dp", dp_size}, {"tp", mesh.tp}, {"pp", mesh.pp},
                        {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
+  install_fault_hook(env.rank);
   CheckpointSaver saver(*world, c.b("checkpoint.async"));
   auto last_save = std::chrono::steady_clock::now();
   // Collective: the time this rank's training stopped for the save (with async, the copy of
@@ -428,6 +454,7 @@ int run_train(const TrainArgs& a) {
   term.sa_flags = SA_RESTART;
   ::sigaction(SIGTERM, &term, nullptr);
   int64_t end_step = steps;  // earlier after SIGTERM
+  double ckpt_stall_ms = -1;  // of the save after the last step, for the next step's line
   std::optional<std::chrono::steady_clock::time_point> terminate_seen;
 
   for (int64_t step = start_step; step < steps; ++step) {
@@ -551,13 +578,18 @@ int run_train(const TrainArgs& a) {
         comm::all_reduce(*world, {.output = flags.data(), .count = 2, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
       const int64_t every = c.i("checkpoint.every");
       const bool stop = flags[0] != 0 && done < steps;
-      if ((every > 0 && done % every == 0) || done == steps || flags[1] != 0 || stop) {
-        if (tracing) tracer->push("checkpoint");
-        line.add("ckpt_stall_ms", save(done, std::isfinite(loss)));
-        if (tracing) tracer->pop();
-      }
+      // The step's line goes out before its checkpoint: a checkpoint never outlives the
+      // metrics of the steps it holds (a crash in between loses neither). The save's stall
+      // is therefore reported on the next step's line.
+      if (ckpt_stall_ms >= 0) line.add("ckpt_stall_ms", ckpt_stall_ms);
+      ckpt_stall_ms = -1;
       if (metrics) metrics->write(line);
       progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
+      if ((every > 0 && done % every == 0) || done == steps || flags[1] != 0 || stop) {
+        if (tracing) tracer->push("checkpoint");
+        ckpt_stall_ms = save(done, std::isfinite(loss));
+        if (tracing) tracer->pop();
+      }
       if (stop) {
         saved(saver.wait());
         if (!terminate_seen) terminate_seen = std::chrono::steady_clock::now();  // another rank's signal

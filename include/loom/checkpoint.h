@@ -15,10 +15,12 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "loom/optim.h"
 #include "loom/params.h"
@@ -40,6 +42,13 @@ struct SaveOptions {
 
 // ---- Writing: every rank write_shard()s into temp_dir(), then the lead commit()s. ----
 
+// Fault injection for tests (docs/formats.md, "Crash safety"): called at each point of a
+// save with the point's name and the step: "shard" (a shard file complete in the temporary
+// directory), "state" and "index" (written there), "renamed" (the directory is step_N) and
+// "latest" (replaced). Empty: none. Set before saving, from the thread that saves.
+using FaultHook = std::function<void(std::string_view point, int64_t step)>;
+void set_fault_hook(FaultHook hook);
+
 // Where step `step` is written before commit renames it: root/.step_N.tmp.
 std::string temp_dir(const std::string& root, int64_t step);
 // The lead, before any rank writes: removes what a save of this step that never finished
@@ -49,7 +58,8 @@ void begin_save(const std::string& root, int64_t step);
 // commit: {"file", "bytes", "sha256", "finite", "tensors": [{name, part, dtype, shape, key,
 // offsets, extents, sha256}]}. An empty list writes nothing and returns {"tensors": []}.
 // RuntimeError naming the file when it cannot be written (e.g. the disk is full).
-nlohmann::json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part);
+nlohmann::json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part,
+                           int64_t step);
 // The lead, once every rank's records are in temp_dir: index.json (with `layout`) and
 // state.json (from `state`, with format, version, step, optimizer_steps when `optimizer_steps`
 // is set, and finite), then the directory is fsynced, renamed to root/step_N, the root fsynced,

@@ -183,9 +183,21 @@ Checkpoint Checkpoint::open(const std::string& path) {
   if (!dir) throw InputError(cat(path, ": not a checkpoint (no index.json, latest or checkpoints/)"));
   c.path_ = m.dir = *dir;
   m.index_path = (fs::path(*dir) / "index.json").string();
-  m.index = parse_index(
-      parse_json_bounded(read_file(m.index_path, kIndexJsonLimits.max_bytes), m.index_path, kIndexJsonLimits),
-      m.index_path);
+  // Version 2 records the index's own hash beside it: no byte of it changes unseen.
+  const std::string index_text = read_file(m.index_path, kIndexJsonLimits.max_bytes);
+  const std::string hash_path = (fs::path(*dir) / "index.sha256").string();
+  const bool hashed = path_exists(hash_path);
+  if (hashed) {
+    std::string want = read_file(hash_path, 128);
+    while (!want.empty() && (want.back() == '\n' || want.back() == ' ')) want.pop_back();
+    if (want.size() != 64 || want.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw InputError(cat(hash_path, ": expected the 64 hex digits of index.json's SHA-256"));
+    if (sha256_hex(index_text) != want)
+      throw InputError(cat(m.index_path, ": SHA-256 mismatch with index.sha256: the checkpoint is corrupt"));
+  }
+  m.index = parse_index(parse_json_bounded(index_text, m.index_path, kIndexJsonLimits), m.index_path);
+  if (!hashed && m.index.version >= 2)
+    throw InputError(cat(hash_path, ": missing; a version ", m.index.version, " checkpoint records index.json's hash there"));
   // Every file is the size the index says (so the sizes below are real), its tensors fit
   // in it, and each tensor's shards tile it.
   std::map<std::string, int64_t> needs;

@@ -232,7 +232,7 @@ TEST_F(CheckpointTest, AnyLayoutLoadsIntoAnyOther) {
                           ps.values().data<float>() + std::max(lo, b.offset)});
         std::sort(runs.begin(), runs.end(), [](const FlatRun& x, const FlatRun& y) { return x.begin < y.begin; });
         records.push_back(write_shard(temp_dir(root, 1), cat("model-", i * from.writers + w, ".safetensors"),
-                                      pieces(ps, runs), Part::kModel));
+                                      pieces(ps, runs), Part::kModel, 1));
       }
     }
     commit(root, 1, records, {}, {{"tp", from.parts}}, std::nullopt);
@@ -260,7 +260,7 @@ TEST_F(CheckpointTest, ShardsThatDoNotTileTheTensorAreRefused) {
   const std::string root = path("tile");
   begin_save(root, 1);
   const std::string tmp = temp_dir(root, 1);
-  const nlohmann::json rec = write_shard(tmp, "model-0.safetensors", pieces(ps, {{0, 24, ps.values().raw()}}), Part::kModel);
+  const nlohmann::json rec = write_shard(tmp, "model-0.safetensors", pieces(ps, {{0, 24, ps.values().raw()}}), Part::kModel, 1);
   const std::string dir = commit(root, 1, {rec}, {}, {}, std::nullopt);
   const std::string index_path = dir + "/index.json";
   const nlohmann::json good = nlohmann::json::parse(read_file(index_path));
@@ -268,6 +268,7 @@ TEST_F(CheckpointTest, ShardsThatDoNotTileTheTensorAreRefused) {
     nlohmann::json j = good;
     j["tensors"][0]["shards"] = shards;
     write_file_atomic(index_path, j.dump());
+    write_file_atomic(dir + "/index.sha256", sha256_hex(j.dump()));  // the index's own hash agrees
   };
   nlohmann::json s = good["tensors"][0]["shards"][0];
   nlohmann::json half = s, other = s;
@@ -283,6 +284,69 @@ TEST_F(CheckpointTest, ShardsThatDoNotTileTheTensorAreRefused) {
   other["offsets"] = {3, 0};
   with_shards({half, other});
   expect_input_error([&] { Checkpoint::open(dir); }, {"index.json", "extents", "not a non-empty block of the shape [4, 6]"});
+}
+
+// 1000 random truncations and bit flips of a checkpoint's files (both shards, the index, its
+// hash, the state): each is refused before any weight or moment is copied, by a line naming
+// the file, and the tensor when a flip lands in one's bytes.
+TEST_F(CheckpointTest, EveryTruncationAndBitFlipIsFoundBeforeUse) {
+  nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 4, .vocab_size = 5};
+  nn::Gpt a(cfg);
+  a.init(1);
+  auto opt = optim::make_optimizer({}, a.params());
+  for (int64_t i = 0; i < a.params().numel(); ++i) a.params().grads().data<float>()[i] = 0.01f * (i % 7);
+  opt->step(1e-3);
+  const std::string good = save(path("good"), 1, a.params(), opt.get(), {{"data_cursor", 4}});
+  const std::vector<std::string> files = {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json",
+                                          "index.sha256", "state.json"};
+  Rng rng(17, 0);
+  nn::Gpt b(cfg);
+  auto opt_b = optim::make_optimizer({}, b.params());
+  int refused = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    const std::string dir = path(cat("t", trial));
+    fs::copy(good, dir);
+    const std::string& file = files[rng.below(files.size())];
+    std::string bytes = read_file(dir + "/" + file);
+    const bool flip = rng.below(2) == 0;
+    size_t at = rng.below(bytes.size());
+    if (flip) bytes[at] = static_cast<char>(bytes[at] ^ (1 << rng.below(8)));
+    else bytes.resize(at);
+    { std::ofstream(dir + "/" + file, std::ios::binary | std::ios::trunc) << bytes; }
+    b.params().values().zero();
+    for (auto& [name, t] : opt_b->state()) t.zero();
+    const std::string what = cat(file, flip ? " bit flipped at " : " truncated to ", at);
+    try {
+      const Checkpoint c = Checkpoint::open(dir);
+      c.load_params(b.params());
+      c.load_optimizer(b.params(), *opt_b);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const InputError& e) {
+      ++refused;
+      const std::string m = e.what();
+      EXPECT_NE(m.find(file == "index.sha256" ? "index" : file), std::string::npos) << what << ": " << m;
+      // A flip in a tensor's bytes names the tensor.
+      uint64_t header = 0;
+      std::memcpy(&header, read_file(good + "/" + file).data(), 8);
+      if (flip && file.ends_with(".safetensors") && at >= 8 + header) {
+        EXPECT_NE(m.find("in tensor "), std::string::npos) << what << ": " << m;
+      }
+    }
+    // Nothing of a refused checkpoint was copied: a corrupt optimizer file is found after
+    // the (verified) weights are in, never after a moment is.
+    for (auto& [name, t] : opt_b->state()) {
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        ASSERT_EQ(t.data<float>()[i], 0.0f) << what;
+      }
+    }
+    if (file != "optimizer-00000.safetensors") {
+      for (int64_t i = 0; i < b.params().numel(); ++i) {
+        ASSERT_EQ(b.params().values().data<float>()[i], 0.0f) << what;
+      }
+    }
+    fs::remove_all(dir);
+  }
+  EXPECT_EQ(refused, 1000);
 }
 
 }  // namespace

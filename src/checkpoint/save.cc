@@ -17,6 +17,15 @@ using json = nlohmann::json;
 
 namespace {
 
+FaultHook& fault_hook() {
+  static FaultHook hook;
+  return hook;
+}
+
+void fault_point(std::string_view point, int64_t step) {
+  if (fault_hook()) fault_hook()(point, step);
+}
+
 // Whether a step directory's state.json says its loss and weights were finite. Directories
 // written before the key existed count as finite; unreadable ones do not.
 bool finite_checkpoint(const fs::path& dir) {
@@ -73,6 +82,8 @@ std::string shard_key(const Piece& p) {
 
 }  // namespace
 
+void set_fault_hook(FaultHook hook) { fault_hook() = std::move(hook); }
+
 std::string temp_dir(const std::string& root, int64_t step) {
   return (fs::path(root) / cat(".step_", step, ".tmp")).string();
 }
@@ -87,7 +98,8 @@ void begin_save(const std::string& root, int64_t step) {
   }
 }
 
-json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part) {
+json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part,
+                int64_t step) {
   json tensors = json::array();
   if (pieces.empty()) return {{"tensors", tensors}};
   std::vector<std::pair<std::string, Tensor>> named;
@@ -108,6 +120,7 @@ json write_shard(const std::string& dir, const std::string& file, const std::vec
   const WrittenFile w = write_safetensors((fs::path(dir) / file).string(), named,
                                           part == Part::kModel ? std::map<std::string, std::string>{{"format", "pt"}}
                                                                : std::map<std::string, std::string>{});
+  fault_point("shard", step);
   return {{"file", file}, {"bytes", w.bytes}, {"sha256", w.sha256}, {"finite", finite}, {"tensors", tensors}};
 }
 
@@ -143,10 +156,14 @@ std::string commit(const std::string& root, int64_t step, const std::vector<json
   if (optimizer_steps) st["optimizer_steps"] = *optimizer_steps;
   st["finite"] = finite;
   files["state.json"] = write_text("state.json", st.dump(2) + "\n");
+  fault_point("state", step);
   const json index = {{"format", "loom-checkpoint-index"}, {"version", kFormatVersion}, {"layout", layout.is_object() ? layout : json::object()},
                       {"tensors", tensors}, {"files", files}};
-  write_text("index.json", index.dump(2) + "\n");
+  const std::string index_text = index.dump(2) + "\n";
+  write_text("index.json", index_text);
+  write_text("index.sha256", sha256_hex(index_text) + "\n");  // any change to the index is found
   fsync_dir(tmp_dir.string());
+  fault_point("index", step);
   try {
     fs::remove_all(final_dir);  // only a stale copy of the same step can be here
     fs::rename(tmp_dir, final_dir);
@@ -154,7 +171,9 @@ std::string commit(const std::string& root, int64_t step, const std::vector<json
     throw RuntimeError(cat("rename(", tmp_dir.string(), ", ", final_dir.string(), ") failed: ", e.code().message()));
   }
   fsync_dir(root);
+  fault_point("renamed", step);
   write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+  fault_point("latest", step);
   prune(root, options.keep);
   return final_dir.string();
 }
@@ -164,7 +183,8 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params, 
   begin_save(root, step);
   const std::string dir = temp_dir(root, step);
   std::vector<json> records{
-      write_shard(dir, "model-00000.safetensors", pieces(params, {{0, params.numel(), params.values().raw()}}), Part::kModel)};
+      write_shard(dir, "model-00000.safetensors", pieces(params, {{0, params.numel(), params.values().raw()}}), Part::kModel,
+                  step)};
   std::optional<int64_t> steps;
   if (optimizer != nullptr) {
     std::vector<Piece> opt;
@@ -172,7 +192,7 @@ std::string save(const std::string& root, int64_t step, const ParamSet& params, 
       LOOM_CHECK(flat.dtype() == params.dtype());
       for (Piece& p : pieces(params, {{0, params.numel(), flat.raw()}}, role + ".")) opt.push_back(std::move(p));
     }
-    records.push_back(write_shard(dir, "optimizer-00000.safetensors", opt, Part::kOptimizer));
+    records.push_back(write_shard(dir, "optimizer-00000.safetensors", opt, Part::kOptimizer, step));
     steps = optimizer->steps();
   }
   return commit(root, step, records, state, {{"world", 1}}, steps, options);

@@ -187,7 +187,8 @@ TEST(ModelGrad, GptEndToEnd) {
   GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 8, .seq_len = 6, .vocab_size = 11};
   Gpt gpt(cfg, kF64);
   gpt.init(20);
-  auto [tokens, targets] = testing::random_tokens(2, 5, 11, 21);
+  const auto batch = testing::random_tokens(2, 5, 11, 21);
+  const Tensor &tokens = batch.first, &targets = batch.second;  // lambdas capture these (not bindings: clang 14)
   GptCtx ctx;
   auto loss = [&] { return gpt.forward(tokens, targets, ctx); };
   double l0 = loss();
@@ -501,7 +502,7 @@ TEST(Gpt, DecodingABatchGivesEachSequenceTheBitsItGetsAlone) {
   const GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 32, .seq_len = 16, .vocab_size = 20};
   Gpt gpt(cfg, DType::kF32);
   gpt.init(6);
-  auto [tokens, unused] = testing::random_tokens(3, cfg.seq_len, cfg.vocab_size, 10);
+  const Tensor tokens = testing::random_tokens(3, cfg.seq_len, cfg.vocab_size, 10).first;
   auto seq = [&](int64_t s) { return std::span<const int32_t>(tokens.data<int32_t>() + s * cfg.seq_len, cfg.seq_len); };
   // Sequence s's calls: a prefill of prefill[s] tokens at step join[s], then one token a step.
   const int64_t prefill[] = {3, 5, 2}, join[] = {0, 0, 2}, steps = 8;
