@@ -637,20 +637,10 @@ void Cli::kill_and_resume(const std::string& train, const std::string& steps,
                           std::initializer_list<std::string> fragments) {
   ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --job.name=full")).code, 0);
 
-  pid_t launcher = ::fork();
+  const pid_t launcher = launch_in_background(cat("-n 2 -- ", train, " --job.name=cut"), p("cut.out"));
   ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    const std::string cmd = cat("exec ", LOOM_BINARY_DIR, "/loom launch -n 2 -- ", train, " --job.name=cut > ",
-                                p("cut.out"), " 2>&1");
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   const std::string metrics = p("runs/cut/metrics.jsonl");
-  auto lines = [&] {
-    std::ifstream f(metrics);
-    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
-  };
-  for (int i = 0; i < 3000 && lines() < 12; ++i) ::usleep(5000);
+  wait_for_lines(metrics, 12);
   pid_t victim = rank_pid(launcher, 1);
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
@@ -662,7 +652,7 @@ void Cli::kill_and_resume(const std::string& train, const std::string& steps,
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
   const std::string out = read_file(p("cut.out"));
   for (const auto& f : fragments) EXPECT_NE(out.find(f), std::string::npos) << "missing '" << f << "' in: " << out;
-  ASSERT_LT(lines(), std::stoll(steps)) << "rank 1 was killed after the run ended";
+  ASSERT_LT(line_count(metrics), std::stoll(steps)) << "rank 1 was killed after the run ended";
 
   Result r = loom(cat("launch -n 2 -- ", train, " --job.name=cut --resume"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;

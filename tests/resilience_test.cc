@@ -154,19 +154,10 @@ TEST_F(Cli, SigtermSavesAndResumeLosesNothing) {
   ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --quiet --job.name=full")).code, 0);
   for (const bool to_launcher : {true, false}) {
     const std::string name = to_launcher ? "launcher" : "rank", metrics = p(cat("runs/", name, "/metrics.jsonl"));
-    pid_t launcher = ::fork();
+    const pid_t launcher = launch_in_background(
+        cat("-n 2 -- ", train, " --job.name=", name, to_launcher ? " --checkpoint.async=true" : ""), p(name + ".out"));
     ASSERT_GE(launcher, 0);
-    if (launcher == 0) {
-      const std::string cmd = cat("exec ", LOOM_BINARY_DIR, "/loom launch -n 2 -- ", train, " --job.name=", name,
-                                  to_launcher ? " --checkpoint.async=true" : "", " > ", p(name + ".out"), " 2>&1");
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    auto lines = [&] {
-      std::ifstream f(metrics);
-      return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
-    };
-    for (int i = 0; i < 3000 && lines() < 10; ++i) ::usleep(5000);
+    wait_for_lines(metrics, 10);
     const pid_t target = to_launcher ? launcher : rank_pid(launcher, 1);
     ASSERT_GT(target, 0);
     ASSERT_EQ(::kill(target, SIGTERM), 0);
@@ -179,7 +170,7 @@ TEST_F(Cli, SigtermSavesAndResumeLosesNothing) {
     EXPECT_LT(took, 20.0) << name << " exceeded checkpoint.grace_s";
     EXPECT_NE(out.find("SIGTERM: saved step "), std::string::npos) << out;
     // The checkpoint is the last step logged: nothing is lost.
-    const int64_t logged = lines();
+    const int64_t logged = line_count(metrics);
     ASSERT_LT(logged, 400) << name << ": the run ended before the signal";
     EXPECT_EQ(read_file(p(cat("runs/", name, "/checkpoints/latest"))), cat("step_", logged, "\n")) << name;
     const Result r = loom(cat("launch -n 2 -- ", train, " --quiet --job.name=", name, " --resume"));

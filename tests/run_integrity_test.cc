@@ -66,16 +66,6 @@ class Background {
   std::string out_;
 };
 
-size_t lines_of(const std::string& path) {
-  std::ifstream f(path);
-  return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n'));
-}
-
-// Waits (at most 30 s) until `path` has `n` lines.
-void wait_for_lines(const std::string& path, size_t n) {
-  for (int i = 0; i < 6000 && lines_of(path) < n; ++i) ::usleep(5000);
-}
-
 class RunIntegrity : public Cli {
  protected:
   // The run `name` is whole: its metrics hold steps 1..steps once each and in order, its
@@ -126,7 +116,7 @@ TEST_F(RunIntegrity, ResumeWhileRunningIsRefusedAndAKilledJobLeavesNoLock) {
     for (size_t at : {1, 40, 80, 120, 160}) {
       wait_for_lines(metrics, at);
       Result r = loom(args + " --resume");
-      if (lines_of(metrics) >= 200) break;  // too late to collide
+      if (line_count(metrics) >= 200) break;  // too late to collide
       ++collided;
       EXPECT_EQ(r.code, 2) << r.err;
       EXPECT_NE(r.err.find(cat("in use by another job (pid ", a.pid(), " on host ")), std::string::npos) << r.err;
@@ -140,7 +130,7 @@ TEST_F(RunIntegrity, ResumeWhileRunningIsRefusedAndAKilledJobLeavesNoLock) {
   fs::remove_all(p("runs/long"));
   Background a(args + " --checkpoint.every=5", p("a.out"));
   wait_for_lines(p("runs/long/metrics.jsonl"), 12);
-  ASSERT_LT(lines_of(p("runs/long/metrics.jsonl")), 200u);
+  ASSERT_LT(line_count(p("runs/long/metrics.jsonl")), 200u);
   ::kill(a.pid(), SIGKILL);
   EXPECT_EQ(a.wait(), 128 + SIGKILL);
   Result r = loom(args + " --checkpoint.every=5 --resume");

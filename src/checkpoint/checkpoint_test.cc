@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include "loom/fileio.h"
@@ -69,13 +70,24 @@ TEST_F(CheckpointTest, CorruptSafetensorsAreNamedErrors) {
   expect_input_error([&] { SafetensorsFile::open(path("dtype.st")); }, {"unsupported dtype Q4"});
 }
 
-TEST_F(CheckpointTest, SaveLoadRestoresWeightsAndOptimizer) {
+// A tiny GPT and its AdamW after one step: weights and moments all set.
+struct OneStep {
   nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 4, .vocab_size = 5};
-  nn::Gpt a(cfg);
-  a.init(1);
-  auto opt = optim::make_optimizer({}, a.params());
-  for (int64_t i = 0; i < a.params().numel(); ++i) a.params().grads().data<float>()[i] = 0.01f * (i % 7);
-  opt->step(1e-3);
+  nn::Gpt gpt{cfg};
+  std::unique_ptr<optim::Optimizer> opt;
+  OneStep() {
+    gpt.init(1);
+    opt = optim::make_optimizer({}, gpt.params());
+    for (int64_t i = 0; i < gpt.params().numel(); ++i) gpt.params().grads().data<float>()[i] = 0.01f * (i % 7);
+    opt->step(1e-3);
+  }
+};
+
+TEST_F(CheckpointTest, SaveLoadRestoresWeightsAndOptimizer) {
+  OneStep one;
+  const nn::GptConfig& cfg = one.cfg;
+  nn::Gpt& a = one.gpt;
+  auto& opt = one.opt;
   std::string root = path("ckpts");
   std::string dir = save(root, 7, a.params(), opt.get(), {{"data_cursor", 42}}, {.keep = 2});
   save(root, 8, a.params(), opt.get(), {}, {.keep = 2});
@@ -290,13 +302,9 @@ TEST_F(CheckpointTest, ShardsThatDoNotTileTheTensorAreRefused) {
 // hash, the state): each is refused before any weight or moment is copied, by a line naming
 // the file, and the tensor when a flip lands in one's bytes.
 TEST_F(CheckpointTest, EveryTruncationAndBitFlipIsFoundBeforeUse) {
-  nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 4, .vocab_size = 5};
-  nn::Gpt a(cfg);
-  a.init(1);
-  auto opt = optim::make_optimizer({}, a.params());
-  for (int64_t i = 0; i < a.params().numel(); ++i) a.params().grads().data<float>()[i] = 0.01f * (i % 7);
-  opt->step(1e-3);
-  const std::string good = save(path("good"), 1, a.params(), opt.get(), {{"data_cursor", 4}});
+  OneStep one;
+  const nn::GptConfig& cfg = one.cfg;
+  const std::string good = save(path("good"), 1, one.gpt.params(), one.opt.get(), {{"data_cursor", 4}});
   const std::vector<std::string> files = {"model-00000.safetensors", "optimizer-00000.safetensors", "index.json",
                                           "index.sha256", "state.json"};
   Rng rng(17, 0);

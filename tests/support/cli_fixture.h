@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,6 +82,26 @@ class Cli : public testing::TempDirTest {
   }
 
   void kill_and_resume(const std::string& train, const std::string& steps, std::initializer_list<std::string> fragments);
+
+  // `loom launch ARGS` started in the background, its output to `out`; the launcher's pid.
+  pid_t launch_in_background(const std::string& args, const std::string& out) const {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string cmd = cat("exec ", LOOM_BINARY_DIR, "/loom launch ", args, " > ", out, " 2>&1");
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    return pid;
+  }
+  // The lines of `path` (0 when it does not exist yet).
+  static int64_t line_count(const std::string& path) {
+    std::ifstream f(path);
+    return std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n');
+  }
+  // Waits up to 30 s for `path` to hold n lines.
+  static void wait_for_lines(const std::string& path, int64_t n) {
+    for (int i = 0; i < 6000 && line_count(path) < n; ++i) ::usleep(5000);
+  }
 
   // Bad input: exit 2, exactly one line on stderr containing every fragment, run dir untouched.
   void expect_bad_input(const std::string& args, std::initializer_list<std::string> fragments) {
