@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_fixture.h"
 #include "loom/checkpoint.h"
 #include "loom/fileio.h"
@@ -207,6 +209,19 @@ TEST_F(Cli, CrashAtEveryPointOfASaveLeavesACheckpointToResumeFrom) {
     const std::string name = cat("crash", n++), what = c.at + c.flags;
     const Result r = loom(cat("launch -n 2 -- /usr/bin/env LOOM_FAULT_AT=", c.at, " ", train, c.flags, " --job.name=", name));
     EXPECT_NE(r.code, 0) << what << ": the crash did not happen\n" << r.out << r.err;
+    if (c.at == "shard:4:1" && c.flags.empty()) {
+      // The survivor's line points to its flight recorder, which shows the collective that
+      // failed when its peer died.
+      const std::string out = r.out + r.err, flight = p(cat("runs/", name, "/logs/flight-rank0.json"));
+      EXPECT_NE(out.find(cat("(flight recorder: ", flight, ")")), std::string::npos) << out;
+      const nlohmann::json doc = nlohmann::json::parse(read_file(flight));
+      EXPECT_EQ(doc["step"], 4);
+      const nlohmann::json& ops = doc["communicators"]["world"]["ops"];
+      ASSERT_FALSE(ops.empty());
+      EXPECT_EQ(ops.back()["state"], "failed") << ops.back();
+      EXPECT_NE(ops.back()["op"].get<std::string>().find("all_gather"), std::string::npos) << ops.back();
+      EXPECT_NE(ops.back()["error"].get<std::string>().find("rank 1"), std::string::npos) << ops.back();
+    }
     const std::string root = p(cat("runs/", name, "/checkpoints"));
     EXPECT_EQ(read_file(root + "/latest"), c.latest + "\n") << what;
     const Result verified = loom(cat("ckpt verify ", p(cat("runs/", name))));
@@ -252,6 +267,21 @@ TEST_F(Cli, FullDiskDuringASaveIsNamedAndKeepsThePreviousCheckpoint) {
   EXPECT_EQ(resumed.code, 1) << resumed.out << resumed.err;
   EXPECT_NE((resumed.out + resumed.err).find("at step 4: checkpoint step_4 failed"), std::string::npos)
       << resumed.out << resumed.err;
+}
+
+// A rank whose compute takes over 3x the median for 3 steps is named, not stopped
+// (LOOM_DELAY_MS makes rank 1 sleep 100 ms a step); without one, nobody is named.
+TEST_F(Cli, StragglersAreNamedNotStopped) {
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --quiet --parallel.dp=2 --training.eval_every=0 --checkpoint.every=0");
+  Result r = loom(cat("launch -n 2 -- /usr/bin/env LOOM_DELAY_MS=1:100 ", train, " --job.name=slow"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string out = r.out + r.err;
+  EXPECT_NE(out.find("step 3: rank 1 (replica 1) is a straggler: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("rank 0 (replica 0) is a straggler"), std::string::npos) << out;
+  r = loom(cat("launch -n 2 -- ", train, " --job.name=even --training.steps=12"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ((r.out + r.err).find("straggler"), std::string::npos) << r.out << r.err;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "checkpointing.h"
 #include "commands.h"
@@ -69,6 +70,74 @@ void install_fault_hook(int rank) {
   checkpoint::set_fault_hook([point, step](std::string_view at, int64_t saving) {
     if (at == point && saving == step) ::raise(SIGKILL);
   });
+}
+
+// LOOM_DELAY_MS=RANK:MS (tests): that rank sleeps MS ms in every step's compute, a
+// straggler on demand. 0 for every other rank.
+int64_t step_delay_ms(int rank) {
+  const char* spec = std::getenv("LOOM_DELAY_MS");
+  if (spec == nullptr || *spec == '\0') return 0;
+  const std::string s = spec;
+  const size_t colon = s.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument(s);
+    const int64_t who = std::stoll(s.substr(0, colon)), ms = std::stoll(s.substr(colon + 1));
+    if (ms < 0) throw std::invalid_argument(s);
+    return who == rank ? ms : 0;
+  } catch (const std::exception&) {
+    throw InputError(cat("LOOM_DELAY_MS = \"", printable(s), "\": expected RANK:MS"));
+  }
+}
+
+// Rank 0's watch for stragglers (docs/launch.md, "Stragglers"): a rank whose compute time
+// (its step less the time it waited for others) is over 3x the (lower) median of every
+// rank's for 3 steps in a row is named in a warning, once per streak; it is not stopped.
+class StragglerWatch {
+ public:
+  explicit StragglerWatch(int ranks) : streak_(static_cast<size_t>(ranks), 0) {}
+  // Each rank's compute ms of this step; the ranks that just became stragglers.
+  std::vector<int> update(const std::vector<double>& busy_ms, double* median_out) {
+    std::vector<double> sorted = busy_ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[(sorted.size() - 1) / 2];
+    *median_out = median;
+    std::vector<int> named;
+    for (size_t r = 0; r < busy_ms.size(); ++r) {
+      streak_[r] = busy_ms[r] > 3 * median && busy_ms[r] > 1.0 ? streak_[r] + 1 : 0;  // sub-ms steps are noise
+      if (streak_[r] == 3) named.push_back(static_cast<int>(r));
+    }
+    return named;
+  }
+
+ private:
+  std::vector<int> streak_;
+};
+
+// The flight recorder of each of this rank's communicators, written to
+// RUN/logs/flight-rank<R>.json after a failure (docs/launch.md, "Flight recorder"). Returns
+// the path, or "" when it could not be written (the failure is what gets reported).
+std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
+                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
+  try {
+    json doc = {{"rank", rank}, {"step", step}, {"error", error}, {"communicators", json::object()}};
+    for (const auto& [name, c] : comms) {
+      if (c == nullptr) continue;
+      json ops = json::array();
+      for (const comm::Communicator::FlightRecord& r : c->flight_record()) {
+        json op = {{"seq", r.seq}, {"op", r.op}, {"state", r.state}};
+        if (!r.error.empty()) op["error"] = r.error;
+        ops.push_back(op);
+      }
+      doc["communicators"][name] = {{"rank", c->rank()}, {"size", c->size()}, {"ops", ops}};
+    }
+    const fs::path dir = fs::path(run) / "logs";
+    fs::create_directories(dir);
+    const std::string path = (dir / cat("flight-rank", rank, ".json")).string();
+    write_file_atomic(path, doc.dump(1) + "\n");
+    return path;
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 double peak_rss_mb() {
@@ -454,12 +523,15 @@ int run_train(const TrainArgs& a) {
   term.sa_flags = SA_RESTART;
   ::sigaction(SIGTERM, &term, nullptr);
   int64_t end_step = steps;  // earlier after SIGTERM
+  const int64_t delay_ms = step_delay_ms(env.rank);
+  StragglerWatch stragglers(world->size());
   double ckpt_stall_ms = -1;  // of the save after the last step, for the next step's line
   std::optional<std::chrono::steady_clock::time_point> terminate_seen;
 
   for (int64_t step = start_step; step < steps; ++step) {
     try {
       auto t0 = std::chrono::steady_clock::now();
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       tracing = trace && std::binary_search(trace_steps.begin(), trace_steps.end(), step + 1);
       if (tracing) {
         tracer->push(cat("step ", step + 1));
@@ -546,10 +618,13 @@ int run_train(const TrainArgs& a) {
         line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
         line.add("pp_wait_ms", ps.wait_ms).add("pp_comm_ms", ps.send_ms).add("pp_comm_bytes", ps.sent_bytes);
       }
+      // This rank's compute: its step less its waits for the others.
+      double busy_ms = step_s * 1e3 - cs.exposed_ms - (piped ? pipe->stats().wait_ms : 0);
       if (mesh.tp > 1) {
         const parallel::TensorParallelSeam::Stats ts = seam.take_stats();  // this step's (evaluation runs on `whole`)
         line.add("tp_comm_ms", ts.ms).add("tp_exposed_comm_ms", ts.exposed_ms).add("tp_comm_bytes", ts.bytes);
         line.add("tp_comm_calls", ts.calls);
+        busy_ms -= ts.exposed_ms;
       }
       const int64_t eval_every = c.i("training.eval_every");
       const bool eval = task->has_validation() && ((eval_every > 0 && done % eval_every == 0) || done == steps);
@@ -567,15 +642,32 @@ int run_train(const TrainArgs& a) {
       }
       // Whether to save now: every checkpoint.every steps, at the end, when checkpoint.every_s
       // have passed on rank 0's clock, or when any rank got SIGTERM. The last two need every
-      // rank to agree: one small all-reduce a step.
+      // rank to agree, and rank 0 watches every rank's compute time for stragglers: one small
+      // all-gather a step.
       saved(saver.poll());
-      std::array<int64_t, 2> flags = {g_terminate ? 1 : 0,
-                                      lead && c.f("checkpoint.every_s") > 0 &&
-                                              std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() >=
-                                                  c.f("checkpoint.every_s")};
+      const std::array<double, 3> mine = {
+          g_terminate ? 1.0 : 0.0,
+          lead && c.f("checkpoint.every_s") > 0 &&
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() >=
+                      c.f("checkpoint.every_s")
+              ? 1.0
+              : 0.0,
+          busy_ms};
       if (g_terminate && !terminate_seen) terminate_seen = std::chrono::steady_clock::now();
-      if (world->size() > 1)
-        comm::all_reduce(*world, {.output = flags.data(), .count = 2, .dtype = DType::kI64, .op = comm::ReduceOp::kMax});
+      std::vector<double> every_rank(3 * static_cast<size_t>(world->size()));
+      comm::all_gather(*world, {.input = mine.data(), .output = every_rank.data(), .count = 3, .dtype = DType::kF64});
+      std::array<int64_t, 2> flags = {0, 0};
+      std::vector<double> busy;
+      for (int r = 0; r < world->size(); ++r) {
+        flags[0] = std::max<int64_t>(flags[0], every_rank[3 * r] != 0);
+        flags[1] = std::max<int64_t>(flags[1], every_rank[3 * r + 1] != 0);
+        busy.push_back(every_rank[3 * r + 2]);
+      }
+      double median = 0;
+      if (lead && world->size() > 1)
+        for (int r : stragglers.update(busy, &median))
+          log_warn(cat("step ", done, ": rank ", r, " (", mesh_coordinates(c, r).where(), ") is a straggler: ", busy[r],
+                       " ms of compute against the median ", median, " ms, over 3x for 3 steps in a row (not stopped)"));
       const int64_t every = c.i("checkpoint.every");
       const bool stop = flags[0] != 0 && done < steps;
       // The step's line goes out before its checkpoint: a checkpoint never outlives the
@@ -614,9 +706,14 @@ int run_train(const TrainArgs& a) {
         }
       }
     } catch (const RuntimeError& e) {
-      // Names the step (and the stage), so a dead peer's line says when and where it happened.
-      throw RuntimeError(cat("rank ", env.rank, mesh.split() ? cat(" (", mesh.where(), ")") : "",
-                             " at step ", step + 1, ": ", e.what()));
+      // Names the step (and the stage), so a dead peer's line says when and where it
+      // happened, and points to this rank's flight recorder.
+      const std::string flight = dump_flight_record(
+          run, env.rank, step + 1, e.what(),
+          {{"world", world.get()}, {"dp", mesh.dp.get()}, {"pipe", mesh.pipe.get()}, {"tied", mesh.tied.get()},
+           {"tp", mesh.tpc.get()}, {"mp", mesh.mp.get()}});
+      throw RuntimeError(cat("rank ", env.rank, mesh.split() ? cat(" (", mesh.where(), ")") : "", " at step ", step + 1,
+                             ": ", e.what(), flight.empty() ? std::string() : cat(" (flight recorder: ", flight, ")")));
     }
     if (end_step < steps) break;
   }

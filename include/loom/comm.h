@@ -127,6 +127,17 @@ class Communicator {
   // (key, old rank). color < 0 means "not in any sub-group" (returns nullptr).
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // The flight recorder: the last kFlightRecords ops this rank ran on this communicator,
+  // oldest first, then the async ops still queued. Any thread; for the dump after a failure.
+  struct FlightRecord {
+    uint64_t seq = 0;     // the op's sequence number (send/recv: per peer)
+    std::string op;       // its fingerprint, e.g. "all_reduce(f32, sum, count 1000) #5"
+    std::string state;    // "completed", "failed" or "queued or running"
+    std::string error;    // what a failed op raised
+  };
+  static constexpr size_t kFlightRecords = 64;
+  std::vector<FlightRecord> flight_record() const;
+
   struct Impl;
   Impl& impl() { return *impl_; }
 

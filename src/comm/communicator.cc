@@ -203,6 +203,38 @@ void Communicator::Impl::run_blocking(FnRef fn, const Fingerprint& fp, milliseco
   if (auto error = run_op(fn, fp, timeout, p2p, nullptr)) std::rethrow_exception(error);
 }
 
+void Communicator::Impl::record_flight(const Fingerprint& fp, const std::exception_ptr& error) {
+  std::string what;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown error";
+    }
+  }
+  std::lock_guard lock(flight_mu);
+  if (flight.empty()) flight.resize(kFlightRecords);
+  flight[flights++ % kFlightRecords] = {fp, error != nullptr, std::move(what)};
+}
+
+std::vector<Communicator::FlightRecord> Communicator::flight_record() const {
+  const Impl& m = *impl_;
+  std::vector<FlightRecord> out;
+  {
+    std::lock_guard lock(m.flight_mu);
+    const uint64_t first = m.flights > kFlightRecords ? m.flights - kFlightRecords : 0;
+    for (uint64_t i = first; i < m.flights; ++i) {
+      const Impl::Flight& f = m.flight[i % kFlightRecords];
+      out.push_back({f.fp.seq, f.fp.describe(), f.failed ? "failed" : "completed", f.error});
+    }
+  }
+  std::lock_guard lock(impl_->mu);
+  for (const auto& op : m.queue) out.push_back({op->fp.seq, op->fp.describe(), "queued or running", ""});
+  return out;
+}
+
 std::exception_ptr Communicator::Impl::run_op(FnRef fn, const Fingerprint& fp, milliseconds timeout,
                                               bool p2p, std::function<void()> stall) {
   std::exception_ptr error = failed;
@@ -221,6 +253,7 @@ std::exception_ptr Communicator::Impl::run_op(FnRef fn, const Fingerprint& fp, m
   }
   transport->on_stall = nullptr;
   if (error) failed = error;
+  record_flight(fp, error);
   return error;
 }
 

@@ -74,6 +74,17 @@ struct Communicator::Impl {
   std::thread progress;
   std::exception_ptr failed;  // the first error; every later op rethrows it
 
+  // The flight recorder's ring: each op as it ends, whichever thread ran it.
+  struct Flight {
+    Fingerprint fp;
+    bool failed = false;
+    std::string error;
+  };
+  mutable std::mutex flight_mu;
+  std::vector<Flight> flight;  // kFlightRecords slots, once the first op ends
+  uint64_t flights = 0;        // ops recorded so far
+  void record_flight(const Fingerprint& fp, const std::exception_ptr& error);
+
   Fingerprint next_fp(OpKind kind, DType dt, ReduceOp op, int root, uint64_t count) {
     return {kind, dt, op, root, count, seq++};
   }
