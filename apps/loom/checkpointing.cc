@@ -90,11 +90,13 @@ std::string save_checkpoint(comm::Communicator& world, const RankShare& share, c
                             const json& state, const json& layout, const checkpoint::SaveOptions& options) {
   const bool lead = world.rank() == 0;
   const std::string what = cat("checkpoint step_", step);
+  // What fn threw, as text for the other ranks ("" when nothing): every rank must reach
+  // the next exchange, so nothing may escape on one of them alone.
   auto attempt = [](auto fn) -> std::string {
     try {
       fn();
       return "";
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       return e.what();
     }
   };

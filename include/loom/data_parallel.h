@@ -145,7 +145,8 @@ class DataParallel {
   optim::FlatState gather_optimizer_state();
   // Takes this rank's parts of a full-layout state (e.g. read from a checkpoint).
   void load_optimizer_state(const optim::FlatState& state);
-  // Empty full-layout buffers of the right names and sizes, to load a checkpoint into.
+  // Full-layout buffers of the right names and sizes, to load a checkpoint into: at ZeRO 0
+  // the optimizer's own (loading fills them in place), else new zeroed ones.
   optim::FlatState empty_optimizer_state() const;
   // The flat ranges this rank owns, ascending: its part of every unit. ZeRO 1-3 keep
   // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing

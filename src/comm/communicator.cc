@@ -204,34 +204,46 @@ void Communicator::Impl::run_blocking(FnRef fn, const Fingerprint& fp, milliseco
 }
 
 void Communicator::Impl::record_flight(const Fingerprint& fp, const std::exception_ptr& error) {
-  std::string what;
-  if (error) {
+  const uint64_t i = flights.load(std::memory_order_relaxed);
+  Flight& f = flight[i % kFlightRecords];
+  f.head.store(static_cast<uint64_t>(fp.kind) | static_cast<uint64_t>(fp.dtype) << 8 | static_cast<uint64_t>(fp.op) << 16 |
+                   static_cast<uint64_t>(static_cast<uint32_t>(fp.root)) << 32,
+               std::memory_order_relaxed);
+  f.count.store(fp.count, std::memory_order_relaxed);
+  f.seq.store(fp.seq, std::memory_order_relaxed);
+  if (error) {  // rare: the failure path may take a lock and format
+    std::string what = "unknown error";
     try {
       std::rethrow_exception(error);
     } catch (const std::exception& e) {
       what = e.what();
     } catch (...) {
-      what = "unknown error";
     }
+    std::lock_guard lock(flight_mu);
+    flight_errors[i] = std::move(what);
   }
-  std::lock_guard lock(flight_mu);
-  if (flight.empty()) flight.resize(kFlightRecords);
-  flight[flights++ % kFlightRecords] = {fp, error != nullptr, std::move(what)};
+  flights.store(i + 1, std::memory_order_release);
 }
 
 std::vector<Communicator::FlightRecord> Communicator::flight_record() const {
   const Impl& m = *impl_;
   std::vector<FlightRecord> out;
-  {
-    std::lock_guard lock(m.flight_mu);
-    const uint64_t first = m.flights > kFlightRecords ? m.flights - kFlightRecords : 0;
-    for (uint64_t i = first; i < m.flights; ++i) {
-      const Impl::Flight& f = m.flight[i % kFlightRecords];
-      out.push_back({f.fp.seq, f.fp.describe(), f.failed ? "failed" : "completed", f.error});
+  const uint64_t n = m.flights.load(std::memory_order_acquire);
+  for (uint64_t i = n > kFlightRecords ? n - kFlightRecords : 0; i < n; ++i) {
+    const Impl::Flight& f = m.flight[i % kFlightRecords];
+    const uint64_t head = f.head.load(std::memory_order_relaxed);
+    const Fingerprint fp{.kind = static_cast<OpKind>(head & 0xff), .dtype = static_cast<DType>((head >> 8) & 0xff),
+                         .op = static_cast<ReduceOp>((head >> 16) & 0xff), .root = static_cast<int32_t>(head >> 32),
+                         .count = f.count.load(std::memory_order_relaxed), .seq = f.seq.load(std::memory_order_relaxed)};
+    std::string error;
+    {
+      std::lock_guard lock(m.flight_mu);
+      if (auto it = m.flight_errors.find(i); it != m.flight_errors.end()) error = it->second;
     }
+    out.push_back({fp.seq, fp.describe(), error.empty() ? "completed" : "failed", error});
   }
-  std::lock_guard lock(impl_->mu);
-  for (const auto& op : m.queue) out.push_back({op->fp.seq, op->fp.describe(), "queued or running", ""});
+  std::lock_guard lock(impl_->mu);  // (impl_ is not const here: the queue's lock is taken)
+  for (const auto& op : impl_->queue) out.push_back({op->fp.seq, op->fp.describe(), "queued or running", ""});
   return out;
 }
 

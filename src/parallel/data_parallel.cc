@@ -447,17 +447,26 @@ int64_t DataParallel::optimizer_steps() const { return impl_->optimizer->steps()
 
 optim::FlatState DataParallel::empty_optimizer_state() const {
   optim::FlatState s;
-  for (const auto& [name, t] : impl_->optimizer->state())
-    s.buffers.emplace_back(name, Tensor::zeros({impl_->params.numel()}, t.dtype()));
+  const int64_t n = impl_->params.numel();
+  for (const auto& [name, t] : impl_->optimizer->state()) {  // ZeRO 0: the optimizer's own (full) buffers
+    if (!impl_->sharded()) {
+      s.buffers.emplace_back(name, t);
+      continue;
+    }
+    // Written whole by the load, then dropped: huge pages spare most of the page faults.
+    auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * dtype_size(t.dtype()), /*huge_pages=*/true);
+    s.buffers.emplace_back(name, Tensor(std::move(storage), 0, {n}, t.dtype()));
+  }
   return s;
 }
 
 optim::FlatState DataParallel::gather_optimizer_state() {
   Impl& m = *impl_;
-  optim::FlatState s = empty_optimizer_state();
+  optim::FlatState s;
   s.steps = m.optimizer->steps();
   auto own = m.optimizer->state();
   for (size_t k = 0; k < own.size(); ++k) {
+    s.buffers.emplace_back(own[k].first, Tensor::zeros({m.params.numel()}, own[k].second.dtype()));
     if (!m.sharded()) {
       s.buffers[k].second.copy_from(own[k].second);
       continue;
@@ -498,7 +507,7 @@ void DataParallel::load_optimizer_state(const optim::FlatState& state) {
     const float* full = state.buffers[k].second.data<float>();
     float* mine = own[k].second.data<float>();
     if (!m.sharded()) {
-      std::copy_n(full, m.params.numel(), mine);
+      if (full != mine) std::copy_n(full, m.params.numel(), mine);  // loaded in place (empty_optimizer_state)
       continue;
     }
     for (const Unit& u : m.units)
