@@ -3,18 +3,18 @@
 # synchronous save against an asynchronous one (issue 14, items 3 and 9), in one run:
 #   1. the disk: dd writes 1 GiB with fdatasync, then (page cache dropped) reads it back;
 #   2. NP data-parallel ranks (ZeRO 1) train a 25.4M-parameter GPT (gpt-mini with n_layer 8,
-#      d_model 512: a 305 MB checkpoint of weights and AdamW moments) for 12 steps of 4 x NP
+#      d_model 512: a 305 MB checkpoint of weights and AdamW moments) for 20 steps of 4 x NP
 #      sequences, saving every 4 (so that an async save is done before the next is asked
 #      for), once with synchronous saves and once with [checkpoint] async;
 #   3. a resume from the last checkpoint, the page cache dropped first (when allowed).
 # Reports each rank's save and load GB/s (rank 0's share of the tensors over the time of
-# its write or read, hashing included) against the disk, and the mean ckpt_stall_ms (the
-# time a saving step stopped training) of each mode.
+# its write or read, hashing included) against the disk, and the median ckpt_stall_ms (the
+# time a save stopped training, reported on the next step's line) of each mode.
 # Usage: bench/checkpoint_save.sh [NP]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
-steps=12
+steps=20
 source bench/common.sh
 
 drop_caches() { sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo dropped || echo kept; }
@@ -37,7 +37,7 @@ $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --job.run_dir="$work"
   --parallel.zero=1 --checkpoint.every=0 --resume > "$work/resume.out" 2>&1
 
 python3 - "$work" "$np" "$cache" "$load_cache" <<'PY'
-import json, re, sys
+import json, re, statistics, sys
 work, np, cache, load_cache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 def dd_gbs(path):  # dd's last line: "... bytes (...) copied, 1.2 s, 850 MB/s"
@@ -54,12 +54,13 @@ for mode in ("sync", "async"):
     rows = [json.loads(l) for l in open(f"{work}/{mode}/metrics.jsonl")]
     stalls = [r["ckpt_stall_ms"] for r in rows if "ckpt_stall_ms" in r]
     step = [r["step_ms"] for r in rows if "ckpt_stall_ms" not in r][1:]
-    stall[mode] = sum(stalls) / len(stalls)
+    stall[mode] = statistics.median(stalls)
     gbs = figures(f"{work}/{mode}.out", r"wrote [\d.]+ MiB of tensors in [\d.]+ ms \(([\d.e+-]+) GB/s\)")
     mib = figures(f"{work}/{mode}.out", r"wrote ([\d.]+) MiB of tensors")
     print(f"{mode:5s} save: rank 0 wrote {mib[-1]:.1f} MiB per save at {sum(gbs)/len(gbs):.2f} GB/s "
           f"({sum(gbs)/len(gbs)/disk_w:.0%} of the disk's write); training stalled {stall[mode]:.1f} ms per save "
-          f"({len(stalls)} saves; a step without one: {sum(step)/max(1,len(step)):.1f} ms)")
+          f"(median of {len(stalls)}: {', '.join(f'{x:.0f}' for x in stalls)}; a step without one: "
+          f"{sum(step)/max(1,len(step)):.1f} ms)")
 print(f"async stall / sync stall: {stall['async'] / stall['sync']:.1%} (goal <= 10%)")
 load = figures(f"{work}/resume.out", r"read [\d.]+ MiB of shards in [\d.]+ ms \(([\d.e+-]+) GB/s\)")
 mib = figures(f"{work}/resume.out", r"read ([\d.]+) MiB of shards")

@@ -61,17 +61,25 @@ int64_t RankShare::bytes() const {
   return n;
 }
 
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp) {
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp) {
+  int64_t elements = 0;
+  for (const auto& [lo, hi] : subtract(dp.owned_ranges(), copied_ranges(mesh, params))) elements += hi - lo;
+  return static_cast<size_t>(elements) * dtype_size(params.dtype()) * (1 + dp.owned_optimizer_state().buffers.size());
+}
+
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp,
+                     checkpoint::PieceArena& arena) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
+  const parallel::DataParallel::OwnedState state = dp.owned_optimizer_state();
+  arena.reserve(share_bytes(mesh, params, dp));
   RankShare share;
   std::vector<checkpoint::FlatRun> values;
   const auto* v = static_cast<const char*>(params.values().raw());
   const size_t es = dtype_size(params.dtype());
   for (const auto& [lo, hi] : mine) values.push_back({lo, hi, v + lo * static_cast<int64_t>(es)});
-  share.model = checkpoint::pieces(params, values);
+  share.model = checkpoint::pieces(params, values, "", &arena);
   // The optimizer state: one view per owned range; each of `mine` lies in one of them.
-  const parallel::DataParallel::OwnedState state = dp.owned_optimizer_state();
   share.optimizer_steps = state.steps;
   for (const auto& [role, views] : state.buffers) {
     std::vector<checkpoint::FlatRun> runs;
@@ -79,9 +87,10 @@ RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::D
     for (const auto& [lo, hi] : mine) {
       while (owned[k].second <= lo) ++k;
       const auto* b = static_cast<const char*>(views[k].raw());
+      LOOM_CHECK(views[k].dtype() == params.dtype());
       runs.push_back({lo, hi, b + (lo - owned[k].first) * static_cast<int64_t>(dtype_size(views[k].dtype()))});
     }
-    for (checkpoint::Piece& p : checkpoint::pieces(params, runs, role + ".")) share.optimizer.push_back(std::move(p));
+    for (checkpoint::Piece& p : checkpoint::pieces(params, runs, role + ".", &arena)) share.optimizer.push_back(std::move(p));
   }
   return share;
 }
@@ -137,6 +146,8 @@ CheckpointSaver::CheckpointSaver(comm::Communicator& world, bool async) : world_
   if (async) own_ = world.split(0, world.rank());
 }
 
+void CheckpointSaver::prepare(size_t bytes) { arena_.reserve(bytes, /*touch=*/true); }
+
 CheckpointSaver::~CheckpointSaver() {
   if (writer_.joinable()) writer_.join();
 }
@@ -154,11 +165,12 @@ std::string timed_save(comm::Communicator& comm, const RankShare& share, const S
 }
 }  // namespace
 
-std::string CheckpointSaver::save(RankShare share, SaveRequest r) {
-  if (!own_) return timed_save(world_, share, r);
+std::string CheckpointSaver::save(const std::function<RankShare(checkpoint::PieceArena&)>& share_of, SaveRequest r) {
+  if (!own_) return timed_save(world_, share_of(arena_), r);
   if (writer_.joinable() && !done_ && world_.rank() == 0)
     log_info(cat("checkpoint step_", r.step, ": waiting for step_", writing_step_, ", still being written"));
-  wait();
+  saved_ = wait();  // its directory goes to the next poll()
+  RankShare share = share_of(arena_);
   done_ = false;
   writing_step_ = r.step;
   writer_ = std::thread([this, share = std::move(share), r = std::move(r)] {
@@ -173,12 +185,13 @@ std::string CheckpointSaver::save(RankShare share, SaveRequest r) {
 }
 
 std::optional<std::string> CheckpointSaver::poll() {
+  if (saved_) return std::exchange(saved_, std::nullopt);
   if (!writer_.joinable() || !done_) return std::nullopt;
   return wait();
 }
 
 std::optional<std::string> CheckpointSaver::wait() {
-  if (!writer_.joinable()) return std::nullopt;
+  if (!writer_.joinable()) return std::exchange(saved_, std::nullopt);
   writer_.join();
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   return dir_;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,13 +21,17 @@ namespace loom::app {
 
 // What one rank writes: its share of its replica's parameters and optimizer state (its
 // part of every unit, less what another rank of the replica also holds), as blocks of the
-// logical tensors. REQUIRES: parameters materialized (dp.materialize_params()).
+// logical tensors, copied into `arena`. REQUIRES: parameters materialized
+// (dp.materialize_params()).
 struct RankShare {
   std::vector<checkpoint::Piece> model, optimizer;
   int64_t optimizer_steps = 0;
   int64_t bytes() const;  // of every piece's data
 };
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp);
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp,
+                     checkpoint::PieceArena& arena);
+// The bytes of that share.
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp);
 
 // Writes checkpoint root/step_<step> from every rank's share. Collective over `world`;
 // rank 0 writes the index and the state ({state} plus format, version, step and the
@@ -58,21 +63,28 @@ class CheckpointSaver {
   CheckpointSaver(const CheckpointSaver&) = delete;
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
-  // Collective over world. Sync: writes the checkpoint and returns its directory. Async:
-  // waits for the save in flight, hands `share` to the writer and returns "".
-  std::string save(RankShare share, SaveRequest request);
+  // Allocates and touches the arena for shares of `bytes` now, before training: the first
+  // save then stalls no longer than the others (async saves).
+  void prepare(size_t bytes);
+  // Collective over world. Waits for the save in flight, takes this rank's share from
+  // `share_of` (given the saver's arena, reused from save to save), then sync: writes the
+  // checkpoint and returns its directory; async: hands the share to the writer and returns "".
+  std::string save(const std::function<RankShare(checkpoint::PieceArena&)>& share_of, SaveRequest request);
   // The directory of the async save that has completed since the last call, without
   // waiting; nullopt when none. Throws the save's RuntimeError when it failed.
   std::optional<std::string> poll();
-  // Waits for the async save in flight, if any; its directory (or nullopt), or its error.
+  // Waits for the async save in flight, if any; the directory of the save completed since
+  // the last poll() or wait() (or nullopt), or its error.
   std::optional<std::string> wait();
 
  private:
   comm::Communicator& world_;
+  checkpoint::PieceArena arena_;
   std::unique_ptr<comm::Communicator> own_;  // async: the writer's communicator
   std::thread writer_;
   std::atomic<bool> done_{false};
   std::string dir_;              // set by the writer before done_
+  std::optional<std::string> saved_;  // a save that save() waited for, not yet reported
   std::exception_ptr failure_;  // likewise
   int64_t writing_step_ = -1;
 };

@@ -488,6 +488,7 @@ int run_train(const TrainArgs& a) {
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
   install_fault_hook(env.rank);
   CheckpointSaver saver(*world, c.b("checkpoint.async"));
+  if (c.b("checkpoint.async")) saver.prepare(share_bytes(mesh, params, dp));
   auto last_save = std::chrono::steady_clock::now();
   // Collective: the time this rank's training stopped for the save (with async, the copy of
   // its share; otherwise the whole write).
@@ -500,7 +501,7 @@ int run_train(const TrainArgs& a) {
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
     const std::string dir =
-        saver.save(rank_share(mesh, params, dp),
+        saver.save([&](checkpoint::PieceArena& arena) { return rank_share(mesh, params, dp, arena); },
                    {.root = ckpt_root, .step = step, .state = state, .layout = layout,
                     .options = {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite}});
     last_save = std::chrono::steady_clock::now();

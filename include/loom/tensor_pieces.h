@@ -5,6 +5,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +55,27 @@ struct Piece {
   Tensor data;
 };
 
+// Where pieces' data goes: one allocation in huge pages, handed out in turn, and kept from
+// one save to the next (reused when nothing else holds it and it is large enough), so that
+// copying a share faults no pages after the first save.
+class PieceArena {
+ public:
+  // Makes room for `bytes` in all, reusing the allocation when it can. `touch`: writes every
+  // page now (at start, so that the first save's copy does not wait for the kernel to find
+  // and zero huge pages).
+  void reserve(size_t bytes, bool touch = false);
+  // The next `shape` of `dtype`. REQUIRES: room reserved.
+  Tensor take(const Shape& shape, DType dtype);
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t used_ = 0, reserved_ = 0;
+};
+
 // The pieces `runs` hold (ascending, disjoint ranges of a buffer laid out as `params`, of
-// params.dtype()), named prefix + parameter name, in flat order.
-std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix = "");
+// params.dtype()), named prefix + parameter name, in flat order; their data from `arena`
+// (room reserved by the caller), or from an allocation of their own.
+std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix = "",
+                          PieceArena* arena = nullptr);
 
 }  // namespace loom::checkpoint

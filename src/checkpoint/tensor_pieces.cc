@@ -141,13 +141,32 @@ void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void
                   extents, elem_bytes);
 }
 
-std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix) {
+void PieceArena::reserve(size_t bytes, bool touch) {
+  used_ = 0;
+  reserved_ = bytes;
+  if (!(storage_ && storage_.use_count() == 1 && storage_->bytes() >= bytes))
+    storage_ = std::make_shared<Storage>(bytes, /*huge_pages=*/true);
+  if (touch) std::memset(storage_->data(), 0, bytes);
+}
+
+Tensor PieceArena::take(const Shape& shape, DType dtype) {
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  LOOM_CHECK(storage_ != nullptr && used_ + bytes <= reserved_);
+  Tensor t(storage_, used_, shape, dtype);
+  used_ += bytes;
+  return t;
+}
+
+std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix,
+                          PieceArena* arena) {
   const size_t es = dtype_size(params.dtype());
-  // One allocation for every piece, in huge pages: the copy is written whole at once.
-  int64_t total = 0;
-  for (const FlatRun& r : runs) total += r.end - r.begin;
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(total) * es, /*huge_pages=*/true);
-  size_t at = 0;  // bytes into storage
+  PieceArena own;
+  if (arena == nullptr) {  // one allocation for every piece, in huge pages: the copy is written whole at once
+    int64_t total = 0;
+    for (const FlatRun& r : runs) total += r.end - r.begin;
+    own.reserve(static_cast<size_t>(total) * es);
+    arena = &own;
+  }
   std::vector<Piece> out;
   for (const FlatRun& r : runs) {
     for (const ParamInfo& p : params.infos()) {
@@ -157,8 +176,7 @@ std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& ru
       const auto* base = static_cast<const char*>(r.data);
       for (const Box& local : range_boxes(p.shape, lo - p.offset, hi - p.offset))
         for (auto& [logical, from] : logical_boxes(p, local)) {
-          Tensor data(storage, at, logical.extents, params.dtype());
-          at += data.nbytes();
+          Tensor data = arena->take(logical.extents, params.dtype());
           copy_box_biased(base, r.begin - p.offset, p.shape, from.offsets, static_cast<char*>(data.raw()),
                           logical.extents, Shape(logical.extents.size(), 0), logical.extents, es);
           out.push_back({.name = prefix + p.name, .shape = p.global_shape, .box = std::move(logical), .data = std::move(data)});
