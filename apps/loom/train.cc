@@ -434,6 +434,9 @@ int run_train(const TrainArgs& a) {
                  static_cast<double>(ck->bytes_read()) / (1 << 20), " MiB of shards in ", s * 1e3, " ms (",
                  static_cast<double>(ck->bytes_read()) / s / 1e9, " GB/s)"));
   }
+  // The files read stay in memory as long as the checkpoint is open: not during training.
+  const std::string resumed_from = ck && a.resume ? ck->path() : "";
+  ck.reset();
   dp.sync_params();
   if (!trace_steps.empty()) {
     comm::barrier(*world);  // every rank's origin: the barrier's exit
@@ -482,7 +485,7 @@ int run_train(const TrainArgs& a) {
   double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
   EvalResult last_eval;
 
-  std::string last_checkpoint = ck && a.resume ? ck->path() : "";
+  std::string last_checkpoint = resumed_from;
   const json layout = {{"world", world->size()}, {"dp", dp_size}, {"tp", mesh.tp}, {"pp", mesh.pp},
                        {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
