@@ -4,6 +4,7 @@
 //   step_N/state.json                    step, data cursor, RNG state, optimizer step count, model shape, config
 //   step_N/index.json                    every logical tensor (Hugging Face name, dtype, global shape)
 //                                        with the blocks its shards hold, and every file's size and SHA-256
+//   step_N/index.sha256                  index.json's own SHA-256
 // Every rank writes its own shards into a temporary directory (write_shard); the lead then
 // writes the index and the state, fsyncs, renames, and only then points the `latest` file
 // beside it at the new directory (commit). Loading verifies the SHA-256 of every file it
@@ -45,7 +46,7 @@ struct SaveOptions {
 // Fault injection for tests (docs/formats.md, "Crash safety"): called at each point of a
 // save with the point's name and the step: "shard" (a shard file complete in the temporary
 // directory), "state" and "index" (written there), "renamed" (the directory is step_N) and
-// "latest" (replaced). Empty: none. Set before saving, from the thread that saves.
+// "latest" (replaced). Empty: none. Set before any save starts (it is read unlocked).
 using FaultHook = std::function<void(std::string_view point, int64_t step)>;
 void set_fault_hook(FaultHook hook);
 
@@ -60,8 +61,8 @@ void begin_save(const std::string& root, int64_t step);
 // RuntimeError naming the file when it cannot be written (e.g. the disk is full).
 nlohmann::json write_shard(const std::string& dir, const std::string& file, const std::vector<Piece>& pieces, Part part,
                            int64_t step);
-// The lead, once every rank's records are in temp_dir: index.json (with `layout`) and
-// state.json (from `state`, with format, version, step, optimizer_steps when `optimizer_steps`
+// The lead, once every rank's records are in temp_dir: index.json (with `layout`), its hash
+// index.sha256, and state.json (from `state`, with format, version, step, optimizer_steps when `optimizer_steps`
 // is set, and finite), then the directory is fsynced, renamed to root/step_N, the root fsynced,
 // `latest` replaced, and old steps pruned. Returns the step directory.
 std::string commit(const std::string& root, int64_t step, const std::vector<nlohmann::json>& records,
