@@ -643,13 +643,9 @@ void Cli::kill_and_resume(const std::string& train, const std::string& steps,
   wait_for_lines(metrics, 12);
   pid_t victim = rank_pid(launcher, 1);
   ASSERT_GT(victim, 0);
-  ASSERT_EQ(::kill(victim, SIGKILL), 0);
-  const auto killed = std::chrono::steady_clock::now();
-  int status = 0;
-  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
-  EXPECT_LT(took, 2.0) << "the job took over 2 s to stop";
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
+  const Ended ended = signal_and_wait(victim, SIGKILL, launcher);
+  EXPECT_LT(ended.seconds, 2.0) << "the job took over 2 s to stop";
+  EXPECT_EQ(WEXITSTATUS(ended.status), 128 + SIGKILL);
   const std::string out = read_file(p("cut.out"));
   for (const auto& f : fragments) EXPECT_NE(out.find(f), std::string::npos) << "missing '" << f << "' in: " << out;
   ASSERT_LT(line_count(metrics), std::stoll(steps)) << "rank 1 was killed after the run ended";

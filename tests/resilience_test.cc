@@ -162,14 +162,10 @@ TEST_F(Cli, SigtermSavesAndResumeLosesNothing) {
     wait_for_lines(metrics, 10);
     const pid_t target = to_launcher ? launcher : rank_pid(launcher, 1);
     ASSERT_GT(target, 0);
-    ASSERT_EQ(::kill(target, SIGTERM), 0);
-    const auto sent = std::chrono::steady_clock::now();
-    int status = 0;
-    ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    const Ended ended = signal_and_wait(target, SIGTERM, launcher);
     const std::string out = read_file(p(name + ".out"));
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << name << ": " << out;
-    EXPECT_LT(took, 20.0) << name << " exceeded checkpoint.grace_s";
+    EXPECT_TRUE(WIFEXITED(ended.status) && WEXITSTATUS(ended.status) == 0) << name << ": " << out;
+    EXPECT_LT(ended.seconds, 20.0) << name << " exceeded checkpoint.grace_s";
     EXPECT_NE(out.find("SIGTERM: saved step "), std::string::npos) << out;
     // The checkpoint is the last step logged: nothing is lost.
     const int64_t logged = line_count(metrics);

@@ -29,22 +29,6 @@ std::vector<std::pair<int64_t, int64_t>> subtract(const std::vector<std::pair<in
   return out;
 }
 
-// Every rank's string, in rank order. Collective.
-std::vector<std::string> all_gather_strings(comm::Communicator& world, const std::string& mine) {
-  const auto n = static_cast<size_t>(world.size());
-  int64_t size = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> sizes(n);
-  comm::all_gather(world, {.input = &size, .output = sizes.data(), .count = 1, .dtype = DType::kI64});
-  const size_t width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  std::string padded = mine;
-  padded.resize(width);
-  std::string all(width * n, '\0');
-  if (width > 0) comm::all_gather(world, {.input = padded.data(), .output = all.data(), .count = width, .dtype = DType::kU8});
-  std::vector<std::string> out;
-  for (size_t r = 0; r < n; ++r) out.push_back(all.substr(r * width, static_cast<size_t>(sizes[r])));
-  return out;
-}
-
 // Throws on every rank when any rank's `error` is not empty, naming the first such rank.
 void check_all(comm::Communicator& world, const std::string& error, const std::string& what) {
   const std::vector<std::string> errors = all_gather_strings(world, error);

@@ -177,13 +177,7 @@ class Server {
     });
     // Anything a handler did not expect: 500 with its line, logged, and the server goes on.
     http.set_exception_handler([&](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-      std::string what = "unknown error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-      }
+      const std::string what = what_of(ep);
       log_warn(cat("serve: ", printable(req.path), ": ", what));
       respond(res, "other", 500, json{{"error", {{"message", printable(what)}, {"type", "server_error"}}}});
     });

@@ -28,23 +28,31 @@ std::string Mesh::where() const {
   return s + cat("replica ", dp_index);
 }
 
+std::vector<std::string> all_gather_strings(comm::Communicator& world, const std::string& mine) {
+  const auto n = static_cast<size_t>(world.size());
+  int64_t size = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> sizes(n);
+  comm::all_gather(world, {.input = &size, .output = sizes.data(), .count = 1, .dtype = DType::kI64});
+  const auto width = static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::string padded = mine;
+  padded.resize(width);
+  std::string all(width * n, '\0');
+  if (width > 0) comm::all_gather(world, {.input = padded.data(), .output = all.data(), .count = width, .dtype = DType::kU8});
+  std::vector<std::string> out;
+  for (size_t r = 0; r < n; ++r) out.push_back(all.substr(r * width, static_cast<size_t>(sizes[r])));
+  return out;
+}
+
 void check_same_layout(comm::Communicator& world, const Config& c) {
-  std::string mine = cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
+  const std::string mine = cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
                          c.i("parallel.virtual_stages"), " pp_schedule=", c.s("parallel.pp_schedule"), " zero=",
                          c.i("parallel.zero"), " sequence_parallel=", c.b("parallel.sequence_parallel"), " deterministic=", c.b("parallel.deterministic"), " global_batch=",
                          c.i("training.global_batch"), " micro_batch=", c.i("training.micro_batch"), " n_layer=",
                          c.i("model.n_layer"), " d_model=", c.i("model.d_model"));
-  constexpr size_t kWidth = 256;
-  mine.resize(kWidth, ' ');
-  std::string all(kWidth * static_cast<size_t>(world.size()), ' ');
-  comm::all_gather(world, {.input = mine.data(), .output = all.data(), .count = kWidth, .dtype = DType::kU8});
-  auto layout = [&](int r) {
-    std::string s = all.substr(static_cast<size_t>(r) * kWidth, kWidth);
-    return s.substr(0, s.find_last_not_of(' ') + 1);
-  };
-  for (int r = 1; r < world.size(); ++r)
-    if (layout(r) != layout(0))
-      throw InputError(cat("rank ", r, " was started with the layout \"", layout(r), "\" but rank 0 with \"", layout(0),
+  const std::vector<std::string> layout = all_gather_strings(world, mine);
+  for (size_t r = 1; r < layout.size(); ++r)
+    if (layout[r] != layout[0])
+      throw InputError(cat("rank ", r, " was started with the layout \"", layout[r], "\" but rank 0 with \"", layout[0],
                            "\"; every rank must be given the same [parallel], [training] batch and [model] settings"));
 }
 
@@ -148,46 +156,26 @@ class LayoutOnly : public nn::Seam {
   void reduce_scatter(const Tensor&, const Tensor&) override { LOOM_CHECK(false); }
 };
 
-// Collective over `c`: rank 0 copies its parameters (and, with `state`, optimizer buffers)
-// and every other rank's by name into `whole`; rank r's layout is `layout_of(r)`'s (built
-// only while its parameters are copied). The other ranks only send. CommError names `what`.
+// Collective over `c`: rank 0 copies its parameters and every other rank's by name into
+// `whole`; rank r's layout is `layout_of(r)`'s (built only while its parameters are copied).
+// The other ranks only send. CommError names `what`.
 void gather_parts(comm::Communicator& c, const std::function<std::unique_ptr<nn::Gpt>(int)>& layout_of,
-                  const ParamSet& mine, const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state,
-                  const char* what) {
-  auto move = [&](const Tensor& t, int peer, bool sending) {
-    const auto n = static_cast<size_t>(t.numel());
-    if (sending) comm::send(c, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
-    else comm::recv(c, {.buffer = t.raw(), .count = n, .dtype = DType::kF32, .peer = peer});
-  };
+                  const ParamSet& mine, ParamSet* whole, const char* what) {
   try {
     if (c.rank() != 0) {
-      move(mine.values(), 0, true);
-      if (state)
-        for (const auto& [name, t] : state->buffers) move(t, 0, true);
+      comm::send(c, {.buffer = mine.values().raw(), .count = static_cast<size_t>(mine.numel()), .dtype = DType::kF32,
+                     .peer = 0});
       return;
     }
-    LOOM_CHECK(whole != nullptr && (state == nullptr) == (whole_state == nullptr));
-    auto take = [&](const ParamSet& layout, const Tensor& values, const optim::FlatState* st) {
-      copy_by_name(layout, values, *whole, whole->values());
-      if (!st) return;
-      LOOM_CHECK_EQ(st->buffers.size(), whole_state->buffers.size());
-      for (size_t k = 0; k < st->buffers.size(); ++k)
-        copy_by_name(layout, st->buffers[k].second, *whole, whole_state->buffers[k].second);
-    };
-    take(mine, mine.values(), state);
+    LOOM_CHECK(whole != nullptr);
+    copy_by_name(mine, mine.values(), *whole, whole->values());
     for (int r = 1; r < c.size(); ++r) {
       const std::unique_ptr<nn::Gpt> theirs = layout_of(r);
       const ParamSet& layout = theirs->params();
-      move(layout.values(), r, false);
-      optim::FlatState st;
-      if (state)
-        for (const auto& [name, t] : state->buffers) {
-          st.buffers.emplace_back(name, Tensor::zeros({layout.numel()}, DType::kF32));
-          move(st.buffers.back().second, r, false);
-        }
-      take(layout, layout.values(), state ? &st : nullptr);
+      comm::recv(c, {.buffer = layout.values().raw(), .count = static_cast<size_t>(layout.numel()), .dtype = DType::kF32,
+                     .peer = r});
+      copy_by_name(layout, layout.values(), *whole, whole->values());
     }
-    if (whole_state) whole_state->steps = state->steps;
   } catch (const comm::CommError& e) {
     throw RuntimeError(cat(what, ": ", e.what()));
   }
@@ -196,7 +184,7 @@ void gather_parts(comm::Communicator& c, const std::function<std::unique_ptr<nn:
 }  // namespace
 
 void gather_pieces(const Mesh& m, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
-                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state) {
+                   ParamSet* whole) {
   LOOM_CHECK(m.tp > 1);
   LayoutOnly seam;
   gather_parts(
@@ -204,15 +192,14 @@ void gather_pieces(const Mesh& m, const nn::GptConfig& model, const nn::GptPart&
       [&](int i) {
         return std::make_unique<nn::Gpt>(model, DType::kF32, part, nn::Shard{.index = i, .parts = m.tp, .seam = &seam});
       },
-      mine, state, whole, whole_state, "gathering the tensor-parallel pieces' weights onto tp index 0");
+      mine, whole, "gathering the tensor-parallel pieces' weights onto tp index 0");
 }
 
-void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                   ParamSet* whole, optim::FlatState* whole_state) {
+void gather_stages(const Mesh& m, const nn::GptConfig& model, const ParamSet& mine, ParamSet* whole) {
   gather_parts(
       *m.pipe,
       [&](int s) { return std::make_unique<nn::Gpt>(model, DType::kF32, parallel::stage_part(model.n_layer, m.pp, m.v, s)); },
-      mine, state, whole, whole_state, "gathering the pipeline stages' weights onto stage 0");
+      mine, whole, "gathering the pipeline stages' weights onto stage 0");
 }
 
 }  // namespace loom::app

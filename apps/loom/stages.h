@@ -1,6 +1,6 @@
 // The pipeline side of `loom train` (docs/parallelism.md, "Pipeline parallelism"): this
 // rank's place in the dp x pp mesh, its communicators, and gathering every stage's weights
-// and optimizer state onto the first stage for evaluation and checkpoints.
+// onto the first stage for evaluation.
 #pragma once
 
 #include <memory>
@@ -39,6 +39,8 @@ struct Mesh {
 
 // The config's layout for this rank. REQUIRES: c resolved against `rank`'s world.
 Mesh mesh_coordinates(const Config& c, int rank);
+// Every rank's string, in rank order, on every rank. Collective over world.
+std::vector<std::string> all_gather_strings(comm::Communicator& world, const std::string& mine);
 // Refuses (InputError naming both ranks and layouts) ranks started with different layouts
 // or model shapes. Collective over world.
 void check_same_layout(comm::Communicator& world, const Config& c);
@@ -68,16 +70,14 @@ struct PipelineBubble {
 };
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe);
 
-// Collective over mesh.tpc (tp > 1): every piece's parameters (and, with `state`,
-// optimizer buffers) of this stage (`part`) put together into the logical tensors of
-// `whole` (the same part, unsplit) on tp index 0. The other pieces only send.
+// Collective over mesh.tpc (tp > 1): every piece's parameters of this stage (`part`) put
+// together into the logical tensors of `whole` (the same part, unsplit) on tp index 0, to
+// evaluate. The other pieces only send.
 void gather_pieces(const Mesh& mesh, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
-                   const optim::FlatState* state, ParamSet* whole, optim::FlatState* whole_state);
+                   ParamSet* whole);
 
-// Collective over mesh.pipe: every stage's parameters (and, with `state`, optimizer
-// buffers, same names and order as `*whole_state`) copied by name into `whole` on the first
-// stage. The other stages only send.
-void gather_stages(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, const optim::FlatState* state,
-                   ParamSet* whole, optim::FlatState* whole_state);
+// Collective over mesh.pipe: every stage's parameters copied by name into `whole` on the
+// first stage, to evaluate. The other stages only send.
+void gather_stages(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, ParamSet* whole);
 
 }  // namespace loom::app

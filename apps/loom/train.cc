@@ -218,19 +218,8 @@ class StepTracer {
 
 // Collective: every rank's events to rank 0, which writes the merged file.
 void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path) {
-  const std::string mine = trace.events(world.rank());
-  const auto n = static_cast<size_t>(world.size());
-  int64_t len = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> lens(n);
-  comm::all_gather(world, {.input = &len, .output = lens.data(), .count = 1, .dtype = DType::kI64});
-  const auto width = static_cast<size_t>(*std::max_element(lens.begin(), lens.end()));
-  std::string padded = mine, all(width * n, ' ');
-  padded.resize(width, ' ');
-  comm::all_gather(world, {.input = padded.data(), .output = all.data(), .count = width, .dtype = DType::kU8});
-  if (world.rank() != 0) return;
-  std::vector<std::string> parts;
-  for (size_t r = 0; r < n; ++r) parts.push_back(all.substr(r * width, static_cast<size_t>(lens[r])));
-  write_file_atomic(path, obs::merge_traces(parts));
+  const std::vector<std::string> parts = all_gather_strings(world, trace.events(world.rank()));
+  if (world.rank() == 0) write_file_atomic(path, obs::merge_traces(parts));
 }
 
 }  // namespace
@@ -401,16 +390,16 @@ int run_train(const TrainArgs& a) {
     if (lead) whole.emplace(gpt_config(c));
     ParamSet* to = lead ? &whole->params() : nullptr;
     if (!piped) {
-      gather_pieces(mesh, gpt_config(c), {}, params, nullptr, to, nullptr);
+      gather_pieces(mesh, gpt_config(c), {}, params, to);
     } else if (mesh.tp == 1) {
-      gather_stages(mesh, gpt_config(c), params, nullptr, to, nullptr);
+      gather_stages(mesh, gpt_config(c), params, to);
     } else {
       // Pieces onto each stage's first piece, then those stages onto rank 0.
       const nn::GptPart part = mesh_part(c, mesh);
       std::optional<nn::Gpt> stage;
       if (mesh.tp_index == 0) stage.emplace(gpt_config(c), DType::kF32, part);
-      gather_pieces(mesh, gpt_config(c), part, params, nullptr, stage ? &stage->params() : nullptr, nullptr);
-      if (mesh.tp_index == 0) gather_stages(mesh, gpt_config(c), stage->params(), nullptr, to, nullptr);
+      gather_pieces(mesh, gpt_config(c), part, params, stage ? &stage->params() : nullptr);
+      if (mesh.tp_index == 0) gather_stages(mesh, gpt_config(c), stage->params(), to);
     }
   };
   // [profile] trace_steps: a Chrome trace of those steps, merged over the ranks.

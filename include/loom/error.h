@@ -10,6 +10,7 @@
 // Thread-safety: all of it is safe to use from any thread.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -50,6 +51,10 @@ std::string cat(const Args&... args) {
 // value echoed from input can neither break a message into several lines nor drive the
 // terminal. Every error and log line passes through it when printed.
 std::string printable(std::string_view text);
+
+// The message of the exception `error` holds ("unknown error" for one that is not a
+// std::exception). REQUIRES: error not null.
+std::string what_of(const std::exception_ptr& error);
 
 // Throws RuntimeError naming the failed system call, its subject and errno's text when
 // rc < 0. Returns rc otherwise. Every OS call goes through this or an equivalent.

@@ -28,6 +28,8 @@ struct Checkpoint::Impl {
   std::string index_path;   // what errors about the index name
   std::map<std::string, size_t> by_name;
   mutable std::map<std::string, SafetensorsFile> opened;
+  // Per opened file, its tensors holding NaN or Inf: each file is scanned once.
+  mutable std::map<std::string, std::vector<std::pair<std::string, int64_t>>> nonfinite;
 
   std::string file_path(const std::string& file) const { return dir.empty() ? file : (fs::path(dir) / file).string(); }
 
@@ -259,8 +261,11 @@ std::map<std::string, int64_t> Checkpoint::files() const {
 
 std::string Checkpoint::nonfinite_report() const {
   std::vector<std::pair<const SafetensorsFile*, std::pair<std::string, int64_t>>> found;
-  for (const auto& [name, f] : impl_->opened)
-    for (auto& t : f.nonfinite()) found.emplace_back(&f, std::move(t));
+  for (const auto& [name, f] : impl_->opened) {
+    auto it = impl_->nonfinite.find(name);
+    if (it == impl_->nonfinite.end()) it = impl_->nonfinite.emplace(name, f.nonfinite()).first;
+    for (const auto& t : it->second) found.emplace_back(&f, t);
+  }
   if (found.empty()) return "";
   const auto& [file, first] = found.front();
   return cat(file->path(), ": tensor ", printable(first.first), " holds ", first.second,

@@ -212,13 +212,7 @@ void Communicator::Impl::record_flight(const Fingerprint& fp, const std::excepti
   f.count.store(fp.count, std::memory_order_relaxed);
   f.seq.store(fp.seq, std::memory_order_relaxed);
   if (error) {  // rare: the failure path may take a lock and format
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    std::string what = what_of(error);
     std::lock_guard lock(flight_mu);
     flight_errors[i] = std::move(what);
   }

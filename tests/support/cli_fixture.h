@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -92,6 +95,20 @@ class Cli : public testing::TempDirTest {
       ::_exit(127);
     }
     return pid;
+  }
+  // Sends `sig` to `target` (a rank or the launcher), then waits for `launcher` to end: its
+  // wait status and the seconds from the signal to its end.
+  struct Ended {
+    int status = 0;
+    double seconds = 0;
+  };
+  static Ended signal_and_wait(pid_t target, int sig, pid_t launcher) {
+    Ended e;
+    EXPECT_EQ(::kill(target, sig), 0);
+    const auto sent = std::chrono::steady_clock::now();
+    EXPECT_EQ(::waitpid(launcher, &e.status, 0), launcher);
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    return e;
   }
   // The lines of `path` (0 when it does not exist yet).
   static int64_t line_count(const std::string& path) {
