@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -278,6 +279,134 @@ TEST_F(Cli, StragglersAreNamedNotStopped) {
   r = loom(cat("launch -n 2 -- ", train, " --job.name=even --training.steps=12"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ((r.out + r.err).find("straggler"), std::string::npos) << r.out << r.err;
+}
+
+// Elastic training (docs/launch.md, "Elastic jobs"): 4 ranks, one SIGKILLed; the launcher
+// stops the rest and restarts the job from the latest checkpoint on 3 (the killed rank's
+// slot retires), within 10 s of the kill; a launcher that joins with one rank makes the job
+// save at its next checkpoint and go on with 4. The global batch stays 12 (accumulation 3,
+// then 4, then 3 again), and in deterministic mode the run ends as one uninterrupted
+// process does, bit for bit: no sample repeated or skipped, no step lost that is not redone.
+TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
+  write(p("secret"), "0123456789abcdef0123456789abcdef");
+  std::filesystem::permissions(p("secret"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  ::setenv("LOOM_SECRET_FILE", p("secret").c_str(), 1);
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --parallel.deterministic=true --training.steps=200 --training.global_batch=12 "
+                                "--training.micro_batch=1 --checkpoint.every=4 --training.eval_every=0");
+  ASSERT_EQ(loom(cat("train ", train.substr(train.find(p("nano.toml"))), " --job.name=full")).code, 0);
+  // Rank 0 sleeps 25 ms a step, so that the run lasts long enough for a launcher to join.
+  const pid_t launcher = launch_in_background(
+      cat("-n 2:4 --max-restarts 2 -- /usr/bin/env LOOM_DELAY_MS=0:25 ", train, " --job.name=el"), p("el.out"));
+  ASSERT_GE(launcher, 0);
+  const std::string metrics = p("runs/el/metrics.jsonl");
+  wait_for_lines(metrics, 10);
+  const pid_t victim = rank_pid(launcher, 2);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  // The coordinator's first line names where to join.
+  const std::string out0 = read_file(p("el.out"));
+  const size_t at = out0.find("--master ");
+  ASSERT_NE(at, std::string::npos) << out0;
+  const std::string master = out0.substr(at + 9, out0.find(' ', at + 9) - at - 9);
+  auto restarted_lines = [&] {
+    const std::string m = read_file(metrics);
+    int n = 0;
+    for (size_t i = 0; (i = m.find("elastic_restart_s", i)) != std::string::npos; ++i) ++n;
+    return n;
+  };
+  for (int i = 0; i < 6000 && restarted_lines() < 1; ++i) ::usleep(5000);
+  ASSERT_EQ(restarted_lines(), 1) << read_file(p("el.out"));
+  const pid_t joiner = launch_in_background(cat("--join --local 1 --master ", master, " -- ", train, " --job.name=el"),
+                                            p("join.out"));
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  const std::string out = read_file(p("el.out"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  ASSERT_EQ(::waitpid(joiner, &status, 0), joiner);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(p("join.out"));
+  ::unsetenv("LOOM_SECRET_FILE");
+
+  EXPECT_NE(out.find(cat("restart 1 of 2: rank 2 (pid ", victim, ") failed with signal 9; its slot is retired")),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("generation 1: 3 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("launcher 1 joined with 1 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("generation 2: 4 rank(s) (resize"), std::string::npos) << out;
+  // Steps lost: at most those since the last checkpoint (every 4) after a kill, none after a resize.
+  EXPECT_NE(out.find("(resize: ranks joined; 3 rank(s) saved and stopped): resumed from step "), std::string::npos) << out;
+  for (size_t i = 0; (i = out.find(" step(s) lost", i)) != std::string::npos; ++i) {
+    const size_t semi = out.rfind("; ", i);
+    const int lost = std::stoi(out.substr(semi + 2, i - semi - 2));
+    EXPECT_LE(lost, 3) << out;
+  }
+  EXPECT_NE(out.find("on 4 rank(s); 0 step(s) lost"), std::string::npos) << out;
+  // Each restart's first step within 10 s of the end of the generation before it (the
+  // kill, then the resize).
+  int restarts = 0;
+  std::istringstream lines(read_file(metrics));
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("elastic_restart_s")) continue;
+    ++restarts;
+    EXPECT_LT(j["elastic_restart_s"].get<double>(), 10.0) << line;
+  }
+  EXPECT_EQ(restarts, 2);
+  EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics)));
+  EXPECT_EQ(logical(p("runs/full/checkpoints/step_200"), checkpoint::Part::kModel),
+            logical(p("runs/el/checkpoints/step_200"), checkpoint::Part::kModel));
+  EXPECT_EQ(logical(p("runs/full/checkpoints/step_200"), checkpoint::Part::kOptimizer),
+            logical(p("runs/el/checkpoints/step_200"), checkpoint::Part::kOptimizer));
+}
+
+// What an elastic job does not restart, and where it stops: a failure with no restarts
+// left fails the job with the rank's code; bad input (exit 2) is never restarted; a job
+// at MIN restarts a failed rank in place (its slot is not retired).
+TEST_F(Cli, ElasticJobStopsWhereItMust) {
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --quiet --training.steps=100000 --checkpoint.every=0 --training.eval_every=0");
+  Result r = loom(cat("launch -n 1:2 --max-restarts 3 -- ", train, " --job.name=bad --training.global_batch=3"));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("(bad input: not restarted)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("restart 1"), std::string::npos) << r.err;
+
+  // -n 2 with no restart left; -n 2 restarting in place at MIN; -n 2:3 where the layout
+  // (global batch 4 in micro-batches of 2) uses 2 of the 3 ranks and rank 2 idles, until
+  // rank 1's death retires a slot (3 - 1 >= MIN) and the job goes on with 2.
+  struct Case {
+    std::string nproc;
+    int restarts;
+  };
+  for (const Case& k : {Case{"2", 0}, Case{"2", 1}, Case{"2:3", 1}}) {
+    const std::string name = cat("n", k.nproc.substr(k.nproc.size() - 1), "r", k.restarts);
+    const std::string metrics = p(cat("runs/", name, "/metrics.jsonl"));
+    // Rank 0 sleeps 20 ms a step: the run outlasts the wait for its 6th step.
+    const pid_t launcher = launch_in_background(cat("-n ", k.nproc, " --max-restarts ", k.restarts,
+                                                    " -- /usr/bin/env LOOM_DELAY_MS=0:20 ", train, " --job.name=", name,
+                                                    " --training.steps=40 --checkpoint.every=5"),
+                                                p(name + ".out"));
+    wait_for_lines(metrics, 6);
+    const pid_t victim = rank_pid(launcher, 1);
+    ASSERT_GT(victim, 0);
+    ASSERT_EQ(::kill(victim, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+    const std::string out = read_file(p(name + ".out"));
+    if (k.restarts == 0) {
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL) << out;
+      EXPECT_NE(out.find("failed with signal 9; no restarts left (--max-restarts 0)"), std::string::npos) << out;
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+    EXPECT_NE(out.find("restart 1 of 1: rank 1"), std::string::npos) << out;
+    EXPECT_NE(out.find("generation 1: 2 rank(s)"), std::string::npos) << out;
+    EXPECT_EQ(line_count(metrics), 40) << out;
+    if (k.nproc == "2") {
+      EXPECT_EQ(out.find("retired"), std::string::npos) << out;  // at MIN: restarted in place
+    } else {
+      EXPECT_NE(out.find("the config's layout uses 2 of the 3 ranks available"), std::string::npos) << out;
+      EXPECT_NE(out.find("its slot is retired"), std::string::npos) << out;
+    }
+  }
 }
 
 }  // namespace

@@ -76,9 +76,15 @@ struct PlanArgs {
 int run_plan(const PlanArgs& a);
 
 struct LaunchArgs {
-  int nproc = 1, nnodes = 1, node_rank = 0;
+  std::string nproc = "1";  // N ranks on this node; or MIN:MAX, an elastic job's world size
+  int nnodes = 1, node_rank = 0;
   std::string master = "127.0.0.1:0";
   double grace_s = 30;  // after SIGTERM or SIGINT is forwarded, before SIGKILL
+  // Elastic jobs (docs/launch.md, "Elastic jobs"): -n MIN:MAX or --max-restarts start one;
+  // --join adds this launcher's ranks to the one coordinated at --master.
+  int max_restarts = -1;  // -1: not given (0 in an elastic job)
+  int local = 0;          // ranks this launcher runs; 0: MAX (1 with --join)
+  bool join = false;
   std::vector<std::string> command;
 };
 int run_launch(const LaunchArgs& a);

@@ -162,7 +162,13 @@ int run(int argc, char** argv) {
 
   loom::app::LaunchArgs launch;
   auto* l = app.add_subcommand("launch", "Run N local ranks of a command (torchrun-style environment)");
-  l->add_option("-n,--nproc", launch.nproc, "Ranks on this node")->capture_default_str();
+  l->add_option("-n,--nproc", launch.nproc,
+                "Ranks on this node; MIN:MAX starts an elastic job of MIN to MAX ranks (docs/launch.md)")
+      ->capture_default_str();
+  l->add_option("--max-restarts", launch.max_restarts,
+                "Elastic: restarts after a rank fails (from the latest checkpoint, on the ranks left) before the job fails");
+  l->add_option("--local", launch.local, "Elastic: ranks this launcher runs (default MAX; 1 with --join)");
+  l->add_flag("--join", launch.join, "Elastic: add this launcher's --local ranks to the job coordinated at --master");
   l->add_option("--nnodes", launch.nnodes, "Nodes in the job")->capture_default_str();
   l->add_option("--node-rank", launch.node_rank, "This node's index")->capture_default_str();
   l->add_option("--master", launch.master, "HOST:PORT of the store (node 0 serves it; port 0 picks one)")

@@ -31,6 +31,7 @@
 #include "loom/tensor_parallel.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
+#include "launch.h"
 #include "memory_plan.h"
 #include "run_dir.h"
 #include "stages.h"
@@ -46,6 +47,11 @@ namespace {
 // saves and exits 0 (docs/launch.md, "Preemption").
 volatile std::sig_atomic_t g_terminate = 0;
 void on_terminate(int) { g_terminate = 1; }
+
+// SIGUSR1 from an elastic launcher: ranks wait to join, so the run stops after its next
+// checkpoint with kExitForResize and the launcher restarts it on more ranks.
+volatile std::sig_atomic_t g_resize = 0;
+void on_resize(int) { g_resize = 1; }
 
 // LOOM_FAULT_AT=POINT:STEP[:RANK] (tests, docs/formats.md "Crash safety"): this process
 // SIGKILLs itself at that point of the save of that step (on that rank; default every rank).
@@ -146,9 +152,25 @@ double peak_rss_mb() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
+// The largest world size up to `available` that `c` resolves for; `available` itself when
+// none does (resolving then names what is wrong).
+int usable_world(const Config& c, int available) {
+  for (int w = available; w >= 1; --w) {
+    Config trial = c;
+    try {
+      trial.resolve(w);
+      return w;
+    } catch (const InputError&) {
+    }
+  }
+  return available;
+}
+
 // Keeps the metrics lines of steps <= last_step (a resumed run rewrites what follows).
-void truncate_metrics(const std::string& path, int64_t last_step) {
-  if (!path_exists(path)) return;
+// Returns the last step the file had reached.
+int64_t truncate_metrics(const std::string& path, int64_t last_step) {
+  if (!path_exists(path)) return 0;
+  int64_t reached = 0;
   std::string kept, all = read_file(path);
   size_t pos = 0;
   while (pos < all.size()) {
@@ -157,13 +179,16 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
     std::string line = all.substr(pos, nl - pos + 1);
     try {  // a line that is not a metrics object is dropped
       const json j = parse_json_bounded(line, path, kMetricsLineLimits);
-      if (j.is_object() && j.value("step", int64_t{0}) <= last_step) kept += line;
+      const int64_t step = j.is_object() ? j.value("step", int64_t{0}) : last_step + 1;
+      if (j.is_object()) reached = std::max(reached, step);
+      if (step <= last_step) kept += line;
     } catch (const Error&) {
     } catch (const json::exception&) {
     }
     pos = nl + 1;
   }
   write_file_atomic(path, kept);
+  return reached;
 }
 
 // The training thread's spans of a traced step (docs/formats.md, trace.json): nested spans
@@ -225,10 +250,27 @@ void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, cons
 }  // namespace
 
 int run_train(const TrainArgs& a) {
-  const comm::LaunchEnv env = comm::launch_env_from_environment();
+  comm::LaunchEnv env = comm::launch_env_from_environment();
+  // Under an elastic launcher, every generation after the first continues the run from its
+  // latest checkpoint (or afresh when there is none yet), whatever the flags say.
+  const std::optional<ElasticGeneration> elastic = elastic_generation_from_environment();
+  const bool restarted = elastic && elastic->generation > 0;
   Config c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
+  // An elastic job's ranks come as they are: the run takes the most of them its layout can
+  // use (the global batch divided among the replicas, tp x pp whole), and the rest wait.
+  if (elastic) {
+    const int usable = usable_world(c, env.size);
+    if (usable < env.size && env.rank == 0)
+      log_warn(cat("elastic: the config's layout uses ", usable, " of the ", env.size, " ranks available (",
+                   "training.global_batch = ", c.i("training.global_batch"), ", micro_batch = ", c.i("training.micro_batch"),
+                   ", tp x pp = ", c.i("parallel.tp") * c.i("parallel.pp"), "); ranks ", usable, " to ", env.size - 1,
+                   " stay idle in this generation"));
+    if (env.rank >= usable) return 0;
+    env.local_size = std::min(env.local_size, usable - (env.rank - env.local_rank));
+    env.size = usable;
+  }
   // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
   const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
   c.resolve(ranks);
@@ -261,6 +303,7 @@ int run_train(const TrainArgs& a) {
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
+  const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(ckpt_root));
   Mesh mesh = mesh_coordinates(c, env.rank);
   const bool piped = mesh.pp > 1;
   // Tensor parallelism: this rank builds its piece of every block; the seam's communicator
@@ -277,10 +320,10 @@ int run_train(const TrainArgs& a) {
   std::optional<RunDirectory> run_dir;
   if (lead) {
     const bool own_ckpt_dir = !c.s("checkpoint.dir").empty();
-    if (a.restart && own_ckpt_dir && checkpoint::latest_step_dir(ckpt_root))
+    if (a.restart && !restarted && own_ckpt_dir && checkpoint::latest_step_dir(ckpt_root))
       throw InputError(cat(ckpt_root, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with the "
                            "new run's; move it or set another checkpoint.dir"));
-    run_dir.emplace(RunDirectory::claim(run, a.resume ? RunDirectory::Mode::kResume
+    run_dir.emplace(RunDirectory::claim(run, resume || restarted ? RunDirectory::Mode::kResume
                                              : a.restart ? RunDirectory::Mode::kRestart
                                                          : RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? ckpt_root : ""));
@@ -316,7 +359,7 @@ int run_train(const TrainArgs& a) {
                                 "--allow-nonfinite"));
     log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
   };
-  if (a.resume) {
+  if (resume) {
     if (!checkpoint::latest_step_dir(ckpt_root))
       throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
                            "(the old directory is kept aside)"));
@@ -345,7 +388,7 @@ int run_train(const TrainArgs& a) {
     check_finite();
     start_step = saved.step;
   }
-  if (!a.init_from.empty()) {
+  if (!a.init_from.empty() && !resume) {
     // Weights only, this rank's piece of each, from whatever layout (or file) holds them.
     ck = checkpoint::Checkpoint::open(a.init_from);
     ck->load_params(params);
@@ -412,7 +455,7 @@ int run_train(const TrainArgs& a) {
       if (tracing) tracer->on_block(block, phase);
       else dp.on_block(block, phase);
     });
-  if (ck && a.resume) {
+  if (ck && resume) {
     const auto t0 = std::chrono::steady_clock::now();
     optim::FlatState st = dp.empty_optimizer_state();
     ck->load_optimizer(params, st);
@@ -424,7 +467,7 @@ int run_train(const TrainArgs& a) {
                  static_cast<double>(ck->bytes_read()) / s / 1e9, " GB/s)"));
   }
   // The files read stay in memory as long as the checkpoint is open: not during training.
-  const std::string resumed_from = ck && a.resume ? ck->path() : "";
+  const std::string resumed_from = ck && resume ? ck->path() : "";
   ck.reset();
   dp.sync_params();
   if (!trace_steps.empty()) {
@@ -440,8 +483,13 @@ int run_train(const TrainArgs& a) {
   if (lead) {
     fs::create_directories(fs::path(run) / "logs");
     write_file_atomic((fs::path(run) / "config.toml").string(), c.to_toml());
-    if (a.resume) truncate_metrics(metrics_path, start_step);
+    const int64_t reached = resume || restarted ? truncate_metrics(metrics_path, start_step) : 0;
     metrics.emplace(metrics_path);
+    if (restarted)
+      log_info(cat("elastic generation ", elastic->generation, " (", elastic->reason, "): ",
+                   resume ? cat("resumed from step ", start_step) : std::string("no checkpoint yet, started afresh"), " on ",
+                   world->size(), " rank(s); ", std::max<int64_t>(reached - start_step, 0),
+                   " step(s) lost (the metrics had reached step ", reached, ")"));
   }
 
   data::Sampler sampler(task->train_items(), seed);
@@ -515,6 +563,13 @@ int run_train(const TrainArgs& a) {
   term.sa_handler = on_terminate;
   term.sa_flags = SA_RESTART;
   ::sigaction(SIGTERM, &term, nullptr);
+  if (elastic) {
+    struct sigaction grow{};
+    grow.sa_handler = on_resize;
+    grow.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &grow, nullptr);
+  }
+  int exit_code = 0;
   int64_t end_step = steps;  // earlier after SIGTERM
   const int64_t delay_ms = step_delay_ms(env.rank);
   StragglerWatch stragglers(world->size());
@@ -638,23 +693,24 @@ int run_train(const TrainArgs& a) {
       // rank to agree, and rank 0 watches every rank's compute time for stragglers: one small
       // all-gather a step.
       saved(saver.poll());
-      const std::array<double, 3> mine = {
+      const std::array<double, 4> mine = {
           g_terminate ? 1.0 : 0.0,
           lead && c.f("checkpoint.every_s") > 0 &&
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save).count() >=
                       c.f("checkpoint.every_s")
               ? 1.0
               : 0.0,
-          busy_ms};
+          busy_ms, g_resize ? 1.0 : 0.0};
       if (g_terminate && !terminate_seen) terminate_seen = std::chrono::steady_clock::now();
-      std::vector<double> every_rank(3 * static_cast<size_t>(world->size()));
-      comm::all_gather(*world, {.input = mine.data(), .output = every_rank.data(), .count = 3, .dtype = DType::kF64});
-      std::array<int64_t, 2> flags = {0, 0};
+      std::vector<double> every_rank(4 * static_cast<size_t>(world->size()));
+      comm::all_gather(*world, {.input = mine.data(), .output = every_rank.data(), .count = 4, .dtype = DType::kF64});
+      std::array<bool, 3> flags = {false, false, false};  // SIGTERM, every_s due, resize asked
       std::vector<double> busy;
       for (int r = 0; r < world->size(); ++r) {
-        flags[0] = std::max<int64_t>(flags[0], every_rank[3 * r] != 0);
-        flags[1] = std::max<int64_t>(flags[1], every_rank[3 * r + 1] != 0);
-        busy.push_back(every_rank[3 * r + 2]);
+        flags[0] = flags[0] || every_rank[4 * r] != 0;
+        flags[1] = flags[1] || every_rank[4 * r + 1] != 0;
+        flags[2] = flags[2] || every_rank[4 * r + 3] != 0;
+        busy.push_back(every_rank[4 * r + 2]);
       }
       double median = 0;
       if (lead && world->size() > 1)
@@ -662,18 +718,32 @@ int run_train(const TrainArgs& a) {
           log_warn(cat("step ", done, ": rank ", r, " (", mesh_coordinates(c, r).where(), ") is a straggler: ", busy[r],
                        " ms of compute against the median ", median, " ms, over 3x for 3 steps in a row (not stopped)"));
       const int64_t every = c.i("checkpoint.every");
-      const bool stop = flags[0] != 0 && done < steps;
+      const bool stop = flags[0] && done < steps;
       // The step's line goes out before its checkpoint: a checkpoint never outlives the
       // metrics of the steps it holds (a crash in between loses neither). The save's stall
       // is therefore reported on the next step's line.
       if (ckpt_stall_ms >= 0) line.add("ckpt_stall_ms", ckpt_stall_ms);
       ckpt_stall_ms = -1;
+      if (restarted && step == start_step) {
+        const double since_s = static_cast<double>(unix_ms() - elastic->since_unix_ms) / 1e3;
+        line.add("elastic_restart_s", since_s);
+        log_info(cat("elastic generation ", elastic->generation, ": first step done ", since_s,
+                     " s after the previous generation ended"));
+      }
       if (metrics) metrics->write(line);
       progress.update(done, loss, tokens_per_step / step_s, ema_step_s);
-      if ((every > 0 && done % every == 0) || done == steps || flags[1] != 0 || stop) {
+      const bool saving = (every > 0 && done % every == 0) || done == steps || flags[1] || stop;
+      if (saving) {
         if (tracing) tracer->push("checkpoint");
         ckpt_stall_ms = save(done, std::isfinite(loss));
         if (tracing) tracer->pop();
+      }
+      if (saving && flags[2] && !stop && done < steps) {
+        saved(saver.wait());
+        log_info(cat("saved step ", done, " of ", steps, " (", last_checkpoint,
+                     "); stopping so that the elastic launcher restarts the job with the ranks waiting to join"));
+        end_step = done;
+        exit_code = kExitForResize;
       }
       if (stop) {
         saved(saver.wait());
@@ -746,7 +816,7 @@ int run_train(const TrainArgs& a) {
                 static_cast<double>(dp_size) * efficiency, 100.0 * efficiency);
   }
   if (lead) std::printf("run directory: %s\n", run.c_str());
-  return 0;
+  return exit_code;
 }
 
 }  // namespace loom::app
