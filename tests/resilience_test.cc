@@ -284,7 +284,8 @@ TEST_F(Cli, StragglersAreNamedNotStopped) {
 // Elastic training (docs/launch.md, "Elastic jobs"): 4 ranks, one SIGKILLed; the launcher
 // stops the rest and restarts the job from the latest checkpoint on 3 (the killed rank's
 // slot retires), within 10 s of the kill; a launcher that joins with one rank makes the job
-// save at its next checkpoint and go on with 4. The global batch stays 12 (accumulation 3,
+// save at its next checkpoint and go on with 4; SIGTERM to that launcher (its machine
+// preempted) makes every rank save, and the job goes on with 3. The global batch stays 12 (accumulation 3,
 // then 4, then 3 again), and in deterministic mode the run ends as one uninterrupted
 // process does, bit for bit: no sample repeated or skipped, no step lost that is not redone.
 TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
@@ -319,12 +320,16 @@ TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
   ASSERT_EQ(restarted_lines(), 1) << read_file(p("el.out"));
   const pid_t joiner = launch_in_background(cat("--join --local 1 --master ", master, " -- ", train, " --job.name=el"),
                                             p("join.out"));
+  // Once the job has grown back to 4, the joined launcher's machine is preempted (SIGTERM):
+  // every rank saves, and the job goes on with 3 from that checkpoint.
+  for (int i = 0; i < 6000 && restarted_lines() < 2; ++i) ::usleep(5000);
+  ASSERT_EQ(restarted_lines(), 2) << read_file(p("el.out"));
   int status = 0;
+  const Ended left = signal_and_wait(joiner, SIGTERM, joiner);
+  EXPECT_TRUE(WIFEXITED(left.status) && WEXITSTATUS(left.status) == 0) << read_file(p("join.out"));
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
   const std::string out = read_file(p("el.out"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  ASSERT_EQ(::waitpid(joiner, &status, 0), joiner);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(p("join.out"));
   ::unsetenv("LOOM_SECRET_FILE");
 
   EXPECT_NE(out.find(cat("restart 1 of 2: rank 2 (pid ", victim, ") failed with signal 9; its slot is retired")),
@@ -340,6 +345,8 @@ TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
     EXPECT_LE(lost, 3) << out;
   }
   EXPECT_NE(out.find("on 4 rank(s); 0 step(s) lost"), std::string::npos) << out;
+  EXPECT_NE(out.find("generation 3: 3 rank(s) (launcher(s) [1] left after SIGTERM)"), std::string::npos) << out;
+  EXPECT_NE(out.find("on 3 rank(s); 0 step(s) lost"), std::string::npos) << out;
   // Each restart's first step within 10 s of the end of the generation before it (the
   // kill, then the resize).
   int restarts = 0;
@@ -350,7 +357,7 @@ TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
     ++restarts;
     EXPECT_LT(j["elastic_restart_s"].get<double>(), 10.0) << line;
   }
-  EXPECT_EQ(restarts, 2);
+  EXPECT_EQ(restarts, 3);
   EXPECT_EQ(loss_columns(read_file(p("runs/full/metrics.jsonl"))), loss_columns(read_file(metrics)));
   EXPECT_EQ(logical(p("runs/full/checkpoints/step_200"), checkpoint::Part::kModel),
             logical(p("runs/el/checkpoints/step_200"), checkpoint::Part::kModel));
