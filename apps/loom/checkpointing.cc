@@ -55,7 +55,7 @@ RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::D
                      checkpoint::PieceArena& arena) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
-  const parallel::DataParallel::OwnedState state = dp.owned_optimizer_state();
+  const optim::RangeState state = dp.owned_optimizer_state();
   arena.reserve(share_bytes(mesh, params, dp));
   RankShare share;
   std::vector<checkpoint::FlatRun> values;

@@ -39,7 +39,7 @@ void fill_windows(const std::vector<uint16_t>& tokens, const std::vector<int64_t
 
 class GptTask : public Task {
  public:
-  GptTask(const Config& c, const nn::GptPart& part, const nn::Shard& tp)
+  GptTask(const Config& c, const nn::GptPart& part, const nn::Shard& tp, bool init)
       : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part, tp), t_(cfg_.seq_len) {
     train_ = data::read_tokens(c.s("data.train"));
     check_vocab(train_, cfg_.vocab_size, c.s("data.train"));
@@ -52,7 +52,7 @@ class GptTask : public Task {
         throw InputError(cat(c.s("data.val"), ": ", val_.size(), " tokens, need at least model.seq_len + 1 = ", t_ + 1));
     }
     micro_batch_ = c.i("training.micro_batch");
-    gpt_.init(static_cast<uint64_t>(c.i("job.seed")));
+    if (init) gpt_.init(static_cast<uint64_t>(c.i("job.seed")));
     gpt_.set_recompute(nn::recompute_named(c.s("training.recompute")));
   }
 
@@ -107,7 +107,7 @@ data::ImageSet load_images(const std::string& spec, bool train) {
 
 class MlpTask : public Task {
  public:
-  explicit MlpTask(const Config& c)
+  MlpTask(const Config& c, bool init)
       : train_(load_images(c.s("data.train"), true)),
         test_(load_images(c.s("data.val").empty() ? c.s("data.train") : c.s("data.val"), false)),
         mlp_({.inputs = train_.rows * train_.cols, .hidden = c.i("model.hidden"),
@@ -120,7 +120,7 @@ class MlpTask : public Task {
       throw InputError(cat(c.s("data.val"), ": test images are ", test_.rows, "x", test_.cols, ", training images ",
                            train_.rows, "x", train_.cols));
     eval_batch_ = std::max<int64_t>(c.i("training.micro_batch"), 500);
-    mlp_.init(static_cast<uint64_t>(c.i("job.seed")));
+    if (init) mlp_.init(static_cast<uint64_t>(c.i("job.seed")));
   }
 
   ParamSet& params() override { return mlp_.params(); }
@@ -207,9 +207,9 @@ EvalResult eval_windows(const nn::Gpt& gpt, const std::vector<uint16_t>& tokens,
   return r;
 }
 
-std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part, const nn::Shard& tp) {
-  if (model_kind(c) == "mlp") return std::make_unique<MlpTask>(c);
-  return std::make_unique<GptTask>(c, part, tp);
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part, const nn::Shard& tp, bool init) {
+  if (model_kind(c) == "mlp") return std::make_unique<MlpTask>(c, init);
+  return std::make_unique<GptTask>(c, part, tp, init);
 }
 
 }  // namespace loom::app

@@ -53,8 +53,10 @@ class Task {
 
 // Loads and validates the data (InputError naming the file) and builds the model, or the
 // part of a GPT that `part` names (a pipeline stage), split over `tp` (its tensor-parallel
-// piece; the serial model when tp.parts = 1).
-std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part = {}, const nn::Shard& tp = {});
+// piece; the serial model when tp.parts = 1). `init`: false leaves the weights zero, for a
+// caller that loads every one of them (a resume), sparing the random initialization.
+std::unique_ptr<Task> make_task(const Config& c, const nn::GptPart& part = {}, const nn::Shard& tp = {},
+                                bool init = true);
 
 nn::GptConfig gpt_config(const Config& c);
 // Mean next-token loss over every full window of `tokens` (DESIGN.md section 4, loom eval).

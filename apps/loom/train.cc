@@ -309,10 +309,12 @@ int run_train(const TrainArgs& a) {
   // Tensor parallelism: this rank builds its piece of every block; the seam's communicator
   // exists once the job has joined (below), before the first forward.
   parallel::TensorParallelSeam seam;
+  // A resume loads every weight: the random initialization would be overwritten.
   std::unique_ptr<Task> task = make_task(
       c, mesh_part(c, mesh),
       mesh.tp > 1 ? nn::Shard{.index = mesh.tp_index, .parts = mesh.tp, .seam = &seam, .sequence = c.b("parallel.sequence_parallel")}
-                  : nn::Shard{});
+                  : nn::Shard{},
+      /*init=*/!resume);
   ParamSet& params = task->params();
   // Rank 0 writes the run directory and claims it once the config, data and model are
   // known good and before any checkpoint is read: a second job, or a --resume of a running
@@ -457,10 +459,10 @@ int run_train(const TrainArgs& a) {
     });
   if (ck && resume) {
     const auto t0 = std::chrono::steady_clock::now();
-    optim::FlatState st = dp.empty_optimizer_state();
+    optim::RangeState st = dp.kept_optimizer_state();  // in place, only what this rank keeps
     ck->load_optimizer(params, st);
     check_finite();
-    dp.load_optimizer_state(st);
+    dp.set_optimizer_steps(st.steps);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() + load_s;
     log_info(cat("resuming from ", ck->path(), " at step ", start_step, ": this rank read ",
                  static_cast<double>(ck->bytes_read()) / (1 << 20), " MiB of shards in ", s * 1e3, " ms (",

@@ -132,8 +132,10 @@ class Checkpoint {
   void load_params(const ParamSet& params) const;
   // Restores optimizer state buffers and step count. REQUIRES: has_state().
   void load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const;
-  // Fills `state`'s buffers (named and sized by the caller, flat layout) and step count.
-  void load_optimizer(const ParamSet& params, optim::FlatState& state) const;
+  // Fills `state`'s buffers (named and sized by the caller) over its ranges, and its step
+  // count: reads and verifies only the files whose shards meet those ranges (a ZeRO rank's
+  // part). REQUIRES: has_state().
+  void load_optimizer(const ParamSet& params, optim::RangeState& state) const;
   // The whole logical tensor, converted to dtype (f32 or f64).
   Tensor read(const std::string& name, DType dtype) const;
   // Reads and verifies every file (`loom ckpt verify`). Returns the bytes read.

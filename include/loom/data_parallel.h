@@ -143,22 +143,17 @@ class DataParallel {
 
   // Collective: every rank gets the full-layout optimizer state.
   optim::FlatState gather_optimizer_state();
-  // Takes this rank's parts of a full-layout state (e.g. read from a checkpoint).
-  void load_optimizer_state(const optim::FlatState& state);
-  // Full-layout buffers of the right names and sizes, to load a checkpoint into: at ZeRO 0
-  // the optimizer's own (loading fills them in place), else new zeroed ones.
-  optim::FlatState empty_optimizer_state() const;
   // The flat ranges this rank owns, ascending: its part of every unit. ZeRO 1-3 keep
   // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing
   // among the replicas.
   std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
-  // This rank's optimizer state over owned_ranges(): per buffer (by name), one view into
-  // the optimizer's own buffer per range, in that order. Valid until the next step.
-  struct OwnedState {
-    std::vector<std::pair<std::string, std::vector<Tensor>>> buffers;
-    int64_t steps = 0;
-  };
-  OwnedState owned_optimizer_state() const;
+  // This rank's optimizer state over owned_ranges(): views into the optimizer's own buffers.
+  // Valid until the next step.
+  optim::RangeState owned_optimizer_state() const;
+  // Views of all the optimizer state this rank keeps (ZeRO 0: the whole layout; else
+  // owned_ranges()), to load a checkpoint into in place; then set_optimizer_steps.
+  optim::RangeState kept_optimizer_state() const;
+  void set_optimizer_steps(int64_t steps);
 
  private:
   struct Impl;

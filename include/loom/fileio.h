@@ -29,6 +29,7 @@ class FileBytes {
   FileBytes& operator=(const FileBytes&) = delete;
   ~FileBytes();
   static FileBytes allocate(size_t size);  // uninitialized (large: zero pages)
+  static FileBytes adopt(void* map, size_t size);  // a mapping of `size` bytes, unmapped when done
 
   char* data() { return map_ != nullptr ? static_cast<char*>(map_) : small_.data(); }
   const char* data() const { return map_ != nullptr ? static_cast<const char*>(map_) : small_.data(); }

@@ -55,6 +55,15 @@ struct FlatState {
   int64_t steps = 0;
 };
 
+// Optimizer state over some ranges of that flat layout (ascending, disjoint [begin, end)),
+// by role: one contiguous tensor of each range's elements per range, in the same order.
+// What one ZeRO rank keeps; all of it is the single range [0, numel).
+struct RangeState {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<std::pair<std::string, std::vector<Tensor>>> buffers;
+  int64_t steps = 0;
+};
+
 // What an optimizer updates: pieces of parameters (all of them, or a ZeRO shard). Segment
 // s updates values[value_offset, +numel) from grads[grad_offset, +numel), with its state at
 // [state_offset, +numel) of buffers of state_numel elements. Offsets are in elements.

@@ -93,12 +93,12 @@ struct Checkpoint::Impl {
       throw InputError(cat(index_path, ": lists ", listed, " tensors in ", file, ", which holds ", f.entries().size()));
   }
 
-  // The shards of t that hold part of what p (this process's piece of t) needs.
-  std::vector<const IndexedShard*> needed(const IndexedTensor& t, const ParamInfo& p) const {
+  // The shards of t that hold part of the box `local` of p (this process's piece of t).
+  std::vector<const IndexedShard*> needed(const IndexedTensor& t, const ParamInfo& p, const Box& local) const {
     std::vector<const IndexedShard*> out;
-    const auto boxes = logical_boxes(p, Box{.offsets = Shape(p.shape.size(), 0), .extents = p.shape});
+    const auto boxes = logical_boxes(p, local);
     for (const IndexedShard& s : t.shards)
-      for (const auto& [logical, local] : boxes)
+      for (const auto& [logical, part] : boxes)
         if (!empty(intersect(logical, s.box))) {
           out.push_back(&s);
           break;
@@ -116,40 +116,49 @@ struct Checkpoint::Impl {
     return *t;
   }
 
-  // each(fn) calls fn(tensor, param, destination) for everything a load fills: every file
-  // their shards hold is opened (and verified) before anything is copied.
+  // each(fn) calls fn(tensor, param, box of the param's piece, destination) for everything a
+  // load fills: every file their shards hold is opened (and verified) before anything is
+  // copied.
   template <typename Each>
   void load_all(Each each) const {
     std::set<std::string> files;
-    each([&](const IndexedTensor& t, const ParamInfo& p, const Tensor&) {
-      for (const IndexedShard* s : needed(t, p)) files.insert(s->file);
+    each([&](const IndexedTensor& t, const ParamInfo& p, const Box& local, const Tensor&) {
+      for (const IndexedShard* s : needed(t, p, local)) files.insert(s->file);
     });
     for (const std::string& f : files) open_file(f);
-    each([&](const IndexedTensor& t, const ParamInfo& p, const Tensor& dst) { fill(t, p, dst); });
+    each([&](const IndexedTensor& t, const ParamInfo& p, const Box& local, const Tensor& dst) { fill(t, p, local, dst); });
   }
 
-  // dst (p.shape, this process's piece of t) from t's shards, converting dtype.
-  void fill(const IndexedTensor& t, const ParamInfo& p, const Tensor& dst) const {
-    LOOM_CHECK(dst.is_contiguous() && dst.shape() == p.shape);
+  // dst (the box `local` of p's piece of t: contiguous, shape local.extents) from t's
+  // shards, converting dtype.
+  void fill(const IndexedTensor& t, const ParamInfo& p, const Box& local, const Tensor& dst) const {
+    LOOM_CHECK(dst.is_contiguous() && dst.shape() == local.extents);
     const Box whole{.offsets = Shape(p.shape.size(), 0), .extents = p.shape};
-    for (const IndexedShard* s : needed(t, p)) {
+    const size_t es = dtype_size(dst.dtype());
+    for (const IndexedShard* s : needed(t, p, local)) {
       const SafetensorsFile& f = open_file(s->file);
       const SafetensorsEntry& e = *f.find(s->key);
-      if (p.split.dim < 0 && s->box == whole) {  // the common case: one shard, the whole tensor
+      if (p.split.dim < 0 && s->box == whole && local == whole) {  // the common case: one shard, the whole tensor
         f.read_into(e, dst);
         continue;
       }
-      Tensor src = Tensor::zeros(s->box.extents, dst.dtype());
-      f.read_into(e, src);
-      for (const auto& [logical, local] : logical_boxes(p, whole)) {
+      // The shard's elements in dst's dtype: its bytes in the file when they are already.
+      Tensor converted;
+      const void* src = f.bytes_of(e).data();
+      if (e.dtype != dst.dtype()) {
+        converted = Tensor::zeros(s->box.extents, dst.dtype());
+        f.read_into(e, converted);
+        src = converted.raw();
+      }
+      for (const auto& [logical, part] : logical_boxes(p, local)) {
         const Box in = intersect(logical, s->box);
         if (empty(in)) continue;
         Shape src_at(in.offsets.size()), dst_at(in.offsets.size());
         for (size_t d = 0; d < in.offsets.size(); ++d) {
           src_at[d] = in.offsets[d] - s->box.offsets[d];
-          dst_at[d] = local.offsets[d] + in.offsets[d] - logical.offsets[d];
+          dst_at[d] = part.offsets[d] + in.offsets[d] - logical.offsets[d] - local.offsets[d];
         }
-        copy_box(src.raw(), s->box.extents, src_at, dst.raw(), p.shape, dst_at, in.extents, dtype_size(dst.dtype()));
+        copy_box(src, s->box.extents, src_at, dst.raw(), local.extents, dst_at, in.extents, es);
       }
     }
   }
@@ -278,27 +287,45 @@ void Checkpoint::load_params(const ParamSet& params) const {
   m.load_all([&](auto&& fn) {
     for (size_t i = 0; i < params.infos().size(); ++i) {
       const ParamInfo& p = params.infos()[i];
-      fn(m.tensor_for(p.name, p), p, params.value(static_cast<int>(i)));
+      fn(m.tensor_for(p.name, p), p, Box{.offsets = Shape(p.shape.size(), 0), .extents = p.shape},
+         params.value(static_cast<int>(i)));
     }
   });
 }
 
 void Checkpoint::load_optimizer(const ParamSet& params, optim::Optimizer& optimizer) const {
-  optim::FlatState flat{.buffers = optimizer.state()};  // views: loading fills the optimizer
-  load_optimizer(params, flat);
-  optimizer.set_steps(flat.steps);
+  optim::RangeState state{.ranges = {{0, params.numel()}}};  // views: loading fills the optimizer
+  for (auto& [role, t] : optimizer.state()) state.buffers.push_back({role, {t}});
+  load_optimizer(params, state);
+  optimizer.set_steps(state.steps);
 }
 
-void Checkpoint::load_optimizer(const ParamSet& params, optim::FlatState& state) const {
+void Checkpoint::load_optimizer(const ParamSet& params, optim::RangeState& state) const {
   LOOM_CHECK(has_state());
   const Impl& m = *impl_;
   bool any = false;
   for (const IndexedTensor& t : m.index.tensors) any = any || t.part == Part::kOptimizer;
   if (!any && !state.buffers.empty()) throw InputError(cat(path_, ": holds no optimizer state"));
+  // Each range, parameter by parameter, as boxes of the parameter's piece that are
+  // contiguous in the range's tensor.
   m.load_all([&](auto&& fn) {
-    for (const auto& [role, flat] : state.buffers)
-      for (const ParamInfo& p : params.infos())
-        fn(m.tensor_for(role + "." + p.name, p), p, flat.slice_rows(p.offset, p.offset + p.numel).view(p.shape));
+    for (const auto& [role, views] : state.buffers) {
+      LOOM_CHECK_EQ(views.size(), state.ranges.size());
+      for (size_t r = 0; r < views.size(); ++r) {
+        const auto [lo, hi] = state.ranges[r];
+        LOOM_CHECK(views[r].is_contiguous() && views[r].numel() == hi - lo);
+        const Tensor flat = views[r].view({hi - lo});
+        for (const ParamInfo& p : params.infos()) {
+          const int64_t begin = std::max(lo, p.offset), end = std::min(hi, p.offset + p.numel);
+          if (begin >= end) continue;
+          int64_t at = begin - lo;
+          for (const Box& b : range_boxes(p.shape, begin - p.offset, end - p.offset)) {
+            fn(m.tensor_for(role + "." + p.name, p), p, b, flat.slice_rows(at, at + b.numel()).view(b.extents));
+            at += b.numel();
+          }
+        }
+      }
+    }
   });
   state.steps = state_->optimizer_steps;
 }
@@ -309,7 +336,7 @@ Tensor Checkpoint::read(const std::string& name, DType dtype) const {
   const ParamInfo whole{.name = name, .shape = t->shape, .kind = ParamKind::kWeight, .offset = 0,
                         .numel = shape_numel(t->shape), .global_shape = t->shape};
   Tensor out = Tensor::zeros(t->shape, dtype);
-  impl_->fill(*t, whole, out);
+  impl_->fill(*t, whole, Box{.offsets = Shape(t->shape.size(), 0), .extents = t->shape}, out);
   return out;
 }
 

@@ -86,6 +86,13 @@ FileBytes::~FileBytes() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
+FileBytes FileBytes::adopt(void* map, size_t size) {
+  FileBytes b;
+  b.map_ = map;
+  b.size_ = size;
+  return b;
+}
+
 FileBytes FileBytes::allocate(size_t size) {
   FileBytes b;
   b.size_ = size;
@@ -102,9 +109,20 @@ FileBytes FileBytes::allocate(size_t size) {
 
 FileBytes read_file_bytes(const std::string& path, size_t max_bytes) {
   const auto [fd, size] = open_for_read(path, max_bytes);
-  FileBytes b = FileBytes::allocate(size);
-  read_all(fd, path, b.data(), size);
-  return b;
+  if (size < kHugeBytes) {
+    FileBytes b = FileBytes::allocate(size);
+    read_all(fd, path, b.data(), size);
+    return b;
+  }
+  // Large files are mapped, not copied: the page cache's pages become the bytes, so reading
+  // a checkpoint neither zeroes nor copies memory it then holds. Read-only (a writable
+  // private mapping would copy every page as it is populated).
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw RuntimeError(cat("mmap(", path, ") failed: ", std::strerror(err)));
+  ::madvise(p, size, MADV_SEQUENTIAL);
+  return FileBytes::adopt(p, size);
 }
 
 void fsync_dir(const std::string& dir) {

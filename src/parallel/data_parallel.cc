@@ -445,21 +445,6 @@ StateBytes DataParallel::state_bytes() const {
 
 int64_t DataParallel::optimizer_steps() const { return impl_->optimizer->steps(); }
 
-optim::FlatState DataParallel::empty_optimizer_state() const {
-  optim::FlatState s;
-  const int64_t n = impl_->params.numel();
-  for (const auto& [name, t] : impl_->optimizer->state()) {  // ZeRO 0: the optimizer's own (full) buffers
-    if (!impl_->sharded()) {
-      s.buffers.emplace_back(name, t);
-      continue;
-    }
-    // Written whole by the load, then dropped: huge pages spare most of the page faults.
-    auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * dtype_size(t.dtype()), /*huge_pages=*/true);
-    s.buffers.emplace_back(name, Tensor(std::move(storage), 0, {n}, t.dtype()));
-  }
-  return s;
-}
-
 optim::FlatState DataParallel::gather_optimizer_state() {
   Impl& m = *impl_;
   optim::FlatState s;
@@ -483,9 +468,9 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   return out;
 }
 
-DataParallel::OwnedState DataParallel::owned_optimizer_state() const {
+optim::RangeState DataParallel::owned_optimizer_state() const {
   const Impl& m = *impl_;
-  OwnedState s{.steps = m.optimizer->steps()};
+  optim::RangeState s{.ranges = owned_ranges(), .steps = m.optimizer->steps()};
   for (const auto& [name, own] : m.optimizer->state()) {
     std::vector<Tensor> views;
     for (const Unit& u : m.units) {
@@ -499,21 +484,14 @@ DataParallel::OwnedState DataParallel::owned_optimizer_state() const {
   return s;
 }
 
-void DataParallel::load_optimizer_state(const optim::FlatState& state) {
-  Impl& m = *impl_;
-  auto own = m.optimizer->state();
-  LOOM_CHECK_EQ(own.size(), state.buffers.size());
-  for (size_t k = 0; k < own.size(); ++k) {
-    const float* full = state.buffers[k].second.data<float>();
-    float* mine = own[k].second.data<float>();
-    if (!m.sharded()) {
-      if (full != mine) std::copy_n(full, m.params.numel(), mine);  // loaded in place (empty_optimizer_state)
-      continue;
-    }
-    for (const Unit& u : m.units)
-      std::copy(full + u.mine_begin(m.me), full + u.mine_end(m.me), mine + u.shard_offset);
-  }
-  m.optimizer->set_steps(state.steps);
+optim::RangeState DataParallel::kept_optimizer_state() const {
+  const Impl& m = *impl_;
+  if (m.sharded()) return owned_optimizer_state();
+  optim::RangeState s{.ranges = {{0, m.params.numel()}}, .steps = m.optimizer->steps()};
+  for (const auto& [name, own] : m.optimizer->state()) s.buffers.push_back({name, {own}});
+  return s;
 }
+
+void DataParallel::set_optimizer_steps(int64_t steps) { impl_->optimizer->set_steps(steps); }
 
 }  // namespace loom::parallel
