@@ -6,7 +6,9 @@
 #      d_model 512: a 305 MB checkpoint of weights and AdamW moments) for 20 steps of 4 x NP
 #      sequences, saving every 4 (so that an async save is done before the next is asked
 #      for), once with synchronous saves and once with [checkpoint] async;
-#   3. a resume from the last checkpoint, the page cache dropped first (when allowed).
+#   3. a resume from the last checkpoint, the page cache dropped first (when allowed);
+#   4. dd filling one fresh 192 MiB buffer: the rate this machine writes memory a process
+#      never touched, which bounds a resume (it fills its share into such memory).
 # Reports each rank's save and load GB/s (rank 0's share of the tensors over the time of
 # its write or read, hashing included) against the disk, and the median ckpt_stall_ms (the
 # time a save stopped training, reported on the next step's line) of each mode.
@@ -20,6 +22,9 @@ source bench/common.sh
 drop_caches() { sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo dropped || echo kept; }
 
 dd if=/dev/zero of="$work/dd" bs=4M count=256 conv=fdatasync 2> "$work/dd_write.txt"
+# What filling fresh memory costs (a resume writes a rank's share into memory it never
+# touched): dd with one 192 MiB buffer, written once (allocation and first touch).
+dd if=/dev/zero of=/dev/null bs=192M count=1 2> "$work/dd_touch.txt"
 cache=$(drop_caches)
 dd if="$work/dd" of=/dev/null bs=4M 2> "$work/dd_read.txt"
 rm -f "$work/dd"
@@ -48,7 +53,9 @@ def figures(path, pattern):
     return [float(x) for x in re.findall(pattern, open(path).read())]
 
 disk_w, disk_r = dd_gbs(f"{work}/dd_write.txt"), dd_gbs(f"{work}/dd_read.txt")
-print(f"disk: write {disk_w:.2f} GB/s (1 GiB, fdatasync), read {disk_r:.2f} GB/s (page cache {cache})")
+touch = dd_gbs(f"{work}/dd_touch.txt")
+print(f"disk: write {disk_w:.2f} GB/s (1 GiB, fdatasync), read {disk_r:.2f} GB/s (page cache {cache}); "
+      f"fresh memory first written at {touch:.2f} GB/s (dd, one 192 MiB buffer)")
 stall = {}
 for mode in ("sync", "async"):
     rows = [json.loads(l) for l in open(f"{work}/{mode}/metrics.jsonl")]
@@ -64,6 +71,6 @@ for mode in ("sync", "async"):
 print(f"async stall / sync stall: {stall['async'] / stall['sync']:.1%} (goal <= 10%)")
 load = figures(f"{work}/resume.out", r"read [\d.]+ MiB of shards in [\d.]+ ms \(([\d.e+-]+) GB/s\)")
 mib = figures(f"{work}/resume.out", r"read ([\d.]+) MiB of shards")
-print(f"load: rank 0 read {mib[0]:.1f} MiB at {load[0]:.2f} GB/s ({load[0]/disk_r:.0%} of the disk's read; "
-      f"page cache {load_cache}; goal >= 80%)")
+print(f"load: rank 0 read {mib[0]:.1f} MiB at {load[0]:.2f} GB/s ({load[0]/disk_r:.0%} of the disk's read, "
+      f"{load[0]/touch:.0%} of the fresh-memory rate; page cache {load_cache}; goal >= 80% of the disk's)")
 PY

@@ -47,6 +47,12 @@ class Storage {
   bool mapped_ = false;
 };
 
+// Makes the whole pages in [p, p + bytes) resident and writable now, in one call, for memory
+// about to be written whole (a checkpoint's load): the kernel fills them many times faster
+// than one page fault at a time (20x under some hypervisors). Advice: a kernel without it
+// (before Linux 5.14) leaves the pages to fault as usual.
+void populate_for_write(void* p, size_t bytes);
+
 using Shape = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);

@@ -126,7 +126,10 @@ struct Checkpoint::Impl {
       for (const IndexedShard* s : needed(t, p, local)) files.insert(s->file);
     });
     for (const std::string& f : files) open_file(f);
-    each([&](const IndexedTensor& t, const ParamInfo& p, const Box& local, const Tensor& dst) { fill(t, p, local, dst); });
+    each([&](const IndexedTensor& t, const ParamInfo& p, const Box& local, const Tensor& dst) {
+      populate_for_write(dst.raw(), dst.nbytes());  // written whole next: no page faults one by one
+      fill(t, p, local, dst);
+    });
   }
 
   // dst (the box `local` of p's piece of t: contiguous, shape local.extents) from t's

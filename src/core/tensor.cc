@@ -6,6 +6,7 @@
 #include <new>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace loom {
 
@@ -22,6 +23,21 @@ Storage::Storage(size_t bytes, bool huge_pages) : bytes_(bytes) {
   data_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
   if (data_ == nullptr) throw std::bad_alloc();
   std::memset(data_, 0, rounded == 0 ? 64 : rounded);
+}
+
+namespace {
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older headers lack it
+#endif
+}  // namespace
+
+void populate_for_write(void* p, size_t bytes) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite);
 }
 
 Storage::~Storage() {
