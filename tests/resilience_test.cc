@@ -291,7 +291,10 @@ TEST_F(Cli, StragglersAreNamedNotStopped) {
 TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
   write(p("secret"), "0123456789abcdef0123456789abcdef");
   std::filesystem::permissions(p("secret"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  ::setenv("LOOM_SECRET_FILE", p("secret").c_str(), 1);
+  ::setenv("LOOM_SECRET_FILE", p("secret").c_str(), 1);  // the launchers' shared secret
+  struct Unset {
+    ~Unset() { ::unsetenv("LOOM_SECRET_FILE"); }
+  } unset;  // also when an assertion ends the test early
   const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
                                 " --parallel.deterministic=true --training.steps=200 --training.global_batch=12 "
                                 "--training.micro_batch=1 --checkpoint.every=4 --training.eval_every=0");
@@ -330,7 +333,6 @@ TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
   const std::string out = read_file(p("el.out"));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  ::unsetenv("LOOM_SECRET_FILE");
 
   EXPECT_NE(out.find(cat("restart 1 of 2: rank 2 (pid ", victim, ") failed with signal 9; its slot is retired")),
             std::string::npos) << out;

@@ -59,6 +59,7 @@ struct Job {
   std::string host;
   int port = 0;
   std::string secret, job_id;
+  bool joinable = false;  // the secret was given, so other launchers can have it
   SecretFile secret_file;
 };
 
@@ -68,6 +69,7 @@ Job job_at(const LaunchArgs& a, bool coordinator) {
   Job j;
   std::tie(j.host, j.port) = parse_master(a.master);
   j.secret = comm::launch_env_from_environment().secret;
+  j.joinable = !j.secret.empty();
   if (j.secret.empty()) {
     if (!coordinator) throw InputError("loom launch --join: needs the job's LOOM_SECRET_FILE (mode 600)");
     j.secret = comm::generate_secret();
@@ -119,8 +121,11 @@ class Coordinator {
         Clock::now() + std::chrono::seconds(30));
     slots_[0] = local;
     say(cat("elastic job of ", min_, " to ", max_, " ranks, at most ", restarts_allowed(), " restart(s); ", local,
-            " rank(s) here; others join with `LOOM_SECRET_FILE=... loom launch --join --master ", job_.host, ":",
-            job_.port, " --local N -- CMD`"));
+            " rank(s) here; ",
+            job_.joinable ? cat("others join with `LOOM_SECRET_FILE=... loom launch --join --master ", job_.host, ":",
+                                job_.port, " --local N -- CMD`")
+                          : std::string("no launcher can join (the secret was generated here: start the job with "
+                                        "LOOM_SECRET_FILE for that)")));
   }
 
   int run() {

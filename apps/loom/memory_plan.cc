@@ -119,12 +119,12 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
   if (c.b("parallel.deterministic") && dp > 1) r.exact_sums = kExactSumBytes * s.params;
   // Saving: every rank copies its share (its 1/dp part of its stage's and piece's
   // parameters and optimizer state) into blocks and writes the files from them (with
-  // [checkpoint] async the copy's arena is held from the start). Resuming holds, before
-  // training starts, the files a rank reads (its part's weights and optimizer state, whole
-  // for each tensor it meets) and at ZeRO 1-3 the full-layout optimizer buffers: at most
-  // (1 + 2 x buffers) x P, counted here as the larger of the two.
+  // [checkpoint] async the copy's arena is held from the start). Resuming maps, before
+  // training starts, the files a rank reads (whole files, for every shard its part meets;
+  // it loads in place into its own buffers): at most (1 + buffers) x P, counted here as the
+  // larger of the two.
   const double save_bytes = kF32 * (1 + state_buffers) * s.params / dp;
-  const double load_bytes = kF32 * (1 + state_buffers * (zero >= 1 ? 2 : 1)) * s.params;
+  const double load_bytes = kF32 * (1 + state_buffers) * s.params;
   r.checkpoint = std::max(save_bytes, load_bytes);
   if (gpt && !c.s("data.val").empty()) {
     // Evaluation: rank 0 runs the whole model forward, one micro-batch; with stages or
