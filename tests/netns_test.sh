@@ -6,7 +6,11 @@
 #   2. the sweep with transport tcp and the hierarchical algorithm forced;
 #   3. a blackholed link (host B's veth goes down mid-all_reduce): the ranks on host A
 #      must raise TimeoutError naming a rank of host B within the timeout plus 1 s, and
-#      both launchers must exit non-zero.
+#      both launchers must exit non-zero;
+#   4. an elastic job across the hosts: the coordinator on host A runs 2 ranks of a small
+#      training run; a launcher on host B joins with one rank and the job grows to 3 at its
+#      next checkpoint (rank 2 on host B, over tcp); that rank is SIGKILLed and the job
+#      restarts on host A's 2 ranks from the latest checkpoint and finishes.
 # Exit 77 (ctest: skipped) with the reason when namespaces cannot be made here.
 # Usage: netns_test.sh LOOM COMM_SWEEP COMM_WORKER
 set -uo pipefail
@@ -114,3 +118,36 @@ late=$((t - T0))
 echo "first error on host A: ${late} ms after the link went down (timeout ${TIMEOUT_MS} ms)"
 [ $late -le $((TIMEOUT_MS + 1000)) ] || fail "blackhole: error after ${late} ms, over timeout + 1 s"
 echo "ok: blackhole"
+
+# 4: an elastic job across the hosts (docs/launch.md, "Elastic jobs"), host B's link up again.
+ip -n "$B" link set "$VB" up || fail "veth up again"
+for _ in $(seq 400); do echo "the quick brown fox jumps over the lazy dog $RANDOM"; done >"$TMP/corpus.txt"
+"$LOOM" data prepare "text:$TMP/corpus.txt" --out "$TMP/tok.bin" >/dev/null || fail "elastic: data prepare"
+printf '[job]\nname = "el"\nrun_dir = "%s"\nthreads = 1\n[model]\npreset = "gpt-nano"\n[data]\ntrain = "%s"\n[training]\nsteps = 400\nglobal_batch = 6\nmicro_batch = 1\neval_every = 0\n[checkpoint]\nevery = 3\n' \
+  "$TMP/runs" "$TMP/tok.bin" >"$TMP/el.toml"
+TRAIN=("$LOOM" train "$TMP/el.toml" --quiet)
+ip netns exec "$A" env LOOM_SECRET_FILE="$TMP/secret" LOOM_DELAY_MS=0:20 "$LOOM" launch -n 2:3 --max-restarts 1 \
+  --local 2 --master 10.213.0.1:29501 -- "${TRAIN[@]}" >"$TMP/el.0" 2>&1 &
+PIDS=($!)
+for _ in $(seq 300); do [ -s "$TMP/runs/el/metrics.jsonl" ] && break; sleep 0.1; done
+ip netns exec "$B" env LOOM_SECRET_FILE="$TMP/secret" "$LOOM" launch --join --local 1 --master 10.213.0.1:29501 \
+  -- "${TRAIN[@]}" >"$TMP/el.1" 2>&1 &
+PIDS+=($!)
+victim=
+for _ in $(seq 600); do
+  for p in $(pgrep -P "${PIDS[1]}"); do tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx RANK=2 && victim=$p; done
+  [ -n "$victim" ] && break
+  sleep 0.05
+done
+[ -n "$victim" ] || { cat "$TMP/el.0" "$TMP/el.1"; fail "elastic: the job never ran a rank on host B"; }
+sleep 1
+kill -KILL "$victim"
+wait_job el 120
+cat "$TMP/el.0" "$TMP/el.1"
+[ $RC0 = 0 ] && [ $RC1 = 0 ] || fail "elastic: launchers exited $RC0 and $RC1"
+grep -q "generation 1: 3 rank(s) (resize" "$TMP/el.0" || fail "elastic: the job did not grow to 3 across the hosts"
+grep -q "restart 1 of 1: rank 2 (pid $victim) failed with signal 9; its slot is retired" "$TMP/el.0" ||
+  fail "elastic: the kill on host B did not restart the job"
+grep -q "generation 2: 2 rank(s)" "$TMP/el.0" || fail "elastic: the job did not go on with host A's 2 ranks"
+[ "$(wc -l <"$TMP/runs/el/metrics.jsonl")" = 400 ] || fail "elastic: the run did not finish its 400 steps"
+echo "ok: elastic"
