@@ -136,6 +136,11 @@ class Coordinator {
     int restarts = 0;
     while (true) {
       absorb_joiners();
+      // At the start the job waits for launchers to join until MIN ranks are there; after a
+      // failure it does not wait for ranks that may never come.
+      if (g > 0 && total_slots() < min_)
+        return finish(1, cat("only ", total_slots(), " rank(s) left, fewer than the ", min_, " the job needs (-n ",
+                             a_.nproc, "): stopping"));
       if (!wait_for_min()) return finish(128 + SIGTERM);
       const json plan = plan_generation(g, reason, since);
       const Ended e = run_generation(g, plan);
@@ -208,8 +213,8 @@ class Coordinator {
     }
   }
 
-  // At the start, or after ranks were lost: waits for launchers to join until MIN ranks
-  // are there. False when the launcher is told to stop first.
+  // Waits for launchers to join until MIN ranks are there. False when the launcher is told
+  // to stop first.
   bool wait_for_min() {
     if (total_slots() >= min_) return true;
     say(cat("waiting for ", min_ - total_slots(), " more rank(s) to join (at least ", min_, ")"));

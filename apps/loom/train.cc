@@ -255,6 +255,12 @@ int run_train(const TrainArgs& a) {
   // latest checkpoint (or afresh when there is none yet), whatever the flags say.
   const std::optional<ElasticGeneration> elastic = elastic_generation_from_environment();
   const bool restarted = elastic && elastic->generation > 0;
+  if (elastic) {  // at once: the launcher may ask while this rank is still starting
+    struct sigaction grow{};
+    grow.sa_handler = on_resize;
+    grow.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &grow, nullptr);
+  }
   Config c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
@@ -565,12 +571,6 @@ int run_train(const TrainArgs& a) {
   term.sa_handler = on_terminate;
   term.sa_flags = SA_RESTART;
   ::sigaction(SIGTERM, &term, nullptr);
-  if (elastic) {
-    struct sigaction grow{};
-    grow.sa_handler = on_resize;
-    grow.sa_flags = SA_RESTART;
-    ::sigaction(SIGUSR1, &grow, nullptr);
-  }
   int exit_code = 0;
   int64_t end_step = steps;  // earlier after SIGTERM
   const int64_t delay_ms = step_delay_ms(env.rank);
