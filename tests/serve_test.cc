@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -256,6 +257,49 @@ TEST_F(Serve, AFullQueueAnswers429AndALeavingClientFreesItsPlace) {
   EXPECT_EQ(gauge("loom_kv_caches_in_use"), 0) << "a cache held after its request ended";
 }
 
+// Models, memory and routes (docs/serving.md): under --memory-mb that holds one nano model,
+// only the first loads at start; a route sends exactly 3 of every 4 requests to a and 1 to
+// b, each switch evicting the other (least recently used, idle); a model whose weights were
+// corrupted after start fails its request with 503 naming it, and the others go on.
+TEST_F(Serve, ModelsLoadOnDemandAreEvictedLeastRecentlyUsedAndRoutesSplitByWeight) {
+  namespace fs = std::filesystem;
+  for (const char* copy : {"b", "c"}) fs::copy(p("runs/n/checkpoints"), p(copy), fs::copy_options::recursive);
+  start({"--model", cat("a=", p("runs/n")), "--model", cat("b=", p("b")), "--model", cat("c=", p("c")), "--memory-mb",
+         "0.6", "--route", "canary=a:3,b:1"});
+  auto metric = [&](const std::string& key) {
+    const std::string body = client().Get("/metrics")->body;
+    const size_t at = body.find("\n" + key + " ");
+    return at == std::string::npos ? -1 : std::stoll(body.substr(at + key.size() + 2));
+  };
+  EXPECT_EQ(metric("loom_model_loaded{model=\"a\"}"), 1);
+  EXPECT_EQ(metric("loom_model_loaded{model=\"b\"}"), 0);
+  EXPECT_EQ(metric("loom_model_loaded{model=\"c\"}"), 0);
+  const json models = json::parse(client().Get("/v1/models")->body);
+  EXPECT_EQ(models["data"][3]["id"], "canary") << models.dump();
+  EXPECT_EQ(models["data"][3]["routes_to"], json({{"a", 3}, {"b", 1}})) << models.dump();
+  std::string order;
+  for (int i = 0; i < 8; ++i) {
+    const auto [status, body] = complete({{"model", "canary"}, {"max_tokens", 2}, {"seed", i}});
+    ASSERT_EQ(status, 200) << body.dump();
+    order += body["model"].get<std::string>();
+  }
+  EXPECT_EQ(order, "aabaaaba");  // smooth weighted round robin: 6 a, 2 b, spread out
+  EXPECT_EQ(metric("loom_model_evictions_total"), 4);  // a -> b -> a, twice
+  EXPECT_EQ(metric("loom_model_loads_total"), 5);
+  EXPECT_EQ(metric("loom_model_cache_hits_total"), 4);
+  // c's weights, corrupted after the server checked its index at start.
+  const std::string step = p(cat("c/", read_file(p("c/latest")).substr(0, read_file(p("c/latest")).find('\n'))));
+  std::string bytes = read_file(step + "/model-00000.safetensors");
+  bytes[bytes.size() - 3] = static_cast<char>(bytes[bytes.size() - 3] ^ 1);
+  write(step + "/model-00000.safetensors", bytes);
+  const auto [bad, why] = complete({{"model", "c"}, {"max_tokens", 2}});
+  EXPECT_EQ(bad, 503) << why.dump();
+  EXPECT_NE(why.dump().find("model \\\"c\\\" failed to load"), std::string::npos) << why.dump();
+  EXPECT_NE(why.dump().find("SHA-256"), std::string::npos) << why.dump();
+  EXPECT_EQ(complete({{"model", "a"}, {"max_tokens", 2}}).first, 200);
+  EXPECT_EQ(metric("loom_model_load_failures_total"), 1);
+}
+
 TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
   const std::string model = cat(" --model nano=", p("runs/n"));
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
@@ -264,6 +308,10 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + model, "given twice"},
            {cat(" --model x=", p("nowhere")), "nowhere"},
            {model + " --port 70000", "--port 70000"},
+           {model + " --route canary=nano:0", "--route canary=nano:0: expected NAME=MODEL:WEIGHT"},
+           {model + " --route canary=other:1", "no model named other"},
+           {model + " --route nano=nano:1", "the name is a model's"},
+           {model + " --memory-mb -1", "--memory-mb -1"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;

@@ -48,11 +48,9 @@ std::set<int64_t> block_ids(const checkpoint::Checkpoint& ck) {
   return ids;
 }
 
-// The model's shape: from the checkpoint's state.json, or read off the tensors of a bare
-// file (n_layer, d_model, vocab_size, seq_len) with n_head from the config. Either way it
-// is checked to make a GPT and to agree with the weights before anything is built, so that
-// the model allocated is the size of the file read, whatever the file claims.
-nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
+}  // namespace
+
+nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
   // What errors about the weights name: the file, or the checkpoint's directory.
   const std::string f_path = ck.format_version() == 0 ? ck.path() : (std::filesystem::path(ck.path()) / "index.json").string();
   auto find = [&](const std::string& name) {
@@ -96,10 +94,9 @@ nn::GptConfig shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
   return g;
 }
 
-}  // namespace
 
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
-  const nn::GptConfig shape = shape_of(ck, c);
+  const nn::GptConfig shape = gpt_shape_of(ck, c);
   auto gpt = std::make_unique<nn::Gpt>(shape);
   ck.load_params(gpt->params());
   if (const std::string bad = ck.nonfinite_report(); !bad.empty())

@@ -75,6 +75,12 @@ int run(int argc, char** argv) {
   v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (whole caches of seq_len positions)")
       ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
+  v->add_option("--memory-mb", serve.memory_mb,
+                "Memory for the models' weights: models load at start while they fit, the rest on their first request, "
+                "evicting the least recently used idle ones (0: no limit)")
+      ->capture_default_str();
+  v->add_option("--route", serve.routes,
+                "NAME=A:W,B:W: requests for NAME go to models A, B by weight (a canary: new=A:90,B:10)");
   v->allow_extras();
 
   loom::app::EvalArgs eval;

@@ -190,22 +190,15 @@ void RankGroup::reap() {
 
 std::vector<int> RankGroup::pump(int ms) {
   reap();
-  const auto now = Clock::now();
-  if (now >= deadline_term_) {
+  // Teardown: a rank these signals end did not fail on its own.
+  for (auto [deadline, sig] : {std::pair{&deadline_term_, SIGTERM}, std::pair{&deadline_kill_, SIGKILL}}) {
+    if (Clock::now() < *deadline) continue;
     for (auto& c : children_)
       if (!c.exited) {
         c.signaled_by_us = true;
-        ::kill(c.pid, SIGTERM);
+        ::kill(c.pid, sig);
       }
-    deadline_term_ = Clock::time_point::max();
-  }
-  if (now >= deadline_kill_) {
-    for (auto& c : children_)
-      if (!c.exited) {
-        c.signaled_by_us = true;
-        ::kill(c.pid, SIGKILL);
-      }
-    deadline_kill_ = Clock::time_point::max();
+    *deadline = Clock::time_point::max();
   }
   std::vector<pollfd> fds{{signal_fd(), POLLIN, 0}};
   std::vector<Child*> who;

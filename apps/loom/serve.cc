@@ -26,6 +26,7 @@
 #include "loom/rng.h"
 #include "batcher.h"
 #include "completion_request.h"
+#include "model_cache.h"
 #include "sampler.h"
 
 namespace loom::app {
@@ -34,12 +35,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-
-struct Model {
-  std::string name, path;
-  std::unique_ptr<nn::Gpt> gpt;
-  std::unique_ptr<Batcher> batcher;  // after gpt: destroyed first
-};
 
 // Prometheus histogram with fixed bucket bounds (seconds).
 class Histogram {
@@ -108,35 +103,55 @@ struct Metrics {
 
 class Server {
  public:
-  Server(const ServeArgs& a, std::map<std::string, std::unique_ptr<Model>> models)
-      : args_(a), models_(std::move(models)), started_(std::time(nullptr)) {
-    for (auto& [name, m] : models_) {
-      const nn::GptConfig& g = m->gpt->config();
-      const double cache_bytes = 2.0 * static_cast<double>(g.n_layer * g.seq_len * g.d_model) * sizeof(float);
-      const BatcherLimits limits{.max_batch = a.max_batch, .token_budget = a.token_budget, .queue = a.queue,
-                                 .cache_slots = std::max<int64_t>(1, static_cast<int64_t>(
-                                                                         static_cast<double>(a.kv_cache_mb) * (1 << 20) / cache_bytes))};
-      m->batcher = std::make_unique<Batcher>(*m->gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
+  Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, const Config& c, std::vector<std::unique_ptr<Route>> routes)
+      : args_(a),
+        started_(std::time(nullptr)),
+        cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)),
+               [this](const nn::Gpt& gpt) {
+                 const nn::GptConfig& g = gpt.config();
+                 const double cache_bytes = 2.0 * static_cast<double>(g.n_layer * g.seq_len * g.d_model) * sizeof(float);
+                 const BatcherLimits limits{
+                     .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
+                     .cache_slots = std::max<int64_t>(
+                         1, static_cast<int64_t>(static_cast<double>(args_.kv_cache_mb) * (1 << 20) / cache_bytes))};
+                 return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
+               }) {
+    for (auto& r : routes) {
+      if (cache_.has(r->name()))
+        throw InputError(cat("--route ", printable(r->name()), ": the name is a model's (--model)"));
+      if (routes_.contains(r->name())) throw InputError(cat("--route ", printable(r->name()), ": the name is given twice"));
+      for (const auto& [target, w] : r->targets())
+        if (!cache_.has(target))
+          throw InputError(cat("--route ", printable(r->name()), ": no model named ", printable(target), " (--model NAME=PATH)"));
+      routes_[r->name()] = std::move(r);
     }
   }
-  ~Server() {
-    for (auto& [name, m] : models_) m->batcher.reset();  // before the metrics its thread writes
-  }
 
-  // Per model: requests waiting, running, caches in use.
+  // Per model loaded: requests waiting, running, caches in use; the model cache's counts.
   std::string gauges() const {
     std::string out;
+    const auto loaded = cache_.loaded();
     const std::pair<const char*, const char*> names[] = {{"loom_queue_depth", "Requests waiting for a place in the batch"},
                                                          {"loom_requests_running", "Requests in the running batch"},
                                                          {"loom_kv_caches_in_use", "Key/value caches held by running requests"}};
     for (int k = 0; k < 3; ++k) {
       out += cat("# HELP ", names[k].first, " ", names[k].second, "\n# TYPE ", names[k].first, " gauge\n");
-      for (const auto& [name, m] : models_) {
+      for (const auto& [name, m] : loaded) {
         const Batcher& b = *m->batcher;
         out += cat(names[k].first, "{model=\"", name, "\"} ", k == 0 ? b.queued() : k == 1 ? b.running() : b.caches_in_use(), "\n");
       }
     }
-    return out;
+    const ModelCache::Stats st = cache_.stats();
+    out += "# HELP loom_model_loaded Whether the model's weights are in memory\n# TYPE loom_model_loaded gauge\n";
+    for (const std::string& name : cache_.names()) out += cat("loom_model_loaded{model=\"", name, "\"} ", loaded.contains(name), "\n");
+    const std::tuple<const char*, const char*, uint64_t> counters[] = {
+        {"loom_model_cache_hits_total", "Requests whose model was in memory", st.hits},
+        {"loom_model_loads_total", "Models loaded (at start and on requests)", st.loads},
+        {"loom_model_evictions_total", "Models evicted to make room under --memory-mb", st.evictions},
+        {"loom_model_load_failures_total", "Model loads that failed", st.failures}};
+    for (const auto& [name, help, v] : counters) out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v, "\n");
+    return out + cat("# HELP loom_model_memory_bytes Weights of the models in memory\n# TYPE loom_model_memory_bytes gauge\n",
+                     "loom_model_memory_bytes ", st.bytes, "\n");
   }
 
   void routes(httplib::Server& http) {
@@ -154,22 +169,30 @@ class Server {
     http.Get("/v1/models", [&](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, "/v1/models")) return;
       json data = json::array();
-      for (const auto& [name, m] : models_)
+      for (const std::string& name : cache_.names())
         data.push_back({{"id", name}, {"object", "model"}, {"created", started_}, {"owned_by", "loom"}});
+      for (const auto& [name, r] : routes_) {
+        json to = json::object();
+        for (const auto& [target, w] : r->targets()) to[target] = w;
+        data.push_back({{"id", name}, {"object", "model"}, {"created", started_}, {"owned_by", "loom"}, {"routes_to", to}});
+      }
       respond(res, "/v1/models", 200, json{{"object", "list"}, {"data", data}});
     });
     http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res, "/v1/completions")) return;
       try {
+        std::string served;  // the model, or the one a route picked for this request
         CompletionRequest c = parse_completion_request(
             req.body,
             [&](const std::string& name) {
-              const auto m = models_.find(name);
-              return m == models_.end() ? int64_t{-1} : m->second->gpt->config().vocab_size;
+              const auto route = routes_.find(name);
+              served = route == routes_.end() ? name : route->second->pick();
+              return cache_.has(served) ? cache_.vocab_size(served) : int64_t{-1};
             },
             args_.max_tokens);
-        Model& model = *models_.at(c.model);
-        complete(model, std::move(c), res);
+        complete(cache_.get(served), std::move(c), res);
+      } catch (const ModelUnavailable& u) {
+        respond(res, "/v1/completions", u.status, json{{"error", {{"message", printable(u.what())}, {"type", "server_error"}}}});
       } catch (const Refusal& r) {
         respond(res, "/v1/completions", r.status,
                 json{{"error", {{"message", r.message}, {"type", r.status == 404 ? "not_found_error" : "invalid_request_error"}}}});
@@ -210,19 +233,20 @@ class Server {
     return false;
   }
 
-  void complete(Model& model, CompletionRequest c, httplib::Response& res) {
+  // `model` is held until the response ends: the cache does not evict a model in use.
+  void complete(std::shared_ptr<Model> model, CompletionRequest c, httplib::Response& res) {
     metrics_.prompt_tokens += c.generation.prompt.size();
-    std::shared_ptr<Generation> g = model.batcher->submit(std::move(c.generation));
+    std::shared_ptr<Generation> g = model->batcher->submit(std::move(c.generation));
     if (!g) {
       respond(res, "/v1/completions", 429,
-              json{{"error", {{"message", cat("model \"", model.name, "\" has ", args_.queue,
+              json{{"error", {{"message", cat("model \"", model->name, "\" has ", args_.queue,
                                                " requests waiting; try again later")},
                               {"type", "rate_limit_error"}}}});
       return;
     }
     const std::string id = cat("cmpl-", ++next_id_);
     const long created = static_cast<long>(std::time(nullptr));
-    const std::string name = model.name;
+    const std::string name = model->name;
     auto choice = [](const std::string& text, const json& finish) {
       return json{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
     };
@@ -241,7 +265,7 @@ class Server {
     metrics_.count("/v1/completions", 200);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [g, id, created, name, choice](size_t, httplib::DataSink& sink) {
+        [g, id, created, name, choice, model](size_t, httplib::DataSink& sink) {
           for (;;) {
             const Generation::Event e = g->next();
             const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
@@ -261,9 +285,10 @@ class Server {
   }
 
   const ServeArgs& args_;
-  std::map<std::string, std::unique_ptr<Model>> models_;
   long started_;
-  Metrics metrics_;
+  Metrics metrics_;  // before cache_: the batchers' threads write it until they end
+  ModelCache cache_;
+  std::map<std::string, std::unique_ptr<Route>> routes_;
   std::atomic<uint64_t> next_id_{0};
 };
 
@@ -290,22 +315,23 @@ int run_serve(const ServeArgs& a) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (!(a.memory_mb >= 0 && a.memory_mb < 1e12)) throw InputError(cat("--memory-mb ", a.memory_mb, ": expected MiB >= 0 (0: no limit)"));
   const Config c = inference_config(a.config, a.overrides);
-  std::map<std::string, std::unique_ptr<Model>> models;
+  std::vector<ModelCache::Spec> specs;
   for (const std::string& spec : a.models) {
     const size_t eq = spec.find('=');
     if (eq == 0 || eq == std::string::npos || eq + 1 == spec.size())
       throw InputError(cat("--model ", printable(spec), ": expected NAME=PATH"));
-    auto m = std::make_unique<Model>();
-    m->name = spec.substr(0, eq);
-    m->path = spec.substr(eq + 1);
-    if (models.contains(m->name)) throw InputError(cat("--model ", printable(spec), ": the name ", m->name, " is given twice"));
-    m->gpt = load_gpt(checkpoint::Checkpoint::open(m->path), c);
-    models[m->name] = std::move(m);
+    const std::string name = spec.substr(0, eq);
+    for (const auto& s : specs)
+      if (s.name == name) throw InputError(cat("--model ", printable(spec), ": the name ", name, " is given twice"));
+    specs.push_back({name, spec.substr(eq + 1)});
   }
+  std::vector<std::unique_ptr<Route>> routes;
+  for (const std::string& spec : a.routes) routes.push_back(std::make_unique<Route>(spec));
   ServeArgs args = a;
   args.api_key = key;
-  Server server(args, std::move(models));
+  Server server(args, specs, c, std::move(routes));
   httplib::Server http;
   server.routes(http);
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
