@@ -6,7 +6,11 @@
 // rounding ~ 1e-16/h ~ 1e-11 of the output's scale).
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -112,6 +116,43 @@ TEST(Kernels, MatmulHandlesEmptyBatch) {
   matmul_backward<float>(nullptr, dw.data(), db.data(), nullptr, nullptr, w.data(), 0, 2, 3,
                          WeightLayout::kKM);
   EXPECT_EQ(dw, std::vector<float>(6, 0.0f));
+}
+
+// The fused product and GELU (matmul_forward's gelu_out, computed in the GEMM's epilogue
+// tile by tile): the same bits as the product followed by gelu_forward, whatever the shape
+// (1, primes, beyond a tile), thread count, GEMM path or backend; and within the f32
+// tolerance of its reference twin (the reference product, then the reference GELU).
+TEST(Kernels, MatmulWithGeluFusedEqualsTheTwoPasses) {
+  const int saved = omp_get_max_threads();
+  for (auto [n, k, m] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 64, 131}, {300, 37, 700}}) {
+    const auto x = randn(n * k, 1), w = randn(k * m, 2, 0.3), b = randn(m, 3);
+    std::vector<double> y(n * m), g(n * m);
+    ref::matmul_forward(y.data(), x.data(), w.data(), b.data(), n, k, m, WeightLayout::kKM);
+    ref::gelu_forward(g.data(), y.data(), n * m);
+    const auto xf = to_f32(x), wf = to_f32(w), bf = to_f32(b);
+    auto run = [&](bool fused) {
+      std::vector<float> out(n * m), act(n * m);
+      matmul_forward(out.data(), xf.data(), wf.data(), bf.data(), n, k, m, WeightLayout::kKM, fused ? act.data() : nullptr);
+      if (!fused) gelu_forward(act.data(), out.data(), n * m);
+      out.insert(out.end(), act.begin(), act.end());
+      return out;
+    };
+    for (GemmPath path : gemm_supported_paths())
+      for (int threads : {1, 2}) {
+        set_gemm_path(path);
+        omp_set_num_threads(threads);
+        const std::vector<float> fused = run(true), apart = run(false);
+        EXPECT_EQ(0, std::memcmp(fused.data(), apart.data(), fused.size() * sizeof(float)))
+            << gemm_path_name(path) << ", " << threads << " thread(s), n=" << n << " k=" << k << " m=" << m;
+        EXPECT_LT(rel_err(std::vector<float>(fused.begin() + n * m, fused.end()), g), 2e-5);
+      }
+    set_gemm_backend(GemmBackend::kOpenBlas);
+    const std::vector<float> fused = run(true), apart = run(false);
+    EXPECT_EQ(0, std::memcmp(fused.data(), apart.data(), fused.size() * sizeof(float))) << "OpenBLAS backend";
+    set_gemm_backend(GemmBackend::kLoom);
+  }
+  set_gemm_path(GemmPath::kAuto);
+  omp_set_num_threads(saved);
 }
 
 TEST(Kernels, Gelu) {

@@ -2,21 +2,28 @@
 
 #include <algorithm>
 
+#include "kernels/pointwise.h"
+
 namespace loom::kernels {
 
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout) {
+                    int64_t m, WeightLayout layout, T* gelu_out) {
   // With a bias, each output's chain of multiply-adds starts from its bias.
   const bool has_bias = bias != nullptr;
   if (has_bias) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) std::copy(bias, bias + m, out + i * m);
   }
+  GemmEpilogue epilogue;
+  if (gelu_out != nullptr)
+    epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+      for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
+    };
   if (layout == WeightLayout::kKM)
-    gemm<T>(false, false, n, m, k, inp, k, weight, m, has_bias, out, m);
+    gemm<T>(false, false, n, m, k, inp, k, weight, m, has_bias, out, m, epilogue);
   else
-    gemm<T>(false, true, n, m, k, inp, k, weight, k, has_bias, out, m);
+    gemm<T>(false, true, n, m, k, inp, k, weight, k, has_bias, out, m, epilogue);
 }
 
 template <typename T>
@@ -47,9 +54,9 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, WeightLayout);
+                                    int64_t, int64_t, WeightLayout, float*);
 template void matmul_forward<double>(double*, const double*, const double*, const double*,
-                                     int64_t, int64_t, int64_t, WeightLayout);
+                                     int64_t, int64_t, int64_t, WeightLayout, double*);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*,
                                      const float*, int64_t, int64_t, int64_t, WeightLayout);
 template void matmul_backward<double>(double*, double*, double*, const double*, const double*,

@@ -15,10 +15,12 @@ namespace loom::kernels {
 // kMK = (M, K), as an embedding table used as the output projection (x @ W^T).
 enum class WeightLayout { kKM, kMK };
 
-// out (N, M) = inp (N, K) @ weight + bias (M). bias may be null.
+// out (N, M) = inp (N, K) @ weight + bias (M). bias may be null. gelu_out (N, M), when not
+// null: gelu(out), fused: computed on each tile of out as the GEMM finishes it, while it is
+// in cache (the same bits as gelu_forward over out after).
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout);
+                    int64_t m, WeightLayout layout, T* gelu_out = nullptr);
 
 // dinp (N, K) = dout @ weight^T (overwritten; skipped when null);
 // dweight += inp^T @ dout in the weight's layout (skipped when null); dbias (M) += column sums

@@ -8,16 +8,25 @@ namespace loom::kernels {
 namespace {
 template <typename T>
 constexpr T kGeluScale = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
+
+template <typename T>
+inline T gelu(T x) {
+  const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + fast_tanh(u));
 }
+
+}  // namespace
 
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-    out[i] = T(0.5) * x * (T(1) + fast_tanh(u));
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
+}
+
+template <typename T>
+void gelu_forward_serial(T* out, const T* inp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
 }
 
 template <typename T>
@@ -41,6 +50,8 @@ void add_forward(T* out, const T* a, const T* b, int64_t n) {
 
 template void gelu_forward<float>(float*, const float*, int64_t);
 template void gelu_forward<double>(double*, const double*, int64_t);
+template void gelu_forward_serial<float>(float*, const float*, int64_t);
+template void gelu_forward_serial<double>(double*, const double*, int64_t);
 template void gelu_backward<float>(float*, const float*, const float*, int64_t);
 template void gelu_backward<double>(double*, const double*, const double*, int64_t);
 template void add_forward<float>(float*, const float*, const float*, int64_t);

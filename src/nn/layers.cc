@@ -125,6 +125,24 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   return y;
 }
 
+std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+  if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split())) {
+    Tensor y = forward(x, ctx, arena);
+    Tensor g = arena.alloc(y.shape(), y.dtype());
+    LOOM_DISPATCH_FLOAT(y.dtype(), T, k::gelu_forward(g.data<T>(), y.data<T>(), y.numel()));
+    return {y, g};
+  }
+  LOOM_CHECK_EQ(x.dim(-1), in);
+  ctx.x = x;
+  Tensor y = arena.alloc(with_last(x, out), x.dtype());
+  Tensor g = arena.alloc(y.shape(), x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T, {
+    k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(), bias.defined() ? bias.value().data<T>() : nullptr,
+                      x.numel() / in, in, out, k::WeightLayout::kKM, g.data<T>());
+  });
+  return {y, g};
+}
+
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
   if (split != TpSplit::kNone && shard.sequence_split()) {
     LOOM_CHECK(need_dx && !defer_weights);  // sequence parallelism runs without pipeline stages
@@ -369,8 +387,11 @@ Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Sha
       c_proj(ps, prefix + ".c_proj", hidden, c, true, shard, TpSplit::kRow) {}
 
 Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
-  Tensor h = c_fc.forward(x, ctx.c_fc, arena);
-  return c_proj.forward(gelu.forward(h, ctx.gelu, arena), ctx.c_proj, arena);
+  // c_fc and the GELU in one pass over h (Linear::forward_gelu): what Gelu::forward would
+  // compute, without reading h back from memory.
+  auto [h, g] = c_fc.forward_gelu(x, ctx.c_fc, arena);
+  ctx.gelu.x = h;
+  return c_proj.forward(g, ctx.c_proj, arena);
 }
 
 Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {

@@ -43,6 +43,11 @@ class Linear {
   Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true, Shard shard = {},
          TpSplit split = TpSplit::kNone, int groups = 1);
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;  // (N, in) -> (N, out)
+  // The same, and gelu of the output fused into the matrix product (computed on each tile
+  // as it is finished, allocated after the output): {y, gelu(y)}, the same bits as
+  // Gelu::forward on y. Falls back to two passes where the output is not final in the
+  // product (a row-parallel piece, sequence parallelism).
+  std::pair<Tensor, Tensor> forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
   // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later
   // (zero-bubble pipelines), the same bits as one backward.

@@ -124,7 +124,8 @@ void run_tile(const MicroKernel<T>& mk,
               int64_t i0,
               int64_t rows,
               int64_t j0,
-              int64_t cols) {
+              int64_t cols,
+              const GemmEpilogue& epilogue) {
   const int mr = mk.mr, nr = mk.nr;
   T* packed_a = scratch<T>(0, mk.kc * round_up(rows, mr));
   T* packed_b = scratch<T>(1, mk.kc * round_up(std::min(cols, mk.nc), nr));
@@ -157,6 +158,7 @@ void run_tile(const MicroKernel<T>& mk,
       }
     }
   }
+  if (epilogue) epilogue(i0, rows, j0, cols);  // every element of the tile is final
 }
 
 // Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
@@ -174,11 +176,13 @@ void gemm_loom(const MicroKernel<T>& mk,
                int64_t ldb,
                bool accumulate,
                T* c,
-               int64_t ldc) {
+               int64_t ldc,
+               const GemmEpilogue& epilogue) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate)
       for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+    if (epilogue) epilogue(0, m, 0, n);
     return;
   }
   const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
@@ -205,7 +209,7 @@ void gemm_loom(const MicroKernel<T>& mk,
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
-    run_tile(mk, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0));
+    run_tile(mk, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue);
   }
 }
 
@@ -301,7 +305,7 @@ void gemm_f32(GemmPath path,
               float* c,
               int64_t ldc) {
   LOOM_CHECK(gemm_path_supported(path));
-  gemm_loom(kernel_for(path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  gemm_loom(kernel_for(path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, {});
 }
 
 double fma_peak_gflops(GemmPath path, int threads, double seconds) {
@@ -338,19 +342,22 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* 
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
   if (g_backend == GemmBackend::kOpenBlas) {
-    if (m > 0 && n > 0) blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    if (m == 0 || n == 0) return;
+    blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    if (epilogue) epilogue(0, m, 0, n);
   } else if constexpr (std::is_same_v<T, float>) {
-    gemm_f32(g_path, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    LOOM_CHECK(gemm_path_supported(g_path));
+    gemm_loom(kernel_for(g_path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
   } else {
-    gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
   }
 }
 
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                          int64_t, bool, float*, int64_t);
+                          int64_t, bool, float*, int64_t, const GemmEpilogue&);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                           const double*, int64_t, bool, double*, int64_t);
+                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue&);
 
 }  // namespace loom::kernels

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,16 @@ enum class GemmPath { kAuto, kAvx512, kAvx2, kGeneric };
 // oracle; its bits depend on the kernels it picks for the CPU and on the thread count).
 enum class GemmBackend { kLoom, kOpenBlas };
 
-// C (m, n) = [C +] op(A) @ op(B). op(A) is A (m, k) with row stride lda, or A^T where A is
-// (k, m); likewise op(B) (k, n) is B or B^T of a (n, k) B. k == 0 leaves C (accumulate) or
-// zeroes it. REQUIRES: m, n, k >= 0; leading dimensions at least the row length.
+// What a caller does to each finished block of C, rows [i0, i0 + rows) x columns [j0, j0 +
+// cols), while it is still in cache (an activation: one pass over C fewer). It runs on the
+// thread that computed the block, once per element, after the element's last FMA; blocks
+// are disjoint and cover C.
+using GemmEpilogue = std::function<void(int64_t i0, int64_t rows, int64_t j0, int64_t cols)>;
+
+// C (m, n) = [C +] op(A) @ op(B), then `epilogue` over C. op(A) is A (m, k) with row stride
+// lda, or A^T where A is (k, m); likewise op(B) (k, n) is B or B^T of a (n, k) B. k == 0
+// leaves C (accumulate) or zeroes it. REQUIRES: m, n, k >= 0; leading dimensions at least
+// the row length.
 template <typename T>
 void gemm(bool trans_a,
           bool trans_b,
@@ -47,7 +55,8 @@ void gemm(bool trans_a,
           int64_t ldb,
           bool accumulate,
           T* c,
-          int64_t ldc);
+          int64_t ldc,
+          const GemmEpilogue& epilogue = {});
 
 // Loom's GEMM on a chosen f32 path (gemm() uses the one set_gemm_path() chose). REQUIRES: the CPU supports it.
 void gemm_f32(GemmPath path,
