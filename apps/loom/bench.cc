@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "config.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "loom/error.h"
@@ -61,6 +62,27 @@ double fc_gelu_ms(int64_t rows, int64_t d, bool fused, int reps) {
     kernels::matmul_forward(out.data(), x.data(), w.data(), bias.data(), rows, d, h, kernels::WeightLayout::kKM,
                             fused ? act.data() : nullptr);
     if (!fused) kernels::gelu_forward(act.data(), out.data(), rows * h);
+    best = std::min(best, (now_s() - t0) * 1e3);
+  }
+  return best;
+}
+
+// The residual add and the LayerNorm after it (rows x d): best ms of `reps` runs, as two
+// passes (add_forward, then layernorm_forward) or fused (one pass over the rows).
+double add_layernorm_ms(int64_t rows, int64_t d, bool fused, int reps) {
+  std::vector<float> x(rows * d), r(rows * d), w(d, 1.0f), b(d, 0.0f), y(rows * d), mean(rows), rstd(rows);
+  Rng g(7);
+  for (auto* v : {&x, &r})
+    for (auto& e : *v) e = static_cast<float>(g.normal());
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_s();
+    if (fused) {
+      kernels::add_layernorm_forward(x.data(), r.data(), y.data(), mean.data(), rstd.data(), w.data(), b.data(), rows, d);
+    } else {
+      kernels::add_forward(x.data(), x.data(), r.data(), rows * d);
+      kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, d);
+    }
     best = std::min(best, (now_s() - t0) * 1e3);
   }
   return best;
@@ -136,17 +158,20 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
       std::fflush(stdout);
     }
     // Fewer passes over memory (issue 12, item 3): the same product with its GELU.
-    std::printf("%-28s %6s %6s %12s %12s %7s\n", "c_fc + GELU", "rows", "d", "two passes", "fused", "saved");
+    std::printf("%-28s %6s %6s %12s %12s %7s\n", "fused elementwise", "rows", "d", "two passes", "fused", "saved");
     for (const auto& [preset, rows] : {std::pair{"gpt-mini", int64_t{8 * 256}}, std::pair{"gpt2-124m", int64_t{1024}}}) {
       Config pc;
       pc.set("model.preset", std::string(preset));
       pc.set("data.train", std::string("-"));
       pc.resolve();
       const int64_t width = pc.i("model.d_model");
-      const double apart = fc_gelu_ms(rows, width, false, 7), fused = fc_gelu_ms(rows, width, true, 7);
-      std::printf("%-28s %6lld %6lld %9.2f ms %9.2f ms %6.1f%%\n", preset, static_cast<long long>(rows),
-                  static_cast<long long>(width), apart, fused, 100.0 * (apart - fused) / apart);
-      std::fflush(stdout);
+      for (const bool ln : {false, true}) {
+        const double apart = ln ? add_layernorm_ms(rows, width, false, 21) : fc_gelu_ms(rows, width, false, 7);
+        const double fused = ln ? add_layernorm_ms(rows, width, true, 21) : fc_gelu_ms(rows, width, true, 7);
+        std::printf("%-28s %6lld %6lld %9.2f ms %9.2f ms %6.1f%%\n", cat(preset, ln ? " residual + LN" : " c_fc + GELU").c_str(),
+                    static_cast<long long>(rows), static_cast<long long>(width), apart, fused, 100.0 * (apart - fused) / apart);
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

@@ -124,7 +124,8 @@ TEST(Kernels, MatmulHandlesEmptyBatch) {
 // tolerance of its reference twin (the reference product, then the reference GELU).
 TEST(Kernels, MatmulWithGeluFusedEqualsTheTwoPasses) {
   const int saved = omp_get_max_threads();
-  for (auto [n, k, m] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 64, 131}, {300, 37, 700}}) {
+  for (const auto& shape : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 64, 131}, {300, 37, 700}}) {
+    const int64_t n = shape[0], k = shape[1], m = shape[2];  // not a structured binding: the lambda below uses them
     const auto x = randn(n * k, 1), w = randn(k * m, 2, 0.3), b = randn(m, 3);
     std::vector<double> y(n * m), g(n * m);
     ref::matmul_forward(y.data(), x.data(), w.data(), b.data(), n, k, m, WeightLayout::kKM);
@@ -175,6 +176,36 @@ TEST(Kernels, Gelu) {
   std::vector<float> sum(n);
   add_forward(sum.data(), xf.data(), dyf.data(), n);
   EXPECT_EQ(sum[17], xf[17] + dyf[17]);
+}
+
+// The residual add fused with the LayerNorm after it: the same bits as add_forward then
+// layernorm_forward (sum, output, mean, rstd), at 1 and 2 threads; within the f32
+// tolerance of its reference twin (the sum, then the reference LayerNorm). Its gradient is
+// the two ops' (checked against finite differences above and in LayerGrad.MlpAndBlock).
+TEST(Kernels, AddLayerNormFusedEqualsTheTwoPasses) {
+  const int saved = omp_get_max_threads();
+  for (const auto& shape : std::vector<std::array<int64_t, 2>>{{1, 1}, {7, 33}, {129, 768}}) {
+    const int64_t n = shape[0], c = shape[1];
+    const auto x = randn(n * c, 11, 2.0), r = randn(n * c, 12), w = randn(c, 13), b = randn(c, 14);
+    std::vector<double> sum(n * c), y(n * c), mean(n), rstd(n);
+    for (int64_t i = 0; i < n * c; ++i) sum[i] = x[i] + r[i];
+    ref::layernorm_forward(y.data(), mean.data(), rstd.data(), sum.data(), w.data(), b.data(), n, c);
+    const auto xf = to_f32(x), rf = to_f32(r), wf = to_f32(w), bf = to_f32(b);
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> fused = xf, fy(n * c), fm(n), fr(n);
+      add_layernorm_forward(fused.data(), rf.data(), fy.data(), fm.data(), fr.data(), wf.data(), bf.data(), n, c);
+      std::vector<float> apart(n * c), ay(n * c), am(n), ar(n);
+      add_forward(apart.data(), xf.data(), rf.data(), n * c);
+      layernorm_forward(ay.data(), am.data(), ar.data(), apart.data(), wf.data(), bf.data(), n, c);
+      EXPECT_EQ(fused, apart) << n << " x " << c;
+      EXPECT_EQ(fy, ay) << n << " x " << c;
+      EXPECT_EQ(fm, am) << n << " x " << c;
+      EXPECT_EQ(fr, ar) << n << " x " << c;
+      EXPECT_LT(rel_err(fy, y), 2e-5) << n << " x " << c;
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(Kernels, LayerNorm) {

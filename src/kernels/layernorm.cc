@@ -5,25 +5,44 @@
 
 namespace loom::kernels {
 
+namespace {
+
+// One row: y = (x - mean) * rstd * weight + bias.
+template <typename T>
+inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t c) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < c; ++j) sum += x[j];
+  T m = sum / static_cast<T>(c);
+  T var = 0;
+#pragma omp simd reduction(+ : var)
+  for (int64_t j = 0; j < c; ++j) var += (x[j] - m) * (x[j] - m);
+  T s = T(1) / std::sqrt(var / static_cast<T>(c) + static_cast<T>(kLayerNormEps));
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) y[j] = (x[j] - m) * s * weight[j] + bias[j];
+  *mean = m;
+  *rstd = s;
+}
+
+}  // namespace
+
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t n, int64_t c) {
 #pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c);
+}
+
+template <typename T>
+void add_layernorm_forward(T* x, const T* residual, T* out, T* mean, T* rstd, const T* weight, const T* bias,
+                           int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const T* x = inp + i * c;
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < c; ++j) sum += x[j];
-    T m = sum / static_cast<T>(c);
-    T var = 0;
-#pragma omp simd reduction(+ : var)
-    for (int64_t j = 0; j < c; ++j) var += (x[j] - m) * (x[j] - m);
-    T s = T(1) / std::sqrt(var / static_cast<T>(c) + static_cast<T>(kLayerNormEps));
-    T* y = out + i * c;
+    T* row = x + i * c;
+    const T* r = residual + i * c;
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) y[j] = (x[j] - m) * s * weight[j] + bias[j];
-    mean[i] = m;
-    rstd[i] = s;
+    for (int64_t j = 0; j < c; ++j) row[j] = row[j] + r[j];  // as add_forward(x, x, residual)
+    layernorm_row(out + i * c, mean + i, rstd + i, row, weight, bias, c);
   }
 }
 
@@ -78,6 +97,10 @@ template void layernorm_forward<float>(float*, float*, float*, const float*, con
                                        const float*, int64_t, int64_t);
 template void layernorm_forward<double>(double*, double*, double*, const double*, const double*,
                                         const double*, int64_t, int64_t);
+template void add_layernorm_forward<float>(float*, const float*, float*, float*, float*, const float*, const float*,
+                                           int64_t, int64_t);
+template void add_layernorm_forward<double>(double*, const double*, double*, double*, double*, const double*,
+                                            const double*, int64_t, int64_t);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const float*, int64_t,
                                         int64_t);

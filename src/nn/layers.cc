@@ -202,6 +202,21 @@ Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) cons
   return y;
 }
 
+Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena) const {
+  LOOM_CHECK_EQ(x.dim(-1), c);
+  LOOM_CHECK(x.shape() == residual.shape() && x.dtype() == residual.dtype());
+  const int64_t n = x.numel() / c;
+  ctx.x = x;
+  ctx.mean = arena.alloc({n}, x.dtype());
+  ctx.rstd = arena.alloc({n}, x.dtype());
+  Tensor y = arena.alloc(x.shape(), x.dtype());
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(),
+                                               ctx.rstd.data<T>(), weight.value().data<T>(), bias.value().data<T>(), n,
+                                               c));
+  return y;
+}
+
 Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const {
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
   // Sequence-parallel: this part's rows' share of the parameter gradients, summed over the
@@ -412,8 +427,8 @@ Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head,
 
 Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
   Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
-  add_into(h, x);  // h = x + attn(ln_1(x))
-  Tensor y = mlp.forward(ln_2.forward(h, ctx.ln_2, arena), ctx.mlp, arena);
+  // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
+  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena);
   add_into(y, h);  // y = h + mlp(ln_2(h))
   return y;
 }
