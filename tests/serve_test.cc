@@ -8,6 +8,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <condition_variable>
@@ -298,6 +299,21 @@ TEST_F(Serve, ModelsLoadOnDemandAreEvictedLeastRecentlyUsedAndRoutesSplitByWeigh
   EXPECT_NE(why.dump().find("SHA-256"), std::string::npos) << why.dump();
   EXPECT_EQ(complete({{"model", "a"}, {"max_tokens", 2}}).first, 200);
   EXPECT_EQ(metric("loom_model_load_failures_total"), 1);
+  // Requests for a and b at once, from 4 clients: each is served (200) or finds no room
+  // while the other model serves (503); the budget holds whatever the interleaving.
+  std::vector<std::thread> clients;
+  std::atomic<int> odd{0};
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 6; ++i) {
+        const int status = complete({{"model", (t + i) % 2 ? "a" : "b"}, {"max_tokens", 3}, {"seed", i}}).first;
+        if (status != 200 && status != 503) ++odd;
+      }
+    });
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(odd, 0);
+  EXPECT_LE(metric("loom_model_memory_bytes"), static_cast<int64_t>(0.6 * (1 << 20)));
+  EXPECT_EQ(complete({{"model", "b"}, {"max_tokens", 2}}).first, 200);
 }
 
 TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {

@@ -57,6 +57,7 @@ int64_t ModelCache::vocab_size(const std::string& name) const { return entries_.
 
 std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& lock) {
   e.loading = true;
+  stats_.bytes += e.bytes;  // reserved now: a load beside this one sees the room it takes
   lock.unlock();  // other models are served meanwhile
   std::shared_ptr<Model> m;
   std::exception_ptr failed;
@@ -76,11 +77,11 @@ std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& 
   e.loading = false;
   loaded_.notify_all();
   if (failed) {
+    stats_.bytes -= e.bytes;
     ++stats_.failures;
     std::rethrow_exception(failed);
   }
   e.model = m;
-  stats_.bytes += e.bytes;
   ++stats_.loads;
   return m;
 }
