@@ -341,7 +341,7 @@ class Coordinator {
     if (!why.empty()) say(why);
     control_->set("elastic/done", std::to_string(code), Clock::now() + std::chrono::seconds(5));
     // Joined launchers poll for the end: a moment for them to read it before the store goes.
-    std::this_thread::sleep_for(milliseconds(1000));
+    if (seen_members_ > 0) std::this_thread::sleep_for(milliseconds(1000));
     return code;
   }
 
