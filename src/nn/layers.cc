@@ -189,31 +189,25 @@ LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_, Shard 
 }
 
 Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const {
-  LOOM_CHECK_EQ(x.dim(-1), c);
-  const int64_t n = x.numel() / c;
-  ctx.x = x;
-  ctx.mean = arena.alloc({n}, x.dtype());
-  ctx.rstd = arena.alloc({n}, x.dtype());
-  Tensor y = arena.alloc(x.shape(), x.dtype());
-  LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
-                                           x.data<T>(), weight.value().data<T>(),
-                                           bias.value().data<T>(), n, c));
-  return y;
+  return forward_add(x, Tensor(), ctx, arena);
 }
 
 Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena) const {
   LOOM_CHECK_EQ(x.dim(-1), c);
-  LOOM_CHECK(x.shape() == residual.shape() && x.dtype() == residual.dtype());
+  LOOM_CHECK(!residual.defined() || (x.shape() == residual.shape() && x.dtype() == residual.dtype()));
   const int64_t n = x.numel() / c;
   ctx.x = x;
   ctx.mean = arena.alloc({n}, x.dtype());
   ctx.rstd = arena.alloc({n}, x.dtype());
   Tensor y = arena.alloc(x.shape(), x.dtype());
-  LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(),
-                                               ctx.rstd.data<T>(), weight.value().data<T>(), bias.value().data<T>(), n,
-                                               c));
+  LOOM_DISPATCH_FLOAT(x.dtype(), T, {
+    if (residual.defined())
+      k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
+                               weight.value().data<T>(), bias.value().data<T>(), n, c);
+    else
+      k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(), x.data<T>(), weight.value().data<T>(),
+                           bias.value().data<T>(), n, c);
+  });
   return y;
 }
 

@@ -80,7 +80,7 @@ class LayerNorm {
   LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c, Shard shard = {});
   Tensor forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const;  // (N, C) -> (N, C)
   // x += residual (in place: the residual stream), then forward(x), in one pass over the
-  // rows: the same bits as the add and forward apart.
+  // rows: the same bits as the add and forward apart. An undefined residual: forward(x).
   Tensor forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena) const;
   Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const;
 
