@@ -70,6 +70,7 @@ struct PlanArgs {
   int virtual_stages = 1;
   double forward_ms = 1, backward_ms = 2, backward_input_ms = 0, backward_weight_ms = 0;
   double transfer_ms = 0, activation_mb = 1;
+  double overhead_ms = 0;  // per action: the executor's time outside compute and waits
   int width = 100;
   std::string svg;  // where to write the picture; empty: none
   std::string config;  // measure each stage's costs for this training config instead

@@ -159,6 +159,9 @@ int run(int argc, char** argv) {
   pl->add_option("--backward-input-ms", plan.backward_input_ms, "zb-h1: input gradients (0: half of backward)")->capture_default_str();
   pl->add_option("--backward-weight-ms", plan.backward_weight_ms, "zb-h1: weight gradients (0: half of backward)")->capture_default_str();
   pl->add_option("--transfer-ms", plan.transfer_ms, "One activation or gradient between neighbouring stages")->capture_default_str();
+  pl->add_option("--overhead-ms", plan.overhead_ms,
+                 "Per action, the executor's time outside compute and waits (posting transfers, bookkeeping)")
+      ->capture_default_str();
   pl->add_option("--activation-mb", plan.activation_mb, "Saved activations of one micro-batch in one stage")->capture_default_str();
   pl->add_option("--width", plan.width, "Columns of the text timeline")->capture_default_str();
   pl->add_option("--svg", plan.svg, "Also draw the timeline into this SVG file (opens in any browser)");

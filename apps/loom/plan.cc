@@ -24,7 +24,8 @@ void check_costs(const PlanArgs& a) {
   const std::pair<const char*, double> costs[] = {
       {"--forward-ms", a.forward_ms},       {"--backward-ms", a.backward_ms},
       {"--backward-input-ms", a.backward_input_ms}, {"--backward-weight-ms", a.backward_weight_ms},
-      {"--transfer-ms", a.transfer_ms},     {"--activation-mb", a.activation_mb}};
+      {"--transfer-ms", a.transfer_ms},     {"--activation-mb", a.activation_mb},
+      {"--overhead-ms", a.overhead_ms}};
   for (const auto& [flag, v] : costs)
     if (!(v >= 0)) throw InputError(cat(flag, " = ", v, ": expected >= 0"));
   if (!(a.forward_ms + a.backward_ms > 0)) throw InputError("--forward-ms and --backward-ms: expected a positive step");
@@ -94,7 +95,8 @@ std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
       return x[x.size() / 2];
     };
     costs.push_back({.forward_ms = median(f), .backward_ms = median(bw), .backward_input_ms = median(bi),
-                     .backward_weight_ms = median(w), .transfer_ms = a.transfer_ms, .activation_mb = kept});
+                     .backward_weight_ms = median(w), .transfer_ms = a.transfer_ms, .activation_mb = kept,
+                     .overhead_ms = a.overhead_ms});
     std::printf("stage %d measured%s: forward %.3g ms, backward %.3g ms (input %.3g + weight %.3g), activations %.3g MiB per "
                 "micro-batch of %lld x %lld tokens\n",
                 s, v > 1 ? cat(" as ", v, " chunks").c_str() : "", costs.back().forward_ms, costs.back().backward_ms, costs.back().backward_input_ms,
@@ -173,7 +175,8 @@ int run_plan(const PlanArgs& a) {
   if (!a.config.empty()) print_memory_plan(a.config);
   const parallel::PipeCosts costs{.forward_ms = a.forward_ms, .backward_ms = a.backward_ms,
                                   .backward_input_ms = a.backward_input_ms, .backward_weight_ms = a.backward_weight_ms,
-                                  .transfer_ms = a.transfer_ms, .activation_mb = a.activation_mb};
+                                  .transfer_ms = a.transfer_ms, .activation_mb = a.activation_mb,
+                                  .overhead_ms = a.overhead_ms};
   if (a.schedule == "all") {
     if (!a.svg.empty()) throw InputError("--svg draws one schedule; pick it with --schedule");
     return compare_all(a, costs);

@@ -110,9 +110,9 @@ std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, pa
 
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe) {
   const parallel::PipelineStats& ps = pipe.stats();
-  constexpr size_t kN = 7;
+  constexpr size_t kN = 8;
   double mine[kN] = {ps.busy_ms, ps.step_ms, ps.costs.forward_ms, ps.costs.backward_ms, ps.costs.backward_input_ms,
-                     ps.costs.backward_weight_ms, ps.costs.transfer_ms};
+                     ps.costs.backward_weight_ms, ps.costs.transfer_ms, ps.costs.overhead_ms};
   std::vector<double> all(kN * static_cast<size_t>(mesh.pp));
   comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = kN, .dtype = DType::kF64});
   double busy = 0, longest = 0;
@@ -122,7 +122,7 @@ PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe)
     busy += x[0];
     longest = std::max(longest, x[1]);
     costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5],
-                     .transfer_ms = x[6]});
+                     .transfer_ms = x[6], .overhead_ms = x[7]});
   }
   return {.measured = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0,
           .predicted = parallel::simulate_stages(pipe.schedule(), costs).bubble};

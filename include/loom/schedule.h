@@ -85,6 +85,11 @@ struct PipeCosts {
   double backward_weight_ms = 0;
   double transfer_ms = 0;     // one activation or gradient between neighbours
   double activation_mb = 1;   // one micro-batch's saved activations of one whole stage
+  // Per action of the stage's list: the executor's time that is neither compute nor a wait
+  // for a neighbour (posting receives and sends, bookkeeping, draining the last sends). It
+  // lengthens the step and is not compute, so it counts as bubble, as the measured bubble
+  // counts it. 0 for a given (ideal) schedule; measured by the executor.
+  double overhead_ms = 0;
 };
 
 struct SimulatedAction {

@@ -327,8 +327,11 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   m.stats.step_ms = ms_between(start, Clock::now());
   // Means per chunk action, times v: the simulator's per-stage terms.
   auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * v : 0.0; };
+  // What is neither compute nor waiting, spread over the stage's actions.
+  const double overhead = std::max(0.0, m.stats.step_ms - m.stats.busy_ms - m.stats.wait_ms);
   m.stats.costs = {.forward_ms = mean(0), .backward_ms = mean(1) > 0 ? mean(1) : mean(2) + mean(3),
-                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3), .transfer_ms = m.transfer_ms};
+                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3), .transfer_ms = m.transfer_ms,
+                   .overhead_ms = overhead / static_cast<double>(std::max<size_t>(1, s.actions[st].size()))};
   return losses;
 }
 

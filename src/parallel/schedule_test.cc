@@ -144,6 +144,20 @@ TEST(Schedule, TransfersLengthenTheStep) {
   EXPECT_GT(simulate(f, {.transfer_ms = 0.5}).step_ms, simulate(f, {}).step_ms + 6 * 0.5);
 }
 
+TEST(Schedule, OverheadLengthensTheStepAndCountsAsBubble) {
+  // Per action, what the executor spends outside compute and waits: on every stage's list,
+  // so the step grows by at least the longest list's count of it, and compute does not.
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubble}) {
+    const Schedule sc = make_schedule(kind, 2, 4);
+    const Simulation base = simulate(sc, {}), with = simulate(sc, {.overhead_ms = 0.25});
+    size_t longest = 0;
+    for (const auto& list : sc.actions) longest = std::max(longest, list.size());
+    EXPECT_GE(with.step_ms, base.step_ms + 0.25 * static_cast<double>(longest) - 1e-9) << schedule_kind_name(kind);
+    EXPECT_EQ(with.busy_ms, base.busy_ms) << schedule_kind_name(kind);
+    EXPECT_GT(with.bubble, base.bubble) << schedule_kind_name(kind);
+  }
+}
+
 TEST(Schedule, TextTimelineShowsWhoWorksWhen) {
   const Schedule s = make_schedule(ScheduleKind::kGpipe, 2, 2);
   const Simulation sim = simulate(s, {.forward_ms = 1, .backward_ms = 1});

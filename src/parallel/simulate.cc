@@ -72,6 +72,7 @@ Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_
           if (a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardWeight) --in_flight[st];
           sim.peak_in_flight[st] = std::max(sim.peak_in_flight[st], in_flight[st]);
         }
+        now[st] += per_stage[st].overhead_ms;
         ++next[st];
         --remaining;
         progressed = true;
