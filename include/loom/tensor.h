@@ -48,9 +48,10 @@ class Storage {
 };
 
 // Makes the whole pages in [p, p + bytes) resident and writable now, in one call, for memory
-// about to be written whole (a checkpoint's load): the kernel fills them many times faster
-// than one page fault at a time (20x under some hypervisors). Advice: a kernel without it
-// (before Linux 5.14) leaves the pages to fault as usual.
+// about to be written whole (a checkpoint's load): one call instead of a page fault per page
+// (on this project's VM a 2-rank resume of 194 MiB each went from 1.04 s to 0.62 s; the
+// hypervisor still charges each page's first write). Advice: a kernel without it (before
+// Linux 5.14) leaves the pages to fault as usual.
 void populate_for_write(void* p, size_t bytes);
 
 using Shape = std::vector<int64_t>;
