@@ -1,7 +1,5 @@
 // `loom train`: one process trains a model on real data, writing the run directory
 // (DESIGN.md section 4): config.toml, metrics.jsonl, checkpoints/step_N, logs/.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <array>
 #include <csignal>
@@ -35,7 +33,9 @@
 #include "memory_plan.h"
 #include "run_dir.h"
 #include "stages.h"
+#include "step_tracer.h"
 #include "task.h"
+#include "train_watch.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;
@@ -53,104 +53,6 @@ void on_terminate(int) { g_terminate = 1; }
 volatile std::sig_atomic_t g_resize = 0;
 void on_resize(int) { g_resize = 1; }
 
-// LOOM_FAULT_AT=POINT:STEP[:RANK] (tests, docs/formats.md "Crash safety"): this process
-// SIGKILLs itself at that point of the save of that step (on that rank; default every rank).
-void install_fault_hook(int rank) {
-  const char* spec = std::getenv("LOOM_FAULT_AT");
-  if (spec == nullptr || *spec == '\0') return;
-  const std::string s = spec;
-  const size_t a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
-  std::string point = s.substr(0, a);
-  int64_t step = -1, only = -1;
-  try {
-    if (a != std::string::npos) step = std::stoll(s.substr(a + 1, b == std::string::npos ? b : b - a - 1));
-    if (b != std::string::npos) only = std::stoll(s.substr(b + 1));
-  } catch (const std::exception&) {
-    step = -1;
-  }
-  const std::vector<std::string> points = {"shard", "state", "index", "renamed", "latest"};
-  if (step < 0 || std::find(points.begin(), points.end(), point) == points.end())
-    throw InputError(cat("LOOM_FAULT_AT = \"", printable(s), "\": expected POINT:STEP[:RANK], POINT one of shard, state, "
-                         "index, renamed, latest"));
-  if (only >= 0 && only != rank) return;
-  checkpoint::set_fault_hook([point, step](std::string_view at, int64_t saving) {
-    if (at == point && saving == step) ::raise(SIGKILL);
-  });
-}
-
-// LOOM_DELAY_MS=RANK:MS (tests): that rank sleeps MS ms in every step's compute, a
-// straggler on demand. 0 for every other rank.
-int64_t step_delay_ms(int rank) {
-  const char* spec = std::getenv("LOOM_DELAY_MS");
-  if (spec == nullptr || *spec == '\0') return 0;
-  const std::string s = spec;
-  const size_t colon = s.find(':');
-  try {
-    if (colon == std::string::npos) throw std::invalid_argument(s);
-    const int64_t who = std::stoll(s.substr(0, colon)), ms = std::stoll(s.substr(colon + 1));
-    if (ms < 0) throw std::invalid_argument(s);
-    return who == rank ? ms : 0;
-  } catch (const std::exception&) {
-    throw InputError(cat("LOOM_DELAY_MS = \"", printable(s), "\": expected RANK:MS"));
-  }
-}
-
-// Rank 0's watch for stragglers (docs/launch.md, "Stragglers"): a rank whose compute time
-// (its step less the time it waited for others) is over 3x the (lower) median of every
-// rank's for 3 steps in a row is named in a warning, once per streak; it is not stopped.
-class StragglerWatch {
- public:
-  explicit StragglerWatch(int ranks) : streak_(static_cast<size_t>(ranks), 0) {}
-  // Each rank's compute ms of this step; the ranks that just became stragglers.
-  std::vector<int> update(const std::vector<double>& busy_ms, double* median_out) {
-    std::vector<double> sorted = busy_ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[(sorted.size() - 1) / 2];
-    *median_out = median;
-    std::vector<int> named;
-    for (size_t r = 0; r < busy_ms.size(); ++r) {
-      streak_[r] = busy_ms[r] > 3 * median && busy_ms[r] > 1.0 ? streak_[r] + 1 : 0;  // sub-ms steps are noise
-      if (streak_[r] == 3) named.push_back(static_cast<int>(r));
-    }
-    return named;
-  }
-
- private:
-  std::vector<int> streak_;
-};
-
-// The flight recorder of each of this rank's communicators, written to
-// RUN/logs/flight-rank<R>.json after a failure (docs/launch.md, "Flight recorder"). Returns
-// the path, or "" when it could not be written (the failure is what gets reported).
-std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
-                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
-  try {
-    json doc = {{"rank", rank}, {"step", step}, {"error", error}, {"communicators", json::object()}};
-    for (const auto& [name, c] : comms) {
-      if (c == nullptr) continue;
-      json ops = json::array();
-      for (const comm::Communicator::FlightRecord& r : c->flight_record()) {
-        json op = {{"seq", r.seq}, {"op", r.op}, {"state", r.state}};
-        if (!r.error.empty()) op["error"] = r.error;
-        ops.push_back(op);
-      }
-      doc["communicators"][name] = {{"rank", c->rank()}, {"size", c->size()}, {"ops", ops}};
-    }
-    const fs::path dir = fs::path(run) / "logs";
-    fs::create_directories(dir);
-    const std::string path = (dir / cat("flight-rank", rank, ".json")).string();
-    write_file_atomic(path, doc.dump(1) + "\n");
-    return path;
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
-double peak_rss_mb() {
-  struct rusage ru{};
-  ::getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
 
 // The largest world size up to `available` that `c` resolves for; `available` itself when
 // none does (resolving then names what is wrong).
@@ -191,61 +93,6 @@ int64_t truncate_metrics(const std::string& path, int64_t last_step) {
   return reached;
 }
 
-// The training thread's spans of a traced step (docs/formats.md, trace.json): nested spans
-// for the step, micro-steps, forward and backward and each block in them, the optimizer
-// step; the training thread's waits on collectives; and, on the communication track, every
-// collective as the progress thread ran it.
-class StepTracer {
- public:
-  StepTracer(obs::Trace& trace, parallel::DataParallel& dp) : trace_(trace), dp_(dp) {}
-
-  void push(std::string name) { open_.push_back({std::move(name), obs::Trace::Clock::now()}); }
-  void pop() {
-    trace_.span(obs::Trace::kTraining, open_.back().name, open_.back().begin, obs::Trace::Clock::now());
-    open_.pop_back();
-  }
-
-  // The block hook while tracing: spans around each block, DataParallel's waits outside
-  // them, so that every wait nests inside forward or backward but beside the blocks.
-  void on_block(int block, BlockPhase phase) {
-    const bool rest = block < 0;
-    const bool fwd = phase == BlockPhase::kForward || phase == BlockPhase::kForwardDone;
-    switch (phase) {
-      case BlockPhase::kForward:
-      case BlockPhase::kBackward:
-        if (rest) push(fwd ? "forward" : "backward");
-        dp_.on_block(block, phase);
-        if (!rest) push(cat(fwd ? "forward" : "backward", " block ", block));
-        return;
-      case BlockPhase::kForwardDone:
-      case BlockPhase::kBackwardDone:
-        if (!rest) pop();
-        dp_.on_block(block, phase);
-        if (rest) pop();
-        return;
-    }
-  }
-
-  void on_comm(const parallel::CommSpan& s) {
-    trace_.span(obs::Trace::kComm, s.what, s.begin, s.end, {{"bytes", std::to_string(s.bytes)}});
-    if (s.wait_end > s.wait_begin) trace_.span(obs::Trace::kTraining, "wait: " + s.what, s.wait_begin, s.wait_end);
-  }
-
- private:
-  struct Open {
-    std::string name;
-    obs::Trace::Clock::time_point begin;
-  };
-  obs::Trace& trace_;
-  parallel::DataParallel& dp_;
-  std::vector<Open> open_;
-};
-
-// Collective: every rank's events to rank 0, which writes the merged file.
-void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path) {
-  const std::vector<std::string> parts = all_gather_strings(world, trace.events(world.rank()));
-  if (world.rank() == 0) write_file_atomic(path, obs::merge_traces(parts));
-}
 
 }  // namespace
 

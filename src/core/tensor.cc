@@ -25,19 +25,11 @@ Storage::Storage(size_t bytes, bool huge_pages) : bytes_(bytes) {
   std::memset(data_, 0, rounded == 0 ? 64 : rounded);
 }
 
-namespace {
-#ifdef MADV_POPULATE_WRITE
-constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
-#else
-constexpr int kPopulateWrite = 23;  // Linux 5.14's value; older headers lack it
-#endif
-}  // namespace
-
 void populate_for_write(void* p, size_t bytes) {
   static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
   const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, kPopulateWrite);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
 }
 
 Storage::~Storage() {

@@ -1,0 +1,87 @@
+#include "train_watch.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/checkpoint.h"
+#include "loom/error.h"
+#include "loom/fileio.h"
+
+namespace loom::app {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+void install_fault_hook(int rank) {
+  const char* spec = std::getenv("LOOM_FAULT_AT");
+  if (spec == nullptr || *spec == '\0') return;
+  const std::string s = spec;
+  const size_t a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
+  std::string point = s.substr(0, a);
+  int64_t step = -1, only = -1;
+  try {
+    if (a != std::string::npos) step = std::stoll(s.substr(a + 1, b == std::string::npos ? b : b - a - 1));
+    if (b != std::string::npos) only = std::stoll(s.substr(b + 1));
+  } catch (const std::exception&) {
+    step = -1;
+  }
+  const std::vector<std::string> points = {"shard", "state", "index", "renamed", "latest"};
+  if (step < 0 || std::find(points.begin(), points.end(), point) == points.end())
+    throw InputError(cat("LOOM_FAULT_AT = \"", printable(s), "\": expected POINT:STEP[:RANK], POINT one of shard, state, "
+                         "index, renamed, latest"));
+  if (only >= 0 && only != rank) return;
+  checkpoint::set_fault_hook([point, step](std::string_view at, int64_t saving) {
+    if (at == point && saving == step) ::raise(SIGKILL);
+  });
+}
+
+int64_t step_delay_ms(int rank) {
+  const char* spec = std::getenv("LOOM_DELAY_MS");
+  if (spec == nullptr || *spec == '\0') return 0;
+  const std::string s = spec;
+  const size_t colon = s.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument(s);
+    const int64_t who = std::stoll(s.substr(0, colon)), ms = std::stoll(s.substr(colon + 1));
+    if (ms < 0) throw std::invalid_argument(s);
+    return who == rank ? ms : 0;
+  } catch (const std::exception&) {
+    throw InputError(cat("LOOM_DELAY_MS = \"", printable(s), "\": expected RANK:MS"));
+  }
+}
+
+std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
+                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
+  try {
+    json doc = {{"rank", rank}, {"step", step}, {"error", error}, {"communicators", json::object()}};
+    for (const auto& [name, c] : comms) {
+      if (c == nullptr) continue;
+      json ops = json::array();
+      for (const comm::Communicator::FlightRecord& r : c->flight_record()) {
+        json op = {{"seq", r.seq}, {"op", r.op}, {"state", r.state}};
+        if (!r.error.empty()) op["error"] = r.error;
+        ops.push_back(op);
+      }
+      doc["communicators"][name] = {{"rank", c->rank()}, {"size", c->size()}, {"ops", ops}};
+    }
+    const fs::path dir = fs::path(run) / "logs";
+    fs::create_directories(dir);
+    const std::string path = (dir / cat("flight-rank", rank, ".json")).string();
+    write_file_atomic(path, doc.dump(1) + "\n");
+    return path;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+double peak_rss_mb() {
+  struct rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+}  // namespace loom::app

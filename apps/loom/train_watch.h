@@ -1,0 +1,61 @@
+// What a training run watches and reports beside its steps: the test hooks that crash or slow
+// a rank on demand, rank 0's straggler watch, the flight recorder dumped after a failure,
+// the process's peak memory (docs/launch.md, "Stragglers", "Flight recorder";
+// docs/formats.md, "Crash safety").
+// Thread-safety: for the training thread.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm.h"
+
+namespace loom::app {
+
+// LOOM_FAULT_AT=POINT:STEP[:RANK] (tests, docs/formats.md "Crash safety"): this process
+// SIGKILLs itself at that point of the save of that step (on that rank; default every rank).
+// InputError when the variable is malformed.
+void install_fault_hook(int rank);
+
+// LOOM_DELAY_MS=RANK:MS (tests): that rank sleeps MS ms in every step's compute, a
+// straggler on demand. 0 for every other rank.
+int64_t step_delay_ms(int rank);
+
+// Rank 0's watch for stragglers (docs/launch.md, "Stragglers"): a rank whose compute time
+// (its step less the time it waited for others) is over 3x the (lower) median of every
+// rank's for 3 steps in a row is named in a warning, once per streak; it is not stopped.
+class StragglerWatch {
+ public:
+  explicit StragglerWatch(int ranks) : streak_(static_cast<size_t>(ranks), 0) {}
+  // Each rank's compute ms of this step; the ranks that just became stragglers.
+  std::vector<int> update(const std::vector<double>& busy_ms, double* median_out) {
+    std::vector<double> sorted = busy_ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[(sorted.size() - 1) / 2];
+    *median_out = median;
+    std::vector<int> named;
+    for (size_t r = 0; r < busy_ms.size(); ++r) {
+      streak_[r] = busy_ms[r] > 3 * median && busy_ms[r] > 1.0 ? streak_[r] + 1 : 0;  // sub-ms steps are noise
+      if (streak_[r] == 3) named.push_back(static_cast<int>(r));
+    }
+    return named;
+  }
+
+ private:
+  std::vector<int> streak_;
+};
+
+
+// The flight recorder of each of this rank's communicators, written to
+// RUN/logs/flight-rank<R>.json after a failure (docs/launch.md, "Flight recorder"). Returns
+// the path, or "" when it could not be written (the failure is what gets reported).
+std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
+                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms);
+
+// The process's peak resident memory so far, MiB.
+double peak_rss_mb();
+
+}  // namespace loom::app
