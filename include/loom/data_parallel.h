@@ -118,6 +118,16 @@ class DataParallel {
   // before clipping. A norm that is not finite leaves the parameters and the optimizer
   // state as they were (no update, the step not counted).
   double finish_step(double lr, double max_norm);
+  // Parameter-server workers (loom/param_server.h), in place of finish_step: waits for the
+  // gradient sums over the group and hands them over without updating anything. In
+  // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and
+  // whether a gradient was too large or not finite for them; else the f32 gradients.
+  // REQUIRES: ZeRO 0. Valid until the next begin_step().
+  struct Gradients {
+    Tensor sums;
+    bool unsummable = false;
+  };
+  Gradients finish_gradients();
   // After finish_step: the name of the parameter holding the first gradient element that is
   // not finite, in flat order over this group's ranks; "" when every one is finite.
   // Collective over the group (every rank gets the name).

@@ -16,8 +16,8 @@
 // without a secret. Frames are length-prefixed and every length is checked against a
 // cap before anything is allocated.
 //
-// Thread-safety: HashStore and TcpStoreServer are thread-safe. A TcpStore client is used
-// by one thread at a time.
+// Thread-safety: HashStore, TcpStoreServer and TcpStore clients are thread-safe (a client
+// serves one request at a time; the others wait, within their deadlines).
 #pragma once
 
 #include <atomic>

@@ -380,6 +380,17 @@ double DataParallel::finish_step(double lr, double max_norm) {
   return norm;
 }
 
+DataParallel::Gradients DataParallel::finish_gradients() {
+  Impl& m = *impl_;
+  LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());
+  LOOM_CHECK_EQ(m.config.zero, 0);
+  for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
+  if (!m.config.deterministic) return {.sums = m.params.grads()};
+  int64_t unsummable = m.unsummable >= 0 ? 1 : 0;
+  if (m.n > 1) m.uc.sum_i64(&unsummable, 1, "all-reduce unsummable gradients");
+  return {.sums = m.exact, .unsummable = unsummable > 0};
+}
+
 std::string DataParallel::first_nonfinite_gradient() {
   Impl& m = *impl_;
   const bool full = m.config.zero < 2;

@@ -271,6 +271,9 @@ struct TcpStore::Impl {
   TcpStoreConfig config;
   net::Fd fd;
   std::string who;
+  // One exchange at a time: the communicators sharing this client (splits, a parameter
+  // server's links) beat through it from their own threads.
+  std::timed_mutex mu;
 };
 
 TcpStore::TcpStore(const TcpStoreConfig& config, Deadline d) : impl_(std::make_unique<Impl>()) {
@@ -297,6 +300,10 @@ TcpStore::TcpStore(const TcpStoreConfig& config, Deadline d) : impl_(std::make_u
 TcpStore::~TcpStore() = default;
 
 Response TcpStore::call(const Request& r, Deadline d) {
+  std::unique_lock lock(impl_->mu, std::defer_lock);
+  if (d == Deadline::max()) lock.lock();
+  else if (!lock.try_lock_until(d))
+    throw TimeoutError(cat(impl_->who, ": another thread's request held the connection past the deadline"), -1);
   if (!impl_->fd) throw CommError(cat(impl_->who, ": connection already failed"), -1);
   std::string body = store_protocol::encode_request(r);
   uint32_t n = static_cast<uint32_t>(body.size());
