@@ -181,4 +181,31 @@ std::optional<std::string> CheckpointSaver::wait() {
   return dir_;
 }
 
+checkpoint::Checkpoint open_for_resume(const std::string& root, const json& model, uint64_t seed, int64_t steps,
+                                     int64_t global_batch) {
+  if (!checkpoint::latest_step_dir(root))
+    throw InputError(cat(root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
+                         "(the old directory is kept aside)"));
+  checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(root);
+  const checkpoint::State& saved = ck.state();
+  const std::string state_path = (fs::path(ck.path()) / "state.json").string();
+  if (saved.model != model)
+    throw InputError(cat(state_path, ": checkpoint of model ", saved.model.is_null() ? "(not recorded)" : saved.model.dump(),
+                         ", the config builds ", model.dump()));
+  // All randomness is counter-based on (seed, stream, epoch); a different seed would
+  // silently change the data order, so it is refused. So is a step past the run's end, or
+  // a data cursor that another global batch would move.
+  if (!saved.seed) throw InputError(cat(state_path, ": rng.seed: missing; expected the seed the run trained with"));
+  if (*saved.seed != seed)
+    throw InputError(cat(ck.path(), ": trained with job.seed = ", *saved.seed, ", the config says ", seed,
+                         "; resume with the same seed"));
+  if (saved.step > steps)
+    throw InputError(cat(state_path, ": step = ", saved.step, " is past training.steps = ", steps));
+  if (saved.data_cursor && *saved.data_cursor != saved.step * global_batch)
+    throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
+                         ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
+                         "; resume with the global batch the run trained with"));
+  return ck;
+}
+
 }  // namespace loom::app

@@ -89,4 +89,10 @@ class CheckpointSaver {
   int64_t writing_step_ = -1;
 };
 
+// Opens the latest checkpoint under `root` for a resume and checks that it belongs to this
+// run: the model the config builds, the seed, a step within training.steps, and the data
+// cursor the global batch puts there. InputError naming the file otherwise.
+checkpoint::Checkpoint open_for_resume(const std::string& root, const nlohmann::json& model, uint64_t seed, int64_t steps,
+                                       int64_t global_batch);
+
 }  // namespace loom::app

@@ -72,6 +72,9 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"parallel.bucket_mb", 25.0},
       {"parallel.deterministic", false},
       {"parallel.sequence_parallel", false},
+      {"parallel.ps_servers", int64_t{0}},  // parameter servers: the first S ranks; 0: none
+      {"parallel.ps_mode", std::string("sync")},
+      {"parallel.ps_staleness", int64_t{0}},  // ssp: K
       {"comm.transport", std::string("auto")},
       {"comm.timeout_s", 300.0},
       {"comm.grad_dtype", std::string("f32")},
@@ -211,6 +214,34 @@ void Config::apply_overrides(const std::vector<std::string>& overrides) {
   }
 }
 
+void Config::check_param_servers(const std::function<std::string(const std::string&)>& where) const {
+  if (const std::string& mode = s("parallel.ps_mode"); mode != "sync" && mode != "async" && mode != "ssp")
+    throw InputError(cat(where("parallel.ps_mode"), " = \"", mode, "\": expected one of sync, async, ssp"));
+  const int64_t servers = i("parallel.ps_servers");
+  if (servers < 0) throw InputError(cat(where("parallel.ps_servers"), " = ", servers, ": expected >= 0 (0: no parameter servers)"));
+  if (i("parallel.ps_staleness") < 0)
+    throw InputError(cat(where("parallel.ps_staleness"), " = ", i("parallel.ps_staleness"), ": expected >= 0"));
+  if (i("parallel.ps_staleness") != 0 && s("parallel.ps_mode") != "ssp")
+    throw InputError(cat(where("parallel.ps_staleness"), " = ", i("parallel.ps_staleness"), " with parallel.ps_mode = \"",
+                         s("parallel.ps_mode"), "\": a staleness bound is what ssp mode keeps; expected parallel.ps_mode = "
+                         "\"ssp\" or ps_staleness = 0"));
+  if (servers == 0) return;
+  if (i("parallel.tp") != 1 || i("parallel.pp") != 1)
+    throw InputError(cat(where("parallel.ps_servers"), " = ", servers, " with parallel.tp = ", i("parallel.tp"),
+                         " and parallel.pp = ", i("parallel.pp"), ": parameter-server workers train the whole model; "
+                         "expected tp = pp = 1"));
+  if (i("parallel.zero") != 0)
+    throw InputError(cat(where("parallel.ps_servers"), " = ", servers, " with parallel.zero = ", i("parallel.zero"),
+                         ": the servers already shard the parameters and the optimizer state; expected zero = 0"));
+  if (b("parallel.deterministic") && s("parallel.ps_mode") != "sync")
+    throw InputError(cat(where("parallel.deterministic"), " = true with parallel.ps_mode = \"", s("parallel.ps_mode"),
+                         "\": pushes applied as they arrive depend on timing; expected ps_mode = \"sync\" or "
+                         "deterministic = false"));
+  if (s("comm.grad_dtype") != "f32")
+    throw InputError(cat(where("comm.grad_dtype"), " = \"", s("comm.grad_dtype"),
+                         "\" with parameter servers: pushes carry f32 gradients; expected \"f32\""));
+}
+
 void Config::check_layout(const std::function<std::string(const std::string&)>& where) const {
   const int64_t dp = i("parallel.dp"), pp = i("parallel.pp"), v = i("parallel.virtual_stages");
   if (v > 1 && s("parallel.pp_schedule") != "interleaved")
@@ -291,7 +322,11 @@ void Config::resolve(int world) {
   // before they are (the config fuzzer found tp x pp past 2^63).
   auto axis = [&](const char* key) { return std::clamp<int64_t>(i(key), 1, int64_t{1} << 20); };
   const int64_t model_parallel = axis("parallel.tp") * axis("parallel.pp");
-  if (i("parallel.dp") == 0 && world % model_parallel == 0) values_["parallel.dp"] = int64_t{world} / model_parallel;
+  // Parameter servers take the first ranks; the workers are the data-parallel replicas.
+  const int64_t servers = std::clamp<int64_t>(i("parallel.ps_servers"), 0, int64_t{1} << 20);
+  const int64_t workers = world - servers;
+  if (i("parallel.dp") == 0 && workers > 0 && workers % model_parallel == 0)
+    values_["parallel.dp"] = workers / model_parallel;
 
   auto where = [&](const std::string& key) {
     auto it = set_.find(key);
@@ -346,9 +381,13 @@ void Config::resolve(int world) {
   }
   {
     const int64_t dp = i("parallel.dp"), tp = i("parallel.tp"), pp = i("parallel.pp");
-    if (dp * tp * pp != world)
+    if (servers > 0 && workers < 1)
+      throw InputError(cat(where("parallel.ps_servers"), " = ", servers, ", but the job has ", world,
+                           " rank(s): expected fewer servers than ranks, so that some ranks are workers"));
+    if (dp * tp * pp != workers)
       throw InputError(cat("parallel.dp x parallel.tp x parallel.pp = ", dp, " x ", tp, " x ", pp, " = ", dp * tp * pp,
                            ", but the job has ", world, " rank(s)",
+                           servers > 0 ? cat(" of which ", servers, " are parameter servers (parallel.ps_servers)") : "",
                            dp == 0 ? cat(" (not a multiple of tp x pp = ", tp * pp, ")") : std::string()));
   }
   if (i("training.global_batch") % (i("training.micro_batch") * i("parallel.dp")) != 0)
@@ -392,6 +431,7 @@ void Config::resolve(int world) {
   one_of("comm.param_dtype", {"f32", "bf16"});
   one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
   check_layout(where);
+  check_param_servers(where);
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));

@@ -49,6 +49,7 @@ class Config {
   // What a pipeline layout needs of the model and the batch (dp x tp x pp = world is
   // checked before: the batch checks divide by dp).
   void check_layout(const std::function<std::string(const std::string&)>& where) const;
+  void check_param_servers(const std::function<std::string(const std::string&)>& where) const;
 
   std::map<std::string, Value> values_;
   std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)

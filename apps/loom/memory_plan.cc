@@ -150,7 +150,7 @@ double RankBytes::total() const {
 int layout_ranks(const Config& c, int fallback) {
   const int64_t dp = c.i("parallel.dp"), tp = c.i("parallel.tp"), pp = c.i("parallel.pp"), most = int64_t{1} << 20;
   if (dp > 0 && dp <= most && tp > 0 && tp <= most && pp > 0 && pp <= most && dp * tp * pp <= most)
-    return static_cast<int>(dp * tp * pp);
+    return static_cast<int>(dp * tp * pp + std::clamp<int64_t>(c.i("parallel.ps_servers"), 0, most));
   return fallback;
 }
 

@@ -5,12 +5,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
 #include <exception>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
+#include "loom/bounded_json.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
 
@@ -185,6 +189,29 @@ RunDirectory::~RunDirectory() {
     if (!ec && empty) fs::remove_all(path_, ec);
   }
   ::close(lock_fd_);
+}
+
+int64_t truncate_metrics(const std::string& path, int64_t last_step) {
+  if (!path_exists(path)) return 0;
+  int64_t reached = 0;
+  std::string kept, all = read_file(path);
+  size_t pos = 0;
+  while (pos < all.size()) {
+    size_t nl = all.find('\n', pos);
+    if (nl == std::string::npos) break;  // a torn last line is dropped
+    std::string line = all.substr(pos, nl - pos + 1);
+    try {  // a line that is not a metrics object is dropped
+      const nlohmann::json j = parse_json_bounded(line, path, kMetricsLineLimits);
+      const int64_t step = j.is_object() ? j.value("step", int64_t{0}) : last_step + 1;
+      if (j.is_object()) reached = std::max(reached, step);
+      if (step <= last_step) kept += line;
+    } catch (const Error&) {
+    } catch (const nlohmann::json::exception&) {
+    }
+    pos = nl + 1;
+  }
+  write_file_atomic(path, kept);
+  return reached;
 }
 
 }  // namespace loom::app

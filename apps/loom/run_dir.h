@@ -6,6 +6,7 @@
 // Thread-safety: one object per process.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace loom::app {
@@ -37,6 +38,10 @@ class RunDirectory {
   int lock_fd_ = -1, extra_fd_ = -1;
   bool created_ = false;  // by this claim: removed again if nothing was written when the job fails
 };
+
+// Keeps the lines of the metrics file `path` of steps <= last_step (a resumed run rewrites
+// what follows); torn or foreign lines go. Returns the last step the file had reached.
+int64_t truncate_metrics(const std::string& path, int64_t last_step);
 
 // The holder a lock file names, "pid P on host H since T", for messages.
 std::string lock_holder(const std::string& dir);

@@ -31,6 +31,7 @@
 #include "loom/trace.h"
 #include "launch.h"
 #include "memory_plan.h"
+#include "ps_train.h"
 #include "run_dir.h"
 #include "stages.h"
 #include "step_tracer.h"
@@ -67,32 +68,6 @@ int usable_world(const Config& c, int available) {
   }
   return available;
 }
-
-// Keeps the metrics lines of steps <= last_step (a resumed run rewrites what follows).
-// Returns the last step the file had reached.
-int64_t truncate_metrics(const std::string& path, int64_t last_step) {
-  if (!path_exists(path)) return 0;
-  int64_t reached = 0;
-  std::string kept, all = read_file(path);
-  size_t pos = 0;
-  while (pos < all.size()) {
-    size_t nl = all.find('\n', pos);
-    if (nl == std::string::npos) break;  // a torn last line is dropped
-    std::string line = all.substr(pos, nl - pos + 1);
-    try {  // a line that is not a metrics object is dropped
-      const json j = parse_json_bounded(line, path, kMetricsLineLimits);
-      const int64_t step = j.is_object() ? j.value("step", int64_t{0}) : last_step + 1;
-      if (j.is_object()) reached = std::max(reached, step);
-      if (step <= last_step) kept += line;
-    } catch (const Error&) {
-    } catch (const json::exception&) {
-    }
-    pos = nl + 1;
-  }
-  write_file_atomic(path, kept);
-  return reached;
-}
-
 
 }  // namespace
 
@@ -148,6 +123,7 @@ int run_train(const TrainArgs& a) {
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
   apply_compute_settings(c, env.local_size);
+  if (c.i("parallel.ps_servers") > 0) return run_ps_train(c, a, env, restarted);
   const bool lead = env.rank == 0;  // writes the run directory, metrics and checkpoints
 
   const std::string run = c.run_path();
@@ -215,28 +191,8 @@ int run_train(const TrainArgs& a) {
     log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
   };
   if (resume) {
-    if (!checkpoint::latest_step_dir(ckpt_root))
-      throw InputError(cat(ckpt_root, ": --resume given but there is no checkpoint; --restart starts the run afresh "
-                           "(the old directory is kept aside)"));
-    ck = checkpoint::Checkpoint::open(ckpt_root);
+    ck.emplace(open_for_resume(ckpt_root, task->model_json(), seed, steps, global_batch));
     const checkpoint::State& saved = ck->state();
-    const std::string state_path = (fs::path(ck->path()) / "state.json").string();
-    if (saved.model != task->model_json())
-      throw InputError(cat(state_path, ": checkpoint of model ", saved.model.is_null() ? "(not recorded)" : saved.model.dump(),
-                           ", the config builds ", task->model_json().dump()));
-    // All randomness is counter-based on (seed, stream, epoch); a different seed would
-    // silently change the data order, so it is refused. So is a step past the run's end, or
-    // a data cursor that another global batch would move.
-    if (!saved.seed) throw InputError(cat(state_path, ": rng.seed: missing; expected the seed the run trained with"));
-    if (*saved.seed != seed)
-      throw InputError(cat(ck->path(), ": trained with job.seed = ", *saved.seed, ", the config says ", seed,
-                           "; resume with the same seed"));
-    if (saved.step > steps)
-      throw InputError(cat(state_path, ": step = ", saved.step, " is past training.steps = ", steps));
-    if (saved.data_cursor && *saved.data_cursor != saved.step * global_batch)
-      throw InputError(cat(state_path, ": data_cursor = ", *saved.data_cursor, " at step ", saved.step,
-                           ", but training.global_batch = ", global_batch, " puts it at ", saved.step * global_batch,
-                           "; resume with the global batch the run trained with"));
     const auto t0 = std::chrono::steady_clock::now();
     ck->load_params(params);
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,0 +1,323 @@
+// `loom train` with parameter servers ([parallel] ps_servers = S, docs/parallelism.md
+// "Parameter servers"): ranks 0..S-1 serve key ranges of the model, the others train.
+// Rank 0, the first server, writes the run directory: metrics per step, evaluations and
+// (with the other servers, each writing its range) checkpoints.
+#include "ps_train.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <thread>
+
+#include "checkpointing.h"
+#include "loom/checkpoint.h"
+#include "loom/data.h"
+#include "loom/data_parallel.h"
+#include "loom/error.h"
+#include "loom/fileio.h"
+#include "loom/log.h"
+#include "loom/metrics.h"
+#include "loom/param_server.h"
+#include "loom/rendezvous.h"
+#include "loom/threads.h"
+#include "run_dir.h"
+#include "stages.h"
+#include "task.h"
+#include "train_watch.h"
+
+namespace loom::app {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Job {
+  const Config& c;
+  const comm::LaunchEnv& env;
+  int servers = 0, workers = 0;
+  parallel::PsMode mode = parallel::PsMode::kSync;
+  int64_t steps = 0, global_batch = 0, micro_batch = 0, per_worker = 0, accum = 0;
+  uint64_t seed = 0;
+  std::string run, ckpt_root;
+};
+
+optim::OptimizerConfig optimizer_config(const Config& c) {
+  return {.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"), .beta1 = c.f("training.beta1"),
+          .beta2 = c.f("training.beta2"), .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
+          .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
+                    .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
+}
+
+// The pair communicators of this rank's links: a server's to every worker, a worker's to
+// every server, each created in ascending order of the other end (no cycle of waits).
+std::vector<std::unique_ptr<comm::Communicator>> make_links(const Job& job, comm::Communicator& world, comm::Store& store) {
+  std::vector<std::unique_ptr<comm::Communicator>> links;
+  const int me = world.rank();
+  const bool server = me < job.servers;
+  for (int other = 0; other < (server ? job.workers : job.servers); ++other) {
+    const int s = server ? me : other, w = server ? other : me - job.servers;
+    comm::CommConfig cfg = world.config();
+    cfg.job_ranks = {s, job.servers + w};
+    links.push_back(comm::Communicator::create(store, server ? 0 : 1, 2, cfg, cat("ps/", s, "/", w)));
+  }
+  return links;
+}
+
+std::vector<comm::Communicator*> raw(const std::vector<std::unique_ptr<comm::Communicator>>& links) {
+  std::vector<comm::Communicator*> out;
+  for (const auto& l : links) out.push_back(l.get());
+  return out;
+}
+
+// Every server's range into the first server's params.values(). Collective over the servers.
+void gather_ranges(comm::Communicator& group, ParamSet& params, const std::vector<int64_t>& bounds) {
+  float* v = params.values().data<float>();
+  const int me = group.rank();
+  for (int s = 1; s < group.size(); ++s) {
+    const auto count = static_cast<size_t>(bounds[s + 1] - bounds[s]);
+    if (me == s) comm::send(group, {.buffer = v + bounds[s], .count = count, .peer = 0});
+    if (me == 0) comm::recv(group, {.buffer = v + bounds[s], .count = count, .peer = s});
+  }
+}
+
+// A server's share of a checkpoint: its range of the parameters and its optimizer state.
+RankShare server_share(const ParamSet& params, const parallel::ParamServer& server, int64_t begin, int64_t end) {
+  RankShare share;
+  const size_t es = dtype_size(params.dtype());
+  const auto* v = static_cast<const char*>(params.values().raw());
+  share.model = checkpoint::pieces(params, {{begin, end, v + begin * static_cast<int64_t>(es)}});
+  const optim::RangeState st = server.optimizer_state();
+  share.optimizer_steps = st.steps;
+  for (const auto& [role, views] : st.buffers)
+    for (checkpoint::Piece& p : checkpoint::pieces(params, {{begin, end, views[0].raw()}}, role + "."))
+      share.optimizer.push_back(std::move(p));
+  return share;
+}
+
+int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Communicator& world,
+          comm::Communicator& group, std::vector<comm::Communicator*> links) {
+  const Config& c = job.c;
+  const int s = world.rank();
+  const bool lead = s == 0;
+  ParamSet& params = task.params();
+  const std::vector<int64_t> bounds = parallel::ps_key_ranges(params.numel(), job.servers);
+  std::optional<checkpoint::Checkpoint> ck;
+  int64_t start_step = 0;
+  if (resume) {
+    ck.emplace(open_for_resume(job.ckpt_root, task.model_json(), job.seed, job.steps, job.global_batch));
+    ck->load_params(params);
+    start_step = ck->state().step;
+  }
+  parallel::ParamServer server(
+      links, group, params, bounds[s], bounds[s + 1], optimizer_config(c),
+      {.mode = job.mode, .staleness = c.i("parallel.ps_staleness"), .deterministic = c.b("parallel.deterministic"),
+       .workers = job.workers, .start_step = start_step, .steps = job.steps,
+       .schedule = {.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"), .warmup_steps = c.i("training.warmup_steps"),
+                    .total_steps = job.steps, .decay = c.s("training.decay")},
+       .max_norm = c.f("training.grad_clip")});
+  if (ck) {
+    optim::RangeState st = server.optimizer_state();
+    ck->load_optimizer(params, st);
+    server.set_optimizer_steps(st.steps);
+    if (const std::string bad = ck->nonfinite_report(); !bad.empty() && !a.allow_nonfinite)
+      throw InputError(cat(bad, "; training from it would spread them: resume from an earlier checkpoint, or pass "
+                                "--allow-nonfinite"));
+    log_info(cat("resuming from ", ck->path(), " at step ", start_step));
+    ck.reset();
+  }
+
+  const std::string metrics_path = (fs::path(job.run) / "metrics.jsonl").string();
+  std::optional<obs::MetricsFile> metrics;
+  if (lead) {
+    fs::create_directories(fs::path(job.run) / "logs");
+    write_file_atomic((fs::path(job.run) / "config.toml").string(), c.to_toml());
+    if (resume) truncate_metrics(metrics_path, start_step);
+    metrics.emplace(metrics_path);
+  }
+  const json layout = {{"world", world.size()}, {"ps_servers", job.servers}, {"ps_workers", job.workers},
+                       {"ps_mode", c.s("parallel.ps_mode")}, {"dp", job.workers}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
+  auto save = [&](int64_t step) {
+    json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", job.seed},
+                {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
+                {"data_epoch", step * job.global_batch / task.train_items()}};
+    json state = {{"data_cursor", step * job.global_batch}, {"rng", rng}, {"model", task.model_json()},
+                  {"config", c.to_toml()}};
+    return save_checkpoint(group, server_share(params, server, bounds[s], bounds[s + 1]), job.ckpt_root, step, state,
+                           layout, {.keep = static_cast<int>(c.i("checkpoint.keep"))});
+  };
+  const bool sync = job.mode == parallel::PsMode::kSync;
+  const double tokens_per_step = static_cast<double>(job.global_batch * task.tokens_per_item());
+  obs::Progress progress(job.steps, c.i("job.log_every"), a.quiet || !lead);
+  auto last = Clock::now();
+  double ema_step_s = 0, step_s_total = 0, push_total = 0, pull_total = 0;
+  int64_t timed = 0, max_staleness = 0;
+  std::string last_checkpoint;
+  server.on_step([&](const parallel::PsStep& st) {
+    const auto now = Clock::now();
+    const double step_s = std::chrono::duration<double>(now - last).count();
+    last = now;
+    ema_step_s = timed == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
+    if (st.step > start_step + 1) {  // the first step waits for every worker to start
+      step_s_total += step_s;
+      push_total += st.push_ms;
+      pull_total += st.pull_ms;
+      ++timed;
+    }
+    max_staleness = std::max(max_staleness, st.max_staleness);
+    obs::JsonLine line;
+    line.add("step", st.step).add("loss", st.loss).add("lr", st.lr).add("grad_norm", st.grad_norm)
+        .add("tokens", static_cast<int64_t>(tokens_per_step)).add("step_ms", step_s * 1e3)
+        .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_rss_mb())
+        .add("ps_pushes", st.pushes).add("ps_push_ms", st.push_ms).add("ps_pull_ms", st.pull_ms)
+        .add("ps_staleness_max", st.max_staleness).add("ps_staleness_mean", st.mean_staleness)
+        .add("ps_queue_max", st.max_queue).add("ps_held_ms", st.held_ms);
+    std::string per_worker;
+    for (size_t w = 0; w < st.staleness.size(); ++w) per_worker += cat(w == 0 ? "" : ",", st.staleness[w]);
+    line.add_string("ps_staleness", per_worker);
+    // Sync steps come in the same order on every server: evaluations and checkpoints are
+    // collective over them. Async and ssp ones do not, so those run once the servers stop.
+    const int64_t every = c.i("checkpoint.every"), eval_every = c.i("training.eval_every");
+    if (sync && task.has_validation() && eval_every > 0 && st.step % eval_every == 0 && st.step < job.steps) {
+      gather_ranges(group, params, bounds);
+      if (lead) line.add("val_loss", task.evaluate(c.i("training.eval_steps") * job.micro_batch).loss);
+    }
+    if (metrics) metrics->write(line);
+    progress.update(st.step, st.loss, tokens_per_step / step_s, ema_step_s);
+    if (sync && every > 0 && st.step % every == 0 && st.step < job.steps) {
+      last_checkpoint = save(st.step);
+      progress.note(cat("checkpoint ", last_checkpoint));
+    }
+  });
+  server.on_drop([&](int link, const std::string& why) {
+    log_warn(cat("parameter server ", s, ": dropped worker rank ", job.servers + link, ": ", why,
+                 "; training goes on with the others"));
+  });
+  server.serve();
+  progress.finish();
+  // The run's end: the final model on the first server, evaluated and saved.
+  gather_ranges(group, params, bounds);
+  // Async and ssp servers may end a push apart (a worker lost between its pushes to two of
+  // them): the checkpoint takes the first server's count of steps.
+  int64_t done = server.steps_done();
+  comm::broadcast(group, {.buffer = &done, .count = 1, .dtype = DType::kI64});
+  last_checkpoint = save(done);
+  if (lead) {
+    if (task.has_validation()) {
+      const EvalResult e = task.evaluate(c.i("training.eval_steps") * job.micro_batch);
+      obs::JsonLine line;
+      line.add("step", done).add("final_val_loss", e.loss);
+      if (e.accuracy >= 0) line.add("final_val_accuracy", e.accuracy);
+      metrics->write(line);
+      std::printf("validation loss %.4f%s after %lld steps\n", e.loss,
+                  e.accuracy >= 0 ? cat(", accuracy ", e.accuracy).c_str() : "", static_cast<long long>(done));
+    }
+    if (timed > 0)
+      std::printf("parameter servers: %d server(s), %d worker(s), %s%s: %.0f tokens/s, step %.1f ms, push %.1f ms, pull "
+                  "%.1f ms (mean per worker), staleness at most %lld\n",
+                  job.servers, job.workers, c.s("parallel.ps_mode").c_str(),
+                  job.mode == parallel::PsMode::kSsp ? cat(" (K = ", c.i("parallel.ps_staleness"), ")").c_str() : "",
+                  tokens_per_step * static_cast<double>(timed) / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
+                  push_total / static_cast<double>(timed), pull_total / static_cast<double>(timed),
+                  static_cast<long long>(max_staleness));
+    std::printf("checkpoint: %s\nrun directory: %s\n", last_checkpoint.c_str(), job.run.c_str());
+  }
+  return 0;
+}
+
+int work(const Job& job, Task& task, comm::Communicator& world, std::vector<comm::Communicator*> links) {
+  const Config& c = job.c;
+  const int w = world.rank() - job.servers;
+  ParamSet& params = task.params();
+  // The worker's own gradient sums (exact limbs in deterministic mode) over its micro-batches.
+  comm::HashStore own_store;
+  auto self = comm::Communicator::create(own_store, 0, 1, world.config(), "self");
+  parallel::DataParallel dp(*self, params, optimizer_config(c),
+                            {.bucket_mb = c.f("parallel.bucket_mb"), .deterministic = c.b("parallel.deterministic")},
+                            task.block_offsets());
+  task.set_block_hook([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
+  parallel::PsWorker worker(links, params, parallel::ps_key_ranges(params.numel(), job.servers), job.mode);
+  const bool sync = job.mode == parallel::PsMode::kSync;
+  // Sync: the workers' gradients add up to the global batch's mean. Async and ssp: each push
+  // is its own update, the mean over this worker's items.
+  const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
+  data::Sampler sampler(task.train_items(), job.seed);
+  const int64_t delay_ms = step_delay_ms(world.rank());
+  parallel::PsReply reply = worker.hello(job.accum);
+  for (int64_t step = reply.step; !reply.stop; ++step) {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    dp.begin_step();
+    std::vector<double> losses;
+    for (int64_t m = 0; m < job.accum; ++m) {
+      dp.begin_micro_step(m == job.accum - 1);
+      std::vector<int64_t> items(static_cast<size_t>(job.micro_batch));
+      for (int64_t i = 0; i < job.micro_batch; ++i)
+        items[i] = sampler.item(step * job.global_batch + w * job.per_worker + m * job.micro_batch + i);
+      losses.push_back(task.micro_step(items, scale));
+      dp.end_micro_step();
+    }
+    const parallel::DataParallel::Gradients g = dp.finish_gradients();
+    const double norm = sync ? 0 : optim::clip_grad_norm(params, c.f("training.grad_clip"));
+    if (!sync && !std::isfinite(norm))
+      throw RuntimeError(cat("step ", step + 1, ": this worker's gradient norm is not finite (", norm,
+                             "); it stops without pushing (a lower training.lr or a training.grad_clip may help)"));
+    reply = worker.push_pull(step, g.sums, losses, norm, g.unsummable);
+  }
+  worker.goodbye();
+  return 0;
+}
+
+}  // namespace
+
+int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
+  Job job{.c = c, .env = env};
+  job.servers = static_cast<int>(c.i("parallel.ps_servers"));
+  job.workers = env.size - job.servers;
+  job.mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
+  job.steps = c.i("training.steps");
+  job.global_batch = c.i("training.global_batch");
+  job.micro_batch = c.i("training.micro_batch");
+  job.per_worker = job.global_batch / job.workers;
+  job.accum = job.per_worker / job.micro_batch;
+  job.seed = static_cast<uint64_t>(c.i("job.seed"));
+  job.run = c.run_path();
+  job.ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(job.run) / "checkpoints").string() : c.s("checkpoint.dir");
+  if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
+  if (!a.init_from.empty())
+    throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
+                     "--resume; expected no --init-from");
+  const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(job.ckpt_root));
+  const bool server = env.rank < job.servers;
+  std::unique_ptr<Task> task = make_task(c, {}, {}, /*init=*/!(server && resume));
+  std::optional<RunDirectory> run_dir;
+  if (env.rank == 0) {
+    const bool own_ckpt_dir = !c.s("checkpoint.dir").empty();
+    run_dir.emplace(RunDirectory::claim(job.run, resume || restarted ? RunDirectory::Mode::kResume
+                                                 : a.restart ? RunDirectory::Mode::kRestart
+                                                             : RunDirectory::Mode::kFresh,
+                                        own_ckpt_dir ? job.ckpt_root : ""));
+  }
+  std::unique_ptr<comm::TcpStoreServer> store_server;
+  std::unique_ptr<comm::Store> store;
+  auto world = comm::join_world(
+      env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
+      store_server, store);
+  check_same_layout(*world, c);
+  auto group = world->split(server ? 0 : 1, world->rank());  // the servers; the workers
+  const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
+  log_info(cat("training ", c.s("model.preset"), " (", task->params().numel(), " parameters) on ", c.s("data.train"), ": ",
+               job.steps, " steps of ", job.global_batch, " x ", task->tokens_per_item(), " tokens, ", job.servers,
+               " parameter server(s) and ", job.workers, " worker(s), ", c.s("parallel.ps_mode"),
+               job.mode == parallel::PsMode::kSsp ? cat(" (staleness ", c.i("parallel.ps_staleness"), ")") : std::string(),
+               c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", job.run));
+  try {
+    return server ? serve(job, a, resume, *task, *world, *group, raw(links)) : work(job, *task, *world, raw(links));
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(cat("rank ", env.rank, " (", server ? "parameter server " : "worker ",
+                           server ? env.rank : env.rank - job.servers, "): ", e.what()));
+  }
+}
+
+}  // namespace loom::app
