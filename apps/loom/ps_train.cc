@@ -22,6 +22,7 @@
 #include "loom/param_server.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
+#include "rank_group.h"
 #include "run_dir.h"
 #include "stages.h"
 #include "task.h"
@@ -305,6 +306,10 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
       env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
       store_server, store);
   check_same_layout(*world, c);
+  // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
+  if (!server && job.mode != parallel::PsMode::kSync)
+    store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
+  install_fault_hook(env.rank);
   auto group = world->split(server ? 0 : 1, world->rank());  // the servers; the workers
   const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
   log_info(cat("training ", c.s("model.preset"), " (", task->params().numel(), " parameters) on ", c.s("data.train"), ": ",

@@ -16,6 +16,7 @@
 
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/rendezvous.h"
 
 namespace loom::app {
 namespace {
@@ -172,6 +173,12 @@ void RankGroup::reap() {
     c.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (spec_.clean_exits.count(c.code) != 0) continue;
     const bool signaled = WIFSIGNALED(status) && !c.signaled_by_us;
+    if (!failure_ && expendable(c.rank)) {
+      std::fprintf(stderr, "loom launch: %s; it declared itself expendable (a parameter-server worker), so the job goes on\n",
+                   Failure{.rank = c.rank, .pid = c.pid, .code = c.code, .signaled = signaled}.describe().c_str());
+      c.code = 0;
+      continue;
+    }
     if (!pass || (signaled && !pass->signaled))
       pass = Failure{.rank = c.rank, .pid = c.pid, .code = c.code, .signaled = signaled, .at = Clock::now()};
   }
@@ -241,6 +248,24 @@ void RankGroup::stop() { teardown_after(Clock::now()); }
 
 bool RankGroup::done() const {
   return open_pipes_ == 0 && std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; });
+}
+
+std::string expendable_key(int rank) { return cat("launch/expendable/", rank); }
+
+bool RankGroup::expendable(int rank) {
+  if (!spec_.allow_expendable) return false;
+  const auto deadline = comm::Clock::now() + std::chrono::seconds(2);
+  try {
+    if (!store_)
+      store_ = std::make_unique<comm::TcpStore>(
+          comm::TcpStoreConfig{.host = spec_.store_host, .port = spec_.store_port, .secret = read_file(spec_.secret.path),
+                               .job_id = spec_.job_id},
+          deadline);
+    return store_->try_get(expendable_key(rank), deadline).has_value();
+  } catch (const Error& e) {  // no answer: the rank is not known to be expendable
+    std::fprintf(stderr, "loom launch: cannot ask the job's store whether rank %d is expendable: %s\n", rank, e.what());
+    return false;
+  }
 }
 
 std::vector<int> RankGroup::exit_codes() const {

@@ -10,11 +10,16 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace loom::comm {
+class Store;
+}
 
 namespace loom::app {
 
@@ -41,7 +46,13 @@ struct RankGroupSpec {
   SecretFile secret;
   std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
   std::set<int> clean_exits = {0};  // exit codes that are not failures
+  // A rank that declared itself expendable in the job's store (expendable_key; parameter-
+  // server workers in async and ssp mode do) may fail alone: logged, the others go on.
+  bool allow_expendable = false;
 };
+
+// The store key through which a rank tells its launcher it may fail alone.
+std::string expendable_key(int rank);
 
 class RankGroup {
  public:
@@ -72,7 +83,7 @@ class RankGroup {
   void stop();
   bool done() const;  // every rank reaped and its output drained
   const std::optional<Failure>& failure() const { return failure_; }
-  std::vector<int> exit_codes() const;  // per local rank, once done
+  std::vector<int> exit_codes() const;  // per local rank, once done (0 for an expendable rank that failed)
   std::vector<pid_t> pids() const;
 
  private:
@@ -88,8 +99,10 @@ class RankGroup {
   void emit(Child& c, const char* data, size_t n, bool flush_partial);
   void teardown_after(Clock::time_point from);
   void reap();
+  bool expendable(int rank);
 
   RankGroupSpec spec_;
+  std::unique_ptr<comm::Store> store_;  // the job's, opened when a rank fails (allow_expendable)
   std::vector<Child> children_;
   std::optional<Failure> failure_;
   Clock::time_point deadline_term_ = Clock::time_point::max(), deadline_kill_ = Clock::time_point::max();

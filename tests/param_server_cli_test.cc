@@ -1,0 +1,84 @@
+// Parameter servers from the command line (docs/parallelism.md, "Parameter servers"): real
+// processes under loom launch. Sync training is bitwise equal to one process (losses,
+// weights, optimizer state) and resumes bitwise after a server dies; async training goes
+// on without a worker that is killed; impossible layouts are one-line errors.
+#include <csignal>
+
+#include "cli_fixture.h"
+
+namespace loom {
+namespace {
+
+// The metrics lines of training steps (not the final evaluation's), to the grad norm.
+std::vector<std::string> step_columns(const std::string& metrics) {
+  std::vector<std::string> out;
+  for (const std::string& line : loss_columns(metrics))
+    if (line.find("\"loss\"") != std::string::npos) out.push_back(line);
+  return out;
+}
+
+TEST_F(Cli, ParamServerSyncIsBitwiseEqualToOneProcessAndResumesAfterAServerDies) {
+  const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                " --quiet --parallel.deterministic=true --training.micro_batch=1");
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --parallel.deterministic=true --training.micro_batch=1 "
+                     "--job.name=one")).code, 0);
+  const std::string ps = cat(train, " --parallel.ps_servers=2");
+  Result r = loom(cat("launch -n 4 -- ", ps, " --job.name=ps"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parameter servers: 2 server(s), 2 worker(s), sync"), std::string::npos) << r.out;
+  const std::vector<std::string> want = step_columns(read_file(p("runs/one/metrics.jsonl")));
+  ASSERT_EQ(want.size(), 6u);
+  EXPECT_EQ(step_columns(read_file(p("runs/ps/metrics.jsonl"))), want);
+  for (auto part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+    EXPECT_EQ(logical(p("runs/ps/checkpoints/step_6"), part), logical(p("runs/one/checkpoints/step_6"), part));
+
+  // Server 0 dies right after committing step 3; --resume takes the job from there.
+  r = loom(cat("launch -n 4 -- /usr/bin/env LOOM_FAULT_AT=latest:3:0 ", ps, " --job.name=cut"));
+  EXPECT_NE(r.code, 0) << "the crash did not happen\n" << r.out << r.err;
+  EXPECT_EQ(read_file(p("runs/cut/checkpoints/latest")), "step_3\n");
+  r = loom(cat("launch -n 4 -- ", ps, " --job.name=cut --resume"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(step_columns(read_file(p("runs/cut/metrics.jsonl"))), want);
+  for (auto part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
+    EXPECT_EQ(logical(p("runs/cut/checkpoints/step_6"), part), logical(p("runs/one/checkpoints/step_6"), part));
+}
+
+TEST_F(Cli, ParamServerAsyncGoesOnWithoutAKilledWorker) {
+  const std::string metrics = p("runs/async/metrics.jsonl");
+  const pid_t launcher = launch_in_background(
+      cat("-n 4 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+          " --quiet --parallel.ps_servers=1 --parallel.ps_mode=async --training.steps=400 --training.global_batch=6 "
+          "--training.micro_batch=1 --training.eval_every=0 --checkpoint.every=0 --job.name=async"),
+      p("async.out"));
+  ASSERT_GE(launcher, 0);
+  wait_for_lines(metrics, 20);
+  const pid_t victim = rank_pid(launcher, 2);
+  ASSERT_GT(victim, 0);
+  const Ended ended = signal_and_wait(victim, SIGKILL, launcher);
+  const std::string out = read_file(p("async.out"));
+  EXPECT_EQ(WEXITSTATUS(ended.status), 0) << out;
+  EXPECT_NE(out.find(cat("rank 2 (pid ", victim, ") failed with signal 9; it declared itself expendable")), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("parameter server 0: dropped worker rank 2: rank 2 died"), std::string::npos) << out;
+  const std::string lines = read_file(metrics);
+  EXPECT_NE(lines.find("{\"step\": 400, \"loss\""), std::string::npos) << "the run did not reach its last step";
+  EXPECT_NE(lines.find("\"final_val_loss\""), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(p("runs/async/checkpoints/step_400")));
+}
+
+TEST_F(Cli, ParamServerLayoutsThatCannotWorkAreRefused) {
+  const std::string train = cat("train ", p("nano.toml"), " --dry-run");
+  expect_bad_input(cat("train ", p("nano.toml"), " --parallel.ps_servers=1"),
+                   {"parallel.ps_servers (from --parallel.ps_servers=1) = 1, but the job has 1 rank(s)", "fewer servers"});
+  expect_bad_input(cat(train, " --parallel.dp=2 --parallel.ps_servers=1 --parallel.ps_mode=eventual"),
+                   {"parallel.ps_mode", "\"eventual\"", "sync, async, ssp"});
+  expect_bad_input(cat(train, " --parallel.dp=2 --parallel.ps_servers=1 --parallel.ps_staleness=2"),
+                   {"parallel.ps_staleness", "ssp"});
+  expect_bad_input(cat(train, " --parallel.dp=2 --parallel.ps_servers=1 --parallel.ps_mode=async --parallel.deterministic=true"),
+                   {"parallel.deterministic", "\"async\"", "sync"});
+  expect_bad_input(cat(train, " --parallel.dp=2 --parallel.ps_servers=1 --parallel.zero=1"), {"parallel.zero = 1", "zero = 0"});
+  expect_bad_input(cat(train, " --parallel.dp=1 --parallel.tp=2 --parallel.ps_servers=1"), {"tp = pp = 1"});
+}
+
+}  // namespace
+}  // namespace loom
