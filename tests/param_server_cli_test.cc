@@ -32,6 +32,28 @@ TEST_F(Cli, ParamServerSyncIsBitwiseEqualToOneProcessAndResumesAfterAServerDies)
   for (auto part : {checkpoint::Part::kModel, checkpoint::Part::kOptimizer})
     EXPECT_EQ(logical(p("runs/ps/checkpoints/step_6"), part), logical(p("runs/one/checkpoints/step_6"), part));
 
+  // A host's workers summing first (forced on one host; and "auto" with the servers on
+  // another host, simulated by LOOM_HOST_ID): the same bits, and the host all-reduce seen.
+  write(p("two_hosts.sh"), "#!/bin/sh\nif [ \"$RANK\" -lt 2 ]; then export LOOM_HOST_ID=a; else export LOOM_HOST_ID=b; fi\n"
+                           "exec \"$@\"\n");
+  std::filesystem::permissions(p("two_hosts.sh"), std::filesystem::perms::owner_all);
+  for (const std::string& how : {std::string("launch -n 4 -- ") + ps + " --parallel.ps_hierarchical=on",
+                                 cat("launch -n 5 -- ", p("two_hosts.sh"), " ", ps, " --training.global_batch=6")}) {
+    const bool five = how.find("-n 5") != std::string::npos;
+    const std::string name = five ? "two_hosts" : "on";
+    if (five) {  // the reference for a global batch of 6
+      ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --parallel.deterministic=true --training.micro_batch=1 "
+                         "--training.global_batch=6 --job.name=one6")).code, 0);
+    }
+    r = loom(cat(how, " --job.name=", name));
+    ASSERT_EQ(r.code, 0) << how << "\n" << r.out << r.err;
+    const std::string m = read_file(p(cat("runs/", name, "/metrics.jsonl")));
+    EXPECT_EQ(step_columns(m), step_columns(read_file(p(five ? "runs/one6/metrics.jsonl" : "runs/one/metrics.jsonl")))) << how;
+    EXPECT_EQ(m.find("\"ps_local_bytes\": 0,"), std::string::npos) << how << ": no host all-reduce\n" << m;
+  }
+  EXPECT_NE(read_file(p("runs/ps/metrics.jsonl")).find("\"ps_local_bytes\": 0,"), std::string::npos)
+      << "one host, auto: the workers push alone";
+
   // Server 0 dies right after committing step 3; --resume takes the job from there.
   r = loom(cat("launch -n 4 -- /usr/bin/env LOOM_FAULT_AT=latest:3:0 ", ps, " --job.name=cut"));
   EXPECT_NE(r.code, 0) << "the crash did not happen\n" << r.out << r.err;

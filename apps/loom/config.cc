@@ -75,6 +75,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"parallel.ps_servers", int64_t{0}},  // parameter servers: the first S ranks; 0: none
       {"parallel.ps_mode", std::string("sync")},
       {"parallel.ps_staleness", int64_t{0}},  // ssp: K
+      {"parallel.ps_hierarchical", std::string("auto")},  // sync: a host's workers sum first, one pushes
       {"comm.transport", std::string("auto")},
       {"comm.timeout_s", 300.0},
       {"comm.grad_dtype", std::string("f32")},
@@ -225,6 +226,12 @@ void Config::check_param_servers(const std::function<std::string(const std::stri
     throw InputError(cat(where("parallel.ps_staleness"), " = ", i("parallel.ps_staleness"), " with parallel.ps_mode = \"",
                          s("parallel.ps_mode"), "\": a staleness bound is what ssp mode keeps; expected parallel.ps_mode = "
                          "\"ssp\" or ps_staleness = 0"));
+  if (const std::string& h = s("parallel.ps_hierarchical"); h != "auto" && h != "on" && h != "off")
+    throw InputError(cat(where("parallel.ps_hierarchical"), " = \"", h, "\": expected one of auto, on, off"));
+  if (s("parallel.ps_hierarchical") == "on" && s("parallel.ps_mode") != "sync")
+    throw InputError(cat(where("parallel.ps_hierarchical"), " = \"on\" with parallel.ps_mode = \"", s("parallel.ps_mode"),
+                         "\": a host's workers sum their gradients in step, which only sync mode does; expected \"auto\" or "
+                         "\"off\""));
   if (servers == 0) return;
   if (i("parallel.tp") != 1 || i("parallel.pp") != 1)
     throw InputError(cat(where("parallel.ps_servers"), " = ", servers, " with parallel.tp = ", i("parallel.tp"),

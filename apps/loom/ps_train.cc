@@ -4,6 +4,7 @@
 // (with the other servers, each writing its range) checkpoints.
 #include "ps_train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +44,10 @@ struct Job {
   int64_t steps = 0, global_batch = 0, micro_batch = 0, per_worker = 0, accum = 0;
   uint64_t seed = 0;
   std::string run, ckpt_root;
+  // The workers that talk to the servers, ascending: every worker, or with a host reduce
+  // (sync, parallel.ps_hierarchical) the first worker on each host. Link l is leaders[l]'s.
+  std::vector<int> leaders;
+  bool hierarchical = false;
 };
 
 optim::OptimizerConfig optimizer_config(const Config& c) {
@@ -52,16 +57,17 @@ optim::OptimizerConfig optimizer_config(const Config& c) {
                     .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
 }
 
-// The pair communicators of this rank's links: a server's to every worker, a worker's to
+// The pair communicators of this rank's links: a server's to every leader, a leader's to
 // every server, each created in ascending order of the other end (no cycle of waits).
 std::vector<std::unique_ptr<comm::Communicator>> make_links(const Job& job, comm::Communicator& world, comm::Store& store) {
   std::vector<std::unique_ptr<comm::Communicator>> links;
   const int me = world.rank();
   const bool server = me < job.servers;
-  for (int other = 0; other < (server ? job.workers : job.servers); ++other) {
-    const int s = server ? me : other, w = server ? other : me - job.servers;
+  if (!server && std::find(job.leaders.begin(), job.leaders.end(), me) == job.leaders.end()) return links;
+  for (int other = 0; other < (server ? static_cast<int>(job.leaders.size()) : job.servers); ++other) {
+    const int s = server ? me : other, w = server ? job.leaders[other] : me;
     comm::CommConfig cfg = world.config();
-    cfg.job_ranks = {s, job.servers + w};
+    cfg.job_ranks = {s, w};
     links.push_back(comm::Communicator::create(store, server ? 0 : 1, 2, cfg, cat("ps/", s, "/", w)));
   }
   return links;
@@ -174,7 +180,8 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
         .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_rss_mb())
         .add("ps_pushes", st.pushes).add("ps_push_ms", st.push_ms).add("ps_pull_ms", st.pull_ms)
         .add("ps_staleness_max", st.max_staleness).add("ps_staleness_mean", st.mean_staleness)
-        .add("ps_queue_max", st.max_queue).add("ps_held_ms", st.held_ms);
+        .add("ps_queue_max", st.max_queue).add("ps_held_ms", st.held_ms).add("ps_bytes", st.bytes)
+        .add("ps_local_bytes", st.local_bytes);
     std::string per_worker;
     for (size_t w = 0; w < st.staleness.size(); ++w) per_worker += cat(w == 0 ? "" : ",", st.staleness[w]);
     line.add_string("ps_staleness", per_worker);
@@ -193,7 +200,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
     }
   });
   server.on_drop([&](int link, const std::string& why) {
-    log_warn(cat("parameter server ", s, ": dropped worker rank ", job.servers + link, ": ", why,
+    log_warn(cat("parameter server ", s, ": dropped worker rank ", job.leaders[link], ": ", why,
                  "; training goes on with the others"));
   });
   server.serve();
@@ -228,25 +235,36 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   return 0;
 }
 
-int work(const Job& job, Task& task, comm::Communicator& world, std::vector<comm::Communicator*> links) {
+int work(const Job& job, Task& task, comm::Communicator& world, comm::Communicator& local,
+         std::vector<comm::Communicator*> links) {
   const Config& c = job.c;
   const int w = world.rank() - job.servers;
   ParamSet& params = task.params();
-  // The worker's own gradient sums (exact limbs in deterministic mode) over its micro-batches.
-  comm::HashStore own_store;
-  auto self = comm::Communicator::create(own_store, 0, 1, world.config(), "self");
-  parallel::DataParallel dp(*self, params, optimizer_config(c),
+  // The gradient sums over this worker's micro-batches and, with a host reduce, over its
+  // host's workers (an all-reduce over shared memory, overlapped with backward); exact
+  // limbs in deterministic mode.
+  parallel::DataParallel dp(local, params, optimizer_config(c),
                             {.bucket_mb = c.f("parallel.bucket_mb"), .deterministic = c.b("parallel.deterministic")},
                             task.block_offsets());
   task.set_block_hook([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
-  parallel::PsWorker worker(links, params, parallel::ps_key_ranges(params.numel(), job.servers), job.mode);
+  const bool leader = !links.empty();
+  std::optional<parallel::PsWorker> worker;
+  if (leader) worker.emplace(links, params, parallel::ps_key_ranges(params.numel(), job.servers), job.mode);
   const bool sync = job.mode == parallel::PsMode::kSync;
   // Sync: the workers' gradients add up to the global batch's mean. Async and ssp: each push
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
   data::Sampler sampler(task.train_items(), job.seed);
   const int64_t delay_ms = step_delay_ms(world.rank());
-  parallel::PsReply reply = worker.hello(job.accum);
+  // The leader's exchange, and the parameters it pulled, to the rest of its host's workers.
+  auto share = [&](parallel::PsReply r) {
+    if (local.size() == 1) return r;
+    double fields[2] = {static_cast<double>(r.step), r.stop ? 1.0 : 0.0};
+    comm::broadcast(local, {.buffer = fields, .count = 2, .dtype = DType::kF64});
+    comm::broadcast(local, {.buffer = params.values().raw(), .count = static_cast<size_t>(params.numel())});
+    return parallel::PsReply{.step = static_cast<int64_t>(fields[0]), .stop = fields[1] != 0};
+  };
+  parallel::PsReply reply = share(leader ? worker->hello(job.accum * local.size()) : parallel::PsReply{});
   for (int64_t step = reply.step; !reply.stop; ++step) {
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     dp.begin_step();
@@ -260,13 +278,21 @@ int work(const Job& job, Task& task, comm::Communicator& world, std::vector<comm
       dp.end_micro_step();
     }
     const parallel::DataParallel::Gradients g = dp.finish_gradients();
+    const int64_t local_bytes = local.size() > 1 ? dp.take_stats().bytes : 0;  // one rank's "all-reduce" moves nothing
+    if (local.size() > 1) {  // the host's losses in worker order, as the servers sum them
+      std::vector<double> all(losses.size() * static_cast<size_t>(local.size()));
+      comm::all_gather(local, {.input = losses.data(), .output = all.data(), .count = losses.size(), .dtype = DType::kF64});
+      losses = std::move(all);
+    }
     const double norm = sync ? 0 : optim::clip_grad_norm(params, c.f("training.grad_clip"));
     if (!sync && !std::isfinite(norm))
       throw RuntimeError(cat("step ", step + 1, ": this worker's gradient norm is not finite (", norm,
                              "); it stops without pushing (a lower training.lr or a training.grad_clip may help)"));
-    reply = worker.push_pull(step, g.sums, losses, norm, g.unsummable);
+    reply = share(leader ? worker->push_pull({.step = step, .grads = g.sums, .losses = losses, .grad_norm = norm,
+                                              .unsummable = g.unsummable, .local_bytes = local_bytes})
+                         : parallel::PsReply{});
   }
-  worker.goodbye();
+  if (leader) worker->goodbye();
   return 0;
 }
 
@@ -310,15 +336,46 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   if (!server && job.mode != parallel::PsMode::kSync)
     store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
   install_fault_hook(env.rank);
-  auto group = world->split(server ? 0 : 1, world->rank());  // the servers; the workers
+  // Which host each rank is on (its first rank there); in sync mode the workers of a host
+  // sum their gradients first and one of them talks to the servers, as BytePS does.
+  int host = world->local_ranks().front();
+  std::vector<int> hosts(static_cast<size_t>(world->size()));
+  comm::all_gather(*world, {.input = &host, .output = hosts.data(), .count = 1, .dtype = DType::kI32});
+  // A host's workers sum first (sync only) when asked ("on"), or ("auto") when they are
+  // several and some server is on another host: their links then cross the network, and one
+  // push per host saves it the others'. On one host the links are shared memory already.
+  const std::string& how = c.s("parallel.ps_hierarchical");
+  auto grouped = [&](int h) {
+    if (job.mode != parallel::PsMode::kSync || how == "off") return false;
+    if (how == "on") return true;
+    int workers_here = 0;
+    bool server_elsewhere = false;
+    for (int r = 0; r < world->size(); ++r) {
+      if (r < job.servers) server_elsewhere = server_elsewhere || hosts[r] != h;
+      else workers_here += hosts[r] == h ? 1 : 0;
+    }
+    return workers_here > 1 && server_elsewhere;
+  };
+  for (int r = job.servers; r < world->size(); ++r) {
+    bool first_on_host = true;
+    for (int q = job.servers; q < r && grouped(hosts[r]); ++q) first_on_host = first_on_host && hosts[q] != hosts[r];
+    if (first_on_host) job.leaders.push_back(r);
+  }
+  job.hierarchical = grouped(hosts[env.rank]);
+  auto group = world->split(server ? 0 : -1, world->rank());  // the servers
+  auto local = world->split(server ? -1 : job.hierarchical ? hosts[env.rank] : env.rank, env.rank);  // a host's workers
   const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
   log_info(cat("training ", c.s("model.preset"), " (", task->params().numel(), " parameters) on ", c.s("data.train"), ": ",
                job.steps, " steps of ", job.global_batch, " x ", task->tokens_per_item(), " tokens, ", job.servers,
                " parameter server(s) and ", job.workers, " worker(s), ", c.s("parallel.ps_mode"),
                job.mode == parallel::PsMode::kSsp ? cat(" (staleness ", c.i("parallel.ps_staleness"), ")") : std::string(),
-               c.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", job.run));
+               c.b("parallel.deterministic") ? ", deterministic" : "",
+               static_cast<int>(job.leaders.size()) < job.workers
+                   ? cat(", the workers of each host summing first (", job.leaders.size(), " link(s) per server)")
+                   : std::string(),
+               "; run directory ", job.run));
   try {
-    return server ? serve(job, a, resume, *task, *world, *group, raw(links)) : work(job, *task, *world, raw(links));
+    return server ? serve(job, a, resume, *task, *world, *group, raw(links)) : work(job, *task, *world, *local, raw(links));
   } catch (const RuntimeError& e) {
     throw RuntimeError(cat("rank ", env.rank, " (", server ? "parameter server " : "worker ",
                            server ? env.rank : env.rank - job.servers, "): ", e.what()));

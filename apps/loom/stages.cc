@@ -48,7 +48,8 @@ void check_same_layout(comm::Communicator& world, const Config& c) {
                          c.i("parallel.virtual_stages"), " pp_schedule=", c.s("parallel.pp_schedule"), " zero=",
                          c.i("parallel.zero"), " sequence_parallel=", c.b("parallel.sequence_parallel"), " deterministic=", c.b("parallel.deterministic"),
                          " ps_servers=", c.i("parallel.ps_servers"), " ps_mode=", c.s("parallel.ps_mode"),
-                         " ps_staleness=", c.i("parallel.ps_staleness"), " global_batch=",
+                         " ps_staleness=", c.i("parallel.ps_staleness"),
+                         " ps_hierarchical=", c.s("parallel.ps_hierarchical"), " global_batch=",
                          c.i("training.global_batch"), " micro_batch=", c.i("training.micro_batch"), " n_layer=",
                          c.i("model.n_layer"), " d_model=", c.i("model.d_model"));
   const std::vector<std::string> layout = all_gather_strings(world, mine);

@@ -68,6 +68,9 @@ struct PsStep {
   double mean_staleness = 0;
   int64_t max_queue = 0;           // pushes received and waiting for the update, at most
   double push_ms = 0, pull_ms = 0;  // as the workers measured their previous exchange, mean
+  int64_t bytes = 0;        // payload bytes the step's pushing links moved to and from every
+                            // server, as measured at their previous exchange
+  int64_t local_bytes = 0;  // likewise, of the all-reduces summing each host's workers first
   double held_ms = 0;               // ssp: the longest a reply was held for the slowest worker
   std::vector<int64_t> staleness;   // per link: the staleness of its last push this step (-1: none)
 };
@@ -128,12 +131,17 @@ class PsWorker {
   // The first pull: the servers' parameters into params.values(). `losses` is how many
   // micro-batch losses every push will carry.
   PsReply hello(int64_t losses);
-  // Pushes step `step`'s gradients (f32 over the flat layout, or in deterministic sync mode
-  // kLimbs int64 exact-sum limbs per element), its micro-batch losses, and (async, ssp) the
-  // norm this worker clipped by; then pulls the new parameters into params.values().
-  // `unsummable`: deterministic mode met a gradient its exact sums cannot hold.
-  PsReply push_pull(int64_t step, const Tensor& grads, const std::vector<double>& losses, double grad_norm,
-                    bool unsummable = false);
+  // Pushes a step's gradients and losses, then pulls the new parameters into params.values().
+  struct Push {
+    int64_t step = 0;
+    Tensor grads;  // f32 over the flat layout, or in deterministic sync mode kLimbs int64
+                   // exact-sum limbs per element
+    std::vector<double> losses;  // its micro-batches' (the count given to hello)
+    double grad_norm = 0;     // async, ssp: the norm this worker clipped by
+    bool unsummable = false;  // deterministic: a gradient its exact sums cannot hold
+    int64_t local_bytes = 0;  // bytes this worker's host all-reduce moved for the step
+  };
+  PsReply push_pull(const Push& push);
   // Tells every server this worker is done (after a reply with stop, or to leave early).
   void goodbye();
 

@@ -115,6 +115,8 @@ struct ParamServer::Impl {
       pull_sum += k.request.pull_ms;
       ++timed;
     }
+    window.bytes += k.request.bytes;
+    window.local_bytes += k.request.local_bytes;
     window.pushes++;
     window.max_staleness = std::max(window.max_staleness, staleness);
     staleness_sum += static_cast<double>(staleness);

@@ -162,7 +162,7 @@ TEST(ParamServer, SyncDeterministicIsBitwiseEqualToOneProcess) {
         for (int step = 0; !reply.stop; ++step) {
           const std::vector<double> losses = r.micro_steps(step, w, kWorkers);
           const DataParallel::Gradients g = r.dp.finish_gradients();
-          reply = worker.push_pull(step, g.sums, losses, 0, g.unsummable);
+          reply = worker.push_pull({.step = step, .grads = g.sums, .losses = losses, .unsummable = g.unsummable});
           got[w].losses.push_back(reply.loss);
           got[w].norms.push_back(reply.grad_norm);
           EXPECT_EQ(reply.staleness, 0);
@@ -268,7 +268,7 @@ AsyncResult run_async(const AsyncRun& run) {
             std::this_thread::sleep_for(milliseconds(run.slow_ms));
             slow_begun.fetch_add(1);
           }
-          reply = worker.push_pull(step, g, {1.0 * w}, 0);
+          reply = worker.push_pull({.step = step, .grads = g, .losses = {1.0 * w}});
           if (reply.applied) {
             std::lock_guard lock(mu);
             ++res.applied[w];

@@ -21,6 +21,8 @@ struct Request {
   int64_t unsummable = 0;  // push, deterministic: a gradient the exact sums cannot hold
   double grad_norm = 0;    // push, async and ssp: the norm the worker clipped by
   double push_ms = 0, pull_ms = 0;  // the worker's previous exchange, for the metrics
+  int64_t bytes = 0;        // ... the payload bytes it moved to and from every server
+  int64_t local_bytes = 0;  // ... and those its host's workers summed in their all-reduce
 };
 
 // Server -> worker, answering hello and push; followed by the range's parameters (kParams).

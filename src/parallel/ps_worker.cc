@@ -22,6 +22,7 @@ struct PsWorker::Impl {
   std::vector<ps::Request> requests;  // alive until their sends complete
   std::vector<ps::Reply> replies;
   double last_push_ms = 0, last_pull_ms = 0;
+  int64_t last_bytes = 0;
 
   int size() const { return static_cast<int>(servers.size()); }
   std::string who(int s) const { return cat("parameter server rank ", servers[s]->config().job_rank(0)); }
@@ -94,27 +95,32 @@ PsReply PsWorker::hello(int64_t losses) {
   return m.collect(sent, t0);
 }
 
-PsReply PsWorker::push_pull(int64_t step, const Tensor& grads, const std::vector<double>& losses, double grad_norm,
-                            bool unsummable) {
+PsReply PsWorker::push_pull(const Push& push) {
   Impl& m = *impl_;
+  const Tensor& grads = push.grads;
   const bool exact = grads.dtype() == DType::kI64;
   LOOM_CHECK_EQ(grads.numel(), (exact ? kLimbs : 1) * m.params.numel());
   const auto t0 = Clock::now();
   for (ps::Request& r : m.requests)
-    r = {.kind = ps::Kind::kPush, .step = step, .unsummable = unsummable ? 1 : 0, .grad_norm = grad_norm,
-         .push_ms = m.last_push_ms, .pull_ms = m.last_pull_ms};
+    r = {.kind = ps::Kind::kPush, .step = push.step, .unsummable = push.unsummable ? 1 : 0, .grad_norm = push.grad_norm,
+         .push_ms = m.last_push_ms, .pull_ms = m.last_pull_ms, .bytes = m.last_bytes, .local_bytes = push.local_bytes};
   std::vector<comm::Work> sent = m.send_requests();
+  const int64_t per = exact ? kLimbs : 1, es = static_cast<int64_t>(dtype_size(grads.dtype()));
+  int64_t bytes = 0;
   for (int s = 0; s < m.size(); ++s) {
     comm::Communicator& c = *m.servers[s];
-    sent.push_back(comm::send_async(c, {.buffer = losses.data(), .count = losses.size(), .dtype = DType::kF64,
+    sent.push_back(comm::send_async(c, {.buffer = push.losses.data(), .count = push.losses.size(), .dtype = DType::kF64,
                                         .peer = 0, .tag = ps::kLosses}));
-    const int64_t per = exact ? kLimbs : 1;
-    sent.push_back(comm::send_async(
-        c, {.buffer = static_cast<const char*>(grads.raw()) + per * m.bounds[s] * static_cast<int64_t>(dtype_size(grads.dtype())),
-            .count = static_cast<size_t>(per * (m.bounds[s + 1] - m.bounds[s])), .dtype = grads.dtype(), .peer = 0,
-            .tag = ps::kGradients}));
+    const int64_t count = per * (m.bounds[s + 1] - m.bounds[s]);
+    sent.push_back(comm::send_async(c, {.buffer = static_cast<const char*>(grads.raw()) + per * m.bounds[s] * es,
+                                        .count = static_cast<size_t>(count), .dtype = grads.dtype(), .peer = 0,
+                                        .tag = ps::kGradients}));
+    bytes += count * es + static_cast<int64_t>(push.losses.size() * sizeof(double) + sizeof(ps::Request) + sizeof(ps::Reply)) +
+             (m.bounds[s + 1] - m.bounds[s]) * static_cast<int64_t>(sizeof(float));
   }
-  return m.collect(sent, t0);
+  PsReply r = m.collect(sent, t0);
+  m.last_bytes = bytes;
+  return r;
 }
 
 void PsWorker::goodbye() {

@@ -267,6 +267,10 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
     // The clock starts when spinning gives way to yielding: reading it costs as much as a
     // small op's whole wait (the timeout is milliseconds; the spin, microseconds).
     Deadline start{}, next_check{};
+    // Past 10 ms the wait is for a slow peer (a straggler, a parameter server's round),
+    // not for bytes in flight: it sleeps in short naps instead of yielding, so that
+    // waiting ranks leave the cores to the ranks they wait for.
+    bool patient = false;
     for (uint64_t spins = 1;; ++spins) {
       if (counter.load(std::memory_order_acquire) >= round) break;
       if (spins < spin_limit_) {
@@ -277,10 +281,12 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
         start = Clock::now();
         next_check = start + milliseconds(1);
       }
-      ::sched_yield();
+      if (patient) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else ::sched_yield();
       if ((spins & 15) == 0) {
         auto now = Clock::now();
         if (now >= next_check) {
+          patient = now - start >= milliseconds(10);
           t.check_peers(cur);
           next_check = now + milliseconds(1);
           if (now - start >= timeout / 4) t.heartbeat();
