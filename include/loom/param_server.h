@@ -20,7 +20,9 @@
 //          worker has pushed its step t - K (K = staleness): no worker runs more than K steps
 //          ahead of the slowest. sync is ssp with K = 0 and one update per step.
 // A "step" is one global batch: in async and ssp, `workers` pushes (each of global_batch /
-// workers items). Async and ssp drop a worker whose link fails (logged, training goes on);
+// workers items); the run ends once the servers have applied steps x workers pushes, and
+// the pushes already in flight then (at most workers - 1) are applied too, so that every
+// server holds the same pushes whatever order they arrived in. Async and ssp drop a worker whose link fails (logged, training goes on);
 // sync cannot go on without one and stops with an error naming it.
 //
 // Thread-safety: a ParamServer runs its threads inside serve(); the callbacks run on them,

@@ -301,10 +301,13 @@ struct ParamServer::Impl {
           }
           reply = round;
           if (!failure.empty()) reply = {.step = steps_done, .stop = 2, .grad_norm = std::nan("")};
-        } else if (finished()) {
+        } else if (!failure.empty()) {
           --queued;
-          reply = {.step = steps_done, .stop = failure.empty() ? 1 : 2};
+          reply = {.step = steps_done, .stop = 2};
         } else {
+          // Every push that arrives is applied, even past the run's end (a push already in
+          // flight when another made the last step): each server then holds every push it
+          // acknowledged, whatever order they reached the servers in.
           apply_push(l, reply);
           k.clock = k.request.step + 1;
           cv.notify_all();
