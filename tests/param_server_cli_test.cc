@@ -2,6 +2,10 @@
 // processes under loom launch. Sync training is bitwise equal to one process (losses,
 // weights, optimizer state) and resumes bitwise after a server dies; async training goes
 // on without a worker that is killed; impossible layouts are one-line errors.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <csignal>
 
 #include "cli_fixture.h"
@@ -86,6 +90,61 @@ TEST_F(Cli, ParamServerAsyncGoesOnWithoutAKilledWorker) {
   EXPECT_NE(lines.find("{\"step\": 400, \"loss\""), std::string::npos) << "the run did not reach its last step";
   EXPECT_NE(lines.find("\"final_val_loss\""), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(p("runs/async/checkpoints/step_400")));
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A worker killed mid-run, then one started later with the job's store, secret and id:
+// the servers link to it, it pulls the parameters and pushes until the run ends.
+TEST_F(Cli, ParamServerSspServesAWorkerThatJoins) {
+  write(p("secret"), "0123456789abcdef0123456789abcdef");
+  std::filesystem::permissions(p("secret"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const int port = free_port();
+  // The launcher takes the job's secret and id from here (its ranks, and the joiner, too).
+  ::setenv("LOOM_SECRET_FILE", p("secret").c_str(), 1);
+  ::setenv("LOOM_JOB_ID", "ps-join-test", 1);
+  ::setenv("LOOM_DELAY_MS", "1:5", 1);  // worker 0 takes 5 ms more a step: the run outlasts the joiner's start
+  const std::string cfg = cat(p("nano.toml"), " --parallel.ps_servers=1 --parallel.ps_mode=ssp --parallel.ps_staleness=2 "
+                              "--training.steps=300 --training.micro_batch=1 --training.eval_every=0 --checkpoint.every=0 "
+                              "--job.name=join");
+  const pid_t launcher = launch_in_background(
+      cat("-n 3 --master 127.0.0.1:", port, " -- ", LOOM_BINARY_DIR, "/loom train ", cfg, " --quiet"), p("join.out"));
+  ASSERT_GE(launcher, 0);
+  const std::string metrics = p("runs/join/metrics.jsonl");
+  wait_for_lines(metrics, 20);
+  const pid_t victim = rank_pid(launcher, 2);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  wait_for_lines(metrics, 40);
+  const Result joiner = loom(cat("train ", cfg, " --ps-join 127.0.0.1:", port));
+  ::unsetenv("LOOM_SECRET_FILE");
+  ::unsetenv("LOOM_JOB_ID");
+  ::unsetenv("LOOM_DELAY_MS");
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  const std::string out = read_file(p("join.out"));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(joiner.code, 0) << joiner.out << joiner.err;
+  EXPECT_NE(joiner.err.find("joined the parameter-server job at 127.0.0.1:"), std::string::npos) << joiner.err;
+  EXPECT_NE(joiner.err.find("as worker rank 3"), std::string::npos) << joiner.err;
+  const std::string lines = read_file(metrics);
+  EXPECT_NE(lines.find("\"ps_staleness\": \"-1,"), std::string::npos) << "after the kill, link 1 pushes no more";
+  const size_t last = lines.find("{\"step\": 300, \"loss\"");
+  ASSERT_NE(last, std::string::npos) << "the run did not reach its last step";
+  // The last step's pushes: worker 0 and the joined worker (link 2), not the dead one.
+  const std::string tail = lines.substr(last, lines.find('\n', last) - last);
+  EXPECT_NE(tail.find(",-1,"), std::string::npos) << tail;
+  EXPECT_EQ(tail.find("\"ps_staleness\": \"-1,-1,"), std::string::npos) << tail;
 }
 
 TEST_F(Cli, ParamServerLayoutsThatCannotWorkAreRefused) {

@@ -15,6 +15,7 @@ struct TrainArgs {
   bool quiet = false;  // no progress; the run summary still prints
   bool dry_run = false;  // check the config and print the memory plan; load and write nothing
   bool allow_nonfinite = false;  // resume from a checkpoint holding NaN or Inf
+  std::string ps_join;  // HOST:PORT: join the running parameter-server job whose store is there, as a new worker
   std::string init_from;  // start from these weights (a checkpoint or .safetensors): step 0, fresh optimizer
 };
 int run_train(const TrainArgs& a);

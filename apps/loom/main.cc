@@ -39,6 +39,9 @@ int run(int argc, char** argv) {
   t->add_option("--init-from", train.init_from,
                 "Start from these weights (a checkpoint, run directory or .safetensors, any layout): step 0, a fresh "
                 "optimizer");
+  t->add_option("--ps-join", train.ps_join,
+                "Join the running parameter-server job (async or ssp) whose store is at HOST:PORT as one more worker "
+                "(LOOM_SECRET_FILE and LOOM_JOB_ID as the job's)");
   t->add_flag("--dry-run", train.dry_run,
               "Check the config and print the memory each rank and this host will need; load and write nothing");
   t->allow_extras();

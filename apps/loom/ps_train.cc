@@ -5,6 +5,7 @@
 #include "ps_train.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "loom/param_server.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
+#include "launch.h"
 #include "rank_group.h"
 #include "run_dir.h"
 #include "stages.h"
@@ -48,7 +50,14 @@ struct Job {
   // (sync, parallel.ps_hierarchical) the first worker on each host. Link l is leaders[l]'s.
   std::vector<int> leaders;
   bool hierarchical = false;
+  comm::Store* store = nullptr;  // the job's
 };
+
+// The store keys of workers that join a running job: "ps/joins" counts them, and joined
+// worker k links to server s as "ps/<s>/j<k>"; "ps/layout" holds the world size and the
+// layout every rank shares, for them to check theirs against.
+constexpr const char* kJoins = "ps/joins";
+constexpr const char* kLayout = "ps/layout";
 
 optim::OptimizerConfig optimizer_config(const Config& c) {
   return {.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"), .beta1 = c.f("training.beta1"),
@@ -200,10 +209,53 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
     }
   });
   server.on_drop([&](int link, const std::string& why) {
-    log_warn(cat("parameter server ", s, ": dropped worker rank ", job.leaders[link], ": ", why,
+    log_warn(cat("parameter server ", s, ": dropped worker rank ",
+                 link < static_cast<int>(job.leaders.size()) ? job.leaders[link] : world.size() + link - static_cast<int>(job.leaders.size()),
+                 ": ", why,
                  "; training goes on with the others"));
   });
-  server.serve();
+  // Async and ssp: workers may join the running job (loom train --ps-join), announcing
+  // themselves in the store; this server links to each and serves it from then on.
+  std::vector<std::unique_ptr<comm::Communicator>> joined;
+  std::atomic<bool> serving{true};
+  std::thread poller;
+  if (!sync)
+    poller = std::thread([&] {
+      int64_t seen = 0;
+      while (serving) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        int64_t count = 0;
+        try {
+          const auto v = job.store->try_get(kJoins, comm::Clock::now() + std::chrono::seconds(1));
+          count = v ? std::stoll(*v) : 0;
+        } catch (const Error&) {
+          continue;
+        }
+        for (; seen < count && serving; ++seen) {
+          comm::CommConfig cfg = world.config();
+          const int rank = world.size() + static_cast<int>(seen);
+          cfg.job_ranks = {s, rank};
+          try {
+            auto link = comm::Communicator::create(*job.store, 0, 2, cfg, cat("ps/", s, "/j", seen));
+            const int l = server.add_link(link.get());
+            if (l < 0) break;  // the run is over: the joiner's link closes
+            log_info(cat("parameter server ", s, ": worker rank ", rank, " joined the job (link ", l, ")"));
+            joined.push_back(std::move(link));
+          } catch (const Error& e) {
+            log_warn(cat("parameter server ", s, ": worker rank ", rank, " asked to join but did not connect: ", e.what()));
+          }
+        }
+      }
+    });
+  try {
+    server.serve();
+  } catch (...) {
+    serving = false;
+    if (poller.joinable()) poller.join();
+    throw;
+  }
+  serving = false;
+  if (poller.joinable()) poller.join();
   progress.finish();
   // The run's end: the final model on the first server, evaluated and saved.
   gather_ranges(group, params, bounds);
@@ -235,10 +287,9 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   return 0;
 }
 
-int work(const Job& job, Task& task, comm::Communicator& world, comm::Communicator& local,
-         std::vector<comm::Communicator*> links) {
+// Worker w (its data shard; `rank`: its job rank, for the test hooks).
+int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local, std::vector<comm::Communicator*> links) {
   const Config& c = job.c;
-  const int w = world.rank() - job.servers;
   ParamSet& params = task.params();
   // The gradient sums over this worker's micro-batches and, with a host reduce, over its
   // host's workers (an all-reduce over shared memory, overlapped with backward); exact
@@ -255,7 +306,7 @@ int work(const Job& job, Task& task, comm::Communicator& world, comm::Communicat
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
   data::Sampler sampler(task.train_items(), job.seed);
-  const int64_t delay_ms = step_delay_ms(world.rank());
+  const int64_t delay_ms = step_delay_ms(rank);
   // The leader's exchange, and the parameters it pulled, to the rest of its host's workers.
   auto share = [&](parallel::PsReply r) {
     if (local.size() == 1) return r;
@@ -332,6 +383,8 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
       env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
       store_server, store);
   check_same_layout(*world, c);
+  job.store = store.get();
+  if (env.rank == 0) store->set(kLayout, cat(world->size(), "\n", layout_string(c)), comm::Clock::now() + world->config().timeout);
   // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
   if (!server && job.mode != parallel::PsMode::kSync)
     store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
@@ -375,10 +428,69 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
                    : std::string(),
                "; run directory ", job.run));
   try {
-    return server ? serve(job, a, resume, *task, *world, *group, raw(links)) : work(job, *task, *world, *local, raw(links));
+    return server ? serve(job, a, resume, *task, *world, *group, raw(links))
+                  : work(job, *task, env.rank - job.servers, env.rank, *local, raw(links));
   } catch (const RuntimeError& e) {
     throw RuntimeError(cat("rank ", env.rank, " (", server ? "parameter server " : "worker ",
                            server ? env.rank : env.rank - job.servers, "): ", e.what()));
+  }
+}
+
+int run_ps_join(Config c, const TrainArgs& a) {
+  if (a.resume || a.restart || !a.init_from.empty())
+    throw InputError("--ps-join with --resume, --restart or --init-from: a joining worker takes the job's parameters; "
+                     "expected none of them");
+  const comm::LaunchEnv env = comm::launch_env_from_environment();
+  const auto [host, port] = parse_master(a.ps_join);
+  if (port == 0) throw InputError(cat("--ps-join ", a.ps_join, ": expected the job's store as HOST:PORT with its port"));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000));
+  comm::TcpStore store({.host = host, .port = port, .secret = env.secret, .job_id = env.job_id}, comm::Clock::now() + timeout);
+  // The job's world and layout, which this worker's config must match.
+  const std::string published = store.get(kLayout, comm::Clock::now() + timeout);
+  const size_t nl = published.find('\n');
+  const int world = std::stoi(published.substr(0, nl));
+  c.resolve(world);
+  if (layout_string(c) != published.substr(nl + 1))
+    throw InputError(cat("--ps-join ", a.ps_join, ": this worker's layout \"", layout_string(c), "\" is not the job's \"",
+                         published.substr(nl + 1), "\"; join with the job's config"));
+  const parallel::PsMode mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
+  if (c.i("parallel.ps_servers") == 0 || mode == parallel::PsMode::kSync)
+    throw InputError(cat("--ps-join ", a.ps_join, ": the job trains ",
+                         c.i("parallel.ps_servers") == 0 ? std::string("without parameter servers")
+                                                         : std::string("in sync mode, whose steps need a fixed set of workers"),
+                         "; workers join async and ssp jobs"));
+  set_log_quiet(a.quiet);
+  apply_compute_settings(c, 1);
+  Job job{.c = c, .env = env};
+  job.servers = static_cast<int>(c.i("parallel.ps_servers"));
+  job.workers = world - job.servers;
+  job.mode = mode;
+  job.steps = c.i("training.steps");
+  job.global_batch = c.i("training.global_batch");
+  job.micro_batch = c.i("training.micro_batch");
+  job.per_worker = job.global_batch / job.workers;
+  job.accum = job.per_worker / job.micro_batch;
+  job.seed = static_cast<uint64_t>(c.i("job.seed"));
+  std::unique_ptr<Task> task = make_task(c);
+  const int64_t k = store.add(kJoins, 1, comm::Clock::now() + timeout) - 1;
+  const int rank = world + static_cast<int>(k);
+  std::vector<std::unique_ptr<comm::Communicator>> links;
+  for (int s = 0; s < job.servers; ++s)
+    links.push_back(comm::Communicator::create(
+        store, 1, 2,
+        {.transport = c.s("comm.transport"), .timeout = timeout, .job_id = env.job_id, .secret = env.secret,
+         .job_ranks = {s, rank}},
+        cat("ps/", s, "/j", k)));
+  // It takes the data shard of the worker it most likely replaces.
+  const int w = static_cast<int>(k % job.workers);
+  log_info(cat("joined the parameter-server job at ", a.ps_join, " as worker rank ", rank, " (data shard of worker ", w,
+               ")"));
+  comm::HashStore own;
+  auto self = comm::Communicator::create(own, 0, 1, {.timeout = timeout}, "self");
+  try {
+    return work(job, *task, w, rank, *self, raw(links));
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(cat("joined worker rank ", rank, ": ", e.what()));
   }
 }
 

@@ -12,4 +12,9 @@ namespace loom::app {
 // job's world; `restarted`: a later generation of an elastic job (it resumes).
 int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted);
 
+// `loom train CFG --ps-join HOST:PORT`: one more worker for the running async or ssp job
+// whose store is at HOST:PORT. `c` is the config as given (resolved here for the job's
+// world, read from the store).
+int run_ps_join(Config c, const TrainArgs& a);
+
 }  // namespace loom::app

@@ -43,8 +43,8 @@ std::vector<std::string> all_gather_strings(comm::Communicator& world, const std
   return out;
 }
 
-void check_same_layout(comm::Communicator& world, const Config& c) {
-  const std::string mine = cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
+std::string layout_string(const Config& c) {
+  return cat("dp=", c.i("parallel.dp"), " tp=", c.i("parallel.tp"), " pp=", c.i("parallel.pp"), " virtual_stages=",
                          c.i("parallel.virtual_stages"), " pp_schedule=", c.s("parallel.pp_schedule"), " zero=",
                          c.i("parallel.zero"), " sequence_parallel=", c.b("parallel.sequence_parallel"), " deterministic=", c.b("parallel.deterministic"),
                          " ps_servers=", c.i("parallel.ps_servers"), " ps_mode=", c.s("parallel.ps_mode"),
@@ -52,7 +52,10 @@ void check_same_layout(comm::Communicator& world, const Config& c) {
                          " ps_hierarchical=", c.s("parallel.ps_hierarchical"), " global_batch=",
                          c.i("training.global_batch"), " micro_batch=", c.i("training.micro_batch"), " n_layer=",
                          c.i("model.n_layer"), " d_model=", c.i("model.d_model"));
-  const std::vector<std::string> layout = all_gather_strings(world, mine);
+}
+
+void check_same_layout(comm::Communicator& world, const Config& c) {
+  const std::vector<std::string> layout = all_gather_strings(world, layout_string(c));
   for (size_t r = 1; r < layout.size(); ++r)
     if (layout[r] != layout[0])
       throw InputError(cat("rank ", r, " was started with the layout \"", layout[r], "\" but rank 0 with \"", layout[0],

@@ -41,6 +41,8 @@ struct Mesh {
 Mesh mesh_coordinates(const Config& c, int rank);
 // Every rank's string, in rank order, on every rank. Collective over world.
 std::vector<std::string> all_gather_strings(comm::Communicator& world, const std::string& mine);
+// The settings every rank of a job must share, as one line ("dp=2 tp=1 ... d_model=64").
+std::string layout_string(const Config& c);
 // Refuses (InputError naming both ranks and layouts) ranks started with different layouts
 // or model shapes. Collective over world.
 void check_same_layout(comm::Communicator& world, const Config& c);

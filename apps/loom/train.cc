@@ -86,6 +86,7 @@ int run_train(const TrainArgs& a) {
   Config c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
+  if (!a.ps_join.empty()) return run_ps_join(c, a);
   // An elastic job's ranks come as they are: the run takes the most of them its layout can
   // use (the global batch divided among the replicas, tp x pp whole), and the rest wait.
   if (elastic) {

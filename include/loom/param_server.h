@@ -99,6 +99,12 @@ class ParamServer {
   // worker when sync mode loses one, or when async or ssp lose them all before the end.
   void serve();
 
+  // Async and ssp, while serving (any thread): serves a worker that joined the running job
+  // on `link` (this server its rank 0) from now on; it says hello, pulls and pushes as the
+  // others. Returns its link index, or -1 when the run is over (the caller closes the link).
+  // REQUIRES: `link` outlives serve().
+  int add_link(comm::Communicator* link);
+
   int64_t steps_done() const;
   // The optimizer state of [begin, end) (views), for checkpoints; and to load one into.
   optim::RangeState optimizer_state() const;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -59,7 +60,7 @@ struct ParamServer::Impl {
     enum class State { kActive, kDone, kDropped } state = State::kActive;
   };
 
-  std::vector<Link> links;
+  std::deque<Link> links;  // grows while serving (joined workers); references stay valid
   comm::Communicator& servers;
   ParamSet& params;
   int64_t begin, end;
@@ -76,6 +77,8 @@ struct ParamServer::Impl {
   int64_t arrived = 0;  // sync: pushes of the round under way
   ps::Reply round;      // sync: the last round's reply
   std::string failure;  // why serving stopped early
+  std::vector<std::thread> threads;  // one per link
+  bool closed = false;               // serve() is done: no link may join
   Tensor exact;         // deterministic: the round's limbs
   PsStep window;        // the step being accumulated
   double loss_sum = 0, norm_sum = 0, push_sum = 0, pull_sum = 0, staleness_sum = 0;
@@ -363,13 +366,41 @@ void ParamServer::on_drop(std::function<void(int, const std::string&)> fn) { imp
 
 void ParamServer::serve() {
   Impl& m = *impl_;
-  std::vector<std::thread> threads;
-  for (size_t l = 0; l < m.links.size(); ++l) threads.emplace_back([&m, l] { m.serve_link(static_cast<int>(l)); });
-  for (std::thread& t : threads) t.join();
+  {
+    std::lock_guard lock(m.mu);
+    for (size_t l = 0; l < m.links.size(); ++l)
+      m.threads.emplace_back([&m, l] { m.serve_link(static_cast<int>(l)); });
+  }
+  // Joins every link's thread, including those of links added meanwhile.
+  for (size_t i = 0;; ++i) {
+    std::thread t;
+    {
+      std::lock_guard lock(m.mu);
+      if (i == m.threads.size()) {
+        m.closed = true;
+        break;
+      }
+      t = std::move(m.threads[i]);
+    }
+    t.join();
+  }
   if (!m.failure.empty()) throw RuntimeError(m.failure);
   if (m.applied < m.budget())
     throw RuntimeError(cat("every worker is gone after ", m.steps_done, " of ", m.config.steps,
                            " steps; the servers stop (--resume continues from the last checkpoint)"));
+}
+
+int ParamServer::add_link(comm::Communicator* link) {
+  Impl& m = *impl_;
+  LOOM_CHECK(m.config.mode != PsMode::kSync);
+  std::lock_guard lock(m.mu);
+  if (m.closed || m.finished()) return -1;
+  const auto l = static_cast<int>(m.links.size());
+  // It starts at the servers' step: ssp waits for it from there on.
+  m.links.push_back(Impl::Link{.comm = link, .clock = m.steps_done});
+  m.window.staleness.push_back(-1);
+  m.threads.emplace_back([&m, l] { m.serve_link(l); });
+  return l;
 }
 
 int64_t ParamServer::steps_done() const { return impl_->steps_done; }
