@@ -27,8 +27,12 @@ TEST_F(Cli, ParamServerSyncIsBitwiseEqualToOneProcessAndResumesAfterAServerDies)
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --parallel.deterministic=true --training.micro_batch=1 "
                      "--job.name=one")).code, 0);
   const std::string ps = cat(train, " --parallel.ps_servers=2");
-  Result r = loom(cat("launch -n 4 -- ", ps, " --job.name=ps"));
+  Result r = loom(cat("launch -n 4 -- ", ps, " --job.name=ps --profile.trace_steps=2"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
+  // The trace: every rank, the workers' pushes and pulls on the communication track.
+  const std::string trace = read_file(p("runs/ps/trace.json"));
+  for (const char* what : {"\"push gradients\"", "\"pull parameters\"", "\"micro-step 0\"", "\"rank 3\"", "\"step 2 (2 pushes)\""})
+    EXPECT_NE(trace.find(what), std::string::npos) << what;
   EXPECT_NE(r.out.find("parameter servers: 2 server(s), 2 worker(s), sync"), std::string::npos) << r.out;
   const std::vector<std::string> want = step_columns(read_file(p("runs/one/metrics.jsonl")));
   ASSERT_EQ(want.size(), 6u);

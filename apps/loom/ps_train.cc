@@ -24,6 +24,7 @@
 #include "loom/param_server.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
+#include "loom/trace.h"
 #include "launch.h"
 #include "rank_group.h"
 #include "run_dir.h"
@@ -51,7 +52,14 @@ struct Job {
   std::vector<int> leaders;
   bool hierarchical = false;
   comm::Store* store = nullptr;  // the job's
+  std::vector<int64_t> trace_steps;  // [profile] trace_steps
+  std::optional<Clock::time_point> trace_origin;  // every rank's, taken after a barrier
 };
+
+// Each rank of a traced run writes its events here; rank 0 merges them into trace.json.
+std::string trace_part(const Job& job, int rank) {
+  return (fs::path(job.run) / "logs" / cat("trace-rank", rank, ".json")).string();
+}
 
 // The store keys of workers that join a running job: "ps/joins" counts them, and joined
 // worker k links to server s as "ps/<s>/j<k>"; "ps/layout" holds the world size and the
@@ -171,8 +179,14 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   double ema_step_s = 0, step_s_total = 0, push_total = 0, pull_total = 0;
   int64_t timed = 0, max_staleness = 0;
   std::string last_checkpoint;
+  // [profile] trace_steps: each traced step's window on this server, from the last step's end.
+  std::optional<obs::Trace> server_trace;
+  if (!job.trace_steps.empty() && job.trace_origin) server_trace.emplace(*job.trace_origin);
   server.on_step([&](const parallel::PsStep& st) {
     const auto now = Clock::now();
+    if (server_trace && std::binary_search(job.trace_steps.begin(), job.trace_steps.end(), st.step))
+      server_trace->span(obs::Trace::kTraining, cat("step ", st.step, " (", st.pushes, " pushes)"), last, now,
+                         {{"max_staleness", cat(st.max_staleness)}, {"max_queue", cat(st.max_queue)}});
     const double step_s = std::chrono::duration<double>(now - last).count();
     last = now;
     ema_step_s = timed == 0 ? step_s : 0.9 * ema_step_s + 0.1 * step_s;
@@ -257,6 +271,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   serving = false;
   if (poller.joinable()) poller.join();
   progress.finish();
+  if (server_trace) write_file_atomic(trace_part(job, world.rank()), server_trace->events(world.rank()));
   // The run's end: the final model on the first server, evaluated and saved.
   gather_ranges(group, params, bounds);
   // Async and ssp servers may end a push apart (a worker lost between its pushes to two of
@@ -282,6 +297,15 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
                   tokens_per_step * static_cast<double>(timed) / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
                   push_total / static_cast<double>(timed), pull_total / static_cast<double>(timed),
                   static_cast<long long>(max_staleness));
+    if (server_trace) {
+      // Every rank's part that exists (a worker lost on the way wrote none).
+      std::vector<std::string> parts;
+      for (int r = 0; r < world.size(); ++r)
+        if (path_exists(trace_part(job, r))) parts.push_back(read_file(trace_part(job, r)));
+      const std::string path = (fs::path(job.run) / "trace.json").string();
+      write_file_atomic(path, obs::merge_traces(parts));
+      std::printf("trace of step(s) %s of %zu rank(s): %s\n", c.s("profile.trace_steps").c_str(), parts.size(), path.c_str());
+    }
     std::printf("checkpoint: %s\nrun directory: %s\n", last_checkpoint.c_str(), job.run.c_str());
   }
   return 0;
@@ -307,6 +331,9 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
   data::Sampler sampler(task.train_items(), job.seed);
   const int64_t delay_ms = step_delay_ms(rank);
+  // [profile] trace_steps: this worker's compute, pushes and pulls (the communication track).
+  std::optional<obs::Trace> trace;
+  if (!job.trace_steps.empty() && job.trace_origin) trace.emplace(*job.trace_origin);
   // The leader's exchange, and the parameters it pulled, to the rest of its host's workers.
   auto share = [&](parallel::PsReply r) {
     if (local.size() == 1) return r;
@@ -317,16 +344,20 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   };
   parallel::PsReply reply = share(leader ? worker->hello(job.accum * local.size()) : parallel::PsReply{});
   for (int64_t step = reply.step; !reply.stop; ++step) {
+    const bool tracing = trace && std::binary_search(job.trace_steps.begin(), job.trace_steps.end(), step + 1);
+    const auto step_begin = Clock::now();
     if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     dp.begin_step();
     std::vector<double> losses;
     for (int64_t m = 0; m < job.accum; ++m) {
+      const auto micro_begin = Clock::now();
       dp.begin_micro_step(m == job.accum - 1);
       std::vector<int64_t> items(static_cast<size_t>(job.micro_batch));
       for (int64_t i = 0; i < job.micro_batch; ++i)
         items[i] = sampler.item(step * job.global_batch + w * job.per_worker + m * job.micro_batch + i);
       losses.push_back(task.micro_step(items, scale));
       dp.end_micro_step();
+      if (tracing) trace->span(obs::Trace::kTraining, cat("micro-step ", m), micro_begin, Clock::now());
     }
     const parallel::DataParallel::Gradients g = dp.finish_gradients();
     const int64_t local_bytes = local.size() > 1 ? dp.take_stats().bytes : 0;  // one rank's "all-reduce" moves nothing
@@ -339,10 +370,26 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
     if (!sync && !std::isfinite(norm))
       throw RuntimeError(cat("step ", step + 1, ": this worker's gradient norm is not finite (", norm,
                              "); it stops without pushing (a lower training.lr or a training.grad_clip may help)"));
+    const auto exchange = Clock::now();
     reply = share(leader ? worker->push_pull({.step = step, .grads = g.sums, .losses = losses, .grad_norm = norm,
                                               .unsummable = g.unsummable, .local_bytes = local_bytes})
                          : parallel::PsReply{});
+    if (tracing) {
+      const auto ms = [](double x) {
+        return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(x));
+      };
+      const auto pushed = exchange + ms(reply.push_ms);
+      if (leader) {
+        trace->span(obs::Trace::kComm, "push gradients", exchange, pushed, {{"staleness", cat(reply.staleness)}});
+        trace->span(obs::Trace::kComm, "pull parameters", pushed, pushed + ms(reply.pull_ms),
+                    {{"held_ms", cat(reply.held_ms)}});
+      } else {
+        trace->span(obs::Trace::kComm, "parameters from the host's leader", exchange, Clock::now());
+      }
+      trace->span(obs::Trace::kTraining, cat("step ", step + 1), step_begin, Clock::now());
+    }
   }
+  if (trace) write_file_atomic(trace_part(job, rank), trace->events(rank));
   if (leader) worker->goodbye();
   return 0;
 }
@@ -384,6 +431,11 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
       store_server, store);
   check_same_layout(*world, c);
   job.store = store.get();
+  job.trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
+  if (!job.trace_steps.empty()) {
+    comm::barrier(*world);  // every rank's origin: the barrier's exit
+    job.trace_origin = Clock::now();
+  }
   if (env.rank == 0) store->set(kLayout, cat(world->size(), "\n", layout_string(c)), comm::Clock::now() + world->config().timeout);
   // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
   if (!server && job.mode != parallel::PsMode::kSync)
