@@ -281,7 +281,8 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   last_checkpoint = save(done);
   if (lead) {
     if (task.has_validation()) {
-      const EvalResult e = task.evaluate(c.i("training.eval_steps") * job.micro_batch);
+      EvalResult e = task.evaluate(c.i("training.eval_steps") * job.micro_batch);
+      if (e.accuracy >= 0) e = task.evaluate(0);  // a classifier's final figure: the whole test set
       obs::JsonLine line;
       line.add("step", done).add("final_val_loss", e.loss);
       if (e.accuracy >= 0) line.add("final_val_accuracy", e.accuracy);
@@ -346,7 +347,7 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   for (int64_t step = reply.step; !reply.stop; ++step) {
     const bool tracing = trace && std::binary_search(job.trace_steps.begin(), job.trace_steps.end(), step + 1);
     const auto step_begin = Clock::now();
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (const int64_t ms = delay_ms + step_jitter_ms(rank, step); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     dp.begin_step();
     std::vector<double> losses;
     for (int64_t m = 0; m < job.accum; ++m) {

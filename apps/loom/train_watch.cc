@@ -54,6 +54,25 @@ int64_t step_delay_ms(int rank) {
   }
 }
 
+int64_t step_jitter_ms(int rank, int64_t step) {
+  const char* spec = std::getenv("LOOM_JITTER_MS");
+  if (spec == nullptr || *spec == '\0') return 0;
+  int64_t ms = -1;
+  try {
+    size_t used = 0;
+    ms = std::stoll(spec, &used);
+    if (spec[used] != '\0') ms = -1;
+  } catch (const std::exception&) {
+  }
+  if (ms < 0) throw InputError(cat("LOOM_JITTER_MS = \"", printable(spec), "\": expected milliseconds"));
+  uint64_t h = (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(step);  // splitmix64
+  h += 0x9e3779b97f4a7c15ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h % 4 == 0 ? 4 * ms : 0;
+}
+
 std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
                                const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
   try {

@@ -24,6 +24,11 @@ void install_fault_hook(int rank);
 // straggler on demand. 0 for every other rank.
 int64_t step_delay_ms(int rank);
 
+// LOOM_JITTER_MS=MS (benchmarks): every rank stalls now and then, MS per step on average:
+// 4 x MS in a quarter of its steps, chosen by a hash of (rank, step), else not at all. 0
+// when unset. InputError when malformed.
+int64_t step_jitter_ms(int rank, int64_t step);
+
 // Rank 0's watch for stragglers (docs/launch.md, "Stragglers"): a rank whose compute time
 // (its step less the time it waited for others) is over 3x the (lower) median of every
 // rank's for 3 steps in a row is named in a warning, once per streak; it is not stopped.
