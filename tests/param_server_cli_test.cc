@@ -2,10 +2,6 @@
 // processes under loom launch. Sync training is bitwise equal to one process (losses,
 // weights, optimizer state) and resumes bitwise after a server dies; async training goes
 // on without a worker that is killed; impossible layouts are one-line errors.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <csignal>
 
 #include "cli_fixture.h"
@@ -94,18 +90,6 @@ TEST_F(Cli, ParamServerAsyncGoesOnWithoutAKilledWorker) {
   EXPECT_NE(lines.find("{\"step\": 400, \"loss\""), std::string::npos) << "the run did not reach its last step";
   EXPECT_NE(lines.find("\"final_val_loss\""), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(p("runs/async/checkpoints/step_400")));
-}
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // A worker killed mid-run, then one started later with the job's store, secret and id:

@@ -394,18 +394,6 @@ class Attacker {
   std::thread thread_;
 };
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The attack of the issue, replayed: handshakes with a wrong MAC but the job's real id, from
 // before the store listens until the launcher has exited (rendezvous, training, shutdown),
 // paced from the ranks' own address and as a flood from another. The job never hears of

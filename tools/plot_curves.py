@@ -40,7 +40,7 @@ def smooth(ys, k):
 
 
 def main():
-    out, title, runs = sys.argv[1], sys.argv[2], [a.split("=", 1) for a in sys.argv[3:]]
+    out, title, runs = sys.argv[1], sys.argv[2], [a.rsplit("=", 1) for a in sys.argv[3:]]
     curves = []
     for label, path in runs:
         steps, losses, final = read(path)

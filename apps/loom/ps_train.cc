@@ -395,12 +395,11 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   return 0;
 }
 
-}  // namespace
-
-int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
+// The job's sizes from a config resolved for `world` ranks.
+Job make_job(const Config& c, const comm::LaunchEnv& env, int world) {
   Job job{.c = c, .env = env};
   job.servers = static_cast<int>(c.i("parallel.ps_servers"));
-  job.workers = env.size - job.servers;
+  job.workers = world - job.servers;
   job.mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
   job.steps = c.i("training.steps");
   job.global_batch = c.i("training.global_batch");
@@ -410,6 +409,13 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   job.seed = static_cast<uint64_t>(c.i("job.seed"));
   job.run = c.run_path();
   job.ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(job.run) / "checkpoints").string() : c.s("checkpoint.dir");
+  return job;
+}
+
+}  // namespace
+
+int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
+  Job job = make_job(c, env, env.size);
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   if (!a.init_from.empty())
     throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
@@ -514,16 +520,7 @@ int run_ps_join(Config c, const TrainArgs& a) {
                          "; workers join async and ssp jobs"));
   set_log_quiet(a.quiet);
   apply_compute_settings(c, 1);
-  Job job{.c = c, .env = env};
-  job.servers = static_cast<int>(c.i("parallel.ps_servers"));
-  job.workers = world - job.servers;
-  job.mode = mode;
-  job.steps = c.i("training.steps");
-  job.global_batch = c.i("training.global_batch");
-  job.micro_batch = c.i("training.micro_batch");
-  job.per_worker = job.global_batch / job.workers;
-  job.accum = job.per_worker / job.micro_batch;
-  job.seed = static_cast<uint64_t>(c.i("job.seed"));
+  const Job job = make_job(c, env, world);
   std::unique_ptr<Task> task = make_task(c);
   const int64_t k = store.add(kJoins, 1, comm::Clock::now() + timeout) - 1;
   const int rank = world + static_cast<int>(k);

@@ -14,8 +14,8 @@
 //          (exactly, in deterministic mode: the pushes are exact-sum limbs), clips by the
 //          global norm (the servers sum their squares) and updates once. Equal to data
 //          parallelism: bitwise in deterministic mode.
-//   async  each push is applied on arrival (clipped by its worker), and the reply carries
-//          the newest parameters.
+//   async  each push is applied on arrival (clipped by its worker) at the step's learning
+//          rate / workers, and the reply carries the newest parameters.
 //   ssp    as async, but the reply to a worker's push of its step t is held until every live
 //          worker has pushed its step t - K (K = staleness): no worker runs more than K steps
 //          ahead of the slowest. sync is ssp with K = 0 and one update per step.

@@ -207,7 +207,11 @@ struct ParamServer::Impl {
     Link& k = links[l];
     const int64_t staleness = applied - k.seen;
     std::copy_n(k.grads.data<float>(), n(), params.grads().data<float>() + begin);
-    const double lr = optim::lr_at(config.schedule, config.start_step + applied / config.workers);
+    // Each push moves the parameters a workers-th of a step's way: with plain SGD and no
+    // staleness, the step's pushes together make exactly sync's update (its gradient is the
+    // mean of theirs); with Adam, a step's pushes move as far as sync's one update.
+    const double lr = optim::lr_at(config.schedule, config.start_step + applied / config.workers) /
+                      static_cast<double>(config.workers);
     optimizer->step(lr);
     ++applied;
     --queued;

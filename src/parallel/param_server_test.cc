@@ -208,8 +208,9 @@ struct Flat {
   }
 };
 
-// Worker w pushes gradients of all (w + 1); with SGD at lr 1, no decay and no momentum,
-// every parameter ends at -(sum over applied pushes of w + 1).
+// Worker w pushes gradients of all (w + 1); with SGD at lr 1 a push (the schedule's lr /
+// workers), no decay and no momentum, every parameter ends at -(sum over applied pushes of
+// w + 1).
 struct AsyncRun {
   PsMode mode = PsMode::kAsync;
   int64_t staleness = 0;
@@ -243,7 +244,7 @@ AsyncResult run_async(const AsyncRun& run) {
         const std::vector<int64_t> b = ps_key_ranges(kN, run.servers);
         ParamServer server(links, group, f.params, b[s], b[s + 1], {.kind = "sgd", .weight_decay = 0, .momentum = 0},
                            {.mode = run.mode, .staleness = run.staleness, .workers = run.workers, .steps = run.steps,
-                            .schedule = {.lr = 1, .decay = "constant"}});
+                            .schedule = {.lr = static_cast<double>(run.workers), .decay = "constant"}});  // 1 a push
         server.on_drop([&](int link, const std::string& why) {
           std::lock_guard lock(mu);
           res.drops.push_back(cat("link ", link, ": ", why));

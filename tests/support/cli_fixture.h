@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -203,6 +206,19 @@ inline std::vector<pid_t> children_of(pid_t parent) {
     if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(name)));
   }
   return out;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for a --master HOST:PORT).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
 }
 
 // The pid of the launcher's child that has RANK=rank in its environment, or -1.
