@@ -47,6 +47,15 @@ struct EvalArgs {
 };
 int run_eval(const EvalArgs& a);
 
+struct PruneArgs {
+  std::string checkpoint, out, config;
+  std::vector<std::string> overrides;
+  double sparsity = 0.5;
+  std::string structured = "none";  // none | rows | heads
+};
+// `loom prune`: magnitude pruning of a GPT's linear layers into a new checkpoint.
+int run_prune(const PruneArgs& a);
+
 struct CkptArgs {
   std::string action;  // verify | inspect | export
   std::string path, out;

@@ -62,6 +62,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"training.eval_every", int64_t{0}},
       {"training.eval_steps", int64_t{10}},
       {"training.recompute", std::string("none")},
+      {"training.keep_zeros", false},  // weights zero at the start (a pruned checkpoint) stay zero
       {"parallel.dp", int64_t{0}},
       {"parallel.tp", int64_t{1}},
       {"parallel.pp", int64_t{1}},
@@ -439,6 +440,11 @@ void Config::resolve(int world) {
   one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
   check_layout(where);
   check_param_servers(where);
+  if (b("training.keep_zeros") && (i("parallel.zero") == 3 || i("parallel.ps_servers") > 0))
+    throw InputError(cat(where("training.keep_zeros"), " = true with ",
+                         i("parallel.zero") == 3 ? "parallel.zero = 3, which keeps only a shard of each weight between steps"
+                                                 : "parameter servers, which update the weights on the servers",
+                         "; expected parallel.zero <= 2 and no parameter servers"));
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));

@@ -94,6 +94,17 @@ int run(int argc, char** argv) {
   e->add_option("--batch", eval.batch, "Windows per forward pass")->capture_default_str();
   e->allow_extras();
 
+  loom::app::PruneArgs prune;
+  auto* pr = app.add_subcommand("prune", "Remove a GPT's smallest weights (by magnitude) into a new checkpoint");
+  pr->add_option("--checkpoint", prune.checkpoint, "Step directory, checkpoint root, run directory or .safetensors")->required();
+  pr->add_option("--out", prune.out, "Checkpoint root to write (step_0)")->required();
+  pr->add_option("--sparsity", prune.sparsity, "Share of each linear layer's weights (or rows, or heads) to remove")
+      ->capture_default_str();
+  pr->add_option("--structured", prune.structured,
+                 "none: single weights; rows: whole output channels; heads: whole attention heads")->capture_default_str();
+  pr->add_option("--config", prune.config, "Config for the model shape of a bare safetensors file (n_head)");
+  pr->allow_extras();
+
   loom::app::CkptArgs ckpt;
   auto* ck = app.add_subcommand("ckpt", "Check, describe or export a checkpoint (any layout)");
   ck->require_subcommand(1);
@@ -208,6 +219,10 @@ int run(int argc, char** argv) {
   if (v->parsed()) {
     serve.overrides = overrides_of(*v);
     return loom::app::run_serve(serve);
+  }
+  if (pr->parsed()) {
+    prune.overrides = overrides_of(*pr);
+    return loom::app::run_prune(prune);
   }
   if (e->parsed()) {
     eval.overrides = overrides_of(*e);

@@ -134,6 +134,9 @@ int run_train(const TrainArgs& a) {
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
   const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(ckpt_root));
+  if (c.b("training.keep_zeros") && a.init_from.empty() && !resume)
+    throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
+                     "--init-from PATH (a pruned checkpoint, loom prune) or --resume");
   Mesh mesh = mesh_coordinates(c, env.rank);
   const bool piped = mesh.pp > 1;
   // Tensor parallelism: this rank builds its piece of every block; the seam's communicator
@@ -282,6 +285,9 @@ int run_train(const TrainArgs& a) {
   const std::string resumed_from = ck && resume ? ck->path() : "";
   ck.reset();
   dp.sync_params();
+  // [training] keep_zeros: the weights and biases a pruned checkpoint zeroed stay zero.
+  std::vector<uint8_t> zeros_kept;
+  if (c.b("training.keep_zeros")) zeros_kept = zero_mask(params);
   if (!trace_steps.empty()) {
     comm::barrier(*world);  // every rank's origin: the barrier's exit
     trace.emplace(obs::Trace::Clock::now());
@@ -442,6 +448,7 @@ int run_train(const TrainArgs& a) {
                                                        : cat("the last checkpoint, ", last_checkpoint, ", is intact"),
                                " (a lower training.lr or a training.grad_clip may help)"));
       }
+      if (!zeros_kept.empty()) apply_zero_mask(params, zeros_kept);
       const parallel::CommStats cs = dp.take_stats();
       // [job] mem_limit_mb: the rank's peak resident memory, checked after every step.
       if (const double limit = c.f("job.mem_limit_mb"); limit > 0 && peak_rss_mb() > limit)

@@ -73,6 +73,21 @@ int64_t step_jitter_ms(int rank, int64_t step) {
   return h % 4 == 0 ? 4 * ms : 0;
 }
 
+std::vector<uint8_t> zero_mask(const ParamSet& params) {
+  std::vector<uint8_t> mask(static_cast<size_t>(params.numel()), 0);
+  const float* v = params.values().data<float>();
+  for (const ParamInfo& p : params.infos())
+    if (p.kind == ParamKind::kWeight || p.kind == ParamKind::kBias)
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) mask[i] = v[i] == 0.0f ? 1 : 0;
+  return mask;
+}
+
+void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask) {
+  float* v = params.values().data<float>();
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) v[i] = 0.0f;
+}
+
 std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
                                const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
   try {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "loom/comm.h"
+#include "loom/params.h"
 
 namespace loom::app {
 
@@ -59,6 +60,12 @@ class StragglerWatch {
 // the path, or "" when it could not be written (the failure is what gets reported).
 std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
                                const std::vector<std::pair<std::string, const comm::Communicator*>>& comms);
+
+// [training] keep_zeros (docs/serving.md, "Pruning"): which elements of this rank's
+// weights and biases (ParamKind kWeight, kBias) are exactly zero, one byte each; and
+// zeroing them again after an update.
+std::vector<uint8_t> zero_mask(const ParamSet& params);
+void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask);
 
 // The process's peak resident memory so far, MiB.
 double peak_rss_mb();
