@@ -2,6 +2,9 @@
 """Training-loss curves of several runs as one SVG (no plotting library needed).
 
 Usage: plot_curves.py OUT.svg TITLE LABEL=metrics.jsonl [LABEL=metrics.jsonl ...]
+       plot_curves.py --xy XLABEL YLABEL OUT.svg TITLE LABEL=points.csv [...]
+
+The --xy form draws each CSV of "x,y" lines as a polyline with its points marked, unsmoothed.
 
 Each run's `loss` per `step` (lines without a loss are skipped) is drawn as a polyline,
 smoothed by a centred moving average over 2% of the steps, on shared axes; the legend
@@ -11,7 +14,7 @@ final_val_accuracy, or the last val_loss).
 import json
 import sys
 
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
 W, H, LEFT, RIGHT, TOP, BOTTOM = 720, 420, 70, 20, 40, 50
 
 
@@ -40,9 +43,18 @@ def smooth(ys, k):
 
 
 def main():
-    out, title, runs = sys.argv[1], sys.argv[2], [a.rsplit("=", 1) for a in sys.argv[3:]]
+    args = sys.argv[1:]
+    xy = args[0] == "--xy"
+    xlabel, ylabel = (args[1], args[2]) if xy else ("step (global batches)", "training loss (smoothed)")
+    if xy:
+        args = args[3:]
+    out, title, runs = args[0], args[1], [a.rsplit("=", 1) for a in args[2:]]
     curves = []
     for label, path in runs:
+        if xy:
+            pts = [tuple(float(v) for v in line.split(",")) for line in open(path) if line.strip()]
+            curves.append((label, [x for x, _ in pts], [y for _, y in pts], ""))
+            continue
         steps, losses, final = read(path)
         k = max(1, len(steps) // 100)
         curves.append((label, steps, smooth(losses, k), final))
@@ -61,18 +73,22 @@ def main():
         svg.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{py(y):.1f}" y2="{py(y):.1f}" stroke="#ddd"/>')
         svg.append(f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.2f}</text>')
         x = xmax * i / 5
-        svg.append(f'<text x="{px(x):.1f}" y="{H - BOTTOM + 18}" text-anchor="middle">{x:.0f}</text>')
+        svg.append(f'<text x="{px(x):.1f}" y="{H - BOTTOM + 18}" text-anchor="middle">{x:.{2 if xy else 0}f}</text>')
     svg.append(f'<rect x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}" fill="none" stroke="#333"/>')
-    svg.append(f'<text x="{(LEFT + W - RIGHT) / 2}" y="{H - 12}" text-anchor="middle">step (global batches)</text>')
+    svg.append(f'<text x="{(LEFT + W - RIGHT) / 2}" y="{H - 12}" text-anchor="middle">{xlabel}</text>')
     svg.append(f'<text x="16" y="{(TOP + H - BOTTOM) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 16 {(TOP + H - BOTTOM) / 2})">training loss (smoothed)</text>')
+               f'transform="rotate(-90 16 {(TOP + H - BOTTOM) / 2})">{ylabel}</text>')
     for i, (label, steps, ys, final) in enumerate(curves):
         color = COLORS[i % len(COLORS)]
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(steps, ys))
         svg.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{points}"/>')
+        if xy:
+            for x, y in zip(steps, ys):
+                svg.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>')
         ly = TOP + 18 + 18 * i
-        svg.append(f'<line x1="{W - RIGHT - 260}" x2="{W - RIGHT - 236}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
-        svg.append(f'<text x="{W - RIGHT - 230}" y="{ly}">{label}{": " + final if final else ""}</text>')
+        lx = LEFT + 12 if xy else W - RIGHT - 260  # xy: loss grows with x, the legend goes top left
+        svg.append(f'<line x1="{lx}" x2="{lx + 24}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" stroke-width="3"/>')
+        svg.append(f'<text x="{lx + 30}" y="{ly}">{label}{": " + final if final else ""}</text>')
     svg.append("</svg>")
     open(out, "w").write("\n".join(svg) + "\n")
 

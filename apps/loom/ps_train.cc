@@ -222,11 +222,8 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
       progress.note(cat("checkpoint ", last_checkpoint));
     }
   });
-  server.on_drop([&](int link, const std::string& why) {
-    log_warn(cat("parameter server ", s, ": dropped worker rank ",
-                 link < static_cast<int>(job.leaders.size()) ? job.leaders[link] : world.size() + link - static_cast<int>(job.leaders.size()),
-                 ": ", why,
-                 "; training goes on with the others"));
+  server.on_drop([&](int rank, const std::string& why) {
+    log_warn(cat("parameter server ", s, ": dropped worker rank ", rank, ": ", why, "; training goes on with the others"));
   });
   // Async and ssp: workers may join the running job (loom train --ps-join), announcing
   // themselves in the store; this server links to each and serves it from then on.
@@ -252,7 +249,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
           try {
             auto link = comm::Communicator::create(*job.store, 0, 2, cfg, cat("ps/", s, "/j", seen));
             const int l = server.add_link(link.get());
-            if (l < 0) break;  // the run is over: the joiner's link closes
+            if (l < 0) continue;  // the run is over: the joiner's link closes
             log_info(cat("parameter server ", s, ": worker rank ", rank, " joined the job (link ", l, ")"));
             joined.push_back(std::move(link));
           } catch (const Error& e) {

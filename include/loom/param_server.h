@@ -93,7 +93,7 @@ class ParamServer {
   // order, so it may run collectives over the servers' group; async and ssp: on each
   // server as its own count of pushes crosses a step) and when a link is dropped.
   void on_step(std::function<void(const PsStep&)> fn);
-  void on_drop(std::function<void(int link, const std::string& why)> fn);
+  void on_drop(std::function<void(int worker_rank, const std::string& why)> fn);  // its job rank
 
   // Serves every link until each has said goodbye or been dropped. RuntimeError naming the
   // worker when sync mode loses one, or when async or ssp lose them all before the end.

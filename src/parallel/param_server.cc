@@ -335,7 +335,7 @@ struct ParamServer::Impl {
       if (sync()) {
         if (failure.empty()) failure = cat(who(l), " failed: ", e.what(), "; synchronous training cannot go on without it");
       } else if (drop_fn) {
-        drop_fn(l, e.what());
+        drop_fn(k.comm->config().job_rank(1), e.what());
       }
       cv.notify_all();
     }

@@ -245,9 +245,9 @@ AsyncResult run_async(const AsyncRun& run) {
         ParamServer server(links, group, f.params, b[s], b[s + 1], {.kind = "sgd", .weight_decay = 0, .momentum = 0},
                            {.mode = run.mode, .staleness = run.staleness, .workers = run.workers, .steps = run.steps,
                             .schedule = {.lr = static_cast<double>(run.workers), .decay = "constant"}});  // 1 a push
-        server.on_drop([&](int link, const std::string& why) {
+        server.on_drop([&](int rank, const std::string& why) {
           std::lock_guard lock(mu);
-          res.drops.push_back(cat("link ", link, ": ", why));
+          res.drops.push_back(cat("worker rank ", rank, ": ", why));
         });
         server.on_step([&](const PsStep& st) {
           std::lock_guard lock(mu);
@@ -325,7 +325,7 @@ TEST(ParamServer, SspHoldsFastWorkersExactlyStalenessStepsAhead) {
 TEST(ParamServer, AsyncDropsAWorkerThatLeavesAndFinishesWithTheOthers) {
   const AsyncResult r = run_async({.mode = PsMode::kAsync, .steps = 8, .leaves_after = 2});
   ASSERT_EQ(r.drops.size(), 2u) << "one drop per server";
-  EXPECT_NE(r.drops[0].find("link 2"), std::string::npos) << r.drops[0];
+  EXPECT_NE(r.drops[0].find("worker rank 4"), std::string::npos) << r.drops[0];  // servers 0-1, workers 2-4
   EXPECT_EQ(r.applied[2], 2);
   EXPECT_GE(r.applied[0] + r.applied[1] + r.applied[2], 8 * 3) << "the others take over the rest of the run";
   EXPECT_LE(r.applied[0] + r.applied[1] + r.applied[2], 8 * 3 + 1);
