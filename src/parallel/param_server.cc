@@ -277,7 +277,9 @@ struct ParamServer::Impl {
       {
         std::lock_guard lock(mu);
         k.seen = applied;
-        reply = {.step = steps_done, .stop = finished() ? 1 : 0};
+        // The step it starts from: its clock (the run's first step, or for a worker that
+        // joined, the servers' step when it did), however late its hello comes.
+        reply = {.step = k.clock, .stop = finished() ? 1 : 0};
         values = snapshot(k);
       }
       send_reply(k, reply, values);
