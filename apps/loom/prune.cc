@@ -62,8 +62,9 @@ int64_t prune_unstructured(const std::vector<Linear>& layers, double sparsity) {
     float* w = l.w.data<float>();
     std::vector<double> score(static_cast<size_t>(l.w.numel()));
     for (int64_t i = 0; i < l.w.numel(); ++i) score[i] = std::fabs(w[i]);
-    for (int64_t i : smallest(score, static_cast<int64_t>(sparsity * static_cast<double>(l.w.numel())))) w[i] = 0;
-    zeroed += static_cast<int64_t>(sparsity * static_cast<double>(l.w.numel()));
+    const auto k = static_cast<int64_t>(sparsity * static_cast<double>(l.w.numel()));
+    for (int64_t i : smallest(score, k)) w[i] = 0;
+    zeroed += k;
   }
   return zeroed;
 }

@@ -41,7 +41,6 @@ namespace {
 
 struct Job {
   const Config& c;
-  const comm::LaunchEnv& env;
   int servers = 0, workers = 0;
   parallel::PsMode mode = parallel::PsMode::kSync;
   int64_t steps = 0, global_batch = 0, micro_batch = 0, per_worker = 0, accum = 0;
@@ -50,7 +49,6 @@ struct Job {
   // The workers that talk to the servers, ascending: every worker, or with a host reduce
   // (sync, parallel.ps_hierarchical) the first worker on each host. Link l is leaders[l]'s.
   std::vector<int> leaders;
-  bool hierarchical = false;
   comm::Store* store = nullptr;  // the job's
   std::vector<int64_t> trace_steps;  // [profile] trace_steps
   std::optional<Clock::time_point> trace_origin;  // every rank's, taken after a barrier
@@ -393,8 +391,8 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
 }
 
 // The job's sizes from a config resolved for `world` ranks.
-Job make_job(const Config& c, const comm::LaunchEnv& env, int world) {
-  Job job{.c = c, .env = env};
+Job make_job(const Config& c, int world) {
+  Job job{.c = c};
   job.servers = static_cast<int>(c.i("parallel.ps_servers"));
   job.workers = world - job.servers;
   job.mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
@@ -412,7 +410,7 @@ Job make_job(const Config& c, const comm::LaunchEnv& env, int world) {
 }  // namespace
 
 int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
-  Job job = make_job(c, env, env.size);
+  Job job = make_job(c, env.size);
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   if (!a.init_from.empty())
     throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
@@ -470,9 +468,8 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
     for (int q = job.servers; q < r && grouped(hosts[r]); ++q) first_on_host = first_on_host && hosts[q] != hosts[r];
     if (first_on_host) job.leaders.push_back(r);
   }
-  job.hierarchical = grouped(hosts[env.rank]);
   auto group = world->split(server ? 0 : -1, world->rank());  // the servers
-  auto local = world->split(server ? -1 : job.hierarchical ? hosts[env.rank] : env.rank, env.rank);  // a host's workers
+  auto local = world->split(server ? -1 : grouped(hosts[env.rank]) ? hosts[env.rank] : env.rank, env.rank);  // a host's workers
   const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
   log_info(cat("training ", c.s("model.preset"), " (", task->params().numel(), " parameters) on ", c.s("data.train"), ": ",
                job.steps, " steps of ", job.global_batch, " x ", task->tokens_per_item(), " tokens, ", job.servers,
@@ -517,7 +514,7 @@ int run_ps_join(Config c, const TrainArgs& a) {
                          "; workers join async and ssp jobs"));
   set_log_quiet(a.quiet);
   apply_compute_settings(c, 1);
-  const Job job = make_job(c, env, world);
+  const Job job = make_job(c, world);
   std::unique_ptr<Task> task = make_task(c);
   const int64_t k = store.add(kJoins, 1, comm::Clock::now() + timeout) - 1;
   const int rank = world + static_cast<int>(k);

@@ -194,8 +194,7 @@ struct ParamServer::Impl {
       ++steps_done;
       ++applied;
     }
-    window.max_queue = std::max(window.max_queue, queued);
-    queued = 0;
+    queued = 0;  // (its peak was noted as each push came)
     round = {.step = steps_done, .applied = failure.empty() ? 1 : 0, .loss = loss, .lr = lr, .grad_norm = norm};
     if (failure.empty()) emit(lr, norm);
     round.stop = finished() ? 1 : 0;
