@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cli_fixture.h"
+#include "loom/nn/gpt.h"
 
 extern char** environ;
 
@@ -316,6 +317,28 @@ TEST_F(Serve, ModelsLoadOnDemandAreEvictedLeastRecentlyUsedAndRoutesSplitByWeigh
   EXPECT_EQ(complete({{"model", "b"}, {"max_tokens", 2}}).first, 200);
 }
 
+// An int8 checkpoint (loom quantize) and an f32 one quantized at load (--quantize int8)
+// compute with the same int8 weights: the same completions, a quarter of the memory.
+TEST_F(Serve, ServesInt8WeightsFromAQuantizedCheckpointOrQuantizedAtLoad) {
+  const Result q = loom(cat("quantize --checkpoint ", p("runs/n"), " --out ", p("q8")));
+  ASSERT_EQ(q.code, 0) << q.err;
+  start({"--model", cat("q8=", p("q8")), "--model", cat("f=", p("runs/n")), "--quantize", "int8"});
+  json request = {{"prompt", "The quick "}, {"max_tokens", 24}, {"seed", 7}, {"temperature", 0.8}};
+  request["model"] = "q8";
+  const auto [s1, a] = complete(request);
+  request["model"] = "f";
+  const auto [s2, b] = complete(request);
+  ASSERT_EQ(s1, 200) << a.dump();
+  ASSERT_EQ(s2, 200) << b.dump();
+  EXPECT_EQ(a["choices"][0]["text"], b["choices"][0]["text"]);
+  const std::string body = client().Get("/metrics")->body;
+  const size_t at = body.find("\nloom_model_memory_bytes ");
+  ASSERT_NE(at, std::string::npos) << body;
+  const double f32_bytes = 4.0 * static_cast<double>(nn::gpt_counts({.n_layer = 2, .n_head = 2, .d_model = 64,
+                                                                      .seq_len = 64, .vocab_size = 256}).total());
+  EXPECT_LT(std::stod(body.substr(at + 25)), 2 * f32_bytes / 3.5) << "two models at int8";
+}
+
 TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
   const std::string model = cat(" --model nano=", p("runs/n"));
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
@@ -328,6 +351,7 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --route canary=other:1", "no model named other"},
            {model + " --route nano=nano:1", "the name is a model's"},
            {model + " --memory-mb -1", "--memory-mb -1"},
+           {model + " --quantize fp8", "--quantize fp8: expected none or int8"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;

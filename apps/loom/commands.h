@@ -26,6 +26,7 @@ struct SampleArgs {
   int64_t tokens = 256, top_k = 40, seed = 1, lines = 0;
   double temperature = 0.8, top_p = 1.0;
   bool kv_cache = true;  // false: the whole window's forward for every token
+  std::string quantize = "none";  // none | int8
 };
 int run_sample(const SampleArgs& a);
 
@@ -37,6 +38,7 @@ struct ServeArgs {
   int64_t max_batch = 16, token_budget = 2048, queue = 64, kv_cache_mb = 1024;  // continuous batching
   double memory_mb = 0;  // the models' weights in memory; 0: no limit (every model loads at start)
   std::vector<std::string> routes;  // NAME=A:W,B:W
+  std::string quantize = "none";  // none | int8: f32 models computed with int8 weights
 };
 int run_serve(const ServeArgs& a);
 
@@ -44,6 +46,7 @@ struct EvalArgs {
   std::string checkpoint, data, config;
   std::vector<std::string> overrides;
   int64_t batch = 8;
+  std::string quantize = "none";  // none | int8
 };
 int run_eval(const EvalArgs& a);
 
@@ -53,6 +56,14 @@ struct PruneArgs {
   double sparsity = 0.5;
   std::string structured = "none";  // none | rows | heads
 };
+struct QuantizeArgs {
+  std::string checkpoint, out, config;
+  std::vector<std::string> overrides;
+};
+// `loom quantize`: a GPT's linear weights and tied embedding to int8 (per output channel)
+// into a new checkpoint.
+int run_quantize(const QuantizeArgs& a);
+
 // `loom prune`: magnitude pruning of a GPT's linear layers into a new checkpoint.
 int run_prune(const PruneArgs& a);
 

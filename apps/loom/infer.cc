@@ -95,20 +95,25 @@ nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
 }
 
 
-std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c) {
+std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
   const nn::GptConfig shape = gpt_shape_of(ck, c);
   auto gpt = std::make_unique<nn::Gpt>(shape);
-  ck.load_params(gpt->params());
+  if (holds_int8(ck))
+    load_int8(ck, *gpt);
+  else
+    ck.load_params(gpt->params());
   if (const std::string bad = ck.nonfinite_report(); !bad.empty())
     log_warn(cat(bad, "; what the model computes from them is not meaningful"));
+  if (int8 && !gpt->int8()) gpt->use_int8(gpt->quantize_int8());
   return gpt;
 }
 
 int run_eval(const EvalArgs& a) {
   if (a.batch <= 0) throw InputError(cat("--batch ", a.batch, ": expected a positive integer"));
   Config c = inference_config(a.config, a.overrides);
+  const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
-  auto gpt = load_gpt(ck, c);
+  auto gpt = load_gpt(ck, c, int8);
   std::vector<uint16_t> tokens = data::read_tokens(a.data);
   check_vocab(tokens, gpt->config().vocab_size, a.data);
   int64_t t = gpt->config().seq_len;
@@ -122,8 +127,9 @@ int run_sample(const SampleArgs& a) {
   if (a.tokens < 0 || a.top_k < 0 || !(a.temperature > 0) || !(a.top_p > 0 && a.top_p <= 1))
     throw InputError("sample: expected --tokens >= 0, --top-k >= 0, --temperature > 0 and --top-p in (0, 1]");
   Config c = inference_config(a.config, a.overrides);
+  const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
-  auto gpt = load_gpt(ck, c);
+  auto gpt = load_gpt(ck, c, int8);
   const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
   const bool bytes = vocab <= 256;  // byte-level tokens print as text; others as ids
   std::vector<int32_t> seq;

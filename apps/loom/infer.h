@@ -21,6 +21,19 @@ nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c);
 // The GPT a checkpoint holds, its shape from state.json or read off a bare safetensors file
 // (n_head from `c`), checked against the weights before it is built. Warns about NaN or
 // Inf weights. InputError names the file and field.
-std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c);
+// int8: compute with int8 weights (docs/serving.md, "INT8 weights"), quantized now from f32
+// ones; a checkpoint written by `loom quantize` always loads as int8.
+std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8 = false);
+
+// INT8 weights (apps/loom/quantize.cc). Whether a checkpoint holds them (written by loom quantize).
+bool holds_int8(const checkpoint::Checkpoint& ck);
+// Fills `gpt` from such a checkpoint: the f32 tensors as they are, the int8 weights with
+// their scales through Gpt::use_int8. InputError naming the file and tensor when one is
+// missing or of another dtype or shape.
+void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt);
+// What Gpt::weight_bytes() gives for a GPT of this shape, without building one.
+int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8);
+// --quantize's value: "none" (false) or "int8" (true); InputError for any other.
+bool quantize_named(const std::string& value);
 
 }  // namespace loom::app

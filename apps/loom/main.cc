@@ -59,6 +59,8 @@ int run(int argc, char** argv) {
   s->add_option("--top-p", sample.top_p, "Then among the fewest likeliest tokens holding this share of the probability")
       ->capture_default_str();
   s->add_option("--seed", sample.seed, "Sampling seed")->capture_default_str();
+  s->add_option("--quantize", sample.quantize, "none, or int8: compute with int8 weights quantized at load")
+      ->capture_default_str();
   s->add_flag("!--no-kv-cache", sample.kv_cache,
               "Recompute the whole window for every token instead of decoding with the key/value cache");
   s->allow_extras();
@@ -78,6 +80,8 @@ int run(int argc, char** argv) {
   v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (whole caches of seq_len positions)")
       ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
+  v->add_option("--quantize", serve.quantize, "none, or int8: compute f32 models with int8 weights quantized at load")
+      ->capture_default_str();
   v->add_option("--memory-mb", serve.memory_mb,
                 "Memory for the models' weights: models load at start while they fit, the rest on their first request, "
                 "evicting the least recently used idle ones (0: no limit)")
@@ -92,6 +96,8 @@ int run(int argc, char** argv) {
   e->add_option("--data", eval.data, "Token file (llm.c format)")->required();
   e->add_option("--config", eval.config, "Config for the model shape of a bare safetensors file (n_head)");
   e->add_option("--batch", eval.batch, "Windows per forward pass")->capture_default_str();
+  e->add_option("--quantize", eval.quantize, "none, or int8: compute with int8 weights quantized at load")
+      ->capture_default_str();
   e->allow_extras();
 
   loom::app::PruneArgs prune;
@@ -104,6 +110,14 @@ int run(int argc, char** argv) {
                  "none: single weights; rows: whole output channels; heads: whole attention heads")->capture_default_str();
   pr->add_option("--config", prune.config, "Config for the model shape of a bare safetensors file (n_head)");
   pr->allow_extras();
+
+  loom::app::QuantizeArgs quantize;
+  auto* qu = app.add_subcommand("quantize", "Write a GPT with int8 weights (per output channel) as a new checkpoint");
+  qu->add_option("--checkpoint", quantize.checkpoint, "Step directory, checkpoint root, run directory or .safetensors")
+      ->required();
+  qu->add_option("--out", quantize.out, "Checkpoint root to write (step_0)")->required();
+  qu->add_option("--config", quantize.config, "Config for the model shape of a bare safetensors file (n_head)");
+  qu->allow_extras();
 
   loom::app::CkptArgs ckpt;
   auto* ck = app.add_subcommand("ckpt", "Check, describe or export a checkpoint (any layout)");
@@ -219,6 +233,10 @@ int run(int argc, char** argv) {
   if (v->parsed()) {
     serve.overrides = overrides_of(*v);
     return loom::app::run_serve(serve);
+  }
+  if (qu->parsed()) {
+    quantize.overrides = overrides_of(*qu);
+    return loom::app::run_quantize(quantize);
   }
   if (pr->parsed()) {
     prune.overrides = overrides_of(*pr);

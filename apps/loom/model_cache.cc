@@ -11,7 +11,8 @@ namespace loom::app {
 struct ModelCache::Entry {
   Spec spec;
   nn::GptConfig shape;
-  int64_t bytes = 0;  // its weights
+  int64_t bytes = 0;  // its weights, as it computes with them
+  bool int8 = false;
   std::shared_ptr<Model> model;  // null: not loaded
   bool loading = false;
   uint64_t used = 0;  // clock_ at its last request
@@ -23,13 +24,16 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 }  // namespace
 
-ModelCache::ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, MakeBatcher make_batcher)
+ModelCache::ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, bool int8,
+                       MakeBatcher make_batcher)
     : config_(c), budget_(memory_bytes), make_batcher_(std::move(make_batcher)) {
   for (const Spec& s : specs) {
     auto e = std::make_unique<Entry>();
     e->spec = s;
-    e->shape = gpt_shape_of(checkpoint::Checkpoint::open(s.path), c);
-    e->bytes = static_cast<int64_t>(nn::gpt_counts(e->shape).total()) * static_cast<int64_t>(sizeof(float));
+    const auto ck = checkpoint::Checkpoint::open(s.path);
+    e->shape = gpt_shape_of(ck, c);
+    e->int8 = int8 || holds_int8(ck);
+    e->bytes = gpt_weight_bytes(e->shape, e->int8);
     entries_[s.name] = std::move(e);
   }
   std::unique_lock lock(mu_);
@@ -65,9 +69,8 @@ std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& 
     m = std::make_shared<Model>();
     m->name = e.spec.name;
     m->path = e.spec.path;
-    m->gpt = load_gpt(checkpoint::Checkpoint::open(e.spec.path), config_);
-    if (m->gpt->config().vocab_size != e.shape.vocab_size ||
-        m->gpt->params().numel() * static_cast<int64_t>(sizeof(float)) != e.bytes)
+    m->gpt = load_gpt(checkpoint::Checkpoint::open(e.spec.path), config_, e.int8);
+    if (m->gpt->config().vocab_size != e.shape.vocab_size || m->gpt->weight_bytes() != e.bytes)
       throw InputError(cat(e.spec.path, ": the checkpoint changed since the server started"));
     m->batcher = make_batcher_(*m->gpt);
   } catch (...) {

@@ -43,7 +43,9 @@ class ModelCache {
   using MakeBatcher = std::function<std::unique_ptr<Batcher>(const nn::Gpt&)>;
   // Opens every checkpoint now (a bad path or index is an InputError naming it), and loads
   // the weights of as many as fit in `memory_bytes` (0: no limit), in the order given.
-  ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, MakeBatcher make_batcher);
+  // int8: f32 models compute with int8 weights (quantized as they load); int8 checkpoints
+  // always do.
+  ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, bool int8, MakeBatcher make_batcher);
   ~ModelCache();
 
   bool has(const std::string& name) const;

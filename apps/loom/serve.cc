@@ -106,7 +106,7 @@ class Server {
   Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, const Config& c, std::vector<std::unique_ptr<Route>> routes)
       : args_(a),
         started_(std::time(nullptr)),
-        cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)),
+        cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
                  const double cache_bytes = 2.0 * static_cast<double>(g.n_layer * g.seq_len * g.d_model) * sizeof(float);

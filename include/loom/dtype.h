@@ -11,7 +11,7 @@
 
 namespace loom {
 
-enum class DType : uint8_t { kF32 = 0, kF64, kBF16, kF16, kI32, kI64, kU8, kU16 };
+enum class DType : uint8_t { kF32 = 0, kF64, kBF16, kF16, kI32, kI64, kU8, kU16, kI8 };
 
 size_t dtype_size(DType t);
 // Loom's short name: "f32", "bf16", ...
@@ -45,5 +45,7 @@ template <>
 constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
 template <>
 constexpr DType dtype_of<uint16_t>() { return DType::kU16; }
+template <>
+constexpr DType dtype_of<int8_t>() { return DType::kI8; }
 
 }  // namespace loom

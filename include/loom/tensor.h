@@ -53,6 +53,10 @@ class Storage {
 // hypervisor still charges each page's first write). Advice: a kernel without it (before
 // Linux 5.14) leaves the pages to fault as usual.
 void populate_for_write(void* p, size_t bytes);
+// Gives the whole pages inside [p, p + bytes) back to the system (MADV_DONTNEED): they read
+// as zero afterwards and hold no memory until written. For buffers a process no longer
+// needs but cannot free alone (an int8 model's f32 weights inside its flat parameters).
+void discard_pages(void* p, size_t bytes);
 
 using Shape = std::vector<int64_t>;
 

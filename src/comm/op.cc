@@ -50,7 +50,7 @@ bool Fingerprint::matches(const Fingerprint& o) const {
 std::string Fingerprint::describe() const {
   // Fingerprints come off the wire too: a value out of range is shown, never trusted.
   constexpr DType kKnown[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
-                              DType::kI32, DType::kI64, DType::kU8,   DType::kU16};
+                              DType::kI32, DType::kI64, DType::kU8,   DType::kU16, DType::kI8};
   bool known = std::find(std::begin(kKnown), std::end(kKnown), dtype) != std::end(kKnown);
   std::string s = cat(op_kind_name(kind), "(",
                       known ? std::string(dtype_name(dtype)) : cat("dtype ", int(dtype)));

@@ -104,8 +104,8 @@ void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, siz
 }  // namespace
 
 void check_reducible(DType dtype, ReduceOp op) {
-  if (dtype == DType::kU16)
-    throw InputError(cat("reduction ", reduce_op_name(op), " is not supported on u16"));
+  if (dtype == DType::kU16 || dtype == DType::kI8)
+    throw InputError(cat("reduction ", reduce_op_name(op), " is not supported on ", dtype_name(dtype)));
 }
 
 void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op) {
@@ -119,7 +119,8 @@ void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp 
       return into_half<Bf16>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), count, op);
     case DType::kF16:
       return into_half<F16>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in), count, op);
-    case DType::kU16: break;
+    case DType::kU16:
+    case DType::kI8: break;
   }
   check_reducible(dtype, op);
 }
@@ -141,7 +142,8 @@ void reduce_many(void* out, const void* const* ins, int n, size_t count, DType d
       return many_half<Bf16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
     case DType::kF16:
       return many_half<F16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
-    case DType::kU16: break;
+    case DType::kU16:
+    case DType::kI8: break;
   }
   check_reducible(dtype, op);
 }
@@ -163,7 +165,8 @@ void finish_avg(void* buf, size_t count, DType dtype, int n) {
       for (size_t i = 0; i < count; ++i) p[i] = f32_to_f16(f16_to_f32(p[i]) / static_cast<float>(n));
       return;
     }
-    case DType::kU16: check_reducible(dtype, ReduceOp::kAvg);
+    case DType::kU16:
+    case DType::kI8: check_reducible(dtype, ReduceOp::kAvg);
   }
 }
 

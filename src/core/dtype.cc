@@ -20,6 +20,7 @@ constexpr DTypeInfo kInfo[] = {
     {DType::kBF16, 2, "bf16", "BF16"}, {DType::kF16, 2, "f16", "F16"},
     {DType::kI32, 4, "i32", "I32"},  {DType::kI64, 8, "i64", "I64"},
     {DType::kU8, 1, "u8", "U8"},     {DType::kU16, 2, "u16", "U16"},
+    {DType::kI8, 1, "i8", "I8"},
 };
 
 const DTypeInfo& info(DType t) {
@@ -88,6 +89,7 @@ double load_element(DType t, const void* p, size_t i) {
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case DType::kU8: return static_cast<const uint8_t*>(p)[i];
     case DType::kU16: return static_cast<const uint16_t*>(p)[i];
+    case DType::kI8: return static_cast<const int8_t*>(p)[i];
   }
   return 0;
 }
@@ -102,6 +104,7 @@ void store_element(DType t, void* p, size_t i, double v) {
     case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
     case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); return;
     case DType::kU16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v); return;
+    case DType::kI8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); return;
   }
 }
 

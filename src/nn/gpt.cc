@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/int8_matmul.h"
 #include "kernels/matmul.h"
 #include "loom/error.h"
 #include "loom/rng.h"
@@ -255,12 +256,20 @@ Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
   }
   const Tensor& x = ctx.head.x;
   Tensor out = ctx.arena.alloc(x.ndim() == 3 ? Shape{x.dim(0), x.dim(1), v} : Shape{x.dim(0), v}, h.dtype());
-  LOOM_DISPATCH_FLOAT(h.dtype(), T,
-                      k::matmul_forward(out.data<T>(), x.data<T>(), wte_.table.value().data<T>(),
-                                        static_cast<const T*>(nullptr), x.numel() / c, c, v,
-                                        k::WeightLayout::kMK));
+  head_product(out, x);
   ctx.logits = out;
   return out;
+}
+
+void Gpt::head_product(const Tensor& out, const Tensor& x) const {
+  const int64_t c = config_.d_model, v = wte_.rows, rows = x.numel() / c;
+  if (wte_.int8 != nullptr) {
+    k::int8_matmul_forward(out.data<float>(), x.data<float>(), *wte_.int8, nullptr, rows);
+    return;
+  }
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::matmul_forward(out.data<T>(), x.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), rows, c, v, k::WeightLayout::kMK));
 }
 
 Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const {
@@ -430,10 +439,7 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
   LayerNormCtx ln_f_ctx;
   Tensor h = ln_f_.forward(last, ln_f_ctx, arena);
   Tensor out = arena.alloc({seqs, config_.vocab_size}, x.dtype());
-  LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(out.data<T>(), h.data<T>(), wte_.table.value().data<T>(),
-                                        static_cast<const T*>(nullptr), seqs, c, config_.vocab_size,
-                                        k::WeightLayout::kMK));
+  head_product(out, h);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/int8_matmul.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
@@ -113,6 +114,11 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   ctx.x = x;
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   const int64_t n = x.numel() / in;
+  if (int8 != nullptr) {
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr, n);
+    return y;
+  }
   const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
@@ -136,6 +142,12 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
   ctx.x = x;
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   Tensor g = arena.alloc(y.shape(), x.dtype());
+  if (int8 != nullptr) {
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr,
+                           x.numel() / in, g.data<float>());
+    return {y, g};
+  }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(), bias.defined() ? bias.value().data<T>() : nullptr,
                       x.numel() / in, in, out, k::WeightLayout::kKM, g.data<T>());
@@ -144,6 +156,7 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
 }
 
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
+  LOOM_CHECK(int8 == nullptr);  // int8 weights are for inference
   if (split != TpSplit::kNone && shard.sequence_split()) {
     LOOM_CHECK(need_dx && !defer_weights);  // sequence parallelism runs without pipeline stages
     return backward_sequence(dy, ctx, arena);
@@ -277,6 +290,11 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
     s = {ids.numel(), c};
   }
   Tensor y = shard.sequence_split() ? shard.seam->staging().alloc(s, table.value().dtype()) : arena.alloc(s, table.value().dtype());
+  if (int8 != nullptr) {
+    LOOM_CHECK(!shard.split() && y.dtype() == DType::kF32);
+    for (int64_t i = 0; i < ids.numel(); ++i) k::dequantize_channel(*int8, ids.data<int32_t>()[i], y.data<float>() + i * c);
+    return y;
+  }
   LOOM_DISPATCH_FLOAT(y.dtype(), T,
                       k::embedding_forward(y.data<T>(), ctx.ids.data<int32_t>(),
                                            table.value().data<T>(), ids.numel(), c));
@@ -286,6 +304,7 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
 }
 
 void Embedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
+  LOOM_CHECK(int8 == nullptr);  // int8 weights are for inference
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::embedding_backward(table.grad().data<T>(), ctx.ids.data<int32_t>(),
                                             dy.data<T>(), ctx.ids.numel(), c));

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -156,6 +158,25 @@ class Gpt {
   void backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const;
   void backward_embed(const Tensor& dx, GptCtx& ctx) const;
 
+  // INT8 weights for inference (docs/serving.md, "INT8 weights"): `weights` maps each name
+  // of int8_weight_names() to its int8 form; forward, forward_logits and decode then
+  // multiply by those (wte: the embedding's rows and the tied head), and the f32 copies'
+  // memory is given back to the system (they read as 0). backward refuses. REQUIRES: the
+  // whole model in one process (no tensor or pipeline split), f32, every name present with
+  // its shape.
+  using Int8Weights = std::map<std::string, std::shared_ptr<const kernels::Int8Weight>>;
+  void use_int8(Int8Weights weights);
+  // This model's f32 weights quantized, per output channel, for use_int8.
+  Int8Weights quantize_int8() const;
+  // What int8 covers: every block's attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj
+  // weight (by output channel), and the embeddings transformer.wte.weight and
+  // transformer.wpe.weight (by row; wte's rows are the tied head's output channels).
+  std::vector<std::string> int8_weight_names() const;
+  bool int8() const { return !int8_.empty(); }
+  // Bytes of the weights forward reads: int8 values and f32 scales where use_int8 put them,
+  // f32 for the rest (biases, LayerNorms, wpe).
+  int64_t weight_bytes() const;
+
   // Called as forward and backward enter and leave each transformer block, in the order
   // loom/params.h's BlockPhase describes; block -1 is wte, wpe, ln_f and the tied head.
   BlockHook on_block;
@@ -183,6 +204,7 @@ class Gpt {
   Tensor sequence_rows(const Tensor& rows) const;         // this piece's rows under sequence parallelism, else all
   BlockCtx block_ctx(const GptCtx& ctx) const;            // a block's context, told the micro-batch's shape
   Tensor logits(const Tensor& h, GptCtx& ctx) const;      // the tied head: h @ wte^T
+  void head_product(const Tensor& out, const Tensor& x) const;  // out (rows, V) = x (rows, C) @ wte^T
 
   GptConfig config_;
   GptPart part_;
@@ -194,6 +216,7 @@ class Gpt {
   CrossEntropy loss_;
   Recompute recompute_ = Recompute::kNone;
   mutable Arena scratch_;  // recompute's workspace; one thread drives a model
+  Int8Weights int8_;       // use_int8's, which the layers point into
 };
 
 }  // namespace loom::nn

@@ -22,6 +22,10 @@
 #include "loom/params.h"
 #include "loom/tensor.h"
 
+namespace loom::kernels {
+struct Int8Weight;  // kernels/int8_matmul.h
+}
+
 namespace loom::nn {
 
 struct LinearCtx {
@@ -57,6 +61,9 @@ class Linear {
   ParamRef weight;  // (in, out)
   ParamRef bias;    // (out), or undefined
   int64_t in = 0, out = 0;  // this part's
+  // Inference with int8 weights (Gpt::use_int8): forward multiplies by these in place of
+  // `weight`; backward refuses. Owned by the model.
+  const kernels::Int8Weight* int8 = nullptr;
   Shard shard;
   TpSplit split = TpSplit::kNone;
 
@@ -119,6 +126,8 @@ class Embedding {
 
   ParamRef table;  // (rows, C): this part's rows
   int64_t rows = 0, c = 0;  // this part's
+  // Inference with an int8 table (Gpt::use_int8): a row is its int8 values times its scale.
+  const kernels::Int8Weight* int8 = nullptr;
   Shard shard;
 };
 

@@ -71,6 +71,40 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
       for (int64_t i = 0; i < n; ++i) dbias[o] += dout[i * m + o];
 }
 
+// Symmetric int8 of n values (stride apart): the scale max |x| / 127 and q = round(x x 127 /
+// max |x|) clamped to [-127, 127] (all 0 and scale 0 when every x is 0).
+inline float quantize_int8_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
+  float amax = 0;
+  for (int64_t p = 0; p < n; ++p) amax = std::max(amax, std::fabs(x[p * stride]));
+  if (!(amax > 0) || !std::isfinite(amax)) {
+    for (int64_t p = 0; p < n; ++p) q[p] = 0;
+    return std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float inv = 127.0f / amax;
+  for (int64_t p = 0; p < n; ++p) q[p] = static_cast<int8_t>(std::clamp(std::nearbyint(x[p * stride] * inv), -127.0f, 127.0f));
+  return amax / 127.0f;
+}
+
+// The int8 product (kernels/int8_matmul.h) from the f32 weight: each output channel of
+// `weight` quantized, each input row quantized, their products summed in int32, then
+// out = fma(float(sum), s_row x s_channel, bias).
+inline void int8_matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t n,
+                                int64_t k, int64_t m, WeightLayout layout) {
+  std::vector<int8_t> qw(static_cast<size_t>(k * m)), qx(static_cast<size_t>(k));
+  std::vector<float> sw(static_cast<size_t>(m));
+  for (int64_t o = 0; o < m; ++o)
+    sw[o] = layout == WeightLayout::kKM ? quantize_int8_row(weight + o, k, m, qw.data() + o * k)
+                                        : quantize_int8_row(weight + o * k, k, 1, qw.data() + o * k);
+  for (int64_t i = 0; i < n; ++i) {
+    const float sx = quantize_int8_row(inp + i * k, k, 1, qx.data());
+    for (int64_t o = 0; o < m; ++o) {
+      int32_t acc = 0;
+      for (int64_t j = 0; j < k; ++j) acc += int32_t{qx[j]} * int32_t{qw[o * k + j]};
+      out[i * m + o] = std::fma(static_cast<float>(acc), sx * sw[o], bias ? bias[o] : 0.0f);
+    }
+  }
+}
+
 template <typename T>
 T gelu(T x) {
   const T s = std::sqrt(T(2) / T(3.14159265358979323846));
