@@ -1,6 +1,7 @@
 // `loom sample` and `loom eval`: load a GPT from a checkpoint directory or a bare
 // safetensors file (e.g. Hugging Face GPT-2 weights) and generate or evaluate.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -160,10 +161,17 @@ int run_sample(const SampleArgs& a) {
   int64_t lines = 0;
   Sampler sampler(vocab);
   const SamplingParams params{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t n = 0; n < a.tokens; ++n) {
     seq.push_back(sampler.pick(next_logits(), params, rng));
     if (bytes && seq.back() == '\n' && a.lines > 0 && ++lines >= a.lines) break;
   }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto made = static_cast<int64_t>(seq.size() - prompt_len);
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.3f s (%.0f tokens/s", secs, static_cast<double>(made) / std::max(secs, 1e-9));
+  log_info(cat("sample: ", made, " tokens in ", rate, gpt->int8() ? ", int8 weights" : "",
+               a.kv_cache ? "" : ", no key/value cache", ")"));
   if (bytes) {
     std::string text = data::byte_detokenize(std::span<const int32_t>(seq).subspan(a.prompt.empty() ? 1 : 0));
     for (char& ch : text)

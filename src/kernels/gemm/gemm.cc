@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "kernels/gemm/microkernel.h"
+#include "kernels/gemm/skinny.h"
 #include "loom/error.h"
 
 namespace loom::kernels {
@@ -185,9 +186,19 @@ void gemm_loom(const MicroKernel<T>& mk,
     if (epilogue) epilogue(0, m, 0, n);
     return;
   }
-  const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
   const bool parallel = !omp_in_parallel() && m * n * k >= kParallelMinWork;
   const int threads = parallel ? omp_get_max_threads() : 1;
+  if (m <= gemm_detail::kSkinnyRows && !trans_a) {  // a few rows: no packing (skinny.h)
+    const int64_t chunk = round_up(ceil_div(n, threads), 16);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
+      const int64_t cols = std::min(chunk, n - j0);
+      gemm_detail::skinny_block(m, k, a, lda, b, ldb, trans_b, accumulate, c, ldc, j0, cols);
+      if (epilogue) epilogue(0, m, j0, cols);
+    }
+    return;
+  }
+  const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
   // Tiles start as MC rows by every column (A is then packed once per KC block). With
   // several threads the tile count is raised to a multiple of the thread count, so no
   // thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
