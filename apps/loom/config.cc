@@ -63,6 +63,9 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"training.eval_steps", int64_t{10}},
       {"training.recompute", std::string("none")},
       {"training.keep_zeros", false},  // weights zero at the start (a pruned checkpoint) stay zero
+      {"training.teacher", std::string("")},  // distillation: the teacher's checkpoint
+      {"training.distill_alpha", 0.5},
+      {"training.distill_temperature", 1.0},
       {"parallel.dp", int64_t{0}},
       {"parallel.tp", int64_t{1}},
       {"parallel.pp", int64_t{1}},
@@ -445,6 +448,15 @@ void Config::resolve(int world) {
                          i("parallel.zero") == 3 ? "parallel.zero = 3, which keeps only a shard of each weight between steps"
                                                  : "parameter servers, which update the weights on the servers",
                          "; expected parallel.zero <= 2 and no parameter servers"));
+  if (!(f("training.distill_alpha") >= 0 && f("training.distill_alpha") <= 1))
+    throw InputError(cat(where("training.distill_alpha"), " = ", f("training.distill_alpha"),
+                         ": the teacher's share of the loss; expected a number in [0, 1]"));
+  if (!(f("training.distill_temperature") > 0 && f("training.distill_temperature") <= 100))
+    throw InputError(cat(where("training.distill_temperature"), " = ", f("training.distill_temperature"),
+                         ": expected a temperature in (0, 100]"));
+  if (!s("training.teacher").empty() && std::string(p->kind) != "gpt")
+    throw InputError(cat(where("training.teacher"), " = \"", s("training.teacher"), "\": distillation needs the gpt model; the ",
+                         p->kind, " model has no teacher"));
   if (i("parallel.zero") < 0 || i("parallel.zero") > 3)
     throw InputError(cat(where("parallel.zero"), " = ", i("parallel.zero"), ": expected 0, 1, 2 or 3"));
   if (!(f("parallel.bucket_mb") > 0)) throw InputError(cat(where("parallel.bucket_mb"), " = ", f("parallel.bucket_mb"), ": expected > 0"));

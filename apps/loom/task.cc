@@ -5,6 +5,7 @@
 #include "loom/data.h"
 #include "loom/error.h"
 #include "loom/nn/mlp.h"
+#include "teacher.h"
 
 namespace loom::app {
 
@@ -40,7 +41,7 @@ void fill_windows(const std::vector<uint16_t>& tokens, const std::vector<int64_t
 class GptTask : public Task {
  public:
   GptTask(const Config& c, const nn::GptPart& part, const nn::Shard& tp, bool init)
-      : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part, tp), t_(cfg_.seq_len) {
+      : cfg_(gpt_config(c)), gpt_(cfg_, DType::kF32, part, tp), tp_(tp), t_(cfg_.seq_len) {
     train_ = data::read_tokens(c.s("data.train"));
     check_vocab(train_, cfg_.vocab_size, c.s("data.train"));
     if (static_cast<int64_t>(train_.size()) < t_ + 1)
@@ -54,6 +55,8 @@ class GptTask : public Task {
     micro_batch_ = c.i("training.micro_batch");
     if (init) gpt_.init(static_cast<uint64_t>(c.i("job.seed")));
     gpt_.set_recompute(nn::recompute_named(c.s("training.recompute")));
+    // Only the processes that compute the loss (the last pipeline stage) need the teacher.
+    if (!c.s("training.teacher").empty() && part.head) teacher_ = std::make_unique<Teacher>(c, cfg_);
   }
 
   ParamSet& params() override { return gpt_.params(); }
@@ -77,8 +80,14 @@ class GptTask : public Task {
     return {x, y};
   }
 
+  bool distilling() const override { return teacher_ != nullptr; }
+  void set_distill_targets(const Tensor& tokens, nn::CrossEntropyCtx& loss) override {
+    loss.distill = teacher_->targets(tokens, tp_);
+  }
+
   double micro_step(const std::vector<int64_t>& items, double scale) override {
     auto [x, y] = batch(items);
+    if (teacher_) ctx_.loss.distill = teacher_->targets(x, tp_, ctx_.loss.distill.soft);
     double loss = gpt_.forward(x, y, ctx_);
     gpt_.backward(ctx_, scale);
     return loss;
@@ -91,6 +100,8 @@ class GptTask : public Task {
  private:
   nn::GptConfig cfg_;
   nn::Gpt gpt_;
+  nn::Shard tp_;
+  std::unique_ptr<Teacher> teacher_;
   int64_t t_;
   int64_t micro_batch_ = 1;
   std::vector<uint16_t> train_, val_;

@@ -49,6 +49,11 @@ class Task {
   // targets; nullptr and InputError for other models.
   virtual nn::Gpt* gpt() { return nullptr; }
   virtual std::pair<Tensor, Tensor> batch(const std::vector<int64_t>& items) = 0;
+  // Distillation ([training] teacher): whether this task has a teacher, and its targets for
+  // a micro-batch's tokens put into `loss` (a pipeline's last stage calls it; micro_step
+  // does it itself).
+  virtual bool distilling() const { return false; }
+  virtual void set_distill_targets(const Tensor& /*tokens*/, nn::CrossEntropyCtx& /*loss*/) {}
 };
 
 // Loads and validates the data (InputError naming the file) and builds the model, or the

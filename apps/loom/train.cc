@@ -240,6 +240,8 @@ int run_train(const TrainArgs& a) {
         parallel::make_schedule(parallel::schedule_kind_named(c.s("parallel.pp_schedule")), mesh.pp,
                                 static_cast<int>(accum), mesh.v),
         *task->gpt(), mesh.stage_ranks());
+    if (task->distilling())
+      pipe->set_loss_targets([&](const Tensor& tokens, nn::CrossEntropyCtx& loss) { task->set_distill_targets(tokens, loss); });
   }
   // Collective over the pipeline or the tensor-parallel pieces (replica 0 only; the others
   // hold the same weights): rank 0 builds `whole`, to evaluate.

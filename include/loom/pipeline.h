@@ -81,6 +81,10 @@ class Pipeline {
 
   // Called on the training thread for every compute action and every wait; empty: off.
   void set_observer(std::function<void(const PipeSpan&)> observer);
+  // Called on the last stage with each micro-batch's tokens before its loss, to set what
+  // the loss mixes in (distillation's targets); empty: the plain cross-entropy.
+  using LossTargets = std::function<void(const Tensor& tokens, nn::CrossEntropyCtx& loss)>;
+  void set_loss_targets(LossTargets targets);
 
   const PipelineStats& stats() const;
   const Schedule& schedule() const;

@@ -4,6 +4,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/distill.h"
 #include "kernels/embedding.h"
 #include "kernels/int8_matmul.h"
 #include "kernels/layernorm.h"
@@ -317,12 +318,27 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossE
   ctx.logits = logits;
   ctx.targets = targets;
   Tensor losses = arena.alloc({n}, logits.dtype());
-  if (vocab.split()) ctx.stats = arena.alloc({3, n}, logits.dtype());
+  const DistillTargets& kd = ctx.distill;
+  if (kd.soft.defined()) LOOM_CHECK(kd.soft.numel() == logits.numel() && kd.soft.dtype() == logits.dtype());
+  if (vocab.split() || kd.soft.defined()) ctx.stats = arena.alloc({kd.soft.defined() ? 6 : 3, n}, logits.dtype());
   double sum = 0;
   LOOM_DISPATCH_FLOAT(logits.dtype(), T, {
     T* l = losses.data<T>();
     const int32_t* tg = targets.data<int32_t>();
-    if (vocab.split()) {
+    if (kd.soft.defined()) {  // the vocab-parallel arithmetic, whole rows being one part
+      T* st = ctx.stats.data<T>();
+      const auto temp = static_cast<T>(kd.temperature), alpha = static_cast<T>(kd.alpha);
+      k::cross_entropy_slice_max(st, logits.data<T>(), n, v);
+      if (vocab.split()) vocab.seam->max(ctx.stats.slice_rows(0, 1));
+      k::cross_entropy_slice_sums(st + n, logits.data<T>(), tg, st, n, v, vocab.index * v);
+      k::distill_slice_sums(st + 3 * n, logits.data<T>(), kd.soft.data<T>(), st, n, v, temp);
+      if (vocab.split()) vocab.seam->sum(ctx.stats.slice_rows(1, 6));
+      for (int64_t i = 0; i < n; ++i) {
+        const T hard = std::log(st[n + i]) + st[i] - st[2 * n + i];
+        const T kl = st[5 * n + i] - st[4 * n + i] / temp + st[i] / temp + std::log(st[3 * n + i]);
+        l[i] = (T(1) - alpha) * hard + alpha * temp * temp * kl;
+      }
+    } else if (vocab.split()) {
       T* mx = ctx.stats.data<T>();
       k::cross_entropy_slice_max(mx, logits.data<T>(), n, v);
       vocab.seam->max(ctx.stats.slice_rows(0, 1));
@@ -343,7 +359,12 @@ Tensor CrossEntropy::backward(const CrossEntropyCtx& ctx, double scale) const {
   LOOM_DISPATCH_FLOAT(logits.dtype(), T, {
     const auto dloss = static_cast<T>(scale / static_cast<double>(n));
     const int32_t* tg = ctx.targets.data<int32_t>();
-    if (vocab.split()) {
+    const DistillTargets& kd = ctx.distill;
+    if (kd.soft.defined()) {
+      const T* st = ctx.stats.data<T>();
+      k::distill_slice_backward(logits.data<T>(), logits.data<T>(), tg, kd.soft.data<T>(), st, st + n, st + 3 * n, dloss,
+                                static_cast<T>(kd.alpha), static_cast<T>(kd.temperature), n, v, vocab.index * v);
+    } else if (vocab.split()) {
       const T* stats = ctx.stats.data<T>();
       k::cross_entropy_slice_backward(logits.data<T>(), logits.data<T>(), tg, stats, stats + n, dloss, n, v,
                                       vocab.index * v);

@@ -60,6 +60,7 @@ struct Pipeline::Impl {
 
   std::vector<int> stage_ranks;
   std::function<void(const PipeSpan&)> observer;
+  LossTargets loss_targets;
   size_t timed_count = 0;    // the message size transfer_ms was measured for
   double transfer_ms = 0;    // one activation or gradient to a neighbour, one way
 
@@ -206,6 +207,7 @@ const PipelineStats& Pipeline::stats() const { return impl_->stats; }
 int Pipeline::stage() const { return impl_->stage; }
 const Schedule& Pipeline::schedule() const { return impl_->schedule; }
 void Pipeline::set_observer(std::function<void(const PipeSpan&)> observer) { impl_->observer = std::move(observer); }
+void Pipeline::set_loss_targets(LossTargets targets) { impl_->loss_targets = std::move(targets); }
 
 std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp) {
   Impl& m = *impl_;
@@ -268,7 +270,10 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
             in = x.input;
           }
           Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
-          if (last) losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
+          if (last) {
+            if (m.loss_targets) m.loss_targets(data.first, x.ctx.loss);
+            losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
+          }
           else x.output = h;
           break;
         }

@@ -133,9 +133,19 @@ class Embedding {
 
 // Mean softmax cross-entropy over rows. forward returns the mean loss; backward returns
 // dlogits of (mean loss x scale), written over the logits, which it consumes.
+// Knowledge distillation (kernels/distill.h, docs/numerics.md): with `soft` set, the loss is
+// (1 - alpha) x cross-entropy + alpha x temperature^2 x KL(soft || softmax(logits / temperature)).
+struct DistillTargets {
+  Tensor soft;  // (N, V / parts): a teacher's softmax at `temperature`, this part's columns; undefined: none
+  double alpha = 0, temperature = 1;
+};
+
 struct CrossEntropyCtx {
   Tensor logits, targets;
-  Tensor stats;  // vocab-parallel: (3, N) each row's max, sum of exponentials and target logit over every part
+  // vocab-parallel: (3, N) each row's max, sum of exponentials and target logit over every
+  // part; distilling (any layout), (6, N): those, then distill_slice_sums' three.
+  Tensor stats;
+  DistillTargets distill;  // set by the caller before forward; forward and backward only read it
 };
 class CrossEntropy {
  public:

@@ -313,6 +313,32 @@ void cross_entropy_slice_backward(T* dlogits, const T* logits, const int32_t* ta
       dlogits[i * v + j] = (std::exp(logits[i * v + j] - mx[i]) / sum[i] - (j + v_begin == targets[i])) * dloss;
 }
 
+// Distillation over a piece of the columns (kernels/distill.h).
+template <typename T>
+void distill_slice_sums(T* sums, const T* logits, const T* soft, const T* mx, int64_t n, int64_t v, T temp) {
+  for (int64_t i = 0; i < n; ++i) {
+    sums[i] = sums[n + i] = sums[2 * n + i] = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const T z = logits[i * v + j], p = soft[i * v + j];
+      sums[i] += std::exp((z - mx[i]) / temp);
+      sums[n + i] += p * z;
+      if (p > 0) sums[2 * n + i] += p * std::log(p);
+    }
+  }
+}
+
+template <typename T>
+void distill_slice_backward(T* dlogits, const T* logits, const int32_t* targets, const T* soft, const T* mx, const T* sum,
+                            const T* sum_t, T dloss, T alpha, T temp, int64_t n, int64_t v, int64_t v_begin) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < v; ++j) {
+      const T z = logits[i * v + j];
+      const T hard = std::exp(z - mx[i]) / sum[i] - (j + v_begin == targets[i]);
+      const T kd = std::exp((z - mx[i]) / temp) / sum_t[i] - soft[i * v + j];
+      dlogits[i * v + j] = dloss * ((T(1) - alpha) * hard + alpha * temp * kd);
+    }
+}
+
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
   for (int64_t i = 0; i < n; ++i)

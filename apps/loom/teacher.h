@@ -1,0 +1,34 @@
+// Knowledge distillation's teacher ([training] teacher, docs/serving.md "Distillation"): a
+// trained GPT, whole in every process that computes a loss, run forward only on the same
+// tokens as the student; its softmax at the temperature is what the student's loss mixes
+// in (nn::DistillTargets).
+#pragma once
+
+#include <memory>
+
+#include "config.h"
+#include "loom/nn/gpt.h"
+
+namespace loom::app {
+
+class Teacher {
+ public:
+  // Loads training.teacher (any checkpoint `loom eval` reads; int8 ones too). InputError
+  // naming the key and the numbers when its vocabulary differs from the student's or its
+  // window is shorter, or distill_alpha / distill_temperature are out of range.
+  Teacher(const Config& c, const nn::GptConfig& student);
+  ~Teacher();
+
+  // The teacher's probabilities at the temperature for tokens (B, T), the columns of
+  // vocabulary part `vocab` (all of them when not split), with alpha and the temperature.
+  // `reuse`: a tensor of the right size to write into (else a new one), so a caller with
+  // one micro-batch in flight allocates once.
+  nn::DistillTargets targets(const Tensor& tokens, const nn::Shard& vocab, const Tensor& reuse = {});
+
+ private:
+  std::unique_ptr<nn::Gpt> gpt_;
+  nn::GptCtx ctx_;
+  double alpha_, temperature_;
+};
+
+}  // namespace loom::app
