@@ -13,6 +13,7 @@ pkgs=(
   libopenmpi-dev openmpi-bin libgloo-dev       # mpirun tests, and the OpenMPI / Gloo comm peers
   clang libomp-dev                             # the tsan preset (Archer makes OpenMP visible to TSan)
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
+  python3-onnx                                 # checks the ONNX export (tests/onnx_export_test.cc)
 )
 missing=()
 for p in "${pkgs[@]}"; do

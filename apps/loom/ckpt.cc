@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "infer.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
 #include "loom/log.h"
@@ -69,6 +70,9 @@ int run_ckpt(const CkptArgs& a) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
   if (a.action == "verify") return verify(ck);
   if (a.action == "inspect") return inspect(ck);
+  if (a.action == "export" && a.format == "onnx") return export_onnx(ck, inference_config("", a.overrides), a.out);
+  if (a.action == "export" && a.format != "safetensors")
+    throw InputError(cat("loom ckpt export --format ", a.format, ": expected safetensors or onnx"));
   if (a.action == "export") return export_weights(ck, a.out);
   throw InputError(cat("loom ckpt ", a.action, ": expected verify, inspect or export"));
 }

@@ -70,6 +70,8 @@ int run_prune(const PruneArgs& a);
 struct CkptArgs {
   std::string action;  // verify | inspect | export
   std::string path, out;
+  std::string format = "safetensors";  // export: safetensors | onnx
+  std::vector<std::string> overrides;  // export --format onnx of a bare file: --model.n_head=N
 };
 // `loom ckpt`: check, describe or export a checkpoint (docs/formats.md).
 int run_ckpt(const CkptArgs& a);

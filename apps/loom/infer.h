@@ -33,6 +33,9 @@ bool holds_int8(const checkpoint::Checkpoint& ck);
 void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt);
 // What Gpt::weight_bytes() gives for a GPT of this shape, without building one.
 int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8);
+// `loom ckpt export --format onnx` (apps/loom/onnx_export.cc): the GPT as an ONNX graph at `out`.
+int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::string& out);
+
 // --quantize's value: "none" (false) or "int8" (true); InputError for any other.
 bool quantize_named(const std::string& value);
 

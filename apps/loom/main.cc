@@ -127,7 +127,10 @@ int run(int argc, char** argv) {
   auto* cke = ck->add_subcommand("export", "Write a checkpoint's weights as one safetensors file (Hugging Face names)");
   for (auto* sub : {ckv, cki, cke})
     sub->add_option("checkpoint", ckpt.path, "Step directory, checkpoint root, run directory or .safetensors")->required();
-  cke->add_option("--out", ckpt.out, "The .safetensors file to write")->required();
+  cke->add_option("--out", ckpt.out, "The file to write (.safetensors, or .onnx with --format onnx)")->required();
+  cke->add_option("--format", ckpt.format, "safetensors (the weights), or onnx (the GPT as an ONNX graph, opset 17)")
+      ->capture_default_str();
+  cke->allow_extras();
 
   auto* d = app.add_subcommand("data", "Prepare datasets");
   d->require_subcommand(1);
@@ -256,6 +259,7 @@ int run(int argc, char** argv) {
   for (auto* sub : {ckv, cki, cke})
     if (sub->parsed()) {
       ckpt.action = sub->get_name();
+      if (sub == cke) ckpt.overrides = overrides_of(*cke);
       return loom::app::run_ckpt(ckpt);
     }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
