@@ -155,6 +155,13 @@ class Server {
   }
 
   void routes(httplib::Server& http) {
+    // A streaming response holds its HTTP thread until the sequence ends: one thread for every
+    // place in each model's batch and queue (and some for the other endpoints and the
+    // requests answered 429), at most 1024, so that the batches can fill. cpp-httplib's
+    // default is 8 threads.
+    const auto threads = static_cast<size_t>(std::min<int64_t>(
+        1024, static_cast<int64_t>(args_.models.size()) * (args_.max_batch + args_.queue) + 8));
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_payload_max_length(1 << 20);
     http.set_read_timeout(10, 0);
     http.set_write_timeout(10, 0);
