@@ -19,7 +19,7 @@ for threads in 1 2; do
   for mode in no-kv-cache kv-cache; do
     flag=$([ $mode = no-kv-cache ] && echo --no-kv-cache || true)
     start=$(date +%s.%N)
-    $loom sample --checkpoint "$ckpt" --tokens "$tokens" --prompt x --job.threads=$threads $flag > /dev/null
+    $loom sample --checkpoint "$ckpt" --tokens "$tokens" --prompt x --job.threads=$threads $flag > /dev/null 2>&1
     secs[$mode]=$(python3 -c "print($(date +%s.%N) - $start)")
   done
   for mode in no-kv-cache kv-cache; do
