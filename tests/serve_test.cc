@@ -1,85 +1,17 @@
 // `loom serve` as a user meets it: a server process on loopback, an HTTP client.
 // Completions are reproducible by seed, streamed or not, stop where asked, and every bad
 // request gets its status and a line naming the field; the server keeps serving.
-#include <gtest/gtest.h>
-#include <httplib.h>
-#include <signal.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
 #include <atomic>
-#include <chrono>
-#include <filesystem>
 #include <condition_variable>
+#include <filesystem>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cli_fixture.h"
 #include "loom/nn/gpt.h"
-
-extern char** environ;
+#include "serve_fixture.h"
 
 namespace loom {
 namespace {
-
-using nlohmann::json;
-
-class Serve : public Cli {
- protected:
-  void SetUp() override {
-    Cli::SetUp();
-    ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=20 --job.name=n")).code, 0);
-  }
-  void TearDown() override {
-    stop();
-    Cli::TearDown();
-  }
-
-  // Starts `loom serve ARGS --port 0` and waits for the line naming its port.
-  void start(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {cat(LOOM_BINARY_DIR, "/loom"), "serve", "--port", "0"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> raw;
-    for (auto& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    posix_spawn_file_actions_t files;
-    posix_spawn_file_actions_init(&files);
-    posix_spawn_file_actions_addopen(&files, 1, p("serve.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&files, 2, p("serve.err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ASSERT_EQ(posix_spawn(&pid_, raw[0], &files, nullptr, raw.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&files);
-    for (int i = 0; i < 200 && port_ == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      const std::string out = read_file(p("serve.out"));
-      if (const size_t at = out.find("127.0.0.1:"); at != std::string::npos) port_ = std::stoi(out.substr(at + 10));
-    }
-    ASSERT_GT(port_, 0) << read_file(p("serve.err"));
-  }
-  void stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << read_file(p("serve.err"));
-    pid_ = 0;
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(30, 0);
-    return c;
-  }
-  // POST /v1/completions: status and parsed body.
-  std::pair<int, json> complete(const json& body, const httplib::Headers& headers = {}) const {
-    auto r = client().Post("/v1/completions", headers, body.dump(), "application/json");
-    if (!r) return {0, json()};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-
-  pid_t pid_ = 0;
-  int port_ = 0;
-};
 
 TEST_F(Serve, CompletionsAreReproducibleStreamedOrNotAndStopWhereAsked) {
   start({"--model", cat("nano=", p("runs/n"))});

@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -341,8 +343,17 @@ int run_serve(const ServeArgs& a) {
   Server server(args, specs, c, std::move(routes));
   httplib::Server http;
   server.routes(http);
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of
+  // clients connecting at once overflows it, and the kernel drops or resets the ones past
+  // it. Its socket, kept here as it is made, listens again with the system's maximum.
+  int listening = -1;
+  http.set_socket_options([&listening](int fd) {
+    httplib::default_socket_options(fd);
+    listening = fd;
+  });
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) throw RuntimeError(cat("serve: cannot listen on ", printable(a.host), ":", a.port));
+  if (listening >= 0) ::listen(listening, SOMAXCONN);
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);

@@ -1,0 +1,150 @@
+// `loom serve` under load and abuse (docs/serving.md, "Load and bad input"): 64 streaming
+// clients at once, clients that leave mid-stream, bad requests of every kind and stalled
+// (slow-loris) connections, all together. Every good client gets what it gets alone, every
+// bad request its status at once, a stalled request is answered 400 at the read timeout,
+// nothing stays held (through /metrics) and the server goes on.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <atomic>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "serve_fixture.h"
+
+namespace loom {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The text of a streamed completion (its `data:` events put together), or "" with the status.
+std::pair<int, std::string> stream(httplib::Client& c, const json& body, int leave_after = -1) {
+  std::string text, buffer;
+  int events = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buffer.append(data, n);
+    for (size_t at; (at = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, at + 2)) {
+      const std::string event = buffer.substr(0, at);
+      if (event.starts_with("data: {")) text += json::parse(event.substr(6))["choices"][0]["text"].get<std::string>();
+      ++events;
+    }
+    return leave_after < 0 || events < leave_after;  // false: the client goes away
+  };
+  httplib::Response res;
+  httplib::Error error;
+  const auto t0 = Clock::now();
+  if (!c.send(req, res, error))
+    return {-1, cat(httplib::to_string(error), " after ", std::chrono::duration<double>(Clock::now() - t0).count(), " s, ",
+                    events, " events: ", text)};
+  return {res.status, text};
+}
+
+// A connection that sends half a request and then nothing; returns the seconds until the
+// server answered it (400) or closed it (or `limit` when it did neither).
+double stalled_connection(int port, double limit) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le";
+  (void)!::write(fd, half.data(), half.size());
+  const auto t0 = Clock::now();
+  timeval tv{.tv_sec = 0, .tv_usec = 200000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char byte;
+  double waited = 0;
+  while ((waited = std::chrono::duration<double>(Clock::now() - t0).count()) < limit) {
+    const ssize_t n = ::read(fd, &byte, 1);
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;  // answered or closed
+  }
+  ::close(fd);
+  return waited;
+}
+
+TEST_F(Serve, UnderLoadAndAbuseEveryClientGetsItsAnswerAndNothingLeaks) {
+  start({"--model", cat("nano=", p("runs/n")), "--max-batch", "16", "--queue", "64"});
+  constexpr int kClients = 64, kLeavers = 8;
+  auto body = [](int seed, bool streamed) {
+    return json{{"model", "nano"}, {"prompt", "Q: "}, {"max_tokens", 24}, {"seed", seed}, {"temperature", 0.9},
+                {"stream", streamed}};
+  };
+  std::vector<std::pair<int, std::string>> got(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      auto c = client();
+      got[i] = stream(c, body(100 + i, true));
+    });
+  for (int i = 0; i < kLeavers; ++i)  // leave after two events, mid-stream
+    threads.emplace_back([&, i] {
+      auto c = client();
+      stream(c, body(500 + i, true), 2);
+    });
+  double stalled[2] = {0, 0};
+  for (double& s : stalled) threads.emplace_back([&] { s = stalled_connection(port_, 15.0); });
+
+  // Bad requests while all that runs: each answered at once with its status.
+  const std::string big(1 << 20, ' ');
+  const std::vector<std::tuple<std::string, std::string, int>> bad = {
+      {"not JSON", "{\"model\": ", 400},
+      {"oversized", "{\"model\": \"nano\", \"prompt\": \"" + big + "\"}", 413},
+      {"unknown model", json{{"model", "nope"}}.dump(), 404},
+      {"negative max_tokens", json{{"model", "nano"}, {"max_tokens", -1}}.dump(), 400},
+      {"huge max_tokens", json{{"model", "nano"}, {"max_tokens", 1e12}}.dump(), 400},
+      {"a string for a number", json{{"model", "nano"}, {"max_tokens", "9"}}.dump(), 400},
+      {"not an object", "[1, 2]", 400}};
+  std::vector<double> ms;
+  for (int round = 0; round < 3; ++round)
+    for (const auto& [what, text, status] : bad) {
+      const auto t0 = Clock::now();
+      auto r = client().Post("/v1/completions", text, "application/json");
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      ASSERT_TRUE(r) << what;
+      EXPECT_EQ(r->status, status) << what << ": " << r->body;
+    }
+  for (auto& t : threads) t.join();
+
+  std::sort(ms.begin(), ms.end());
+  std::printf("bad requests under load: p50 %.1f ms, max %.1f ms; stalled requests answered after %.1f and %.1f s\n",
+              ms[ms.size() / 2], ms.back(), stalled[0], stalled[1]);
+  EXPECT_LT(ms[ms.size() / 2], 100.0);
+  EXPECT_LT(ms.back(), 1000.0);
+  for (double s : stalled) {
+    EXPECT_GT(s, 5.0) << "a stalled connection must not be cut before the read timeout";
+    EXPECT_LT(s, 14.0) << "the server answers a stalled request (400) at its 10 s read timeout";
+  }
+  // Every streaming client got its whole completion, the one it gets alone.
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(got[i].first, 200) << "client " << i << ": " << got[i].second << "\n" << read_file(p("serve.err"));
+    if (i % 8 == 0) {
+      const auto [status, alone] = complete(body(100 + i, false));
+      ASSERT_EQ(status, 200);
+      EXPECT_EQ(got[i].second, alone["choices"][0]["text"].get<std::string>()) << "client " << i;
+    }
+  }
+  // Nothing stays held, and the server goes on.
+  auto gauge = [&](const std::string& name) {
+    const std::string m = client().Get("/metrics")->body, key = name + "{model=\"nano\"} ";
+    const size_t at = m.find(key);
+    return at == std::string::npos ? -1 : std::stoi(m.substr(at + key.size()));
+  };
+  for (int i = 0; i < 400 && gauge("loom_requests_running") != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(gauge("loom_requests_running"), 0);
+  EXPECT_EQ(gauge("loom_queue_depth"), 0);
+  EXPECT_EQ(gauge("loom_kv_caches_in_use"), 0) << "a key/value cache stayed held";
+  EXPECT_EQ(client().Get("/health")->status, 200);
+}
+
+}  // namespace
+}  // namespace loom
