@@ -133,8 +133,14 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   for (int64_t jb = 0; jb < blocks; ++jb) {
     const int64_t j0 = jb * kBlock;
     const int cols = static_cast<int>(std::min<int64_t>(kBlock, m - j0));
+    // Missing channels repeat the last one (the kernels compute 4 x 4 and only the wanted
+    // ones are read back).
     const int8_t* wp[kBlock];
-    for (int c = 0; c < kBlock; ++c) wp[c] = w.channel(j0 + std::min(c, cols - 1));
+    int32_t sums[kBlock];
+    for (int c = 0; c < kBlock; ++c) {
+      wp[c] = w.channel(j0 + std::min(c, cols - 1));
+      sums[c] = w.sum[j0 + std::min(c, cols - 1)];
+    }
     int32_t acc[kBlock * kBlock];
     for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlock, n - i0));
@@ -145,7 +151,7 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
         ap[r] = qa.get() + i * kp;
         up[r] = vnni ? reinterpret_cast<const uint8_t*>(qu.get() + i * kp) : nullptr;
       }
-      kernel(kp, ap, up, rows, wp, w.sum.data() + j0, cols, acc, kBlock);
+      kernel(kp, ap, up, rows, wp, sums, cols, acc, kBlock);
       for (int r = 0; r < rows; ++r) {
         float* o = out + (i0 + r) * m + j0;
         for (int c = 0; c < cols; ++c) {
