@@ -189,6 +189,7 @@ TEST_F(Serve, AFullQueueAnswers429AndALeavingClientFreesItsPlace) {
   EXPECT_TRUE(wait_for("loom_requests_running", 0));
   EXPECT_EQ(gauge("loom_queue_depth"), 0);
   EXPECT_EQ(gauge("loom_kv_caches_in_use"), 0) << "a cache held after its request ended";
+  EXPECT_EQ(gauge("loom_kv_pages_in_use"), 0) << "pages held after their request ended";
 }
 
 // Models, memory and routes (docs/serving.md): under --memory-mb that holds one nano model,

@@ -56,7 +56,7 @@ struct Batcher::Sequence {
   GenerationRequest request;
   std::shared_ptr<Generation> generation;
   std::vector<int32_t> tokens;  // the prompt, then what was made
-  std::unique_ptr<nn::KvCache> cache;
+  std::optional<nn::KvCache> cache;
   Sampler sampler;
   Rng rng;
   std::string out;  // the completion so far
@@ -75,7 +75,9 @@ struct Batcher::Sequence {
 
 Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step)
     : gpt_(gpt), limits_(limits), on_step_(std::move(on_step)) {
-  LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.cache_slots >= 1);
+  LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 &&
+             limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
+  pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -119,22 +121,22 @@ int64_t Batcher::running() const {
 
 int64_t Batcher::caches_in_use() const {
   std::lock_guard lock(mu_);
-  return caches_made_ - static_cast<int64_t>(free_caches_.size());
+  return running_count_;
 }
 
+int64_t Batcher::pages_in_use() const { return pages_->total() - pages_->free(); }
+
 void Batcher::admit() {  // REQUIRES: mu_ held
+  const int64_t window = gpt_.config().seq_len;
   while (!queue_.empty() && static_cast<int64_t>(running_.size()) < limits_.max_batch) {
-    if (free_caches_.empty() && caches_made_ >= limits_.cache_slots) break;  // waits for a cache
-    std::unique_ptr<Sequence> s = std::move(queue_.front());
+    // The positions this request can hold at once: its prompt's last window and what it
+    // makes, at most a window (past it the cache starts again from the last half window).
+    Sequence& s = *queue_.front();
+    const int64_t prompt = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), window);
+    s.cache = gpt_.make_cache(pages_, std::min(window, prompt + s.request.max_tokens));
+    if (!s.cache) break;  // waits, first come first served, for pages to be given back
+    running_.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    if (free_caches_.empty()) {
-      free_caches_.push_back(std::make_unique<nn::KvCache>(gpt_.make_cache()));
-      ++caches_made_;
-    }
-    s->cache = std::move(free_caches_.back());
-    free_caches_.pop_back();
-    s->cache->length = 0;
-    running_.push_back(std::move(s));
   }
   running_count_ = static_cast<int64_t>(running_.size());
 }
@@ -199,7 +201,7 @@ void Batcher::loop() {
       if (s->cache->full()) s->cache->length = 0;
       batch.push_back(s.get());
       rows.push_back(std::span<const int32_t>(s->tokens).last(static_cast<size_t>(n)));
-      caches.push_back(s->cache.get());
+      caches.push_back(&*s->cache);
       total += n;
     }
     BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
@@ -222,7 +224,7 @@ void Batcher::loop() {
         if (done != finished.end()) last.emplace_back(s->generation, std::move(done->second));
         else if (s->cancelled()) last.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
         else return false;
-        free_caches_.push_back(std::move(s->cache));
+        s->cache.reset();  // its pages go back to the pool
         return true;
       });
       running_count_ = static_cast<int64_t>(running_.size());

@@ -57,7 +57,10 @@ struct BatcherLimits {
   int64_t max_batch = 16;     // sequences per step
   int64_t token_budget = 2048;  // rows per step (a prefill counts its tokens); one sequence always runs
   int64_t queue = 64;         // requests waiting for a place in a full batch; beyond them submit refuses
-  int64_t cache_slots = 16;   // key/value caches (each seq_len positions), the memory budget
+  // Key/value pages (nn::KvPagePool, kPositions positions each), the memory budget: a request
+  // takes the pages for its prompt and max_tokens (at most a window's) when it joins.
+  // REQUIRES: at least one window's.
+  int64_t kv_pages = 256;
 };
 
 // What each step did, for metrics.
@@ -74,7 +77,9 @@ class Batcher {
   std::shared_ptr<Generation> submit(GenerationRequest request);
   int64_t queued() const;
   int64_t running() const;
-  int64_t caches_in_use() const;
+  int64_t caches_in_use() const;  // running requests, each holding its pages
+  int64_t pages_in_use() const;
+  int64_t pages_total() const { return limits_.kv_pages; }
 
  private:
   struct Sequence;
@@ -91,8 +96,8 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::vector<std::unique_ptr<Sequence>> running_;  // touched by the loop only, sized under mu_
-  std::vector<std::unique_ptr<nn::KvCache>> free_caches_;
-  int64_t caches_made_ = 0, running_count_ = 0;
+  std::shared_ptr<nn::KvPagePool> pages_;
+  int64_t running_count_ = 0;
   bool stop_ = false;
   std::thread thread_;
 };

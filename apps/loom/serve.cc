@@ -111,11 +111,14 @@ class Server {
         cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
-                 const double cache_bytes = 2.0 * static_cast<double>(g.n_layer * g.seq_len * g.d_model) * sizeof(float);
+                 // --kv-cache-mb in pages; at least one window, and no more than a full batch
+                 // of windows could hold at once.
+                 const auto page_bytes = static_cast<double>(nn::KvPagePool::page_bytes(g));
+                 const int64_t window = nn::KvPagePool::pages_for(g.seq_len);
+                 const auto budget = static_cast<int64_t>(static_cast<double>(args_.kv_cache_mb) * (1 << 20) / page_bytes);
                  const BatcherLimits limits{
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
-                     .cache_slots = std::max<int64_t>(
-                         1, static_cast<int64_t>(static_cast<double>(args_.kv_cache_mb) * (1 << 20) / cache_bytes))};
+                     .kv_pages = std::clamp(budget, window, args_.max_batch * window)};
                  return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
                }) {
     for (auto& r : routes) {
@@ -135,12 +138,15 @@ class Server {
     const auto loaded = cache_.loaded();
     const std::pair<const char*, const char*> names[] = {{"loom_queue_depth", "Requests waiting for a place in the batch"},
                                                          {"loom_requests_running", "Requests in the running batch"},
-                                                         {"loom_kv_caches_in_use", "Key/value caches held by running requests"}};
-    for (int k = 0; k < 3; ++k) {
+                                                         {"loom_kv_caches_in_use", "Key/value caches held by running requests"},
+                                                         {"loom_kv_pages_in_use", "Key/value cache pages held"},
+                                                         {"loom_kv_pages_total", "Key/value cache pages of the model's budget"}};
+    for (int k = 0; k < 5; ++k) {
       out += cat("# HELP ", names[k].first, " ", names[k].second, "\n# TYPE ", names[k].first, " gauge\n");
       for (const auto& [name, m] : loaded) {
         const Batcher& b = *m->batcher;
-        out += cat(names[k].first, "{model=\"", name, "\"} ", k == 0 ? b.queued() : k == 1 ? b.running() : b.caches_in_use(), "\n");
+        const int64_t values[] = {b.queued(), b.running(), b.caches_in_use(), b.pages_in_use(), b.pages_total()};
+        out += cat(names[k].first, "{model=\"", name, "\"} ", values[k], "\n");
       }
     }
     const ModelCache::Stats st = cache_.stats();

@@ -103,8 +103,8 @@ template void attention_forward<float>(float*, float*, const float*, int64_t, in
 // One (new row, head) pair is one task: its scores against every cached key, the softmax,
 // the weighted sum of the values.
 template <typename T>
-void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T* vcache, int64_t past, int64_t n,
-                      int64_t c, int64_t nh) {
+void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
+                      int64_t past, int64_t n, int64_t c, int64_t nh) {
   const int64_t hs = c / nh;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
@@ -116,7 +116,7 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T*
       const T* qi = q + i * ldq + h * hs;
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j < len; ++j) {
-        const T* kj = kcache + j * c + h * hs;
+        const T* kj = kpages[j / page] + (j % page) * c + h * hs;
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < hs; ++d) dot += qi[d] * kj[d];
@@ -130,7 +130,7 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T*
       std::fill(y, y + hs, T(0));
       for (int64_t j = 0; j < len; ++j) {
         const T w = scores[j] * inv;
-        const T* vj = vcache + j * c + h * hs;
+        const T* vj = vpages[j / page] + (j % page) * c + h * hs;
 #pragma omp simd
         for (int64_t d = 0; d < hs; ++d) y[d] += w * vj[d];
       }
@@ -138,10 +138,10 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T*
   }
 }
 
-template void attention_decode<float>(float*, const float*, int64_t, const float*, const float*, int64_t, int64_t,
-                                      int64_t, int64_t);
-template void attention_decode<double>(double*, const double*, int64_t, const double*, const double*, int64_t, int64_t,
-                                       int64_t, int64_t);
+template void attention_decode<float>(float*, const float*, int64_t, const float* const*, const float* const*, int64_t,
+                                      int64_t, int64_t, int64_t, int64_t);
+template void attention_decode<double>(double*, const double*, int64_t, const double* const*, const double* const*,
+                                       int64_t, int64_t, int64_t, int64_t, int64_t);
 
 template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t,
                                         int64_t, int64_t);

@@ -285,6 +285,7 @@ TEST(Kernels, AttentionAcrossBlocks) {
 
 // Decoding with a key/value cache: a prefill of 5 positions, then one position at a time,
 // gives the rows of the full causal attention; the fast kernel equals its reference twin.
+// The cache is in pages of 4 positions, each its own allocation, in reverse order.
 TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
   const int64_t t = 13, c = 16, nh = 4, prefill = 5;
   auto qkv = randn(t * 3 * c, 41);
@@ -295,10 +296,23 @@ TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
     for (int64_t d = 0; d < c; ++d) kc[j * c + d] = qkv[j * 3 * c + c + d], vc[j * c + d] = qkv[j * 3 * c + 2 * c + d];
   auto decode = [&](auto kernel, auto zero) {
     using T = decltype(zero);
-    std::vector<T> q(qkv.begin(), qkv.end()), k(kc.begin(), kc.end()), v(vc.begin(), vc.end()), out(t * c);
-    kernel(out.data(), q.data(), 3 * c, k.data(), v.data(), 0, prefill, c, nh);
+    constexpr int64_t kPage = 4;
+    const int64_t pages = (t + kPage - 1) / kPage;
+    std::vector<std::vector<T>> kmem(pages, std::vector<T>(kPage * c)), vmem(pages, std::vector<T>(kPage * c));
+    std::vector<const T*> kp(pages), vp(pages);
+    for (int64_t p = 0; p < pages; ++p) {
+      kp[p] = kmem[pages - 1 - p].data();  // page p lives in the p-th allocation from the end
+      vp[p] = vmem[pages - 1 - p].data();
+      for (int64_t j = p * kPage; j < std::min(t, (p + 1) * kPage); ++j)
+        for (int64_t d = 0; d < c; ++d) {
+          kmem[pages - 1 - p][(j % kPage) * c + d] = static_cast<T>(kc[j * c + d]);
+          vmem[pages - 1 - p][(j % kPage) * c + d] = static_cast<T>(vc[j * c + d]);
+        }
+    }
+    std::vector<T> q(qkv.begin(), qkv.end()), out(t * c);
+    kernel(out.data(), q.data(), 3 * c, kp.data(), vp.data(), kPage, 0, prefill, c, nh);
     for (int64_t i = prefill; i < t; ++i)
-      kernel(out.data() + i * c, q.data() + i * 3 * c, 3 * c, k.data(), v.data(), i, 1, c, nh);
+      kernel(out.data() + i * c, q.data() + i * 3 * c, 3 * c, kp.data(), vp.data(), kPage, i, 1, c, nh);
     return std::vector<double>(out.begin(), out.end());
   };
   EXPECT_LT(rel_err(decode(ref::attention_decode<double>, 0.0), y), 1e-14);

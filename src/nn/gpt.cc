@@ -371,13 +371,15 @@ void Gpt::backward(GptCtx& ctx, double scale) const {
 }
 
 KvCache Gpt::make_cache() const {
+  auto pool = std::make_shared<KvPagePool>(config_, KvPagePool::pages_for(config_.seq_len), params_.dtype());
+  return std::move(*make_cache(pool, config_.seq_len));
+}
+
+std::optional<KvCache> Gpt::make_cache(const std::shared_ptr<KvPagePool>& pool, int64_t capacity) const {
   LOOM_CHECK(!tp_.split() && part_.all_blocks && part_.embeddings && part_.head);
-  KvCache cache;
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    cache.k.push_back(Tensor::zeros({config_.seq_len, config_.d_model}, params_.dtype()));
-    cache.v.push_back(Tensor::zeros({config_.seq_len, config_.d_model}, params_.dtype()));
-  }
-  return cache;
+  LOOM_CHECK(capacity >= 1 && capacity <= config_.seq_len && pool->dtype() == params_.dtype());
+  if (pool->free() < KvPagePool::pages_for(capacity)) return std::nullopt;
+  return KvCache(pool, capacity);
 }
 
 Tensor Gpt::decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const {
@@ -396,7 +398,7 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
   for (int64_t s = 0; s < seqs; ++s) {
     const KvCache& cache = *caches[s];
     const auto n = static_cast<int64_t>(tokens[s].size());
-    LOOM_CHECK(n >= 1 && cache.length + n <= cache.capacity() && static_cast<int64_t>(cache.k.size()) == config_.n_layer);
+    LOOM_CHECK(n >= 1 && cache.length + n <= cache.capacity());
     first.push_back(first.back() + n);
   }
   const int64_t rows = first.back();
@@ -418,14 +420,16 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
     LOOM_DISPATCH_FLOAT(x.dtype(), T, {
       for (int64_t s = 0; s < seqs; ++s) {  // each sequence attends to its own cache
         const KvCache& cache = *caches[s];
-        const int64_t past = cache.length, n = first[s + 1] - first[s];
+        const int64_t past = cache.length, n = first[s + 1] - first[s], page = KvPagePool::kPositions;
         const T* row = qkv.data<T>() + first[s] * 3 * c;
+        const std::vector<T*> keys = cache.page_rows<T>(l, 0), values = cache.page_rows<T>(l, 1);
         for (int64_t i = 0; i < n; ++i) {
-          std::copy_n(row + i * 3 * c + c, c, cache.k[l].data<T>() + (past + i) * c);
-          std::copy_n(row + i * 3 * c + 2 * c, c, cache.v[l].data<T>() + (past + i) * c);
+          const int64_t p = past + i;
+          std::copy_n(row + i * 3 * c + c, c, keys[p / page] + (p % page) * c);
+          std::copy_n(row + i * 3 * c + 2 * c, c, values[p / page] + (p % page) * c);
         }
-        k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, cache.k[l].data<T>(), cache.v[l].data<T>(), past, n,
-                            c, block.attn.n_head);
+        k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, keys.data(), values.data(), page, past, n, c,
+                            block.attn.n_head);
       }
     });
     add_into(x, block.attn.c_proj.forward(y, bc.attn.c_proj, arena));

@@ -12,6 +12,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,13 +91,58 @@ ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, Gp
                                      Recompute recompute, bool with_backward = true, int tp = 1,
                                      bool sequence_parallel = false);
 
-// Keys and values of one sequence's tokens so far, per block, for incremental decoding
-// (docs/serving.md): position p's of block l at row p of k[l] and v[l].
-struct KvCache {
-  std::vector<Tensor> k, v;  // per block: (seq_len, C)
-  int64_t length = 0;        // positions held
-  int64_t capacity() const { return k.empty() ? 0 : k[0].dim(0); }
+// Key/value memory for incremental decoding in pages (docs/serving.md, "Continuous
+// batching"): `total` pages of kPositions positions, each holding every layer's keys and
+// values for its positions, in one allocation made up front (the memory budget). A cache
+// takes the pages its capacity needs and gives them back when it is destroyed.
+// Thread-safety: take and give lock; rows are written by the cache's one decoding thread.
+class KvPagePool {
+ public:
+  static constexpr int64_t kPositions = 16;
+  KvPagePool(const GptConfig& config, int64_t pages, DType dtype = DType::kF32);
+  static int64_t pages_for(int64_t positions) { return (positions + kPositions - 1) / kPositions; }
+  // Bytes of one page (every layer's keys and values for kPositions positions).
+  static int64_t page_bytes(const GptConfig& config, DType dtype = DType::kF32);
+  int64_t total() const { return total_; }
+  int64_t free() const;
+  // `n` pages, or none when fewer are free.
+  std::optional<std::vector<int32_t>> take(int64_t n);
+  void give(const std::vector<int32_t>& pages);
+  // The first key (kv 0) or value (kv 1) row of layer `layer` in `page`; rows are C apart.
+  std::byte* rows(int32_t page, int64_t layer, int kv) const;
+  DType dtype() const { return storage_.dtype(); }
+
+ private:
+  int64_t total_, n_layer_, c_;
+  Tensor storage_;  // (pages, n_layer, 2, kPositions, C)
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;
+};
+
+// Keys and values of one sequence's tokens so far, for incremental decoding
+// (docs/serving.md): position p's of layer l in page pages[p / kPositions], row p % kPositions.
+class KvCache {
+ public:
+  KvCache() = default;
+  // Takes pool's pages for `capacity` positions. REQUIRES: that many are free.
+  KvCache(std::shared_ptr<KvPagePool> pool, int64_t capacity);
+  KvCache(KvCache&&) noexcept = default;
+  KvCache& operator=(KvCache&& o) noexcept;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+  ~KvCache();  // gives the pages back
+
+  int64_t length = 0;  // positions held
+  int64_t capacity() const { return capacity_; }
+  int64_t pages() const { return static_cast<int64_t>(pages_.size()); }
   bool full() const { return length == capacity(); }
+  // The first key (kv 0) or value (kv 1) row of layer `layer` in each of this cache's pages.
+  template <typename T>
+  std::vector<T*> page_rows(int64_t layer, int kv) const {
+    std::vector<T*> out;
+    for (int32_t p : pages_) out.push_back(reinterpret_cast<T*>(pool_->rows(p, layer, kv)));
+    return out;
+  }
   // How many of a sequence's last `tokens` its next decode runs: the prompt's last window
   // first; a full cache starts again (the caller sets length 0) from the last half window,
   // since positions are absolute and cached keys cannot slide; else the one new token.
@@ -104,6 +151,11 @@ struct KvCache {
     if (full()) return std::min(tokens, std::max<int64_t>(capacity() / 2, 1));
     return 1;
   }
+
+ private:
+  std::shared_ptr<KvPagePool> pool_;
+  std::vector<int32_t> pages_;
+  int64_t capacity_ = 0;
 };
 
 class Gpt {
@@ -131,7 +183,10 @@ class Gpt {
   // `arena` (reset first). Each token costs one position's forward, not the window's; the
   // logits equal forward_logits over the cached tokens to rounding (the attention adds in
   // another order). REQUIRES: 1 <= tokens.size() <= capacity - length, ids < vocab_size.
-  KvCache make_cache() const;
+  KvCache make_cache() const;  // seq_len positions, in a pool of its own
+  // A cache for up to `capacity` positions (at most seq_len) from a shared pool; nullopt
+  // when the pool has too few free pages.
+  std::optional<KvCache> make_cache(const std::shared_ptr<KvPagePool>& pool, int64_t capacity) const;
   Tensor decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const;
   // Several sequences at once (continuous batching): sequence s runs tokens[s] against
   // caches[s]; their rows share every matrix product, each attends to its own cache. Returns

@@ -235,9 +235,11 @@ void attention_backward(T* dqkv, T* /*scratch*/, const T* dout, const T* qkv, co
 }
 
 template <typename T>
-void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T* vcache, int64_t past, int64_t n,
-                      int64_t c, int64_t nh) {
+void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
+                      int64_t past, int64_t n, int64_t c, int64_t nh) {
   const int64_t hs = c / nh;
+  auto key = [&](int64_t j, int64_t d) { return kpages[j / page][(j % page) * c + d]; };
+  auto value = [&](int64_t j, int64_t d) { return vpages[j / page][(j % page) * c + d]; };
   for (int64_t i = 0; i < n; ++i)
     for (int64_t h = 0; h < nh; ++h) {
       const int64_t len = past + i + 1;
@@ -245,7 +247,7 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T*
       T mx = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j < len; ++j) {
         T dot = 0;
-        for (int64_t d = 0; d < hs; ++d) dot += q[i * ldq + h * hs + d] * kcache[j * c + h * hs + d];
+        for (int64_t d = 0; d < hs; ++d) dot += q[i * ldq + h * hs + d] * key(j, h * hs + d);
         s[j] = dot / std::sqrt(static_cast<T>(hs));
         mx = std::max(mx, s[j]);
       }
@@ -253,7 +255,7 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* kcache, const T*
       for (int64_t j = 0; j < len; ++j) sum += (s[j] = std::exp(s[j] - mx));
       for (int64_t d = 0; d < hs; ++d) {
         T y = 0;
-        for (int64_t j = 0; j < len; ++j) y += s[j] / sum * vcache[j * c + h * hs + d];
+        for (int64_t j = 0; j < len; ++j) y += s[j] / sum * value(j, h * hs + d);
         out[i * c + h * hs + d] = y;
       }
     }
