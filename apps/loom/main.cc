@@ -77,7 +77,7 @@ int run(int argc, char** argv) {
   v->add_option("--token-budget", serve.token_budget, "Most tokens (rows) one step runs; a prompt's prefill counts each")
       ->capture_default_str();
   v->add_option("--queue", serve.queue, "Requests that may wait for a place; beyond it: 429")->capture_default_str();
-  v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (whole caches of seq_len positions)")
+  v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (pages of 16 positions; one window to a full batch of windows)")
       ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
   v->add_option("--quantize", serve.quantize, "none, or int8: compute f32 models with int8 weights quantized at load")
