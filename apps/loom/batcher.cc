@@ -189,6 +189,7 @@ void Batcher::loop() {
       if (stop_) break;
       admit();
     }
+    const Clock::time_point step_start = Clock::now();
     // One step: every running sequence whose rows fit the token budget (the first always).
     std::vector<Sequence*> batch;
     std::vector<std::span<const int32_t>> rows;
@@ -207,7 +208,9 @@ void Batcher::loop() {
     BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
     std::vector<std::pair<Sequence*, Generation::Event>> finished;
     if (!batch.empty()) {
+      const Clock::time_point t0 = Clock::now();
       const Tensor logits = gpt_.decode_batch(rows, caches, arena);
+      step.forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t i = 0; i < batch.size(); ++i) {
         Generation::Event final;
         if (advance(*batch[i], logits.data<float>() + static_cast<int64_t>(i) * vocab, step, final))
@@ -230,6 +233,7 @@ void Batcher::loop() {
       running_count_ = static_cast<int64_t>(running_.size());
     }
     for (auto& [generation, event] : last) generation->push(std::move(event));
+    step.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     if (on_step_ && step.sequences > 0) on_step_(step);
   }
   // Stopping: whoever waits is told.

@@ -66,6 +66,7 @@ struct BatcherLimits {
 // What each step did, for metrics.
 struct BatchStep {
   int64_t sequences = 0, rows = 0;
+  double forward_seconds = 0, seconds = 0;  // Gpt::decode_batch's, and the whole step's
   std::vector<std::pair<bool, double>> tokens;  // per token made: first of its request?, seconds since the last
 };
 

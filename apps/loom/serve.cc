@@ -72,9 +72,13 @@ struct Metrics {
   Histogram first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
   Histogram per_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
   Histogram batch{{1, 2, 4, 8, 16, 32, 64, 128}};
+  Histogram forward{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
+  Histogram step_time{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}};
 
   void on_step(const BatchStep& step) {
     batch.add(static_cast<double>(step.sequences));
+    forward.add(step.forward_seconds);
+    step_time.add(step.seconds);
     tokens += step.tokens.size();
     for (const auto& [first, seconds] : step.tokens) (first ? first_token : per_token).add(seconds);
   }
@@ -97,6 +101,8 @@ struct Metrics {
                "");
     out += first_token.text("loom_time_to_first_token_seconds", "From a completion's arrival to its first token");
     out += per_token.text("loom_time_per_token_seconds", "Between a completion's consecutive tokens");
+    out += forward.text("loom_step_forward_seconds", "One decoding step's forward (every sequence's new rows)");
+    out += step_time.text("loom_step_seconds", "One decoding step: admission, forward, sampling and events");
     return out + batch.text("loom_batch_sequences", "Sequences decoded together in one step");
   }
 };
