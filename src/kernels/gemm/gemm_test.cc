@@ -67,7 +67,8 @@ const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
     {1, 1, 1},     {1, 37, 5},  {29, 1, 7}, {7, 13, 1},    {12, 32, 256}, {13, 33, 257},
     {11, 31, 255}, {6, 16, 64}, {5, 17, 3}, {97, 131, 67}, {64, 96, 600}, {200, 70, 513},
     // a few rows (skinny.h: no packing), past one block of accumulators
-    {2, 300, 70},  {3, 1, 9},   {4, 513, 257}, {8, 128, 40}, {6, 256, 33}};
+    {2, 300, 70},  {3, 1, 9},   {4, 513, 257}, {8, 128, 40}, {6, 256, 33},
+    {12, 64, 50},  {16, 96, 33}, {9, 32, 7},  {16, 40, 20}};
 
 TEST(Gemm, EveryPathEqualsTheReferenceBitForBit) {
   for (GemmPath path : gemm_supported_paths()) {

@@ -2,12 +2,13 @@
 // Internal to src/kernels/gemm/. A packed micro-kernel computes MR rows (12 with AVX-512)
 // whatever m is, and packs all of op(B) first: for m = 1 that is 12x the multiply-adds and a
 // copy of the weights per call. Here op(B) is read in place: a row of C alone streams it
-// through one block of accumulators; two or more take 4 rows x 64 columns at a time in
-// registers (each value of B used by 4 rows). The order of arithmetic is the one gemm.h
-// fixes (each element one chain of fused multiply-adds over p = 0, 1, ..., k-1 from C or
-// +0), so the bits are the packed path's and the reference's. Measured on one AVX-512 core
-// (k 256, n 1024): m = 1, 4, 8 take 20, 35, 67 us here against 22, 58, 74 us packed; from
-// m = 12 packing wins.
+// through one block of accumulators; 2 to 4 take 4 rows x 64 columns at a time in
+// registers, 5 to 16 take 8 rows x 32 (each value of B used by 4 or 8 rows). The order of
+// arithmetic is the one gemm.h fixes (each element one chain of fused multiply-adds over
+// p = 0, 1, ..., k-1 from C or +0), so the bits are the packed path's and the reference's.
+// Measured on one AVX-512 core (k 256, n 1024): m = 1, 4, 8, 16 take 22, 36, 37, 62 us here
+// against 22, 58, 74, 102 us packed (packing op(B) is most of a small product's time); at
+// m = 32 the packed path is on a par (137 us).
 #pragma once
 
 #include <omp.h>
@@ -19,7 +20,8 @@
 namespace loom::kernels::gemm_detail {
 
 // The most rows this path takes; more share packed panels better.
-constexpr int64_t kSkinnyRows = 8;
+constexpr int64_t kSkinnyRows = 16;
+constexpr int64_t kSkinnyCols = 256;  // columns of C per block of accumulators (stays in L1)
 
 // R rows x W columns of C (W a multiple of the vector width, held in registers) over all
 // of k: C[r][j] = fma chain over p of a[r][p] x b[p][j], from `acc`'s values.
@@ -40,32 +42,44 @@ void skinny_tile(int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T 
     for (int j = 0; j < W; ++j) acc[r][j] = s[r][j];
 }
 
+// skinny_tile for `rows` rows, 1 <= rows <= N, in a tile of N rows.
+template <typename T, int N, int W>
+void skinny_tile_rows(int64_t rows, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T (*tile)[W]) {
+  if (rows == N) return skinny_tile<T, N, W>(k, a, lda, b, ldb, tile);
+  if constexpr (N > 1) skinny_tile_rows<T, N - 1, W>(rows, k, a, lda, b, ldb, tile);
+}
+
+// acc's m rows x w columns (w a multiple of W) += A @ B's columns, R x W register tiles at
+// a time (16 vector accumulators either way: 4 x 64 or 8 x 32 floats with AVX-512), the
+// last rows in a smaller tile.
+template <typename T, int R, int W>
+void skinny_tiles(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T (*acc)[kSkinnyCols], int64_t w) {
+  for (int64_t j = 0; j < w; j += W)
+    for (int64_t r0 = 0; r0 < m; r0 += R) {
+      const int64_t rows = std::min<int64_t>(R, m - r0);
+      T tile[R][W];
+      for (int64_t r = 0; r < rows; ++r) std::copy(acc[r0 + r] + j, acc[r0 + r] + j + W, tile[r]);
+      const T* ar = a + r0 * lda;
+      const T* bj = b + j;
+      skinny_tile_rows<T, R, W>(rows, k, ar, lda, bj, ldb, tile);
+      for (int64_t r = 0; r < rows; ++r) std::copy(tile[r], tile[r] + W, acc[r0 + r] + j);
+    }
+}
+
 // Columns [j0, j0 + cols) of C (m rows, m <= kSkinnyRows) = [C +] A (m, k) @ op(B).
 template <typename T>
 void skinny_block(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, bool trans_b,
                   bool accumulate, T* c, int64_t ldc, int64_t j0, int64_t cols) {
-  constexpr int64_t kCols = 256;  // a block of accumulators that stays in L1
+  constexpr int64_t kCols = kSkinnyCols;
   T acc[kSkinnyRows][kCols];
   for (int64_t jb = j0; jb < j0 + cols; jb += kCols) {
     const int64_t w = std::min(kCols, j0 + cols - jb);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t j = 0; j < w; ++j) acc[r][j] = accumulate ? c[r * ldc + jb + j] : T(0);
-    if (!trans_b && m >= 2 && w % 64 == 0) {  // register-blocked: 4 rows x 64 columns at a time
-      for (int64_t j = 0; j < w; j += 64)
-        for (int64_t r0 = 0; r0 < m; r0 += 4) {
-          const int64_t rows = std::min<int64_t>(4, m - r0);
-          T tile[4][64];
-          for (int64_t r = 0; r < rows; ++r) std::copy(acc[r0 + r] + j, acc[r0 + r] + j + 64, tile[r]);
-          const T* ar = a + r0 * lda;
-          const T* bj = b + jb + j;
-          switch (rows) {
-            case 1: skinny_tile<T, 1, 64>(k, ar, lda, bj, ldb, tile); break;
-            case 2: skinny_tile<T, 2, 64>(k, ar, lda, bj, ldb, tile); break;
-            case 3: skinny_tile<T, 3, 64>(k, ar, lda, bj, ldb, tile); break;
-            default: skinny_tile<T, 4, 64>(k, ar, lda, bj, ldb, tile); break;
-          }
-          for (int64_t r = 0; r < rows; ++r) std::copy(tile[r], tile[r] + 64, acc[r0 + r] + j);
-        }
+    if (!trans_b && m >= 2 && m <= 4 && w % 64 == 0) {  // 4 rows x 64 columns in registers
+      skinny_tiles<T, 4, 64>(m, k, a, lda, b + jb, ldb, acc, w);
+    } else if (!trans_b && m > 4 && w % 32 == 0) {  // 8 rows x 32 columns
+      skinny_tiles<T, 8, 32>(m, k, a, lda, b + jb, ldb, acc, w);
     } else if (!trans_b) {
       for (int64_t p = 0; p < k; ++p) {
         const T* row = b + p * ldb + jb;
