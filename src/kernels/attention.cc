@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -101,40 +103,54 @@ void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const 
 template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t,
                                        int64_t);
 // One (new row, head) pair is one task: its scores against every cached key, the softmax,
-// the weighted sum of the values.
+// the weighted sum of the values. A small call (one decoding token) runs on its caller's
+// thread: opening a parallel region costs more than its work, and when the caller is
+// already in one (sequences decoded side by side) a nested region would be a team of one.
 template <typename T>
 void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
                       int64_t past, int64_t n, int64_t c, int64_t nh) {
   const int64_t hs = c / nh;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-#pragma omp parallel
-  {
-    std::vector<T> scores(static_cast<size_t>(past + n));
-#pragma omp for schedule(static)
-    for (int64_t ih = 0; ih < n * nh; ++ih) {
-      const int64_t i = ih / nh, h = ih % nh, len = past + i + 1;
-      const T* qi = q + i * ldq + h * hs;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < len; ++j) {
-        const T* kj = kpages[j / page] + (j % page) * c + h * hs;
+  auto task = [&](int64_t ih, std::vector<T>& scores) {
+    const int64_t i = ih / nh, h = ih % nh, len = past + i + 1;
+    const T* qi = q + i * ldq + h * hs;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {  // page by page: no division per row
+      const T* kp = kpages[pg] + h * hs;
+      for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
+        const T* kj = kp + (j - j0) * c;
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int64_t d = 0; d < hs; ++d) dot += qi[d] * kj[d];
         scores[j] = dot * scale;
         mx = std::max(mx, scores[j]);
       }
-      T sum = 0;
-      for (int64_t j = 0; j < len; ++j) sum += (scores[j] = fast_exp(scores[j] - mx));
-      const T inv = T(1) / sum;
-      T* y = out + i * c + h * hs;
-      std::fill(y, y + hs, T(0));
-      for (int64_t j = 0; j < len; ++j) {
+    }
+    T sum = 0;
+    for (int64_t j = 0; j < len; ++j) sum += (scores[j] = fast_exp(scores[j] - mx));
+    const T inv = T(1) / sum;
+    T* y = out + i * c + h * hs;
+    std::fill(y, y + hs, T(0));
+    for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {
+      const T* vp = vpages[pg] + h * hs;
+      for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
         const T w = scores[j] * inv;
-        const T* vj = vpages[j / page] + (j % page) * c + h * hs;
+        const T* vj = vp + (j - j0) * c;
 #pragma omp simd
         for (int64_t d = 0; d < hs; ++d) y[d] += w * vj[d];
       }
     }
+  };
+  if (n == 1 || omp_in_parallel()) {
+    std::vector<T> scores(static_cast<size_t>(past + n));
+    for (int64_t ih = 0; ih < n * nh; ++ih) task(ih, scores);
+    return;
+  }
+#pragma omp parallel
+  {
+    std::vector<T> scores(static_cast<size_t>(past + n));
+#pragma omp for schedule(static)
+    for (int64_t ih = 0; ih < n * nh; ++ih) task(ih, scores);
   }
 }
 

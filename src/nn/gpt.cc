@@ -382,6 +382,39 @@ std::optional<KvCache> Gpt::make_cache(const std::shared_ptr<KvPagePool>& pool, 
   return KvCache(pool, capacity);
 }
 
+namespace {
+
+// Decoding: each sequence's new rows (first[s] .. first[s+1] of qkv) put their keys and
+// values into its cache's pages for layer l and attend to that cache, into y. Sequences
+// decoding one token each run side by side on the pool's threads: a parallel region per
+// sequence (the kernel's own) would cost more than its one small attention. A prefill
+// keeps the kernel's threads. Each row is computed alone either way: the same bits.
+template <typename T>
+void attend(const Tensor& qkv, const Tensor& y, std::span<KvCache* const> caches, const std::vector<int64_t>& first,
+            int64_t l, int64_t c, int64_t nh) {
+  const auto seqs = static_cast<int64_t>(caches.size());
+  auto one = [&](int64_t s) {
+    const KvCache& cache = *caches[s];
+    const int64_t past = cache.length, n = first[s + 1] - first[s], page = KvPagePool::kPositions;
+    const T* row = qkv.data<T>() + first[s] * 3 * c;
+    const std::vector<T*> keys = cache.page_rows<T>(l, 0), values = cache.page_rows<T>(l, 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = past + i;
+      std::copy_n(row + i * 3 * c + c, c, keys[p / page] + (p % page) * c);
+      std::copy_n(row + i * 3 * c + 2 * c, c, values[p / page] + (p % page) * c);
+    }
+    k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, keys.data(), values.data(), page, past, n, c, nh);
+  };
+  if (seqs > 1 && first.back() == seqs) {
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < seqs; ++s) one(s);
+  } else {
+    for (int64_t s = 0; s < seqs; ++s) one(s);
+  }
+}
+
+}  // namespace
+
 Tensor Gpt::decode(std::span<const int32_t> tokens, KvCache& cache, Arena& arena) const {
   KvCache* caches[] = {&cache};
   const std::span<const int32_t> one[] = {tokens};
@@ -417,21 +450,7 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
     BlockCtx bc;  // what forward would keep for backward; not needed here
     Tensor qkv = block.attn.c_attn.forward(block.ln_1.forward(x, bc.ln_1, arena), bc.attn.c_attn, arena);  // (rows, 3C)
     Tensor y = arena.alloc({rows, c}, x.dtype());
-    LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-      for (int64_t s = 0; s < seqs; ++s) {  // each sequence attends to its own cache
-        const KvCache& cache = *caches[s];
-        const int64_t past = cache.length, n = first[s + 1] - first[s], page = KvPagePool::kPositions;
-        const T* row = qkv.data<T>() + first[s] * 3 * c;
-        const std::vector<T*> keys = cache.page_rows<T>(l, 0), values = cache.page_rows<T>(l, 1);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t p = past + i;
-          std::copy_n(row + i * 3 * c + c, c, keys[p / page] + (p % page) * c);
-          std::copy_n(row + i * 3 * c + 2 * c, c, values[p / page] + (p % page) * c);
-        }
-        k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, keys.data(), values.data(), page, past, n, c,
-                            block.attn.n_head);
-      }
-    });
+    LOOM_DISPATCH_FLOAT(x.dtype(), T, attend<T>(qkv, y, caches, first, l, c, block.attn.n_head));
     add_into(x, block.attn.c_proj.forward(y, bc.attn.c_proj, arena));
     add_into(x, block.mlp.forward(block.ln_2.forward(x, bc.ln_2, arena), bc.mlp, arena));
   }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace loom::kernels::gemm_detail {
 
@@ -90,14 +91,22 @@ void skinny_block(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int
           for (int64_t j = 0; j < w; ++j) out[j] = std::fma(x, row[j], out[j]);
         }
       }
-    } else {  // op(B)[p][j] = b[j * ldb + p]: a column of B is a row in memory
-      for (int64_t j = 0; j < w; ++j) {
-        const T* col = b + (jb + j) * ldb;
-        for (int64_t r = 0; r < m; ++r) {
-          const T* x = a + r * lda;
-          T s = acc[r][j];
-          for (int64_t p = 0; p < k; ++p) s = std::fma(x[p], col[p], s);
-          acc[r][j] = s;
+    } else {
+      // op(B)[p][j] = b[j * ldb + p]: a column of op(B) is a row in memory. 32 columns at a
+      // time are copied into a (k, 32) buffer, which the register tiles then read as above
+      // (a plain chain per output would wait on each FMA's latency).
+      std::vector<T> bt(static_cast<size_t>(k * 32));
+      for (int64_t j = 0; j < w; j += 32) {
+        const int64_t wc = std::min<int64_t>(32, w - j);
+        for (int64_t jj = 0; jj < 32; ++jj)
+          for (int64_t p = 0; p < k; ++p) bt[p * 32 + jj] = jj < wc ? b[(jb + j + jj) * ldb + p] : T(0);
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+          const int64_t rows = std::min<int64_t>(8, m - r0);
+          T tile[8][32];
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t jj = 0; jj < 32; ++jj) tile[r][jj] = jj < wc ? acc[r0 + r][j + jj] : T(0);
+          skinny_tile_rows<T, 8, 32>(rows, k, a + r0 * lda, lda, bt.data(), 32, tile);
+          for (int64_t r = 0; r < rows; ++r) std::copy(tile[r], tile[r] + wc, acc[r0 + r] + j);
         }
       }
     }
