@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/nn/gpt.h"
+#include "nn/decode_testing.h"
 #include "loom/threads.h"
 #include "loom_testing.h"
 
@@ -50,34 +51,10 @@ TEST(GptInt8, DecodingABatchGivesEachSequenceTheBitsItGetsAlone) {
   gpt.init(6);
   gpt.use_int8(gpt.quantize_int8());
   const Tensor tokens = testing::random_tokens(3, kConfig.seq_len, kConfig.vocab_size, 10).first;
-  auto seq = [&](int64_t s, int64_t from, int64_t n) {
-    return std::span<const int32_t>(tokens.data<int32_t>() + s * kConfig.seq_len + from, static_cast<size_t>(n));
-  };
-  const int64_t prefill[] = {3, 5, 2}, steps = 6;
-  Arena arena;
-  std::vector<std::vector<float>> alone(3), together(3);
-  for (int64_t s = 0; s < 3; ++s) {
-    KvCache cache = gpt.make_cache();
-    for (int64_t step = 0; step < steps; ++step) {
-      const Tensor l = gpt.decode(step == 0 ? seq(s, 0, prefill[s]) : seq(s, prefill[s] + step - 1, 1), cache, arena);
-      alone[s].insert(alone[s].end(), l.data<float>(), l.data<float>() + kConfig.vocab_size);
-    }
-  }
-  std::vector<KvCache> caches(3);
-  for (auto& c : caches) c = gpt.make_cache();
-  for (int64_t step = 0; step < steps; ++step) {
-    std::vector<std::span<const int32_t>> batch;
-    std::vector<KvCache*> ptrs;
-    for (int64_t s = 0; s < 3; ++s) {
-      batch.push_back(step == 0 ? seq(s, 0, prefill[s]) : seq(s, prefill[s] + step - 1, 1));
-      ptrs.push_back(&caches[s]);
-    }
-    const Tensor l = gpt.decode_batch(batch, ptrs, arena);
-    for (int64_t s = 0; s < 3; ++s)
-      together[s].insert(together[s].end(), l.data<float>() + s * kConfig.vocab_size,
-                         l.data<float>() + (s + 1) * kConfig.vocab_size);
-  }
-  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(together[s], alone[s]) << "sequence " << s;
+  const int64_t prefill[] = {3, 5, 2};
+  const decoding::DecodeRuns r =
+      decoding::decode_alone_and_together(gpt, tokens, prefill, 6, [&](int64_t) { return gpt.make_cache(); });
+  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
   set_compute_threads(threads);
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/nn/gpt.h"
+#include "nn/decode_testing.h"
 #include "loom_testing.h"
 
 namespace loom::nn {
@@ -39,35 +40,12 @@ TEST(KvCache, SequencesSharingAPoolGetTheBitsOfAWholeWindowEach) {
   Gpt gpt(kConfig);
   gpt.init(3);
   const Tensor tokens = testing::random_tokens(3, kConfig.seq_len, kConfig.vocab_size, 5).first;
-  auto seq = [&](int64_t s, int64_t from, int64_t n) {
-    return std::span<const int32_t>(tokens.data<int32_t>() + s * kConfig.seq_len + from, static_cast<size_t>(n));
-  };
-  const int64_t prefill[] = {3, 18, 7}, capacity[] = {20, 40, 33}, steps = 12;
-  Arena arena;
-  std::vector<std::vector<float>> alone(3), shared(3);
-  for (int64_t s = 0; s < 3; ++s) {
-    KvCache cache = gpt.make_cache();
-    for (int64_t step = 0; step < steps; ++step) {
-      const Tensor l = gpt.decode(step == 0 ? seq(s, 0, prefill[s]) : seq(s, prefill[s] + step - 1, 1), cache, arena);
-      alone[s].insert(alone[s].end(), l.data<float>(), l.data<float>() + kConfig.vocab_size);
-    }
-  }
+  const int64_t prefill[] = {3, 18, 7}, capacity[] = {20, 40, 33};
   auto pool = std::make_shared<KvPagePool>(kConfig, 10);
-  std::vector<KvCache> caches;
-  for (int64_t s = 0; s < 3; ++s) caches.push_back(std::move(*gpt.make_cache(pool, capacity[s])));
-  EXPECT_EQ(pool->free(), 10 - 2 - 3 - 3);
-  for (int64_t step = 0; step < steps; ++step) {
-    std::vector<std::span<const int32_t>> batch;
-    std::vector<KvCache*> ptrs;
-    for (int64_t s = 0; s < 3; ++s) {
-      batch.push_back(step == 0 ? seq(s, 0, prefill[s]) : seq(s, prefill[s] + step - 1, 1));
-      ptrs.push_back(&caches[s]);
-    }
-    const Tensor l = gpt.decode_batch(batch, ptrs, arena);
-    for (int64_t s = 0; s < 3; ++s)
-      shared[s].insert(shared[s].end(), l.data<float>() + s * kConfig.vocab_size, l.data<float>() + (s + 1) * kConfig.vocab_size);
-  }
-  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(shared[s], alone[s]) << "sequence " << s;
+  const decoding::DecodeRuns r = decoding::decode_alone_and_together(
+      gpt, tokens, prefill, 12, [&](int64_t s) { return std::move(*gpt.make_cache(pool, capacity[s])); });
+  EXPECT_EQ(pool->free(), 10) << "every page given back";
+  for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
 }
 
 }  // namespace

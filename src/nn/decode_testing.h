@@ -1,0 +1,51 @@
+// For the decoding tests: sequences decoded step by step (step 0 a prefill of prefill[s]
+// tokens from row s of `tokens`, then one token a step), each alone with a whole-window
+// cache of its own, and all together through decode_batch with the caches `make` gives.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "loom/nn/gpt.h"
+
+namespace loom::nn::decoding {
+
+struct DecodeRuns {
+  std::vector<std::vector<float>> alone, together;  // per sequence, every step's logits
+};
+
+inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens, std::span<const int64_t> prefill,
+                                            int64_t steps, const std::function<KvCache(int64_t)>& make) {
+  const GptConfig& g = gpt.config();
+  const auto seqs = static_cast<int64_t>(prefill.size());
+  auto rows = [&](int64_t s, int64_t step) {
+    const int64_t from = step == 0 ? 0 : prefill[s] + step - 1, n = step == 0 ? prefill[s] : 1;
+    return std::span<const int32_t>(tokens.data<int32_t>() + s * tokens.dim(1) + from, static_cast<size_t>(n));
+  };
+  DecodeRuns r{std::vector<std::vector<float>>(seqs), std::vector<std::vector<float>>(seqs)};
+  Arena arena;
+  for (int64_t s = 0; s < seqs; ++s) {
+    KvCache cache = gpt.make_cache();
+    for (int64_t step = 0; step < steps; ++step) {
+      const Tensor l = gpt.decode(rows(s, step), cache, arena);
+      r.alone[s].insert(r.alone[s].end(), l.data<float>(), l.data<float>() + g.vocab_size);
+    }
+  }
+  std::vector<KvCache> caches;
+  for (int64_t s = 0; s < seqs; ++s) caches.push_back(make(s));
+  for (int64_t step = 0; step < steps; ++step) {
+    std::vector<std::span<const int32_t>> batch;
+    std::vector<KvCache*> ptrs;
+    for (int64_t s = 0; s < seqs; ++s) {
+      batch.push_back(rows(s, step));
+      ptrs.push_back(&caches[s]);
+    }
+    const Tensor l = gpt.decode_batch(batch, ptrs, arena);
+    for (int64_t s = 0; s < seqs; ++s)
+      r.together[s].insert(r.together[s].end(), l.data<float>() + s * g.vocab_size, l.data<float>() + (s + 1) * g.vocab_size);
+  }
+  return r;
+}
+
+}  // namespace loom::nn::decoding
