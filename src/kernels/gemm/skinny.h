@@ -11,8 +11,6 @@
 // m = 32 the packed path is on a par (137 us).
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
