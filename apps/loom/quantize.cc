@@ -17,15 +17,11 @@ namespace {
 
 namespace k = loom::kernels;
 constexpr const char* kWte = "transformer.wte.weight";
-constexpr const char* kWpe = "transformer.wpe.weight";
 constexpr const char* kScale = "_scale";  // "<weight name>_scale": its channels' scales (F32)
-
-// Each channel of a linear weight (in, out) is a column; of an embedding table a row.
-bool by_rows(const std::string& name) { return name == kWte || name == kWpe; }
 
 // The int8 weight in its logical layout and shape (the f32 tensor's).
 Tensor logical(const std::string& name, const k::Int8Weight& w) {
-  const bool rows = by_rows(name);
+  const bool rows = nn::Gpt::int8_by_rows(name);
   Tensor t = Tensor::zeros(rows ? Shape{w.m, w.k} : Shape{w.k, w.m}, DType::kI8);
   auto* out = t.data<int8_t>();
   for (int64_t j = 0; j < w.m; ++j)
@@ -62,7 +58,8 @@ void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt) {
   for (const std::string& name : names) {
     const ParamInfo& p = gpt.params().infos()[gpt.params().find(name)];
     std::optional<checkpoint::TensorInfo> q = ck.find(name), s = ck.find(name + kScale);
-    const int64_t channels = by_rows(name) ? p.shape[0] : p.shape[1], depth = by_rows(name) ? p.shape[1] : p.shape[0];
+    const bool rows = nn::Gpt::int8_by_rows(name);
+    const int64_t channels = rows ? p.shape[0] : p.shape[1], depth = rows ? p.shape[1] : p.shape[0];
     if (!q || q->dtype != DType::kI8 || q->shape != p.shape)
       throw InputError(cat(file, ": tensor ", name, ": expected I8 of shape ", shape_str(p.shape), " (an int8 checkpoint)",
                            q ? cat(", found ", safetensors_dtype_name(q->dtype), " ", shape_str(q->shape)) : ""));
@@ -77,7 +74,7 @@ void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt) {
         throw InputError(cat(file, ": tensor ", name, kScale, "[", j, "] = ", scale, ": expected a finite scale >= 0"));
       w.scale[j] = scale;
       for (int64_t i = 0; i < depth; ++i)
-        w.channel(j)[i] = values.data<int8_t>()[by_rows(name) ? j * depth + i : i * channels + j];
+        w.channel(j)[i] = values.data<int8_t>()[rows ? j * depth + i : i * channels + j];
     }
     k::finish_int8_weight(w);
     weights[name] = std::make_shared<const k::Int8Weight>(std::move(w));

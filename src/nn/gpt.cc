@@ -378,8 +378,9 @@ KvCache Gpt::make_cache() const {
 std::optional<KvCache> Gpt::make_cache(const std::shared_ptr<KvPagePool>& pool, int64_t capacity) const {
   LOOM_CHECK(!tp_.split() && part_.all_blocks && part_.embeddings && part_.head);
   LOOM_CHECK(capacity >= 1 && capacity <= config_.seq_len && pool->dtype() == params_.dtype());
-  if (pool->free() < KvPagePool::pages_for(capacity)) return std::nullopt;
-  return KvCache(pool, capacity);
+  std::optional<std::vector<int32_t>> pages = pool->take(KvPagePool::pages_for(capacity));
+  if (!pages) return std::nullopt;
+  return KvCache(pool, std::move(*pages), capacity);
 }
 
 namespace {

@@ -25,7 +25,7 @@ Gpt::Int8Weights Gpt::quantize_int8() const {
     const Tensor w = params_.value(i);
     // A linear weight is (in, out); an embedding table (rows, C) is quantized by rows (for
     // wte, the tied head's output channels).
-    const bool table = name == "transformer.wte.weight" || name == "transformer.wpe.weight";
+    const bool table = int8_by_rows(name);
     out[name] = std::make_shared<const k::Int8Weight>(
         table ? k::quantize_int8(w.data<float>(), p.shape[1], p.shape[0], k::WeightLayout::kMK)
               : k::quantize_int8(w.data<float>(), p.shape[0], p.shape[1], k::WeightLayout::kKM));

@@ -43,10 +43,9 @@ std::byte* KvPagePool::rows(int32_t page, int64_t layer, int kv) const {
   return static_cast<std::byte*>(storage_.raw()) + at * static_cast<int64_t>(dtype_size(storage_.dtype()));
 }
 
-KvCache::KvCache(std::shared_ptr<KvPagePool> pool, int64_t capacity) : pool_(std::move(pool)), capacity_(capacity) {
-  std::optional<std::vector<int32_t>> pages = pool_->take(KvPagePool::pages_for(capacity));
-  LOOM_CHECK(pages.has_value());
-  pages_ = std::move(*pages);
+KvCache::KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity)
+    : pool_(std::move(pool)), pages_(std::move(pages)), capacity_(capacity) {
+  LOOM_CHECK_EQ(static_cast<int64_t>(pages_.size()), KvPagePool::pages_for(capacity));
 }
 
 KvCache& KvCache::operator=(KvCache&& o) noexcept {

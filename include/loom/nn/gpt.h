@@ -124,8 +124,8 @@ class KvPagePool {
 class KvCache {
  public:
   KvCache() = default;
-  // Takes pool's pages for `capacity` positions. REQUIRES: that many are free.
-  KvCache(std::shared_ptr<KvPagePool> pool, int64_t capacity);
+  // Holds `pages`, taken from pool, for `capacity` positions (Gpt::make_cache takes them).
+  KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity);
   KvCache(KvCache&&) noexcept = default;
   KvCache& operator=(KvCache&& o) noexcept;
   KvCache(const KvCache&) = delete;
@@ -227,6 +227,11 @@ class Gpt {
   // weight (by output channel), and the embeddings transformer.wte.weight and
   // transformer.wpe.weight (by row; wte's rows are the tied head's output channels).
   std::vector<std::string> int8_weight_names() const;
+  // Whether int8 weight `name` has its channels by rows (the embeddings, (rows, C)) rather
+  // than by columns (a linear weight, (in, out)).
+  static bool int8_by_rows(const std::string& name) {
+    return name == "transformer.wte.weight" || name == "transformer.wpe.weight";
+  }
   bool int8() const { return !int8_.empty(); }
   // Bytes of the weights forward reads: int8 values and f32 scales where use_int8 put them,
   // f32 for the rest (biases, LayerNorms, wpe).
