@@ -12,96 +12,166 @@
 
 namespace loom::kernels {
 namespace {
-// Rows of the score matrix per GEMM. Row block [r0, r1) attends to columns [0, r1) only,
-// so blocks above the diagonal are never computed: at T = 256 that is 10 of 16 blocks.
-constexpr int64_t kBlock = 64;
+// A score block: kRows query rows by at most kCols key columns. Row block [r0, r1) attends
+// to columns [0, r1) only, so nothing above the diagonal block is computed. Column blocks
+// start at multiples of kCols, which row blocks never straddle: every row has a column in
+// each block it visits. At T <= kCols a row block is one block, and the online softmax
+// has nothing to rescale; longer sequences keep the same 64 KiB per thread.
+constexpr int64_t kRows = 64, kCols = 256;
+static_assert(kCols % kRows == 0);
+
+// One (batch, head) pair: its views of qkv (row stride 3C), out (row stride C) and lse.
+template <typename T>
+struct Head {
+  const T *q, *k, *v;
+  T* y;
+  T* lse;
+};
+
+// Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
+// "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
+// each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,
+// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch.
+template <typename T>
+void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s) {
+  const int64_t ld = 3 * c, rows = r1 - r0;
+  T m[kRows], l[kRows];
+  for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
+    const int64_t cols = std::min(r1, c0 + kCols) - c0;
+    gemm<T>(false, true, rows, cols, hs, hd.q + r0 * ld, ld, hd.k + c0 * ld, ld, false, s, kCols);
+    for (int64_t i = 0; i < rows; ++i) {
+      T* row = s + i * kCols;
+      const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < valid; ++j) {
+        row[j] *= scale;
+        mx = std::max(mx, row[j]);
+      }
+      const T m_new = c0 == 0 ? mx : std::max(m[i], mx);
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < valid; ++j) {
+        row[j] = fast_exp(row[j] - m_new);
+        sum += row[j];
+      }
+      std::fill(row + valid, row + cols, T(0));
+      if (c0 == 0) {
+        l[i] = sum;
+      } else {
+        const T alpha = fast_exp(m[i] - m_new);
+        l[i] = l[i] * alpha + sum;
+        if (alpha != T(1)) {
+          T* yi = hd.y + (r0 + i) * c;
+#pragma omp simd
+          for (int64_t d = 0; d < hs; ++d) yi[d] *= alpha;
+        }
+      }
+      m[i] = m_new;
+    }
+    gemm<T>(false, false, rows, hs, cols, s, kCols, hd.v + c0 * ld, ld, c0 != 0, hd.y + r0 * c, c);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const T inv = T(1) / l[i];
+    T* yi = hd.y + (r0 + i) * c;
+#pragma omp simd
+    for (int64_t d = 0; d < hs; ++d) yi[d] *= inv;
+    hd.lse[r0 + i] = m[i] + std::log(l[i]);
+  }
+}
 }  // namespace
 
-// One (batch, head) pair is one task: strided GEMMs on views of qkv, the causal softmax in
-// between. Tasks run in parallel; the GEMMs inside them run single-threaded.
+// A task is one row block of one (batch, head) pair: row blocks are independent in forward.
+// Later row blocks have more columns, so they go first, and threads take tasks as they free
+// up; which thread computes a block does not change its bits.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
-                       int64_t nh) {
-  const int64_t hs = c / nh, ld = 3 * c;
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < b * nh; ++bh) {
-    const int64_t bi = bh / nh, h = bh % nh;
-    const T* q = qkv + bi * t * ld + h * hs;
-    const T* k = q + c;
-    const T* v = q + 2 * c;
-    T* p = att + bh * t * t;
-    T* y = out + bi * t * c + h * hs;
-    for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
-      const int64_t r1 = std::min(t, r0 + kBlock);
-      gemm<T>(false, true, r1 - r0, r1, hs, q + r0 * ld, ld, k, ld, false, p + r0 * t, t);
-      for (int64_t i = r0; i < r1; ++i) {
-        T* row = p + i * t;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] *= scale;
-          mx = std::max(mx, row[j]);
-        }
-        T sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = fast_exp(row[j] - mx);
-          sum += row[j];
-        }
-        const T inv = T(1) / sum;
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        std::fill(row + i + 1, row + t, T(0));
-      }
-      gemm<T>(false, false, r1 - r0, hs, r1, p + r0 * t, t, v, ld, false, y + r0 * c, c);
+#pragma omp parallel
+  {
+    std::vector<T> s(kRows * kCols);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < b * nh * blocks; ++task) {
+      const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
+      const T* q = qkv + bi * t * ld + h * hs;
+      const Head<T> hd{q, q + c, q + 2 * c, out + bi * t * c + h * hs, lse + bh * t};
+      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data());
     }
   }
 }
 
+// One (batch, head) pair is one task (its dQ sums over key blocks, in order). Per block of
+// kRows keys [c0, c1) and up to kCols of the queries that see them (rows >= c0): P again
+// from the scores and the saved log-sum-exp, then (docs/numerics.md, "Attention")
+// dV_c += P^T dY_r, dP = dY_r V_c^T, dS = P (dP - D) / sqrt(HS) with D_i = dY_i . Y_i (=
+// sum_j P_ij dP_ij), dQ_r += dS K_c, dK_c += dS^T Q_r. Keys outermost: dK and dV, two of
+// the three sums, run over up to kCols rows per GEMM. No (T, T) matrix exists.
 template <typename T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
-                        int64_t b, int64_t t, int64_t c, int64_t nh) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
+                        int64_t c, int64_t nh) {
   const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-#pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < b * nh; ++bh) {
-    const int64_t bi = bh / nh, h = bh % nh;
-    const T* q = qkv + bi * t * ld + h * hs;
-    const T* k = q + c;
-    const T* v = q + 2 * c;
-    T* dq = dqkv + bi * t * ld + h * hs;
-    T* dk = dq + c;
-    T* dv = dq + 2 * c;
-    const T* p = att + bh * t * t;
-    const T* dy = dout + bi * t * c + h * hs;
-    T* ds = scratch + bh * t * t;
-    // dP = dY V^T on the block-lower triangle, then softmax backward in place:
-    // dS = P * (dP - sum_j P dP) * scale, zero above the diagonal.
-    for (int64_t r0 = 0; r0 < t; r0 += kBlock) {
-      const int64_t r1 = std::min(t, r0 + kBlock);
-      gemm<T>(false, true, r1 - r0, r1, hs, dy + r0 * c, c, v, ld, false, ds + r0 * t, t);
-      for (int64_t i = r0; i < r1; ++i) {
-        const T* prow = p + i * t;
-        T* row = ds + i * t;
+#pragma omp parallel
+  {
+    std::vector<T> p(kCols * kRows), ds(kCols * kRows), dsum(static_cast<size_t>(t));
+#pragma omp for schedule(dynamic)
+    for (int64_t bh = 0; bh < b * nh; ++bh) {
+      const int64_t bi = bh / nh, h = bh % nh;
+      const T* q = qkv + bi * t * ld + h * hs;
+      const T* k = q + c;
+      const T* v = q + 2 * c;
+      T* dq = dqkv + bi * t * ld + h * hs;
+      T* dk = dq + c;
+      T* dv = dq + 2 * c;
+      const T* y = out + bi * t * c + h * hs;
+      const T* dy = dout + bi * t * c + h * hs;
+      const T* lrow = lse + bh * t;
+      for (int64_t i = 0; i < t; ++i) {
         T dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j <= i; ++j) dot += prow[j] * row[j];
-        for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - dot) * scale;
-        std::fill(row + i + 1, row + r1, T(0));
+        for (int64_t d = 0; d < hs; ++d) dot += dy[i * c + d] * y[i * c + d];
+        dsum[i] = dot;
+        for (T* g : {dq, dk, dv}) std::fill(g + i * ld, g + i * ld + hs, T(0));
       }
-      gemm<T>(false, false, r1 - r0, hs, r1, ds + r0 * t, t, k, ld, false, dq + r0 * ld, ld);  // dQ = dS K
-    }
-    // Column block [c0, c1) of dK and dV only sees rows i >= c0 (causality), so each is
-    // one GEMM over rows [c0, T), with nothing to accumulate.
-    for (int64_t c0 = 0; c0 < t; c0 += kBlock) {
-      const int64_t c1 = std::min(t, c0 + kBlock), rows = t - c0;
-      gemm<T>(true, false, c1 - c0, hs, rows, ds + c0 * t + c0, t, q + c0 * ld, ld, false, dk + c0 * ld, ld);
-      gemm<T>(true, false, c1 - c0, hs, rows, p + c0 * t + c0, t, dy + c0 * c, c, false, dv + c0 * ld, ld);
+      for (int64_t c0 = 0; c0 < t; c0 += kRows) {
+        const int64_t cols = std::min(t, c0 + kRows) - c0;
+        for (int64_t r0 = c0; r0 < t; r0 += kCols) {
+          const int64_t rows = std::min(t, r0 + kCols) - r0;
+          gemm<T>(false, true, rows, cols, hs, q + r0 * ld, ld, k + c0 * ld, ld, false, p.data(), kRows);
+          for (int64_t i = 0; i < rows; ++i) {
+            T* row = p.data() + i * kRows;
+            const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // >= 1: r0 >= c0
+            const T li = lrow[r0 + i];
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) row[j] = fast_exp(row[j] * scale - li);
+            std::fill(row + valid, row + cols, T(0));
+          }
+          gemm<T>(true, false, cols, hs, rows, p.data(), kRows, dy + r0 * c, c, true, dv + c0 * ld, ld);
+          gemm<T>(false, true, rows, cols, hs, dy + r0 * c, c, v + c0 * ld, ld, false, ds.data(), kRows);
+          for (int64_t i = 0; i < rows; ++i) {
+            const T* prow = p.data() + i * kRows;
+            T* row = ds.data() + i * kRows;
+            const int64_t valid = std::min(cols, r0 + i - c0 + 1);
+            const T di = dsum[r0 + i];
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) row[j] = prow[j] * (row[j] - di) * scale;
+            std::fill(row + valid, row + cols, T(0));
+          }
+          gemm<T>(false, false, rows, hs, cols, ds.data(), kRows, k + c0 * ld, ld, true, dq + r0 * ld, ld);
+          gemm<T>(true, false, cols, hs, rows, ds.data(), kRows, q + r0 * ld, ld, true, dk + c0 * ld, ld);
+        }
+      }
     }
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t,
-                                       int64_t);
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t);
+template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t);
+template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t,
+                                        int64_t, int64_t, int64_t);
+template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int64_t,
+                                         int64_t, int64_t, int64_t);
+
 // One (new row, head) pair is one task: its scores against every cached key, the softmax,
 // the weighted sum of the values. A small call (one decoding token) runs on its caller's
 // thread: opening a parallel region costs more than its work, and when the caller is
@@ -158,12 +228,5 @@ template void attention_decode<float>(float*, const float*, int64_t, const float
                                       int64_t, int64_t, int64_t, int64_t);
 template void attention_decode<double>(double*, const double*, int64_t, const double* const*, const double* const*,
                                        int64_t, int64_t, int64_t, int64_t, int64_t);
-
-template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t,
-                                        int64_t, int64_t);
-template void attention_backward<float>(float*, float*, const float*, const float*,
-                                        const float*, int64_t, int64_t, int64_t, int64_t);
-template void attention_backward<double>(double*, double*, const double*, const double*,
-                                         const double*, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace loom::kernels

@@ -7,15 +7,16 @@
 
 namespace loom::kernels {
 
-// out (B, T, C): softmax(q k^T / sqrt(HS), causal) v per head; att (B, NH, T, T) receives the
-// attention probabilities (zero above the diagonal), which backward needs.
+// out (B, T, C): softmax(q k^T / sqrt(HS), causal) v per head, by blocks with an online
+// softmax: no (T, T) score matrix exists, only a 64 x 64 block per thread. lse (B, NH, T)
+// receives each row's log-sum-exp of its scaled scores, which backward needs.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
-                       int64_t nh);
-// dqkv (B, T, 3C) overwritten. scratch: B*NH*T*T elements of workspace.
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh);
+// dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
+// probabilities are recomputed block by block.
 template <typename T>
-void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att,
-                        int64_t b, int64_t t, int64_t c, int64_t nh);
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
+                        int64_t c, int64_t nh);
 
 // Incremental decoding with a key/value cache (docs/serving.md): n new tokens at positions
 // past..past+n-1 of one sequence. q: their query rows (n, C) with row stride ldq (the q

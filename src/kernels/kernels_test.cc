@@ -236,51 +236,74 @@ TEST(Kernels, LayerNorm) {
   EXPECT_LT(rel_err(dbf, db), 2e-5);
 }
 
-// Fast attention in double (exact up to summation order) and float against the reference;
-// att and scratch start as garbage, which the kernels must never read.
+// Fast attention (blocked, online softmax) in double (exact up to summation order) and
+// float against the reference; lse starts as garbage, which forward must overwrite.
 void expect_attention_matches_reference(int64_t b, int64_t t, int64_t c, int64_t nh,
                                         const std::vector<double>& qkv, const std::vector<double>& dy,
-                                        const std::vector<double>& y, const std::vector<double>& att,
+                                        const std::vector<double>& y, const std::vector<double>& lse,
                                         const std::vector<double>& dqkv) {
-  std::vector<double> y2(b * t * c), att2(b * nh * t * t, 7.0), dq2(b * t * 3 * c), s2(b * nh * t * t, 7.0);
-  attention_forward(y2.data(), att2.data(), qkv.data(), b, t, c, nh);
-  attention_backward(dq2.data(), s2.data(), dy.data(), qkv.data(), att2.data(), b, t, c, nh);
+  std::vector<double> y2(b * t * c), lse2(b * nh * t, 7.0), dq2(b * t * 3 * c, 7.0);
+  attention_forward(y2.data(), lse2.data(), qkv.data(), b, t, c, nh);
+  attention_backward(dq2.data(), dy.data(), qkv.data(), y2.data(), lse2.data(), b, t, c, nh);
   EXPECT_LT(rel_err(y2, y), 1e-12);
-  EXPECT_LT(rel_err(att2, att), 1e-12);
+  EXPECT_LT(rel_err(lse2, lse), 1e-12);
   EXPECT_LT(rel_err(dq2, dqkv), 1e-12);
   auto qf = to_f32(qkv), dyf = to_f32(dy);
-  std::vector<float> yf(b * t * c), af(b * nh * t * t), dqf(b * t * 3 * c), sf(b * nh * t * t);
-  attention_forward(yf.data(), af.data(), qf.data(), b, t, c, nh);
-  attention_backward(dqf.data(), sf.data(), dyf.data(), qf.data(), af.data(), b, t, c, nh);
+  std::vector<float> yf(b * t * c), lf(b * nh * t, 7.0f), dqf(b * t * 3 * c, 7.0f);
+  attention_forward(yf.data(), lf.data(), qf.data(), b, t, c, nh);
+  attention_backward(dqf.data(), dyf.data(), qf.data(), yf.data(), lf.data(), b, t, c, nh);
   EXPECT_LT(rel_err(yf, y), 2e-5);
+  EXPECT_LT(rel_err(lf, lse), 2e-5);
   EXPECT_LT(rel_err(dqf, dqkv), 2e-5);
+}
+
+void expect_attention_right(int64_t b, int64_t t, int64_t c, int64_t nh, const std::vector<double>& qkv,
+                            const std::vector<double>& dy) {
+  std::vector<double> y(b * t * c), lse(b * nh * t), dqkv(b * t * 3 * c);
+  ref::attention_forward(y.data(), lse.data(), qkv.data(), b, t, c, nh);
+  ref::attention_backward(dqkv.data(), dy.data(), qkv.data(), y.data(), lse.data(), b, t, c, nh);
+  expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, lse, dqkv);
 }
 
 TEST(Kernels, Attention) {
   const int64_t b = 2, t = 5, c = 12, nh = 3;
   auto qkv = randn(b * t * 3 * c, 11), dy = randn(b * t * c, 12);
-  std::vector<double> y(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
-  ref::attention_forward(y.data(), att.data(), qkv.data(), b, t, c, nh);
-  ref::attention_backward<double>(dqkv.data(), nullptr, dy.data(), qkv.data(), att.data(), b, t, c, nh);
+  std::vector<double> y(b * t * c), lse(b * nh * t), dqkv(b * t * 3 * c);
+  ref::attention_forward(y.data(), lse.data(), qkv.data(), b, t, c, nh);
+  ref::attention_backward(dqkv.data(), dy.data(), qkv.data(), y.data(), lse.data(), b, t, c, nh);
   auto fwd = [&](const std::vector<double>& q) {
-    std::vector<double> o(b * t * c), a(b * nh * t * t);
-    ref::attention_forward(o.data(), a.data(), q.data(), b, t, c, nh);
+    std::vector<double> o(b * t * c), l(b * nh * t);
+    ref::attention_forward(o.data(), l.data(), q.data(), b, t, c, nh);
     return o;
   };
   EXPECT_LT(rel_err(dqkv, numeric_grad(qkv, dy, fwd)), 1e-6);
-
-  expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, att, dqkv);
+  expect_attention_right(b, t, c, nh, qkv, dy);
 }
 
-// T spanning several 64-row blocks, the last one partial: the blocked causal GEMMs must
-// equal the reference exactly where it matters (double) and within float rounding.
+// T spanning several 64-row and 256-column blocks, the last ones partial, and exactly
+// whole ones: the online softmax's rescaling across column blocks and the block sums of
+// backward must equal the reference exactly where it matters (double) and within float
+// rounding.
 TEST(Kernels, AttentionAcrossBlocks) {
-  const int64_t b = 1, t = 150, c = 16, nh = 2;
-  auto qkv = randn(b * t * 3 * c, 31), dy = randn(b * t * c, 32);
-  std::vector<double> y(b * t * c), att(b * nh * t * t), dqkv(b * t * 3 * c);
-  ref::attention_forward(y.data(), att.data(), qkv.data(), b, t, c, nh);
-  ref::attention_backward<double>(dqkv.data(), nullptr, dy.data(), qkv.data(), att.data(), b, t, c, nh);
-  expect_attention_matches_reference(b, t, c, nh, qkv, dy, y, att, dqkv);
+  for (int64_t t : {150, 64, 65, 256, 300, 576}) {
+    SCOPED_TRACE(t);
+    const int64_t b = 1, c = 16, nh = 2;
+    expect_attention_right(b, t, c, nh, randn(b * t * 3 * c, 31), randn(b * t * c, 32));
+  }
+}
+
+// Large scores whose row maximum moves by many units from one column block to the next
+// (the keys grow along the sequence): the running sum is rescaled by e^-40 and less, and
+// must neither overflow nor lose the earlier blocks where they still count.
+TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
+  const int64_t b = 1, t = 700, c = 8, nh = 1;
+  auto qkv = randn(b * t * 3 * c, 33);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t d = 0; d < c; ++d) {
+      qkv[i * 3 * c + d] = 1.0 + 0.1 * qkv[i * 3 * c + d];                    // q
+      qkv[i * 3 * c + c + d] = 0.03 * static_cast<double>(i) + qkv[i * 3 * c + c + d];  // k
+    }
+  expect_attention_right(b, t, c, nh, qkv, randn(b * t * c, 34));
 }
 
 // Decoding with a key/value cache: a prefill of 5 positions, then one position at a time,
@@ -289,8 +312,8 @@ TEST(Kernels, AttentionAcrossBlocks) {
 TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
   const int64_t t = 13, c = 16, nh = 4, prefill = 5;
   auto qkv = randn(t * 3 * c, 41);
-  std::vector<double> y(t * c), att(nh * t * t);
-  ref::attention_forward(y.data(), att.data(), qkv.data(), 1, t, c, nh);
+  std::vector<double> y(t * c), lse(nh * t);
+  ref::attention_forward(y.data(), lse.data(), qkv.data(), 1, t, c, nh);
   std::vector<double> kc(t * c), vc(t * c);
   for (int64_t j = 0; j < t; ++j)
     for (int64_t d = 0; d < c; ++d) kc[j * c + d] = qkv[j * 3 * c + c + d], vc[j * c + d] = qkv[j * 3 * c + 2 * c + d];

@@ -53,25 +53,21 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
   // The rows of the residual stream a piece holds: sequence parallelism keeps 1 / tp of them.
   const bool sp = sequence_parallel && tp > 1;
   const double r = sp ? n / tp : n;
-  const double scores = static_cast<double>(b) * static_cast<double>(g.n_head / tp) * static_cast<double>(t) *
-                        static_cast<double>(t);
-  // One block without recompute: forward keeps ln_1 (mean, rstd, y), qkv, the attention
-  // probabilities, the heads' output, c_proj's output, ln_2 (mean, rstd, y), c_fc, GELU and
-  // c_proj's outputs; backward adds every d(input) on the way back and the attention's
-  // d(scores) scratch. Split over tp pieces, qkv, the heads and the MLP's hidden layer are
-  // a piece's share; what the projections give back is r rows.
-  const double fwd_no_scores = 2 * a(r) + a(r * c) + a(3 * n * p) + a(n * p) + a(r * c) + 2 * a(r) + a(r * c) +
-                               a(4 * n * p) + a(4 * n * p) + a(r * c);
-  const double bwd_no_scores = a(4 * n * p) + a(4 * n * p) + a(r * c) + a(r * c) + a(n * p) + a(3 * n * p) +
-                               a(r * c) + a(r * c);
-  const double block_fwd = fwd_no_scores + a(scores), block_bwd = bwd_no_scores + a(scores);
+  const double lse = static_cast<double>(b) * static_cast<double>(g.n_head / tp) * static_cast<double>(t);
+  // One block without recompute: forward keeps ln_1 (mean, rstd, y), qkv, the attention's
+  // log-sum-exp per row and head, the heads' output, c_proj's output, ln_2 (mean, rstd,
+  // y), c_fc, GELU and c_proj's outputs; backward adds every d(input) on the way back (the
+  // attention recomputes its probabilities block by block in per-thread scratch: no (T, T)
+  // matrix). Split over tp pieces, qkv, the heads and the MLP's hidden layer are a piece's
+  // share; what the projections give back is r rows.
+  const double block_fwd = 2 * a(r) + a(r * c) + a(3 * n * p) + a(lse) + a(n * p) + a(r * c) + 2 * a(r) +
+                           a(r * c) + a(4 * n * p) + a(4 * n * p) + a(r * c);
+  const double block_bwd = a(4 * n * p) + a(4 * n * p) + a(r * c) + a(r * c) + a(n * p) + a(3 * n * p) +
+                           a(r * c) + a(r * c);
   ActivationBytes out;
   const auto l = static_cast<double>(blocks);
-  if (recompute == Recompute::kNone) {
+  if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
-  } else if (recompute == Recompute::kSelective) {  // the probabilities live in the workspace
-    out.arena = l * (fwd_no_scores + (with_backward ? bwd_no_scores : 0));
-    out.workspace = blocks > 0 ? (with_backward ? 2 * a(scores) + a(n * p) : a(scores)) : 0;
   } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block
     out.arena = l * (a(r * c) + (with_backward ? a(r * c) : 0));
     out.workspace = blocks > 0 ? block_fwd + (with_backward ? block_bwd : 0) : 0;
@@ -122,7 +118,6 @@ Recompute recompute_named(const std::string& name) {
 
 void Gpt::set_recompute(Recompute mode) {
   recompute_ = mode;
-  for (Block& b : blocks_) b.attn.recompute_scratch = mode == Recompute::kSelective ? &scratch_ : nullptr;
 }
 
 bool Gpt::holds_block(int64_t block) const {

@@ -394,35 +394,21 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
     ctx.t = x.dim(1);
   }
   ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
-  if (recompute_scratch) recompute_scratch->reset();
-  Tensor att = (recompute_scratch ? *recompute_scratch : arena).alloc({ctx.b, n_head, ctx.t, ctx.t}, x.dtype());
-  Tensor y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads
+  ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, x.dtype());
+  ctx.y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::attention_forward(y.data<T>(), att.data<T>(), ctx.qkv.data<T>(),
-                                           ctx.b, ctx.t, c, n_head));
-  ctx.att = recompute_scratch ? Tensor() : att;
-  return c_proj.forward(y, ctx.c_proj, arena);
+                      k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
+                                           n_head));
+  return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 
 Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena,
                                      bool defer_weights) const {
   Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
   Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
-  const Shape scores = {ctx.b, n_head, ctx.t, ctx.t};
-  Tensor att = ctx.att;
-  Arena& work = recompute_scratch ? *recompute_scratch : arena;
-  if (recompute_scratch) {  // the probabilities again, from the same qkv: the same bits
-    work.reset();
-    att = work.alloc(scores, dy.dtype());
-    Tensor y = work.alloc({ctx.b, ctx.t, c}, dy.dtype());
-    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                        k::attention_forward(y.data<T>(), att.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c, n_head));
-  }
-  Tensor scratch = work.alloc(scores, dy.dtype());
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                      k::attention_backward(dqkv.data<T>(), scratch.data<T>(), datt_out.data<T>(),
-                                            ctx.qkv.data<T>(), att.data<T>(), ctx.b, ctx.t, c,
-                                            n_head));
+                      k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
+                                            ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head));
   return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
 }
 

@@ -352,7 +352,8 @@ TEST(Gpt, DeferredWeightGradientsAndPartsEqualTheWhole) {
 }  // namespace loom::nn
 
 // Activation recompute trades memory for a second forward: the gradients do not change by
-// a bit, and each mode keeps less per micro-batch than the one before.
+// a bit. Full keeps less per micro-batch than none; selective keeps what none keeps, as
+// the blocked attention keeps no probabilities to drop (it recomputes them in every mode).
 namespace loom::nn {
 namespace {
 TEST(Gpt, RecomputeKeepsTheBitsAndLessMemory) {
@@ -375,7 +376,11 @@ TEST(Gpt, RecomputeKeepsTheBitsAndLessMemory) {
       EXPECT_GT(loss, 0);
     } else {
       EXPECT_TRUE(got == want) << "recompute mode " << static_cast<int>(mode) << " changed the gradients";
-      EXPECT_LT(kept, kept_before) << "recompute mode " << static_cast<int>(mode);
+      if (mode == Recompute::kSelective) {
+        EXPECT_EQ(kept, kept_before) << "selective";
+      } else {
+        EXPECT_LT(kept, kept_before) << "full";
+      }
     }
     kept_before = kept;
   }

@@ -47,9 +47,10 @@ struct GptCounts {
 GptCounts gpt_counts(const GptConfig& config, int tp = 1);
 
 // Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
-// backward. kSelective drops each block's attention probabilities (B x NH x T x T) and
-// recomputes them; kFull keeps only each block's input and reruns the block's forward in
-// backward. Gradients are bitwise equal to kNone (the kernels are deterministic).
+// backward. kSelective (recompute the attention scores and softmax) is what every mode
+// does since the attention became blocked: its backward recomputes the probabilities block
+// by block, and forward keeps only a log-sum-exp per row, so kSelective keeps what kNone
+// keeps. kFull keeps only each block's input and reruns the block's forward in backward. Gradients are bitwise equal to kNone (the kernels are deterministic).
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 Recompute recompute_named(const std::string& name);  // InputError for an unknown name
 

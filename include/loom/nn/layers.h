@@ -162,7 +162,9 @@ class CrossEntropy {
 
 struct AttentionCtx {
   LinearCtx c_attn, c_proj;
-  Tensor qkv, att;
+  // qkv, the heads' output y and each row's log-sum-exp of its scores (B, NH, T): all the
+  // attention's backward needs, which recomputes the probabilities block by block.
+  Tensor qkv, y, lse;
   int64_t b = 0, t = 0;  // with sequence parallelism set by the caller (x holds only some rows)
 };
 
@@ -180,10 +182,6 @@ class CausalSelfAttention {
 
   Linear c_attn, c_proj;
   int64_t c = 0, n_head = 0;  // this part's width (n_head x head size) and heads
-  // Selective recompute: when set, the (B, NH, T, T) attention probabilities live in this
-  // arena only while forward or backward runs (each resets it), and backward recomputes
-  // them from the saved qkv: the same bits, B x NH x T x T fewer floats kept per block.
-  Arena* recompute_scratch = nullptr;
 };
 
 struct MlpCtx {

@@ -186,16 +186,24 @@ void gemm_loom(const MicroKernel<T>& mk,
     if (epilogue) epilogue(0, m, 0, n);
     return;
   }
-  const bool parallel = !omp_in_parallel() && m * n * k >= kParallelMinWork;
+  // Inside any parallel region (omp_get_level, unlike omp_in_parallel, counts a team of
+  // one too) a product runs on its caller's thread, and one thread never enters a parallel
+  // construct: even a team of one costs a microsecond, a sixth of a 64 x 64 x 64 product.
+  const bool parallel = omp_get_level() == 0 && m * n * k >= kParallelMinWork;
   const int threads = parallel ? omp_get_max_threads() : 1;
   if (m <= gemm_detail::kSkinnyRows && !trans_a) {  // a few rows: no packing (skinny.h)
     const int64_t chunk = round_up(ceil_div(n, threads), 16);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t j0 = 0; j0 < n; j0 += chunk) {
+    const auto block = [&](int64_t j0) {
       const int64_t cols = std::min(chunk, n - j0);
       gemm_detail::skinny_block(m, k, a, lda, b, ldb, trans_b, accumulate, c, ldc, j0, cols);
       if (epilogue) epilogue(0, m, j0, cols);
+    };
+    if (threads == 1) {
+      for (int64_t j0 = 0; j0 < n; j0 += chunk) block(j0);
+      return;
     }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t j0 = 0; j0 < n; j0 += chunk) block(j0);
     return;
   }
   const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
@@ -217,11 +225,16 @@ void gemm_loom(const MicroKernel<T>& mk,
   }
   const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
   const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int64_t t = 0; t < tiles; ++t) {
+  const auto tile = [&](int64_t t) {
     const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
     run_tile(mk, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue);
+  };
+  if (threads == 1) {
+    for (int64_t t = 0; t < tiles; ++t) tile(t);
+    return;
   }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t) tile(t);
 }
 
 const MicroKernel<float>& kernel_for(GemmPath path) {

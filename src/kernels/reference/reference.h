@@ -166,29 +166,37 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
+// The attention probabilities of one head's row i, whole: p[j] for j <= i, zero after;
+// returns the row's log-sum-exp of its scaled scores.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c,
-                       int64_t nh) {
-  int64_t hs = c / nh;
-  T scale = T(1) / std::sqrt(T(hs));
+T attention_row(T* p, const T* qkv, int64_t bi, int64_t h, int64_t i, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const T scale = T(1) / std::sqrt(T(hs));
+  const T* q = qkv + (bi * t + i) * 3 * c + h * hs;
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < t; ++j) {
+    p[j] = 0;
+    if (j > i) continue;
+    const T* k = qkv + (bi * t + j) * 3 * c + c + h * hs;
+    T dot = 0;
+    for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
+    p[j] = dot * scale;
+    mx = std::max(mx, p[j]);
+  }
+  T sum = 0;
+  for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+  for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+  return mx + std::log(sum);
+}
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  std::vector<T> p(t);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t i = 0; i < t; ++i) {
-        T* p = att + ((bi * nh + h) * t + i) * t;
-        const T* q = qkv + (bi * t + i) * 3 * c + h * hs;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < t; ++j) {
-          p[j] = 0;
-          if (j > i) continue;
-          const T* k = qkv + (bi * t + j) * 3 * c + c + h * hs;
-          T dot = 0;
-          for (int64_t d = 0; d < hs; ++d) dot += q[d] * k[d];
-          p[j] = dot * scale;
-          mx = std::max(mx, p[j]);
-        }
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
-        for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+        lse[(bi * nh + h) * t + i] = attention_row(p.data(), qkv, bi, h, i, t, c, nh);
         for (int64_t d = 0; d < hs; ++d) {
           T acc = 0;
           for (int64_t j = 0; j <= i; ++j) acc += p[j] * qkv[(bi * t + j) * 3 * c + 2 * c + h * hs + d];
@@ -197,17 +205,18 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64
       }
 }
 
+// The textbook softmax backward on whole rows (dot = sum_j P_ij dP_ij; out and lse unused).
 template <typename T>
-void attention_backward(T* dqkv, T* /*scratch*/, const T* dout, const T* qkv, const T* att,
-                        int64_t b, int64_t t, int64_t c, int64_t nh) {
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* /*out*/, const T* /*lse*/, int64_t b,
+                        int64_t t, int64_t c, int64_t nh) {
   int64_t hs = c / nh;
   T scale = T(1) / std::sqrt(T(hs));
   std::fill(dqkv, dqkv + b * t * 3 * c, T(0));
-  std::vector<T> dp(t);
+  std::vector<T> dp(t), p(t);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t i = 0; i < t; ++i) {
-        const T* p = att + ((bi * nh + h) * t + i) * t;
+        attention_row(p.data(), qkv, bi, h, i, t, c, nh);
         const T* dy = dout + (bi * t + i) * c + h * hs;
         T dot = 0;
         for (int64_t j = 0; j <= i; ++j) {
