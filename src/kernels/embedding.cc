@@ -2,15 +2,16 @@
 
 #include <algorithm>
 
+#include "kernels/parallel.h"
+
 namespace loom::kernels {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int64_t n, int64_t c) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for(n, n * c, [&](int64_t i) {
     if (ids[i] < 0) std::fill_n(out + i * c, c, T(0));
     else std::copy(table + ids[i] * c, table + (ids[i] + 1) * c, out + i * c);
-  }
+  });
 }
 
 template <typename T>

@@ -8,6 +8,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
+#include "kernels/parallel.h"
 #include "kernels/pointwise.h"
 #include "kernels/reference/reference.h"
 #include "loom/rng.h"
@@ -498,6 +500,30 @@ TEST(FastMath, ExpAndTanhAccuracy) {
   EXPECT_GT(fast_exp(1000.0f), 1e38f);
   EXPECT_EQ(fast_tanh(100.0f), 1.0f);
   EXPECT_EQ(fast_tanh(-100.0f), -1.0f);
+}
+
+// Small work runs on the caller's thread, large work on the pool (with 2 threads), and
+// inside a region always on the caller's: every index exactly once either way, and every
+// chunk of parallel_chunks covers its share with the last one cut at n.
+TEST(Kernels, ParallelForRunsEveryIndexOnceOnTheRightThreads) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  auto run = [](int64_t n, int64_t elements) {
+    std::vector<int> hits(static_cast<size_t>(n)), team(static_cast<size_t>(n));
+    parallel_for(n, elements, [&](int64_t i) { ++hits[i], team[i] = omp_get_num_threads(); });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i], 1) << i;
+    return *std::max_element(team.begin(), team.end());
+  };
+  EXPECT_EQ(run(16, 16 * 256), 1);
+  EXPECT_EQ(run(2048, 2048 * 256), 2);
+#pragma omp parallel num_threads(1)
+  EXPECT_EQ(run(2048, 2048 * 256), 1);  // a team of one is a region: no nested team
+  std::vector<int> covered(10001);
+  parallel_chunks(10001, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) ++covered[i];
+  }, 4096);
+  EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), 10001);
+  omp_set_num_threads(threads);
 }
 
 }  // namespace

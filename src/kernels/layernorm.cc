@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/parallel.h"
+
 namespace loom::kernels {
 
 namespace {
@@ -29,21 +31,20 @@ inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* weight, c
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t n, int64_t c) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c);
+  parallel_for(n, n * c,
+               [&](int64_t i) { layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c); });
 }
 
 template <typename T>
 void add_layernorm_forward(T* x, const T* residual, T* out, T* mean, T* rstd, const T* weight, const T* bias,
                            int64_t n, int64_t c) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for(n, n * c, [&](int64_t i) {
     T* row = x + i * c;
     const T* r = residual + i * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) row[j] = row[j] + r[j];  // as add_forward(x, x, residual)
     layernorm_row(out + i * c, mean + i, rstd + i, row, weight, bias, c);
-  }
+  });
 }
 
 template <typename T>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/parallel.h"
 #include "kernels/pointwise.h"
 
 namespace loom::kernels {
@@ -12,8 +13,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
   // With a bias, each output's chain of multiply-adds starts from its bias.
   const bool has_bias = bias != nullptr;
   if (has_bias) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) std::copy(bias, bias + m, out + i * m);
+    parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
   }
   GemmEpilogue epilogue;
   if (gelu_out != nullptr)

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/fast_math.h"
+#include "kernels/parallel.h"
 
 namespace loom::kernels {
 namespace {
@@ -18,34 +19,37 @@ inline T gelu(T x) {
 }  // namespace
 
 template <typename T>
-void gelu_forward(T* out, const T* inp, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
-}
-
-template <typename T>
 void gelu_forward_serial(T* out, const T* inp, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
 }
 
 template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n) {
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) { gelu_forward_serial(out + lo, inp + lo, hi - lo); });
+}
+
+template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    T x = inp[i];
-    T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-    T th = fast_tanh(u);
-    T sech2 = T(1) - th * th;
-    T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
-    dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dout[i];
-  }
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      T x = inp[i];
+      T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+      T th = fast_tanh(u);
+      T sech2 = T(1) - th * th;
+      T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
+      dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dout[i];
+    }
+  });
 }
 
 template <typename T>
 void add_forward(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+  });
 }
 
 template void gelu_forward<float>(float*, const float*, int64_t);
