@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/fast_math.h"
+#include "kernels/fixed_sum.h"
 #include "kernels/matmul.h"
 
 namespace loom::kernels {
@@ -48,12 +49,7 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
         mx = std::max(mx, row[j]);
       }
       const T m_new = c0 == 0 ? mx : std::max(m[i], mx);
-      T sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < valid; ++j) {
-        row[j] = fast_exp(row[j] - m_new);
-        sum += row[j];
-      }
+      const T sum = fixed_sum<T>(valid, [&](int64_t j) { return row[j] = fast_exp(row[j] - m_new); });
       std::fill(row + valid, row + cols, T(0));
       if (c0 == 0) {
         l[i] = sum;
@@ -127,10 +123,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
       const T* dy = dout + bi * t * c + h * hs;
       const T* lrow = lse + bh * t;
       for (int64_t i = 0; i < t; ++i) {
-        T dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < hs; ++d) dot += dy[i * c + d] * y[i * c + d];
-        dsum[i] = dot;
+        dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * y[i * c + d]; });
         for (T* g : {dq, dk, dv}) std::fill(g + i * ld, g + i * ld + hs, T(0));
       }
       for (int64_t c0 = 0; c0 < t; c0 += kRows) {
@@ -189,10 +182,7 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, c
       const T* kp = kpages[pg] + h * hs;
       for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
         const T* kj = kp + (j - j0) * c;
-        T dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < hs; ++d) dot += qi[d] * kj[d];
-        scores[j] = dot * scale;
+        scores[j] = fixed_sum<T>(hs, [&](int64_t d) { return qi[d] * kj[d]; }) * scale;
         mx = std::max(mx, scores[j]);
       }
     }

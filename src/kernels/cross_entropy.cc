@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/fast_math.h"
+#include "kernels/fixed_sum.h"
 
 namespace loom::kernels {
 
@@ -14,9 +15,7 @@ void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, i
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * v;
     T mx = *std::max_element(row, row + v);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += fast_exp(row[j] - mx);
+    const T sum = fixed_sum<T>(v, [&](int64_t j) { return fast_exp(row[j] - mx); });
     losses[i] = std::log(sum) + mx - row[targets[i]];
   }
 }
@@ -29,12 +28,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
     const T* row = logits + i * v;
     T* drow = dlogits + i * v;
     T mx = *std::max_element(row, row + v);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) {
-      drow[j] = fast_exp(row[j] - mx);
-      sum += drow[j];
-    }
+    const T sum = fixed_sum<T>(v, [&](int64_t j) { return drow[j] = fast_exp(row[j] - mx); });
     T inv = dloss / sum;
     for (int64_t j = 0; j < v; ++j) drow[j] *= inv;
     drow[targets[i]] -= dloss;
@@ -54,10 +48,7 @@ void cross_entropy_slice_sums(T* sums, const T* logits, const int32_t* targets, 
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * v;
     const T m = mx[i];
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += fast_exp(row[j] - m);
-    sums[i] = sum;
+    sums[i] = fixed_sum<T>(v, [&](int64_t j) { return fast_exp(row[j] - m); });
     const int64_t target = targets[i] - v_begin;
     sums[n + i] = target >= 0 && target < v ? row[target] : T(0);
   }

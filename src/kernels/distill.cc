@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/fast_math.h"
+#include "kernels/fixed_sum.h"
 
 namespace loom::kernels {
 
@@ -15,11 +16,10 @@ void distill_slice_sums(T* sums, const T* logits, const T* soft, const T* mx, in
     const T* p = soft + i * v;
     const T m = mx[i];
     T s = 0, pz = 0, plogp = 0;
-#pragma omp simd reduction(+ : s, pz)
-    for (int64_t j = 0; j < v; ++j) {
-      s += fast_exp((row[j] - m) * inv_t);
-      pz += p[j] * row[j];
-    }
+    fixed_sum2(v, s, pz, [&](int64_t j, T& a, T& b) {
+      a += fast_exp((row[j] - m) * inv_t);
+      b += p[j] * row[j];
+    });
     for (int64_t j = 0; j < v; ++j)
       if (p[j] > 0) plogp += p[j] * std::log(p[j]);
     sums[i] = s;

@@ -21,6 +21,7 @@
 #include "kernels/fast_math.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/fixed_sum.h"
 #include "kernels/optimizer.h"
 #include "kernels/parallel.h"
 #include "kernels/pointwise.h"
@@ -524,6 +525,27 @@ TEST(Kernels, ParallelForRunsEveryIndexOnceOnTheRightThreads) {
   }, 4096);
   EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), 10001);
   omp_set_num_threads(threads);
+}
+
+// fixed_sum's order is the code's: element j into partial sum j % 16, then the partials
+// pairwise. A plain scalar loop in that order gives the same bits (values spanning 12
+// orders of magnitude, so any other order would differ), whatever the build vectorizes.
+TEST(Kernels, FixedSumAddsInItsStatedOrder) {
+  Rng rng(5);
+  for (int64_t n : {0, 1, 15, 16, 17, 64, 100, 1000, 4097}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = static_cast<float>(rng.normal() * std::pow(10.0, rng.uniform() * 12 - 6));
+    float lanes[16] = {};
+    for (int64_t j = 0; j < n; ++j) lanes[j % 16] += x[j];
+    for (int w = 8; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+    const float got = fixed_sum<float>(n, [&](int64_t j) { return x[j]; });
+    EXPECT_EQ(std::memcmp(&got, &lanes[0], sizeof got), 0) << "n " << n << ": " << got << " vs " << lanes[0];
+    float a = 0, b = 0;
+    fixed_sum2(n, a, b, [&](int64_t j, float& s, float& t) { s += x[j], t += 2 * x[j]; });
+    EXPECT_EQ(std::memcmp(&a, &got, sizeof a), 0) << n;
+    EXPECT_EQ(b, 2 * got) << n;  // doubling is exact, so the second sum is twice the first
+  }
 }
 
 }  // namespace

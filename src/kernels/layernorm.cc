@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/fixed_sum.h"
 #include "kernels/parallel.h"
 
 namespace loom::kernels {
@@ -12,13 +13,8 @@ namespace {
 // One row: y = (x - mean) * rstd * weight + bias.
 template <typename T>
 inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* weight, const T* bias, int64_t c) {
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < c; ++j) sum += x[j];
-  T m = sum / static_cast<T>(c);
-  T var = 0;
-#pragma omp simd reduction(+ : var)
-  for (int64_t j = 0; j < c; ++j) var += (x[j] - m) * (x[j] - m);
+  const T m = fixed_sum<T>(c, [&](int64_t j) { return x[j]; }) / static_cast<T>(c);
+  const T var = fixed_sum<T>(c, [&](int64_t j) { return (x[j] - m) * (x[j] - m); });
   T s = T(1) / std::sqrt(var / static_cast<T>(c) + static_cast<T>(kLayerNormEps));
 #pragma omp simd
   for (int64_t j = 0; j < c; ++j) y[j] = (x[j] - m) * s * weight[j] + bias[j];
@@ -57,12 +53,11 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     const T* dy = dout + i * c;
     T m = mean[i], s = rstd[i];
     T sum_g = 0, sum_gx = 0;  // mean of (dy * w) and of (dy * w * xhat)
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-    for (int64_t j = 0; j < c; ++j) {
-      T g = dy[j] * weight[j];
-      sum_g += g;
-      sum_gx += g * (x[j] - m) * s;
-    }
+    fixed_sum2(c, sum_g, sum_gx, [&](int64_t j, T& a, T& b) {
+      const T g = dy[j] * weight[j];
+      a += g;
+      b += g * (x[j] - m) * s;
+    });
     sum_g /= static_cast<T>(c);
     sum_gx /= static_cast<T>(c);
     T* dx = dinp + i * c;
