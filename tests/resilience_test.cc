@@ -274,7 +274,9 @@ TEST_F(Cli, StragglersAreNamedNotStopped) {
   Result r = loom(cat("launch -n 2 -- /usr/bin/env LOOM_DELAY_MS=1:100 ", train, " --job.name=slow"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string out = r.out + r.err;
-  EXPECT_NE(out.find("step 3: rank 1 (replica 1) is a straggler: "), std::string::npos) << out;
+  // Named once it has been over 3x for 3 steps: at step 3 at the earliest, later when the
+  // median of a loaded machine's first steps is itself slow.
+  EXPECT_NE(out.find(": rank 1 (replica 1) is a straggler: "), std::string::npos) << out;
   EXPECT_EQ(out.find("rank 0 (replica 0) is a straggler"), std::string::npos) << out;
   r = loom(cat("launch -n 2 -- ", train, " --job.name=even --training.steps=12"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
