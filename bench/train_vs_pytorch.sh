@@ -17,8 +17,8 @@ $loom bench train --threads 1 2 --steps 10 --warmup 3 | tee /tmp/loom_bench_trai
 echo "## PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
 t1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --threads 1 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
 t2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 "$peers/torch_gpt.py" --threads 2 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-l1=$(awk '$1 == "none" && $2 == 1 {print $4}' /tmp/loom_bench_train.txt)
-l2=$(awk '$1 == "none" && $2 == 2 {print $4}' /tmp/loom_bench_train.txt)
+l1=$(awk '$1 == "none" && $2 == "fp32" && $3 == 1 {print $5}' /tmp/loom_bench_train.txt)
+l2=$(awk '$1 == "none" && $2 == "fp32" && $3 == 2 {print $5}' /tmp/loom_bench_train.txt)
 echo "## Ratio (Loom tokens/s / PyTorch tokens/s)"
 printf "threads 1: %s / %s = %.2fx\n" "$l1" "$t1" "$(echo "$l1 / $t1" | bc -l)"
 printf "threads 2: %s / %s = %.2fx\n" "$l2" "$t2" "$(echo "$l2 / $t2" | bc -l)"

@@ -184,13 +184,14 @@ int run_bench_train(const BenchTrainArgs& a) {
   c.resolve();
   const nn::GptConfig cfg = gpt_config(c);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
-  std::printf("# loom bench train: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld, fp32, AdamW\n",
+  std::printf("# loom bench train: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld, AdamW\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
-  std::printf("%10s %8s %12s %12s %10s %12s %8s %10s %10s %10s\n", "recompute", "threads", "step_ms", "tokens/s", "GFLOP/s",
-              "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib");
+  std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s\n", "recompute", "precision", "threads", "step_ms",
+              "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib");
   for (const std::string& mode : a.recompute)
+  for (const std::string& precision : a.precision)
   for (int64_t th : a.threads) {
     // The machine is shared: the peak is the best of a measurement before and one after
     // the timed steps, so one noisy moment does not inflate MFU.
@@ -199,6 +200,7 @@ int run_bench_train(const BenchTrainArgs& a) {
     nn::Gpt gpt(cfg);
     gpt.init(0);
     gpt.set_recompute(nn::recompute_named(mode));
+    gpt.set_precision(precision_format(precision));
     auto opt = optim::make_optimizer({}, gpt.params());
     size_t kept = 0;  // activation bytes forward leaves for backward (the first, fresh, step)
     nn::GptCtx ctx;
@@ -226,8 +228,8 @@ int run_bench_train(const BenchTrainArgs& a) {
     // masked blocks, so this slightly overstates the arithmetic it really does).
     const double gflops = 3.0 * gpt.forward_flops_per_token(t) * tps / 1e9;
     const double mib = 1 << 20;
-    std::printf("%10s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f\n", mode.c_str(),
-                static_cast<long long>(th), step * 1e3, tps, gflops, peak, 100.0 * gflops / peak, loss,
+    std::printf("%10s %9s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f\n", mode.c_str(),
+                precision.c_str(), static_cast<long long>(th), step * 1e3, tps, gflops, peak, 100.0 * gflops / peak, loss,
                 static_cast<double>(kept) / mib,
                 static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib);
     std::fflush(stdout);

@@ -82,6 +82,7 @@ struct BenchTrainArgs {
   int64_t micro_batch = 8, steps = 10, warmup = 3;
   double peak_gflops = 0;  // 0: measure the sgemm peak per thread count
   std::vector<std::string> recompute = {"none"};  // activation recompute modes to run
+  std::vector<std::string> precision = {"fp32"};  // [training] precision formats to run
 };
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);

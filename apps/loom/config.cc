@@ -11,6 +11,7 @@
 #include "kernels/gemm/gemm.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/loss_scale.h"
 #include "loom/nn/gpt.h"
 #include "loom/schedule.h"
 #include "loom/threads.h"
@@ -62,6 +63,9 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"training.eval_every", int64_t{0}},
       {"training.eval_steps", int64_t{10}},
       {"training.recompute", std::string("none")},
+      {"training.precision", std::string("fp32")},  // activations and products: fp32, bf16 or fp16
+      {"training.loss_scale", 65536.0},             // fp16: the first loss scale, a power of two
+      {"training.loss_scale_window", int64_t{1000}},  // fp16: clean steps before the scale doubles
       {"training.keep_zeros", false},  // weights zero at the start (a pruned checkpoint) stay zero
       {"training.teacher", std::string("")},  // distillation: the teacher's checkpoint
       {"training.distill_alpha", 0.5},
@@ -316,6 +320,13 @@ const std::string& Config::s(const std::string& key) const { return std::get<std
 
 std::string model_kind(const Config& c) { return find_preset(c.s("model.preset"))->kind; }
 
+DType precision_format(const std::string& name) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "fp16") return DType::kF16;
+  LOOM_CHECK(name == "fp32");
+  return DType::kF32;
+}
+
 void Config::resolve(int world) {
   const Preset* p = find_preset(s("model.preset"));
   if (p == nullptr)
@@ -437,6 +448,21 @@ void Config::resolve(int world) {
   if (s("training.recompute") != "none" && std::string(p->kind) != "gpt")
     throw InputError(cat(where("training.recompute"), " = \"", s("training.recompute"), "\": the ", p->kind,
                          " model has no transformer blocks to recompute; expected \"none\""));
+  one_of("training.precision", {"fp32", "bf16", "fp16"});
+  if (const std::string prec = s("training.precision"); prec != "fp32") {
+    const std::string at = cat(where("training.precision"), " = \"", prec, "\"");
+    if (std::string(p->kind) != "gpt")
+      throw InputError(cat(at, ": mixed precision trains the gpt model; the ", p->kind, " model trains in fp32; expected \"fp32\""));
+    if (i("parallel.tp") > 1 || i("parallel.pp") > 1 || i("parallel.ps_servers") > 0)
+      throw InputError(cat(at, " with parallel.tp = ", i("parallel.tp"), ", parallel.pp = ", i("parallel.pp"),
+                           " and parallel.ps_servers = ", i("parallel.ps_servers"), ": mixed precision trains one process "
+                           "or data parallel (any ZeRO stage); tensor, pipeline and parameter-server layouts train in fp32. "
+                           "Expected tp = 1, pp = 1 and no servers, or \"fp32\""));
+  }
+  if (const double scale = f("training.loss_scale"); !optim::is_power_of_two(scale) || scale < 1 || scale > 16777216)
+    throw InputError(cat(where("training.loss_scale"), " = ", scale, ": expected a power of two in [1, 2^24]"));
+  if (i("training.loss_scale_window") < 1)
+    throw InputError(cat(where("training.loss_scale_window"), " = ", i("training.loss_scale_window"), ": expected >= 1"));
   one_of("comm.transport", {"auto", "shm", "tcp", "mpi"});
   one_of("comm.grad_dtype", {"f32", "bf16"});
   one_of("comm.param_dtype", {"f32", "bf16"});

@@ -12,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "loom/dtype.h"
+
 namespace loom::app {
 
 using Value = std::variant<int64_t, double, bool, std::string>;
@@ -61,5 +63,9 @@ void apply_compute_settings(const Config& c, int local_ranks = 1);
 
 // Which kind of model a preset names: "gpt" or "mlp".
 std::string model_kind(const Config& c);
+
+// [training] precision's format: "fp32" kF32, "bf16" kBF16, "fp16" kF16 (Config::resolve has
+// checked the name).
+DType precision_format(const std::string& name);
 
 }  // namespace loom::app

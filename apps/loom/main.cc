@@ -154,6 +154,8 @@ int run(int argc, char** argv) {
   bt->add_option("--peak-gflops", bench_train.peak_gflops, "Use this sgemm peak instead of measuring it");
   bt->add_option("--recompute", bench_train.recompute, "Activation recompute modes: none selective full")
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
+  bt->add_option("--precision", bench_train.precision, "Precisions: fp32 bf16 fp16 (mixed precision)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   std::vector<int64_t> gemm_threads = {1, 2};
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();

@@ -56,8 +56,9 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   s.largest_block = n.block;
   if (pp == 1) {
     s.params = n.total();
-    const nn::ActivationBytes a =
-        nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp, c.b("parallel.sequence_parallel"));
+    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp,
+                                                           c.b("parallel.sequence_parallel"),
+                                                           precision_format(c.s("training.precision")));
     s.activations = a.arena;
     s.workspace = a.workspace + a.staging;
     return s;
@@ -135,7 +136,8 @@ RankBytes rank_bytes(const Config& c, int stage, bool lead) {
     if (lead && split) r.evaluation += kF32 * nn::gpt_counts(g).total();
     if (lead)
       r.evaluation += nn::gpt_activation_bytes(g, g.n_layer, {}, c.i("training.micro_batch"), g.seq_len,
-                                               nn::Recompute::kNone, /*with_backward=*/false).arena;
+                                               nn::Recompute::kNone, /*with_backward=*/false, 1, false,
+                                               split ? DType::kF32 : precision_format(c.s("training.precision"))).arena;
   }
   r.data = gpt ? token_data_bytes(c) : 70000.0 * 784 * kF32;
   return r;

@@ -55,6 +55,7 @@ class GptTask : public Task {
     micro_batch_ = c.i("training.micro_batch");
     if (init) gpt_.init(static_cast<uint64_t>(c.i("job.seed")));
     gpt_.set_recompute(nn::recompute_named(c.s("training.recompute")));
+    gpt_.set_precision(precision_format(c.s("training.precision")));
     // Only the processes that compute the loss (the last pipeline stage) need the teacher.
     if (!c.s("training.teacher").empty() && part.head) teacher_ = std::make_unique<Teacher>(c, cfg_);
   }

@@ -22,6 +22,7 @@
 #include "loom/error.h"
 #include "loom/fileio.h"
 #include "loom/log.h"
+#include "loom/loss_scale.h"
 #include "loom/metrics.h"
 #include "loom/optim.h"
 #include "loom/pipeline.h"
@@ -181,6 +182,13 @@ int run_train(const TrainArgs& a) {
 
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
+  // [training] precision = "fp16": dynamic loss scaling (docs/numerics.md, "Mixed precision").
+  const bool fp16 = c.s("training.precision") == "fp16";
+  optim::LossScaler scaler({.init = c.f("training.loss_scale"), .window = c.i("training.loss_scale_window")});
+  const std::vector<int64_t> overflow_at = overflow_steps();
+  if (!overflow_at.empty() && !fp16)
+    throw InputError(cat("LOOM_OVERFLOW_AT is set but training.precision = \"", c.s("training.precision"),
+                         "\": only fp16 scales the loss and skips an overflowing step; expected training.precision = \"fp16\""));
   double load_s = 0;  // reading the weights (then the optimizer state, after joining)
   // NaN or Inf in the weights or the optimizer state this rank read would only spread
   // through training. Checked after each load; a report is given once.
@@ -202,6 +210,18 @@ int run_train(const TrainArgs& a) {
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_finite();
     start_step = saved.step;
+    if (fp16 && saved.raw.contains("loss_scale")) {  // absent when the run trained in another precision
+      const json& ls = saved.raw["loss_scale"];
+      const std::string at = cat(ck->path(), "/state.json: loss_scale");
+      if (!ls.is_object() || !ls.contains("scale") || !ls["scale"].is_number() || !ls.contains("clean_steps") ||
+          !ls["clean_steps"].is_number_integer())
+        throw InputError(cat(at, ": expected {\"scale\": a power of two, \"clean_steps\": an integer}"));
+      try {
+        scaler.restore(ls["scale"].get<double>(), ls["clean_steps"].get<int64_t>());
+      } catch (const InputError& e) {
+        throw InputError(cat(at, ": ", e.what()));
+      }
+    }
   }
   if (!a.init_from.empty() && !resume) {
     // Weights only, this rank's piece of each, from whatever layout (or file) holds them.
@@ -360,6 +380,7 @@ int run_train(const TrainArgs& a) {
                 {"data_epoch", step * global_batch / task->train_items()}};
     json state = {{"data_cursor", step * global_batch}, {"rng", rng}, {"model", task->model_json()},
                   {"config", c.to_toml()}};
+    if (fp16) state["loss_scale"] = {{"scale", scaler.scale()}, {"clean_steps", scaler.clean_steps()}};
     const std::string dir =
         saver.save([&](checkpoint::PieceArena& arena) { return rank_share(mesh, params, dp, arena); },
                    {.root = ckpt_root, .step = step, .state = state, .layout = layout,
@@ -403,6 +424,10 @@ int run_train(const TrainArgs& a) {
           pipe->set_observer([&](const parallel::PipeSpan& s) { trace->span(obs::Trace::kTraining, s.what, s.begin, s.end); });
       }
       dp.begin_step();
+      // fp16: the loss times the scale (times 2^40 in a step LOOM_OVERFLOW_AT names).
+      const double loss_scale =
+          !fp16 ? 1 : scaler.scale() * (std::binary_search(overflow_at.begin(), overflow_at.end(), step + 1) ? 0x1p40 : 1);
+      const double backward_scale = loss_scale / static_cast<double>(accum * dp_size);
       std::vector<double> micro_losses;
       if (piped) {
         // This replica's shard of the global batch, micro-batch by micro-batch, through the stages.
@@ -413,8 +438,7 @@ int run_train(const TrainArgs& a) {
           return task->batch(items);
         };
         if (tracing) tracer->push(cat("pipeline ", c.s("parallel.pp_schedule"), ", stage ", mesh.stage));
-        micro_losses = pipeline_step(mesh, *pipe, dp, batch, micro_batch, c.i("model.seq_len"),
-                                     1.0 / static_cast<double>(accum * dp_size));
+        micro_losses = pipeline_step(mesh, *pipe, dp, batch, micro_batch, c.i("model.seq_len"), backward_scale);
         if (tracing) tracer->pop();
       }
       for (int64_t m = 0; m < (piped ? 0 : accum); ++m) {
@@ -424,7 +448,7 @@ int run_train(const TrainArgs& a) {
         std::vector<int64_t> items(static_cast<size_t>(micro_batch));
         for (int64_t i = 0; i < micro_batch; ++i)
           items[i] = sampler.item(step * global_batch + dp.rank() * per_rank + m * micro_batch + i);
-        micro_losses.push_back(task->micro_step(items, 1.0 / static_cast<double>(accum * dp_size)));
+        micro_losses.push_back(task->micro_step(items, backward_scale));
         dp.end_micro_step();
         if (tracing) tracer->pop();
       }
@@ -432,11 +456,21 @@ int run_train(const TrainArgs& a) {
       const PipelineBubble bubble = piped ? pipeline_bubble(mesh, *pipe) : PipelineBubble{};
       const double lr = optim::lr_at(sched, step);
       if (tracing) tracer->push("optimizer step");
-      const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"));
+      const double grad_norm = dp.finish_step(lr, c.f("training.grad_clip"), loss_scale);
       if (tracing) tracer->pop();
+      // fp16: gradients that overflowed skip the step (finish_step updated nothing) and halve
+      // the scale; a finite loss with overflowing gradients at the smallest scale stops.
+      const bool skipped = fp16 && std::isfinite(loss) && !std::isfinite(grad_norm);
+      if (fp16 && !scaler.update(skipped))
+        throw RuntimeError(cat("step ", step + 1, ": fp16 gradients overflow even at loss scale ", scaler.scale(),
+                               ", the smallest; train in training.precision = \"bf16\" (f32's range) or \"fp32\", or "
+                               "with a lower training.lr"));
+      if (skipped)
+        log_warn(cat("step ", step + 1, ": fp16 gradients overflowed at loss scale ", loss_scale,
+                     "; the step is skipped and the scale lowered to ", scaler.scale()));
       // A loss or gradient norm that is not finite stops the run at this step, before any
       // update or checkpoint (every rank sees the same global loss and norm).
-      if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      if (!skipped && (!std::isfinite(loss) || !std::isfinite(grad_norm))) {
         const std::string first = dp.first_nonfinite_gradient();  // collective over the group
         throw RuntimeError(cat("the loss (", loss, ") or the gradient norm (", grad_norm, ") is not finite; ",
                                first.empty() ? std::string("every gradient is finite")
@@ -476,6 +510,7 @@ int run_train(const TrainArgs& a) {
           .add("comm_ms", cs.comm_ms).add("exposed_comm_ms", cs.exposed_ms).add("comm_bytes", cs.bytes)
           .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
           .add("mem_optimizer_mb", mb(mem.optimizer));
+      if (fp16) line.add("loss_scale", loss_scale).add("skipped", static_cast<int64_t>(skipped));
       if (piped) {
         const parallel::PipelineStats& ps = pipe->stats();
         line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);

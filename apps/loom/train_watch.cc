@@ -54,6 +54,28 @@ int64_t step_delay_ms(int rank) {
   }
 }
 
+std::vector<int64_t> overflow_steps() {
+  const char* spec = std::getenv("LOOM_OVERFLOW_AT");
+  if (spec == nullptr || *spec == '\0') return {};
+  std::vector<int64_t> steps;
+  const std::string s = spec;
+  for (size_t at = 0; at <= s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    int64_t step = -1;
+    try {
+      size_t used = 0;
+      step = std::stoll(s.substr(at, comma - at), &used);
+      if (used != comma - at) step = -1;
+    } catch (const std::exception&) {
+    }
+    if (step < 1) throw InputError(cat("LOOM_OVERFLOW_AT = \"", printable(s), "\": expected STEP[,STEP...], each >= 1"));
+    steps.push_back(step);
+    at = comma + 1;
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 int64_t step_jitter_ms(int rank, int64_t step) {
   const char* spec = std::getenv("LOOM_JITTER_MS");
   if (spec == nullptr || *spec == '\0') return 0;

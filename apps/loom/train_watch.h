@@ -25,6 +25,12 @@ void install_fault_hook(int rank);
 // straggler on demand. 0 for every other rank.
 int64_t step_delay_ms(int rank);
 
+// LOOM_OVERFLOW_AT=STEP[,STEP...] (tests, docs/numerics.md "Mixed precision"): in those
+// steps (1-based, as metrics.jsonl counts them) backward runs on the loss times 2^40 on top
+// of fp16's loss scale, so its gradients overflow as a diverging step's would. Empty when
+// unset; InputError when malformed.
+std::vector<int64_t> overflow_steps();
+
 // LOOM_JITTER_MS=MS (benchmarks): every rank stalls now and then, MS per step on average:
 // 4 x MS in a quarter of its steps, chosen by a hash of (rank, step), else not at all. 0
 // when unset. InputError when malformed.

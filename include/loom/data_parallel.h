@@ -113,11 +113,12 @@ class DataParallel {
   // micro-step's end_micro_step().
   void sum_tied_gradients();
 
-  // Waits for the gradient sums, clips them to max_norm (0: no clipping), updates the
-  // parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the global gradient norm
-  // before clipping. A norm that is not finite leaves the parameters and the optimizer
-  // state as they were (no update, the step not counted).
-  double finish_step(double lr, double max_norm);
+  // Waits for the gradient sums, divides them by loss_scale (fp16's dynamic loss scaling,
+  // loom/loss_scale.h: a power of two, so exactly), clips them to max_norm (0: no
+  // clipping), updates the parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the
+  // global gradient norm before clipping. A norm that is not finite (an overflow) leaves
+  // the parameters and the optimizer state as they were (no update, the step not counted).
+  double finish_step(double lr, double max_norm, double loss_scale = 1);
   // Parameter-server workers (loom/param_server.h), in place of finish_step: waits for the
   // gradient sums over the group and hands them over without updating anything. In
   // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and

@@ -9,6 +9,7 @@
 #include "loom/error.h"
 #include "loom/rng.h"
 #include "nn/dispatch.h"
+#include "nn/mixed.h"
 #include "nn/residual.h"
 
 namespace loom::nn {
@@ -44,7 +45,8 @@ GptCounts gpt_counts(const GptConfig& g, int tp) {
 }
 
 ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward, int tp, bool sequence_parallel) {
+                                     Recompute recompute, bool with_backward, int tp, bool sequence_parallel,
+                                     DType precision) {
   // Each term is one arena allocation of the code above and in layers.cc, rounded up to the
   // arena's 64-byte alignment; f32 (and i32 positions) throughout.
   auto a = [](double elements) { return std::ceil(elements * 4 / 64) * 64; };
@@ -66,7 +68,28 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
                            a(r * c) + a(r * c);
   ActivationBytes out;
   const auto l = static_cast<double>(blocks);
-  if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
+  if (precision != DType::kF32) {
+    // Mixed precision (forward_blocks_mixed): the arena keeps the input and each block's
+    // output in 16 bits and the last output in f32; a block keeps 16-bit copies of its
+    // tensors (attn.y once) and f32 copies of its statistics; backward adds one f32 d(input).
+    // The workspace holds one block in f32 with its four weights rounded (in forward, and
+    // again in backward), the kept tensors loaded back, or the head's rounded weight.
+    auto h = [](double elements) { return std::ceil(elements * 2 / 64) * 64; };
+    const double weights = a(3 * c * p) + a(p * c) + a(4 * c * p) + a(4 * p * c);
+    const double keep = 4 * a(r) + a(lse) + 3 * h(r * c) + h(n * p) + 2 * h(4 * n * p) + h(3 * n * p) + h(r * c);
+    const double loaded = 4 * a(r * c) + a(n * p) + 2 * a(4 * n * p) + a(3 * n * p);
+    const double forward = a(r * c) + block_fwd + weights;
+    out.arena = h(r * c) + a(r * c) + (with_backward ? a(r * c) : 0);
+    if (ends.embeddings) out.workspace = 2 * a(r * c);  // wte's and wpe's outputs, summed
+    if (recompute == Recompute::kFull) {
+      out.arena += l * h(r * c);
+      if (blocks > 0) out.workspace = std::max(out.workspace, forward + (with_backward ? block_bwd + weights : 0));
+    } else {
+      out.arena += l * keep;
+      if (blocks > 0) out.workspace = std::max({out.workspace, forward, with_backward ? loaded + block_bwd + weights : 0});
+    }
+    if (ends.head) out.workspace = std::max(out.workspace, a(static_cast<double>(g.vocab_size / tp) * c));
+  } else if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
   } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block
     out.arena = l * (a(r * c) + (with_backward ? a(r * c) : 0));
@@ -75,7 +98,8 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
   // Vocab-parallel (tp > 1): wte's lookup keeps the ids by their place in this piece, and
   // the loss each row's max, sum of exponentials and target logit over the pieces.
   const double split = tp > 1 ? 1 : 0;
-  if (ends.embeddings) out.arena += a(n) + 2 * a(r * c) + split * a(n);  // positions, wte and wpe outputs
+  // positions, wte and wpe outputs (mixed precision: in the workspace)
+  if (ends.embeddings) out.arena += a(n) + (precision == DType::kF32 ? 2 * a(r * c) : 0) + split * a(n);
   if (ends.head) {
     const double v = static_cast<double>(g.vocab_size / tp);
     // ln_f, (sequence-parallel) its output gathered, logits, losses
@@ -118,6 +142,14 @@ Recompute recompute_named(const std::string& name) {
 
 void Gpt::set_recompute(Recompute mode) {
   recompute_ = mode;
+}
+
+void Gpt::set_precision(DType format) {
+  LOOM_CHECK(format == DType::kF32 || format == DType::kBF16 || format == DType::kF16);
+  LOOM_CHECK(format == DType::kF32 || (params_.dtype() == DType::kF32 && !tp_.split() && int8_.empty()));
+  precision_ = format;
+  for (int64_t l : part_.blocks) blocks_[l].set_precision(format);
+  ln_f_.precision = format;
 }
 
 bool Gpt::holds_block(int64_t block) const {
@@ -172,8 +204,11 @@ Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
-  Tensor x = wte_.forward(tokens, ctx.wte, ctx.arena);  // sequence-parallel: this piece's rows
-  Tensor p = wpe_.forward(sequence_rows(ctx.positions.view({ctx.b * ctx.t})), ctx.wpe, ctx.arena);
+  // Mixed precision: the sum goes to the workspace; forward_blocks keeps its 16-bit copy.
+  Arena& out = precision_ == DType::kF32 ? ctx.arena : scratch_;
+  if (precision_ != DType::kF32) scratch_.reset();
+  Tensor x = wte_.forward(tokens, ctx.wte, out);  // sequence-parallel: this piece's rows
+  Tensor p = wpe_.forward(sequence_rows(ctx.positions.view({ctx.b * ctx.t})), ctx.wpe, out);
   ctx.wpe.ids = ctx.positions;  // backward_embed gathers every row
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     T* xd = x.data<T>();
@@ -202,6 +237,7 @@ BlockCtx Gpt::block_ctx(const GptCtx& ctx) const {
 }
 
 Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const {
+  if (precision_ != DType::kF32) return forward_blocks_mixed(lo, hi, x, ctx);
   Tensor h = x;
   for (int64_t l = lo; l < hi; ++l) {
     LOOM_CHECK(holds_block(l));
@@ -220,6 +256,31 @@ Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx)
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
   }
   return h;
+}
+
+// Each block in the workspace on its f32 input, read from the 16-bit copy the arena keeps;
+// its context and output then move to the arena in 16 bits (nn/mixed.h).
+Tensor Gpt::forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const {
+  Tensor h = mixed::to_half(x, precision_, ctx.arena);
+  for (int64_t l = lo; l < hi; ++l) {
+    LOOM_CHECK(holds_block(l));
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
+    ctx.blocks[l] = block_ctx(ctx);
+    scratch_.reset();
+    const Tensor in = mixed::to_f32(h, scratch_);
+    Tensor y;
+    if (recompute_ == Recompute::kFull) {
+      ctx.blocks[l].input = h;
+      BlockCtx discard = block_ctx(ctx);
+      y = blocks_[l].forward(in, discard, scratch_);
+    } else {
+      y = blocks_[l].forward(in, ctx.blocks[l], scratch_);
+      mixed::keep_half(ctx.blocks[l], precision_, in, h, ctx.arena);
+    }
+    h = mixed::to_half(y, precision_, ctx.arena);
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
+  }
+  return mixed::to_f32(h, ctx.arena);
 }
 
 Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
@@ -256,6 +317,12 @@ Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
   return out;
 }
 
+Tensor Gpt::head_weight() const {
+  if (precision_ == DType::kF32) return wte_.table.value();
+  scratch_.reset();  // between blocks: nothing of a block is left in it
+  return mixed::rounded_copy(wte_.table.value(), precision_, scratch_);
+}
+
 void Gpt::head_product(const Tensor& out, const Tensor& x) const {
   const int64_t c = config_.d_model, v = wte_.rows, rows = x.numel() / c;
   if (wte_.int8 != nullptr) {
@@ -263,8 +330,9 @@ void Gpt::head_product(const Tensor& out, const Tensor& x) const {
     return;
   }
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(out.data<T>(), x.data<T>(), wte_.table.value().data<T>(),
+                      k::matmul_forward(out.data<T>(), x.data<T>(), head_weight().data<T>(),
                                         static_cast<const T*>(nullptr), rows, c, v, k::WeightLayout::kMK));
+  mixed::round_values(out, precision_);
 }
 
 Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const {
@@ -290,6 +358,7 @@ double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) co
 Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   const int64_t c = config_.d_model, v = wte_.rows;
   ctx.dlogits = loss_.backward(ctx.loss, scale);
+  mixed::round_values(ctx.dlogits, precision_);
   // Sequence-parallel: every row's share of this piece's columns, summed over the pieces
   // and scattered by rows once the tied weight's gradient is computed.
   const bool sequence = tp_.sequence_split();
@@ -297,8 +366,9 @@ Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   Tensor dh = (sequence ? tp_.seam->staging() : ctx.arena).alloc(ctx.head.x.shape(), ctx.dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
                       k::matmul_backward(dh.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                         ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
+                                         ctx.dlogits.data<T>(), ctx.head.x.data<T>(), head_weight().data<T>(),
                                          dh.numel() / c, c, v, k::WeightLayout::kMK));
+  mixed::round_values(dh, precision_);
   // Vocab-parallel: every piece's columns' share of dh summed, while this piece computes
   // its rows of the tied weight's gradient.
   std::unique_ptr<Seam::Pending> sum = wte_.shard.split() && !sequence ? wte_.shard.seam->start_sum(dh) : nullptr;
@@ -316,6 +386,10 @@ Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
 }
 
 Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx, bool defer_weights) const {
+  if (precision_ != DType::kF32) {
+    LOOM_CHECK(!defer_weights);  // the weight passes would need the block's workspace later
+    return backward_blocks_mixed(lo, hi, dy, ctx);
+  }
   Tensor dx = dy;
   for (int64_t l = hi; l-- > lo;) {
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
@@ -330,6 +404,31 @@ Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ct
     } else {
       dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena, defer_weights);
     }
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
+  }
+  return dx;
+}
+
+// Each block's context back to f32 in the workspace (or, under full recompute, its forward
+// again there), then its backward; d(input) goes on in one f32 buffer of the arena.
+Tensor Gpt::backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const {
+  Tensor dx = ctx.arena.alloc(dy.shape(), DType::kF32);
+  dx.copy_from(dy);
+  mixed::round_values(dx, precision_);
+  for (int64_t l = hi; l-- > lo;) {
+    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
+    scratch_.reset();
+    Tensor d;
+    if (recompute_ == Recompute::kFull) {
+      BlockCtx again = block_ctx(ctx);
+      blocks_[l].forward(mixed::to_f32(ctx.blocks[l].input, scratch_), again, scratch_);
+      d = blocks_[l].backward(dx, again, scratch_);
+    } else {
+      mixed::load_f32(ctx.blocks[l], scratch_);
+      d = blocks_[l].backward(dx, ctx.blocks[l], scratch_);
+    }
+    dx.copy_from(d);
+    ctx.blocks[l] = BlockCtx();  // its tensors were in the workspace
     if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   return dx;

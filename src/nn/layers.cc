@@ -11,10 +11,12 @@
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "nn/dispatch.h"
+#include "nn/mixed.h"
 #include "nn/residual.h"
 
 namespace loom::nn {
 namespace k = loom::kernels;
+using mixed::round_values;
 
 namespace {
 // The shape of x with its last dimension replaced.
@@ -74,6 +76,10 @@ Tensor scatter_rows(const Shard& shard, const Tensor& whole, Arena& arena) {
 }
 }  // namespace
 
+Tensor Linear::product_weight(Arena& arena) const {
+  return precision == DType::kF32 ? weight.value() : mixed::rounded_copy(weight.value(), precision, arena);
+}
+
 Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   shard.seam->staging().reset();
   ctx.x = x;  // column: this part's rows (gathered again in backward); row: every row
@@ -82,13 +88,18 @@ Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) c
   // Column: every row of this part's columns; row: this part's share of every row, summed
   // over the parts and scattered by rows, then the replicated bias.
   Tensor y = split == TpSplit::kColumn ? arena.alloc({n, out}, x.dtype()) : shard.seam->staging().alloc({n, out}, x.dtype());
+  const Tensor w = product_weight(shard.seam->staging());
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(y.data<T>(), input.data<T>(), weight.value().data<T>(),
+                      k::matmul_forward(y.data<T>(), input.data<T>(), w.data<T>(),
                                         bias.defined() && split == TpSplit::kColumn ? bias.value().data<T>() : nullptr, n,
                                         in, out, k::WeightLayout::kKM));
-  if (split == TpSplit::kColumn) return y;
+  if (split == TpSplit::kColumn) {
+    round_values(y, precision);
+    return y;
+  }
   Tensor mine = scatter_rows(shard, y, arena);
   if (bias.defined()) add_bias(mine, bias.value());
+  round_values(mine, precision);
   return mine;
 }
 
@@ -102,11 +113,14 @@ Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena)
   const Tensor dout = column ? dy : gather_rows(shard, dy);
   const int64_t n = dout.numel() / out;
   Tensor dx = column ? shard.seam->staging().alloc({n, in}, dy.dtype()) : arena.alloc(ctx.x.shape(), dy.dtype());
+  const Tensor w = product_weight(shard.seam->staging());
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::matmul_backward(dx.data<T>(), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, dout.data<T>(), x.data<T>(),
-                                         weight.value().data<T>(), n, in, out, k::WeightLayout::kKM));
-  return column ? scatter_rows(shard, dx, arena) : dx;
+                                         w.data<T>(), n, in, out, k::WeightLayout::kKM));
+  if (column) dx = scatter_rows(shard, dx, arena);
+  round_values(dx, precision);
+  return dx;
 }
 
 Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
@@ -116,27 +130,31 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   const int64_t n = x.numel() / in;
   if (int8 != nullptr) {
-    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
     k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr, n);
     return y;
   }
   const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
+  const Tensor w = product_weight(arena);
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-    k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
-                      bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM);
+    k::matmul_forward(y.data<T>(), x.data<T>(), w.data<T>(), bias.defined() && !row ? bias.value().data<T>() : nullptr, n,
+                      in, out, k::WeightLayout::kKM);
   });
   if (row) {
     shard.seam->sum(y);
     if (bias.defined()) add_bias(y, bias.value());
   }
+  round_values(y, precision);
   return y;
 }
 
 std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
-  if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split())) {
+  // Mixed precision: GELU of the rounded output, so not fused.
+  if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split()) || precision != DType::kF32) {
     Tensor y = forward(x, ctx, arena);
     Tensor g = arena.alloc(y.shape(), y.dtype());
     LOOM_DISPATCH_FLOAT(y.dtype(), T, k::gelu_forward(g.data<T>(), y.data<T>(), y.numel()));
+    round_values(g, precision);
     return {y, g};
   }
   LOOM_CHECK_EQ(x.dim(-1), in);
@@ -164,13 +182,14 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   }
   Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
   const int64_t n = dy.numel() / out;
+  const Tensor w = need_dx ? product_weight(arena) : weight.value();
   ctx.dy = dy;
   if (need_dx && split == TpSplit::kColumn) {
     // Every part's share of dx summed; the sum travels while this part computes its weight
     // gradients (the same bits as one call: each output of the product is computed alone).
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                           dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(), n, in, out,
+                                           dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
                                            k::WeightLayout::kKM));
     std::unique_ptr<Seam::Pending> sum = shard.seam->start_sum(dx);
     if (!defer_weights) backward_weight(ctx);
@@ -180,10 +199,11 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
                         k::matmul_backward(need_dx ? dx.data<T>() : nullptr,
                                            defer_weights ? nullptr : weight.grad().data<T>(),
                                            bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
-                                           dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(), n, in, out,
+                                           dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
                                            k::WeightLayout::kKM));
   }
   if (!defer_weights) ctx.dy = Tensor();
+  if (need_dx) round_values(dx, precision);
   return dx;
 }
 
@@ -214,6 +234,15 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
   ctx.mean = arena.alloc({n}, x.dtype());
   ctx.rstd = arena.alloc({n}, x.dtype());
   Tensor y = arena.alloc(x.shape(), x.dtype());
+  if (residual.defined() && precision != DType::kF32) {  // the sum rounded before it is normalized: not fused
+    add_into(x, residual);
+    round_values(x, precision);
+    LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                        k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(), x.data<T>(),
+                                             weight.value().data<T>(), bias.value().data<T>(), n, c));
+    round_values(y, precision);
+    return y;
+  }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     if (residual.defined())
       k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
@@ -222,6 +251,7 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
       k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(), x.data<T>(), weight.value().data<T>(),
                            bias.value().data<T>(), n, c);
   });
+  round_values(y, precision);
   return y;
 }
 
@@ -246,6 +276,7 @@ Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& are
       for (int64_t j = 0; j < c; ++j) gw[j] += dw[j], gb[j] += db[j];
     }
   });
+  round_values(dx, precision);
   return dx;
 }
 
@@ -399,6 +430,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
                       k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
                                            n_head));
+  round_values(ctx.y, precision);
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 
@@ -409,6 +441,7 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena&
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
                                             ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head));
+  round_values(dqkv, precision);
   return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
 }
 
@@ -431,6 +464,7 @@ Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
 
 Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
   Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena);
+  round_values(dh, precision);
   return c_fc.backward(dh, ctx.c_fc, arena, true, defer_weights);
 }
 
@@ -450,15 +484,25 @@ Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
   Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena);
   add_into(y, h);  // y = h + mlp(ln_2(h))
+  round_values(y, precision);
   return y;
 }
 
 Tensor Block::backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights) const {
   Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena);
   add_into(dh, dy);
+  round_values(dh, precision);
   Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena);
   add_into(dx, dh);
+  round_values(dx, precision);
   return dx;
+}
+
+void Block::set_precision(DType format) {
+  LOOM_CHECK(format == DType::kF32 || ((format == DType::kBF16 || format == DType::kF16) &&
+                                       ln_1.weight.value().dtype() == DType::kF32));
+  precision = ln_1.precision = ln_2.precision = attn.precision = mlp.precision = format;
+  attn.c_attn.precision = attn.c_proj.precision = mlp.c_fc.precision = mlp.c_proj.precision = format;
 }
 
 void Block::backward_weight(const BlockCtx& ctx) const {

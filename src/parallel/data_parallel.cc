@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "loom/loss_scale.h"
 #include "parallel/dp_comm.h"
 #include "parallel/exact_sum.h"
 
@@ -362,7 +363,7 @@ void DataParallel::sum_tied_gradients() {
     comm::all_reduce(*g.tied, {.output = m.params.grads().data<float>() + g.tied_begin, .count = n, .dtype = DType::kF32});
 }
 
-double DataParallel::finish_step(double lr, double max_norm) {
+double DataParallel::finish_step(double lr, double max_norm, double loss_scale) {
   Impl& m = *impl_;
   LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());  // end_micro_step() of the last micro-step ran
   for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
@@ -372,6 +373,13 @@ double DataParallel::finish_step(double lr, double max_norm) {
   // ZeRO 3: no gather may still read the masters the update is about to change, and every
   // gathered block is stale after it.
   if (m.zero3()) m.release_all();
+  if (loss_scale != 1) {  // a power of two: the division is exact, and keeps an overflow infinite
+    LOOM_CHECK(optim::is_power_of_two(loss_scale));
+    const Tensor g = m.config.zero < 2 ? m.params.grads() : m.shard_grads;
+    const auto inv = static_cast<float>(1 / loss_scale);
+    float* d = g.data<float>();
+    for (int64_t i = 0; i < g.numel(); ++i) d[i] *= inv;
+  }
   const double norm = m.grad_norm_and_clip(max_norm);
   if (!std::isfinite(norm)) return norm;  // every rank of the group sees the same norm
   m.optimizer->step(lr);

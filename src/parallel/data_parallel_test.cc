@@ -37,6 +37,8 @@ struct Run {
   int64_t micro_batch = 1;
   DataParallelConfig dp;
   double grad_clip = 1.0;
+  DType precision = DType::kF32;  // mixed precision (nn::Gpt::set_precision)
+  double loss_scale = 1;          // fp16's: backward on the loss times this, finish_step divides
 };
 
 struct Result {
@@ -48,6 +50,7 @@ struct Result {
 Result train_rank(comm::Communicator& comm, const Run& run) {
   nn::Gpt gpt(kModel);
   gpt.init(comm.rank() == 0 ? 1234 : 99);  // sync_params must make the others equal
+  gpt.set_precision(run.precision);
   DataParallel dp(comm, gpt.params(), {.weight_decay = 0.1}, run.dp, gpt.block_offsets());
   gpt.on_block = [&](int block, BlockPhase phase) { dp.on_block(block, phase); };
   dp.sync_params();
@@ -72,11 +75,11 @@ Result train_rank(comm::Communicator& comm, const Run& run) {
         }
       }
       micro.push_back(gpt.forward(x, y, ctx));
-      gpt.backward(ctx, 1.0 / static_cast<double>(accum * n));
+      gpt.backward(ctx, run.loss_scale / static_cast<double>(accum * n));
       dp.end_micro_step();
     }
     r.losses.push_back(dp.mean_loss(micro));
-    r.norms.push_back(dp.finish_step(optim::lr_at(sched, step), run.grad_clip));
+    r.norms.push_back(dp.finish_step(optim::lr_at(sched, step), run.grad_clip, run.loss_scale));
   }
   dp.materialize_params();
   const float* w = gpt.params().values().data<float>();
@@ -179,6 +182,28 @@ TEST(DataParallel, Bf16ParameterGathersStayCloseToF32) {
 // docs/parallelism.md's per-rank bytes for fp32 AdamW, P parameters, N ranks, measured as
 // resident pages after a step: stage 0 16P, stage 1 8P + 8P/N, stage 2 4P + 12P/N, stage 3
 // 16P/N.
+// Mixed precision (docs/numerics.md, "Mixed precision") under data parallelism: in
+// deterministic mode bf16, and fp16 with its loss scale, train at every ZeRO stage bitwise
+// as one process does; their losses stay near f32's.
+TEST(DataParallel, MixedPrecisionIsBitwiseOneProcessAtEveryZeroStage) {
+  set_compute_threads(1);
+  const Result& f32 = reference(kGlobalBatch / 2, true);
+  for (auto [format, scale] : {std::pair{DType::kBF16, 1.0}, std::pair{DType::kF16, 1024.0}}) {
+    const Result want = train({.ranks = 1, .micro_batch = kGlobalBatch / 2, .dp = {.deterministic = true},
+                               .precision = format, .loss_scale = scale});
+    for (size_t s = 0; s < want.losses.size(); ++s)
+      EXPECT_NEAR(want.losses[s], f32.losses[s], 0.02 * f32.losses[s]) << dtype_name(format) << " step " << s + 1;
+    for (int zero : {0, 1, 2, 3}) {
+      const Result got = train({.ranks = 2, .micro_batch = kGlobalBatch / 2,
+                                .dp = {.zero = zero, .bucket_mb = kBucketMb, .deterministic = true},
+                                .precision = format, .loss_scale = scale});
+      EXPECT_EQ(got.losses, want.losses) << dtype_name(format) << " zero " << zero;
+      EXPECT_EQ(got.norms, want.norms) << dtype_name(format) << " zero " << zero;
+      EXPECT_TRUE(got.weights == want.weights) << dtype_name(format) << " zero " << zero;
+    }
+  }
+}
+
 TEST(DataParallel, StateBytesMatchTheZeroFormulas) {
   set_compute_threads(1);
   const int n = 4;

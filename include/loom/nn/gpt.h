@@ -88,9 +88,11 @@ struct ActivationBytes {
 struct GptEnds {
   bool embeddings = true, head = true;
 };
+// precision kBF16 or kF16 (Gpt::set_precision): the blocks keep 16-bit activations, and the
+// workspace holds one block's f32 activations at a time.
 ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
                                      Recompute recompute, bool with_backward = true, int tp = 1,
-                                     bool sequence_parallel = false);
+                                     bool sequence_parallel = false, DType precision = DType::kF32);
 
 // Key/value memory for incremental decoding in pages (docs/serving.md, "Continuous
 // batching"): `total` pages of kPositions positions, each holding every layer's keys and
@@ -204,7 +206,8 @@ class Gpt {
   // What embed and each block give and take for b sequences of t tokens: (B, T, C), or under
   // sequence parallelism this piece's rows (B x T / parts, C).
   Shape activation_shape(int64_t b, int64_t t) const;
-  Tensor embed(const Tensor& tokens, GptCtx& ctx) const;                            // -> (B, T, C)
+  // -> (B, T, C); under mixed precision in the workspace, valid until forward_blocks.
+  Tensor embed(const Tensor& tokens, GptCtx& ctx) const;
   Tensor forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;  // blocks [lo, hi)
   double forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const;     // ln_f, logits, loss
   // defer_weights (zero-bubble pipelines): input gradients and the LayerNorms' now, the
@@ -251,7 +254,16 @@ class Gpt {
   // activations full recompute discards).
   void set_recompute(Recompute mode);
   Recompute recompute() const { return recompute_; }
-  // Peak bytes of the recompute workspace (one block's activations at a time).
+  // Mixed precision ([training] precision, docs/numerics.md, "Mixed precision"): kBF16 or
+  // kF16 rounds every activation and every input gradient to the format's values as a layer
+  // writes it, multiplies by weights rounded to it (the head's too), and keeps what backward
+  // needs in 16 bits; each block then runs in the workspace, one at a time. Parameters,
+  // their gradients, the arithmetic and the loss stay f32. kF32: none. REQUIRES: f32
+  // parameters, not tensor-parallel, no int8 weights; backward's defer_weights is refused.
+  void set_precision(DType format);
+  DType precision() const { return precision_; }
+  // Peak bytes of the workspace (full recompute's or mixed precision's: one block's
+  // activations at a time).
   size_t recompute_peak_bytes() const { return scratch_.peak_bytes(); }
   bool holds_block(int64_t block) const;
   ParamSet& params() { return params_; }
@@ -262,6 +274,10 @@ class Gpt {
 
  private:
   Tensor trunk(const Tensor& tokens, GptCtx& ctx) const;  // embeddings + blocks + ln_f
+  // forward_blocks and backward_blocks under mixed precision.
+  Tensor forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;
+  Tensor backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const;
+  Tensor head_weight() const;  // wte, or under mixed precision its rounded copy in the workspace
   Tensor sequence_rows(const Tensor& rows) const;         // this piece's rows under sequence parallelism, else all
   BlockCtx block_ctx(const GptCtx& ctx) const;            // a block's context, told the micro-batch's shape
   Tensor logits(const Tensor& h, GptCtx& ctx) const;      // the tied head: h @ wte^T
@@ -276,7 +292,8 @@ class Gpt {
   LayerNorm ln_f_;
   CrossEntropy loss_;
   Recompute recompute_ = Recompute::kNone;
-  mutable Arena scratch_;  // recompute's workspace; one thread drives a model
+  DType precision_ = DType::kF32;
+  mutable Arena scratch_;  // the workspace of full recompute and mixed precision; one thread drives a model
   Int8Weights int8_;       // use_int8's, which the layers point into
 };
 

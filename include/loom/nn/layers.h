@@ -7,7 +7,10 @@
 // the parameter gradients. Many contexts may be in flight at once (pipelining).
 //
 // Every layer works in the dtype of its ParamSet: f32 for training, f64 for the
-// finite-difference gradient checks. Tensor shapes are in comments; leading dimensions
+// finite-difference gradient checks. Mixed precision (docs/numerics.md): a layer whose
+// `precision` is kBF16 or kF16 rounds what it writes (outputs forward, input gradients
+// backward) to that format's values, and multiplies by its weights rounded to it; its
+// arithmetic and its parameters' gradients stay f32. kF32: no rounding. Tensor shapes are in comments; leading dimensions
 // are flattened into N rows. Legend: N rows, B batch, T time, C channels, V vocabulary.
 //
 // Layers know nothing of parallelism (STYLE.md rule 14) beyond the seam tensor parallelism
@@ -66,6 +69,7 @@ class Linear {
   const kernels::Int8Weight* int8 = nullptr;
   Shard shard;
   TpSplit split = TpSplit::kNone;
+  DType precision = DType::kF32;
 
  private:
   // Sequence parallelism (shard.sequence): a column-parallel layer takes this part's rows
@@ -73,6 +77,9 @@ class Linear {
   // gives this part's rows (m, out).
   Tensor forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   Tensor backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena) const;
+  // The weight the products use: `weight` itself, or under mixed precision a copy in arena
+  // rounded to the format.
+  Tensor product_weight(Arena& arena) const;
 };
 
 struct LayerNormCtx {
@@ -94,6 +101,7 @@ class LayerNorm {
   ParamRef weight, bias;  // (C)
   int64_t c = 0;
   Shard shard;
+  DType precision = DType::kF32;  // forward_add also rounds the residual sum it writes into x
 };
 
 struct GeluCtx {
@@ -182,6 +190,7 @@ class CausalSelfAttention {
 
   Linear c_attn, c_proj;
   int64_t c = 0, n_head = 0;  // this part's width (n_head x head size) and heads
+  DType precision = DType::kF32;  // of the heads' output and of d(qkv)
 };
 
 struct MlpCtx {
@@ -201,6 +210,7 @@ class Mlp {
 
   Linear c_fc, c_proj;
   Gelu gelu;
+  DType precision = DType::kF32;  // of GELU's output and its input gradient
 };
 
 struct BlockCtx {
@@ -220,12 +230,15 @@ class Block {
   // gradients in backward_weight (zero-bubble pipelines).
   Tensor backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const BlockCtx& ctx) const;
+  // Mixed precision for the block and every layer in it (kF32: none). REQUIRES: f32 parameters.
+  void set_precision(DType format);
 
   // Declared in Hugging Face order, which is also the parameters' registration order.
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
   Mlp mlp;
+  DType precision = DType::kF32;  // of the residual sums
 };
 
 }  // namespace loom::nn

@@ -1,0 +1,88 @@
+#include "kernels/precision.h"
+
+#include <bit>
+
+#include "kernels/parallel.h"
+#include "loom/error.h"
+
+namespace loom::kernels {
+namespace {
+
+// bf16: the upper half of the f32 bits, rounded to nearest even; a NaN keeps its sign and
+// becomes quiet. Branch-free, so the loops vectorize.
+inline uint16_t bf16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
+}
+
+// f16, as loom/dtype.h's f32_to_f16 and f16_to_f32 but with selects in place of branches
+// (plain C++: not every compiler Loom builds with has _Float16). A value below f16's
+// smallest normal, 2^-14, is rounded to a multiple of 2^-24 by adding 0.5, whose f32 ulp
+// is 2^-24; the sum's low bits are then the f16 bits (1024 when it rounds up to 2^-14, the
+// smallest normal's bits).
+inline uint16_t f16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // rebias 127 -> 15, round
+  const uint32_t small = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3f000000u;
+  const uint32_t h = a > 0x7f800000u ? 0x7e00u : a >= 0x477ff000u ? 0x7c00u : a < 0x38800000u ? small : normal;
+  return static_cast<uint16_t>(sign | h);
+}
+
+inline float f16_value(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(m) * (1.0f / 16777216.0f));
+  const uint32_t bits = e == 0 ? sub : e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);
+  return std::bit_cast<float>(sign | bits);
+}
+
+template <typename F>
+void chunks(int64_t n, F&& body) {
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) { body(lo, hi); });
+}
+
+}  // namespace
+
+void round_to(DType format, float* x, int64_t n) {
+  if (format == DType::kF32) return;
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  if (format == DType::kBF16) {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) x[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
+    });
+  } else {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) x[i] = f16_value(f16_bits(x[i]));
+    });
+  }
+}
+
+void store_half(DType format, uint16_t* out, const float* x, int64_t n) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  if (format == DType::kBF16) {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = bf16_bits(x[i]);
+    });
+  } else {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = f16_bits(x[i]);
+    });
+  }
+}
+
+void load_half(DType format, float* out, const uint16_t* in, int64_t n) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  if (format == DType::kBF16) {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+    });
+  } else {
+    chunks(n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) out[i] = f16_value(in[i]);
+    });
+  }
+}
+
+}  // namespace loom::kernels

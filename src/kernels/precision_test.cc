@@ -1,0 +1,84 @@
+// Mixed precision's conversions (kernels/precision.h) against loom/dtype.h's scalar ones,
+// their reference twins: every exponent, the rounding boundaries, subnormals, overflow,
+// infinities and NaN, on the pool's threads and off them.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/precision.h"
+#include "loom/dtype.h"
+#include "loom/threads.h"
+
+namespace loom::kernels {
+namespace {
+
+uint32_t bits(float x) { return std::bit_cast<uint32_t>(x); }
+
+// f32 bit patterns: a sweep over all of them (every 4099th: each exponent, both signs, many
+// mantissas), and for each 16-bit value its neighbours and the midpoints to the next one,
+// where ties to even decide.
+std::vector<float> hard_values() {
+  std::vector<float> v;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) v.push_back(std::bit_cast<float>(static_cast<uint32_t>(u)));
+  for (uint32_t h = 0; h < 0x10000; ++h)
+    for (int shift : {13, 16}) {  // f16 keeps 13 fewer mantissa bits than f32, bf16 16
+      const uint32_t base = shift == 16 ? h << 16 : bits(f16_to_f32(static_cast<uint16_t>(h)));
+      const uint32_t half = uint32_t{1} << (shift - 1);
+      for (uint32_t u : {base, base + half, base + half - 1, base + half + 1, base - 1}) v.push_back(std::bit_cast<float>(u));
+    }
+  for (float x : {0.0f, -0.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), 65504.0f, 65519.99f, 65520.0f, -65520.0f, 5.96e-8f, 2.98e-8f})
+    v.push_back(x);
+  return v;
+}
+
+TEST(Precision, ConversionsEqualTheScalarOnesBitForBit) {
+  const std::vector<float> x = hard_values();
+  const auto n = static_cast<int64_t>(x.size());
+  for (int threads : {1, 2}) {
+    set_compute_threads(threads);
+    for (DType format : {DType::kBF16, DType::kF16}) {
+      const bool bf = format == DType::kBF16;
+      std::vector<float> rounded = x, back(x.size());
+      std::vector<uint16_t> half(x.size());
+      round_to(format, rounded.data(), n);
+      store_half(format, half.data(), x.data(), n);
+      load_half(format, back.data(), half.data(), n);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = bf ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+        const uint32_t want_value = bits(bf ? bf16_to_f32(want) : f16_to_f32(want));
+        if (half[i] != want || bits(rounded[i]) != want_value || bits(back[i]) != want_value) {
+          if (++bad <= 5)
+            ADD_FAILURE() << dtype_name(format) << " of f32 bits " << std::hex << bits(x[i]) << ": got " << half[i]
+                          << ", want " << want;
+        }
+      }
+      EXPECT_EQ(bad, 0) << dtype_name(format) << " at " << threads << " thread(s)";
+    }
+  }
+  set_compute_threads(1);
+  // f32 is no rounding at all.
+  std::vector<float> same = x;
+  round_to(DType::kF32, same.data(), n);
+  EXPECT_EQ(std::memcmp(same.data(), x.data(), x.size() * sizeof(float)), 0);
+}
+
+TEST(Precision, F16OverflowsToInfinityAndKeepsSubnormals) {
+  float v[] = {65504.0f, 65520.0f, -1e6f, 1e-7f, 3e-8f, 2.9e-8f};
+  round_to(DType::kF16, v, 6);
+  EXPECT_EQ(v[0], 65504.0f);
+  EXPECT_TRUE(std::isinf(v[1]) && v[1] > 0);
+  EXPECT_TRUE(std::isinf(v[2]) && v[2] < 0);
+  EXPECT_EQ(v[3], 2 * std::ldexp(1.0f, -24));  // 1e-7 / 2^-24 = 1.68: two subnormal units
+  EXPECT_EQ(v[4], std::ldexp(1.0f, -24));      // above half a unit: rounds up to one
+  EXPECT_EQ(v[5], 0.0f);                       // below half a unit: vanishes (what loss scaling prevents)
+}
+
+}  // namespace
+}  // namespace loom::kernels
