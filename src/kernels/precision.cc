@@ -31,10 +31,16 @@ inline uint16_t f16_bits(float x) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// Exact: a normal's exponent rebiased (15 -> 127), infinity and NaN kept, a subnormal's
+// mantissa times 2^-24, as (0.5 + m 2^-24) - 0.5 (0.5's ulp is 2^-24, as above). Each case
+// is computed and one selected, so the loops vectorize.
 inline float f16_value(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  const uint32_t sub = std::bit_cast<uint32_t>(static_cast<float>(m) * (1.0f / 16777216.0f));
-  const uint32_t bits = e == 0 ? sub : e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(0x3f000000u | m) - 0.5f);
+  const uint32_t normal = ((e + 112u) << 23) | (m << 13), special = 0x7f800000u | (m << 13);
+  uint32_t bits = normal;
+  bits = e == 31 ? special : bits;
+  bits = e == 0 ? sub : bits;
   return std::bit_cast<float>(sign | bits);
 }
 
