@@ -48,7 +48,7 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
                                      Recompute recompute, bool with_backward, int tp, bool sequence_parallel,
                                      DType precision) {
   // Each term is one arena allocation of the code above and in layers.cc, rounded up to the
-  // arena's 64-byte alignment; f32 (and i32 positions) throughout.
+  // arena's 64-byte alignment; f32 (and i32 positions), but for mixed precision's 16-bit copies.
   auto a = [](double elements) { return std::ceil(elements * 4 / 64) * 64; };
   const double n = static_cast<double>(b) * static_cast<double>(t), c = static_cast<double>(g.d_model);
   const double p = c / tp;  // a tensor-parallel piece's share of the channels (heads, MLP)
