@@ -17,8 +17,8 @@ ob_omp=/usr/lib/x86_64-linux-gnu/openblas-openmp
 echo "## Loom"
 $loom bench train --threads 1 2 --steps 10 --warmup 3 | tee /tmp/loom_bench_train.txt
 echo "## PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
-t1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --threads 1 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-t2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 "$peers/torch_gpt.py" --threads 2 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+t1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --threads 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+t2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 "$peers/torch_gpt.py" --threads 2 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
 l1=$(awk '$1 == "none" && $2 == "fp32" && $3 == 1 {print $5}' /tmp/loom_bench_train.txt)
 l2=$(awk '$1 == "none" && $2 == "fp32" && $3 == 2 {print $5}' /tmp/loom_bench_train.txt)
 echo "## Ratio (Loom tokens/s / PyTorch tokens/s)"
@@ -29,8 +29,8 @@ printf "threads 2: %s / %s = %.2fx\n" "$l2" "$t2" "$(echo "$l2 / $t2" | bc -l)"
 echo "## gpt2-124m, micro-batch 1 x seq 1024: Loom"
 $loom bench train --preset gpt2-124m --micro-batch 1 --threads 1 2 --steps 3 --warmup 1 | tee /tmp/loom_bench_gpt2.txt
 echo "## gpt2-124m: PyTorch"
-p1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 1 3 1 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-p2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 2 3 1 | tee /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+p1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 1 3 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
+p2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 2 3 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
 g1=$(awk '$1 == "none" && $2 == "fp32" && $3 == 1 {print $5}' /tmp/loom_bench_gpt2.txt)
 g2=$(awk '$1 == "none" && $2 == "fp32" && $3 == 2 {print $5}' /tmp/loom_bench_gpt2.txt)
 echo "## gpt2-124m ratio (Loom tokens/s / PyTorch tokens/s)"
