@@ -1,7 +1,7 @@
 // Mixed-precision training from the CLI ([training] precision, docs/numerics.md "Mixed
 // precision"): bf16 and fp16 loss curves stay within the documented tolerance of fp32 over
-// 200 steps of gpt-nano; data parallelism in deterministic mode trains fp16 bitwise as one
-// process; an injected overflow skips its step (the weights and the optimizer state are
+// 200 steps of gpt-nano; data and pipeline parallelism in deterministic mode train fp16
+// bitwise as one process; an injected overflow skips its step (the weights and the optimizer state are
 // left as they were) and halves the loss scale, which a resume carries on; bad settings are
 // one-line errors.
 #include <cmath>
@@ -52,11 +52,11 @@ TEST_F(Cli, Fp16DataParallelIsBitwiseOneProcessAndAnOverflowSkipsItsStep) {
                                "--checkpoint.every=1 --checkpoint.keep=0 --training.decay=constant");
   ASSERT_EQ(loom(cat("train ", base, " --job.name=one")).code, 0);
   const std::string one = read_file(p("runs/one/metrics.jsonl"));
-  for (int zero : {1, 3}) {
-    Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", base, " --job.name=z", zero,
-                        " --parallel.zero=", zero));
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_EQ(column(read_file(p(cat("runs/z", zero, "/metrics.jsonl"))), "loss"), column(one, "loss")) << "zero " << zero;
+  for (const auto& [name, layout] : std::vector<std::pair<std::string, std::string>>{
+           {"z1", "--parallel.zero=1"}, {"z3", "--parallel.zero=3"}, {"pp2", "--parallel.pp=2 --parallel.dp=1"}}) {
+    Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", base, " --job.name=", name, " ", layout));
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.err;
+    EXPECT_EQ(column(read_file(p(cat("runs/", name, "/metrics.jsonl"))), "loss"), column(one, "loss")) << layout;
   }
 
   // Steps 3 and 4 overflow: skipped, the scale halved twice, and step 5 trains again.
@@ -104,6 +104,8 @@ TEST_F(Cli, MixedPrecisionRefusesWhatItCannotDo) {
   expect_bad_input(cfg + " --training.precision=fp8", {"training.precision", "fp8", "fp32, bf16, fp16"});
   expect_bad_input(cfg + " --dry-run --parallel.dp=1 --parallel.tp=2 --training.precision=bf16",
                    {"training.precision", "bf16", "parallel.tp = 2"});
+  expect_bad_input(cfg + " --dry-run --parallel.dp=1 --parallel.pp=2 --parallel.pp_schedule=zb-h1 --training.precision=fp16",
+                   {"training.precision", "fp16", "zb-h1"});
   expect_bad_input(cfg + " --training.precision=fp16 --training.loss_scale=1000", {"training.loss_scale", "1000", "power of two"});
   expect_bad_input(cfg + " --training.loss_scale_window=0", {"training.loss_scale_window", "0", ">= 1"});
   expect_bad_input(cat("train ", p("nano.toml"), " --job.name=bad --model.preset=mlp --training.precision=bf16"),

@@ -453,11 +453,13 @@ void Config::resolve(int world) {
     const std::string at = cat(where("training.precision"), " = \"", prec, "\"");
     if (std::string(p->kind) != "gpt")
       throw InputError(cat(at, ": mixed precision trains the gpt model; the ", p->kind, " model trains in fp32; expected \"fp32\""));
-    if (i("parallel.tp") > 1 || i("parallel.pp") > 1 || i("parallel.ps_servers") > 0)
-      throw InputError(cat(at, " with parallel.tp = ", i("parallel.tp"), ", parallel.pp = ", i("parallel.pp"),
-                           " and parallel.ps_servers = ", i("parallel.ps_servers"), ": mixed precision trains one process "
-                           "or data parallel (any ZeRO stage); tensor, pipeline and parameter-server layouts train in fp32. "
-                           "Expected tp = 1, pp = 1 and no servers, or \"fp32\""));
+    if (i("parallel.tp") > 1 || i("parallel.ps_servers") > 0)
+      throw InputError(cat(at, " with parallel.tp = ", i("parallel.tp"), " and parallel.ps_servers = ", i("parallel.ps_servers"),
+                           ": mixed precision trains one process, data and pipeline parallel (any ZeRO stage); tensor-parallel "
+                           "and parameter-server layouts train in fp32. Expected tp = 1 and no servers, or \"fp32\""));
+    if (i("parallel.pp") > 1 && s("parallel.pp_schedule") == "zb-h1")
+      throw InputError(cat(at, " with parallel.pp_schedule = \"zb-h1\": its deferred weight passes need a block's "
+                           "activations after mixed precision's workspace has moved on; expected gpipe, 1f1b or interleaved"));
   }
   if (const double scale = f("training.loss_scale"); !optim::is_power_of_two(scale) || scale < 1 || scale > 16777216)
     throw InputError(cat(where("training.loss_scale"), " = ", scale, ": expected a power of two in [1, 2^24]"));

@@ -79,7 +79,8 @@ StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
   const auto chunk_blocks = static_cast<int64_t>(part.blocks.size()) / v;
   const bool sp = c.b("parallel.sequence_parallel");
   const nn::ActivationBytes a = nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head},
-                                                         b, t, recompute, true, tp, sp);
+                                                         b, t, recompute, true, tp, sp,
+                                                         precision_format(c.s("training.precision")));
   const double received = static_cast<double>(b * t * g.d_model) / (sp ? tp : 1);  // sequence parallel: this piece's rows
   s.activations = in_flight * (a.arena + 2 * kF32 * received);
   s.workspace = a.workspace + a.staging;
