@@ -26,6 +26,6 @@ struct Ymm {
 // KC x NC of packed B (128 KiB) fits the 256 KiB L2 of AVX2-era cores; a 6 KiB sliver of A
 // sits in L1.
 const MicroKernel<float> kAvx2Kernel = {
-    "avx2", 6, 16, 256, 480, 128, simd_kernel<Ymm, 6>, simd_fma_loop<Ymm, 12>};
+    "avx2", 6, 16, 256, 480, 128, 480, simd_kernel<Ymm, 6>, simd_fma_loop<Ymm, 12>};
 
 }  // namespace loom::kernels::gemm_detail
