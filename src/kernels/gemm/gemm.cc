@@ -207,13 +207,12 @@ void gemm_loom(const MicroKernel<T>& mk,
     return;
   }
   const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
-  // Tiles start as MC rows (mc_wide where op(B) spans several panels) by every column (A is
-  // then packed once per KC block). With
-  // several threads the tile count is raised to a multiple of the thread count, so no
-  // thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
+  // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
+  // every column (A is then packed once per KC block). With several threads the tile count
+  // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
   // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
   // 2 MR rows and NR columns.
-  int64_t tm = ceil_div(m, n > mk.nc ? mk.mc_wide : mk.mc), tn = 1;
+  int64_t tm = ceil_div(m, n > mk.nc || trans_b ? mk.mc_wide : mk.mc), tn = 1;
   while (threads > 1 && (tm * tn) % threads != 0) {
     const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
     if (rows_ok && (n <= m || !cols_ok)) {

@@ -23,8 +23,9 @@ struct MicroKernel {
   const char* name;
   int mr, nr;
   int64_t kc, mc, nc;  // blocking: depth, tile rows, packed B panel width
-  // Tile rows when op(B) is wider than one panel. Each row tile packs all of op(B) again,
-  // so there fewer, taller tiles can pay even though a tile's packed A outgrows L2.
+  // Tile rows when packing op(B) costs most: it is wider than one panel, or transposed.
+  // Each row tile packs all of op(B) again, so there fewer, taller tiles can pay even
+  // though a tile's packed A outgrows L2.
   int64_t mc_wide;
   MicroKernelFn<T> fn;
   // The core's FMA peak on this instruction set, for benchmarks: runs `iters` rounds of
