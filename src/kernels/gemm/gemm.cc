@@ -68,9 +68,27 @@ struct Operand {
   bool trans;
 };
 
+// A full sliver of MR rows of an untransposed A, column by column: the MR values of one
+// column are read side by side and written together. Row by row, the writes fell MR values
+// apart; this order took packing A from 28% to 11% of a 2048 x 256 x 1024 NT product's time
+// (the input gradient of gpt-mini's fc), and from 5% to 2% of a square 2048 one.
+template <int MR, typename T>
+void pack_a_columns(const T* src, int64_t ld, int64_t kc, T* out) {
+  for (int64_t q = 0; q < kc; ++q, out += MR) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) out[r] = src[r * ld + q];
+  }
+}
+
 // out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
 template <typename T>
 void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
+  if (!a.trans && rows == mr) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
+    const T* src = a.p + i0 * a.ld + p0;
+    if (mr == 12) return pack_a_columns<12>(src, a.ld, kc, out);
+    if (mr == 6) return pack_a_columns<6>(src, a.ld, kc, out);
+    if (mr == 4) return pack_a_columns<4>(src, a.ld, kc, out);
+  }
   if (!a.trans) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = a.p + (i0 + r) * a.ld + p0;
