@@ -213,6 +213,8 @@ class Mlp {
   DType precision = DType::kF32;  // of GELU's output and its input gradient
 };
 
+// Mixed precision moves every tensor a block keeps to 16 bits and back by the list in
+// src/nn/mixed.cc (for_each_kept): a tensor added to these contexts goes there too.
 struct BlockCtx {
   Tensor input;  // full recompute: the block's input, the only activation it keeps
   LayerNormCtx ln_1, ln_2;
