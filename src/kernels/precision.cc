@@ -44,35 +44,32 @@ inline float f16_value(uint16_t h) {
   return std::bit_cast<float>(sign | bits);
 }
 
-template <typename F>
-void chunks(int64_t n, F&& body) {
-  parallel_chunks(n, [&](int64_t lo, int64_t hi) { body(lo, hi); });
-}
-
 }  // namespace
 
 void round_to(DType format, float* x, int64_t n) {
-  if (format == DType::kF32) return;
-  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
-  if (format == DType::kBF16) {
-    chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) x[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
-    });
-  } else {
-    chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) x[i] = f16_value(f16_bits(x[i]));
-    });
-  }
+  if (format != DType::kF32) round_copy(format, x, x, n);
+}
+
+void round_copy(DType format, float* out, const float* x, int64_t n) {
+  LOOM_CHECK(format == DType::kF32 || format == DType::kBF16 || format == DType::kF16);
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
+    if (format == DType::kBF16)
+      for (int64_t i = lo; i < hi; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
+    else if (format == DType::kF16)
+      for (int64_t i = lo; i < hi; ++i) out[i] = f16_value(f16_bits(x[i]));
+    else
+      for (int64_t i = lo; i < hi; ++i) out[i] = x[i];
+  });
 }
 
 void store_half(DType format, uint16_t* out, const float* x, int64_t n) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   if (format == DType::kBF16) {
-    chunks(n, [&](int64_t lo, int64_t hi) {
+    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) out[i] = bf16_bits(x[i]);
     });
   } else {
-    chunks(n, [&](int64_t lo, int64_t hi) {
+    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) out[i] = f16_bits(x[i]);
     });
   }
@@ -81,11 +78,11 @@ void store_half(DType format, uint16_t* out, const float* x, int64_t n) {
 void load_half(DType format, float* out, const uint16_t* in, int64_t n) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   if (format == DType::kBF16) {
-    chunks(n, [&](int64_t lo, int64_t hi) {
+    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
     });
   } else {
-    chunks(n, [&](int64_t lo, int64_t hi) {
+    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) out[i] = f16_value(in[i]);
     });
   }

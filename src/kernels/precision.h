@@ -13,6 +13,8 @@ namespace loom::kernels {
 
 // x[i] = the bf16 or f16 value nearest x[i] (format kBF16 or kF16), in place; kF32 leaves x.
 void round_to(DType format, float* x, int64_t n);
+// out[i] = x[i] rounded as round_to rounds, in one pass (kF32: copied). out may be x.
+void round_copy(DType format, float* out, const float* x, int64_t n);
 // out[i] = x[i] in the 16-bit format's bits (rounded as round_to rounds).
 void store_half(DType format, uint16_t* out, const float* x, int64_t n);
 // out[i] = the f32 value of 16-bit in[i]: exact.

@@ -12,9 +12,9 @@ void round_values(const Tensor& t, DType format) {
 }
 
 Tensor rounded_copy(const Tensor& x, DType format, Arena& arena) {
+  LOOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous());
   Tensor out = arena.alloc(x.shape(), DType::kF32);
-  out.copy_from(x);
-  round_values(out, format);
+  k::round_copy(format, out.data<float>(), x.data<float>(), x.numel());
   return out;
 }
 
