@@ -234,17 +234,14 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
   ctx.mean = arena.alloc({n}, x.dtype());
   ctx.rstd = arena.alloc({n}, x.dtype());
   Tensor y = arena.alloc(x.shape(), x.dtype());
-  if (residual.defined() && precision != DType::kF32) {  // the sum rounded before it is normalized: not fused
+  // Mixed precision rounds the sum before it is normalized, so the add is not fused.
+  const bool fused = residual.defined() && precision == DType::kF32;
+  if (residual.defined() && !fused) {
     add_into(x, residual);
     round_values(x, precision);
-    LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                        k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(), x.data<T>(),
-                                             weight.value().data<T>(), bias.value().data<T>(), n, c));
-    round_values(y, precision);
-    return y;
   }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-    if (residual.defined())
+    if (fused)
       k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
                                weight.value().data<T>(), bias.value().data<T>(), n, c);
     else
