@@ -23,7 +23,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 // columns of c_attn's output); every position's keys and values so far, the new ones
 // included, in pages of `page` rows (C apart): position p's key row at kpages[p / page] +
 // (p % page) C, its value row likewise in vpages. out (n, C): row i attends to positions
-// 0..past+i. scratch: past + n elements per thread.
+// 0..past+i. scratch: nh x (past + n) elements per thread.
 template <typename T>
 void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
                       int64_t past, int64_t n, int64_t c, int64_t nh);

@@ -68,7 +68,7 @@ const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
     {11, 31, 255}, {6, 16, 64}, {5, 17, 3}, {97, 131, 67}, {64, 96, 600}, {200, 70, 513},
     // a few rows (skinny.h: no packing), past one block of accumulators
     {2, 300, 70},  {3, 1, 9},   {4, 513, 257}, {8, 128, 40}, {6, 256, 33},
-    {12, 64, 50},  {16, 96, 33}, {9, 32, 7},  {16, 40, 20}};
+    {12, 64, 50},  {16, 96, 33}, {9, 32, 7},  {16, 40, 20}, {25, 288, 31}, {32, 64, 17}, {17, 33, 9}};
 
 TEST(Gemm, EveryPathEqualsTheReferenceBitForBit) {
   for (GemmPath path : gemm_supported_paths()) {
