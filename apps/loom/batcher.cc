@@ -6,6 +6,7 @@
 
 #include "loom/error.h"
 #include "loom/rng.h"
+#include "loom/threads.h"
 
 namespace loom::app {
 namespace {
@@ -75,7 +76,7 @@ struct Batcher::Sequence {
 
 Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step)
     : gpt_(gpt), limits_(limits), on_step_(std::move(on_step)) {
-  LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 &&
+  LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.threads >= 1 &&
              limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
   pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
   thread_ = std::thread([this] { loop(); });
@@ -180,6 +181,7 @@ bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generat
 }
 
 void Batcher::loop() {
+  set_compute_threads(limits_.threads);
   const int64_t vocab = gpt_.config().vocab_size;
   Arena arena;
   for (;;) {

@@ -61,6 +61,9 @@ struct BatcherLimits {
   // takes the pages for its prompt and max_tokens (at most a window's) when it joins.
   // REQUIRES: at least one window's.
   int64_t kv_pages = 256;
+  // OpenMP threads of the decoding thread's kernels. A thread's OpenMP team size is its own
+  // (omp_set_num_threads on the main thread does not reach it), so the loop sets it.
+  int threads = 1;
 };
 
 // What each step did, for metrics.

@@ -114,6 +114,7 @@ class Server {
   Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, const Config& c, std::vector<std::unique_ptr<Route>> routes)
       : args_(a),
         started_(std::time(nullptr)),
+        threads_(c.threads(/*local_ranks=*/1)),
         cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
@@ -124,7 +125,8 @@ class Server {
                  const auto budget = static_cast<int64_t>(static_cast<double>(args_.kv_cache_mb) * (1 << 20) / page_bytes);
                  const BatcherLimits limits{
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
-                     .kv_pages = std::clamp(budget, window, args_.max_batch * window)};
+                     .kv_pages = std::clamp(budget, window, args_.max_batch * window),
+                     .threads = threads_};
                  return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
                }) {
     for (auto& r : routes) {
@@ -307,6 +309,7 @@ class Server {
 
   const ServeArgs& args_;
   long started_;
+  int threads_;  // [job] threads: each decoding thread's compute threads
   Metrics metrics_;  // before cache_: the batchers' threads write it until they end
   ModelCache cache_;
   std::map<std::string, std::unique_ptr<Route>> routes_;
