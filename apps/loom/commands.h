@@ -87,6 +87,27 @@ struct BenchTrainArgs {
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
 
+struct BenchDecodeArgs {
+  std::string preset = "gpt-mini";
+  std::vector<int64_t> batch = {1, 4, 16};  // sequences decoded together
+  std::vector<int64_t> threads = {1, 2};
+  int64_t from = 10, to = 74;  // positions each sequence decodes, then starts again
+  int64_t steps = 2000, warmup = 100;
+  std::string quantize = "none";  // or int8
+};
+int run_bench_decode(const BenchDecodeArgs& a);
+
+struct BenchServeArgs {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string model = "mini";
+  std::vector<int64_t> clients = {1, 4, 16, 64};  // concurrent streaming clients, one run each
+  int64_t requests = 4, tokens = 64;              // completions per client, tokens per completion
+  std::string prompt = "Q: what is";
+  double temperature = 0.8;
+};
+int run_bench_serve(const BenchServeArgs& a);
+
 struct PlanArgs {
   int pp = 2;
   int microbatches = 8;

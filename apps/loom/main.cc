@@ -163,6 +163,28 @@ int run(int argc, char** argv) {
   bg->add_option("--path", gemm_path, "Loom's micro-kernel: auto, avx512, avx2, generic")
       ->check(CLI::IsMember({"auto", "avx512", "avx2", "generic"}))->capture_default_str();
 
+  loom::app::BenchDecodeArgs bench_decode;
+  auto* bd = b->add_subcommand("decode", "Batched decoding (Gpt::decode_batch, as loom serve runs it): tokens/s per batch size");
+  bd->add_option("--preset", bench_decode.preset, "Model preset")->capture_default_str();
+  bd->add_option("--batch", bench_decode.batch, "Sequences per step to run")->capture_default_str();
+  bd->add_option("--threads", bench_decode.threads, "Thread counts to run")->capture_default_str();
+  bd->add_option("--from", bench_decode.from, "Prompt tokens of each sequence; it decodes from there")->capture_default_str();
+  bd->add_option("--to", bench_decode.to, "Position where a sequence ends and starts again")->capture_default_str();
+  bd->add_option("--steps", bench_decode.steps, "Timed steps")->capture_default_str();
+  bd->add_option("--warmup", bench_decode.warmup, "Untimed steps first")->capture_default_str();
+  bd->add_option("--quantize", bench_decode.quantize, "none, or int8 weights")->capture_default_str();
+
+  loom::app::BenchServeArgs bench_serve;
+  auto* bs = b->add_subcommand("serve", "Streaming clients against a running loom serve: tokens/s and latencies");
+  bs->add_option("--host", bench_serve.host, "Address of the server")->capture_default_str();
+  bs->add_option("--port", bench_serve.port, "Port of the server")->required();
+  bs->add_option("--model", bench_serve.model, "Model name to ask for")->capture_default_str();
+  bs->add_option("--clients", bench_serve.clients, "Concurrent clients, one run each")->capture_default_str();
+  bs->add_option("--requests", bench_serve.requests, "Completions each client asks for, one after another")->capture_default_str();
+  bs->add_option("--tokens", bench_serve.tokens, "max_tokens of each completion")->capture_default_str();
+  bs->add_option("--prompt", bench_serve.prompt, "Prompt of each completion")->capture_default_str();
+  bs->add_option("--temperature", bench_serve.temperature, "Sampling temperature")->capture_default_str();
+
   loom::app::BenchCommArgs bench_comm;
   auto* bc = b->add_subcommand("comm", "Collective busbw/latency, nccl-tests style; run under `loom launch -n N`");
   bc->add_option("--op", bench_comm.ops, "Collectives: all_reduce all_gather reduce_scatter broadcast reduce all_to_all")
@@ -266,6 +288,8 @@ int run(int argc, char** argv) {
     }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
+  if (bd->parsed()) return loom::app::run_bench_decode(bench_decode);
+  if (bs->parsed()) return loom::app::run_bench_serve(bench_serve);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
   if (l->parsed()) return loom::app::run_launch(launch);
   if (pl->parsed()) return loom::app::run_plan(plan);
