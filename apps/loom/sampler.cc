@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace loom::app {
 
@@ -9,26 +10,43 @@ Sampler::Sampler(int64_t vocab) : vocab_(vocab), probs_(static_cast<size_t>(voca
 
 int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
-  for (int32_t i = 0; i < vocab_; ++i) order_[i] = i;
-  const int64_t k = p.top_k > 0 ? std::min(p.top_k, vocab_) : vocab_;
-  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  const double mx = logits[order_[0]];
-  double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += (probs_[i] = static_cast<float>(std::exp((logits[order_[i]] - mx) / p.temperature)));
-  int64_t keep = k;
-  if (p.top_p < 1) {  // the likeliest first: the shortest prefix holding top_p of the mass
-    double mass = 0;
-    for (int64_t i = 0; i < k; ++i)
-      if ((mass += probs_[i]) >= p.top_p * sum) {
-        keep = i + 1;
-        sum = mass;
-        break;
-      }
+  const double mx = *std::max_element(logits, logits + vocab_);
+  const auto weight = [&](int32_t id) { return probs_[id] = static_cast<float>(std::exp((logits[id] - mx) / p.temperature)); };
+  if (p.top_k == 0 && p.top_p >= 1) {
+    // Every token may be drawn: no order is needed (sorting a vocabulary was most of the
+    // time of a step's sampling), the ids are walked in turn.
+    double sum = 0;
+    for (int32_t id = 0; id < vocab_; ++id) sum += weight(id);
+    double r = rng.uniform() * sum;
+    int32_t last = 0;
+    for (int32_t id = 0; id < vocab_; ++id) {
+      if (probs_[id] == 0) continue;
+      if ((r -= probs_[id]) < 0) return id;
+      last = id;
+    }
+    return last;  // rounding left a little of r
   }
-  double r = rng.uniform() * sum;
+  // The likeliest first, equal logits by id: one order on every machine.
+  const auto likelier = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::iota(order_.begin(), order_.end(), 0);
+  const int64_t k = p.top_k > 0 ? std::min(p.top_k, vocab_) : vocab_;
+  if (k < vocab_) std::nth_element(order_.begin(), order_.begin() + k - 1, order_.end(), likelier);
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += weight(order_[i]);
+  // The shortest likeliest prefix of the k holding top_p of their mass (all k when top_p is
+  // 1), put in order a few at a time: the nucleus is usually far smaller than the vocabulary.
+  int64_t keep = 0;
+  double mass = 0;
+  for (int64_t sorted = 0, next = std::min<int64_t>(k, 64); keep == 0; sorted = next, next = std::min(k, 4 * next)) {
+    const auto first = order_.begin() + sorted, last = order_.begin() + next;
+    if (next < k) std::nth_element(first, last - 1, order_.begin() + k, likelier);
+    std::sort(first, last, likelier);
+    for (int64_t i = sorted; i < next && keep == 0; ++i)
+      if (((mass += probs_[order_[i]]) >= p.top_p * sum && p.top_p < 1) || i == k - 1) keep = i + 1;
+  }
+  double r = rng.uniform() * mass;
   for (int64_t i = 0; i < keep; ++i)
-    if ((r -= probs_[i]) < 0) return order_[i];
+    if ((r -= probs_[order_[i]]) < 0) return order_[i];
   return order_[keep - 1];
 }
 
