@@ -79,6 +79,7 @@ Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(co
   LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.threads >= 1 &&
              limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
   pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
+  delivery_ = std::thread([this] { delivery_loop(); });
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -88,7 +89,40 @@ Batcher::~Batcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  thread_.join();  // its last hand-over tells every running and queued request
+  {
+    std::lock_guard lock(out_mu_);
+    out_stop_ = true;
+  }
+  out_cv_.notify_all();
+  delivery_.join();
+}
+
+void Batcher::deliver(Outbox events) {
+  if (events.empty()) return;
+  {
+    std::lock_guard lock(out_mu_);
+    if (outbox_.empty()) {
+      outbox_ = std::move(events);
+    } else {
+      for (auto& e : events) outbox_.push_back(std::move(e));
+    }
+  }
+  out_cv_.notify_one();
+}
+
+void Batcher::delivery_loop() {
+  Outbox events;
+  for (;;) {
+    {
+      std::unique_lock lock(out_mu_);
+      out_cv_.wait(lock, [&] { return out_stop_ || !outbox_.empty(); });
+      if (outbox_.empty()) return;  // stopping, and everything handed over was pushed
+      events.swap(outbox_);
+    }
+    for (auto& [generation, event] : events) generation->push(std::move(event));
+    events.clear();
+  }
 }
 
 std::shared_ptr<Generation> Batcher::submit(GenerationRequest request) {
@@ -142,7 +176,7 @@ void Batcher::admit() {  // REQUIRES: mu_ held
   running_count_ = static_cast<int64_t>(running_.size());
 }
 
-bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final) {
+bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final, Outbox& out) {
   const int32_t token = s.sampler.pick(logits, s.request.sampling, s.rng);
   s.tokens.push_back(token);
   ++s.made;
@@ -176,7 +210,7 @@ bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generat
     final = std::move(e);  // pushed once the sequence has left the batch and freed its cache
     return true;
   }
-  if (!e.piece.empty()) s.generation->push(std::move(e));
+  if (!e.piece.empty()) out.emplace_back(s.generation, std::move(e));
   return false;
 }
 
@@ -209,19 +243,20 @@ void Batcher::loop() {
     }
     BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
     std::vector<std::pair<Sequence*, Generation::Event>> finished;
+    Outbox out;
     if (!batch.empty()) {
       const Clock::time_point t0 = Clock::now();
       const Tensor logits = gpt_.decode_batch(rows, caches, arena);
       step.forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t i = 0; i < batch.size(); ++i) {
         Generation::Event final;
-        if (advance(*batch[i], logits.data<float>() + static_cast<int64_t>(i) * vocab, step, final))
+        if (advance(*batch[i], logits.data<float>() + static_cast<int64_t>(i) * vocab, step, final, out))
           finished.emplace_back(batch[i], std::move(final));
       }
     }
     // Finished and cancelled sequences leave the batch and free their caches; only then are
     // their last events sent, so that whoever reads them sees the place free.
-    std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>> last;
+    Outbox& last = out;
     {
       std::lock_guard lock(mu_);
       std::erase_if(running_, [&](std::unique_ptr<Sequence>& s) {
@@ -234,14 +269,19 @@ void Batcher::loop() {
       });
       running_count_ = static_cast<int64_t>(running_.size());
     }
-    for (auto& [generation, event] : last) generation->push(std::move(event));
+    deliver(std::move(out));
     step.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     if (on_step_ && step.sequences > 0) on_step_(step);
   }
-  // Stopping: whoever waits is told.
+  // Stopping: whoever waits is told, after what was handed over before.
+  Outbox out;
   std::lock_guard lock(mu_);
-  for (auto& s : running_) s->generation->push({.piece = "", .done = true, .finish = "cancelled"});
-  for (auto& s : queue_) s->generation->push({.piece = "", .done = true, .finish = "cancelled"});
+  const auto cancelled = [&](const std::unique_ptr<Sequence>& s) {
+    out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
+  };
+  std::for_each(running_.begin(), running_.end(), cancelled);
+  std::for_each(queue_.begin(), queue_.end(), cancelled);
+  deliver(std::move(out));
 }
 
 }  // namespace loom::app

@@ -76,7 +76,7 @@ struct BatchStep {
 class Batcher {
  public:
   Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step);
-  ~Batcher();  // cancels what is running and queued, and joins the thread
+  ~Batcher();  // cancels what is running and queued, and joins the threads
   // The request's generation, or null when the queue is full.
   std::shared_ptr<Generation> submit(GenerationRequest request);
   int64_t queued() const;
@@ -87,11 +87,17 @@ class Batcher {
 
  private:
   struct Sequence;
+  using Outbox = std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>>;
   void loop();
   void admit();
-  // Samples, holds back and emits one sequence's new token; when it has finished, returns
+  // Samples, holds back and puts out one sequence's new token; when it has finished, returns
   // true with its last event in `final`, not yet sent.
-  bool advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final);
+  bool advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final, Outbox& out);
+  // A step's events go to the delivery thread in one hand-over, which pushes them in order:
+  // waking each request's HTTP thread (which then writes its event out) happens there,
+  // beside the next step's forward, instead of inside the step every request waits on.
+  void deliver(Outbox events);
+  void delivery_loop();
 
   const nn::Gpt& gpt_;
   BatcherLimits limits_;
@@ -103,6 +109,11 @@ class Batcher {
   std::shared_ptr<nn::KvPagePool> pages_;
   int64_t running_count_ = 0;
   bool stop_ = false;
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  Outbox outbox_;  // handed over, not yet pushed
+  bool out_stop_ = false;
+  std::thread delivery_;  // started before thread_, joined after it
   std::thread thread_;
 };
 
