@@ -256,13 +256,12 @@ void Batcher::loop() {
     }
     // Finished and cancelled sequences leave the batch and free their caches; only then are
     // their last events sent, so that whoever reads them sees the place free.
-    Outbox& last = out;
     {
       std::lock_guard lock(mu_);
       std::erase_if(running_, [&](std::unique_ptr<Sequence>& s) {
         auto done = std::find_if(finished.begin(), finished.end(), [&](const auto& f) { return f.first == s.get(); });
-        if (done != finished.end()) last.emplace_back(s->generation, std::move(done->second));
-        else if (s->cancelled()) last.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
+        if (done != finished.end()) out.emplace_back(s->generation, std::move(done->second));
+        else if (s->cancelled()) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
         else return false;
         s->cache.reset();  // its pages go back to the pool
         return true;

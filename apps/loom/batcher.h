@@ -1,7 +1,8 @@
 // Continuous batching for `loom serve` (docs/serving.md): one thread per model runs every
 // admitted request's next tokens in one Gpt::decode_batch per step, and requests join and
-// leave between steps (iteration-level scheduling). Each request decodes with a key/value
-// cache from a fixed pool; a request that cannot be admitted waits in a bounded queue.
+// leave between steps (iteration-level scheduling); a second hands each step's events to
+// the requests. Each request decodes with a key/value cache from a fixed pool; a request
+// that cannot be admitted waits in a bounded queue.
 // Thread-safety: submit, Generation::next and Generation::cancel from any thread.
 #pragma once
 
