@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <span>
 
 #include "loom/error.h"
@@ -102,11 +103,7 @@ void Batcher::deliver(Outbox events) {
   if (events.empty()) return;
   {
     std::lock_guard lock(out_mu_);
-    if (outbox_.empty()) {
-      outbox_ = std::move(events);
-    } else {
-      for (auto& e : events) outbox_.push_back(std::move(e));
-    }
+    outbox_.insert(outbox_.end(), std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
   }
   out_cv_.notify_one();
 }
