@@ -14,7 +14,7 @@ steps=${1:-10}
 source bench/common.sh
 
 echo "# gpt-mini with 8 blocks, global batch 16 x 256 tokens, 1 thread per rank, $(nproc) cores"
-printf "%-3s %-3s %-16s %9s %10s %11s %9s %9s\n" p m schedule step_ms bubble predicted rel_diff closed
+printf "%-3s %-3s %-16s %9s %10s %11s %9s %10s %9s %9s\n" p m schedule step_ms bubble predicted rel_diff replayed rel_diff closed
 for p in 2 4; do
   for m in 4 8 16; do
     for sched in gpipe 1f1b zb-h1 interleaved; do
@@ -31,8 +31,10 @@ rows = [json.loads(l) for l in open(path)][3:]
 step = statistics.median(r["step_ms"] for r in rows)
 bubble = statistics.median(r["pp_bubble"] for r in rows)
 predicted = statistics.median(r["pp_bubble_predicted"] for r in rows)
-diff = abs(bubble - predicted) / bubble if bubble > 0 else 0
-print(f"{p:<3} {m:<3} {sched:<16} {step:9.1f} {100 * bubble:9.1f}% {100 * predicted:10.1f}% {100 * diff:8.0f}% {closed:>8}%")
+replayed = statistics.median(r["pp_bubble_replayed"] for r in rows)
+rel = lambda x: abs(bubble - x) / bubble if bubble > 0 else 0
+print(f"{p:<3} {m:<3} {sched:<16} {step:9.1f} {100 * bubble:9.1f}% {100 * predicted:10.1f}% {100 * rel(predicted):8.0f}% "
+      f"{100 * replayed:9.1f}% {100 * rel(replayed):8.0f}% {closed:>8}%")
 PY
     done
   done

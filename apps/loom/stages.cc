@@ -116,9 +116,9 @@ std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, pa
 
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe) {
   const parallel::PipelineStats& ps = pipe.stats();
-  constexpr size_t kN = 8;
+  constexpr size_t kN = 9;
   double mine[kN] = {ps.busy_ms, ps.step_ms, ps.costs.forward_ms, ps.costs.backward_ms, ps.costs.backward_input_ms,
-                     ps.costs.backward_weight_ms, ps.costs.transfer_ms, ps.costs.overhead_ms};
+                     ps.costs.backward_weight_ms, ps.costs.transfer_ms, ps.costs.overhead_ms, ps.start_ms};
   std::vector<double> all(kN * static_cast<size_t>(mesh.pp));
   comm::all_gather(*mesh.pipe, {.input = mine, .output = all.data(), .count = kN, .dtype = DType::kF64});
   double busy = 0, longest = 0;
@@ -130,8 +130,31 @@ PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe)
     costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5],
                      .transfer_ms = x[6], .overhead_ms = x[7]});
   }
+  // Each stage's actions' times, padded to the longest list.
+  const parallel::Schedule& s = pipe.schedule();
+  size_t longest_list = 0;
+  for (const auto& list : s.actions) longest_list = std::max(longest_list, list.size());
+  std::vector<double> times(2 * longest_list, 0.0), all_times(times.size() * static_cast<size_t>(mesh.pp));
+  std::copy(ps.action_compute_ms.begin(), ps.action_compute_ms.end(), times.begin());
+  std::copy(ps.action_overhead_ms.begin(), ps.action_overhead_ms.end(), times.begin() + static_cast<std::ptrdiff_t>(longest_list));
+  comm::all_gather(*mesh.pipe, {.input = times.data(), .output = all_times.data(), .count = times.size(), .dtype = DType::kF64});
+  parallel::PipeActionTimes replay;
+  for (int st = 0; st < mesh.pp; ++st) {
+    const auto n = static_cast<std::ptrdiff_t>(s.actions[st].size());
+    const auto row = all_times.begin() + static_cast<std::ptrdiff_t>(times.size()) * st;
+    replay.compute_ms.emplace_back(row, row + n);
+    replay.overhead_ms.emplace_back(row + static_cast<std::ptrdiff_t>(longest_list),
+                                    row + static_cast<std::ptrdiff_t>(longest_list) + n);
+  }
+  // Start times compare only on one host (one steady clock).
+  if (mesh.pipe->local_ranks().size() == static_cast<size_t>(mesh.pp)) {
+    double first = all[kN - 1];
+    for (int st = 1; st < mesh.pp; ++st) first = std::min(first, all[kN * st + kN - 1]);
+    for (int st = 0; st < mesh.pp; ++st) replay.start_ms.push_back(all[kN * st + kN - 1] - first);
+  }
   return {.measured = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0,
-          .predicted = parallel::simulate_stages(pipe.schedule(), costs).bubble};
+          .predicted = parallel::simulate_stages(s, costs).bubble,
+          .replayed = parallel::simulate_stages(s, costs, &replay).bubble};
 }
 
 namespace {

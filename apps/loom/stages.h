@@ -64,11 +64,12 @@ parallel::StageGroups stage_groups(const Mesh& mesh, const ParamSet& params);
 std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, parallel::DataParallel& dp,
                                   const parallel::Pipeline::Batch& batch, int64_t b, int64_t t, double scale);
 
-// The step's bubble as measured, 1 - compute / (stages x the slowest stage's step), and as
-// the simulator predicts it on the same list from the stages' measured costs. Collective
-// over mesh.pipe.
+// The step's bubble as measured, 1 - compute / (stages x the slowest stage's step); as the
+// simulator predicts it on the same list from the stages' measured mean costs (`predicted`);
+// and as the simulator gives it replaying each action's own measured times, deriving only
+// the waits (`replayed`). Collective over mesh.pipe.
 struct PipelineBubble {
-  double measured = -1, predicted = -1;
+  double measured = -1, predicted = -1, replayed = -1;
 };
 PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe);
 

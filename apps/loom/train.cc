@@ -359,7 +359,8 @@ int run_train(const TrainArgs& a) {
     }
   };
   const double tokens_per_step = static_cast<double>(global_batch * task->tokens_per_item());
-  double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0;
+  double ema_step_s = 0, comm_ms_total = 0, exposed_ms_total = 0, step_s_total = 0, bubble_total = 0, predicted_total = 0,
+         replayed_total = 0;
   EvalResult last_eval;
 
   std::string last_checkpoint = resumed_from;
@@ -500,6 +501,7 @@ int run_train(const TrainArgs& a) {
         step_s_total += step_s;
         bubble_total += bubble.measured;
         predicted_total += bubble.predicted;
+        replayed_total += bubble.replayed;
       }
 
       const int64_t done = step + 1;
@@ -513,7 +515,9 @@ int run_train(const TrainArgs& a) {
       if (fp16) line.add("loss_scale", loss_scale).add("skipped", static_cast<int64_t>(skipped));
       if (piped) {
         const parallel::PipelineStats& ps = pipe->stats();
-        line.add("pp_bubble", bubble.measured).add("pp_bubble_predicted", bubble.predicted);
+        line.add("pp_bubble", bubble.measured)
+            .add("pp_bubble_predicted", bubble.predicted)
+            .add("pp_bubble_replayed", bubble.replayed);
         line.add("pp_wait_ms", ps.wait_ms).add("pp_comm_ms", ps.send_ms).add("pp_comm_bytes", ps.sent_bytes);
       }
       // This rank's compute: its step less its waits for the others.
@@ -644,11 +648,12 @@ int run_train(const TrainArgs& a) {
     // The data-parallel scaling figure below assumes every rank computes the whole step,
     // which stages do not: the pipeline's own summary instead.
     std::printf("pipeline: dp %lld x pp %d%s = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
-                "(the simulator predicts %.1f%% from the measured costs)%s\n",
+                "(the simulator predicts %.1f%% from the measured mean costs, %.1f%% replaying each action)%s\n",
                 static_cast<long long>(dp_size), mesh.pp, mesh.tp > 1 ? cat(" x tp ", mesh.tp).c_str() : "", world->size(),
                 c.s("parallel.pp_schedule").c_str(),
                 static_cast<long long>(accum), tokens_per_step * timed / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
                 100.0 * bubble_total / static_cast<double>(timed), 100.0 * predicted_total / static_cast<double>(timed),
+                100.0 * replayed_total / static_cast<double>(timed),
                 dp_size > 1 ? cat(", gradient communication over replicas ", comm_ms_total / static_cast<double>(timed),
                                   " ms/step of which ", exposed_ms_total / static_cast<double>(timed), " ms exposed").c_str()
                             : "");

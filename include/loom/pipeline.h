@@ -37,6 +37,7 @@ nn::GptPart stage_part(int64_t n_layer, int stages, int virtual_stages, int stag
 // Where one step's time went on this stage.
 struct PipelineStats {
   double step_ms = 0;  // from the first action to the last
+  double start_ms = 0;  // when the first action began: steady clock, ms since its epoch
   double busy_ms = 0;  // forward and backward compute
   double wait_ms = 0;  // waiting for a neighbour's activations or gradients (bubble and transfers)
   double send_ms = 0;  // this stage's sends, each from its start to its completion on the progress thread
@@ -46,6 +47,10 @@ struct PipelineStats {
   // transfer timed by bouncing a message of the activations' size over its links when the
   // size first appears), so that simulate() can predict the step the executor just ran.
   PipeCosts costs;
+  // The same step action by action, in list order (PipeActionTimes' rows for this stage):
+  // compute time, and the time that was neither compute nor a wait. The last action's
+  // overhead includes draining the step's sends.
+  std::vector<double> action_compute_ms, action_overhead_ms;
 };
 
 // One span of a stage's step, for traces: a compute action ("forward mb 3 chunk 0") or a

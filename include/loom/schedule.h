@@ -99,12 +99,25 @@ struct SimulatedAction {
 };
 
 struct Simulation {
-  double step_ms = 0;                  // the makespan
+  double step_ms = 0;                  // the makespan: the longest stage's, from its start
   double bubble = 0;                   // 1 - compute time / (stages x step_ms)
   std::vector<double> busy_ms;         // compute time per stage
   std::vector<int> peak_in_flight;     // chunks forwarded and not yet done backward, per stage
   std::vector<double> peak_activation_mb;  // peak_in_flight x activation_mb / v
   std::vector<SimulatedAction> timeline;   // compute actions and waits, in completion order
+};
+
+// One step as the executor ran it, per stage and per action of that stage's list: the
+// action's compute time (0 for sends and receives) and its time that was neither compute nor
+// a wait for a neighbour (PipeCosts::overhead_ms, action by action). Given to the simulator
+// in place of the per-stage means, it replays the step's own durations (a forward slowed by
+// a neighbour on a shared core, a preempted backward) and derives only the waits.
+struct PipeActionTimes {
+  std::vector<std::vector<double>> compute_ms;   // [stage][action]
+  std::vector<std::vector<double>> overhead_ms;  // [stage][action]
+  // When each stage began its list, after the earliest (stages leave the previous step's
+  // collectives at different times); empty: all at 0. A stage's step is from its own start.
+  std::vector<double> start_ms;
 };
 
 // Runs the lists against the costs: compute actions take their cost, sends cost the
@@ -113,8 +126,11 @@ struct Simulation {
 // check_schedule.
 Simulation simulate(const Schedule& s, const PipeCosts& costs);
 // The same with each stage's own costs (measured stages differ: the first embeds, the last
-// computes the head and the loss); a send's transfer_ms is the sender's.
-Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage);
+// computes the head and the loss); a send's transfer_ms is the sender's. With `replay`
+// (sized as the lists), each action takes its own measured compute and overhead times;
+// transfers still take transfer_ms.
+Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage,
+                           const PipeActionTimes* replay = nullptr);
 
 // The bubble fraction the closed forms give for uniform stages and free transfers:
 // GPipe and 1F1B (p-1)/(m+p-1), interleaved (p-1)/(v m+p-1), ZB-H1 with

@@ -225,9 +225,16 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   double op_ms[4] = {};  // forward, backward, backward input, backward weight: summed
   int op_count[4] = {};
   const PipeAction* current = nullptr;
+  const size_t n_actions = s.actions[st].size();
+  // Per action: when it began, its wait and its compute (for action_overhead_ms).
+  std::vector<Clock::time_point> began(n_actions + 1);
+  std::vector<double> waited(n_actions, 0.0);
+  m.stats.action_compute_ms.assign(n_actions, 0.0);
   try {
-    for (const PipeAction& a : s.actions[st]) {
+    for (size_t i = 0; i < n_actions; ++i) {
+      const PipeAction& a = s.actions[st][i];
       current = &a;
+      began[i] = i == 0 ? start : Clock::now();
       const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
       const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
       // A message's tag names it by micro-batch and the virtual stage that produced it.
@@ -239,7 +246,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       if (a.op == PipeOp::kForward && !first) x.recv_act.wait();
       if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) x.recv_grad.wait();
       const Clock::time_point t0 = Clock::now();
-      m.stats.wait_ms += ms_between(w0, t0);
+      waited[i] = ms_between(w0, t0);
+      m.stats.wait_ms += waited[i];
       if (m.observer && t0 - w0 > std::chrono::microseconds(20))
         m.observer({.what = "wait: " + m.describe(a), .compute = false, .begin = w0, .end = t0});
       switch (a.op) {
@@ -310,6 +318,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           m.observer({.what = cat(pipe_op_name(a.op), " mb ", a.microbatch, v > 1 ? cat(" chunk ", a.chunk) : std::string()),
                       .begin = t0, .end = t1});
         m.stats.busy_ms += ms;
+        m.stats.action_compute_ms[i] = ms;
         const int k = a.op == PipeOp::kForward ? 0 : a.op == PipeOp::kBackward ? 1 : a.op == PipeOp::kBackwardInput ? 2 : 3;
         op_ms[k] += ms;
         ++op_count[k];
@@ -329,7 +338,13 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   for (auto& r : m.retiring) m.free_slots.push_back(std::move(r));
   m.retiring.clear();
   LOOM_CHECK(m.live.empty());
-  m.stats.step_ms = ms_between(start, Clock::now());
+  began[n_actions] = Clock::now();
+  m.stats.step_ms = ms_between(start, began[n_actions]);
+  m.stats.start_ms = std::chrono::duration<double, std::milli>(start.time_since_epoch()).count();
+  m.stats.action_overhead_ms.assign(n_actions, 0.0);
+  for (size_t i = 0; i < n_actions; ++i)
+    m.stats.action_overhead_ms[i] =
+        std::max(0.0, ms_between(began[i], began[i + 1]) - waited[i] - m.stats.action_compute_ms[i]);
   // Means per chunk action, times v: the simulator's per-stage terms.
   auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * v : 0.0; };
   // What is neither compute nor waiting, spread over the stage's actions.

@@ -137,8 +137,17 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
     r.losses.push_back(dp.mean_loss(micro));
     r.norms.push_back(dp.finish_step(optim::lr_at(kSched, step), 1.0));
   }
+  // The last step action by action (what the simulator replays) adds up to its totals.
+  const PipelineStats& ps = pipe.stats();
+  EXPECT_EQ(ps.action_compute_ms.size(), pipe.schedule().actions[st].size());
+  EXPECT_EQ(ps.action_overhead_ms.size(), pipe.schedule().actions[st].size());
+  double compute = 0, overhead = 0;
+  for (double ms : ps.action_compute_ms) compute += ms;
+  for (double ms : ps.action_overhead_ms) overhead += ms;
+  EXPECT_NEAR(compute, ps.busy_ms, 1e-9 * ps.step_ms);
+  EXPECT_NEAR(compute + overhead + ps.wait_ms, ps.step_ms, 1e-6 * ps.step_ms);
   keep_weights(gpt, r);
-  r.peak_in_flight.push_back(pipe.stats().peak_in_flight);
+  r.peak_in_flight.push_back(ps.peak_in_flight);
   results[world.rank()] = std::move(r);
 }
 

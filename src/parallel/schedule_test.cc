@@ -158,6 +158,50 @@ TEST(Schedule, OverheadLengthensTheStepAndCountsAsBubble) {
   }
 }
 
+TEST(Schedule, ReplayTakesEachActionsOwnTimes) {
+  // Every action at its stage's mean: the replay is the simulation from the means.
+  const PipeCosts c{.forward_ms = 1, .backward_ms = 2, .backward_input_ms = 0.75, .backward_weight_ms = 1.25,
+                    .transfer_ms = 0.1, .overhead_ms = 0.05};
+  for (const Layout& l : all_layouts()) {
+    const Schedule s = make_schedule(l.kind, l.p, l.m, l.v);
+    PipeActionTimes replay;
+    for (const auto& list : s.actions) {
+      replay.compute_ms.emplace_back();
+      for (const PipeAction& a : list) {
+        const double ms = a.op == PipeOp::kForward           ? c.forward_ms
+                          : a.op == PipeOp::kBackward        ? c.backward_ms
+                          : a.op == PipeOp::kBackwardInput   ? c.backward_input_ms
+                          : a.op == PipeOp::kBackwardWeight  ? c.backward_weight_ms
+                                                             : 0.0;
+        replay.compute_ms.back().push_back(ms / l.v);
+      }
+      replay.overhead_ms.emplace_back(list.size(), c.overhead_ms);
+    }
+    const Simulation means = simulate(s, c), replayed = simulate_stages(s, std::vector<PipeCosts>(l.p, c), &replay);
+    EXPECT_NEAR(replayed.step_ms, means.step_ms, 1e-9) << name(l);
+    EXPECT_NEAR(replayed.bubble, means.bubble, 1e-12) << name(l);
+  }
+  // GPipe, 2 stages, 2 micro-batches, every action 1 ms but stage 0's first forward and
+  // stage 1's second take 3 ms: stage 1 runs F0 at 3..4 and F1 at 4..7, its backward passes
+  // end at 9, stage 0's at 10. The means (every forward 2 ms) give 9: uneven actions wait
+  // longer than their means.
+  const Schedule g = make_schedule(ScheduleKind::kGpipe, 2, 2);
+  PipeActionTimes replay;
+  for (int st = 0; st < 2; ++st) {
+    replay.compute_ms.emplace_back();
+    for (const PipeAction& a : g.actions[st])
+      replay.compute_ms.back().push_back(!pipe_op_computes(a.op)                                   ? 0.0
+                                         : a.op == PipeOp::kForward && a.microbatch == st ? 3.0
+                                                                                          : 1.0);
+    replay.overhead_ms.emplace_back(g.actions[st].size(), 0.0);
+  }
+  const std::vector<PipeCosts> means(2, {.forward_ms = 2, .backward_ms = 1});
+  const Simulation sim = simulate_stages(g, means, &replay);
+  EXPECT_DOUBLE_EQ(sim.step_ms, 10);
+  EXPECT_DOUBLE_EQ(sim.busy_ms[0], 6);
+  EXPECT_DOUBLE_EQ(simulate_stages(g, means).step_ms, 9);
+}
+
 TEST(Schedule, TextTimelineShowsWhoWorksWhen) {
   const Schedule s = make_schedule(ScheduleKind::kGpipe, 2, 2);
   const Simulation sim = simulate(s, {.forward_ms = 1, .backward_ms = 1});

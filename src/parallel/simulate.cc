@@ -29,14 +29,24 @@ Simulation simulate(const Schedule& s, const PipeCosts& costs) {
   return simulate_stages(s, std::vector<PipeCosts>(static_cast<size_t>(s.stages), costs));
 }
 
-Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage) {
+Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage, const PipeActionTimes* replay) {
   LOOM_CHECK_EQ(per_stage.size(), static_cast<size_t>(s.stages));
   if (std::string problem = check_schedule(s); !problem.empty()) throw RuntimeError("pipeline schedule: " + problem);
+  if (replay) {
+    LOOM_CHECK_EQ(replay->compute_ms.size(), static_cast<size_t>(s.stages));
+    LOOM_CHECK_EQ(replay->overhead_ms.size(), static_cast<size_t>(s.stages));
+    for (int st = 0; st < s.stages; ++st) {
+      LOOM_CHECK_EQ(replay->compute_ms[st].size(), s.actions[st].size());
+      LOOM_CHECK_EQ(replay->overhead_ms[st].size(), s.actions[st].size());
+    }
+    LOOM_CHECK(replay->start_ms.empty() || replay->start_ms.size() == static_cast<size_t>(s.stages));
+  }
   const int p = s.stages, v = s.virtual_stages;
   Simulation sim;
   sim.busy_ms.assign(p, 0);
   sim.peak_in_flight.assign(p, 0);
-  std::vector<double> now(p, 0);
+  const std::vector<double> start = replay && !replay->start_ms.empty() ? replay->start_ms : std::vector<double>(p, 0.0);
+  std::vector<double> now = start;
   std::vector<size_t> next(p, 0);
   std::vector<int> in_flight(p, 0);
   // When each message arrives: (activation?, micro-batch, receiving virtual stage).
@@ -63,7 +73,7 @@ Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_
         } else if (a.op == PipeOp::kSendGrad) {
           arrival[{false, a.microbatch, vs - 1}] = now[st] + per_stage[st].transfer_ms;
         } else {
-          const double d = compute_cost(per_stage[st], a.op, v);
+          const double d = replay ? replay->compute_ms[st][next[st]] : compute_cost(per_stage[st], a.op, v);
           sim.timeline.push_back({st, a, now[st], now[st] + d});
           now[st] += d;
           sim.busy_ms[st] += d;
@@ -72,7 +82,7 @@ Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_
           if (a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardWeight) --in_flight[st];
           sim.peak_in_flight[st] = std::max(sim.peak_in_flight[st], in_flight[st]);
         }
-        now[st] += per_stage[st].overhead_ms;
+        now[st] += replay ? replay->overhead_ms[st][next[st]] : per_stage[st].overhead_ms;
         ++next[st];
         --remaining;
         progressed = true;
@@ -89,7 +99,7 @@ Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_
       throw RuntimeError(cat("pipeline schedule ", schedule_kind_name(s.kind), " deadlocks: ", waits));
     }
   }
-  sim.step_ms = *std::max_element(now.begin(), now.end());
+  for (int st = 0; st < p; ++st) sim.step_ms = std::max(sim.step_ms, now[st] - start[st]);
   double busy = 0;
   for (double b : sim.busy_ms) busy += b;
   sim.bubble = sim.step_ms > 0 ? 1.0 - busy / (p * sim.step_ms) : 0.0;
