@@ -3,14 +3,16 @@
 # m = 4, 8 and 16 micro-batches (issue 13, items 4 and 9b): gpt-mini widened to 8 blocks (so
 # that 4 stages x 2 virtual stages divide it), global batch 16 sequences (micro-batch 16 / m),
 # 1 compute thread per rank, `loom launch -n p`. For each run: the median over steps
-# 4..STEPS of the executor's measured bubble (pp_bubble), the simulator's prediction on the
-# same action lists from that step's measured per-stage costs (pp_bubble_predicted), their
-# relative difference, and the closed form for uniform stages and free transfers.
+# 4..STEPS of the executor's measured bubble (pp_bubble), of the simulator's prediction on
+# the same action lists from that step's measured per-stage mean costs (pp_bubble_predicted)
+# and of its replay of that step's own action times (pp_bubble_replayed), each prediction's
+# relative difference from the measurement, and the closed form for uniform stages and free
+# transfers.
 # p = 4 puts 4 ranks on this machine's cores: on fewer than 4 cores they share them.
 # Usage: bench/pp_bubble.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-10}
+steps=${1:-20}
 source bench/common.sh
 
 echo "# gpt-mini with 8 blocks, global batch 16 x 256 tokens, 1 thread per rank, $(nproc) cores"
