@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <memory>
 
 #include "loom/error.h"
@@ -130,27 +131,37 @@ PipelineBubble pipeline_bubble(const Mesh& mesh, const parallel::Pipeline& pipe)
     costs.push_back({.forward_ms = x[2], .backward_ms = x[3], .backward_input_ms = x[4], .backward_weight_ms = x[5],
                      .transfer_ms = x[6], .overhead_ms = x[7]});
   }
-  // Each stage's actions' times, padded to the longest list.
+  // Each stage's actions' times, padded to the longest list: compute, overhead, and on the
+  // steady clock when each began and (receives) when its message landed.
   const parallel::Schedule& s = pipe.schedule();
   size_t longest_list = 0;
   for (const auto& list : s.actions) longest_list = std::max(longest_list, list.size());
-  std::vector<double> times(2 * longest_list, 0.0), all_times(times.size() * static_cast<size_t>(mesh.pp));
-  std::copy(ps.action_compute_ms.begin(), ps.action_compute_ms.end(), times.begin());
-  std::copy(ps.action_overhead_ms.begin(), ps.action_overhead_ms.end(), times.begin() + static_cast<std::ptrdiff_t>(longest_list));
+  const std::vector<double>* rows[] = {&ps.action_compute_ms, &ps.action_overhead_ms, &ps.action_begin_ms,
+                                       &ps.action_landed_ms};
+  constexpr size_t kRows = std::size(rows);
+  std::vector<double> times(kRows * longest_list, 0.0), all_times(times.size() * static_cast<size_t>(mesh.pp));
+  for (size_t r = 0; r < kRows; ++r)
+    std::copy(rows[r]->begin(), rows[r]->end(), times.begin() + static_cast<std::ptrdiff_t>(r * longest_list));
   comm::all_gather(*mesh.pipe, {.input = times.data(), .output = all_times.data(), .count = times.size(), .dtype = DType::kF64});
+  // Row r of stage st, trimmed to its list.
+  auto row = [&](int st, size_t r) {
+    const auto at = all_times.begin() + static_cast<std::ptrdiff_t>(times.size() * st + r * longest_list);
+    return std::vector<double>(at, at + static_cast<std::ptrdiff_t>(s.actions[st].size()));
+  };
   parallel::PipeActionTimes replay;
+  std::vector<std::vector<double>> begin_ms, landed_ms;
   for (int st = 0; st < mesh.pp; ++st) {
-    const auto n = static_cast<std::ptrdiff_t>(s.actions[st].size());
-    const auto row = all_times.begin() + static_cast<std::ptrdiff_t>(times.size()) * st;
-    replay.compute_ms.emplace_back(row, row + n);
-    replay.overhead_ms.emplace_back(row + static_cast<std::ptrdiff_t>(longest_list),
-                                    row + static_cast<std::ptrdiff_t>(longest_list) + n);
+    replay.compute_ms.push_back(row(st, 0));
+    replay.overhead_ms.push_back(row(st, 1));
+    begin_ms.push_back(row(st, 2));
+    landed_ms.push_back(row(st, 3));
   }
-  // Start times compare only on one host (one steady clock).
+  // Times on different stages compare only on one host (one steady clock).
   if (mesh.pipe->local_ranks().size() == static_cast<size_t>(mesh.pp)) {
     double first = all[kN - 1];
     for (int st = 1; st < mesh.pp; ++st) first = std::min(first, all[kN * st + kN - 1]);
     for (int st = 0; st < mesh.pp; ++st) replay.start_ms.push_back(all[kN * st + kN - 1] - first);
+    replay.transfer_ms = parallel::in_step_transfers(s, begin_ms, landed_ms);
   }
   return {.measured = longest > 0 ? 1.0 - busy / (mesh.pp * longest) : 0.0,
           .predicted = parallel::simulate_stages(s, costs).bubble,

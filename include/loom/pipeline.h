@@ -51,6 +51,11 @@ struct PipelineStats {
   // compute time, and the time that was neither compute nor a wait. The last action's
   // overhead includes draining the step's sends.
   std::vector<double> action_compute_ms, action_overhead_ms;
+  // On the steady clock (ms since its epoch), per action: when its own work began (after
+  // any wait for a neighbour; a send or receive: when it was posted), and for a receive,
+  // when its message had landed (the receive completed on the progress thread), else 0.
+  // What the simulator's replay takes each message's in-step transfer time from.
+  std::vector<double> action_begin_ms, action_landed_ms;
 };
 
 // One span of a stage's step, for traces: a compute action ("forward mb 3 chunk 0") or a

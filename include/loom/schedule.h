@@ -118,17 +118,32 @@ struct PipeActionTimes {
   // When each stage began its list, after the earliest (stages leave the previous step's
   // collectives at different times); empty: all at 0. A stage's step is from its own start.
   std::vector<double> start_ms;
+  // Each receive's transfer in the step ([stage][action], 0 for other actions): from when
+  // both its send and the receive had been posted until the message landed (in_step_transfers).
+  // Empty: every message takes its sender's PipeCosts::transfer_ms after the send.
+  std::vector<std::vector<double>> transfer_ms;
 };
 
+// The transfers of a step the executor ran, for PipeActionTimes::transfer_ms, from each
+// stage's PipelineStats::action_begin_ms and action_landed_ms on one clock: a receive's is
+// its landing time less the later of its posting and its send's. That leaves out how long
+// the receiver waited for the sender to reach the send (the simulator derives that wait),
+// and keeps what moving the message cost in the step: waking each side's progress thread
+// on a busy core, copying the bytes.
+std::vector<std::vector<double>> in_step_transfers(const Schedule& s, const std::vector<std::vector<double>>& begin_ms,
+                                                   const std::vector<std::vector<double>>& landed_ms);
+
 // Runs the lists against the costs: compute actions take their cost, sends cost the
-// sender nothing, a receive waits until the sender's send + transfer_ms. RuntimeError
+// sender nothing, a receive (after its own overhead: posting it) waits until the sender's
+// send + transfer_ms. RuntimeError
 // when the lists deadlock (naming the stages and what each waits for) or fail
 // check_schedule.
 Simulation simulate(const Schedule& s, const PipeCosts& costs);
 // The same with each stage's own costs (measured stages differ: the first embeds, the last
 // computes the head and the loss); a send's transfer_ms is the sender's. With `replay`
-// (sized as the lists), each action takes its own measured compute and overhead times;
-// transfers still take transfer_ms.
+// (sized as the lists), each action takes its own measured compute and overhead times, and
+// with replay->transfer_ms a receive waits until its message's own transfer has passed
+// since both the send and the receive were posted.
 Simulation simulate_stages(const Schedule& s, const std::vector<PipeCosts>& per_stage,
                            const PipeActionTimes* replay = nullptr);
 

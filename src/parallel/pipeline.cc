@@ -31,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
+double ms_since_epoch(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(t.time_since_epoch()).count();
+}
 }  // namespace
 
 struct Pipeline::Impl {
@@ -42,6 +45,7 @@ struct Pipeline::Impl {
     Tensor output;   // forward's output, while its send is in flight
     Tensor dx;       // backward's d(input), while its send is in flight
     comm::Work recv_act, recv_grad, send_act, send_grad;
+    size_t recv_act_action = 0, recv_grad_action = 0;  // the receives' places in the list
     int actions_left = 0;  // of this (micro-batch, chunk) in the list; 0: it retires
   };
 
@@ -230,6 +234,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   std::vector<Clock::time_point> began(n_actions + 1);
   std::vector<double> waited(n_actions, 0.0);
   m.stats.action_compute_ms.assign(n_actions, 0.0);
+  m.stats.action_begin_ms.assign(n_actions, 0.0);
+  m.stats.action_landed_ms.assign(n_actions, 0.0);
   try {
     for (size_t i = 0; i < n_actions; ++i) {
       const PipeAction& a = s.actions[st][i];
@@ -243,19 +249,28 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       Impl::Slot& x = m.slot(a.microbatch, a.chunk);
       // Waiting for a neighbour is idle time, not compute.
       const Clock::time_point w0 = Clock::now();
-      if (a.op == PipeOp::kForward && !first) x.recv_act.wait();
-      if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) x.recv_grad.wait();
+      if (a.op == PipeOp::kForward && !first) {
+        x.recv_act.wait();
+        m.stats.action_landed_ms[x.recv_act_action] = ms_since_epoch(x.recv_act.span().second);
+      }
+      if ((a.op == PipeOp::kBackward || a.op == PipeOp::kBackwardInput) && !last) {
+        x.recv_grad.wait();
+        m.stats.action_landed_ms[x.recv_grad_action] = ms_since_epoch(x.recv_grad.span().second);
+      }
       const Clock::time_point t0 = Clock::now();
       waited[i] = ms_between(w0, t0);
+      m.stats.action_begin_ms[i] = ms_since_epoch(t0);
       m.stats.wait_ms += waited[i];
       if (m.observer && t0 - w0 > std::chrono::microseconds(20))
         m.observer({.what = "wait: " + m.describe(a), .compute = false, .begin = w0, .end = t0});
       switch (a.op) {
         case PipeOp::kRecvActivation:
+          x.recv_act_action = i;
           x.recv_act = comm::recv_async(*m.act_in, {.buffer = Impl::buffer(x.input, act_shape).raw(), .count = count,
                                                     .peer = 0, .tag = tag_of(vs - 1)});
           break;
         case PipeOp::kRecvGrad:
+          x.recv_grad_action = i;
           x.recv_grad = comm::recv_async(*m.grad_in, {.buffer = Impl::buffer(x.grad_in, act_shape).raw(), .count = count,
                                                       .peer = 0, .tag = tag_of(vs + 1)});
           break;
@@ -340,7 +355,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   LOOM_CHECK(m.live.empty());
   began[n_actions] = Clock::now();
   m.stats.step_ms = ms_between(start, began[n_actions]);
-  m.stats.start_ms = std::chrono::duration<double, std::milli>(start.time_since_epoch()).count();
+  m.stats.start_ms = ms_since_epoch(start);
   m.stats.action_overhead_ms.assign(n_actions, 0.0);
   for (size_t i = 0; i < n_actions; ++i)
     m.stats.action_overhead_ms[i] =

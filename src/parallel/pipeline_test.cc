@@ -146,6 +146,17 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
   for (double ms : ps.action_overhead_ms) overhead += ms;
   EXPECT_NEAR(compute, ps.busy_ms, 1e-9 * ps.step_ms);
   EXPECT_NEAR(compute + overhead + ps.wait_ms, ps.step_ms, 1e-6 * ps.step_ms);
+  // Actions begin in list order within the step; a receive's message lands after its posting.
+  const auto& list = pipe.schedule().actions[st];
+  ASSERT_EQ(ps.action_begin_ms.size(), list.size());
+  ASSERT_EQ(ps.action_landed_ms.size(), list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    EXPECT_GE(ps.action_begin_ms[i], i == 0 ? ps.start_ms : ps.action_begin_ms[i - 1]) << i;
+    EXPECT_LE(ps.action_begin_ms[i], ps.start_ms + ps.step_ms) << i;
+    const bool recv = list[i].op == PipeOp::kRecvActivation || list[i].op == PipeOp::kRecvGrad;
+    if (recv) EXPECT_GE(ps.action_landed_ms[i], ps.action_begin_ms[i]) << i;
+    else EXPECT_EQ(ps.action_landed_ms[i], 0.0) << i;
+  }
   keep_weights(gpt, r);
   r.peak_in_flight.push_back(ps.peak_in_flight);
   results[world.rank()] = std::move(r);

@@ -202,6 +202,51 @@ TEST(Schedule, ReplayTakesEachActionsOwnTimes) {
   EXPECT_DOUBLE_EQ(simulate_stages(g, means).step_ms, 9);
 }
 
+TEST(Schedule, ReplayTakesEachMessagesOwnTransfer) {
+  // GPipe, 2 stages, 2 micro-batches, every compute 1 ms. Stage 1 posts micro-batch 1's
+  // receive at 2.5, after its send at 2; that message's transfer (2 ms: a late-waking
+  // receiver) counts from the posting, so F1 runs at 4.5..5.5 and stage 0's last backward
+  // ends at 8.5. Micro-batch 0's activation (0.5 ms) arrives at 1.5, while stage 1 waits.
+  const Schedule g = make_schedule(ScheduleKind::kGpipe, 2, 2);
+  PipeActionTimes replay;
+  for (int st = 0; st < 2; ++st) {
+    replay.compute_ms.emplace_back();
+    replay.transfer_ms.emplace_back();
+    for (const PipeAction& a : g.actions[st]) {
+      replay.compute_ms.back().push_back(pipe_op_computes(a.op) ? 1.0 : 0.0);
+      replay.transfer_ms.back().push_back(a.op != PipeOp::kRecvActivation ? 0.0 : a.microbatch == 0 ? 0.5 : 2.0);
+    }
+    replay.overhead_ms.emplace_back(g.actions[st].size(), 0.0);
+  }
+  const std::vector<PipeCosts> costs(2, {.forward_ms = 1, .backward_ms = 1});
+  EXPECT_DOUBLE_EQ(simulate_stages(g, costs, &replay).step_ms, 8.5);
+  const std::vector<std::vector<double>> transfers = replay.transfer_ms;
+  replay.transfer_ms.clear();  // every message at its sender's transfer_ms (0) after the send
+  EXPECT_DOUBLE_EQ(simulate_stages(g, costs, &replay).step_ms, 6);
+
+  // The same transfers from a step's clock readings: each receive lands its transfer after
+  // the later of its posting and its send's.
+  std::vector<std::vector<double>> begin(2), landed(2);
+  for (int st = 0; st < 2; ++st)
+    for (const PipeAction& a : g.actions[st]) {
+      const bool mb0 = a.microbatch == 0;
+      double at = 0, land = 0;
+      if (a.op == PipeOp::kSendActivation) at = mb0 ? 11 : 12;
+      if (a.op == PipeOp::kRecvActivation) {
+        at = mb0 ? 10 : 12.5;  // posted before its send, then after
+        land = mb0 ? 11.5 : 14.5;
+      }
+      if (a.op == PipeOp::kSendGrad) at = mb0 ? 16.5 : 17.5;
+      if (a.op == PipeOp::kRecvGrad) {
+        at = 13;
+        land = mb0 ? 16.5 : 17.5;
+      }
+      begin[st].push_back(at);
+      landed[st].push_back(land);
+    }
+  EXPECT_EQ(in_step_transfers(g, begin, landed), transfers);
+}
+
 TEST(Schedule, TextTimelineShowsWhoWorksWhen) {
   const Schedule s = make_schedule(ScheduleKind::kGpipe, 2, 2);
   const Simulation sim = simulate(s, {.forward_ms = 1, .backward_ms = 1});
