@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -311,9 +312,28 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
 
 // Decoding with a key/value cache: a prefill of 5 positions, then one position at a time,
 // gives the rows of the full causal attention; the fast kernel equals its reference twin.
-// The cache is in pages of 4 positions, each its own allocation, in reverse order.
-TEST(Kernels, AttentionDecodeEqualsTheFullCausalAttention) {
-  const int64_t t = 13, c = 16, nh = 4, prefill = 5;
+// The cache is in pages of 4 positions, each its own allocation, in reverse order. Head
+// sizes of 4 and 20 take the scalar path, 16 to 128 the vector one (c a multiple of 256 or
+// not, up to 16 heads, and 20 heads: a second group of lanes partly filled).
+struct DecodeShape {
+  int64_t c, nh;
+};
+
+class AttentionDecode : public ::testing::TestWithParam<DecodeShape> {};
+
+INSTANTIATE_TEST_SUITE_P(Kernels, AttentionDecode,
+                         ::testing::Values(DecodeShape{16, 4}, DecodeShape{40, 2}, DecodeShape{64, 4},
+                                           DecodeShape{96, 3}, DecodeShape{256, 4}, DecodeShape{256, 2},
+                                           DecodeShape{384, 6}, DecodeShape{320, 20}),
+                         [](const auto& info) {
+                           char name[32];
+                           std::snprintf(name, sizeof name, "c%ld_nh%ld", static_cast<long>(info.param.c),
+                                         static_cast<long>(info.param.nh));
+                           return std::string(name);
+                         });
+
+TEST_P(AttentionDecode, EqualsTheFullCausalAttention) {
+  const int64_t t = 13, c = GetParam().c, nh = GetParam().nh, prefill = 5;
   auto qkv = randn(t * 3 * c, 41);
   std::vector<double> y(t * c), lse(nh * t);
   ref::attention_forward(y.data(), lse.data(), qkv.data(), 1, t, c, nh);

@@ -1,0 +1,270 @@
+// The decoding attention (kernels/attention.h): n new query rows against a sequence's paged
+// key/value cache. Each new row is one task: its scores against every cached key, the
+// softmax, the weighted sum of the values. A row holds every head side by side, so each
+// key (value) row is read once for all heads, in order: the pages stream from memory
+// instead of being revisited head by head.
+//
+// Every score is a fixed_sum over the head's hs products (16 lanes, each summing its
+// columns in order, then folded 8, 4, 2, 1 apart), so the bits are the same on every CPU
+// and in every path below. When hs is a multiple of 16 the lanes are whole vectors: 16
+// scores' lanes are computed side by side and folded together, 16 in one pass of vector
+// shuffles (the same additions, in the same order, as folding each alone), and the
+// weighted sum of the values keeps up to 256 columns of its output in registers across
+// the cached rows. Both were latency-bound before: a chain of a few FMAs and a scalar
+// fold per score, and a load and store of the output per cached row.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/fast_math.h"
+#include "kernels/fixed_sum.h"
+
+namespace loom::kernels {
+namespace {
+
+static_assert(kSumLanes == 16, "the vector paths below fold 16 lanes");
+
+// 16 lanes of T, and 16 lane numbers of T's width (for __builtin_shuffle).
+template <typename T>
+struct Vec16;
+template <>
+struct Vec16<float> {
+  typedef float type __attribute__((vector_size(64)));
+  typedef int32_t index __attribute__((vector_size(64)));
+};
+template <>
+struct Vec16<double> {
+  typedef double type __attribute__((vector_size(128)));
+  typedef int64_t index __attribute__((vector_size(128)));
+};
+template <typename T>
+using Vec = typename Vec16<T>::type;
+template <typename T>
+using LaneIndex = typename Vec16<T>::index;
+
+template <typename T>
+Vec<T> load(const T* p) {
+  Vec<T> v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+void store(T* p, const Vec<T>& v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+
+// a and b's lanes numbered in lo (0-15 from a, 16-31 from b), plus those numbered in hi.
+template <typename T>
+Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, const LaneIndex<T>& lo, const LaneIndex<T>& hi) {
+  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+// fixed_sum's fold of 16 accumulators at once: lane t of the result is acc[t]'s sum, added
+// as fixed_sum_detail::fold adds: lane l + lane l+8, then l + l+4, l + l+2, l + l+1.
+template <typename T>
+Vec<T> fold16(const Vec<T> (&acc)[16]) {
+  using I = LaneIndex<T>;
+  // Halves: lanes 0-7 of a pair's sum are the first's b[l] = a[l] + a[l+8], 8-15 the second's.
+  const I lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const I hi8 = lo8 + 8;
+  Vec<T> b[8];
+  for (int m = 0; m < 8; ++m) b[m] = pair_sum<T>(acc[2 * m], acc[2 * m + 1], lo8, hi8);
+  // Quarters: c[l] = b[l] + b[l+4]; lanes 4g..4g+3 belong to score 4m+g.
+  const I lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const I hi4 = lo4 + 4;
+  Vec<T> c[4];
+  for (int m = 0; m < 4; ++m) c[m] = pair_sum<T>(b[2 * m], b[2 * m + 1], lo4, hi4);
+  // d[l] = c[l] + c[l+2]; lanes 2g, 2g+1 belong to score 8m+g.
+  const I lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const I hi2 = lo2 + 2;
+  const Vec<T> d0 = pair_sum<T>(c[0], c[1], lo2, hi2), d1 = pair_sum<T>(c[2], c[3], lo2, hi2);
+  // e = d[0] + d[1]: lane t is score t.
+  const I lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  return pair_sum<T>(d0, d1, lo1, lo1 + 1);
+}
+
+// Scores are kept row-major: score (j, h) at s[j * nh + h], the order they are computed in.
+
+// The scaled scores of one query row against cached rows [0, len) into s, for heads of
+// kHv vectors (hs = 16 kHv). The (row, head) pairs go 16 at a time, each one fixed_sum over
+// the head's columns.
+template <typename T, int kHv>
+void scores16(const T* qi, const T* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
+  Vec<T> acc[16];
+  int filled = 0;
+  T* out = s;
+  auto flush = [&] {
+    for (int t = filled; t < 16; ++t) acc[t] = Vec<T>{};
+    store(out, fold16<T>(acc) * scale);  // a last partial block writes into s's slack
+    out += filled;
+    filled = 0;
+  };
+  for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {  // page by page: no division per row
+    for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
+      const T* kj = kpages[pg] + (j - j0) * c;
+      for (int64_t h = 0; h < nh; ++h) {
+        const T* qh = qi + h * 16 * kHv;
+        const T* kh = kj + h * 16 * kHv;
+        Vec<T> a = {};
+#pragma GCC unroll 8
+        for (int v = 0; v < kHv; ++v) a += load(qh + 16 * v) * load(kh + 16 * v);
+        acc[filled++] = a;
+        if (filled == 16) flush();
+      }
+    }
+  }
+  if (filled > 0) flush();
+}
+
+// Each head's softmax over rows [0, len) of the scores s: the exponentials into e, by
+// groups of 16 heads, e[(h / 16) len 16 + j 16 + h % 16] (lanes past the last head:
+// whatever s's next row or slack holds, ignored), and inv_sum[h] = 1 / the head's sum of
+// them, added in row order.
+template <typename T>
+void softmax_by_head(const T* s, T* e, T* inv_sum, int64_t len, int64_t nh) {
+  for (int64_t h0 = 0; h0 < nh; h0 += 16) {
+    const T* col = s + h0;
+    T* eg = e + h0 * len;
+    Vec<T> mx = load(col);
+    for (int64_t j = 1; j < len; ++j) {
+      const Vec<T> x = load(col + j * nh);
+      mx = mx < x ? x : mx;  // std::max, lane by lane
+    }
+    for (int64_t j = 0; j < len; ++j) store(eg + 16 * j, load(col + j * nh) - mx);
+#pragma omp simd
+    for (int64_t i = 0; i < 16 * len; ++i) eg[i] = fast_exp(eg[i]);
+    Vec<T> sum = {};
+    for (int64_t j = 0; j < len; ++j) sum += load(eg + 16 * j);
+    alignas(128) T total[16];
+    store(total, sum);
+    for (int64_t l = 0; l < std::min<int64_t>(16, nh - h0); ++l) inv_sum[h0 + l] = T(1) / total[l];
+  }
+}
+
+// The softmax's weight of cached row j for head h.
+template <typename T>
+T weight(const T* e, const T* inv_sum, int64_t len, int64_t j, int64_t h) {
+  return e[(h / 16) * 16 * len + 16 * j + h % 16] * inv_sum[h];
+}
+
+// y[c0, c0 + 16 kVecs) = the sum over cached rows j, in order, of w(j, h) v_j (h the
+// column's head, w = weight(e, inv_sum, ...)), kept in registers across the rows. c0 is a
+// multiple of 256 or of the head size 16 kHv, and kVecs of kHv.
+template <typename T, int kHv, int kVecs>
+void weighted_values(T* y, const T* const* vpages, int64_t page, int64_t len, int64_t c, int64_t c0, const T* e,
+                     const T* inv_sum) {
+  static_assert(kVecs % kHv == 0);
+  constexpr int kHeads = kVecs / kHv;
+  const int64_t h0 = c0 / (16 * kHv);
+  Vec<T> acc[kVecs] = {};
+  for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {
+    const int64_t end = std::min(len, j0 + page);
+    for (int64_t j = j0; j < end; ++j) {
+      const T* vj = vpages[pg] + (j - j0) * c + c0;
+      T w[kHeads];
+#pragma GCC unroll 16
+      for (int h = 0; h < kHeads; ++h) w[h] = weight(e, inv_sum, len, j, h0 + h);
+#pragma GCC unroll 16
+      for (int r = 0; r < kVecs; ++r) acc[r] += w[r / kHv] * load(vj + 16 * r);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kVecs; ++r) store(y + c0 + 16 * r, acc[r]);
+}
+
+// One query row's output into y, for heads of kHv vectors: its scores, their softmax, and
+// the values' weighted sum 256 columns at a time, then a head at a time. s, e, inv_sum:
+// scratch (attention_decode's Scratch).
+template <typename T, int kHv>
+void decode_row16(T* y, const T* qi, const T* const* kpages, const T* const* vpages, int64_t page, int64_t len,
+                  int64_t c, int64_t nh, T scale, T* s, T* e, T* inv_sum) {
+  scores16<T, kHv>(qi, kpages, page, len, c, nh, scale, s);
+  softmax_by_head(s, e, inv_sum, len, nh);
+  int64_t c0 = 0;
+  for (; c0 + 256 <= c; c0 += 256) weighted_values<T, kHv, 16>(y, vpages, page, len, c, c0, e, inv_sum);
+  for (; c0 < c; c0 += 16 * kHv) weighted_values<T, kHv, kHv>(y, vpages, page, len, c, c0, e, inv_sum);
+}
+
+// Heads whose size is not a multiple of 16: each score a fixed_sum of its own, each output
+// row added to once per cached row.
+template <typename T>
+void decode_row(T* y, const T* qi, const T* const* kpages, const T* const* vpages, int64_t page, int64_t len,
+                int64_t c, int64_t nh, T scale, T* s, T* e, T* inv_sum) {
+  const int64_t hs = c / nh;
+  for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg)
+    for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
+      const T* kj = kpages[pg] + (j - j0) * c;
+      for (int64_t h = 0; h < nh; ++h) {
+        const T* qh = qi + h * hs;
+        const T* kh = kj + h * hs;
+        s[j * nh + h] = fixed_sum<T>(hs, [&](int64_t d) { return qh[d] * kh[d]; }) * scale;
+      }
+    }
+  softmax_by_head(s, e, inv_sum, len, nh);
+  std::fill(y, y + c, T(0));
+  for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg)
+    for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
+      const T* vj = vpages[pg] + (j - j0) * c;
+      for (int64_t h = 0; h < nh; ++h) {
+        const T w = weight(e, inv_sum, len, j, h);
+        T* yh = y + h * hs;
+        const T* vh = vj + h * hs;
+#pragma omp simd
+        for (int64_t d = 0; d < hs; ++d) yh[d] += w * vh[d];
+      }
+    }
+}
+
+}  // namespace
+
+// A small call (one decoding token) runs on its caller's thread: opening a parallel region
+// costs more than its work, and when the caller is already in one (sequences decoded side
+// by side) a nested region would be a team of one.
+template <typename T>
+void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
+                      int64_t past, int64_t n, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  auto row = decode_row<T>;
+  if (hs == 16) row = decode_row16<T, 1>;
+  if (hs == 32) row = decode_row16<T, 2>;
+  if (hs == 64) row = decode_row16<T, 4>;
+  if (hs == 128) row = decode_row16<T, 8>;
+  // Per thread: the scores (with 16 elements of slack), their exponentials by groups of 16
+  // heads, and each head's 1 / sum.
+  struct Scratch {
+    std::vector<T> s, e, inv_sum;
+  };
+  const int64_t longest = past + n, groups = (nh + 15) / 16;
+  auto scratch = [&] {
+    return Scratch{std::vector<T>(static_cast<size_t>(nh * longest + 16)),
+                   std::vector<T>(static_cast<size_t>(groups * 16 * longest)), std::vector<T>(static_cast<size_t>(nh))};
+  };
+  auto task = [&](int64_t i, Scratch& w) {
+    row(out + i * c, q + i * ldq, kpages, vpages, page, past + i + 1, c, nh, scale, w.s.data(), w.e.data(),
+        w.inv_sum.data());
+  };
+  if (n == 1 || omp_in_parallel()) {
+    Scratch w = scratch();
+    for (int64_t i = 0; i < n; ++i) task(i, w);
+    return;
+  }
+#pragma omp parallel
+  {
+    Scratch w = scratch();
+#pragma omp for schedule(static, 1)  // rows grow longer: dealt out in turn
+    for (int64_t i = 0; i < n; ++i) task(i, w);
+  }
+}
+
+template void attention_decode<float>(float*, const float*, int64_t, const float* const*, const float* const*, int64_t,
+                                      int64_t, int64_t, int64_t, int64_t);
+template void attention_decode<double>(double*, const double*, int64_t, const double* const*, const double* const*,
+                                       int64_t, int64_t, int64_t, int64_t, int64_t);
+
+}  // namespace loom::kernels
