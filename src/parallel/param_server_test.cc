@@ -265,6 +265,17 @@ AsyncResult run_async(const AsyncRun& run) {
         std::fill_n(g.data<float>(), kN, static_cast<float>(w + 1));
         for (int64_t step = reply.step; !reply.stop; ++step) {
           if (w == 2 && step == run.leaves_after) return;  // its links close without a goodbye
+          if (run.mode == PsMode::kAsync && run.leaves_after >= 0 && step == run.leaves_after + 1) {
+            // The others could otherwise finish the run's pushes before a busy server reads
+            // the closed links: a drop the run would never need to notice.
+            for (int i = 0; i < 10000; ++i) {
+              {
+                std::lock_guard lock(mu);
+                if (res.drops.size() == static_cast<size_t>(run.servers)) break;
+              }
+              std::this_thread::sleep_for(milliseconds(1));
+            }
+          }
           if (w == run.slow) {
             std::this_thread::sleep_for(milliseconds(run.slow_ms));
             slow_begun.fetch_add(1);
