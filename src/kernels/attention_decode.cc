@@ -28,23 +28,19 @@ namespace {
 
 static_assert(kSumLanes == 16, "the vector paths below fold 16 lanes");
 
-// 16 lanes of T, and 16 lane numbers of T's width (for __builtin_shuffle).
+// 16 lanes of T.
 template <typename T>
 struct Vec16;
 template <>
 struct Vec16<float> {
   typedef float type __attribute__((vector_size(64)));
-  typedef int32_t index __attribute__((vector_size(64)));
 };
 template <>
 struct Vec16<double> {
   typedef double type __attribute__((vector_size(128)));
-  typedef int64_t index __attribute__((vector_size(128)));
 };
 template <typename T>
 using Vec = typename Vec16<T>::type;
-template <typename T>
-using LaneIndex = typename Vec16<T>::index;
 
 template <typename T>
 Vec<T> load(const T* p) {
@@ -58,34 +54,39 @@ void store(T* p, const Vec<T>& v) {
   __builtin_memcpy(p, &v, sizeof v);
 }
 
-// a and b's lanes numbered in lo (0-15 from a, 16-31 from b), plus those numbered in hi.
-template <typename T>
-Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, const LaneIndex<T>& lo, const LaneIndex<T>& hi) {
-  return __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+// Lane numbers of a pair of vectors: 0-15 are a's lanes, 16-31 b's.
+template <int... kLanes>
+struct Lanes {};
+
+// a and b's lanes numbered in Lo, plus those numbered in Hi (__builtin_shufflevector: GCC
+// and Clang alike).
+template <typename T, int... kLo, int... kHi>
+Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, Lanes<kLo...>, Lanes<kHi...>) {
+  return __builtin_shufflevector(a, b, kLo...) + __builtin_shufflevector(a, b, kHi...);
 }
 
 // fixed_sum's fold of 16 accumulators at once: lane t of the result is acc[t]'s sum, added
 // as fixed_sum_detail::fold adds: lane l + lane l+8, then l + l+4, l + l+2, l + l+1.
 template <typename T>
 Vec<T> fold16(const Vec<T> (&acc)[16]) {
-  using I = LaneIndex<T>;
   // Halves: lanes 0-7 of a pair's sum are the first's b[l] = a[l] + a[l+8], 8-15 the second's.
-  const I lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const I hi8 = lo8 + 8;
+  constexpr Lanes<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23> lo8;
+  constexpr Lanes<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31> hi8;
   Vec<T> b[8];
   for (int m = 0; m < 8; ++m) b[m] = pair_sum<T>(acc[2 * m], acc[2 * m + 1], lo8, hi8);
   // Quarters: c[l] = b[l] + b[l+4]; lanes 4g..4g+3 belong to score 4m+g.
-  const I lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const I hi4 = lo4 + 4;
+  constexpr Lanes<0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27> lo4;
+  constexpr Lanes<4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31> hi4;
   Vec<T> c[4];
   for (int m = 0; m < 4; ++m) c[m] = pair_sum<T>(b[2 * m], b[2 * m + 1], lo4, hi4);
   // d[l] = c[l] + c[l+2]; lanes 2g, 2g+1 belong to score 8m+g.
-  const I lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const I hi2 = lo2 + 2;
+  constexpr Lanes<0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29> lo2;
+  constexpr Lanes<2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31> hi2;
   const Vec<T> d0 = pair_sum<T>(c[0], c[1], lo2, hi2), d1 = pair_sum<T>(c[2], c[3], lo2, hi2);
   // e = d[0] + d[1]: lane t is score t.
-  const I lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  return pair_sum<T>(d0, d1, lo1, lo1 + 1);
+  constexpr Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30> lo1;
+  constexpr Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31> hi1;
+  return pair_sum<T>(d0, d1, lo1, hi1);
 }
 
 // Scores are kept row-major: score (j, h) at s[j * nh + h], the order they are computed in.
