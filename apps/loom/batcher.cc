@@ -215,6 +215,7 @@ void Batcher::loop() {
   set_compute_threads(limits_.threads);
   const int64_t vocab = gpt_.config().vocab_size;
   Arena arena;
+  std::vector<Arena> groups(static_cast<size_t>(limits_.threads));
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -243,7 +244,7 @@ void Batcher::loop() {
     Outbox out;
     if (!batch.empty()) {
       const Clock::time_point t0 = Clock::now();
-      const Tensor logits = gpt_.decode_batch(rows, caches, arena);
+      const Tensor logits = gpt_.decode_grouped(rows, caches, groups, arena);
       step.forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t i = 0; i < batch.size(); ++i) {
         Generation::Event final;

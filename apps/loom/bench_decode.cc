@@ -52,6 +52,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
         for (int64_t i = 0; i < start; ++i) tokens[s].push_back(static_cast<int32_t>(rng.below(cfg.vocab_size)));
       }
       Arena arena;
+      std::vector<Arena> groups(static_cast<size_t>(th));
       std::vector<double> times;
       double total = 0;
       int64_t made = 0;
@@ -68,7 +69,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
           ptrs.push_back(&caches[s]);
         }
         const auto t0 = std::chrono::steady_clock::now();
-        const Tensor logits = gpt.decode_batch(rows, ptrs, arena);
+        const Tensor logits = a.grouped ? gpt.decode_grouped(rows, ptrs, groups, arena) : gpt.decode_batch(rows, ptrs, arena);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         for (int64_t s = 0; s < b; ++s)  // the next token: any id will do
           tokens[s].push_back(static_cast<int32_t>(rng.below(cfg.vocab_size)));

@@ -94,6 +94,7 @@ struct BenchDecodeArgs {
   int64_t from = 10, to = 74;  // positions each sequence decodes, then starts again
   int64_t steps = 2000, warmup = 100;
   std::string quantize = "none";  // or int8
+  bool grouped = false;            // Gpt::decode_grouped: a group of sequences per thread
 };
 int run_bench_decode(const BenchDecodeArgs& a);
 

@@ -173,6 +173,7 @@ int run(int argc, char** argv) {
   bd->add_option("--steps", bench_decode.steps, "Timed steps")->capture_default_str();
   bd->add_option("--warmup", bench_decode.warmup, "Untimed steps first")->capture_default_str();
   bd->add_option("--quantize", bench_decode.quantize, "none, or int8 weights")->capture_default_str();
+  bd->add_flag("--grouped", bench_decode.grouped, "Each compute thread decodes a group of the sequences whole (Gpt::decode_grouped)");
 
   loom::app::BenchServeArgs bench_serve;
   auto* bs = b->add_subcommand("serve", "Streaming clients against a running loom serve: tokens/s and latencies");

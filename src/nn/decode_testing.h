@@ -1,6 +1,7 @@
 // For the decoding tests: sequences decoded step by step (step 0 a prefill of prefill[s]
 // tokens from row s of `tokens`, then one token a step), each alone with a whole-window
-// cache of its own, and all together through decode_batch with the caches `make` gives.
+// cache of its own, and all together through decode_batch and decode_grouped with the
+// caches `make` gives (each pass its own, given back before the next).
 #pragma once
 
 #include <functional>
@@ -12,7 +13,7 @@
 namespace loom::nn::decoding {
 
 struct DecodeRuns {
-  std::vector<std::vector<float>> alone, together;  // per sequence, every step's logits
+  std::vector<std::vector<float>> alone, together, grouped;  // per sequence, every step's logits
 };
 
 inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens, std::span<const int64_t> prefill,
@@ -23,7 +24,8 @@ inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens
     const int64_t from = step == 0 ? 0 : prefill[s] + step - 1, n = step == 0 ? prefill[s] : 1;
     return std::span<const int32_t>(tokens.data<int32_t>() + s * tokens.dim(1) + from, static_cast<size_t>(n));
   };
-  DecodeRuns r{std::vector<std::vector<float>>(seqs), std::vector<std::vector<float>>(seqs)};
+  DecodeRuns r{std::vector<std::vector<float>>(seqs), std::vector<std::vector<float>>(seqs),
+               std::vector<std::vector<float>>(seqs)};
   Arena arena;
   for (int64_t s = 0; s < seqs; ++s) {
     KvCache cache = gpt.make_cache();
@@ -32,19 +34,25 @@ inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens
       r.alone[s].insert(r.alone[s].end(), l.data<float>(), l.data<float>() + g.vocab_size);
     }
   }
-  std::vector<KvCache> caches;
-  for (int64_t s = 0; s < seqs; ++s) caches.push_back(make(s));
-  for (int64_t step = 0; step < steps; ++step) {
-    std::vector<std::span<const int32_t>> batch;
-    std::vector<KvCache*> ptrs;
-    for (int64_t s = 0; s < seqs; ++s) {
-      batch.push_back(rows(s, step));
-      ptrs.push_back(&caches[s]);
+  // Batched: once through decode_batch, once through decode_grouped with two groups.
+  auto batched = [&](std::vector<std::vector<float>>& out, bool grouped) {
+    std::vector<KvCache> caches;
+    for (int64_t s = 0; s < seqs; ++s) caches.push_back(make(s));
+    std::vector<Arena> groups(2);
+    for (int64_t step = 0; step < steps; ++step) {
+      std::vector<std::span<const int32_t>> batch;
+      std::vector<KvCache*> ptrs;
+      for (int64_t s = 0; s < seqs; ++s) {
+        batch.push_back(rows(s, step));
+        ptrs.push_back(&caches[s]);
+      }
+      const Tensor l = grouped ? gpt.decode_grouped(batch, ptrs, groups, arena) : gpt.decode_batch(batch, ptrs, arena);
+      for (int64_t s = 0; s < seqs; ++s)
+        out[s].insert(out[s].end(), l.data<float>() + s * g.vocab_size, l.data<float>() + (s + 1) * g.vocab_size);
     }
-    const Tensor l = gpt.decode_batch(batch, ptrs, arena);
-    for (int64_t s = 0; s < seqs; ++s)
-      r.together[s].insert(r.together[s].end(), l.data<float>() + s * g.vocab_size, l.data<float>() + (s + 1) * g.vocab_size);
-  }
+  };
+  batched(r.together, false);
+  batched(r.grouped, true);
   return r;
 }
 

@@ -1,7 +1,10 @@
 #include "loom/nn/gpt.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "kernels/attention.h"
 #include "kernels/int8_matmul.h"
@@ -558,6 +561,45 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
   Tensor h = ln_f_.forward(last, ln_f_ctx, arena);
   Tensor out = arena.alloc({seqs, config_.vocab_size}, x.dtype());
   head_product(out, h);
+  return out;
+}
+
+Tensor Gpt::decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
+                           std::span<Arena> arenas, Arena& arena) const {
+  const auto seqs = static_cast<int64_t>(tokens.size());
+  // Two sequences or more a group: each group reads all the weights, and for one row that
+  // costs more than sharing the products does (bench decode --grouped, docs/perf.md).
+  const int64_t groups = std::min<int64_t>(static_cast<int64_t>(arenas.size()), seqs / 2);
+  if (groups <= 1 || omp_in_parallel()) return decode_batch(tokens, caches, arena);
+  LOOM_CHECK(caches.size() == tokens.size());
+  int64_t rows = 0;
+  for (const auto& t : tokens) rows += static_cast<int64_t>(t.size());
+  // Group g is sequences [start[g], start[g + 1]): at least one each, cut where the rows
+  // seen reach g / groups of all.
+  std::vector<int64_t> start(static_cast<size_t>(groups + 1), seqs);
+  start[0] = 0;
+  int64_t s = 0, seen = 0;
+  for (int64_t g = 1; g < groups; ++g) {
+    do seen += static_cast<int64_t>(tokens[s++].size());
+    while (s < seqs - (groups - g) && seen * groups < rows * g);
+    start[g] = s;
+  }
+  std::vector<Tensor> logits(static_cast<size_t>(groups));
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(groups));
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(groups))
+  for (int64_t g = 0; g < groups; ++g) {
+    const auto first = static_cast<size_t>(start[g]), n = static_cast<size_t>(start[g + 1] - start[g]);
+    try {
+      logits[g] = decode_batch(tokens.subspan(first, n), caches.subspan(first, n), arenas[g]);
+    } catch (...) {
+      failed[g] = std::current_exception();  // an exception may not leave a parallel region
+    }
+  }
+  for (const auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  arena.reset();
+  Tensor out = arena.alloc({seqs, config_.vocab_size}, logits[0].dtype());
+  for (int64_t g = 0; g < groups; ++g) out.slice_rows(start[g], start[g + 1]).copy_from(logits[g]);
   return out;
 }
 

@@ -197,6 +197,14 @@ class Gpt {
   // compute a row the same way whatever the other rows).
   Tensor decode_batch(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
                       Arena& arena) const;
+  // decode_batch with the sequences dealt out in up to arenas.size() groups of about equal
+  // rows and two sequences or more, each run whole by one compute thread (its kernels a team of one), the logits (S, V)
+  // gathered into `arena`. One join per step instead of one per kernel: when another process
+  // preempts a compute thread, the other goes on with its own group instead of spinning at
+  // the next kernel's join. The same bits as decode_batch. arenas: one per group, kept
+  // between calls.
+  Tensor decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
+                        std::span<Arena> arenas, Arena& arena) const;
 
   // Pipeline stages run the model in pieces, each over what this part holds; forward and
   // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
