@@ -173,12 +173,12 @@ void Batcher::admit() {  // REQUIRES: mu_ held
   running_count_ = static_cast<int64_t>(running_.size());
 }
 
-bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final, Outbox& out) {
+Batcher::Made Batcher::advance(Sequence& s, const float* logits) {
   const int32_t token = s.sampler.pick(logits, s.request.sampling, s.rng);
   s.tokens.push_back(token);
   ++s.made;
   const Clock::time_point now = Clock::now();
-  step.tokens.emplace_back(s.made == 1, std::chrono::duration<double>(now - s.last).count());
+  Made made{.first = s.made == 1, .seconds = std::chrono::duration<double>(now - s.last).count()};
   s.last = now;
   s.out += s.request.text ? std::string(1, static_cast<char>(token)) : cat(s.made > 1 ? " " : "", token);
   size_t ready = s.out.size();
@@ -204,11 +204,12 @@ bool Batcher::advance(Sequence& s, const float* logits, BatchStep& step, Generat
     s.generation->made_ = s.made;
   }
   if (e.done) {
-    final = std::move(e);  // pushed once the sequence has left the batch and freed its cache
-    return true;
+    made.finished = true;
+    made.final = std::move(e);  // pushed once the sequence has left the batch and freed its cache
+  } else if (!e.piece.empty()) {
+    made.event = std::move(e);
   }
-  if (!e.piece.empty()) out.emplace_back(s.generation, std::move(e));
-  return false;
+  return made;
 }
 
 void Batcher::loop() {
@@ -243,13 +244,20 @@ void Batcher::loop() {
     std::vector<std::pair<Sequence*, Generation::Event>> finished;
     Outbox out;
     if (!batch.empty()) {
+      // Each compute thread samples its own group's tokens as soon as it has their logits.
+      std::vector<Made> made(batch.size());
       const Clock::time_point t0 = Clock::now();
-      const Tensor logits = gpt_.decode_grouped(rows, caches, groups, arena);
+      gpt_.decode_grouped(rows, caches, groups, arena, [&](int64_t first, const Tensor& logits) {
+        for (int64_t i = 0; i < logits.dim(0); ++i) {
+          const auto s = static_cast<size_t>(first + i);
+          made[s] = advance(*batch[s], logits.data<float>() + i * vocab);
+        }
+      });
       step.forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t i = 0; i < batch.size(); ++i) {
-        Generation::Event final;
-        if (advance(*batch[i], logits.data<float>() + static_cast<int64_t>(i) * vocab, step, final, out))
-          finished.emplace_back(batch[i], std::move(final));
+        step.tokens.emplace_back(made[i].first, made[i].seconds);
+        if (made[i].event) out.emplace_back(batch[i]->generation, std::move(*made[i].event));
+        if (made[i].finished) finished.emplace_back(batch[i], std::move(made[i].final));
       }
     }
     // Finished and cancelled sequences leave the batch and free their caches; only then are

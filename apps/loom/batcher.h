@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -70,7 +71,7 @@ struct BatcherLimits {
 // What each step did, for metrics.
 struct BatchStep {
   int64_t sequences = 0, rows = 0;
-  double forward_seconds = 0, seconds = 0;  // Gpt::decode_batch's, and the whole step's
+  double forward_seconds = 0, seconds = 0;  // Gpt::decode_grouped's (sampling included), and the whole step's
   std::vector<std::pair<bool, double>> tokens;  // per token made: first of its request?, seconds since the last
 };
 
@@ -91,9 +92,19 @@ class Batcher {
   using Outbox = std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>>;
   void loop();
   void admit();
-  // Samples, holds back and puts out one sequence's new token; when it has finished, returns
-  // true with its last event in `final`, not yet sent.
-  bool advance(Sequence& s, const float* logits, BatchStep& step, Generation::Event& final, Outbox& out);
+  // What one sequence's step made: its token (first of its request?, seconds since its
+  // last), the text to send now, if any, and once it has finished its last event, sent after
+  // it has left the batch.
+  struct Made {
+    bool first = false;
+    double seconds = 0;
+    std::optional<Generation::Event> event;
+    bool finished = false;
+    Generation::Event final;
+  };
+  // Samples, holds back and puts out one sequence's new token. Touches that sequence only:
+  // the compute threads run it for their own groups' sequences side by side.
+  Made advance(Sequence& s, const float* logits);
   // A step's events go to the delivery thread in one hand-over, which pushes them in order:
   // waking each request's HTTP thread (which then writes its event out) happens there,
   // beside the next step's forward, instead of inside the step every request waits on.

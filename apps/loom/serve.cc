@@ -101,7 +101,7 @@ struct Metrics {
                "");
     out += first_token.text("loom_time_to_first_token_seconds", "From a completion's arrival to its first token");
     out += per_token.text("loom_time_per_token_seconds", "Between a completion's consecutive tokens");
-    out += forward.text("loom_step_forward_seconds", "One decoding step's forward (every sequence's new rows)");
+    out += forward.text("loom_step_forward_seconds", "One decoding step's forward (every sequence's new rows) and sampling");
     out += step_time.text("loom_step_seconds", "One decoding step: admission, forward, sampling and events");
     return out + batch.text("loom_batch_sequences", "Sequences decoded together in one step");
   }

@@ -46,9 +46,17 @@ inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens
         batch.push_back(rows(s, step));
         ptrs.push_back(&caches[s]);
       }
-      const Tensor l = grouped ? gpt.decode_grouped(batch, ptrs, groups, arena) : gpt.decode_batch(batch, ptrs, arena);
-      for (int64_t s = 0; s < seqs; ++s)
-        out[s].insert(out[s].end(), l.data<float>() + s * g.vocab_size, l.data<float>() + (s + 1) * g.vocab_size);
+      // Grouped: each group's logits as its thread hands them over (the gathered ones are
+      // copies of these).
+      auto take = [&](int64_t first, const Tensor& l) {
+        for (int64_t i = 0; i < l.dim(0); ++i)
+          out[first + i].insert(out[first + i].end(), l.data<float>() + i * g.vocab_size,
+                                l.data<float>() + (i + 1) * g.vocab_size);
+      };
+      if (grouped)
+        gpt.decode_grouped(batch, ptrs, groups, arena, take);
+      else
+        take(0, gpt.decode_batch(batch, ptrs, arena));
     }
   };
   batched(r.together, false);

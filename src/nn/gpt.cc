@@ -565,12 +565,16 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
 }
 
 Tensor Gpt::decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
-                           std::span<Arena> arenas, Arena& arena) const {
+                           std::span<Arena> arenas, Arena& arena, const GroupLogits& each_group) const {
   const auto seqs = static_cast<int64_t>(tokens.size());
   // Two sequences or more a group: each group reads all the weights, and for one row that
   // costs more than sharing the products does (bench decode --grouped, docs/perf.md).
   const int64_t groups = std::min<int64_t>(static_cast<int64_t>(arenas.size()), seqs / 2);
-  if (groups <= 1 || omp_in_parallel()) return decode_batch(tokens, caches, arena);
+  if (groups <= 1 || omp_in_parallel()) {
+    Tensor out = decode_batch(tokens, caches, arena);
+    if (each_group) each_group(0, out);
+    return out;
+  }
   LOOM_CHECK(caches.size() == tokens.size());
   int64_t rows = 0;
   for (const auto& t : tokens) rows += static_cast<int64_t>(t.size());
@@ -591,6 +595,7 @@ Tensor Gpt::decode_grouped(std::span<const std::span<const int32_t>> tokens, std
     const auto first = static_cast<size_t>(start[g]), n = static_cast<size_t>(start[g + 1] - start[g]);
     try {
       logits[g] = decode_batch(tokens.subspan(first, n), caches.subspan(first, n), arenas[g]);
+      if (each_group) each_group(start[g], logits[g]);
     } catch (...) {
       failed[g] = std::current_exception();  // an exception may not leave a parallel region
     }

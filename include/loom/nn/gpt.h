@@ -202,9 +202,12 @@ class Gpt {
   // gathered into `arena`. One join per step instead of one per kernel: when another process
   // preempts a compute thread, the other goes on with its own group instead of spinning at
   // the next kernel's join. The same bits as decode_batch. arenas: one per group, kept
-  // between calls.
+  // between calls. each_group(first, logits), when given, is called for each group by the
+  // thread that decoded it, with the logits (n, V) of sequences [first, first + n), so that
+  // what follows a sequence's forward (sampling) runs beside the other groups too.
+  using GroupLogits = std::function<void(int64_t first, const Tensor& logits)>;
   Tensor decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
-                        std::span<Arena> arenas, Arena& arena) const;
+                        std::span<Arena> arenas, Arena& arena, const GroupLogits& each_group = {}) const;
 
   // Pipeline stages run the model in pieces, each over what this part holds; forward and
   // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
