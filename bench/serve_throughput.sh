@@ -6,7 +6,8 @@
 # little of the cores the server runs on), each asking for TOKENS tokens from a short prompt,
 # REQUESTS requests per client. Prints aggregate tokens/s, its ratio to 1 client, and p50/p99
 # time to first token and per token (client side, from the server-sent events). Then the model
-# alone at the same batch sizes (`loom bench decode`), for what the server adds.
+# alone at the same batch sizes (`loom bench decode`, its sequences batched and grouped as the
+# server groups them), for what the server adds.
 # Usage: bench/serve_throughput.sh [TOKENS [REQUESTS [THREADS]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,3 +32,5 @@ for quant in none int8; do
 done
 echo "## the model alone (Gpt::decode_batch), f32"
 $loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 | tail -n +2
+echo "## the model alone, grouped as the server runs it (Gpt::decode_grouped), f32"
+$loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 --grouped | tail -n +3

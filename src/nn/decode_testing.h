@@ -34,7 +34,8 @@ inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens
       r.alone[s].insert(r.alone[s].end(), l.data<float>(), l.data<float>() + g.vocab_size);
     }
   }
-  // Batched: once through decode_batch, once through decode_grouped with two groups.
+  // Batched: once through decode_batch, once through decode_grouped with two arenas (two
+  // groups from six sequences on).
   auto batched = [&](std::vector<std::vector<float>>& out, bool grouped) {
     std::vector<KvCache> caches;
     for (int64_t s = 0; s < seqs; ++s) caches.push_back(make(s));

@@ -567,9 +567,9 @@ Tensor Gpt::decode_batch(std::span<const std::span<const int32_t>> tokens, std::
 Tensor Gpt::decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
                            std::span<Arena> arenas, Arena& arena, const GroupLogits& each_group) const {
   const auto seqs = static_cast<int64_t>(tokens.size());
-  // Two sequences or more a group: each group reads all the weights, and for one row that
-  // costs more than sharing the products does (bench decode --grouped, docs/perf.md).
-  const int64_t groups = std::min<int64_t>(static_cast<int64_t>(arenas.size()), seqs / 2);
+  // Three sequences or more a group: each group reads all the weights, and for a row or two
+  // that costs more than sharing the products does (bench decode --grouped, docs/perf.md).
+  const int64_t groups = std::min<int64_t>(static_cast<int64_t>(arenas.size()), seqs / 3);
   if (groups <= 1 || omp_in_parallel()) {
     Tensor out = decode_batch(tokens, caches, arena);
     if (each_group) each_group(0, out);

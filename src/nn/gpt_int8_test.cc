@@ -50,11 +50,11 @@ TEST(GptInt8, DecodingABatchGivesEachSequenceTheBitsItGetsAlone) {
   Gpt gpt(kConfig);
   gpt.init(6);
   gpt.use_int8(gpt.quantize_int8());
-  const Tensor tokens = testing::random_tokens(4, kConfig.seq_len, kConfig.vocab_size, 10).first;
-  const int64_t prefill[] = {3, 5, 2, 7};
+  const Tensor tokens = testing::random_tokens(6, kConfig.seq_len, kConfig.vocab_size, 10).first;
+  const int64_t prefill[] = {3, 5, 2, 7, 1, 4};  // grouped: two groups of three
   const decoding::DecodeRuns r =
       decoding::decode_alone_and_together(gpt, tokens, prefill, 6, [&](int64_t) { return gpt.make_cache(); });
-  for (int64_t s = 0; s < 4; ++s) {
+  for (int64_t s = 0; s < 6; ++s) {
     EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
     EXPECT_EQ(r.grouped[s], r.alone[s]) << "sequence " << s << ", grouped";
   }

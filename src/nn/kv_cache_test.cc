@@ -39,13 +39,13 @@ TEST(KvCache, TakesThePagesItsCapacityNeedsAndGivesThemBack) {
 TEST(KvCache, SequencesSharingAPoolGetTheBitsOfAWholeWindowEach) {
   Gpt gpt(kConfig);
   gpt.init(3);
-  const Tensor tokens = testing::random_tokens(4, kConfig.seq_len, kConfig.vocab_size, 5).first;
-  const int64_t prefill[] = {3, 18, 7, 1}, capacity[] = {20, 40, 33, 13};
-  auto pool = std::make_shared<KvPagePool>(kConfig, 12);
+  const Tensor tokens = testing::random_tokens(6, kConfig.seq_len, kConfig.vocab_size, 5).first;
+  const int64_t prefill[] = {3, 18, 7, 1, 5, 2}, capacity[] = {20, 40, 33, 13, 17, 14};  // 12 pages
+  auto pool = std::make_shared<KvPagePool>(kConfig, 14);
   const decoding::DecodeRuns r = decoding::decode_alone_and_together(
       gpt, tokens, prefill, 12, [&](int64_t s) { return std::move(*gpt.make_cache(pool, capacity[s])); });
-  EXPECT_EQ(pool->free(), 12) << "every page given back";
-  for (int64_t s = 0; s < 4; ++s) {
+  EXPECT_EQ(pool->free(), 14) << "every page given back";
+  for (int64_t s = 0; s < 6; ++s) {
     EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
     EXPECT_EQ(r.grouped[s], r.alone[s]) << "sequence " << s << ", grouped";
   }
