@@ -197,14 +197,15 @@ class Gpt {
   // compute a row the same way whatever the other rows).
   Tensor decode_batch(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
                       Arena& arena) const;
-  // decode_batch with the sequences dealt out in up to arenas.size() groups of about equal
-  // rows and three sequences or more, each run whole by one compute thread (its kernels a
-  // team of one), the logits (S, V) gathered into `arena`. One join per step instead of one
-  // per kernel: when another process preempts a compute thread, the other goes on with its
-  // own group instead of spinning at the next kernel's join. The same bits as decode_batch. arenas: one per group, kept
-  // between calls. each_group(first, logits), when given, is called for each group by the
-  // thread that decoded it, with the logits (n, V) of sequences [first, first + n), so that
-  // what follows a sequence's forward (sampling) runs beside the other groups too.
+  // decode_batch with the sequences dealt out in groups of about equal rows (up to
+  // arenas.size(), one per three sequences), each run whole by one compute thread (its
+  // kernels a team of one), the logits (S, V) gathered into `arena`. One join per step
+  // instead of one per kernel: when another process preempts a compute thread, the other
+  // goes on with its own group instead of spinning at the next kernel's join. The same bits
+  // as decode_batch. arenas: one per group, kept between calls. each_group(first, logits),
+  // when given, is called for each group by the thread that decoded it, with the logits
+  // (n, V) of sequences [first, first + n), so that what follows a sequence's forward
+  // (sampling) runs beside the other groups too.
   using GroupLogits = std::function<void(int64_t first, const Tensor& logits)>;
   Tensor decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
                         std::span<Arena> arenas, Arena& arena, const GroupLogits& each_group = {}) const;
