@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <atomic>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -146,6 +147,72 @@ TEST_F(Serve, UnderLoadAndAbuseEveryClientGetsItsAnswerAndNothingLeaks) {
   EXPECT_EQ(gauge("loom_kv_pages_in_use"), 0) << "key/value pages stayed held";
   EXPECT_EQ(gauge("loom_kv_pages_total"), 16 * 4) << "a full batch of 64-position windows in 16-position pages";
   EXPECT_EQ(client().Get("/health")->status, 200);
+}
+
+// A client that stops reading mid-stream: the writer that takes every stream's events never
+// waits for it (its events wait in the server for room in its socket), the other clients'
+// streams go on meanwhile, and once it reads again it gets its whole completion.
+TEST_F(Serve, AClientThatStopsReadingHoldsUpNoOneAndGetsItsWholeCompletion) {
+  // More events than the server's side of a socket can hold: the kernel grows a TCP send
+  // buffer up to tcp_wmem's last figure (4 MiB by default), and an event is over 100 bytes.
+  int64_t wmem[3] = {0, 0, 4 << 20};
+  std::ifstream("/proc/sys/net/ipv4/tcp_wmem") >> wmem[0] >> wmem[1] >> wmem[2];
+  const int tokens = static_cast<int>(std::max<int64_t>(wmem[2], 4 << 20) / 100);
+  start({"--model", cat("nano=", p("runs/n")), "--max-batch", "4", "--max-tokens", cat(tokens)});
+  auto body = [](int seed, int tokens, bool streamed) {
+    return json{{"model", "nano"}, {"prompt", "Q: "}, {"max_tokens", tokens}, {"seed", seed}, {"temperature", 0.9},
+                {"stream", streamed}};
+  };
+  auto slowed = [&] {
+    const std::string m = client().Get("/metrics")->body, key = "\nloom_streams_slowed_total ";
+    const size_t at = m.find(key);
+    return at == std::string::npos ? -1 : std::stoi(m.substr(at + key.size()));
+  };
+  ASSERT_EQ(slowed(), 0);
+  std::atomic<bool> reading{false}, paused{false};
+  std::string text, buffer;
+  int status = -1;
+  std::thread slow([&] {
+    auto c = client();
+    c.set_socket_options([](int fd) {  // a small receive buffer: the server's side fills soon
+      const int bytes = 4096;
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+    });
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = body(7, tokens, true).dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (!paused.exchange(true))  // stops reading after its first bytes, until told
+        for (int i = 0; i < 3000 && !reading; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      buffer.append(data, n);
+      for (size_t at; (at = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, at + 2))
+        if (buffer.starts_with("data: {")) text += json::parse(buffer.substr(6, at - 6))["choices"][0]["text"].get<std::string>();
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error error;
+    status = c.send(req, res, error) ? res.status : -1;
+  });
+  // While it does not read, its events back up in the server, and other streams finish.
+  for (int i = 0; i < 400 && slowed() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(slowed(), 1) << "the stopped client's events never had to wait";
+  for (int seed = 20; seed < 23; ++seed) {
+    auto c = client();
+    const auto [st, streamed] = stream(c, body(seed, 40, true));
+    ASSERT_EQ(st, 200) << streamed;
+    const auto [st2, alone] = complete(body(seed, 40, false));
+    EXPECT_EQ(streamed, alone["choices"][0]["text"].get<std::string>());
+  }
+  EXPECT_TRUE(paused && !reading) << "the other streams finished while the client did not read";
+  reading = true;
+  slow.join();
+  ASSERT_EQ(status, 200) << read_file(p("serve.err"));
+  const auto [st, alone] = complete(body(7, tokens, false));
+  ASSERT_EQ(st, 200);
+  EXPECT_EQ(text, alone["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(slowed(), 1);
 }
 
 }  // namespace

@@ -46,7 +46,26 @@ int64_t Generation::completion_tokens() const {
   return made_;
 }
 
+bool Generation::write_through(std::function<bool(const Event&)> write) {
+  std::lock_guard write_lock(write_mu_);
+  if (write) {
+    std::lock_guard lock(mu_);
+    if (!events_.empty()) return false;  // those go first, in order
+  }
+  write_ = std::move(write);
+  return true;
+}
+
 void Generation::push(Event e) {
+  std::lock_guard write_lock(write_mu_);  // throughout: each event goes out in order, one way or the other
+  if (write_) {
+    if (write_(e)) {
+      if (!e.done) return;
+      e = Event{.done = true, .finish = e.finish, .written = true};
+    } else {
+      write_ = nullptr;  // refused: this event and every later one wait for next()
+    }
+  }
   {
     std::lock_guard lock(mu_);
     events_.push_back(std::move(e));

@@ -38,9 +38,17 @@ class Generation {
     std::string piece;
     bool done = false;
     std::string finish;  // with done: "length", "stop" or "cancelled"
+    bool written = false;  // from next(): the writer (write_through) took the last event itself
   };
   Event next();    // blocks until there is one
   void cancel();   // the client left: dropped at the next step, its cache freed
+  // Events from now on go to `write` on the thread that hands them out, instead of waiting
+  // for next(): no wake-up of the reader per event. The first event it refuses (false: it
+  // cannot take it now without blocking, or its connection failed) and every later one wait
+  // for next(); once it has taken the last one, next() returns an event with `written`.
+  // It attaches only while no event waits for next() (false: read those first).
+  // write_through(nullptr) detaches it, and returns only when no call is under way.
+  bool write_through(std::function<bool(const Event&)> write);
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const;  // so far
 
@@ -51,6 +59,8 @@ class Generation {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
+  std::mutex write_mu_;  // held while the writer runs: apart from mu_, which the steps take
+  std::function<bool(const Event&)> write_;
   bool cancelled_ = false;
   int64_t prompt_tokens_ = 0, made_ = 0;
 };

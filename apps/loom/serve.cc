@@ -69,6 +69,7 @@ struct Metrics {
   std::mutex mu;
   std::map<std::pair<std::string, int>, uint64_t> requests;  // (endpoint, status)
   std::atomic<uint64_t> tokens{0}, prompt_tokens{0};
+  std::atomic<uint64_t> slowed{0};  // streams whose events waited for room in the client's socket
   Histogram first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
   Histogram per_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
   Histogram batch{{1, 2, 4, 8, 16, 32, 64, 128}};
@@ -98,6 +99,9 @@ struct Metrics {
                "loom_generated_tokens_total ", tokens.load(), "\n",
                "# HELP loom_prompt_tokens_total Prompt tokens read\n# TYPE loom_prompt_tokens_total counter\n",
                "loom_prompt_tokens_total ", prompt_tokens.load(), "\n",
+               "# HELP loom_streams_slowed_total Streams whose client read slower than tokens came ",
+               "(their events waited for room in its socket)\n# TYPE loom_streams_slowed_total counter\n",
+               "loom_streams_slowed_total ", slowed.load(), "\n",
                "");
     out += first_token.text("loom_time_to_first_token_seconds", "From a completion's arrival to its first token");
     out += per_token.text("loom_time_per_token_seconds", "Between a completion's consecutive tokens");
@@ -108,6 +112,18 @@ struct Metrics {
 };
 
 
+
+// The server's write timeout is 0, so that whoever writes never waits for a client: a
+// stream whose client reads slower than tokens come waits here, on its own HTTP thread, for
+// room in the socket's buffer, up to 10 s.
+bool wait_writable(httplib::DataSink& sink) {
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(10);
+  while (!sink.is_writable()) {
+    if (Clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 class Server {
  public:
@@ -180,7 +196,7 @@ class Server {
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_payload_max_length(1 << 20);
     http.set_read_timeout(10, 0);
-    http.set_write_timeout(10, 0);
+    http.set_write_timeout(0, 0);  // never wait for a client: wait_writable does, where it may
     http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
       respond(res, "/health", 200, json{{"status", "ok"}});
     });
@@ -286,16 +302,39 @@ class Server {
       return;
     }
     metrics_.count("/v1/completions", 200);
+    auto sse = [id, created, name, choice](const Generation::Event& e) {
+      const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
+                       {"choices", json::array({choice(e.piece, e.done ? json(e.finish) : json(nullptr))})}};
+      return "data: " + utf8(chunk) + "\n\n" + (e.done ? "data: [DONE]\n\n" : "");
+    };
+    // The batcher's delivery thread writes each event into the socket itself while the
+    // socket has room (no wake-up of this thread per token); an event it cannot write at once
+    // (the client reads slower than tokens come) and every later one come here instead.
     res.set_chunked_content_provider(
         "text/event-stream",
-        [g, id, created, name, choice, model](size_t, httplib::DataSink& sink) {
-          for (;;) {
+        [this, g, sse, model](size_t, httplib::DataSink& sink) {
+          bool broken = false;   // a write failed: the client left
+          bool refused = false;  // the writer found no room: this thread writes the rest
+          struct Detach {  // before this frame (and the sink) go, whatever happens
+            Generation& g;
+            ~Detach() { g.write_through(nullptr); }
+          } detach{*g};
+          auto write = [&](const Generation::Event& e) {
+            if (!sink.is_writable()) {  // no room now (the server's write timeout is 0: no wait)
+              refused = true;
+              return false;
+            }
+            const std::string event = sse(e);
+            broken = !sink.write(event.data(), event.size());
+            return !broken;
+          };
+          for (bool attached = false, counted = false;;) {
+            if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
             const Generation::Event e = g->next();
-            const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
-                             {"choices", json::array({choice(e.piece, e.done ? json(e.finish) : json(nullptr))})}};
-            std::string event = "data: " + utf8(chunk) + "\n\n";
-            if (e.done) event += "data: [DONE]\n\n";
-            if (!sink.is_writable() || !sink.write(event.data(), event.size())) {
+            if (e.written) break;
+            if (refused && !counted) counted = true, ++metrics_.slowed;
+            const std::string event = sse(e);
+            if (broken || !wait_writable(sink) || !sink.write(event.data(), event.size())) {
               g->cancel();  // the client left: its place and cache go to the others
               return false;
             }
