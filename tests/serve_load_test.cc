@@ -74,7 +74,7 @@ double stalled_connection(int port, double limit) {
 }
 
 TEST_F(Serve, UnderLoadAndAbuseEveryClientGetsItsAnswerAndNothingLeaks) {
-  start({"--model", cat("nano=", p("runs/n")), "--max-batch", "16", "--queue", "64"});
+  start({"--model", cat("nano=", p("runs/n")), "--max-batch", "16", "--queue", "64", "--lanes", "3"});
   constexpr int kClients = 64, kLeavers = 8;
   auto body = [](int seed, bool streamed) {
     return json{{"model", "nano"}, {"prompt", "Q: "}, {"max_tokens", 24}, {"seed", seed}, {"temperature", 0.9},

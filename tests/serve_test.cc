@@ -14,7 +14,7 @@ namespace loom {
 namespace {
 
 TEST_F(Serve, CompletionsAreReproducibleStreamedOrNotAndStopWhereAsked) {
-  start({"--model", cat("nano=", p("runs/n"))});
+  start({"--model", cat("nano=", p("runs/n")), "--lanes", "1", "--job.threads=2"});
   auto c = client();
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
@@ -285,6 +285,7 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --route nano=nano:1", "the name is a model's"},
            {model + " --memory-mb -1", "--memory-mb -1"},
            {model + " --quantize fp8", "--quantize fp8: expected none or int8"},
+           {model + " --lanes -1", "--lanes -1: expected 0 ([job] threads) to 256"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;

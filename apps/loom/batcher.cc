@@ -97,10 +97,11 @@ struct Batcher::Sequence {
 Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(const BatchStep&)> on_step)
     : gpt_(gpt), limits_(limits), on_step_(std::move(on_step)) {
   LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.threads >= 1 &&
-             limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
+             limits.lanes >= 1 && limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
   pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
   delivery_ = std::thread([this] { delivery_loop(); });
-  thread_ = std::thread([this] { loop(); });
+  running_.resize(static_cast<size_t>(limits.lanes));
+  for (size_t lane = 0; lane < running_.size(); ++lane) lanes_.emplace_back([this, lane] { loop(lane); });
 }
 
 Batcher::~Batcher() {
@@ -109,7 +110,13 @@ Batcher::~Batcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();  // its last hand-over tells every running and queued request
+  for (std::thread& t : lanes_) t.join();  // each lane's last hand-over tells its running requests
+  {
+    Outbox out;  // and then the queued ones
+    std::lock_guard lock(mu_);
+    for (const auto& s : queue_) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
+    deliver(std::move(out));
+  }
   {
     std::lock_guard lock(out_mu_);
     out_stop_ = true;
@@ -177,19 +184,26 @@ int64_t Batcher::caches_in_use() const {
 
 int64_t Batcher::pages_in_use() const { return pages_->total() - pages_->free(); }
 
-void Batcher::admit() {  // REQUIRES: mu_ held
+bool Batcher::may_admit(size_t lane) const {
+  if (queue_.empty() || running_count_ >= limits_.max_batch) return false;
+  for (const auto& other : running_)  // the lane with the fewest sequences takes the next
+    if (other.size() < running_[lane].size()) return false;
+  return true;
+}
+
+void Batcher::admit(size_t lane) {  // REQUIRES: mu_ held
   const int64_t window = gpt_.config().seq_len;
-  while (!queue_.empty() && static_cast<int64_t>(running_.size()) < limits_.max_batch) {
+  while (may_admit(lane)) {
     // The positions this request can hold at once: its prompt's last window and what it
     // makes, at most a window (past it the cache starts again from the last half window).
     Sequence& s = *queue_.front();
     const int64_t prompt = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()), window);
     s.cache = gpt_.make_cache(pages_, std::min(window, prompt + s.request.max_tokens));
     if (!s.cache) break;  // waits, first come first served, for pages to be given back
-    running_.push_back(std::move(queue_.front()));
+    running_[lane].push_back(std::move(queue_.front()));
     queue_.pop_front();
+    ++running_count_;
   }
-  running_count_ = static_cast<int64_t>(running_.size());
 }
 
 Batcher::Made Batcher::advance(Sequence& s, const float* logits) {
@@ -231,17 +245,18 @@ Batcher::Made Batcher::advance(Sequence& s, const float* logits) {
   return made;
 }
 
-void Batcher::loop() {
+void Batcher::loop(size_t lane) {
   set_compute_threads(limits_.threads);
   const int64_t vocab = gpt_.config().vocab_size;
   Arena arena;
   std::vector<Arena> groups(static_cast<size_t>(limits_.threads));
+  std::vector<std::unique_ptr<Sequence>>& running = running_[lane];
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !running_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || may_admit(lane) || !running.empty(); });
       if (stop_) break;
-      admit();
+      admit(lane);
     }
     const Clock::time_point step_start = Clock::now();
     // One step: every running sequence whose rows fit the token budget (the first always).
@@ -249,7 +264,7 @@ void Batcher::loop() {
     std::vector<std::span<const int32_t>> rows;
     std::vector<nn::KvCache*> caches;
     int64_t total = 0;
-    for (auto& s : running_) {
+    for (auto& s : running) {
       if (s->cancelled()) continue;
       const int64_t n = s->cache->next_rows(static_cast<int64_t>(s->tokens.size()));
       if (!batch.empty() && (total + n > limits_.token_budget)) continue;
@@ -281,18 +296,21 @@ void Batcher::loop() {
     }
     // Finished and cancelled sequences leave the batch and free their caches; only then are
     // their last events sent, so that whoever reads them sees the place free.
+    bool left = false;
     {
       std::lock_guard lock(mu_);
-      std::erase_if(running_, [&](std::unique_ptr<Sequence>& s) {
+      std::erase_if(running, [&](std::unique_ptr<Sequence>& s) {
         auto done = std::find_if(finished.begin(), finished.end(), [&](const auto& f) { return f.first == s.get(); });
         if (done != finished.end()) out.emplace_back(s->generation, std::move(done->second));
         else if (s->cancelled()) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
         else return false;
         s->cache.reset();  // its pages go back to the pool
+        --running_count_;
+        left = true;
         return true;
       });
-      running_count_ = static_cast<int64_t>(running_.size());
     }
+    if (left) cv_.notify_all();  // another lane may now be the one to admit
     deliver(std::move(out));
     step.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     if (on_step_ && step.sequences > 0) on_step_(step);
@@ -300,11 +318,7 @@ void Batcher::loop() {
   // Stopping: whoever waits is told, after what was handed over before.
   Outbox out;
   std::lock_guard lock(mu_);
-  const auto cancelled = [&](const std::unique_ptr<Sequence>& s) {
-    out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
-  };
-  std::for_each(running_.begin(), running_.end(), cancelled);
-  std::for_each(queue_.begin(), queue_.end(), cancelled);
+  for (const auto& s : running) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
   deliver(std::move(out));
 }
 

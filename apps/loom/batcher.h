@@ -1,7 +1,7 @@
-// Continuous batching for `loom serve` (docs/serving.md): one thread per model runs every
-// admitted request's next tokens in one Gpt::decode_batch per step, and requests join and
-// leave between steps (iteration-level scheduling); a second hands each step's events to
-// the requests. Each request decodes with a key/value cache from a fixed pool; a request
+// Continuous batching for `loom serve` (docs/serving.md): a model's decoding threads (lanes)
+// each run their admitted requests' next tokens in one Gpt::decode_grouped per step, and
+// requests join and leave between steps (iteration-level scheduling); one more thread hands
+// each step's events to the requests. Each request decodes with a key/value cache from a fixed pool; a request
 // that cannot be admitted waits in a bounded queue.
 // Thread-safety: submit, Generation::next and Generation::cancel from any thread.
 #pragma once
@@ -73,8 +73,13 @@ struct BatcherLimits {
   // takes the pages for its prompt and max_tokens (at most a window's) when it joins.
   // REQUIRES: at least one window's.
   int64_t kv_pages = 256;
-  // OpenMP threads of the decoding thread's kernels. A thread's OpenMP team size is its own
-  // (omp_set_num_threads on the main thread does not reach it), so the loop sets it.
+  // Decoding threads (lanes), each stepping its own sequences with no join between them: a
+  // lane delayed (preempted, or with a prompt to read) holds up only its own. A request joins
+  // the lane with the fewest sequences. max_batch bounds all lanes together, token_budget
+  // each lane's step.
+  int lanes = 1;
+  // OpenMP threads of each lane's kernels. A thread's OpenMP team size is its own
+  // (omp_set_num_threads on the main thread does not reach it), so each lane sets it.
   int threads = 1;
 };
 
@@ -100,8 +105,9 @@ class Batcher {
  private:
   struct Sequence;
   using Outbox = std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>>;
-  void loop();
-  void admit();
+  void loop(size_t lane);
+  void admit(size_t lane);
+  bool may_admit(size_t lane) const;  // REQUIRES: mu_ held
   // What one sequence's step made: its token (first of its request?, seconds since its
   // last), the text to send now, if any, and once it has finished its last event, sent after
   // it has left the batch.
@@ -127,7 +133,8 @@ class Batcher {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> queue_;
-  std::vector<std::unique_ptr<Sequence>> running_;  // touched by the loop only, sized under mu_
+  // Each lane's running sequences: touched by its loop only, sized under mu_.
+  std::vector<std::vector<std::unique_ptr<Sequence>>> running_;
   std::shared_ptr<nn::KvPagePool> pages_;
   int64_t running_count_ = 0;
   bool stop_ = false;
@@ -135,8 +142,8 @@ class Batcher {
   std::condition_variable out_cv_;
   Outbox outbox_;  // handed over, not yet pushed
   bool out_stop_ = false;
-  std::thread delivery_;  // started before thread_, joined after it
-  std::thread thread_;
+  std::thread delivery_;  // started before the lanes, joined after them
+  std::vector<std::thread> lanes_;
 };
 
 }  // namespace loom::app

@@ -74,6 +74,10 @@ int run(int argc, char** argv) {
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
+  v->add_option("--lanes", serve.lanes,
+                 "Decoding threads per model, each stepping its own share of the batch with [job] threads / lanes "
+                 "compute threads (0: [job] threads, one compute thread each)")
+      ->capture_default_str();
   v->add_option("--token-budget", serve.token_budget, "Most tokens (rows) one step runs; a prompt's prefill counts each")
       ->capture_default_str();
   v->add_option("--queue", serve.queue, "Requests that may wait for a place; beyond it: 429")->capture_default_str();

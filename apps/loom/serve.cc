@@ -131,6 +131,7 @@ class Server {
       : args_(a),
         started_(std::time(nullptr)),
         threads_(c.threads(/*local_ranks=*/1)),
+        lanes_(a.lanes == 0 ? threads_ : static_cast<int>(a.lanes)),
         cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
@@ -142,7 +143,7 @@ class Server {
                  const BatcherLimits limits{
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
                      .kv_pages = std::clamp(budget, window, args_.max_batch * window),
-                     .threads = threads_};
+                     .lanes = lanes_, .threads = std::max(1, threads_ / lanes_)};
                  return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
                }) {
     for (auto& r : routes) {
@@ -348,7 +349,8 @@ class Server {
 
   const ServeArgs& args_;
   long started_;
-  int threads_;  // [job] threads: each decoding thread's compute threads
+  int threads_;  // [job] threads: each model's compute threads, shared among its lanes
+  int lanes_;    // decoding threads per model
   Metrics metrics_;  // before cache_: the batchers' threads write it until they end
   ModelCache cache_;
   std::map<std::string, std::unique_ptr<Route>> routes_;
@@ -366,6 +368,7 @@ int run_serve(const ServeArgs& a) {
                                  std::pair{"--token-budget", a.token_budget}, std::pair{"--kv-cache-mb", a.kv_cache_mb}})
     if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
   if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
+  if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));
   std::string key = a.api_key;
   if (key.empty() && std::getenv("LOOM_API_KEY") != nullptr) key = std::getenv("LOOM_API_KEY");
   if (!loopback(a.host) && key.empty())
