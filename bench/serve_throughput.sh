@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `loom serve` under load: gpt-mini (n_layer 4, d_model 256, seq 256; weights of one training
 # step: speed does not depend on them) behind continuous batching, f32 and int8 weights
-# (--quantize int8), THREADS compute threads for the decoding thread, 1, 4, 16 and 64
+# (--quantize int8), THREADS compute threads (the server's default: as many decoding lanes of
+# one thread each), 1, 4, 16 and 64
 # concurrent streaming clients (`loom bench serve`: C++ threads, so that the clients take
 # little of the cores the server runs on), each asking for TOKENS tokens from a short prompt,
 # REQUESTS requests per client. Prints aggregate tokens/s, its ratio to 1 client, and p50/p99
 # time to first token and per token (client side, from the server-sent events). Then the model
-# alone at the same batch sizes (`loom bench decode`, its sequences batched and grouped as the
-# server groups them), for what the server adds.
+# alone at the same batch sizes (`loom bench decode`: one batch on all threads, then in lanes
+# as the server runs it), for what the server adds.
 # Usage: bench/serve_throughput.sh [TOKENS [REQUESTS [THREADS]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +33,5 @@ for quant in none int8; do
 done
 echo "## the model alone (Gpt::decode_batch), f32"
 $loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 | tail -n +2
-echo "## the model alone, grouped as the server runs it (Gpt::decode_grouped), f32"
-$loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 --grouped | tail -n +3
+echo "## the model alone as the server runs it: $threads lanes side by side, each its share of the sequences, f32"
+$loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 --lanes "$threads" | tail -n +3

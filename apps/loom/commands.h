@@ -96,6 +96,7 @@ struct BenchDecodeArgs {
   int64_t steps = 2000, warmup = 100;
   std::string quantize = "none";  // or int8
   bool grouped = false;            // Gpt::decode_grouped: a group of sequences per thread
+  int64_t lanes = 1;               // decoding threads, each its share of the batch and of the threads
 };
 int run_bench_decode(const BenchDecodeArgs& a);
 

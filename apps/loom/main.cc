@@ -178,6 +178,10 @@ int run(int argc, char** argv) {
   bd->add_option("--warmup", bench_decode.warmup, "Untimed steps first")->capture_default_str();
   bd->add_option("--quantize", bench_decode.quantize, "none, or int8 weights")->capture_default_str();
   bd->add_flag("--grouped", bench_decode.grouped, "Each compute thread decodes a group of the sequences whole (Gpt::decode_grouped)");
+  bd->add_option("--lanes", bench_decode.lanes,
+                 "Decoding threads side by side, each stepping batch / lanes sequences with threads / lanes compute "
+                 "threads (loom serve --lanes)")
+      ->capture_default_str();
 
   loom::app::BenchServeArgs bench_serve;
   auto* bs = b->add_subcommand("serve", "Streaming clients against a running loom serve: tokens/s and latencies");

@@ -303,10 +303,18 @@ class Server {
       return;
     }
     metrics_.count("/v1/completions", 200);
-    auto sse = [id, created, name, choice](const Generation::Event& e) {
-      const json chunk{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
-                       {"choices", json::array({choice(e.piece, e.done ? json(e.finish) : json(nullptr))})}};
-      return "data: " + utf8(chunk) + "\n\n" + (e.done ? "data: [DONE]\n\n" : "");
+    auto chunk = [=](const std::string& piece, const json& finish) {
+      return utf8(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
+                       {"choices", json::array({choice(piece, finish)})}});
+    };
+    // Every event but the last is the same JSON around its piece: made once, with only the
+    // piece written per token.
+    const std::string empty = chunk("", nullptr);
+    const size_t text = empty.find("\"text\":\"\"") + 7;  // the keys are in order, the others' values escaped
+    auto sse = [chunk, head = "data: " + empty.substr(0, text), tail = empty.substr(text + 2) + "\n\n"](
+                   const Generation::Event& e) {
+      if (e.done) return "data: " + chunk(e.piece, e.finish) + "\n\ndata: [DONE]\n\n";
+      return head + utf8(e.piece) + tail;
     };
     // The batcher's delivery thread writes each event into the socket itself while the
     // socket has room (no wake-up of this thread per token); an event it cannot write at once
