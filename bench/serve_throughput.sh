@@ -2,9 +2,9 @@
 # `loom serve` under load: gpt-mini (n_layer 4, d_model 256, seq 256; weights of one training
 # step: speed does not depend on them) behind continuous batching, f32 and int8 weights
 # (--quantize int8), THREADS compute threads (the server's default: as many decoding lanes of
-# one thread each), 1, 4, 16 and 64
-# concurrent streaming clients (`loom bench serve`: C++ threads, so that the clients take
-# little of the cores the server runs on), each asking for TOKENS tokens from a short prompt,
+# one thread each), 1, 4, 16 and 64 concurrent streaming clients (`loom bench serve`: C++
+# threads, so that the clients take little of the cores the server runs on), each asking for
+# TOKENS tokens from a short prompt,
 # REQUESTS requests per client. Prints aggregate tokens/s, its ratio to 1 client, and p50/p99
 # time to first token and per token (client side, from the server-sent events). Then the model
 # alone at the same batch sizes (`loom bench decode`: one batch on all threads, then in lanes
