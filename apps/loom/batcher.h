@@ -122,8 +122,8 @@ class Batcher {
   // the compute threads run it for their own groups' sequences side by side.
   Made advance(Sequence& s, const float* logits);
   // A step's events go to the delivery thread in one hand-over, which pushes them in order:
-  // waking each request's HTTP thread (which then writes its event out) happens there,
-  // beside the next step's forward, instead of inside the step every request waits on.
+  // writing each out (Generation::write_through), or waking the request's HTTP thread to,
+  // happens there, beside the next step's forward, not inside the step every request waits on.
   void deliver(Outbox events);
   void delivery_loop();
 
