@@ -46,7 +46,7 @@ int64_t Generation::completion_tokens() const {
   return made_;
 }
 
-bool Generation::write_through(std::function<bool(const Event&)> write) {
+bool Generation::write_through(Writer write) {
   std::lock_guard write_lock(write_mu_);
   if (write) {
     std::lock_guard lock(mu_);
@@ -56,19 +56,20 @@ bool Generation::write_through(std::function<bool(const Event&)> write) {
   return true;
 }
 
-void Generation::push(Event e) {
-  std::lock_guard write_lock(write_mu_);  // throughout: each event goes out in order, one way or the other
+void Generation::push(std::vector<Event> events) {
+  std::lock_guard write_lock(write_mu_);  // throughout: the events go out in order, one way or the other
   if (write_) {
-    if (write_(e)) {
-      if (!e.done) return;
-      e = Event{.done = true, .finish = e.finish, .written = true};
+    if (write_(events)) {
+      const Event& last = events.back();
+      if (!last.done) return;
+      events = {Event{.done = true, .finish = last.finish, .written = true}};
     } else {
-      write_ = nullptr;  // refused: this event and every later one wait for next()
+      write_ = nullptr;  // refused: these events and every later one wait for next()
     }
   }
   {
     std::lock_guard lock(mu_);
-    events_.push_back(std::move(e));
+    std::move(events.begin(), events.end(), std::back_inserter(events_));
   }
   cv_.notify_all();
 }
@@ -143,7 +144,15 @@ void Batcher::delivery_loop() {
       if (outbox_.empty()) return;  // stopping, and everything handed over was pushed
       events.swap(outbox_);
     }
-    for (auto& [generation, event] : events) generation->push(std::move(event));
+    // Each generation's events in this hand-over go out together, in order: when the
+    // delivery thread falls behind the steps, a stream gets several tokens in one write.
+    std::vector<std::pair<Generation*, std::vector<Generation::Event>>> by_generation;
+    for (auto& [generation, event] : events) {
+      auto it = std::find_if(by_generation.begin(), by_generation.end(), [&](const auto& b) { return b.first == generation.get(); });
+      if (it == by_generation.end()) it = by_generation.insert(by_generation.end(), {generation.get(), {}});
+      it->second.push_back(std::move(event));
+    }
+    for (auto& [generation, its] : by_generation) generation->push(std::move(its));
     events.clear();
   }
 }
@@ -153,7 +162,7 @@ std::shared_ptr<Generation> Batcher::submit(GenerationRequest request) {
   std::shared_ptr<Generation> g = s->generation;
   g->prompt_tokens_ = static_cast<int64_t>(s->tokens.size());
   if (s->request.max_tokens == 0) {
-    g->push({.piece = "", .done = true, .finish = "length"});
+    g->push({{.piece = "", .done = true, .finish = "length"}});
     return g;
   }
   {

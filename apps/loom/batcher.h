@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,24 +44,27 @@ class Generation {
   Event next();    // blocks until there is one
   void cancel();   // the client left: dropped at the next step, its cache freed
   // Events from now on go to `write` on the thread that hands them out, instead of waiting
-  // for next(): no wake-up of the reader per event. The first event it refuses (false: it
-  // cannot take it now without blocking, or its connection failed) and every later one wait
-  // for next(); once it has taken the last one, next() returns an event with `written`.
+  // for next(): no wake-up of the reader per event. It takes each hand-over's events for
+  // this generation at once (several when the hand-overs came faster than they went out).
+  // The first it refuses (false: it cannot take them now without blocking, or its connection
+  // failed) and every later one wait for next(); once it has taken the last event, next()
+  // returns an event with `written`.
   // It attaches only while no event waits for next() (false: read those first).
   // write_through(nullptr) detaches it, and returns only when no call is under way.
-  bool write_through(std::function<bool(const Event&)> write);
+  using Writer = std::function<bool(std::span<const Event>)>;
+  bool write_through(Writer write);
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const;  // so far
 
  private:
   friend class Batcher;
-  void push(Event e);
+  void push(std::vector<Event> events);  // in order; never empty
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
   std::mutex write_mu_;  // held while the writer runs: apart from mu_, which the steps take
-  std::function<bool(const Event&)> write_;
+  Writer write_;
   bool cancelled_ = false;
   int64_t prompt_tokens_ = 0, made_ = 0;
 };

@@ -328,13 +328,14 @@ class Server {
             Generation& g;
             ~Detach() { g.write_through(nullptr); }
           } detach{*g};
-          auto write = [&](const Generation::Event& e) {
+          auto write = [&](std::span<const Generation::Event> events) {
             if (!sink.is_writable()) {  // no room now (the server's write timeout is 0: no wait)
               refused = true;
               return false;
             }
-            const std::string event = sse(e);
-            broken = !sink.write(event.data(), event.size());
+            std::string out;
+            for (const Generation::Event& e : events) out += sse(e);
+            broken = !sink.write(out.data(), out.size());
             return !broken;
           };
           for (bool attached = false, counted = false;;) {
