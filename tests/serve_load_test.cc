@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -149,6 +150,21 @@ TEST_F(Serve, UnderLoadAndAbuseEveryClientGetsItsAnswerAndNothingLeaks) {
   EXPECT_EQ(client().Get("/health")->status, 200);
 }
 
+// The niceness of each of a process's threads (/proc/PID/task/TID/stat, field 19).
+std::vector<int> thread_nices(pid_t pid) {
+  std::vector<int> nices;
+  for (const auto& task : std::filesystem::directory_iterator(cat("/proc/", pid, "/task"))) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    if (stat.find(')') == std::string::npos) continue;  // the thread ended meanwhile
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // the name may hold anything
+    std::string field;
+    for (int i = 3; i <= 19 && fields >> field; ++i) {}
+    nices.push_back(std::stoi(field));
+  }
+  return nices;
+}
+
 // A client that stops reading mid-stream: the writer that takes every stream's events never
 // waits for it (its events wait in the server for room in its socket), the other clients'
 // streams go on meanwhile, and once it reads again it gets its whole completion.
@@ -169,6 +185,14 @@ TEST_F(Serve, AClientThatStopsReadingHoldsUpNoOneAndGetsItsWholeCompletion) {
     return at == std::string::npos ? -1 : std::stoi(m.substr(at + key.size()));
   };
   ASSERT_EQ(slowed(), 0);
+  // The thread that writes the events runs at niceness 10 (--events-nice), the others at 0.
+  std::vector<int> nices = thread_nices(pid_);
+  for (int i = 0; i < 100 && std::count(nices.begin(), nices.end(), 10) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    nices = thread_nices(pid_);
+  }
+  EXPECT_EQ(std::count(nices.begin(), nices.end(), 10), 1);
+  EXPECT_EQ(std::count(nices.begin(), nices.end(), 0), static_cast<long>(nices.size()) - 1);
   std::atomic<bool> reading{false}, paused{false};
   std::string text, buffer;
   int status = -1;

@@ -286,6 +286,7 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --memory-mb -1", "--memory-mb -1"},
            {model + " --quantize fp8", "--quantize fp8: expected none or int8"},
            {model + " --lanes -1", "--lanes -1: expected 0 ([job] threads) to 256"},
+           {model + " --events-nice 20", "--events-nice 20: expected 0 to 19"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;

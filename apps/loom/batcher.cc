@@ -1,11 +1,17 @@
 #include "batcher.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <iterator>
 #include <span>
 
 #include "loom/error.h"
+#include "loom/log.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
 
@@ -136,6 +142,13 @@ void Batcher::deliver(Outbox events) {
 }
 
 void Batcher::delivery_loop() {
+  if (limits_.events_nice > 0) {  // this thread only (Linux: a thread id names one thread)
+    const auto self = static_cast<id_t>(gettid());
+    errno = 0;
+    const int now = getpriority(PRIO_PROCESS, self);
+    if (errno == 0 && setpriority(PRIO_PROCESS, self, std::min(19, now + limits_.events_nice)) != 0)
+      log_warn(cat("serve: the delivery thread's niceness stays ", now, ": ", std::strerror(errno)));
+  }
   Outbox events;
   for (;;) {
     {

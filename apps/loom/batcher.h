@@ -82,6 +82,10 @@ struct BatcherLimits {
   // the lane with the fewest sequences. max_batch bounds all lanes together, token_budget
   // each lane's step.
   int lanes = 1;
+  // Added to the delivery thread's niceness (0 to 19): with every core busy the lanes then come
+  // first, and each write it makes carries all the tokens its stream got meanwhile; with a
+  // core to spare it writes each token as it comes, as at 0.
+  int events_nice = 0;
   // OpenMP threads of each lane's kernels. A thread's OpenMP team size is its own
   // (omp_set_num_threads on the main thread does not reach it), so each lane sets it.
   int threads = 1;

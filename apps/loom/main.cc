@@ -74,6 +74,10 @@ int run(int argc, char** argv) {
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
+  v->add_option("--events-nice", serve.events_nice,
+                 "Added to the niceness of the thread that writes the streams' events (0-19): with every core busy "
+                 "the model comes first and a write carries every token made meanwhile")
+      ->capture_default_str();
   v->add_option("--lanes", serve.lanes,
                  "Decoding threads per model, each stepping its own share of the batch with [job] threads / lanes "
                  "compute threads (0: [job] threads, one compute thread each)")

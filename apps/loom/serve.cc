@@ -143,7 +143,8 @@ class Server {
                  const BatcherLimits limits{
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
                      .kv_pages = std::clamp(budget, window, args_.max_batch * window),
-                     .lanes = lanes_, .threads = std::max(1, threads_ / lanes_)};
+                     .lanes = lanes_, .events_nice = static_cast<int>(args_.events_nice),
+                     .threads = std::max(1, threads_ / lanes_)};
                  return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
                }) {
     for (auto& r : routes) {
@@ -378,6 +379,7 @@ int run_serve(const ServeArgs& a) {
     if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
   if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
   if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));
+  if (a.events_nice < 0 || a.events_nice > 19) throw InputError(cat("--events-nice ", a.events_nice, ": expected 0 to 19"));
   std::string key = a.api_key;
   if (key.empty() && std::getenv("LOOM_API_KEY") != nullptr) key = std::getenv("LOOM_API_KEY");
   if (!loopback(a.host) && key.empty())
