@@ -161,8 +161,9 @@ void Batcher::delivery_loop() {
     // delivery thread falls behind the steps, a stream gets several tokens in one write.
     std::vector<std::pair<Generation*, std::vector<Generation::Event>>> by_generation;
     for (auto& [generation, event] : events) {
-      auto it = std::find_if(by_generation.begin(), by_generation.end(), [&](const auto& b) { return b.first == generation.get(); });
-      if (it == by_generation.end()) it = by_generation.insert(by_generation.end(), {generation.get(), {}});
+      Generation* const g = generation.get();  // a structured binding may not be captured (Clang 14)
+      auto it = std::find_if(by_generation.begin(), by_generation.end(), [g](const auto& b) { return b.first == g; });
+      if (it == by_generation.end()) it = by_generation.insert(by_generation.end(), {g, {}});
       it->second.push_back(std::move(event));
     }
     for (auto& [generation, its] : by_generation) generation->push(std::move(its));
