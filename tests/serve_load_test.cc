@@ -209,7 +209,7 @@ TEST_F(Serve, AClientThatStopsReadingHoldsUpNoOneAndGetsItsWholeCompletion) {
     req.set_header("Content-Type", "application/json");
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
       if (!paused.exchange(true))  // stops reading after its first bytes, until told
-        for (int i = 0; i < 3000 && !reading; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        for (int i = 0; i < 24000 && !reading; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       buffer.append(data, n);
       for (size_t at; (at = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, at + 2))
         if (buffer.starts_with("data: {")) text += json::parse(buffer.substr(6, at - 6))["choices"][0]["text"].get<std::string>();
@@ -220,7 +220,8 @@ TEST_F(Serve, AClientThatStopsReadingHoldsUpNoOneAndGetsItsWholeCompletion) {
     status = c.send(req, res, error) ? res.status : -1;
   });
   // While it does not read, its events back up in the server, and other streams finish.
-  for (int i = 0; i < 400 && slowed() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 12000 && slowed() < 1; ++i)  // at most 2 minutes (a sanitizer's build is slow)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(slowed(), 1) << "the stopped client's events never had to wait";
   for (int seed = 20; seed < 23; ++seed) {
     auto c = client();
