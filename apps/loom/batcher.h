@@ -1,8 +1,8 @@
 // Continuous batching for `loom serve` (docs/serving.md): a model's decoding threads (lanes)
 // each run their admitted requests' next tokens in one Gpt::decode_grouped per step, and
 // requests join and leave between steps (iteration-level scheduling); one more thread hands
-// each step's events to the requests. Each request decodes with a key/value cache from a fixed pool; a request
-// that cannot be admitted waits in a bounded queue.
+// each step's events to the requests. Each request decodes with a key/value cache from a
+// fixed pool; a request that cannot be admitted waits in a bounded queue.
 // Thread-safety: submit, Generation::next and Generation::cancel from any thread.
 #pragma once
 

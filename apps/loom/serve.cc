@@ -311,7 +311,9 @@ class Server {
     // Every event but the last is the same JSON around its piece: made once, with only the
     // piece written per token.
     const std::string empty = chunk("", nullptr);
-    const size_t text = empty.find("\"text\":\"\"") + 7;  // the keys are in order, the others' values escaped
+    const size_t key = empty.find("\"text\":\"\"");  // the keys are in order, the others' values escaped
+    LOOM_CHECK_LT(key, empty.size());
+    const size_t text = key + 7;
     auto sse = [chunk, head = "data: " + empty.substr(0, text), tail = empty.substr(text + 2) + "\n\n"](
                    const Generation::Event& e) {
       if (e.done) return "data: " + chunk(e.piece, e.finish) + "\n\ndata: [DONE]\n\n";
