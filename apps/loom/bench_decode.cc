@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 #include <thread>
 
 #include "commands.h"
@@ -102,13 +103,10 @@ int run_bench_decode(const BenchDecodeArgs& a) {
       double slowest = 0;
       for (const auto& lt : lane_times) {
         times.insert(times.end(), lt.begin(), lt.end());
-        double total = 0;
-        for (double t : lt) total += t;
-        slowest = std::max(slowest, total);
+        slowest = std::max(slowest, std::accumulate(lt.begin(), lt.end(), 0.0));
       }
       std::sort(times.begin(), times.end());
-      double total = 0;
-      for (double t : times) total += t;
+      const double total = std::accumulate(times.begin(), times.end(), 0.0);
       const double rate = static_cast<double>(b * a.steps) / slowest;  // every lane steps a.steps times
       if (first == 0) first = rate;
       std::printf("%8lld %8lld %12.3f %12.3f %12.0f %7.2fx\n", static_cast<long long>(th), static_cast<long long>(b),

@@ -333,7 +333,8 @@ class Server {
           } detach{*g};
           auto write = [&](std::span<const Generation::Event> events) {
             if (!sink.is_writable()) {  // no room now (the server's write timeout is 0: no wait)
-              refused = true;
+              refused = true;           // once: a refused writer is never called again
+              ++metrics_.slowed;
               return false;
             }
             std::string out;
@@ -341,11 +342,10 @@ class Server {
             broken = !sink.write(out.data(), out.size());
             return !broken;
           };
-          for (bool attached = false, counted = false;;) {
+          for (bool attached = false;;) {
             if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
             const Generation::Event e = g->next();
             if (e.written) break;
-            if (refused && !counted) counted = true, ++metrics_.slowed;
             const std::string event = sse(e);
             if (broken || !wait_writable(sink) || !sink.write(event.data(), event.size())) {
               g->cancel();  // the client left: its place and cache go to the others
