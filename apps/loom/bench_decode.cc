@@ -76,11 +76,12 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   nn::Gpt gpt(cfg);
   gpt.init(0);  // the rate does not depend on the weights
   if (a.quantize == "int8") gpt.use_int8(gpt.quantize_int8());
+  if (a.quantize != "int8" && !a.plain) gpt.use_panels();
   std::printf("# loom bench decode: %s (n_layer %lld, d_model %lld, vocab %lld), %s weights; each sequence decodes "
               "positions %lld..%lld and starts again with a prompt of %lld tokens (its prefill in the step); "
               "%lld steps after %lld untimed%s\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.d_model),
-              static_cast<long long>(cfg.vocab_size), a.quantize == "int8" ? "int8" : "f32", static_cast<long long>(a.from),
+              static_cast<long long>(cfg.vocab_size), a.quantize == "int8" ? "int8" : a.plain ? "f32 (in place)" : "f32 (in panels)", static_cast<long long>(a.from),
               static_cast<long long>(a.to), static_cast<long long>(a.from), static_cast<long long>(a.steps),
               static_cast<long long>(a.warmup),
               a.lanes > 1 ? cat("; ", a.lanes, " lanes side by side, each its share of the batch and threads").c_str() : "");

@@ -98,6 +98,7 @@ struct BenchDecodeArgs {
   std::string quantize = "none";  // or int8
   bool grouped = false;            // Gpt::decode_grouped: a group of sequences per thread
   int64_t lanes = 1;               // decoding threads, each its share of the batch and of the threads
+  bool plain = false;              // f32 weights in place, not in panels (Gpt::use_panels)
 };
 int run_bench_decode(const BenchDecodeArgs& a);
 

@@ -109,6 +109,12 @@ std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config
   return gpt;
 }
 
+std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
+  auto gpt = load_gpt(ck, c, int8);
+  if (!gpt->int8()) gpt->use_panels();
+  return gpt;
+}
+
 int run_eval(const EvalArgs& a) {
   if (a.batch <= 0) throw InputError(cat("--batch ", a.batch, ": expected a positive integer"));
   Config c = inference_config(a.config, a.overrides);
@@ -130,7 +136,7 @@ int run_sample(const SampleArgs& a) {
   Config c = inference_config(a.config, a.overrides);
   const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
-  auto gpt = load_gpt(ck, c, int8);
+  auto gpt = load_gpt_for_decoding(ck, c, int8);
   const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
   const bool bytes = vocab <= 256;  // byte-level tokens print as text; others as ids
   std::vector<int32_t> seq;

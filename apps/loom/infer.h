@@ -24,6 +24,9 @@ nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c);
 // int8: compute with int8 weights (docs/serving.md, "INT8 weights"), quantized now from f32
 // ones; a checkpoint written by `loom quantize` always loads as int8.
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8 = false);
+// load_gpt for decoding (`loom sample`, `loom serve`): f32 weights go into panels
+// (Gpt::use_panels: the same bits, faster few-row products).
+std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8);
 
 // INT8 weights (apps/loom/quantize.cc). Whether a checkpoint holds them (written by loom quantize).
 bool holds_int8(const checkpoint::Checkpoint& ck);
@@ -31,7 +34,8 @@ bool holds_int8(const checkpoint::Checkpoint& ck);
 // their scales through Gpt::use_int8. InputError naming the file and tensor when one is
 // missing or of another dtype or shape.
 void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt);
-// What Gpt::weight_bytes() gives for a GPT of this shape, without building one.
+// What Gpt::weight_bytes() gives for a GPT of this shape as load_gpt_for_decoding makes it
+// (int8 weights, or f32 ones in panels), without building one.
 int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8);
 // `loom ckpt export --format onnx` (apps/loom/onnx_export.cc): the GPT as an ONNX graph at `out`.
 int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::string& out);

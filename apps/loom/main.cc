@@ -186,6 +186,8 @@ int run(int argc, char** argv) {
                  "Decoding threads side by side, each stepping batch / lanes sequences with threads / lanes compute "
                  "threads (loom serve --lanes)")
       ->capture_default_str();
+  bd->add_flag("--plain", bench_decode.plain,
+               "f32 weights read in place, not laid out in panels as loom serve and loom sample have them");
 
   loom::app::BenchServeArgs bench_serve;
   auto* bs = b->add_subcommand("serve", "Streaming clients against a running loom serve: tokens/s and latencies");

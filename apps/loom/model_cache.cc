@@ -69,7 +69,7 @@ std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& 
     m = std::make_shared<Model>();
     m->name = e.spec.name;
     m->path = e.spec.path;
-    m->gpt = load_gpt(checkpoint::Checkpoint::open(e.spec.path), config_, e.int8);
+    m->gpt = load_gpt_for_decoding(checkpoint::Checkpoint::open(e.spec.path), config_, e.int8);
     if (m->gpt->config().vocab_size != e.shape.vocab_size || m->gpt->weight_bytes() != e.bytes)
       throw InputError(cat(e.spec.path, ": the checkpoint changed since the server started"));
     m->batcher = make_batcher_(*m->gpt);

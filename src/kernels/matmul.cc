@@ -26,6 +26,18 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
     gemm<T>(false, true, n, m, k, inp, k, weight, k, has_bias, out, m, epilogue);
 }
 
+void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
+                           float* gelu_out) {
+  const int64_t m = weight.n;
+  if (bias != nullptr) parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
+  GemmEpilogue epilogue;
+  if (gelu_out != nullptr)
+    epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+      for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
+    };
+  gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, m, epilogue);
+}
+
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout) {

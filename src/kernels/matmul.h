@@ -22,6 +22,11 @@ template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
                     int64_t m, WeightLayout layout, T* gelu_out = nullptr);
 
+// matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
+// op(B), from either layout): the same bits.
+void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
+                           float* gelu_out = nullptr);
+
 // dinp (N, K) = dout @ weight^T (overwritten; skipped when null);
 // dweight += inp^T @ dout in the weight's layout (skipped when null); dbias (M) += column sums
 // of dout (skipped when null). Zero-bubble pipelines call it twice, dinp first and the rest

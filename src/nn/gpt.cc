@@ -332,6 +332,10 @@ void Gpt::head_product(const Tensor& out, const Tensor& x) const {
     k::int8_matmul_forward(out.data<float>(), x.data<float>(), *wte_.int8, nullptr, rows);
     return;
   }
+  if (head_panels_ != nullptr) {
+    k::matmul_forward_panels(out.data<float>(), x.data<float>(), *head_panels_, nullptr, rows);
+    return;
+  }
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
                       k::matmul_forward(out.data<T>(), x.data<T>(), head_weight().data<T>(),
                                         static_cast<const T*>(nullptr), rows, c, v, k::WeightLayout::kMK));

@@ -134,6 +134,11 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
     k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr, n);
     return y;
   }
+  if (panels != nullptr) {
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
+    k::matmul_forward_panels(y.data<float>(), x.data<float>(), *panels, bias.defined() ? bias.value().data<float>() : nullptr, n);
+    return y;
+  }
   const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
   const Tensor w = product_weight(arena);
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
@@ -167,6 +172,12 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
                            x.numel() / in, g.data<float>());
     return {y, g};
   }
+  if (panels != nullptr) {
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    k::matmul_forward_panels(y.data<float>(), x.data<float>(), *panels, bias.defined() ? bias.value().data<float>() : nullptr,
+                             x.numel() / in, g.data<float>());
+    return {y, g};
+  }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(), bias.defined() ? bias.value().data<T>() : nullptr,
                       x.numel() / in, in, out, k::WeightLayout::kKM, g.data<T>());
@@ -175,7 +186,7 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
 }
 
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
-  LOOM_CHECK(int8 == nullptr);  // int8 weights are for inference
+  LOOM_CHECK(int8 == nullptr && panels == nullptr);  // int8 weights and panels are for inference
   if (split != TpSplit::kNone && shard.sequence_split()) {
     LOOM_CHECK(need_dx && !defer_weights);  // sequence parallelism runs without pipeline stages
     return backward_sequence(dy, ctx, arena);

@@ -249,8 +249,18 @@ class Gpt {
     return name == "transformer.wte.weight" || name == "transformer.wpe.weight";
   }
   bool int8() const { return !int8_.empty(); }
+
+  // f32 weights in panels for inference (docs/serving.md, "Panels"): every block's linear
+  // weights and the tied head's (wte^T) laid out once as kernels::PanelMatrix, which
+  // forward, forward_logits and decode then multiply by: the same bits, read as one stream
+  // per 32 columns. The linear weights' f32 memory is given back to the system (they read
+  // as 0); wte stays, for the embedding's rows. backward refuses. REQUIRES: the whole model
+  // in one process, f32, no int8 weights.
+  void use_panels();
+  bool panels() const { return head_panels_ != nullptr; }
+
   // Bytes of the weights forward reads: int8 values and f32 scales where use_int8 put them,
-  // f32 for the rest (biases, LayerNorms, wpe).
+  // panels where use_panels did (and the head's), f32 for the rest (biases, LayerNorms, wpe).
   int64_t weight_bytes() const;
 
   // Called as forward and backward enter and leave each transformer block, in the order
@@ -307,6 +317,9 @@ class Gpt {
   DType precision_ = DType::kF32;
   mutable Arena scratch_;  // the workspace of full recompute and mixed precision; one thread drives a model
   Int8Weights int8_;       // use_int8's, which the layers point into
+  // use_panels': by weight name, and the head's; the layers point into them.
+  std::map<std::string, std::shared_ptr<const kernels::PanelMatrix>> panels_;
+  std::shared_ptr<const kernels::PanelMatrix> head_panels_;
 };
 
 }  // namespace loom::nn

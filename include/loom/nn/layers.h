@@ -26,7 +26,8 @@
 #include "loom/tensor.h"
 
 namespace loom::kernels {
-struct Int8Weight;  // kernels/int8_matmul.h
+struct Int8Weight;   // kernels/int8_matmul.h
+struct PanelMatrix;  // kernels/gemm/gemm.h
 }
 
 namespace loom::nn {
@@ -67,6 +68,9 @@ class Linear {
   // Inference with int8 weights (Gpt::use_int8): forward multiplies by these in place of
   // `weight`; backward refuses. Owned by the model.
   const kernels::Int8Weight* int8 = nullptr;
+  // Inference with the weight in panels (Gpt::use_panels): forward multiplies by these in
+  // place of `weight`, the same bits; backward refuses. Owned by the model.
+  const kernels::PanelMatrix* panels = nullptr;
   Shard shard;
   TpSplit split = TpSplit::kNone;
   DType precision = DType::kF32;

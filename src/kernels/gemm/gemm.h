@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,26 @@ void gemm_f32(GemmPath path,
               bool accumulate,
               float* c,
               int64_t ldc);
+
+// An f32 op(B) (k, n) laid out once for products that read it many times: a model's
+// weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of
+// 32 floats in turn (zeros past n), so a product reads each sliver as one stream; 64-byte
+// aligned. docs/numerics.md, "Panels".
+struct PanelMatrix {
+  int64_t k = 0, n = 0;
+  std::shared_ptr<float[]> data;
+  int64_t slivers() const { return (n + 31) / 32; }
+  int64_t bytes() const { return slivers() * 32 * k * static_cast<int64_t>(sizeof(float)); }
+};
+
+// op(B): B (k, n) with row stride ldb, or B^T where B is (n, k) (trans_b).
+PanelMatrix pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+
+// C (m, n) = [C +] A (m, k, row stride lda) @ op(B) from its panels, then `epilogue`; the
+// bits of gemm(false, trans_b, ...) on the op(B) the panels were made from, on any path and
+// thread count. Runs Loom's kernels on the active path whatever the backend.
+void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, bool accumulate, float* c,
+                 int64_t ldc, const GemmEpilogue& epilogue = {});
 
 // Whether this CPU (and OS) can run a path; kAuto and kGeneric always can.
 bool gemm_path_supported(GemmPath path);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -110,6 +111,48 @@ TEST(Gemm, BitsDoNotDependOnThreadCount) {
             << gemm_path_name(path) << " threads=" << threads << " m=" << m << " n=" << n;
       }
     }
+  omp_set_num_threads(saved);
+}
+
+// Panels (gemm_panels): every path, op(B) plain and transposed, the few-row tiles, their
+// sliver tails, row tiles past 8, n past the last whole sliver; strided A and C; then 1 to
+// 3 threads on shapes the driver splits, and the epilogue covering C exactly once.
+TEST(Gemm, PanelsEqualTheReferenceBitForBit) {
+  uint64_t seed = 500;
+  for (GemmPath path : gemm_supported_paths()) {
+    set_gemm_path(path);
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 33})
+      for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 1}, {17, 7}, {32, 64}, {33, 5}, {100, 257}, {128, 16}, {160, 9}, {224, 3}, {300, 40}})
+        for (int t = 0; t < 2; ++t)
+          for (bool accumulate : {false, true}) {
+            const Problem<float> p(false, t == 1, m, n, k, 3, seed += 3);
+            const PanelMatrix panels = pack_panels(p.tb, k, n, p.b.data(), p.ldb);
+            std::vector<float> c = p.c0;
+            gemm_panels(m, p.a.data(), p.lda, panels, accumulate, c.data(), p.ldc);
+            EXPECT_TRUE(same_bits(c, p.reference(accumulate)))
+                << gemm_path_name(path) << " m=" << m << " n=" << n << " k=" << k << " trans_b=" << p.tb
+                << " accumulate=" << accumulate;
+          }
+  }
+  set_gemm_path(GemmPath::kAuto);
+  const int saved = omp_get_max_threads();
+  for (auto shape : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1000, 300}, {8, 770, 256}, {40, 96, 513}}) {
+    const int64_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);  // (the lambda takes n)
+    const Problem<float> p(false, false, m, n, k, 1, 9);
+    const PanelMatrix panels = pack_panels(false, k, n, p.b.data(), p.ldb);
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> c = p.c0;
+      std::vector<int> visits(static_cast<size_t>(m * n), 0);
+      gemm_panels(m, p.a.data(), p.lda, panels, true, c.data(), p.ldc, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+        for (int64_t i = i0; i < i0 + rows; ++i)
+          for (int64_t j = j0; j < j0 + cols; ++j) ++visits[i * n + j];
+      });
+      EXPECT_TRUE(same_bits(c, p.reference(true))) << "threads=" << threads << " m=" << m << " n=" << n;
+      EXPECT_EQ(std::count(visits.begin(), visits.end(), 1), m * n) << "threads=" << threads << " m=" << m;
+    }
+  }
   omp_set_num_threads(saved);
 }
 

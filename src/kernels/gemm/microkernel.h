@@ -58,9 +58,16 @@ inline double fma_loop_generic(int64_t iters, float* sink) {
   return 2.0 * kChains * static_cast<double>(iters);
 }
 
+// Columns [32 s0, min(n, 32 s1)) of C (m rows) [+]= A (m, k) @ slivers [s0, s1) of a panel
+// matrix (panel_tiles.h, gemm_panels).
+using PanelBlockFn = void (*)(int64_t m, int64_t k, const float* a, int64_t lda, const float* panels, int64_t n,
+                              int64_t s0, int64_t s1, bool accumulate, float* c, int64_t ldc);
+
 // In microkernel_avx512.cc / microkernel_avx2.cc, compiled for those instruction sets;
 // called only after CPUID says the CPU has them.
 extern const MicroKernel<float> kAvx512Kernel;
 extern const MicroKernel<float> kAvx2Kernel;
+extern const PanelBlockFn kAvx512PanelBlock;
+extern const PanelBlockFn kAvx2PanelBlock;
 
 }  // namespace loom::kernels::gemm_detail

@@ -6,6 +6,7 @@
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/microkernel_simd.h"
+#include "kernels/gemm/panel_tiles.h"
 
 namespace loom::kernels::gemm_detail {
 namespace {
@@ -19,7 +20,18 @@ struct Ymm {
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg pin(Reg r) {  // the value stays in a register (panel_tiles.h)
+    asm("" : "+x"(r));
+    return r;
+  }
 };
+
+// Panel tiles: 1-2 rows x 4 vectors (one sliver), more rows 6 x 2 (half a sliver), as the
+// micro-kernel: 8 and 12 accumulators, 13 and 15 of the 16 registers with B's row.
+void panel_block_avx2(int64_t m, int64_t k, const float* a, int64_t lda, const float* panels, int64_t n, int64_t s0,
+                      int64_t s1, bool accumulate, float* c, int64_t ldc) {
+  panel_block<Ymm, PanelShapes<2, 4, 2, 4, 6, 2>>(m, k, a, lda, panels, n, s0, s1, accumulate, c, ldc);
+}
 
 }  // namespace
 
@@ -27,5 +39,6 @@ struct Ymm {
 // sits in L1.
 const MicroKernel<float> kAvx2Kernel = {
     "avx2", 6, 16, 256, 480, 128, 480, simd_kernel<Ymm, 6>, simd_fma_loop<Ymm, 12>};
+const PanelBlockFn kAvx2PanelBlock = panel_block_avx2;
 
 }  // namespace loom::kernels::gemm_detail

@@ -6,6 +6,7 @@
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/microkernel_simd.h"
+#include "kernels/gemm/panel_tiles.h"
 
 namespace loom::kernels::gemm_detail {
 namespace {
@@ -19,7 +20,18 @@ struct Zmm {
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg pin(Reg r) {  // the value stays in a register (panel_tiles.h)
+    asm("" : "+v"(r));
+    return r;
+  }
 };
+
+// Panel tiles: 1-2 rows x 8 vectors (4 slivers), 3-4 rows x 4, then 8 rows x 2 (one
+// sliver): 16 accumulators each, with the pinned row of B 25, 21 and 19 of 32 registers.
+void panel_block_avx512(int64_t m, int64_t k, const float* a, int64_t lda, const float* panels, int64_t n, int64_t s0,
+                        int64_t s1, bool accumulate, float* c, int64_t ldc) {
+  panel_block<Zmm, PanelShapes<2, 8, 4, 4, 8, 2>>(m, k, a, lda, panels, n, s0, s1, accumulate, c, ldc);
+}
 
 }  // namespace
 
@@ -34,5 +46,6 @@ struct Zmm {
 // in one process, best of 7).
 const MicroKernel<float> kAvx512Kernel = {
     "avx512", 12, 32, 512, 480, 256, 1032, simd_kernel<Zmm, 12>, simd_fma_loop<Zmm, 16>};
+const PanelBlockFn kAvx512PanelBlock = panel_block_avx512;
 
 }  // namespace loom::kernels::gemm_detail

@@ -1,4 +1,6 @@
-// A GPT's INT8 weights for inference (loom/nn/gpt.h, Gpt::use_int8; docs/serving.md).
+// A GPT's inference-only weights (loom/nn/gpt.h; docs/serving.md): INT8 (Gpt::use_int8)
+// and f32 panels (Gpt::use_panels).
+#include "kernels/gemm/gemm.h"
 #include "kernels/int8_matmul.h"
 #include "loom/error.h"
 #include "loom/nn/gpt.h"
@@ -57,12 +59,39 @@ void Gpt::use_int8(Int8Weights weights) {
 }
 
 int64_t Gpt::weight_bytes() const {
-  int64_t bytes = 0;
+  int64_t bytes = head_panels_ != nullptr ? head_panels_->bytes() : 0;
   for (const ParamInfo& p : params_.infos()) {
     auto it = int8_.find(p.name);
-    bytes += it != int8_.end() ? it->second->bytes() : p.numel * static_cast<int64_t>(dtype_size(params_.dtype()));
+    auto pt = panels_.find(p.name);
+    bytes += it != int8_.end()    ? it->second->bytes()
+             : pt != panels_.end() ? pt->second->bytes()
+                                   : p.numel * static_cast<int64_t>(dtype_size(params_.dtype()));
   }
   return bytes;
+}
+
+void Gpt::use_panels() {
+  LOOM_CHECK(part_.all_blocks && part_.embeddings && part_.head && !tp_.split() && params_.dtype() == DType::kF32 &&
+             precision_ == DType::kF32 && !int8() && !panels());
+  auto take = [&](Linear& layer, const std::string& name) {
+    const Tensor w = params_.value(params_.find(name));
+    auto panels = std::make_shared<const k::PanelMatrix>(k::pack_panels(false, layer.in, layer.out, w.data<float>(), layer.out));
+    discard_pages(w.raw(), w.nbytes());  // forward reads the panels
+    layer.panels = panels.get();
+    panels_[name] = std::move(panels);
+  };
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    Block& b = blocks_[l];
+    const std::string prefix = cat("transformer.h.", l, ".");
+    take(b.attn.c_attn, prefix + "attn.c_attn.weight");
+    take(b.attn.c_proj, prefix + "attn.c_proj.weight");
+    take(b.mlp.c_fc, prefix + "mlp.c_fc.weight");
+    take(b.mlp.c_proj, prefix + "mlp.c_proj.weight");
+  }
+  // The tied head: logits = x @ wte^T.
+  const Tensor wte = wte_.table.value();
+  head_panels_ = std::make_shared<const k::PanelMatrix>(
+      k::pack_panels(true, config_.d_model, wte_.rows, wte.data<float>(), config_.d_model));
 }
 
 }  // namespace loom::nn
