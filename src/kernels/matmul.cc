@@ -7,19 +7,26 @@
 
 namespace loom::kernels {
 
+namespace {
+
+// Before a forward product: with a bias, each output's chain of multiply-adds starts from
+// it (copied into out); returns the epilogue that writes gelu(out) tile by tile, or none.
+template <typename T>
+GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_out) {
+  if (bias != nullptr) parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
+  if (gelu_out == nullptr) return {};
+  return [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
+  };
+}
+
+}  // namespace
+
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
                     int64_t m, WeightLayout layout, T* gelu_out) {
-  // With a bias, each output's chain of multiply-adds starts from its bias.
   const bool has_bias = bias != nullptr;
-  if (has_bias) {
-    parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
-  }
-  GemmEpilogue epilogue;
-  if (gelu_out != nullptr)
-    epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-      for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
-    };
+  const GemmEpilogue epilogue = start_forward(out, bias, n, m, gelu_out);
   if (layout == WeightLayout::kKM)
     gemm<T>(false, false, n, m, k, inp, k, weight, m, has_bias, out, m, epilogue);
   else
@@ -28,14 +35,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
                            float* gelu_out) {
-  const int64_t m = weight.n;
-  if (bias != nullptr) parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
-  GemmEpilogue epilogue;
-  if (gelu_out != nullptr)
-    epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-      for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
-    };
-  gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, m, epilogue);
+  const GemmEpilogue epilogue = start_forward(out, bias, n, weight.n, gelu_out);
+  gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, weight.n, epilogue);
 }
 
 template <typename T>

@@ -21,6 +21,7 @@
 namespace loom::kernels {
 namespace {
 
+using gemm_detail::kParallelMinWork;
 using gemm_detail::MicroKernel;
 
 const MicroKernel<float> kGenericF32 = {"generic", 4, 16, 256, 240, 256, 240,
@@ -29,9 +30,6 @@ const MicroKernel<float> kGenericF32 = {"generic", 4, 16, 256, 240, 256, 240,
 const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256, 240,
                                          gemm_detail::microkernel_generic<double, 4, 8>,
                                          gemm_detail::fma_loop_generic};
-
-// Below this many multiply-adds a product runs on one thread: waking the pool costs more.
-constexpr int64_t kParallelMinWork = int64_t{1} << 18;
 
 std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};

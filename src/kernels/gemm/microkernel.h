@@ -14,6 +14,9 @@
 
 namespace loom::kernels::gemm_detail {
 
+// Below this many multiply-adds a product runs on one thread: waking the pool costs more.
+constexpr int64_t kParallelMinWork = int64_t{1} << 18;
+
 template <typename T>
 using MicroKernelFn =
     void (*)(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate);

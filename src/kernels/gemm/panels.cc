@@ -15,9 +15,7 @@ namespace loom::kernels {
 namespace {
 
 using gemm_detail::kPanelCols;
-
-// Below this many multiply-adds a product runs on one thread (as gemm.cc).
-constexpr int64_t kParallelMinWork = int64_t{1} << 18;
+using gemm_detail::kParallelMinWork;
 
 // The generic path: each row's 32 columns of a sliver as one block of chains.
 void panel_block_generic(int64_t m, int64_t k, const float* a, int64_t lda, const float* panels, int64_t n,
