@@ -42,6 +42,14 @@ Generation::Event Generation::next() {
   return e;
 }
 
+std::vector<Generation::Event> Generation::next_all() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !events_.empty(); });
+  std::vector<Event> all(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return all;
+}
+
 void Generation::cancel() {
   std::lock_guard lock(mu_);
   cancelled_ = true;
@@ -62,8 +70,19 @@ bool Generation::write_through(Writer write) {
   return true;
 }
 
-void Generation::push(std::vector<Event> events) {
+void Generation::add(Event e) {
+  std::lock_guard lock(mu_);
+  pending_.push_back(std::move(e));
+}
+
+void Generation::flush() {
   std::lock_guard write_lock(write_mu_);  // throughout: the events go out in order, one way or the other
+  std::vector<Event> events;
+  {
+    std::lock_guard lock(mu_);
+    events.swap(pending_);
+  }
+  if (events.empty()) return;  // an earlier flush took them
   if (write_) {
     if (write_(events)) {
       const Event& last = events.back();
@@ -90,6 +109,7 @@ struct Batcher::Sequence {
   std::string out;  // the completion so far
   size_t sent = 0;  // of out, in events already
   int64_t made = 0;
+  bool looked_up = false;  // in the prefix cache
   Clock::time_point last;  // arrival, then each token
 
   Sequence(GenerationRequest r, int64_t vocab)
@@ -106,6 +126,8 @@ Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(co
   LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.threads >= 1 &&
              limits.lanes >= 1 && limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
   pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
+  if (limits.prefix_cache_bytes > 0)
+    prefix_ = std::make_unique<PrefixCache>(limits.prefix_cache_bytes, gpt.config().n_layer * 2 * pages_->row_bytes());
   delivery_ = std::thread([this] { delivery_loop(); });
   running_.resize(static_cast<size_t>(limits.lanes));
   for (size_t lane = 0; lane < running_.size(); ++lane) lanes_.emplace_back([this, lane] { loop(lane); });
@@ -119,10 +141,12 @@ Batcher::~Batcher() {
   cv_.notify_all();
   for (std::thread& t : lanes_) t.join();  // each lane's last hand-over tells its running requests
   {
-    Outbox out;  // and then the queued ones
-    std::lock_guard lock(mu_);
-    for (const auto& s : queue_) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
-    deliver(std::move(out));
+    std::lock_guard lock(mu_);  // and then those between lanes, and the queued ones
+    for (const auto* waiting : {&moving_, &queue_})
+      for (const auto& s : *waiting) {
+        s->generation->add({.piece = "", .done = true, .finish = "cancelled"});
+        s->generation->flush();
+      }
   }
   {
     std::lock_guard lock(out_mu_);
@@ -132,11 +156,11 @@ Batcher::~Batcher() {
   delivery_.join();
 }
 
-void Batcher::deliver(Outbox events) {
-  if (events.empty()) return;
+void Batcher::deliver(Outbox generations) {
+  if (generations.empty()) return;
   {
     std::lock_guard lock(out_mu_);
-    outbox_.insert(outbox_.end(), std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
+    outbox_.insert(outbox_.end(), std::make_move_iterator(generations.begin()), std::make_move_iterator(generations.end()));
   }
   out_cv_.notify_one();
 }
@@ -149,25 +173,20 @@ void Batcher::delivery_loop() {
     if (errno == 0 && setpriority(PRIO_PROCESS, self, std::min(19, now + limits_.events_nice)) != 0)
       log_warn(cat("serve: the delivery thread's niceness stays ", now, ": ", std::strerror(errno)));
   }
-  Outbox events;
+  Outbox generations;
   for (;;) {
     {
       std::unique_lock lock(out_mu_);
       out_cv_.wait(lock, [&] { return out_stop_ || !outbox_.empty(); });
-      if (outbox_.empty()) return;  // stopping, and everything handed over was pushed
-      events.swap(outbox_);
+      if (outbox_.empty()) return;  // stopping, and everything handed over was flushed
+      generations.swap(outbox_);
     }
-    // Each generation's events in this hand-over go out together, in order: when the
-    // delivery thread falls behind the steps, a stream gets several tokens in one write.
-    std::vector<std::pair<Generation*, std::vector<Generation::Event>>> by_generation;
-    for (auto& [generation, event] : events) {
-      Generation* const g = generation.get();  // a structured binding may not be captured (Clang 14)
-      auto it = std::find_if(by_generation.begin(), by_generation.end(), [g](const auto& b) { return b.first == g; });
-      if (it == by_generation.end()) it = by_generation.insert(by_generation.end(), {g, {}});
-      it->second.push_back(std::move(event));
-    }
-    for (auto& [generation, its] : by_generation) generation->push(std::move(its));
-    events.clear();
+    // A generation handed over by several steps (the delivery thread fell behind them) is
+    // flushed once: its stream gets all those tokens in one write.
+    std::sort(generations.begin(), generations.end());
+    generations.erase(std::unique(generations.begin(), generations.end()), generations.end());
+    for (const std::shared_ptr<Generation>& g : generations) g->flush();
+    generations.clear();
   }
 }
 
@@ -176,7 +195,8 @@ std::shared_ptr<Generation> Batcher::submit(GenerationRequest request) {
   std::shared_ptr<Generation> g = s->generation;
   g->prompt_tokens_ = static_cast<int64_t>(s->tokens.size());
   if (s->request.max_tokens == 0) {
-    g->push({{.piece = "", .done = true, .finish = "length"}});
+    g->add({.piece = "", .done = true, .finish = "length"});
+    g->flush();
     return g;
   }
   {
@@ -207,16 +227,34 @@ int64_t Batcher::caches_in_use() const {
 
 int64_t Batcher::pages_in_use() const { return pages_->total() - pages_->free(); }
 
-bool Batcher::may_admit(size_t lane) const {
-  if (queue_.empty() || running_count_ >= limits_.max_batch) return false;
-  for (const auto& other : running_)  // the lane with the fewest sequences takes the next
+bool Batcher::fewest(size_t lane) const {
+  for (const auto& other : running_)
     if (other.size() < running_[lane].size()) return false;
   return true;
 }
 
-void Batcher::admit(size_t lane) {  // REQUIRES: mu_ held
+bool Batcher::may_admit(size_t lane) const {  // the lane with the fewest sequences takes the next
+  return fewest(lane) && (!moving_.empty() || (!queue_.empty() && running_count_ < limits_.max_batch));
+}
+
+void Batcher::rebalance(size_t lane) {
+  size_t least = running_[lane].size();
+  for (const auto& other : running_) least = std::min(least, other.size());
+  if (running_[lane].size() < least + 2) return;
+  for (size_t n = (running_[lane].size() - least) / 2; n > 0; --n) {
+    moving_.push_back(std::move(running_[lane].back()));
+    running_[lane].pop_back();
+  }
+  cv_.notify_all();  // a lane with none waits for some
+}
+
+void Batcher::admit(size_t lane) {
+  while (!moving_.empty() && fewest(lane)) {
+    running_[lane].push_back(std::move(moving_.front()));
+    moving_.pop_front();
+  }
   const int64_t window = gpt_.config().seq_len;
-  while (may_admit(lane)) {
+  while (fewest(lane) && !queue_.empty() && running_count_ < limits_.max_batch) {
     // The positions this request can hold at once: its prompt's last window and what it
     // makes, at most a window (past it the cache starts again from the last half window).
     Sequence& s = *queue_.front();
@@ -279,6 +317,7 @@ void Batcher::loop(size_t lane) {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || may_admit(lane) || !running.empty(); });
       if (stop_) break;
+      rebalance(lane);
       admit(lane);
     }
     const Clock::time_point step_start = Clock::now();
@@ -289,7 +328,15 @@ void Batcher::loop(size_t lane) {
     int64_t total = 0;
     for (auto& s : running) {
       if (s->cancelled()) continue;
-      const int64_t n = s->cache->next_rows(static_cast<int64_t>(s->tokens.size()));
+      const auto held = static_cast<int64_t>(s->tokens.size());
+      // A new request whose whole prompt fits its cache starts from the longest kept prompt
+      // it begins with, and reads the rest (at least its last token, whose logits it needs).
+      const bool whole_prompt = s->made == 0 && held <= s->cache->capacity();
+      if (whole_prompt && prefix_ && s->cache->length == 0 && !s->looked_up) {
+        prefix_->restore(s->tokens, held - 1, *s->cache);
+        s->looked_up = true;
+      }
+      const int64_t n = whole_prompt ? held - s->cache->length : s->cache->next_rows(held);
       if (!batch.empty() && (total + n > limits_.token_budget)) continue;
       if (s->cache->full()) s->cache->length = 0;
       batch.push_back(s.get());
@@ -299,7 +346,7 @@ void Batcher::loop(size_t lane) {
     }
     BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
     std::vector<std::pair<Sequence*, Generation::Event>> finished;
-    Outbox out;
+    Outbox out;  // generations with events added
     if (!batch.empty()) {
       // Each compute thread samples its own group's tokens as soon as it has their logits.
       std::vector<Made> made(batch.size());
@@ -312,37 +359,50 @@ void Batcher::loop(size_t lane) {
       });
       step.forward_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       for (size_t i = 0; i < batch.size(); ++i) {
+        Sequence& s = *batch[i];
+        // After its prompt's step the cache holds the whole prompt (and the first token's
+        // position is not yet written): kept for the requests that begin the same way.
+        if (prefix_ && made[i].first && static_cast<int64_t>(s.request.prompt.size()) <= s.cache->capacity())
+          prefix_->keep(s.request.prompt, *s.cache);
         step.tokens.emplace_back(made[i].first, made[i].seconds);
-        if (made[i].event) out.emplace_back(batch[i]->generation, std::move(*made[i].event));
+        if (made[i].event) {
+          batch[i]->generation->add(std::move(*made[i].event));
+          out.push_back(batch[i]->generation);
+        }
         if (made[i].finished) finished.emplace_back(batch[i], std::move(made[i].final));
       }
     }
     // Finished and cancelled sequences leave the batch and free their caches; only then are
     // their last events sent, so that whoever reads them sees the place free.
-    bool left = false;
+    // (Added only then, too: the delivery thread may be flushing them now.)
+    std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>> last;
     {
       std::lock_guard lock(mu_);
       std::erase_if(running, [&](std::unique_ptr<Sequence>& s) {
         auto done = std::find_if(finished.begin(), finished.end(), [&](const auto& f) { return f.first == s.get(); });
-        if (done != finished.end()) out.emplace_back(s->generation, std::move(done->second));
-        else if (s->cancelled()) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
+        if (done != finished.end()) last.emplace_back(s->generation, std::move(done->second));
+        else if (s->cancelled()) last.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
         else return false;
         s->cache.reset();  // its pages go back to the pool
         --running_count_;
-        left = true;
         return true;
       });
     }
-    if (left) cv_.notify_all();  // another lane may now be the one to admit
+    if (!last.empty()) cv_.notify_all();  // another lane may now be the one to admit
+    for (auto& [generation, event] : last) {
+      generation->add(std::move(event));
+      out.push_back(generation);
+    }
     deliver(std::move(out));
     step.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     if (on_step_ && step.sequences > 0) on_step_(step);
   }
-  // Stopping: whoever waits is told, after what was handed over before.
-  Outbox out;
+  // Stopping: whoever waits is told, after what was added before.
   std::lock_guard lock(mu_);
-  for (const auto& s : running) out.emplace_back(s->generation, Generation::Event{.piece = "", .done = true, .finish = "cancelled"});
-  deliver(std::move(out));
+  for (const auto& s : running) {
+    s->generation->add({.piece = "", .done = true, .finish = "cancelled"});
+    s->generation->flush();
+  }
 }
 
 }  // namespace loom::app

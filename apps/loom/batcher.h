@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "loom/nn/gpt.h"
+#include "prefix_cache.h"
 #include "sampler.h"
 
 namespace loom::app {
@@ -42,6 +43,7 @@ class Generation {
     bool written = false;  // from next(): the writer (write_through) took the last event itself
   };
   Event next();    // blocks until there is one
+  std::vector<Event> next_all();  // every event that waits, in order; blocks until there is one
   void cancel();   // the client left: dropped at the next step, its cache freed
   // Events from now on go to `write` on the thread that hands them out, instead of waiting
   // for next(): no wake-up of the reader per event. It takes each hand-over's events for
@@ -58,13 +60,19 @@ class Generation {
 
  private:
   friend class Batcher;
-  void push(std::vector<Event> events);  // in order; never empty
+  // The decoding lane adds a sequence's events in order; flush() puts out every event added
+  // before it, from whichever thread calls it (the delivery thread, or the batcher as it
+  // stops): one flush at a time, each taking all that waits, so the order holds whichever
+  // thread flushes.
+  void add(Event e);
+  void flush();
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Event> events_;
   std::mutex write_mu_;  // held while the writer runs: apart from mu_, which the steps take
   Writer write_;
+  std::vector<Event> pending_;  // added, not yet flushed (under mu_)
   bool cancelled_ = false;
   int64_t prompt_tokens_ = 0, made_ = 0;
 };
@@ -86,6 +94,9 @@ struct BatcherLimits {
   // first, and each write it makes carries all the tokens its stream got meanwhile; with a
   // core to spare it writes each token as it comes, as at 0.
   int events_nice = 0;
+  // Bytes of prompts' keys and values kept for later prompts that begin the same way
+  // (PrefixCache); 0: none kept.
+  int64_t prefix_cache_bytes = 0;
   // OpenMP threads of each lane's kernels. A thread's OpenMP team size is its own
   // (omp_set_num_threads on the main thread does not reach it), so each lane sets it.
   int threads = 1;
@@ -109,13 +120,21 @@ class Batcher {
   int64_t caches_in_use() const;  // running requests, each holding its pages
   int64_t pages_in_use() const;
   int64_t pages_total() const { return limits_.kv_pages; }
+  const PrefixCache* prefix_cache() const { return prefix_.get(); }  // null: none kept
 
  private:
   struct Sequence;
-  using Outbox = std::vector<std::pair<std::shared_ptr<Generation>, Generation::Event>>;
+  using Outbox = std::vector<std::shared_ptr<Generation>>;  // generations with events added, to flush
   void loop(size_t lane);
+  // REQUIRES for these: mu_ held.
+  bool fewest(size_t lane) const;  // no lane runs fewer sequences
+  bool may_admit(size_t lane) const;
   void admit(size_t lane);
-  bool may_admit(size_t lane) const;  // REQUIRES: mu_ held
+  // A lane running two sequences more than another hands the difference's half to moving_,
+  // for the lanes with the fewest to take at their next step: lanes that run at different
+  // speeds (one shares its core with the HTTP threads) or whose requests end at different
+  // times keep even shares, and none sits idle while another has sequences waiting on it.
+  void rebalance(size_t lane);
   // What one sequence's step made: its token (first of its request?, seconds since its
   // last), the text to send now, if any, and once it has finished its last event, sent after
   // it has left the batch.
@@ -129,10 +148,10 @@ class Batcher {
   // Samples, holds back and puts out one sequence's new token. Touches that sequence only:
   // the compute threads run it for their own groups' sequences side by side.
   Made advance(Sequence& s, const float* logits);
-  // A step's events go to the delivery thread in one hand-over, which pushes them in order:
-  // writing each out (Generation::write_through), or waking the request's HTTP thread to,
-  // happens there, beside the next step's forward, not inside the step every request waits on.
-  void deliver(Outbox events);
+  // A step's events go to the delivery thread in one hand-over, which flushes them: writing
+  // each out (Generation::write_through), or waking the request's HTTP thread to, happens
+  // there, beside the next step's forward, not inside the step every request waits on.
+  void deliver(Outbox generations);
   void delivery_loop();
 
   const nn::Gpt& gpt_;
@@ -141,9 +160,11 @@ class Batcher {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> queue_;
+  std::deque<std::unique_ptr<Sequence>> moving_;  // running, between lanes (rebalance): caches held, counted running
   // Each lane's running sequences: touched by its loop only, sized under mu_.
   std::vector<std::vector<std::unique_ptr<Sequence>>> running_;
   std::shared_ptr<nn::KvPagePool> pages_;
+  std::unique_ptr<PrefixCache> prefix_;
   int64_t running_count_ = 0;
   bool stop_ = false;
   std::mutex out_mu_;

@@ -39,6 +39,7 @@ struct ServeArgs {
   int64_t lanes = 0;  // decoding threads per model, each with its own batch; 0: [job] threads
   int64_t events_nice = 10;  // added to the niceness of the thread that writes the streams' events
   double memory_mb = 0;  // the models' weights in memory; 0: no limit (every model loads at start)
+  double prefix_cache_mb = 64;  // per model: prompts' keys and values kept for reuse; 0: none
   std::vector<std::string> routes;  // NAME=A:W,B:W
   std::string quantize = "none";  // none | int8: f32 models computed with int8 weights
 };

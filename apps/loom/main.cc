@@ -87,6 +87,10 @@ int run(int argc, char** argv) {
   v->add_option("--queue", serve.queue, "Requests that may wait for a place; beyond it: 429")->capture_default_str();
   v->add_option("--kv-cache-mb", serve.kv_cache_mb, "Key/value cache memory per model (pages of 16 positions; one window to a full batch of windows)")
       ->capture_default_str();
+  v->add_option("--prefix-cache-mb", serve.prefix_cache_mb,
+                "Memory per model for prompts' keys and values, kept so that later prompts that begin the same way "
+                "(a shared system prompt) compute only the rest (0: none kept)")
+      ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
   v->add_option("--quantize", serve.quantize, "none, or int8: compute f32 models with int8 weights quantized at load")
       ->capture_default_str();

@@ -144,6 +144,7 @@ class Server {
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
                      .kv_pages = std::clamp(budget, window, args_.max_batch * window),
                      .lanes = lanes_, .events_nice = static_cast<int>(args_.events_nice),
+                     .prefix_cache_bytes = static_cast<int64_t>(args_.prefix_cache_mb * (1 << 20)),
                      .threads = std::max(1, threads_ / lanes_)};
                  return std::make_unique<Batcher>(gpt, limits, [this](const BatchStep& step) { metrics_.on_step(step); });
                }) {
@@ -162,17 +163,28 @@ class Server {
   std::string gauges() const {
     std::string out;
     const auto loaded = cache_.loaded();
-    const std::pair<const char*, const char*> names[] = {{"loom_queue_depth", "Requests waiting for a place in the batch"},
-                                                         {"loom_requests_running", "Requests in the running batch"},
-                                                         {"loom_kv_caches_in_use", "Key/value caches held by running requests"},
-                                                         {"loom_kv_pages_in_use", "Key/value cache pages held"},
-                                                         {"loom_kv_pages_total", "Key/value cache pages of the model's budget"}};
-    for (int k = 0; k < 5; ++k) {
-      out += cat("# HELP ", names[k].first, " ", names[k].second, "\n# TYPE ", names[k].first, " gauge\n");
+    struct Metric {
+      const char *name, *help, *type;
+    };
+    const Metric metrics[] = {
+        {"loom_queue_depth", "Requests waiting for a place in the batch", "gauge"},
+        {"loom_requests_running", "Requests in the running batch", "gauge"},
+        {"loom_kv_caches_in_use", "Key/value caches held by running requests", "gauge"},
+        {"loom_kv_pages_in_use", "Key/value cache pages held", "gauge"},
+        {"loom_kv_pages_total", "Key/value cache pages of the model's budget", "gauge"},
+        {"loom_prefix_cache_hits_total", "Requests that began with a kept prompt's keys and values", "counter"},
+        {"loom_prefix_cache_tokens_total", "Prompt tokens whose keys and values were reused, not computed", "counter"},
+        {"loom_prefix_cache_bytes", "Kept prompts' keys and values", "gauge"}};
+    for (size_t k = 0; k < std::size(metrics); ++k) {
+      out += cat("# HELP ", metrics[k].name, " ", metrics[k].help, "\n# TYPE ", metrics[k].name, " ", metrics[k].type, "\n");
       for (const auto& [name, m] : loaded) {
         const Batcher& b = *m->batcher;
-        const int64_t values[] = {b.queued(), b.running(), b.caches_in_use(), b.pages_in_use(), b.pages_total()};
-        out += cat(names[k].first, "{model=\"", name, "\"} ", values[k], "\n");
+        const PrefixCache* p = b.prefix_cache();
+        const int64_t values[] = {b.queued(),           b.running(),
+                                  b.caches_in_use(),    b.pages_in_use(),
+                                  b.pages_total(),      p ? p->hits() : 0,
+                                  p ? p->reused_tokens() : 0, p ? p->bytes() : 0};
+        out += cat(metrics[k].name, "{model=\"", name, "\"} ", values[k], "\n");
       }
     }
     const ModelCache::Stats st = cache_.stats();
@@ -344,14 +356,20 @@ class Server {
           };
           for (bool attached = false;;) {
             if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
-            const Generation::Event e = g->next();
-            if (e.written) break;
-            const std::string event = sse(e);
-            if (broken || !wait_writable(sink) || !sink.write(event.data(), event.size())) {
+            // What waits goes out in one write: the batcher left it here (the writer refused,
+            // or the request's last events, which the lane leaves to this thread).
+            std::string out;
+            bool end = false;
+            for (const Generation::Event& e : g->next_all()) {
+              end = e.done;
+              if (e.written) break;
+              out += sse(e);
+            }
+            if (!out.empty() && (broken || !wait_writable(sink) || !sink.write(out.data(), out.size()))) {
               g->cancel();  // the client left: its place and cache go to the others
               return false;
             }
-            if (e.done) break;
+            if (end) break;
           }
           sink.done();
           return true;
@@ -380,6 +398,8 @@ int run_serve(const ServeArgs& a) {
                                  std::pair{"--token-budget", a.token_budget}, std::pair{"--kv-cache-mb", a.kv_cache_mb}})
     if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
   if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
+  if (!(a.prefix_cache_mb >= 0 && a.prefix_cache_mb <= (1 << 20)))
+    throw InputError(cat("--prefix-cache-mb ", a.prefix_cache_mb, ": expected 0 (none kept) to 1048576"));
   if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));
   if (a.events_nice < 0 || a.events_nice > 19) throw InputError(cat("--events-nice ", a.events_nice, ": expected 0 to 19"));
   std::string key = a.api_key;

@@ -1,5 +1,6 @@
 // Paged key/value memory for incremental decoding (loom/nn/gpt.h, KvPagePool and KvCache).
 #include <algorithm>
+#include <cstring>
 
 #include "loom/error.h"
 #include "loom/nn/gpt.h"
@@ -59,6 +60,37 @@ KvCache& KvCache::operator=(KvCache&& o) noexcept {
     o.capacity_ = 0;
   }
   return *this;
+}
+
+namespace {
+
+// Both directions walk the same order: layer, keys then values, position. The flat copy
+// holds `held` positions for each layer's keys and values, of which the first n are copied.
+template <typename Copy>
+void each_run(const KvPagePool& pool, const std::vector<int32_t>& pages, int64_t n, int64_t held, Copy copy) {
+  const int64_t page = KvPagePool::kPositions, row = pool.row_bytes();
+  for (int64_t l = 0, block = 0; l < pool.n_layer(); ++l)
+    for (int kv = 0; kv < 2; ++kv, ++block)
+      for (int64_t p0 = 0; p0 < n; p0 += page)
+        copy(pool.rows(pages[static_cast<size_t>(p0 / page)], l, kv), (block * held + p0) * row,
+             std::min(page, n - p0) * row);
+}
+
+}  // namespace
+
+void KvCache::save(int64_t n, std::byte* out) const {
+  LOOM_CHECK(n >= 0 && n <= length);
+  each_run(*pool_, pages_, n, n, [&](const std::byte* rows, int64_t at, int64_t bytes) {
+    std::memcpy(out + at, rows, static_cast<size_t>(bytes));
+  });
+}
+
+void KvCache::restore(int64_t n, const std::byte* in, int64_t held) {
+  LOOM_CHECK(n >= 0 && n <= capacity() && n <= held);
+  each_run(*pool_, pages_, n, held, [&](std::byte* rows, int64_t at, int64_t bytes) {
+    std::memcpy(rows, in + at, static_cast<size_t>(bytes));
+  });
+  length = n;
 }
 
 KvCache::~KvCache() {

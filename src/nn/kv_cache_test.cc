@@ -1,8 +1,11 @@
 // Paged key/value caches (loom/nn/gpt.h, KvPagePool): a cache takes the pages its capacity
 // needs and gives them back; sequences decoding from one shared pool, their pages
-// interleaved, get the bits each gets from a whole-window cache of its own.
+// interleaved, get the bits each gets from a whole-window cache of its own; positions saved
+// from one cache and restored into another give the bits of computing them there.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <span>
 #include <vector>
 
 #include "loom/nn/gpt.h"
@@ -48,6 +51,38 @@ TEST(KvCache, SequencesSharingAPoolGetTheBitsOfAWholeWindowEach) {
   for (int64_t s = 0; s < 6; ++s) {
     EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
     EXPECT_EQ(r.grouped[s], r.alone[s]) << "sequence " << s << ", grouped";
+  }
+}
+
+TEST(KvCache, RestoredPositionsGiveTheBitsOfThePrefillThatMadeThem) {
+  Gpt gpt(kConfig);
+  gpt.init(3);
+  const Tensor tokens = testing::random_tokens(1, 40, kConfig.vocab_size, 9).first;
+  const std::span<const int32_t> all(tokens.data<int32_t>(), 40);
+  auto pool = std::make_shared<KvPagePool>(kConfig, 12);
+  Arena arena;
+  // A prompt of 21 tokens prefilled, its positions saved.
+  KvCache kept = *gpt.make_cache(pool, 48);
+  gpt.decode(all.first(21), kept, arena);
+  const int64_t position = 2 * 2 * 32 * 4;
+  std::vector<std::byte> saved(21 * position);
+  kept.save(21, saved.data());
+  // A prompt that shares its first 17 tokens: restored, then the rest read, against the whole
+  // prompt read into a cache of its own; then decoding on from both.
+  for (int64_t shared : {17, 21, 1}) {
+    std::vector<int32_t> prompt(all.begin(), all.begin() + 30);
+    KvCache whole = *gpt.make_cache(pool, 48), reused = *gpt.make_cache(pool, 48);
+    reused.restore(shared, saved.data(), 21);
+    EXPECT_EQ(reused.length, shared);
+    for (int64_t step = 0; step < 4; ++step) {
+      const std::span<const int32_t> p(prompt);
+      const Tensor a = gpt.decode(step == 0 ? p : p.last(1), whole, arena);
+      const std::vector<float> want(a.data<float>(), a.data<float>() + kConfig.vocab_size);
+      const Tensor b = gpt.decode(step == 0 ? p.subspan(static_cast<size_t>(shared)) : p.last(1), reused, arena);
+      EXPECT_EQ(std::memcmp(b.data<float>(), want.data(), want.size() * sizeof(float)), 0)
+          << shared << " shared, step " << step;
+      prompt.push_back(all[static_cast<size_t>(30 + step)]);
+    }
   }
 }
 

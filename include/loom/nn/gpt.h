@@ -114,6 +114,8 @@ class KvPagePool {
   // The first key (kv 0) or value (kv 1) row of layer `layer` in `page`; rows are C apart.
   std::byte* rows(int32_t page, int64_t layer, int kv) const;
   DType dtype() const { return storage_.dtype(); }
+  int64_t n_layer() const { return n_layer_; }
+  int64_t row_bytes() const { return c_ * static_cast<int64_t>(dtype_size(storage_.dtype())); }  // one position of one layer's keys
 
  private:
   int64_t total_, n_layer_, c_;
@@ -146,6 +148,14 @@ class KvCache {
     for (int32_t p : pages_) out.push_back(reinterpret_cast<T*>(pool_->rows(p, layer, kv)));
     return out;
   }
+  // Positions [0, n) of every layer's keys and values, copied out to (n_layer, 2, n, C)
+  // elements of the pool's dtype at `out`; or in, as positions [0, n) of such a copy of
+  // `held` positions, after which length is n. A prompt's keys and values computed once are
+  // reused by a later prompt that begins the same way (the same bits: each position's keys
+  // and values depend on the tokens up to it only).
+  // REQUIRES: n <= length (save); n <= capacity() and n <= held (restore).
+  void save(int64_t n, std::byte* out) const;
+  void restore(int64_t n, const std::byte* in, int64_t held);
   // How many of a sequence's last `tokens` its next decode runs: the prompt's last window
   // first; a full cache starts again (the caller sets length 0) from the last half window,
   // since positions are absolute and cached keys cannot slide; else the one new token.
