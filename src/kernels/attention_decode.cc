@@ -238,26 +238,35 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, c
   if (hs == 128) row = decode_row16<T, 8>;
   // Per thread: the scores (with 16 elements of slack), their exponentials by groups of 16
   // heads, and each head's 1 / sum.
+  // Kept per thread and grown as needed, not allocated (and zeroed) per call: what a buffer
+  // holds past what a call writes is never read into a result (the slack's lanes are
+  // ignored, see softmax_by_head).
   struct Scratch {
     std::vector<T> s, e, inv_sum;
   };
   const int64_t longest = past + n, groups = (nh + 15) / 16;
-  auto scratch = [&] {
-    return Scratch{std::vector<T>(static_cast<size_t>(nh * longest + 16)),
-                   std::vector<T>(static_cast<size_t>(groups * 16 * longest)), std::vector<T>(static_cast<size_t>(nh))};
+  auto scratch = [&]() -> Scratch& {
+    thread_local Scratch w;
+    auto at_least = [](std::vector<T>& v, int64_t size) {
+      if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
+    };
+    at_least(w.s, nh * longest + 16);
+    at_least(w.e, groups * 16 * longest);
+    at_least(w.inv_sum, nh);
+    return w;
   };
   auto task = [&](int64_t i, Scratch& w) {
     row(out + i * c, q + i * ldq, kpages, vpages, page, past + i + 1, c, nh, scale, w.s.data(), w.e.data(),
         w.inv_sum.data());
   };
   if (n == 1 || omp_in_parallel()) {
-    Scratch w = scratch();
+    Scratch& w = scratch();
     for (int64_t i = 0; i < n; ++i) task(i, w);
     return;
   }
 #pragma omp parallel
   {
-    Scratch w = scratch();
+    Scratch& w = scratch();
 #pragma omp for schedule(static, 1)  // rows grow longer: dealt out in turn
     for (int64_t i = 0; i < n; ++i) task(i, w);
   }

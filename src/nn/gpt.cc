@@ -499,7 +499,9 @@ void attend(const Tensor& qkv, const Tensor& y, std::span<KvCache* const> caches
     const KvCache& cache = *caches[s];
     const int64_t past = cache.length, n = first[s + 1] - first[s], page = KvPagePool::kPositions;
     const T* row = qkv.data<T>() + first[s] * 3 * c;
-    const std::vector<T*> keys = cache.page_rows<T>(l, 0), values = cache.page_rows<T>(l, 1);
+    thread_local std::vector<T*> keys, values;  // reused: no allocation per sequence and layer
+    cache.page_rows(l, 0, keys);
+    cache.page_rows(l, 1, values);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t p = past + i;
       std::copy_n(row + i * 3 * c + c, c, keys[p / page] + (p % page) * c);
@@ -507,7 +509,7 @@ void attend(const Tensor& qkv, const Tensor& y, std::span<KvCache* const> caches
     }
     k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, keys.data(), values.data(), page, past, n, c, nh);
   };
-  if (seqs > 1 && first.back() == seqs) {
+  if (seqs > 1 && first.back() == seqs && omp_get_max_threads() > 1) {  // a team of one: no region to open
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < seqs; ++s) one(s);
   } else {

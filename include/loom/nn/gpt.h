@@ -145,8 +145,13 @@ class KvCache {
   template <typename T>
   std::vector<T*> page_rows(int64_t layer, int kv) const {
     std::vector<T*> out;
-    for (int32_t p : pages_) out.push_back(reinterpret_cast<T*>(pool_->rows(p, layer, kv)));
+    page_rows(layer, kv, out);
     return out;
+  }
+  template <typename T>
+  void page_rows(int64_t layer, int kv, std::vector<T*>& out) const {  // into out, reusing its memory
+    out.clear();
+    for (int32_t p : pages_) out.push_back(reinterpret_cast<T*>(pool_->rows(p, layer, kv)));
   }
   // Positions [0, n) of every layer's keys and values, copied out to (n_layer, 2, n, C)
   // elements of the pool's dtype at `out`; or in, as positions [0, n) of such a copy of
