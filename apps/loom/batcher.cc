@@ -143,10 +143,7 @@ Batcher::~Batcher() {
   {
     std::lock_guard lock(mu_);  // and then those between lanes, and the queued ones
     for (const auto* waiting : {&moving_, &queue_})
-      for (const auto& s : *waiting) {
-        s->generation->add({.piece = "", .done = true, .finish = "cancelled"});
-        s->generation->flush();
-      }
+      for (const auto& s : *waiting) s->generation->end("cancelled");
   }
   {
     std::lock_guard lock(out_mu_);
@@ -195,8 +192,7 @@ std::shared_ptr<Generation> Batcher::submit(GenerationRequest request) {
   std::shared_ptr<Generation> g = s->generation;
   g->prompt_tokens_ = static_cast<int64_t>(s->tokens.size());
   if (s->request.max_tokens == 0) {
-    g->add({.piece = "", .done = true, .finish = "length"});
-    g->flush();
+    g->end("length");
     return g;
   }
   {
@@ -399,10 +395,7 @@ void Batcher::loop(size_t lane) {
   }
   // Stopping: whoever waits is told, after what was added before.
   std::lock_guard lock(mu_);
-  for (const auto& s : running) {
-    s->generation->add({.piece = "", .done = true, .finish = "cancelled"});
-    s->generation->flush();
-  }
+  for (const auto& s : running) s->generation->end("cancelled");
 }
 
 }  // namespace loom::app

@@ -66,6 +66,10 @@ class Generation {
   // thread flushes.
   void add(Event e);
   void flush();
+  void end(const char* finish) {  // a last event with no text, out at once
+    add({.piece = "", .done = true, .finish = finish});
+    flush();
+  }
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

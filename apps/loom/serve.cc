@@ -180,10 +180,8 @@ class Server {
       for (const auto& [name, m] : loaded) {
         const Batcher& b = *m->batcher;
         const PrefixCache* p = b.prefix_cache();
-        const int64_t values[] = {b.queued(),           b.running(),
-                                  b.caches_in_use(),    b.pages_in_use(),
-                                  b.pages_total(),      p ? p->hits() : 0,
-                                  p ? p->reused_tokens() : 0, p ? p->bytes() : 0};
+        const int64_t values[] = {b.queued(), b.running(), b.caches_in_use(), b.pages_in_use(), b.pages_total(),
+                                  p ? p->hits() : 0, p ? p->reused_tokens() : 0, p ? p->bytes() : 0};
         out += cat(metrics[k].name, "{model=\"", name, "\"} ", values[k], "\n");
       }
     }
@@ -356,8 +354,8 @@ class Server {
           };
           for (bool attached = false;;) {
             if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
-            // What waits goes out in one write: the batcher left it here (the writer refused,
-            // or the request's last events, which the lane leaves to this thread).
+            // What waits goes out in one write (the writer refused: the client reads slower
+            // than tokens come).
             std::string out;
             bool end = false;
             for (const Generation::Event& e : g->next_all()) {
