@@ -95,6 +95,11 @@ TEST_F(Serve, CompletionsAreReproducibleStreamedOrNotAndStopWhereAsked) {
     EXPECT_NE(metrics->body.find(gauge), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("loom_batch_sequences_count"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_count 13"), std::string::npos) << metrics->body;
+  // Every request after the first shares its 10-token prompt: each copies in the first 9
+  // positions' keys and values (the prefix cache) and reads only the last.
+  for (const char* line : {"loom_prefix_cache_hits_total{model=\"nano\"} 12\n",
+                           "loom_prefix_cache_tokens_total{model=\"nano\"} 108\n"})
+    EXPECT_NE(metrics->body.find(line), std::string::npos) << line << "\n" << metrics->body;
 }
 
 TEST_F(Serve, BadRequestsGetTheirStatusNamingTheField) {
@@ -287,6 +292,7 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --quantize fp8", "--quantize fp8: expected none or int8"},
            {model + " --lanes -1", "--lanes -1: expected 0 ([job] threads) to 256"},
            {model + " --events-nice 20", "--events-nice 20: expected 0 to 19"},
+           {model + " --prefix-cache-mb -1", "--prefix-cache-mb -1: expected 0 (none kept) to 1048576"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
