@@ -25,7 +25,7 @@ Tensor logical(const std::string& name, const k::Int8Weight& w) {
   Tensor t = Tensor::zeros(rows ? Shape{w.m, w.k} : Shape{w.k, w.m}, DType::kI8);
   auto* out = t.data<int8_t>();
   for (int64_t j = 0; j < w.m; ++j)
-    for (int64_t p = 0; p < w.k; ++p) out[rows ? j * w.k + p : p * w.m + j] = w.channel(j)[p];
+    for (int64_t p = 0; p < w.k; ++p) out[rows ? j * w.k + p : p * w.m + j] = w.at(j, p);
   return t;
 }
 
@@ -74,7 +74,7 @@ void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt) {
         throw InputError(cat(file, ": tensor ", name, kScale, "[", j, "] = ", scale, ": expected a finite scale >= 0"));
       w.scale[j] = scale;
       for (int64_t i = 0; i < depth; ++i)
-        w.channel(j)[i] = values.data<int8_t>()[rows ? j * depth + i : i * channels + j];
+        w.at(j, i) = values.data<int8_t>()[rows ? j * depth + i : i * channels + j];
     }
     k::finish_int8_weight(w);
     weights[name] = std::make_shared<const k::Int8Weight>(std::move(w));

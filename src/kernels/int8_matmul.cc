@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/pointwise.h"
 #include "loom/error.h"
@@ -15,7 +16,9 @@
 namespace loom::kernels {
 namespace {
 
-constexpr int kBlock = 4;  // rows and channels per kernel call
+constexpr int kRows = 8;    // rows per kernel call
+constexpr int kGroups = 4;  // groups of 16 channels per kernel call, and per thread's share
+constexpr int kTile = kGroups * kInt8Group;
 
 std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
   const auto rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
@@ -28,11 +31,27 @@ std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
 // Symmetric int8 of `n` values: q = round(x x 127 / max |x|), clamped; returns the scale
 // max |x| / 127 (0 when every x is 0, and then every q is 0).
 float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
+  // The largest |x|, and whether any is NaN (a NaN makes the scale NaN, as an infinity
+  // does). max is exact in any order; an input row (stride 1) takes it in vectors.
   float amax = 0;
-  for (int64_t p = 0; p < n; ++p) amax = std::max(amax, std::fabs(x[p * stride]));
-  if (!(amax > 0) || !std::isfinite(amax)) {
+  int nan = 0;
+  if (stride == 1) {
+#pragma omp simd reduction(max : amax) reduction(| : nan)
+    for (int64_t p = 0; p < n; ++p) {
+      const float a = std::fabs(x[p]);
+      amax = amax > a ? amax : a;
+      nan |= a != a;
+    }
+  } else {
+    for (int64_t p = 0; p < n; ++p) {
+      const float a = std::fabs(x[p * stride]);
+      amax = amax > a ? amax : a;
+      nan |= a != a;
+    }
+  }
+  if (nan || !(amax > 0) || !std::isfinite(amax)) {
     std::fill(q, q + n, int8_t{0});
-    return std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return !nan && std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const float inv = 127.0f / amax;
   for (int64_t p = 0; p < n; ++p) {
@@ -42,15 +61,24 @@ float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
   return amax / 127.0f;
 }
 
-void kernel_generic(int64_t kp, const int8_t* const* a, const uint8_t* const* /*au*/, int rows, const int8_t* const* w,
-                    const int32_t* /*sum*/, int cols, int32_t* acc, int64_t ldacc) {
+void kernel_generic(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
+                    const int32_t* /*sum*/, int groups, int32_t* acc, int64_t ldacc) {
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
+    for (int c = 0; c < groups * kInt8Group; ++c) {
+      const int8_t* g = w + c / kInt8Group * kp * kInt8Group + c % kInt8Group * 4;
       int32_t s = 0;
-      for (int64_t p = 0; p < kp; ++p) s += static_cast<int32_t>(a[r][p]) * static_cast<int32_t>(w[c][p]);
+      for (int64_t p = 0; p < kp; ++p) s += int32_t{a[r * lda + p]} * int32_t{g[p / 4 * 4 * kInt8Group + p % 4]};
       acc[r * ldacc + c] = s;
     }
 }
+
+// The input rows quantized (signed, and + 128 as unsigned for VNNI) and their scales: kept
+// per thread, so a decoding step allocates nothing.
+struct QuantizedRows {
+  std::vector<int8_t> a;
+  std::vector<uint8_t> au;
+  std::vector<float> scale;
+};
 
 Int8Path g_path = Int8Path::kAuto;
 
@@ -79,34 +107,35 @@ Int8Weight make_int8_weight(int64_t k, int64_t m) {
   w.k = k;
   w.m = m;
   w.k_padded = (k + kInt8Pad - 1) / kInt8Pad * kInt8Pad;
-  w.q = aligned_bytes(w.k_padded * m);
+  w.m_padded = (m + kInt8Group - 1) / kInt8Group * kInt8Group;
+  w.q = aligned_bytes(w.k_padded * w.m_padded);
   w.scale.assign(static_cast<size_t>(m), 0.0f);
-  w.sum.assign(static_cast<size_t>(m), 0);
+  w.sum.assign(static_cast<size_t>(w.m_padded), 0);
   return w;
 }
 
 void finish_int8_weight(Int8Weight& w) {
   for (int64_t j = 0; j < w.m; ++j) {
-    const int8_t* q = w.channel(j);
     int32_t s = 0;
-    for (int64_t p = 0; p < w.k; ++p) s += q[p];
+    for (int64_t p = 0; p < w.k; ++p) s += w.at(j, p);
     w.sum[j] = s;
   }
 }
 
 Int8Weight quantize_int8(const float* w, int64_t k, int64_t m, WeightLayout layout) {
   Int8Weight out = make_int8_weight(k, m);
+  std::vector<int8_t> q(static_cast<size_t>(k));
   for (int64_t j = 0; j < m; ++j) {
     const float* col = layout == WeightLayout::kKM ? w + j : w + j * k;
-    out.scale[j] = quantize_row(col, k, layout == WeightLayout::kKM ? m : 1, out.channel(j));
+    out.scale[j] = quantize_row(col, k, layout == WeightLayout::kKM ? m : 1, q.data());
+    for (int64_t p = 0; p < k; ++p) out.at(j, p) = q[p];
   }
   finish_int8_weight(out);
   return out;
 }
 
 void dequantize_channel(const Int8Weight& w, int64_t j, float* out) {
-  const int8_t* q = w.channel(j);
-  for (int64_t p = 0; p < w.k; ++p) out[p] = static_cast<float>(q[p]) * w.scale[j];
+  for (int64_t p = 0; p < w.k; ++p) out[p] = static_cast<float>(w.at(j, p)) * w.scale[j];
 }
 
 void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, const float* bias, int64_t n,
@@ -115,48 +144,44 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   if (n == 0) return;
   const int8_detail::Int8KernelFn kernel = kernel_of(g_path);
   const bool vnni = kernel == int8_detail::kInt8Vnni;
-  // The input rows, quantized once: signed, and for VNNI also offset by 128 as unsigned.
-  std::shared_ptr<int8_t[]> qa = aligned_bytes(n * kp);
-  std::shared_ptr<int8_t[]> qu = vnni ? aligned_bytes(n * kp) : nullptr;
-  std::vector<float> sa(static_cast<size_t>(n));
+  thread_local QuantizedRows rows;
+  rows.a.assign(static_cast<size_t>(n * kp), 0);
+  rows.au.resize(vnni ? static_cast<size_t>(n * kp) : 0);
+  rows.scale.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    int8_t* row = qa.get() + i * kp;
-    sa[i] = quantize_row(inp + i * k, k, 1, row);
-    if (vnni) {
-      auto* u = reinterpret_cast<uint8_t*>(qu.get() + i * kp);
+    const int8_t* row = rows.a.data() + i * kp;
+    rows.scale[i] = quantize_row(inp + i * k, k, 1, rows.a.data() + i * kp);
+    uint8_t* u = rows.au.data() + i * kp;
+    if (vnni)
       for (int64_t p = 0; p < kp; ++p) u[p] = static_cast<uint8_t>(row[p] + 128);
-    }
   }
-  const int64_t blocks = (m + kBlock - 1) / kBlock;
+  const int8_t* qa = rows.a.data();
+  const uint8_t* qu = rows.au.data();
+  const float* sa = rows.scale.data();
+  const int64_t groups = w.m_padded / kInt8Group, tiles = (groups + kGroups - 1) / kGroups;
   const bool parallel = !omp_in_parallel() && n * m * k >= (int64_t{1} << 16);
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t jb = 0; jb < blocks; ++jb) {
-    const int64_t j0 = jb * kBlock;
-    const int cols = static_cast<int>(std::min<int64_t>(kBlock, m - j0));
-    // Missing channels repeat the last one (the kernels compute 4 x 4 and only the wanted
-    // ones are read back).
-    const int8_t* wp[kBlock];
-    int32_t sums[kBlock];
-    for (int c = 0; c < kBlock; ++c) {
-      wp[c] = w.channel(j0 + std::min(c, cols - 1));
-      sums[c] = w.sum[j0 + std::min(c, cols - 1)];
-    }
-    int32_t acc[kBlock * kBlock];
-    for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
-      const int rows = static_cast<int>(std::min<int64_t>(kBlock, n - i0));
-      const int8_t* ap[kBlock];
-      const uint8_t* up[kBlock];
-      for (int r = 0; r < kBlock; ++r) {
-        const int64_t i = i0 + std::min(r, rows - 1);
-        ap[r] = qa.get() + i * kp;
-        up[r] = vnni ? reinterpret_cast<const uint8_t*>(qu.get() + i * kp) : nullptr;
-      }
-      kernel(kp, ap, up, rows, wp, sums, cols, acc, kBlock);
-      for (int r = 0; r < rows; ++r) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t g0 = t * kGroups, j0 = g0 * kInt8Group;
+    const int tile_groups = static_cast<int>(std::min<int64_t>(kGroups, groups - g0));
+    const int64_t cols = std::min<int64_t>(tile_groups * kInt8Group, m - j0);
+    int32_t acc[kRows * kTile];
+    for (int64_t i0 = 0; i0 < n; i0 += kRows) {
+      const int count = static_cast<int>(std::min<int64_t>(kRows, n - i0));
+      kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, count, w.group(g0), w.sum.data() + j0, tile_groups,
+             acc, kTile);
+      for (int r = 0; r < count; ++r) {
         float* o = out + (i0 + r) * m + j0;
-        for (int c = 0; c < cols; ++c) {
-          const float s = sa[i0 + r] * w.scale[j0 + c];
-          o[c] = std::fma(static_cast<float>(acc[r * kBlock + c]), s, bias != nullptr ? bias[j0 + c] : 0.0f);
+        const int32_t* a = acc + r * kTile;
+        const float* sw = w.scale.data() + j0;
+        const float si = sa[i0 + r];
+        if (bias != nullptr) {
+          const float* b = bias + j0;
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * sw[c], b[c]);
+        } else {
+#pragma omp simd
+          for (int64_t c = 0; c < cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * sw[c], 0.0f);
         }
         if (gelu_out != nullptr) gelu_forward_serial(gelu_out + (i0 + r) * m + j0, o, cols);
       }

@@ -9,8 +9,8 @@
 // the generic loop and the reference twin) computes the same integers and the same float
 // steps, so the same bits on every CPU and for any thread count.
 //
-// Thread-safety: reentrant; threads split the output channels (one OpenMP pool; a call
-// inside a parallel region runs on its caller's thread). set_int8_path() is process-wide:
+// Thread-safety: reentrant; threads split the output channels, 64 at a time (one OpenMP
+// pool; a call inside a parallel region runs on its caller's thread). set_int8_path() is process-wide:
 // call it before starting work, from one thread.
 #pragma once
 
@@ -23,18 +23,27 @@
 
 namespace loom::kernels {
 
-// K is padded with zeros to a multiple of this, so every kernel runs whole vectors.
-constexpr int64_t kInt8Pad = 64;
+// K is padded with zeros to a multiple of kInt8Pad (the kernels take 4 values a step), M to
+// a multiple of kInt8Group (the channels of one AVX-512 vector of int32 sums).
+constexpr int64_t kInt8Pad = 4;
+constexpr int64_t kInt8Group = 16;
 
 struct Int8Weight {
   int64_t k = 0, m = 0;  // logical in and out features
   int64_t k_padded = 0;  // k rounded up to kInt8Pad
-  // (M, k_padded) channel-major: channel j's K weights at [j * k_padded, ...), zeros past k.
+  int64_t m_padded = 0;  // m rounded up to kInt8Group
+  // Groups of 16 channels, each k_padded x 16 bytes, in steps of 4 inputs: channel j's
+  // weights p..p+3 (p a multiple of 4) are the 4 bytes at group(j / 16) + p x 16 + (j % 16) x 4.
+  // One 64-byte load holds 4 inputs' weights of 16 channels: what VNNI's vpdpbusd multiplies
+  // by 4 input bytes broadcast, giving 16 channels' sums with no horizontal add. Padding zero.
   std::shared_ptr<int8_t[]> q;
   std::vector<float> scale;  // (M) s_j; 0 for a channel of zeros
-  std::vector<int32_t> sum;  // (M) the sum of channel j's q (the VNNI path's unsigned offset)
+  std::vector<int32_t> sum;  // (m_padded) the sum of channel j's q (the VNNI path's unsigned offset)
 
-  int8_t* channel(int64_t j) const { return q.get() + j * k_padded; }
+  int8_t* group(int64_t g) const { return q.get() + g * k_padded * kInt8Group; }
+  int8_t& at(int64_t j, int64_t p) const {
+    return group(j / kInt8Group)[p / 4 * 4 * kInt8Group + j % kInt8Group * 4 + p % 4];
+  }
   // The bytes this weight holds (the int8 values without padding, the scales).
   int64_t bytes() const { return k * m + 4 * m; }
 };
@@ -64,11 +73,13 @@ void set_int8_path(Int8Path path);
 Int8Path int8_active_path();
 
 namespace int8_detail {
-// acc (rows x cols, row stride ldacc) = sum over p < kp of a[r][p] * w[c][p], where a[r] and
-// w[c] are pointers to k_padded int8 values (a as signed; the VNNI kernel takes a + 128 as
-// unsigned bytes and subtracts 128 x sum[c]). rows, cols in [1, 4].
-using Int8KernelFn = void (*)(int64_t kp, const int8_t* const* a, const uint8_t* const* au, int rows,
-                              const int8_t* const* w, const int32_t* sum, int cols, int32_t* acc, int64_t ldacc);
+// acc (rows x 16 groups, row stride ldacc) = the exact sums over p < kp of a[r][p] x w(c, p)
+// for the 16 x groups channels whose groups start at w (Int8Weight::group), sum their weight
+// sums. Row r of the input is k_padded signed values at a + r x lda; au holds the same + 128
+// as unsigned bytes (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the
+// other kernels. rows in [1, 8], groups in [1, 4].
+using Int8KernelFn = void (*)(int64_t kp, const int8_t* a, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
+                              const int32_t* sum, int groups, int32_t* acc, int64_t ldacc);
 extern const Int8KernelFn kInt8Vnni;
 extern const Int8KernelFn kInt8Avx2;
 }  // namespace int8_detail

@@ -1,7 +1,7 @@
 // The int8 product against its reference twin, bit for bit: every path this CPU runs
 // (AVX-512 VNNI, AVX2, generic), both weight layouts, sizes that are 1, primes and not
-// multiples of the kernel's 4 x 4 block or the 64-value padding, any thread count; and
-// against the f32 product to the tolerance int8 promises.
+// multiples of the kernels' tiles (8 rows, 4 groups of 16 channels) or the padding, any
+// thread count; and against the f32 product to the tolerance int8 promises.
 #include "kernels/int8_matmul.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +33,8 @@ bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
 
 // (n, k, m)
 const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
-    {1, 1, 1}, {1, 64, 4}, {3, 65, 5}, {4, 256, 768}, {5, 127, 13}, {17, 300, 37}, {16, 1024, 256}};
+    {1, 1, 1},   {1, 64, 4},  {3, 65, 5},  {4, 256, 768}, {5, 127, 13},   {17, 300, 37},
+    {16, 1024, 256}, {6, 33, 48}, {8, 96, 80}, {2, 8, 33},     {12, 260, 130}};
 
 struct RestorePath {
   ~RestorePath() { set_int8_path(Int8Path::kAuto); }
@@ -101,9 +102,12 @@ TEST(Int8Matmul, ZeroChannelsAndRowsGiveTheBiasAndNonFiniteInputPropagates) {
   int8_matmul_forward(out.data(), x.data(), q, b.data(), n);
   for (int64_t j = 0; j < m; ++j) EXPECT_EQ(out[j], b[j]);
   EXPECT_EQ(out[m + 2], 3.0f);
-  x[3] = std::numeric_limits<float>::infinity();
-  int8_matmul_forward(out.data(), x.data(), q, b.data(), n);
-  EXPECT_TRUE(std::isnan(out[0]));
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    x[3] = bad;
+    int8_matmul_forward(out.data(), x.data(), q, b.data(), n);
+    for (int64_t j = 0; j < m; ++j) EXPECT_TRUE(std::isnan(out[j])) << bad << " channel " << j;
+    EXPECT_EQ(out[m + 2], 3.0f) << "the other row";
+  }
 }
 
 TEST(Int8Matmul, UnsupportedPathIsRefusedByName) {

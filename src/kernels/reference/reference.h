@@ -72,13 +72,18 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 // Symmetric int8 of n values (stride apart): the scale max |x| / 127 and q = round(x x 127 /
-// max |x|) clamped to [-127, 127] (all 0 and scale 0 when every x is 0).
+// max |x|) clamped to [-127, 127] (all 0 and scale 0 when every x is 0; all 0 and scale NaN
+// when an x is not finite).
 inline float quantize_int8_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
   float amax = 0;
-  for (int64_t p = 0; p < n; ++p) amax = std::max(amax, std::fabs(x[p * stride]));
-  if (!(amax > 0) || !std::isfinite(amax)) {
+  bool nan = false;
+  for (int64_t p = 0; p < n; ++p) {
+    amax = std::max(amax, std::fabs(x[p * stride]));
+    nan = nan || std::isnan(x[p * stride]);
+  }
+  if (nan || !(amax > 0) || !std::isfinite(amax)) {
     for (int64_t p = 0; p < n; ++p) q[p] = 0;
-    return std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+    return !nan && std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const float inv = 127.0f / amax;
   for (int64_t p = 0; p < n; ++p) q[p] = static_cast<int8_t>(std::clamp(std::nearbyint(x[p * stride] * inv), -127.0f, 127.0f));
