@@ -1,4 +1,4 @@
-// The AVX2 kernel of the int8 product (int8_matmul.h), on the same groups as VNNI's (4 inputs'
+// The AVX2 kernel of the int8 product (int8_matmul.h), on the same tiles as VNNI's (4 inputs'
 // weights of 16 channels in 64 bytes). A row's 4 input values, widened to int16 and repeated,
 // meet 4 channels' 4 weights widened alike; vpmaddwd multiplies them and adds pairs, so each
 // int32 lane holds half of one channel's sum (exact integers: no int16 saturation, unlike
@@ -23,7 +23,7 @@ void store_group(const __m256i (&s)[4], int32_t* out) {
 }
 
 // R rows (1 or 2: 4R sums, 4 weight vectors and a row's input fill 13 of AVX2's 16 registers)
-// of one group.
+// of 16 channels (w: their bytes in step 0).
 template <int R>
 void tile(int64_t kp, const int8_t* a, int64_t lda, const int8_t* w, int32_t* acc, int64_t ldacc) {
   __m256i s[R][4];
@@ -32,7 +32,7 @@ void tile(int64_t kp, const int8_t* a, int64_t lda, const int8_t* w, int32_t* ac
   for (int64_t p = 0; p < kp; p += 4) {
     __m256i wv[4];
     for (int q = 0; q < 4; ++q)
-      wv[q] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(w + p * kInt8Group + 16 * q)));
+      wv[q] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(w + p * kInt8Tile + 16 * q)));
     for (int r = 0; r < R; ++r) {
       int32_t four;
       std::memcpy(&four, a + r * lda + p, 4);
@@ -44,13 +44,11 @@ void tile(int64_t kp, const int8_t* a, int64_t lda, const int8_t* w, int32_t* ac
 }
 
 void kernel(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
-            const int32_t* /*sum*/, int groups, int32_t* acc, int64_t ldacc) {
-  for (int g = 0; g < groups; ++g) {
-    const int8_t* wg = w + g * kp * kInt8Group;
-    int32_t* ag = acc + g * kInt8Group;
+            const int32_t* /*sum*/, int32_t* acc, int64_t ldacc) {
+  for (int g = 0; g < 4; ++g) {  // the tile's 4 sets of 16 channels
     int r = 0;
-    for (; r + 2 <= rows; r += 2) tile<2>(kp, a + r * lda, lda, wg, ag + r * ldacc, ldacc);
-    if (r < rows) tile<1>(kp, a + r * lda, lda, wg, ag + r * ldacc, ldacc);
+    for (; r + 2 <= rows; r += 2) tile<2>(kp, a + r * lda, lda, w + 64 * g, acc + r * ldacc + 16 * g, ldacc);
+    if (r < rows) tile<1>(kp, a + r * lda, lda, w + 64 * g, acc + r * ldacc + 16 * g, ldacc);
   }
 }
 

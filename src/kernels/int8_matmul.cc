@@ -2,7 +2,6 @@
 // channels over threads and the float steps every path shares. See int8_matmul.h.
 #include "kernels/int8_matmul.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,15 +9,14 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/parallel.h"
 #include "kernels/pointwise.h"
 #include "loom/error.h"
 
 namespace loom::kernels {
 namespace {
 
-constexpr int kRows = 8;    // rows per kernel call
-constexpr int kGroups = 4;  // groups of 16 channels per kernel call, and per thread's share
-constexpr int kTile = kGroups * kInt8Group;
+constexpr int kRows = 8;  // rows per kernel call
 
 std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
   const auto rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
@@ -62,12 +60,11 @@ float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
 }
 
 void kernel_generic(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
-                    const int32_t* /*sum*/, int groups, int32_t* acc, int64_t ldacc) {
+                    const int32_t* /*sum*/, int32_t* acc, int64_t ldacc) {
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < groups * kInt8Group; ++c) {
-      const int8_t* g = w + c / kInt8Group * kp * kInt8Group + c % kInt8Group * 4;
+    for (int c = 0; c < kInt8Tile; ++c) {
       int32_t s = 0;
-      for (int64_t p = 0; p < kp; ++p) s += int32_t{a[r * lda + p]} * int32_t{g[p / 4 * 4 * kInt8Group + p % 4]};
+      for (int64_t p = 0; p < kp; ++p) s += int32_t{a[r * lda + p]} * int32_t{w[p / 4 * 4 * kInt8Tile + c * 4 + p % 4]};
       acc[r * ldacc + c] = s;
     }
 }
@@ -107,7 +104,7 @@ Int8Weight make_int8_weight(int64_t k, int64_t m) {
   w.k = k;
   w.m = m;
   w.k_padded = (k + kInt8Pad - 1) / kInt8Pad * kInt8Pad;
-  w.m_padded = (m + kInt8Group - 1) / kInt8Group * kInt8Group;
+  w.m_padded = (m + kInt8Tile - 1) / kInt8Tile * kInt8Tile;
   w.q = aligned_bytes(w.k_padded * w.m_padded);
   w.scale.assign(static_cast<size_t>(m), 0.0f);
   w.sum.assign(static_cast<size_t>(w.m_padded), 0);
@@ -158,21 +155,16 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   const int8_t* qa = rows.a.data();
   const uint8_t* qu = rows.au.data();
   const float* sa = rows.scale.data();
-  const int64_t groups = w.m_padded / kInt8Group, tiles = (groups + kGroups - 1) / kGroups;
-  const bool parallel = !omp_in_parallel() && n * m * k >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t g0 = t * kGroups, j0 = g0 * kInt8Group;
-    const int tile_groups = static_cast<int>(std::min<int64_t>(kGroups, groups - g0));
-    const int64_t cols = std::min<int64_t>(tile_groups * kInt8Group, m - j0);
-    int32_t acc[kRows * kTile];
+  const int64_t tiles = w.m_padded / kInt8Tile;
+  const auto one_tile = [&](int64_t t) {
+    const int64_t j0 = t * kInt8Tile, cols = std::min(kInt8Tile, m - j0);
+    int32_t acc[kRows * kInt8Tile];
     for (int64_t i0 = 0; i0 < n; i0 += kRows) {
       const int count = static_cast<int>(std::min<int64_t>(kRows, n - i0));
-      kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, count, w.group(g0), w.sum.data() + j0, tile_groups,
-             acc, kTile);
+      kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, count, w.tile(t), w.sum.data() + j0, acc, kInt8Tile);
       for (int r = 0; r < count; ++r) {
         float* o = out + (i0 + r) * m + j0;
-        const int32_t* a = acc + r * kTile;
+        const int32_t* a = acc + r * kInt8Tile;
         const float* sw = w.scale.data() + j0;
         const float si = sa[i0 + r];
         if (bias != nullptr) {
@@ -186,7 +178,8 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
         if (gelu_out != nullptr) gelu_forward_serial(gelu_out + (i0 + r) * m + j0, o, cols);
       }
     }
-  }
+  };
+  parallel_for(tiles, n * m * k, one_tile);  // a team of one (a decoding lane) opens no region
 }
 
 bool int8_path_supported(Int8Path path) {

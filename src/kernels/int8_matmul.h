@@ -10,7 +10,8 @@
 // steps, so the same bits on every CPU and for any thread count.
 //
 // Thread-safety: reentrant; threads split the output channels, 64 at a time (one OpenMP
-// pool; a call inside a parallel region runs on its caller's thread). set_int8_path() is process-wide:
+// pool, as kernels/parallel.h decides: a call inside a parallel region, on a team of one or
+// on little work runs on its caller's thread). set_int8_path() is process-wide:
 // call it before starting work, from one thread.
 #pragma once
 
@@ -23,27 +24,26 @@
 
 namespace loom::kernels {
 
-// K is padded with zeros to a multiple of kInt8Pad (the kernels take 4 values a step), M to
-// a multiple of kInt8Group (the channels of one AVX-512 vector of int32 sums).
+// K is padded with zeros to a multiple of kInt8Pad (the kernels take 4 inputs a step), M to
+// a multiple of kInt8Tile (the channels one kernel call sums: 4 AVX-512 vectors of 16 int32).
 constexpr int64_t kInt8Pad = 4;
-constexpr int64_t kInt8Group = 16;
+constexpr int64_t kInt8Tile = 64;
 
 struct Int8Weight {
   int64_t k = 0, m = 0;  // logical in and out features
   int64_t k_padded = 0;  // k rounded up to kInt8Pad
-  int64_t m_padded = 0;  // m rounded up to kInt8Group
-  // Groups of 16 channels, each k_padded x 16 bytes, in steps of 4 inputs: channel j's
-  // weights p..p+3 (p a multiple of 4) are the 4 bytes at group(j / 16) + p x 16 + (j % 16) x 4.
-  // One 64-byte load holds 4 inputs' weights of 16 channels: what VNNI's vpdpbusd multiplies
-  // by 4 input bytes broadcast, giving 16 channels' sums with no horizontal add. Padding zero.
+  int64_t m_padded = 0;  // m rounded up to kInt8Tile
+  // Tiles of 64 channels, each k_padded x 64 bytes, in steps of 4 inputs: step p / 4 of a
+  // tile is 256 bytes, channel c's weights p..p+3 at c x 4 (c the channel within the tile).
+  // So 64 bytes hold 4 inputs' weights of 16 channels (what VNNI's vpdpbusd multiplies by 4
+  // input bytes broadcast, giving 16 channels' sums with no horizontal add), and a tile is
+  // read as one stream. Padding zero.
   std::shared_ptr<int8_t[]> q;
   std::vector<float> scale;  // (M) s_j; 0 for a channel of zeros
   std::vector<int32_t> sum;  // (m_padded) the sum of channel j's q (the VNNI path's unsigned offset)
 
-  int8_t* group(int64_t g) const { return q.get() + g * k_padded * kInt8Group; }
-  int8_t& at(int64_t j, int64_t p) const {
-    return group(j / kInt8Group)[p / 4 * 4 * kInt8Group + j % kInt8Group * 4 + p % 4];
-  }
+  int8_t* tile(int64_t t) const { return q.get() + t * k_padded * kInt8Tile; }
+  int8_t& at(int64_t j, int64_t p) const { return tile(j / kInt8Tile)[p / 4 * 4 * kInt8Tile + j % kInt8Tile * 4 + p % 4]; }
   // The bytes this weight holds (the int8 values without padding, the scales).
   int64_t bytes() const { return k * m + 4 * m; }
 };
@@ -73,13 +73,13 @@ void set_int8_path(Int8Path path);
 Int8Path int8_active_path();
 
 namespace int8_detail {
-// acc (rows x 16 groups, row stride ldacc) = the exact sums over p < kp of a[r][p] x w(c, p)
-// for the 16 x groups channels whose groups start at w (Int8Weight::group), sum their weight
-// sums. Row r of the input is k_padded signed values at a + r x lda; au holds the same + 128
-// as unsigned bytes (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the
-// other kernels. rows in [1, 8], groups in [1, 4].
+// acc (rows x 64, row stride ldacc) = the exact sums over p < kp of a[r][p] x w(c, p) for
+// the 64 channels of the tile at w (Int8Weight::tile), sum their weight sums. Row r of the
+// input is k_padded signed values at a + r x lda; au holds the same + 128 as unsigned bytes
+// (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the other kernels. rows
+// in [1, 8].
 using Int8KernelFn = void (*)(int64_t kp, const int8_t* a, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
-                              const int32_t* sum, int groups, int32_t* acc, int64_t ldacc);
+                              const int32_t* sum, int32_t* acc, int64_t ldacc);
 extern const Int8KernelFn kInt8Vnni;
 extern const Int8KernelFn kInt8Avx2;
 }  // namespace int8_detail
