@@ -8,6 +8,7 @@
 // says the CPU has it.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/int8_matmul.h"
@@ -22,56 +23,45 @@ __m512i dot(__m512i acc, __m512i a, __m512i w) {
   return acc;
 }
 
-// R rows x G of the tile's 4 vectors of 16 channels (w: the first one's bytes in step 0):
-// R x G sums in registers, G weight vectors a step.
-template <int R, int G>
+// R rows x the tile's 64 channels (4 vectors of 16): 4R sums in registers, 4 weight vectors
+// a step, each used for every row.
+template <int R>
 void part(int64_t kp, const uint8_t* au, int64_t lda, const int8_t* w, const int32_t* sum, int32_t* acc,
           int64_t ldacc) {
-  __m512i s[R][G];
+  __m512i s[R][4];
   for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) s[r][g] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) s[r][g] = _mm512_setzero_si512();
   for (int64_t p = 0; p < kp; p += 4) {
     const int8_t* step = w + p * kInt8Tile;  // 4 inputs a step, 256 bytes
-    __m512i wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = _mm512_load_si512(step + 64 * g);
+    __m512i wv[4];
+    for (int g = 0; g < 4; ++g) wv[g] = _mm512_load_si512(step + 64 * g);
     for (int r = 0; r < R; ++r) {
       int32_t four;
       std::memcpy(&four, au + r * lda + p, 4);
       const __m512i a = _mm512_set1_epi32(four);
-      for (int g = 0; g < G; ++g) s[r][g] = dot(s[r][g], a, wv[g]);
+      for (int g = 0; g < 4; ++g) s[r][g] = dot(s[r][g], a, wv[g]);
     }
   }
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < 4; ++g) {
     // x 128 by a multiply: GCC 12's _mm512_slli_epi32 trips -Wuninitialized inside its header.
     const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(sum + 16 * g), _mm512_set1_epi32(128));
     for (int r = 0; r < R; ++r) _mm512_storeu_si512(acc + r * ldacc + 16 * g, _mm512_sub_epi32(s[r][g], offset));
   }
 }
 
-// R rows x the tile's 64 channels: at once up to 4 rows, in two halves past (16 sums in
-// registers at most).
-template <int R>
-void rows_of(int64_t kp, const uint8_t* au, int64_t lda, const int8_t* w, const int32_t* sum, int32_t* acc,
-             int64_t ldacc) {
-  if constexpr (R <= 4) {
-    part<R, 4>(kp, au, lda, w, sum, acc, ldacc);
-  } else {
-    part<R, 2>(kp, au, lda, w, sum, acc, ldacc);
-    part<R, 2>(kp, au, lda, w + 128, sum + 32, acc + 32, ldacc);
-  }
-}
-
+// Up to 4 rows at a time: 8 rows as two passes of 4 over the tile (its second read comes from
+// L1 or L2) ran 10% faster than 8 rows over half the tile twice (more broadcasts a step).
 void kernel(int64_t kp, const int8_t* /*a*/, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
             const int32_t* sum, int32_t* acc, int64_t ldacc) {
-  switch (rows) {
-    case 1: return rows_of<1>(kp, au, lda, w, sum, acc, ldacc);
-    case 2: return rows_of<2>(kp, au, lda, w, sum, acc, ldacc);
-    case 3: return rows_of<3>(kp, au, lda, w, sum, acc, ldacc);
-    case 4: return rows_of<4>(kp, au, lda, w, sum, acc, ldacc);
-    case 5: return rows_of<5>(kp, au, lda, w, sum, acc, ldacc);
-    case 6: return rows_of<6>(kp, au, lda, w, sum, acc, ldacc);
-    case 7: return rows_of<7>(kp, au, lda, w, sum, acc, ldacc);
-    default: return rows_of<8>(kp, au, lda, w, sum, acc, ldacc);
+  for (int r = 0; r < rows; r += 4) {
+    const uint8_t* ar = au + r * lda;
+    int32_t* out = acc + r * ldacc;
+    switch (std::min(4, rows - r)) {
+      case 1: part<1>(kp, ar, lda, w, sum, out, ldacc); break;
+      case 2: part<2>(kp, ar, lda, w, sum, out, ldacc); break;
+      case 3: part<3>(kp, ar, lda, w, sum, out, ldacc); break;
+      default: part<4>(kp, ar, lda, w, sum, out, ldacc); break;
+    }
   }
 }
 
