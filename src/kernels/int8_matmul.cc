@@ -59,6 +59,12 @@ float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
   return amax / 127.0f;
 }
 
+// u = q + 128 as unsigned bytes (VNNI's operand). Its own function: in the driver, whose
+// locals a lambda captures, byte stores may alias them and the loop ran a byte at a time.
+void offset_by_128(const int8_t* q, int64_t n, uint8_t* u) {
+  for (int64_t p = 0; p < n; ++p) u[p] = static_cast<uint8_t>(q[p] + 128);
+}
+
 void kernel_generic(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
                     const int32_t* /*sum*/, int32_t* acc, int64_t ldacc) {
   for (int r = 0; r < rows; ++r)
@@ -132,7 +138,10 @@ Int8Weight quantize_int8(const float* w, int64_t k, int64_t m, WeightLayout layo
 }
 
 void dequantize_channel(const Int8Weight& w, int64_t j, float* out) {
-  for (int64_t p = 0; p < w.k; ++p) out[p] = static_cast<float>(w.at(j, p)) * w.scale[j];
+  const int8_t* q = &w.at(j, 0);  // then 4 bytes every 256 (Int8Weight's tiles)
+  const float s = w.scale[j];
+  for (int64_t p4 = 0; p4 < w.k_padded / 4; ++p4)
+    for (int64_t i = 0; i < 4 && 4 * p4 + i < w.k; ++i) out[4 * p4 + i] = static_cast<float>(q[p4 * 4 * kInt8Tile + i]) * s;
 }
 
 void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, const float* bias, int64_t n,
@@ -146,11 +155,8 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   rows.au.resize(vnni ? static_cast<size_t>(n * kp) : 0);
   rows.scale.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    const int8_t* row = rows.a.data() + i * kp;
     rows.scale[i] = quantize_row(inp + i * k, k, 1, rows.a.data() + i * kp);
-    uint8_t* u = rows.au.data() + i * kp;
-    if (vnni)
-      for (int64_t p = 0; p < kp; ++p) u[p] = static_cast<uint8_t>(row[p] + 128);
+    if (vnni) offset_by_128(rows.a.data() + i * kp, kp, rows.au.data() + i * kp);
   }
   const int8_t* qa = rows.a.data();
   const uint8_t* qu = rows.au.data();

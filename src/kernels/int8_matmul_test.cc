@@ -110,6 +110,21 @@ TEST(Int8Matmul, ZeroChannelsAndRowsGiveTheBiasAndNonFiniteInputPropagates) {
   }
 }
 
+// A channel read back (an embedding's row) is its quantized values times its scale, in
+// order, whatever the tile layout: against the reference's quantization of the same row.
+TEST(Int8Matmul, DequantizedChannelIsItsValuesTimesItsScale) {
+  const int64_t k = 70, m = 67;
+  const auto w = normal(k * m, 10);
+  const Int8Weight q = quantize_int8(w.data(), k, m, WeightLayout::kMK);
+  std::vector<int8_t> want(static_cast<size_t>(k));
+  std::vector<float> got(static_cast<size_t>(k));
+  for (int64_t j : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, m - 1}) {
+    const float s = reference::quantize_int8_row(w.data() + j * k, k, 1, want.data());
+    dequantize_channel(q, j, got.data());
+    for (int64_t p = 0; p < k; ++p) ASSERT_EQ(got[p], static_cast<float>(want[p]) * s) << "channel " << j << " p " << p;
+  }
+}
+
 TEST(Int8Matmul, UnsupportedPathIsRefusedByName) {
   RestorePath restore;
   for (Int8Path path : {Int8Path::kVnni, Int8Path::kAvx2}) {
