@@ -58,7 +58,7 @@ TEST(Int8Matmul, EveryPathEqualsTheReferenceBitForBit) {
 }
 
 TEST(Int8Matmul, BitsDoNotDependOnThreadCount) {
-  const int64_t n = 9, k = 700, m = 301;
+  const int64_t n = 40, k = 700, m = 301;  // enough work for the pool (int8_matmul.cc)
   const auto x = normal(n * k, 4), w = normal(k * m, 5, 0.05f);
   const Int8Weight q = quantize_int8(w.data(), k, m, WeightLayout::kKM);
   std::vector<float> one(static_cast<size_t>(n * m)), two(one.size());
