@@ -84,11 +84,11 @@ void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt) {
 
 int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8) {
   const int64_t f32 = static_cast<int64_t>(nn::gpt_counts(g).total()) * 4;
-  if (!int8) {  // panels: each linear weight's columns and the head's rounded up to 32
+  if (!int8) {  // panels: each linear weight's columns rounded up to 32, and the head's in place of wte
     const auto cols = [](int64_t n) { return (n + 31) / 32 * 32; };
     const int64_t c = g.d_model;
     const int64_t pad = c * (cols(3 * c) - 3 * c) + c * (cols(c) - c) + c * (cols(4 * c) - 4 * c) + 4 * c * (cols(c) - c);
-    return f32 + 4 * (g.n_layer * pad + c * cols(g.vocab_size));
+    return f32 + 4 * (g.n_layer * pad + c * (cols(g.vocab_size) - g.vocab_size));
   }
   // Each int8 weight: 1 byte a value in place of 4, and a 4-byte scale per output channel.
   const int64_t c = g.d_model, linear = 12 * c * c, channels = 9 * c;  // per block: 3C + C + 4C + C outputs

@@ -2,7 +2,6 @@
 // channels over threads and the float steps every path shares. See int8_matmul.h.
 #include "kernels/int8_matmul.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -27,7 +26,7 @@ std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
 }
 
 // Symmetric int8 of `n` values: q = round(x x 127 / max |x|), clamped; returns the scale
-// max |x| / 127 (0 when every x is 0, and then every q is 0).
+// max |x| / 127 (0 when every x is 0, NaN when an x is NaN or infinite; every q 0 then).
 float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
   // The largest |x|, and whether any is NaN (a NaN makes the scale NaN, as an infinity
   // does). max is exact in any order; an input row (stride 1) takes it in vectors.
@@ -141,7 +140,8 @@ void dequantize_channel(const Int8Weight& w, int64_t j, float* out) {
   const int8_t* q = &w.at(j, 0);  // then 4 bytes every 256 (Int8Weight's tiles)
   const float s = w.scale[j];
   for (int64_t p4 = 0; p4 < w.k_padded / 4; ++p4)
-    for (int64_t i = 0; i < 4 && 4 * p4 + i < w.k; ++i) out[4 * p4 + i] = static_cast<float>(q[p4 * 4 * kInt8Tile + i]) * s;
+    for (int64_t i = 0; i < 4 && 4 * p4 + i < w.k; ++i)
+      out[4 * p4 + i] = static_cast<float>(q[p4 * 4 * kInt8Tile + i]) * s;
 }
 
 void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, const float* bias, int64_t n,

@@ -43,7 +43,9 @@ struct Int8Weight {
   std::vector<int32_t> sum;  // (m_padded) the sum of channel j's q (the VNNI path's unsigned offset)
 
   int8_t* tile(int64_t t) const { return q.get() + t * k_padded * kInt8Tile; }
-  int8_t& at(int64_t j, int64_t p) const { return tile(j / kInt8Tile)[p / 4 * 4 * kInt8Tile + j % kInt8Tile * 4 + p % 4]; }
+  int8_t& at(int64_t j, int64_t p) const {
+    return tile(j / kInt8Tile)[p / 4 * 4 * kInt8Tile + j % kInt8Tile * 4 + p % 4];
+  }
   // The bytes this weight holds (the int8 values without padding, the scales).
   int64_t bytes() const { return k * m + 4 * m; }
 };

@@ -61,6 +61,7 @@ void Gpt::use_int8(Int8Weights weights) {
 int64_t Gpt::weight_bytes() const {
   int64_t bytes = head_panels_ != nullptr ? head_panels_->bytes() : 0;
   for (const ParamInfo& p : params_.infos()) {
+    if (head_panels_ != nullptr && p.name == "transformer.wte.weight") continue;  // read from the head's panels
     auto it = int8_.find(p.name);
     auto pt = panels_.find(p.name);
     bytes += it != int8_.end()    ? it->second->bytes()
@@ -88,10 +89,13 @@ void Gpt::use_panels() {
     take(b.mlp.c_fc, prefix + "mlp.c_fc.weight");
     take(b.mlp.c_proj, prefix + "mlp.c_proj.weight");
   }
-  // The tied head: logits = x @ wte^T.
+  // The tied head: logits = x @ wte^T. Its panels hold wte whole, so the embedding reads its
+  // rows from them and the table goes back to the system.
   const Tensor wte = wte_.table.value();
   head_panels_ = std::make_shared<const k::PanelMatrix>(
       k::pack_panels(true, config_.d_model, wte_.rows, wte.data<float>(), config_.d_model));
+  discard_pages(wte.raw(), wte.nbytes());
+  wte_.panels = head_panels_.get();
 }
 
 }  // namespace loom::nn

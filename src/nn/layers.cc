@@ -335,6 +335,11 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
     for (int64_t i = 0; i < ids.numel(); ++i) k::dequantize_channel(*int8, ids.data<int32_t>()[i], y.data<float>() + i * c);
     return y;
   }
+  if (panels != nullptr) {
+    LOOM_CHECK(!shard.split() && y.dtype() == DType::kF32);
+    for (int64_t i = 0; i < ids.numel(); ++i) k::panel_column(*panels, ids.data<int32_t>()[i], y.data<float>() + i * c);
+    return y;
+  }
   LOOM_DISPATCH_FLOAT(y.dtype(), T,
                       k::embedding_forward(y.data<T>(), ctx.ids.data<int32_t>(),
                                            table.value().data<T>(), ids.numel(), c));
@@ -344,7 +349,7 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
 }
 
 void Embedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
-  LOOM_CHECK(int8 == nullptr);  // int8 weights are for inference
+  LOOM_CHECK(int8 == nullptr && panels == nullptr);  // int8 weights and panels are for inference
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::embedding_backward(table.grad().data<T>(), ctx.ids.data<int32_t>(),
                                             dy.data<T>(), ctx.ids.numel(), c));

@@ -140,6 +140,9 @@ class Embedding {
   int64_t rows = 0, c = 0;  // this part's
   // Inference with an int8 table (Gpt::use_int8): a row is its int8 values times its scale.
   const kernels::Int8Weight* int8 = nullptr;
+  // Inference with the tied head's panels (Gpt::use_panels): row t is their column t, and
+  // the table itself is given back.
+  const kernels::PanelMatrix* panels = nullptr;
   Shard shard;
 };
 

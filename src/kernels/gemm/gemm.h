@@ -87,6 +87,8 @@ struct PanelMatrix {
 
 // op(B): B (k, n) with row stride ldb, or B^T where B is (n, k) (trans_b).
 PanelMatrix pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+// Column j of op(B) (k values) into out: a tied embedding's row read from the head's panels.
+void panel_column(const PanelMatrix& b, int64_t j, float* out);
 
 // C (m, n) = [C +] A (m, k, row stride lda) @ op(B) from its panels, then `epilogue`; the
 // bits of gemm(false, trans_b, ...) on the op(B) the panels were made from, on any path and

@@ -63,6 +63,12 @@ PanelMatrix pack_panels(bool trans_b, int64_t k, int64_t n, const float* b, int6
   return out;
 }
 
+void panel_column(const PanelMatrix& b, int64_t j, float* out) {
+  LOOM_CHECK(j >= 0 && j < b.n);
+  const float* sliver = b.data.get() + j / kPanelCols * b.k * kPanelCols + j % kPanelCols;
+  for (int64_t p = 0; p < b.k; ++p) out[p] = sliver[p * kPanelCols];
+}
+
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, bool accumulate, float* c,
                  int64_t ldc, const GemmEpilogue& epilogue) {
   const int64_t n = b.n, k = b.k;
