@@ -277,6 +277,27 @@ TEST_F(Serve, ServesInt8WeightsFromAQuantizedCheckpointOrQuantizedAtLoad) {
   EXPECT_LT(std::stod(body.substr(at + 25)), 2 * f32_bytes / 3.5) << "two models at int8";
 }
 
+// Keys and values in bf16: a megabyte holds twice the pages (nano: 16 KiB a page in f32,
+// 64 of them; 128 in bf16), and completions stay reproducible, alone or side by side.
+TEST_F(Serve, Bf16KeyValueCachesHoldTwiceThePagesAndServeReproducibly) {
+  start({"--model", cat("nano=", p("runs/n")), "--kv-cache-dtype", "bf16", "--kv-cache-mb", "1", "--max-batch", "32"});
+  const std::string body = client().Get("/metrics")->body;
+  EXPECT_NE(body.find("loom_kv_pages_total{model=\"nano\"} 128\n"), std::string::npos) << body;
+  std::vector<std::string> got(4);
+  std::vector<std::thread> clients;
+  const auto request = [](int i) {
+    return json{{"model", "nano"}, {"prompt", "The quick "}, {"max_tokens", 30}, {"seed", i}, {"temperature", 0.8}};
+  };
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] { got[i] = complete(request(i)).second["choices"][0]["text"]; });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 4; ++i) {
+    const auto [status, alone] = complete(request(i));
+    ASSERT_EQ(status, 200) << alone.dump();
+    EXPECT_EQ(alone["choices"][0]["text"], got[i]) << "client " << i;
+  }
+}
+
 TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
   const std::string model = cat(" --model nano=", p("runs/n"));
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
@@ -293,6 +314,7 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --lanes -1", "--lanes -1: expected 0 ([job] threads) to 256"},
            {model + " --events-nice 20", "--events-nice 20: expected 0 to 19"},
            {model + " --prefix-cache-mb -1", "--prefix-cache-mb -1: expected 0 (none kept) to 1048576"},
+           {model + " --kv-cache-dtype f16", "--kv-cache-dtype f16: expected f32 or bf16"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;

@@ -125,7 +125,7 @@ Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(co
     : gpt_(gpt), limits_(limits), on_step_(std::move(on_step)) {
   LOOM_CHECK(limits.max_batch >= 1 && limits.token_budget >= 1 && limits.queue >= 0 && limits.threads >= 1 &&
              limits.lanes >= 1 && limits.kv_pages >= nn::KvPagePool::pages_for(gpt.config().seq_len));
-  pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages);
+  pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages, limits.kv_dtype);
   if (limits.prefix_cache_bytes > 0)
     prefix_ = std::make_unique<PrefixCache>(limits.prefix_cache_bytes, gpt.config().n_layer * 2 * pages_->row_bytes());
   delivery_ = std::thread([this] { delivery_loop(); });

@@ -89,6 +89,7 @@ struct BatcherLimits {
   // takes the pages for its prompt and max_tokens (at most a window's) when it joins.
   // REQUIRES: at least one window's.
   int64_t kv_pages = 256;
+  DType kv_dtype = DType::kF32;  // the pages' (kBF16 for an f32 model: half the memory)
   // Decoding threads (lanes), each stepping its own sequences with no join between them: a
   // lane delayed (preempted, or with a prompt to read) holds up only its own. A request joins
   // the lane with the fewest sequences. max_batch bounds all lanes together, token_budget

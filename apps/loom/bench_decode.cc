@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "infer.h"
 #include "loom/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/rng.h"
@@ -24,7 +25,8 @@ namespace {
 std::vector<double> run_lane(const nn::Gpt& gpt, const BenchDecodeArgs& a, int64_t b, int threads, uint64_t seed) {
   set_compute_threads(threads);  // this thread's own team
   const nn::GptConfig& cfg = gpt.config();
-  auto pool = std::make_shared<nn::KvPagePool>(cfg, b * nn::KvPagePool::pages_for(a.to));
+  auto pool =
+      std::make_shared<nn::KvPagePool>(cfg, b * nn::KvPagePool::pages_for(a.to), kv_cache_dtype_named(a.kv_cache_dtype));
   std::vector<nn::KvCache> caches;
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(b));
   Rng rng(seed);
@@ -67,6 +69,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   for (int64_t b : a.batch)
     if (b < 1) throw InputError(cat("--batch ", b, ": expected >= 1"));
   if (a.quantize != "none" && a.quantize != "int8") throw InputError(cat("--quantize ", a.quantize, ": expected none or int8"));
+  kv_cache_dtype_named(a.kv_cache_dtype);
   Config c;
   c.set("model.preset", a.preset);
   c.set("data.train", std::string("-"));
@@ -79,11 +82,11 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   if (a.quantize != "int8" && !a.plain) gpt.use_panels();
   std::printf("# loom bench decode: %s (n_layer %lld, d_model %lld, vocab %lld), %s weights; each sequence decodes "
               "positions %lld..%lld and starts again with a prompt of %lld tokens (its prefill in the step); "
-              "%lld steps after %lld untimed%s\n",
+              "%lld steps after %lld untimed; keys and values in %s%s\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.d_model),
               static_cast<long long>(cfg.vocab_size), a.quantize == "int8" ? "int8" : a.plain ? "f32 (in place)" : "f32 (in panels)", static_cast<long long>(a.from),
               static_cast<long long>(a.to), static_cast<long long>(a.from), static_cast<long long>(a.steps),
-              static_cast<long long>(a.warmup),
+              static_cast<long long>(a.warmup), a.kv_cache_dtype.c_str(),
               a.lanes > 1 ? cat("; ", a.lanes, " lanes side by side, each its share of the batch and threads").c_str() : "");
   std::printf("%8s %8s %12s %12s %12s %8s\n", "threads", "batch", "step p50 ms", "step mean ms", "tokens/s", "vs first");
   for (int64_t th : a.threads) {

@@ -42,6 +42,7 @@ struct ServeArgs {
   double prefix_cache_mb = 64;  // per model: prompts' keys and values kept for reuse; 0: none
   std::vector<std::string> routes;  // NAME=A:W,B:W
   std::string quantize = "none";  // none | int8: f32 models computed with int8 weights
+  std::string kv_cache_dtype = "f32";  // f32 | bf16: how the key/value caches keep their values
 };
 int run_serve(const ServeArgs& a);
 
@@ -100,6 +101,7 @@ struct BenchDecodeArgs {
   bool grouped = false;            // Gpt::decode_grouped: a group of sequences per thread
   int64_t lanes = 1;               // decoding threads, each its share of the batch and of the threads
   bool plain = false;              // f32 weights in place, not in panels (Gpt::use_panels)
+  std::string kv_cache_dtype = "f32";  // or bf16
 };
 int run_bench_decode(const BenchDecodeArgs& a);
 

@@ -42,5 +42,8 @@ int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::st
 
 // --quantize's value: "none" (false) or "int8" (true); InputError for any other.
 bool quantize_named(const std::string& value);
+// --kv-cache-dtype's value: "f32" or "bf16" (the keys and values of an f32 model kept in
+// bf16: half the memory, docs/serving.md); InputError for any other.
+DType kv_cache_dtype_named(const std::string& value);
 
 }  // namespace loom::app

@@ -91,6 +91,10 @@ int run(int argc, char** argv) {
                 "Memory per model for prompts' keys and values, kept so that later prompts that begin the same way "
                 "(a shared system prompt) compute only the rest (0: none kept)")
       ->capture_default_str();
+  v->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
+                "f32, or bf16: keep the keys and values in bf16 (half the memory a position takes, and half the "
+                "bytes each decoding step reads; logits within about 1e-2 of f32's)")
+      ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
   v->add_option("--quantize", serve.quantize, "none, or int8: compute f32 models with int8 weights quantized at load")
       ->capture_default_str();
@@ -192,6 +196,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   bd->add_flag("--plain", bench_decode.plain,
                "f32 weights read in place, not laid out in panels as loom serve and loom sample have them");
+  bd->add_option("--kv-cache-dtype", bench_decode.kv_cache_dtype, "f32, or bf16 keys and values (loom serve --kv-cache-dtype)")
+      ->capture_default_str();
 
   loom::app::BenchServeArgs bench_serve;
   auto* bs = b->add_subcommand("serve", "Streaming clients against a running loom serve: tokens/s and latencies");

@@ -102,6 +102,12 @@ bool quantize_named(const std::string& value) {
   throw InputError(cat("--quantize ", value, ": expected none or int8"));
 }
 
+DType kv_cache_dtype_named(const std::string& value) {
+  if (value == "f32") return DType::kF32;
+  if (value == "bf16") return DType::kBF16;
+  throw InputError(cat("--kv-cache-dtype ", value, ": expected f32 or bf16"));
+}
+
 int run_quantize(const QuantizeArgs& a) {
   Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);

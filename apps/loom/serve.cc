@@ -137,12 +137,13 @@ class Server {
                  const nn::GptConfig& g = gpt.config();
                  // --kv-cache-mb in pages; at least one window, and no more than a full batch
                  // of windows could hold at once.
-                 const auto page_bytes = static_cast<double>(nn::KvPagePool::page_bytes(g));
+                 const DType kv_dtype = kv_cache_dtype_named(args_.kv_cache_dtype);
+                 const auto page_bytes = static_cast<double>(nn::KvPagePool::page_bytes(g, kv_dtype));
                  const int64_t window = nn::KvPagePool::pages_for(g.seq_len);
                  const auto budget = static_cast<int64_t>(static_cast<double>(args_.kv_cache_mb) * (1 << 20) / page_bytes);
                  const BatcherLimits limits{
                      .max_batch = args_.max_batch, .token_budget = args_.token_budget, .queue = args_.queue,
-                     .kv_pages = std::clamp(budget, window, args_.max_batch * window),
+                     .kv_pages = std::clamp(budget, window, args_.max_batch * window), .kv_dtype = kv_dtype,
                      .lanes = lanes_, .events_nice = static_cast<int>(args_.events_nice),
                      .prefix_cache_bytes = static_cast<int64_t>(args_.prefix_cache_mb * (1 << 20)),
                      .threads = std::max(1, threads_ / lanes_)};
@@ -400,6 +401,7 @@ int run_serve(const ServeArgs& a) {
     throw InputError(cat("--prefix-cache-mb ", a.prefix_cache_mb, ": expected 0 (none kept) to 1048576"));
   if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));
   if (a.events_nice < 0 || a.events_nice > 19) throw InputError(cat("--events-nice ", a.events_nice, ": expected 0 to 19"));
+  kv_cache_dtype_named(a.kv_cache_dtype);  // refused at start, not at a model's first load
   std::string key = a.api_key;
   if (key.empty() && std::getenv("LOOM_API_KEY") != nullptr) key = std::getenv("LOOM_API_KEY");
   if (!loopback(a.host) && key.empty())

@@ -27,5 +27,10 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 template <typename T>
 void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
                       int64_t past, int64_t n, int64_t c, int64_t nh);
+// The same with the keys and values kept in bf16 (an f32's high 16 bits; a KvPagePool of
+// kBF16): each is widened to f32, exactly, as it is read, so the result has the bits of the
+// f32 overload given those widened values.
+void attention_decode(float* out, const float* q, int64_t ldq, const uint16_t* const* kpages,
+                      const uint16_t* const* vpages, int64_t page, int64_t past, int64_t n, int64_t c, int64_t nh);
 
 }  // namespace loom::kernels

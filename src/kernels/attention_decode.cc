@@ -12,10 +12,15 @@
 // weighted sum of the values keeps up to 256 columns of its output in registers across
 // the cached rows. Both were latency-bound before: a chain of a few FMAs and a scalar
 // fold per score, and a load and store of the output per cached row.
+//
+// The cached keys and values may be kept in bf16 (S = uint16_t, an f32's high 16 bits): each
+// is widened exactly as it is read, and everything else is the f32 arithmetic above.
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -53,6 +58,31 @@ template <typename T>
 void store(T* p, const Vec<T>& v) {
   __builtin_memcpy(p, &v, sizeof v);
 }
+
+// Keys and values as the kernels read them: in the compute type, or kept in bf16 (uint16_t:
+// an f32's high 16 bits) and widened exactly as they are read.
+template <typename T>
+Vec<T> widen16(const T* p) {
+  return load(p);
+}
+
+inline Vec<float> widen16(const uint16_t* p) {
+  typedef uint16_t Half16 __attribute__((vector_size(32)));
+  typedef uint32_t Word16 __attribute__((vector_size(64)));
+  Half16 h;
+  __builtin_memcpy(&h, p, sizeof h);
+  const Word16 w = __builtin_convertvector(h, Word16) << 16;
+  Vec<float> f;
+  __builtin_memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+template <typename T>
+T widen(T x) {
+  return x;
+}
+
+inline float widen(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
 
 // Lane numbers of a pair of vectors: 0-15 are a's lanes, 16-31 b's.
 template <int... kLanes>
@@ -94,8 +124,8 @@ Vec<T> fold16(const Vec<T> (&acc)[16]) {
 // The scaled scores of one query row against cached rows [0, len) into s, for heads of
 // kHv vectors (hs = 16 kHv). The (row, head) pairs go 16 at a time, each one fixed_sum over
 // the head's columns.
-template <typename T, int kHv>
-void scores16(const T* qi, const T* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
+template <typename T, typename S, int kHv>
+void scores16(const T* qi, const S* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
   Vec<T> acc[16];
   int filled = 0;
   T* out = s;
@@ -107,13 +137,13 @@ void scores16(const T* qi, const T* const* kpages, int64_t page, int64_t len, in
   };
   for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {  // page by page: no division per row
     for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
-      const T* kj = kpages[pg] + (j - j0) * c;
+      const S* kj = kpages[pg] + (j - j0) * c;
       for (int64_t h = 0; h < nh; ++h) {
         const T* qh = qi + h * 16 * kHv;
-        const T* kh = kj + h * 16 * kHv;
+        const S* kh = kj + h * 16 * kHv;
         Vec<T> a = {};
 #pragma GCC unroll 8
-        for (int v = 0; v < kHv; ++v) a += load(qh + 16 * v) * load(kh + 16 * v);
+        for (int v = 0; v < kHv; ++v) a += load(qh + 16 * v) * widen16(kh + 16 * v);
         acc[filled++] = a;
         if (filled == 16) flush();
       }
@@ -156,8 +186,8 @@ T weight(const T* e, const T* inv_sum, int64_t len, int64_t j, int64_t h) {
 // y[c0, c0 + 16 kVecs) = the sum over cached rows j, in order, of w(j, h) v_j (h the
 // column's head, w = weight(e, inv_sum, ...)), kept in registers across the rows. c0 is a
 // multiple of 256 or of the head size 16 kHv, and kVecs of kHv.
-template <typename T, int kHv, int kVecs>
-void weighted_values(T* y, const T* const* vpages, int64_t page, int64_t len, int64_t c, int64_t c0, const T* e,
+template <typename T, typename S, int kHv, int kVecs>
+void weighted_values(T* y, const S* const* vpages, int64_t page, int64_t len, int64_t c, int64_t c0, const T* e,
                      const T* inv_sum) {
   static_assert(kVecs % kHv == 0);
   constexpr int kHeads = kVecs / kHv;
@@ -166,12 +196,12 @@ void weighted_values(T* y, const T* const* vpages, int64_t page, int64_t len, in
   for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {
     const int64_t end = std::min(len, j0 + page);
     for (int64_t j = j0; j < end; ++j) {
-      const T* vj = vpages[pg] + (j - j0) * c + c0;
+      const S* vj = vpages[pg] + (j - j0) * c + c0;
       T w[kHeads];
 #pragma GCC unroll 16
       for (int h = 0; h < kHeads; ++h) w[h] = weight(e, inv_sum, len, j, h0 + h);
 #pragma GCC unroll 16
-      for (int r = 0; r < kVecs; ++r) acc[r] += w[r / kHv] * load(vj + 16 * r);
+      for (int r = 0; r < kVecs; ++r) acc[r] += w[r / kHv] * widen16(vj + 16 * r);
     }
   }
 #pragma GCC unroll 16
@@ -181,61 +211,59 @@ void weighted_values(T* y, const T* const* vpages, int64_t page, int64_t len, in
 // One query row's output into y, for heads of kHv vectors: its scores, their softmax, and
 // the values' weighted sum 256 columns at a time, then a head at a time. s, e, inv_sum:
 // scratch (attention_decode's Scratch).
-template <typename T, int kHv>
-void decode_row16(T* y, const T* qi, const T* const* kpages, const T* const* vpages, int64_t page, int64_t len,
+template <typename T, typename S, int kHv>
+void decode_row16(T* y, const T* qi, const S* const* kpages, const S* const* vpages, int64_t page, int64_t len,
                   int64_t c, int64_t nh, T scale, T* s, T* e, T* inv_sum) {
-  scores16<T, kHv>(qi, kpages, page, len, c, nh, scale, s);
+  scores16<T, S, kHv>(qi, kpages, page, len, c, nh, scale, s);
   softmax_by_head(s, e, inv_sum, len, nh);
   int64_t c0 = 0;
-  for (; c0 + 256 <= c; c0 += 256) weighted_values<T, kHv, 16>(y, vpages, page, len, c, c0, e, inv_sum);
-  for (; c0 < c; c0 += 16 * kHv) weighted_values<T, kHv, kHv>(y, vpages, page, len, c, c0, e, inv_sum);
+  for (; c0 + 256 <= c; c0 += 256) weighted_values<T, S, kHv, 16>(y, vpages, page, len, c, c0, e, inv_sum);
+  for (; c0 < c; c0 += 16 * kHv) weighted_values<T, S, kHv, kHv>(y, vpages, page, len, c, c0, e, inv_sum);
 }
 
 // Heads whose size is not a multiple of 16: each score a fixed_sum of its own, each output
 // row added to once per cached row.
-template <typename T>
-void decode_row(T* y, const T* qi, const T* const* kpages, const T* const* vpages, int64_t page, int64_t len,
+template <typename T, typename S>
+void decode_row(T* y, const T* qi, const S* const* kpages, const S* const* vpages, int64_t page, int64_t len,
                 int64_t c, int64_t nh, T scale, T* s, T* e, T* inv_sum) {
   const int64_t hs = c / nh;
   for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg)
     for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
-      const T* kj = kpages[pg] + (j - j0) * c;
+      const S* kj = kpages[pg] + (j - j0) * c;
       for (int64_t h = 0; h < nh; ++h) {
         const T* qh = qi + h * hs;
-        const T* kh = kj + h * hs;
-        s[j * nh + h] = fixed_sum<T>(hs, [&](int64_t d) { return qh[d] * kh[d]; }) * scale;
+        const S* kh = kj + h * hs;
+        s[j * nh + h] = fixed_sum<T>(hs, [&](int64_t d) { return qh[d] * widen(kh[d]); }) * scale;
       }
     }
   softmax_by_head(s, e, inv_sum, len, nh);
   std::fill(y, y + c, T(0));
   for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg)
     for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
-      const T* vj = vpages[pg] + (j - j0) * c;
+      const S* vj = vpages[pg] + (j - j0) * c;
       for (int64_t h = 0; h < nh; ++h) {
         const T w = weight(e, inv_sum, len, j, h);
         T* yh = y + h * hs;
-        const T* vh = vj + h * hs;
+        const S* vh = vj + h * hs;
 #pragma omp simd
-        for (int64_t d = 0; d < hs; ++d) yh[d] += w * vh[d];
+        for (int64_t d = 0; d < hs; ++d) yh[d] += w * widen(vh[d]);
       }
     }
 }
 
-}  // namespace
-
 // A small call (one decoding token) runs on its caller's thread: opening a parallel region
 // costs more than its work, and when the caller is already in one (sequences decoded side
 // by side) a nested region would be a team of one.
-template <typename T>
-void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
-                      int64_t past, int64_t n, int64_t c, int64_t nh) {
+template <typename T, typename S>
+void decode(T* out, const T* q, int64_t ldq, const S* const* kpages, const S* const* vpages, int64_t page,
+            int64_t past, int64_t n, int64_t c, int64_t nh) {
   const int64_t hs = c / nh;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  auto row = decode_row<T>;
-  if (hs == 16) row = decode_row16<T, 1>;
-  if (hs == 32) row = decode_row16<T, 2>;
-  if (hs == 64) row = decode_row16<T, 4>;
-  if (hs == 128) row = decode_row16<T, 8>;
+  auto row = decode_row<T, S>;
+  if (hs == 16) row = decode_row16<T, S, 1>;
+  if (hs == 32) row = decode_row16<T, S, 2>;
+  if (hs == 64) row = decode_row16<T, S, 4>;
+  if (hs == 128) row = decode_row16<T, S, 8>;
   // Per thread: the scores (with 16 elements of slack), their exponentials by groups of 16
   // heads, and each head's 1 / sum.
   // Kept per thread and grown as needed, not allocated (and zeroed) per call: what a buffer
@@ -270,6 +298,19 @@ void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, c
 #pragma omp for schedule(static, 1)  // rows grow longer: dealt out in turn
     for (int64_t i = 0; i < n; ++i) task(i, w);
   }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_decode(T* out, const T* q, int64_t ldq, const T* const* kpages, const T* const* vpages, int64_t page,
+                      int64_t past, int64_t n, int64_t c, int64_t nh) {
+  decode(out, q, ldq, kpages, vpages, page, past, n, c, nh);
+}
+
+void attention_decode(float* out, const float* q, int64_t ldq, const uint16_t* const* kpages,
+                      const uint16_t* const* vpages, int64_t page, int64_t past, int64_t n, int64_t c, int64_t nh) {
+  decode(out, q, ldq, kpages, vpages, page, past, n, c, nh);
 }
 
 template void attention_decode<float>(float*, const float*, int64_t, const float* const*, const float* const*, int64_t,

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -364,6 +365,38 @@ TEST_P(AttentionDecode, EqualsTheFullCausalAttention) {
   EXPECT_LT(rel_err(decode(ref::attention_decode<double>, 0.0), y), 1e-14);
   EXPECT_LT(rel_err(decode(attention_decode<double>, 0.0), y), 1e-14);
   EXPECT_LT(rel_err(decode(attention_decode<float>, 0.0f), y), 2e-6);
+}
+
+// Keys and values kept in bf16 give, bit for bit, what the f32 kernel gives on their values
+// widened to f32: the widening is exact and nothing else changes (vector and scalar paths).
+TEST_P(AttentionDecode, Bf16KeysAndValuesGiveTheBitsOfTheirWidenedValues) {
+  const int64_t t = 21, c = GetParam().c, nh = GetParam().nh, prefill = 6;
+  constexpr int64_t kPage = 8;
+  const int64_t pages = (t + kPage - 1) / kPage;
+  const auto qkv = randn(t * 3 * c, 43);
+  std::vector<float> q(qkv.begin(), qkv.end());
+  std::vector<std::vector<uint16_t>> khalf(pages, std::vector<uint16_t>(kPage * c)), vhalf = khalf;
+  std::vector<std::vector<float>> kwide(pages, std::vector<float>(kPage * c)), vwide = kwide;
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t d = 0; d < c; ++d) {
+      const int64_t p = j / kPage, at = (j % kPage) * c + d;
+      khalf[p][at] = f32_to_bf16(q[j * 3 * c + c + d]);
+      vhalf[p][at] = f32_to_bf16(q[j * 3 * c + 2 * c + d]);
+      kwide[p][at] = bf16_to_f32(khalf[p][at]);
+      vwide[p][at] = bf16_to_f32(vhalf[p][at]);
+    }
+  auto run = [&](auto& kmem, auto& vmem) {
+    using S = std::remove_cvref_t<decltype(kmem[0][0])>;
+    std::vector<const S*> kp, vp;
+    for (int64_t p = 0; p < pages; ++p) kp.push_back(kmem[p].data()), vp.push_back(vmem[p].data());
+    std::vector<float> out(t * c);
+    attention_decode(out.data(), q.data(), 3 * c, kp.data(), vp.data(), kPage, 0, prefill, c, nh);
+    for (int64_t i = prefill; i < t; ++i)
+      attention_decode(out.data() + i * c, q.data() + i * 3 * c, 3 * c, kp.data(), vp.data(), kPage, i, 1, c, nh);
+    return out;
+  };
+  const std::vector<float> half = run(khalf, vhalf), wide = run(kwide, vwide);
+  EXPECT_EQ(std::memcmp(half.data(), wide.data(), half.size() * sizeof(float)), 0);
 }
 
 // 9 rows of 17 logits with their targets, and the reference's losses and dlogits (mean).

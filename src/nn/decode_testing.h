@@ -1,7 +1,8 @@
 // For the decoding tests: sequences decoded step by step (step 0 a prefill of prefill[s]
 // tokens from row s of `tokens`, then one token a step), each alone with a whole-window
-// cache of its own, and all together through decode_batch and decode_grouped with the
-// caches `make` gives (each pass its own, given back before the next).
+// cache of its own (or the one `alone` gives, when given), and all together through
+// decode_batch and decode_grouped with the caches `make` gives (each pass its own, given
+// back before the next).
 #pragma once
 
 #include <functional>
@@ -17,7 +18,8 @@ struct DecodeRuns {
 };
 
 inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens, std::span<const int64_t> prefill,
-                                            int64_t steps, const std::function<KvCache(int64_t)>& make) {
+                                            int64_t steps, const std::function<KvCache(int64_t)>& make,
+                                            const std::function<KvCache(int64_t)>& alone = {}) {
   const GptConfig& g = gpt.config();
   const auto seqs = static_cast<int64_t>(prefill.size());
   auto rows = [&](int64_t s, int64_t step) {
@@ -28,7 +30,7 @@ inline DecodeRuns decode_alone_and_together(const Gpt& gpt, const Tensor& tokens
                std::vector<std::vector<float>>(seqs)};
   Arena arena;
   for (int64_t s = 0; s < seqs; ++s) {
-    KvCache cache = gpt.make_cache();
+    KvCache cache = alone ? alone(s) : gpt.make_cache();
     for (int64_t step = 0; step < steps; ++step) {
       const Tensor l = gpt.decode(rows(s, step), cache, arena);
       r.alone[s].insert(r.alone[s].end(), l.data<float>(), l.data<float>() + g.vocab_size);

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/int8_matmul.h"
 #include "kernels/matmul.h"
+#include "kernels/precision.h"
 #include "loom/error.h"
 #include "loom/rng.h"
 #include "nn/dispatch.h"
@@ -478,7 +480,8 @@ KvCache Gpt::make_cache() const {
 
 std::optional<KvCache> Gpt::make_cache(const std::shared_ptr<KvPagePool>& pool, int64_t capacity) const {
   LOOM_CHECK(!tp_.split() && part_.all_blocks && part_.embeddings && part_.head);
-  LOOM_CHECK(capacity >= 1 && capacity <= config_.seq_len && pool->dtype() == params_.dtype());
+  LOOM_CHECK(capacity >= 1 && capacity <= config_.seq_len &&
+             (pool->dtype() == params_.dtype() || (pool->dtype() == DType::kBF16 && params_.dtype() == DType::kF32)));
   std::optional<std::vector<int32_t>> pages = pool->take(KvPagePool::pages_for(capacity));
   if (!pages) return std::nullopt;
   return KvCache(pool, std::move(*pages), capacity);
@@ -491,23 +494,43 @@ namespace {
 // decoding one token each run side by side on the pool's threads: a parallel region per
 // sequence (the kernel's own) would cost more than its one small attention. A prefill
 // keeps the kernel's threads. Each row is computed alone either way: the same bits.
+
+// One sequence's n rows, with its cache's keys and values kept as S: T, or bf16 (uint16_t)
+// for an f32 model whose pool is kBF16, each new row rounded to nearest even as it is put.
+template <typename T, typename S>
+void attend_one(const KvCache& cache, const T* row, T* y, int64_t n, int64_t l, int64_t c, int64_t nh) {
+  const int64_t past = cache.length, page = KvPagePool::kPositions;
+  thread_local std::vector<S*> keys, values;  // reused: no allocation per sequence and layer
+  cache.page_rows(l, 0, keys);
+  cache.page_rows(l, 1, values);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = past + i;
+    const T* k = row + i * 3 * c + c;
+    const T* v = row + i * 3 * c + 2 * c;
+    if constexpr (std::is_same_v<S, T>) {
+      std::copy_n(k, c, keys[p / page] + (p % page) * c);
+      std::copy_n(v, c, values[p / page] + (p % page) * c);
+    } else {
+      k::store_half(DType::kBF16, keys[p / page] + (p % page) * c, k, c);
+      k::store_half(DType::kBF16, values[p / page] + (p % page) * c, v, c);
+    }
+  }
+  k::attention_decode(y, row, 3 * c, keys.data(), values.data(), page, past, n, c, nh);
+}
+
 template <typename T>
 void attend(const Tensor& qkv, const Tensor& y, std::span<KvCache* const> caches, const std::vector<int64_t>& first,
             int64_t l, int64_t c, int64_t nh) {
   const auto seqs = static_cast<int64_t>(caches.size());
   auto one = [&](int64_t s) {
     const KvCache& cache = *caches[s];
-    const int64_t past = cache.length, n = first[s + 1] - first[s], page = KvPagePool::kPositions;
+    const int64_t n = first[s + 1] - first[s];
     const T* row = qkv.data<T>() + first[s] * 3 * c;
-    thread_local std::vector<T*> keys, values;  // reused: no allocation per sequence and layer
-    cache.page_rows(l, 0, keys);
-    cache.page_rows(l, 1, values);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = past + i;
-      std::copy_n(row + i * 3 * c + c, c, keys[p / page] + (p % page) * c);
-      std::copy_n(row + i * 3 * c + 2 * c, c, values[p / page] + (p % page) * c);
+    T* out = y.data<T>() + first[s] * c;
+    if constexpr (std::is_same_v<T, float>) {
+      if (cache.dtype() == DType::kBF16) return attend_one<float, uint16_t>(cache, row, out, n, l, c, nh);
     }
-    k::attention_decode(y.data<T>() + first[s] * c, row, 3 * c, keys.data(), values.data(), page, past, n, c, nh);
+    attend_one<T, T>(cache, row, out, n, l, c, nh);
   };
   if (seqs > 1 && first.back() == seqs && omp_get_max_threads() > 1) {  // a team of one: no region to open
 #pragma omp parallel for schedule(static)

@@ -4,6 +4,8 @@
 // from one cache and restored into another give the bits of computing them there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -52,6 +54,32 @@ TEST(KvCache, SequencesSharingAPoolGetTheBitsOfAWholeWindowEach) {
     EXPECT_EQ(r.together[s], r.alone[s]) << "sequence " << s;
     EXPECT_EQ(r.grouped[s], r.alone[s]) << "sequence " << s << ", grouped";
   }
+}
+
+// Keys and values kept in bf16 (loom serve --kv-cache-dtype bf16): each sequence gets the
+// same bits alone or in a batch, and logits close to those of f32 caches.
+TEST(KvCache, Bf16KeysAndValuesGiveTheSameBitsAloneOrTogetherCloseToF32s) {
+  Gpt gpt(kConfig);
+  gpt.init(3);
+  const Tensor tokens = testing::random_tokens(6, kConfig.seq_len, kConfig.vocab_size, 5).first;
+  const int64_t prefill[] = {3, 18, 7, 1, 5, 2};
+  auto pool = std::make_shared<KvPagePool>(kConfig, 18, DType::kBF16);
+  EXPECT_EQ(KvPagePool::page_bytes(kConfig, DType::kBF16), 2 * 2 * 16 * 32 * 2);
+  const auto bf16 = [&](int64_t) { return std::move(*gpt.make_cache(pool, kConfig.seq_len)); };
+  const decoding::DecodeRuns half = decoding::decode_alone_and_together(gpt, tokens, prefill, 12, bf16, bf16);
+  const decoding::DecodeRuns f32 = decoding::decode_alone_and_together(gpt, tokens, prefill, 12, bf16);
+  EXPECT_EQ(pool->free(), 18) << "every page given back";
+  double worst = 0, largest = 0;
+  for (int64_t s = 0; s < 6; ++s) {
+    EXPECT_EQ(half.together[s], half.alone[s]) << "sequence " << s;
+    EXPECT_EQ(half.grouped[s], half.alone[s]) << "sequence " << s << ", grouped";
+    EXPECT_NE(half.alone[s], f32.alone[s]) << "sequence " << s << ": bf16 caches, not f32 ones";
+    for (size_t i = 0; i < half.alone[s].size(); ++i) {
+      worst = std::max(worst, static_cast<double>(std::fabs(half.alone[s][i] - f32.alone[s][i])));
+      largest = std::max(largest, static_cast<double>(std::fabs(f32.alone[s][i])));
+    }
+  }
+  EXPECT_LT(worst, 2e-3 * largest) << "largest |logit| " << largest;  // 3.6e-4 here
 }
 
 TEST(KvCache, RestoredPositionsGiveTheBitsOfThePrefillThatMadeThem) {

@@ -139,6 +139,7 @@ class KvCache {
 
   int64_t length = 0;  // positions held
   int64_t capacity() const { return capacity_; }
+  DType dtype() const { return pool_->dtype(); }  // of its keys and values (the pool's)
   int64_t pages() const { return static_cast<int64_t>(pages_.size()); }
   bool full() const { return length == capacity(); }
   // The first key (kv 0) or value (kv 1) row of layer `layer` in each of this cache's pages.
