@@ -93,7 +93,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   v->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
                 "f32, or bf16: keep the keys and values in bf16 (half the memory a position takes, and half the "
-                "bytes each decoding step reads; logits within about 1e-2 of f32's)")
+                "bytes each decoding step reads; logits a few parts in ten thousand from f32's)")
       ->capture_default_str();
   v->add_option("--config", serve.config, "Config for the model shape of a bare safetensors file (n_head)");
   v->add_option("--quantize", serve.quantize, "none, or int8: compute f32 models with int8 weights quantized at load")
