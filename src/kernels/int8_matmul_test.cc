@@ -1,6 +1,6 @@
 // The int8 product against its reference twin, bit for bit: every path this CPU runs
 // (AVX-512 VNNI, AVX2, generic), both weight layouts, sizes that are 1, primes and not
-// multiples of the kernels' tiles (8 rows, 4 groups of 16 channels) or the padding, any
+// multiples of the kernels' tiles (8 rows, 64 channels, 4 rows a pass) or the padding, any
 // thread count; and against the f32 product to the tolerance int8 promises.
 #include "kernels/int8_matmul.h"
 

@@ -67,7 +67,7 @@ TEST(KvCache, Bf16KeysAndValuesGiveTheSameBitsAloneOrTogetherCloseToF32s) {
   EXPECT_EQ(KvPagePool::page_bytes(kConfig, DType::kBF16), 2 * 2 * 16 * 32 * 2);
   const auto bf16 = [&](int64_t) { return std::move(*gpt.make_cache(pool, kConfig.seq_len)); };
   const decoding::DecodeRuns half = decoding::decode_alone_and_together(gpt, tokens, prefill, 12, bf16, bf16);
-  const decoding::DecodeRuns f32 = decoding::decode_alone_and_together(gpt, tokens, prefill, 12, bf16);
+  const decoding::DecodeRuns f32 = decoding::decode_alone_and_together(gpt, tokens, prefill, 12, bf16);  // .alone: f32
   EXPECT_EQ(pool->free(), 18) << "every page given back";
   double worst = 0, largest = 0;
   for (int64_t s = 0; s < 6; ++s) {
