@@ -505,14 +505,14 @@ void attend_one(const KvCache& cache, const T* row, T* y, int64_t n, int64_t l, 
   cache.page_rows(l, 1, values);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = past + i;
-    const T* k = row + i * 3 * c + c;
-    const T* v = row + i * 3 * c + 2 * c;
+    const T* key = row + i * 3 * c + c;
+    const T* value = row + i * 3 * c + 2 * c;
     if constexpr (std::is_same_v<S, T>) {
-      std::copy_n(k, c, keys[p / page] + (p % page) * c);
-      std::copy_n(v, c, values[p / page] + (p % page) * c);
+      std::copy_n(key, c, keys[p / page] + (p % page) * c);
+      std::copy_n(value, c, values[p / page] + (p % page) * c);
     } else {
-      k::store_half(DType::kBF16, keys[p / page] + (p % page) * c, k, c);
-      k::store_half(DType::kBF16, values[p / page] + (p % page) * c, v, c);
+      k::store_half(DType::kBF16, keys[p / page] + (p % page) * c, key, c);
+      k::store_half(DType::kBF16, values[p / page] + (p % page) * c, value, c);
     }
   }
   k::attention_decode(y, row, 3 * c, keys.data(), values.data(), page, past, n, c, nh);
