@@ -99,13 +99,13 @@ int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8) {
 bool quantize_named(const std::string& value) {
   if (value == "int8") return true;
   if (value == "none" || value.empty()) return false;
-  throw InputError(cat("--quantize ", value, ": expected none or int8"));
+  throw InputError(cat("--quantize ", printable(value), ": expected none or int8"));
 }
 
 DType kv_cache_dtype_named(const std::string& value) {
   if (value == "f32") return DType::kF32;
   if (value == "bf16") return DType::kBF16;
-  throw InputError(cat("--kv-cache-dtype ", value, ": expected f32 or bf16"));
+  throw InputError(cat("--kv-cache-dtype ", printable(value), ": expected f32 or bf16"));
 }
 
 int run_quantize(const QuantizeArgs& a) {
