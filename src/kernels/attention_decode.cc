@@ -11,7 +11,10 @@
 // shuffles (the same additions, in the same order, as folding each alone), and the
 // weighted sum of the values keeps up to 256 columns of its output in registers across
 // the cached rows. Both were latency-bound before: a chain of a few FMAs and a scalar
-// fold per score, and a load and store of the output per cached row.
+// fold per score, and a load and store of the output per cached row. When the heads divide
+// 16, a block of 16 scores is whole rows, computed in registers with each head's query read
+// once for the block (score_blocks); the softmax's exponentials run over all the scores as
+// one array, not 16 lanes per head group (4 heads filled a quarter of each vector).
 //
 // The cached keys and values may be kept in bf16 (S = uint16_t, an f32's high 16 bits): each
 // is widened exactly as it is read, and everything else is the f32 arithmetic above.
@@ -98,7 +101,7 @@ Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, Lanes<kLo...>, Lanes<kHi...>) 
 // fixed_sum's fold of 16 accumulators at once: lane t of the result is acc[t]'s sum, added
 // as fixed_sum_detail::fold adds: lane l + lane l+8, then l + l+4, l + l+2, l + l+1.
 template <typename T>
-Vec<T> fold16(const Vec<T> (&acc)[16]) {
+__attribute__((always_inline)) inline Vec<T> fold16(const Vec<T> (&acc)[16]) {
   // Halves: lanes 0-7 of a pair's sum are the first's b[l] = a[l] + a[l+8], 8-15 the second's.
   constexpr Lanes<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23> lo8;
   constexpr Lanes<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31> hi8;
@@ -121,56 +124,126 @@ Vec<T> fold16(const Vec<T> (&acc)[16]) {
 
 // Scores are kept row-major: score (j, h) at s[j * nh + h], the order they are computed in.
 
-// The scaled scores of one query row against cached rows [0, len) into s, for heads of
-// kHv vectors (hs = 16 kHv). The (row, head) pairs go 16 at a time, each one fixed_sum over
-// the head's columns.
+// One score's 16 lanes before the fold: lane l sums q[d] k[d] over the head's columns d = l,
+// l + 16, ... in order (kHv vectors).
 template <typename T, typename S, int kHv>
-void scores16(const T* qi, const S* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
+inline Vec<T> head_lanes(const T* qh, const S* kh) {
+  Vec<T> a = {};
+#pragma GCC unroll 8
+  for (int v = 0; v < kHv; ++v) a += load(qh + 16 * v) * widen16(kh + 16 * v);
+  return a;
+}
+
+// A sequence's cached rows one after another across their pages (no division per row).
+template <typename S>
+class RowCursor {
+ public:
+  RowCursor(const S* const* pages, int64_t page, int64_t c) : pages_(pages), page_(page), c_(c), row_(pages[0]) {}
+  const S* next() {
+    if (in_page_ == page_) in_page_ = 0, row_ = pages_[++pg_];  // only when a row past the page is asked for
+    ++in_page_;
+    const S* r = row_;
+    row_ += c_;
+    return r;
+  }
+
+ private:
+  const S* const* pages_;
+  int64_t page_, c_, pg_ = 0, in_page_ = 0;
+  const S* row_;
+};
+
+// The scores of the first whole blocks of 16 / kNh cached rows when kNh heads divide 16: a
+// block is those rows' 16 (row, head) pairs, laid out so the compiler sees each head's query
+// shared by the block's rows and keeps the 16 sums in registers (a block of pairs whose
+// places are known only at run time staged them in memory: 2.5 times slower). Returns the
+// rows done.
+template <typename T, typename S, int kHv, int kNh>
+int64_t score_blocks(const T* qi, RowCursor<S>& rows, int64_t len, T scale, T* s) {
+  constexpr int kRows = 16 / kNh;
+  constexpr int64_t hs = 16 * kHv;
+  int64_t j = 0;
+  for (; j + kRows <= len; j += kRows) {
+    const S* k[kRows];
+    for (int r = 0; r < kRows; ++r) k[r] = rows.next();
+    Vec<T> acc[16];
+#pragma GCC unroll 16
+    for (int h = 0; h < kNh; ++h)
+#pragma GCC unroll 16
+      for (int r = 0; r < kRows; ++r) acc[r * kNh + h] = head_lanes<T, S, kHv>(qi + h * hs, k[r] + h * hs);
+    store(s + j * kNh, fold16<T>(acc) * scale);
+  }
+  return j;
+}
+
+// The scores of cached rows [j, len), 16 (row, head) pairs at a time in row-major order,
+// each pair's sum staged in acc as it comes.
+template <typename T, typename S, int kHv>
+void score_pairs(const T* qi, RowCursor<S>& rows, int64_t j, int64_t len, int64_t nh, T scale, T* s) {
+  constexpr int64_t hs = 16 * kHv;
   Vec<T> acc[16];
   int filled = 0;
-  T* out = s;
+  T* out = s + j * nh;
   auto flush = [&] {
     for (int t = filled; t < 16; ++t) acc[t] = Vec<T>{};
     store(out, fold16<T>(acc) * scale);  // a last partial block writes into s's slack
     out += filled;
     filled = 0;
   };
-  for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {  // page by page: no division per row
-    for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
-      const S* kj = kpages[pg] + (j - j0) * c;
-      for (int64_t h = 0; h < nh; ++h) {
-        const T* qh = qi + h * 16 * kHv;
-        const S* kh = kj + h * 16 * kHv;
-        Vec<T> a = {};
-#pragma GCC unroll 8
-        for (int v = 0; v < kHv; ++v) a += load(qh + 16 * v) * widen16(kh + 16 * v);
-        acc[filled++] = a;
-        if (filled == 16) flush();
-      }
+  for (; j < len; ++j) {
+    const S* kj = rows.next();
+    for (int64_t h = 0; h < nh; ++h) {
+      acc[filled++] = head_lanes<T, S, kHv>(qi + h * hs, kj + h * hs);
+      if (filled == 16) flush();
     }
   }
   if (filled > 0) flush();
 }
 
-// Each head's softmax over rows [0, len) of the scores s: the exponentials into e, by
-// groups of 16 heads, e[(h / 16) len 16 + j 16 + h % 16] (lanes past the last head:
-// whatever s's next row or slack holds, ignored), and inv_sum[h] = 1 / the head's sum of
-// them, added in row order.
+// The scaled scores of one query row against cached rows [0, len) into s, for heads of
+// kHv vectors (hs = 16 kHv): each (row, head) pair one fixed_sum over the head's columns,
+// 16 pairs' sums computed side by side and folded together. Which pairs share a block
+// changes no bits: fold16 folds each sum on its own.
+template <typename T, typename S, int kHv>
+void scores16(const T* qi, const S* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
+  RowCursor<S> rows(kpages, page, c);
+  int64_t j = 0;
+  switch (nh) {
+    case 1: j = score_blocks<T, S, kHv, 1>(qi, rows, len, scale, s); break;
+    case 2: j = score_blocks<T, S, kHv, 2>(qi, rows, len, scale, s); break;
+    case 4: j = score_blocks<T, S, kHv, 4>(qi, rows, len, scale, s); break;
+    case 8: j = score_blocks<T, S, kHv, 8>(qi, rows, len, scale, s); break;
+    case 16: j = score_blocks<T, S, kHv, 16>(qi, rows, len, scale, s); break;
+    default: break;
+  }
+  score_pairs<T, S, kHv>(qi, rows, j, len, nh, scale, s);
+}
+
+// Each head's softmax over rows [0, len) of the scores s: the exponentials into e, laid out
+// as s is (e[j nh + h]), and inv_sum[h] = 1 / the head's sum of them, added in row order.
+// Heads go 16 lanes at a time (lanes past the last head read whatever the next row or the
+// slack holds, and are ignored); the exponentials run over the len nh scores as one array,
+// so that a few heads still fill whole vectors. inv_sum: 16 per group of 16 heads, for it
+// holds each group's maxima first.
 template <typename T>
 void softmax_by_head(const T* s, T* e, T* inv_sum, int64_t len, int64_t nh) {
   for (int64_t h0 = 0; h0 < nh; h0 += 16) {
-    const T* col = s + h0;
-    T* eg = e + h0 * len;
-    Vec<T> mx = load(col);
+    Vec<T> mx = load(s + h0);
     for (int64_t j = 1; j < len; ++j) {
-      const Vec<T> x = load(col + j * nh);
+      const Vec<T> x = load(s + j * nh + h0);
       mx = mx < x ? x : mx;  // std::max, lane by lane
     }
-    for (int64_t j = 0; j < len; ++j) store(eg + 16 * j, load(col + j * nh) - mx);
+    store(inv_sum + h0, mx);
+  }
+  // Row j's store writes past its heads too, into places a later store (row j + 1's, or
+  // the next group's) overwrites, or into e's slack.
+  for (int64_t j = 0; j < len; ++j)
+    for (int64_t h0 = 0; h0 < nh; h0 += 16) store(e + j * nh + h0, load(s + j * nh + h0) - load(inv_sum + h0));
 #pragma omp simd
-    for (int64_t i = 0; i < 16 * len; ++i) eg[i] = fast_exp(eg[i]);
+  for (int64_t i = 0; i < len * nh; ++i) e[i] = fast_exp(e[i]);
+  for (int64_t h0 = 0; h0 < nh; h0 += 16) {
     Vec<T> sum = {};
-    for (int64_t j = 0; j < len; ++j) sum += load(eg + 16 * j);
+    for (int64_t j = 0; j < len; ++j) sum += load(e + j * nh + h0);
     alignas(128) T total[16];
     store(total, sum);
     for (int64_t l = 0; l < std::min<int64_t>(16, nh - h0); ++l) inv_sum[h0 + l] = T(1) / total[l];
@@ -179,8 +252,8 @@ void softmax_by_head(const T* s, T* e, T* inv_sum, int64_t len, int64_t nh) {
 
 // The softmax's weight of cached row j for head h.
 template <typename T>
-T weight(const T* e, const T* inv_sum, int64_t len, int64_t j, int64_t h) {
-  return e[(h / 16) * 16 * len + 16 * j + h % 16] * inv_sum[h];
+T weight(const T* e, const T* inv_sum, int64_t nh, int64_t j, int64_t h) {
+  return e[j * nh + h] * inv_sum[h];
 }
 
 // y[c0, c0 + 16 kVecs) = the sum over cached rows j, in order, of w(j, h) v_j (h the
@@ -191,7 +264,7 @@ void weighted_values(T* y, const S* const* vpages, int64_t page, int64_t len, in
                      const T* inv_sum) {
   static_assert(kVecs % kHv == 0);
   constexpr int kHeads = kVecs / kHv;
-  const int64_t h0 = c0 / (16 * kHv);
+  const int64_t h0 = c0 / (16 * kHv), nh = c / (16 * kHv);
   Vec<T> acc[kVecs] = {};
   for (int64_t j0 = 0, pg = 0; j0 < len; j0 += page, ++pg) {
     const int64_t end = std::min(len, j0 + page);
@@ -199,7 +272,7 @@ void weighted_values(T* y, const S* const* vpages, int64_t page, int64_t len, in
       const S* vj = vpages[pg] + (j - j0) * c + c0;
       T w[kHeads];
 #pragma GCC unroll 16
-      for (int h = 0; h < kHeads; ++h) w[h] = weight(e, inv_sum, len, j, h0 + h);
+      for (int h = 0; h < kHeads; ++h) w[h] = weight(e, inv_sum, nh, j, h0 + h);
 #pragma GCC unroll 16
       for (int r = 0; r < kVecs; ++r) acc[r] += w[r / kHv] * widen16(vj + 16 * r);
     }
@@ -242,7 +315,7 @@ void decode_row(T* y, const T* qi, const S* const* kpages, const S* const* vpage
     for (int64_t j = j0; j < std::min(len, j0 + page); ++j) {
       const S* vj = vpages[pg] + (j - j0) * c;
       for (int64_t h = 0; h < nh; ++h) {
-        const T w = weight(e, inv_sum, len, j, h);
+        const T w = weight(e, inv_sum, nh, j, h);
         T* yh = y + h * hs;
         const S* vh = vj + h * hs;
 #pragma omp simd
@@ -264,8 +337,8 @@ void decode(T* out, const T* q, int64_t ldq, const S* const* kpages, const S* co
   if (hs == 32) row = decode_row16<T, S, 2>;
   if (hs == 64) row = decode_row16<T, S, 4>;
   if (hs == 128) row = decode_row16<T, S, 8>;
-  // Per thread: the scores (with 16 elements of slack), their exponentials by groups of 16
-  // heads, and each head's 1 / sum.
+  // Per thread: the scores and their exponentials (each with 16 elements of slack), and each
+  // head's 1 / sum (16 per group of 16 heads: softmax_by_head keeps the maxima there first).
   // Kept per thread and grown as needed, not allocated (and zeroed) per call: what a buffer
   // holds past what a call writes is never read into a result (the slack's lanes are
   // ignored, see softmax_by_head).
@@ -279,8 +352,8 @@ void decode(T* out, const T* q, int64_t ldq, const S* const* kpages, const S* co
       if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
     };
     at_least(w.s, nh * longest + 16);
-    at_least(w.e, groups * 16 * longest);
-    at_least(w.inv_sum, nh);
+    at_least(w.e, nh * longest + 16);
+    at_least(w.inv_sum, groups * 16);
     return w;
   };
   auto task = [&](int64_t i, Scratch& w) {

@@ -315,7 +315,9 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
 // gives the rows of the full causal attention; the fast kernel equals its reference twin.
 // The cache is in pages of 4 positions, each its own allocation, in reverse order. Head
 // sizes of 4 and 20 take the scalar path, 16 to 128 the vector one (c a multiple of 256 or
-// not, up to 16 heads, and 20 heads: a second group of lanes partly filled).
+// not, up to 16 heads, and 20 heads: a second group of lanes partly filled). Of the vector
+// shapes, those whose heads divide 16 (1, 2, 4, 8, 16) score whole blocks of rows, with a
+// last few rows done pair by pair; 3, 6 and 20 heads go pair by pair throughout.
 struct DecodeShape {
   int64_t c, nh;
 };
@@ -325,7 +327,8 @@ class AttentionDecode : public ::testing::TestWithParam<DecodeShape> {};
 INSTANTIATE_TEST_SUITE_P(Kernels, AttentionDecode,
                          ::testing::Values(DecodeShape{16, 4}, DecodeShape{40, 2}, DecodeShape{64, 4},
                                            DecodeShape{96, 3}, DecodeShape{256, 4}, DecodeShape{256, 2},
-                                           DecodeShape{384, 6}, DecodeShape{320, 20}),
+                                           DecodeShape{384, 6}, DecodeShape{320, 20}, DecodeShape{32, 1},
+                                           DecodeShape{128, 8}, DecodeShape{256, 16}),
                          [](const auto& info) {
                            char name[32];
                            std::snprintf(name, sizeof name, "c%ld_nh%ld", static_cast<long>(info.param.c),
@@ -334,7 +337,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionDecode,
                          });
 
 TEST_P(AttentionDecode, EqualsTheFullCausalAttention) {
-  const int64_t t = 13, c = GetParam().c, nh = GetParam().nh, prefill = 5;
+  const int64_t t = 21, c = GetParam().c, nh = GetParam().nh, prefill = 5;
   auto qkv = randn(t * 3 * c, 41);
   std::vector<double> y(t * c), lse(nh * t);
   ref::attention_forward(y.data(), lse.data(), qkv.data(), 1, t, c, nh);
