@@ -15,7 +15,7 @@
 namespace loom::kernels {
 namespace {
 
-constexpr int kRows = 8;  // rows per kernel call
+constexpr int kRows = 6;  // rows per kernel call, at most (int8_vnni.cc)
 
 std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
   const auto rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
@@ -165,9 +165,12 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   const auto one_tile = [&](int64_t t) {
     const int64_t j0 = t * kInt8Tile, cols = std::min(kInt8Tile, m - j0);
     int32_t acc[kRows * kInt8Tile];
-    for (int64_t i0 = 0; i0 < n; i0 += kRows) {
-      const int count = static_cast<int>(std::min<int64_t>(kRows, n - i0));
-      kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, count, w.tile(t), w.sum.data() + j0, acc, kInt8Tile);
+    // The rows in passes of at most kRows, as even as they go: a short pass costs more per row.
+    const int64_t passes = (n + kRows - 1) / kRows;
+    for (int64_t q = 0, i0 = 0, count = 0; q < passes; ++q, i0 += count) {
+      count = n / passes + (q < n % passes ? 1 : 0);
+      kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, static_cast<int>(count), w.tile(t), w.sum.data() + j0,
+             acc, kInt8Tile);
       for (int r = 0; r < count; ++r) {
         float* o = out + (i0 + r) * m + j0;
         const int32_t* a = acc + r * kInt8Tile;

@@ -79,7 +79,7 @@ namespace int8_detail {
 // the 64 channels of the tile at w (Int8Weight::tile), sum their weight sums. Row r of the
 // input is k_padded signed values at a + r x lda; au holds the same + 128 as unsigned bytes
 // (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the other kernels. rows
-// in [1, 8].
+// in [1, 6].
 using Int8KernelFn = void (*)(int64_t kp, const int8_t* a, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
                               const int32_t* sum, int32_t* acc, int64_t ldacc);
 extern const Int8KernelFn kInt8Vnni;

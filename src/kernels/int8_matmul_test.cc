@@ -1,7 +1,7 @@
 // The int8 product against its reference twin, bit for bit: every path this CPU runs
 // (AVX-512 VNNI, AVX2, generic), both weight layouts, sizes that are 1, primes and not
-// multiples of the kernels' tiles (8 rows, 64 channels, 4 rows a pass) or the padding, any
-// thread count; and against the f32 product to the tolerance int8 promises.
+// multiples of the kernels' tiles (64 channels; rows dealt out in passes of 1 to 6) or the
+// padding, any thread count; and against the f32 product to the tolerance int8 promises.
 #include "kernels/int8_matmul.h"
 
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
 // (n, k, m)
 const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
     {1, 1, 1},   {1, 64, 4},  {3, 65, 5},  {4, 256, 768}, {5, 127, 13},   {17, 300, 37},
-    {16, 1024, 256}, {6, 33, 48}, {8, 96, 80}, {2, 8, 33},     {12, 260, 130}};
+    {16, 1024, 256}, {6, 33, 48}, {8, 96, 80}, {2, 8, 33},     {12, 260, 130}, {7, 40, 70}, {13, 64, 64}};
 
 struct RestorePath {
   ~RestorePath() { set_int8_path(Int8Path::kAuto); }
