@@ -128,7 +128,8 @@ Batcher::Batcher(const nn::Gpt& gpt, BatcherLimits limits, std::function<void(co
   pages_ = std::make_shared<nn::KvPagePool>(gpt.config(), limits.kv_pages, limits.kv_dtype);
   if (limits.prefix_cache_bytes > 0)
     prefix_ = std::make_unique<PrefixCache>(limits.prefix_cache_bytes, gpt.config().n_layer * 2 * pages_->row_bytes());
-  delivery_ = std::thread([this] { delivery_loop(); });
+  tokens_.thread = std::thread([this] { courier_loop(tokens_, limits_.events_nice); });
+  ends_.thread = std::thread([this] { courier_loop(ends_, 0); });
   running_.resize(static_cast<size_t>(limits.lanes));
   for (size_t lane = 0; lane < running_.size(); ++lane) lanes_.emplace_back([this, lane] { loop(lane); });
 }
@@ -145,41 +146,44 @@ Batcher::~Batcher() {
     for (const auto* waiting : {&moving_, &queue_})
       for (const auto& s : *waiting) s->generation->end("cancelled");
   }
-  {
-    std::lock_guard lock(out_mu_);
-    out_stop_ = true;
+  for (Courier* c : {&tokens_, &ends_}) {
+    {
+      std::lock_guard lock(c->mu);
+      c->stop = true;
+    }
+    c->cv.notify_all();
+    c->thread.join();
   }
-  out_cv_.notify_all();
-  delivery_.join();
 }
 
-void Batcher::deliver(Outbox generations) {
+void Batcher::deliver(Courier& courier, Outbox generations) {
   if (generations.empty()) return;
   {
-    std::lock_guard lock(out_mu_);
-    outbox_.insert(outbox_.end(), std::make_move_iterator(generations.begin()), std::make_move_iterator(generations.end()));
+    std::lock_guard lock(courier.mu);
+    courier.box.insert(courier.box.end(), std::make_move_iterator(generations.begin()),
+                       std::make_move_iterator(generations.end()));
   }
-  out_cv_.notify_one();
+  courier.cv.notify_one();
 }
 
-void Batcher::delivery_loop() {
-  if (limits_.events_nice > 0) {  // this thread only (Linux: a thread id names one thread)
+void Batcher::courier_loop(Courier& courier, int nice) {
+  if (nice > 0) {  // this thread only (Linux: a thread id names one thread)
     const auto self = static_cast<id_t>(gettid());
     errno = 0;
     const int now = getpriority(PRIO_PROCESS, self);
-    if (errno == 0 && setpriority(PRIO_PROCESS, self, std::min(19, now + limits_.events_nice)) != 0)
+    if (errno == 0 && setpriority(PRIO_PROCESS, self, std::min(19, now + nice)) != 0)
       log_warn(cat("serve: the delivery thread's niceness stays ", now, ": ", std::strerror(errno)));
   }
   Outbox generations;
   for (;;) {
     {
-      std::unique_lock lock(out_mu_);
-      out_cv_.wait(lock, [&] { return out_stop_ || !outbox_.empty(); });
-      if (outbox_.empty()) return;  // stopping, and everything handed over was flushed
-      generations.swap(outbox_);
+      std::unique_lock lock(courier.mu);
+      courier.cv.wait(lock, [&] { return courier.stop || !courier.box.empty(); });
+      if (courier.box.empty()) return;  // stopping, and everything handed over was flushed
+      generations.swap(courier.box);
     }
-    // A generation handed over by several steps (the delivery thread fell behind them) is
-    // flushed once: its stream gets all those tokens in one write.
+    // A generation handed over by several steps (the thread fell behind them) is flushed
+    // once: its stream gets all those tokens in one write.
     std::sort(generations.begin(), generations.end());
     generations.erase(std::unique(generations.begin(), generations.end()), generations.end());
     for (const std::shared_ptr<Generation>& g : generations) g->flush();
@@ -342,7 +346,7 @@ void Batcher::loop(size_t lane) {
     }
     BatchStep step{.sequences = static_cast<int64_t>(batch.size()), .rows = total};
     std::vector<std::pair<Sequence*, Generation::Event>> finished;
-    Outbox out;  // generations with events added
+    Outbox out, ends;  // generations with events added; ends: their first or last events among them
     if (!batch.empty()) {
       // Each compute thread samples its own group's tokens as soon as it has their logits.
       std::vector<Made> made(batch.size());
@@ -363,7 +367,7 @@ void Batcher::loop(size_t lane) {
         step.tokens.emplace_back(made[i].first, made[i].seconds);
         if (made[i].event) {
           batch[i]->generation->add(std::move(*made[i].event));
-          out.push_back(batch[i]->generation);
+          (made[i].first || made[i].finished ? ends : out).push_back(batch[i]->generation);
         }
         if (made[i].finished) finished.emplace_back(batch[i], std::move(made[i].final));
       }
@@ -387,9 +391,10 @@ void Batcher::loop(size_t lane) {
     if (!last.empty()) cv_.notify_all();  // another lane may now be the one to admit
     for (auto& [generation, event] : last) {
       generation->add(std::move(event));
-      out.push_back(generation);
+      ends.push_back(generation);
     }
-    deliver(std::move(out));
+    deliver(tokens_, std::move(out));
+    deliver(ends_, std::move(ends));
     step.seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     if (on_step_ && step.sequences > 0) on_step_(step);
   }

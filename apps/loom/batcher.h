@@ -95,9 +95,10 @@ struct BatcherLimits {
   // the lane with the fewest sequences. max_batch bounds all lanes together, token_budget
   // each lane's step.
   int lanes = 1;
-  // Added to the delivery thread's niceness (0 to 19): with every core busy the lanes then come
-  // first, and each write it makes carries all the tokens its stream got meanwhile; with a
-  // core to spare it writes each token as it comes, as at 0.
+  // Added to the niceness of the delivery thread for the tokens between a stream's first and
+  // last events (0 to 19): with every core busy the lanes then come first, and each write it
+  // makes carries all the tokens its stream got meanwhile; with a core to spare it writes each
+  // token as it comes, as at 0. A stream's first and last events go out at the lanes' niceness.
   int events_nice = 0;
   // Bytes of prompts' keys and values kept for later prompts that begin the same way
   // (PrefixCache); 0: none kept.
@@ -153,11 +154,22 @@ class Batcher {
   // Samples, holds back and puts out one sequence's new token. Touches that sequence only:
   // the compute threads run it for their own groups' sequences side by side.
   Made advance(Sequence& s, const float* logits);
-  // A step's events go to the delivery thread in one hand-over, which flushes them: writing
+  // A step's events go to a delivery thread in one hand-over, which flushes them: writing
   // each out (Generation::write_through), or waking the request's HTTP thread to, happens
   // there, beside the next step's forward, not inside the step every request waits on.
-  void deliver(Outbox generations);
-  void delivery_loop();
+  // Two such threads (couriers): one for the tokens between a stream's first and last, at
+  // limits_.events_nice, and one at the lanes' niceness for streams whose first or last event
+  // is in the hand-over, so that neither a client's first token nor the end that lets it ask
+  // again waits behind the lanes.
+  struct Courier {
+    std::mutex mu;
+    std::condition_variable cv;
+    Outbox box;  // handed over, not yet pushed
+    bool stop = false;
+    std::thread thread;  // started before the lanes, joined after them
+  };
+  static void deliver(Courier& courier, Outbox generations);
+  static void courier_loop(Courier& courier, int nice);
 
   const nn::Gpt& gpt_;
   BatcherLimits limits_;
@@ -172,11 +184,7 @@ class Batcher {
   std::unique_ptr<PrefixCache> prefix_;
   int64_t running_count_ = 0;
   bool stop_ = false;
-  std::mutex out_mu_;
-  std::condition_variable out_cv_;
-  Outbox outbox_;  // handed over, not yet pushed
-  bool out_stop_ = false;
-  std::thread delivery_;  // started before the lanes, joined after them
+  Courier tokens_, ends_;  // tokens_: the events between a stream's first and last
   std::vector<std::thread> lanes_;
 };
 
