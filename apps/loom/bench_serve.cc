@@ -80,9 +80,9 @@ int run_bench_serve(const BenchServeArgs& a) {
     if (!r || r->status != 200)
       throw RuntimeError(cat("bench serve: no loom serve answers on ", a.host, ":", a.port, " (GET /health)"));
   }
-  std::printf("# loom bench serve: %s:%d, model %s, %lld tokens per request, %lld requests per client, temperature %g\n",
+  std::printf("# loom bench serve: %s:%d, model %s, %lld tokens per request, %lld requests per client, temperature %g, %s\n",
               a.host.c_str(), a.port, a.model.c_str(), static_cast<long long>(a.tokens), static_cast<long long>(a.requests),
-              a.temperature);
+              a.temperature, a.keep_alive ? "one connection per client" : "a connection per request");
   std::printf("%8s %10s %8s %12s %12s %13s %13s\n", "clients", "tokens/s", "vs first", "ttft p50 ms", "ttft p99 ms",
               "token p50 ms", "token p99 ms");
   double base = 0;
@@ -94,6 +94,8 @@ int run_bench_serve(const BenchServeArgs& a) {
       threads.emplace_back([&, i] {
         httplib::Client client(a.host, a.port);
         client.set_read_timeout(120);
+        client.set_keep_alive(a.keep_alive);
+        client.set_tcp_nodelay(a.keep_alive);
         for (int64_t k = 0; k < a.requests; ++k) {
           const json body{{"model", a.model},          {"prompt", a.prompt},           {"max_tokens", a.tokens},
                           {"seed", 1000 * i + k},      {"temperature", a.temperature}, {"stream", true}};

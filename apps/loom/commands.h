@@ -37,7 +37,7 @@ struct ServeArgs {
   int64_t port = 8000, max_tokens = 4096;
   int64_t max_batch = 16, token_budget = 2048, queue = 64, kv_cache_mb = 1024;  // continuous batching
   int64_t lanes = 0;  // decoding threads per model, each with its own batch; 0: [job] threads
-  int64_t events_nice = 10;  // added to the niceness of the thread that writes the streams' events
+  int64_t events_nice = 10;  // added to the niceness of the thread that writes the tokens between a stream's ends
   double memory_mb = 0;  // the models' weights in memory; 0: no limit (every model loads at start)
   double prefix_cache_mb = 64;  // per model: prompts' keys and values kept for reuse; 0: none
   std::vector<std::string> routes;  // NAME=A:W,B:W
@@ -113,6 +113,7 @@ struct BenchServeArgs {
   int64_t requests = 4, tokens = 64;              // completions per client, tokens per completion
   std::string prompt = "Q: what is";
   double temperature = 0.8;
+  bool keep_alive = false;  // each client one connection for all its requests, as pooling clients do
 };
 int run_bench_serve(const BenchServeArgs& a);
 

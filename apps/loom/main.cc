@@ -75,8 +75,8 @@ int run(int argc, char** argv) {
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
   v->add_option("--events-nice", serve.events_nice,
-                 "Added to the niceness of the thread that writes the streams' events (0-19): with every core busy "
-                 "the model comes first and a write carries every token made meanwhile")
+                 "Added to the niceness of the thread that writes the tokens between a stream's first and last event "
+                 "(0-19): with every core busy the model comes first and a write carries every token made meanwhile")
       ->capture_default_str();
   v->add_option("--lanes", serve.lanes,
                  "Decoding threads per model, each stepping its own share of the batch with [job] threads / lanes "
@@ -209,6 +209,9 @@ int run(int argc, char** argv) {
   bs->add_option("--tokens", bench_serve.tokens, "max_tokens of each completion")->capture_default_str();
   bs->add_option("--prompt", bench_serve.prompt, "Prompt of each completion")->capture_default_str();
   bs->add_option("--temperature", bench_serve.temperature, "Sampling temperature")->capture_default_str();
+  bs->add_flag("--keep-alive", bench_serve.keep_alive,
+               "Each client keeps one connection for all its requests (TCP_NODELAY), as pooling HTTP clients do; "
+               "without it, a new connection per request");
 
   loom::app::BenchCommArgs bench_comm;
   auto* bc = b->add_subcommand("comm", "Collective busbw/latency, nccl-tests style; run under `loom launch -n N`");

@@ -208,6 +208,10 @@ class Server {
         1024, static_cast<int64_t>(args_.models.size()) * (args_.max_batch + args_.queue) + 8));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http.set_payload_max_length(1 << 20);
+    // A stream is small writes, each wanted now: with Nagle's algorithm a write waits for
+    // the ACK of the one before, which a client that keeps its connection holds back up to
+    // 40 ms (delayed ACK): 43 ms to every first token, where 2 ms without.
+    http.set_tcp_nodelay(true);
     http.set_read_timeout(10, 0);
     http.set_write_timeout(0, 0);  // never wait for a client: wait_writable does, where it may
     http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
