@@ -4,19 +4,27 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/fast_math.h"
+
 namespace loom::app {
 
 Sampler::Sampler(int64_t vocab) : vocab_(vocab), probs_(static_cast<size_t>(vocab)), order_(static_cast<size_t>(vocab)) {}
 
 int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
-  const double mx = *std::max_element(logits, logits + vocab_);
-  const auto weight = [&](int32_t id) { return probs_[id] = static_cast<float>(std::exp((logits[id] - mx) / p.temperature)); };
+  // A token's weight e^((logit - max) / temperature), by the kernels' exp (vectorizable,
+  // the same bits on every CPU; libm's double exp, one call per token, was 2% of a
+  // 16-client int8 server's time with gpt-mini's 256 tokens).
+  const float mx = *std::max_element(logits, logits + vocab_), inv_t = static_cast<float>(1 / p.temperature);
+  const auto weight = [&](int32_t id) { return probs_[id] = kernels::fast_exp((logits[id] - mx) * inv_t); };
   if (p.top_k == 0 && p.top_p >= 1) {
     // Every token may be drawn: no order is needed (sorting a vocabulary was most of the
     // time of a step's sampling), the ids are walked in turn.
+    float* probs = probs_.data();
+#pragma omp simd
+    for (int64_t id = 0; id < vocab_; ++id) probs[id] = kernels::fast_exp((logits[id] - mx) * inv_t);
     double sum = 0;
-    for (int32_t id = 0; id < vocab_; ++id) sum += weight(id);
+    for (int64_t id = 0; id < vocab_; ++id) sum += probs[id];
     double r = rng.uniform() * sum;
     int32_t last = 0;
     for (int32_t id = 0; id < vocab_; ++id) {
