@@ -11,10 +11,10 @@
 // shuffles (the same additions, in the same order, as folding each alone), and the
 // weighted sum of the values keeps up to 256 columns of its output in registers across
 // the cached rows. Both were latency-bound before: a chain of a few FMAs and a scalar
-// fold per score, and a load and store of the output per cached row. When the heads divide
-// 16, a block of 16 scores is whole rows, computed in registers with each head's query read
-// once for the block (score_blocks); the softmax's exponentials run over all the scores as
-// one array, not 16 lanes per head group (4 heads filled a quarter of each vector).
+// fold per score, and a load and store of the output per cached row. For 1, 2, 4, 8, 12, 16
+// or 20 heads, a block of scores is whole rows, computed in registers with the heads' queries
+// shared by the block's rows (score_blocks); the softmax's exponentials run over all the
+// scores as one array, not 16 lanes per head group (4 heads filled a quarter of each vector).
 //
 // The cached keys and values may be kept in bf16 (S = uint16_t, an f32's high 16 bits): each
 // is widened exactly as it is read, and everything else is the f32 arithmetic above.
@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -153,25 +154,30 @@ class RowCursor {
   const S* row_;
 };
 
-// The scores of the first whole blocks of 16 / kNh cached rows when kNh heads divide 16: a
-// block is those rows' 16 (row, head) pairs, laid out so the compiler sees each head's query
-// shared by the block's rows and keeps the 16 sums in registers (a block of pairs whose
-// places are known only at run time staged them in memory: 2.5 times slower). Returns the
-// rows done.
+// The scores of the first whole blocks of cached rows for kNh heads: a block is the fewest
+// rows whose (row, head) pairs fill whole folds of 16 (16 / kNh rows when the heads divide 16,
+// 4 rows in 3 folds for 12 heads), laid out at compile time, so the compiler sees the heads'
+// queries shared by the block's rows and keeps each fold's 16 sums in registers (16 pairs
+// whose places were known only at run time were staged in memory: 2.5 times slower).
+// Returns the rows done.
 template <typename T, typename S, int kHv, int kNh>
 int64_t score_blocks(const T* qi, RowCursor<S>& rows, int64_t len, T scale, T* s) {
-  constexpr int kRows = 16 / kNh;
+  constexpr int kRows = 16 / std::gcd(kNh, 16), kFolds = kRows * kNh / 16;
   constexpr int64_t hs = 16 * kHv;
   int64_t j = 0;
   for (; j + kRows <= len; j += kRows) {
     const S* k[kRows];
     for (int r = 0; r < kRows; ++r) k[r] = rows.next();
-    Vec<T> acc[16];
+#pragma GCC unroll 8
+    for (int f = 0; f < kFolds; ++f) {
+      Vec<T> acc[16];
 #pragma GCC unroll 16
-    for (int h = 0; h < kNh; ++h)
-#pragma GCC unroll 16
-      for (int r = 0; r < kRows; ++r) acc[r * kNh + h] = head_lanes<T, S, kHv>(qi + h * hs, k[r] + h * hs);
-    store(s + j * kNh, fold16<T>(acc) * scale);
+      for (int t = 0; t < 16; ++t) {
+        const int r = (16 * f + t) / kNh, h = (16 * f + t) % kNh;
+        acc[t] = head_lanes<T, S, kHv>(qi + h * hs, k[r] + h * hs);
+      }
+      store(s + j * kNh + 16 * f, fold16<T>(acc) * scale);
+    }
   }
   return j;
 }
@@ -214,6 +220,8 @@ void scores16(const T* qi, const S* const* kpages, int64_t page, int64_t len, in
     case 4: j = score_blocks<T, S, kHv, 4>(qi, rows, len, scale, s); break;
     case 8: j = score_blocks<T, S, kHv, 8>(qi, rows, len, scale, s); break;
     case 16: j = score_blocks<T, S, kHv, 16>(qi, rows, len, scale, s); break;
+    case 12: j = score_blocks<T, S, kHv, 12>(qi, rows, len, scale, s); break;  // GPT-2 small
+    case 20: j = score_blocks<T, S, kHv, 20>(qi, rows, len, scale, s); break;  // GPT-2 large
     default: break;
   }
   score_pairs<T, S, kHv>(qi, rows, j, len, nh, scale, s);

@@ -316,8 +316,9 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
 // The cache is in pages of 4 positions, each its own allocation, in reverse order. Head
 // sizes of 4 and 20 take the scalar path, 16 to 128 the vector one (c a multiple of 256 or
 // not, up to 16 heads, and 20 heads: a second group of lanes partly filled). Of the vector
-// shapes, those whose heads divide 16 (1, 2, 4, 8, 16) score whole blocks of rows, with a
-// last few rows done pair by pair; 3, 6 and 20 heads go pair by pair throughout.
+// shapes, 1, 2, 4, 8, 12, 16 and 20 heads score whole blocks of rows (12 and 20: 4 rows, 3
+// and 5 folds of 16 scores), with a last few rows done pair by pair; 3 and 6 heads go pair
+// by pair throughout.
 struct DecodeShape {
   int64_t c, nh;
 };
@@ -328,7 +329,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, AttentionDecode,
                          ::testing::Values(DecodeShape{16, 4}, DecodeShape{40, 2}, DecodeShape{64, 4},
                                            DecodeShape{96, 3}, DecodeShape{256, 4}, DecodeShape{256, 2},
                                            DecodeShape{384, 6}, DecodeShape{320, 20}, DecodeShape{32, 1},
-                                           DecodeShape{128, 8}, DecodeShape{256, 16}),
+                                           DecodeShape{128, 8}, DecodeShape{256, 16}, DecodeShape{192, 12}),
                          [](const auto& info) {
                            char name[32];
                            std::snprintf(name, sizeof name, "c%ld_nh%ld", static_cast<long>(info.param.c),
