@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -214,16 +215,17 @@ template <typename T, typename S, int kHv>
 void scores16(const T* qi, const S* const* kpages, int64_t page, int64_t len, int64_t c, int64_t nh, T scale, T* s) {
   RowCursor<S> rows(kpages, page, c);
   int64_t j = 0;
-  switch (nh) {
-    case 1: j = score_blocks<T, S, kHv, 1>(qi, rows, len, scale, s); break;
-    case 2: j = score_blocks<T, S, kHv, 2>(qi, rows, len, scale, s); break;
-    case 4: j = score_blocks<T, S, kHv, 4>(qi, rows, len, scale, s); break;
-    case 8: j = score_blocks<T, S, kHv, 8>(qi, rows, len, scale, s); break;
-    case 16: j = score_blocks<T, S, kHv, 16>(qi, rows, len, scale, s); break;
-    case 12: j = score_blocks<T, S, kHv, 12>(qi, rows, len, scale, s); break;  // GPT-2 small
-    case 20: j = score_blocks<T, S, kHv, 20>(qi, rows, len, scale, s); break;  // GPT-2 large
-    default: break;
-  }
+  if constexpr (std::is_same_v<T, float>)  // f64 (checks, not decoding) pair by pair: less code
+    switch (nh) {
+      case 1: j = score_blocks<T, S, kHv, 1>(qi, rows, len, scale, s); break;
+      case 2: j = score_blocks<T, S, kHv, 2>(qi, rows, len, scale, s); break;
+      case 4: j = score_blocks<T, S, kHv, 4>(qi, rows, len, scale, s); break;
+      case 8: j = score_blocks<T, S, kHv, 8>(qi, rows, len, scale, s); break;
+      case 16: j = score_blocks<T, S, kHv, 16>(qi, rows, len, scale, s); break;
+      case 12: j = score_blocks<T, S, kHv, 12>(qi, rows, len, scale, s); break;  // GPT-2 small
+      case 20: j = score_blocks<T, S, kHv, 20>(qi, rows, len, scale, s); break;  // GPT-2 large
+      default: break;
+    }
   score_pairs<T, S, kHv>(qi, rows, j, len, nh, scale, s);
 }
 
