@@ -100,28 +100,53 @@ Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, Lanes<kLo...>, Lanes<kHi...>) 
   return __builtin_shufflevector(a, b, kLo...) + __builtin_shufflevector(a, b, kHi...);
 }
 
-// fixed_sum's fold of 16 accumulators at once: lane t of the result is acc[t]'s sum, added
-// as fixed_sum_detail::fold adds: lane l + lane l+8, then l + l+4, l + l+2, l + l+1.
+// The lanes fold16's level L adds: level 1 adds lane l and l+8 of a pair of vectors (lanes
+// 0-7 of the sum are the first's, 8-15 the second's), level 2 l and l+4, level 3 l and l+2,
+// level 4 l and l+1.
+template <int L>
+struct FoldLanes;
+template <>
+struct FoldLanes<1> {
+  static constexpr Lanes<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23> lo{};
+  static constexpr Lanes<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31> hi{};
+};
+template <>
+struct FoldLanes<2> {
+  static constexpr Lanes<0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27> lo{};
+  static constexpr Lanes<4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31> hi{};
+};
+template <>
+struct FoldLanes<3> {
+  static constexpr Lanes<0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29> lo{};
+  static constexpr Lanes<2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31> hi{};
+};
+template <>
+struct FoldLanes<4> {
+  static constexpr Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30> lo{};
+  static constexpr Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31> hi{};
+};
+
+// fixed_sum's fold of 16 accumulators at once, acc(t) = make.operator()<t>() for t = 0..15
+// (fold16: from an array):
+// lane t of the result is acc(t)'s sum, added as fixed_sum_detail::fold adds: lane l + lane
+// l+8, then l + l+4, l + l+2, l + l+1. Level L's vector M holds the folds of accumulators
+// [M 2^L, (M+1) 2^L), made depth first: each accumulator is folded into its neighbours' as
+// soon as they are made, so a few partial vectors are live, not 16 accumulators (which,
+// beside the queries, spilled: scores 1.7 times slower).
+template <typename T, int L, int M, typename F>
+__attribute__((always_inline)) inline Vec<T> fold_tree(const F& make) {
+  if constexpr (L == 0) {
+    return make.template operator()<M>();
+  } else {
+    const Vec<T> a = fold_tree<T, L - 1, 2 * M>(make);
+    const Vec<T> b = fold_tree<T, L - 1, 2 * M + 1>(make);
+    return pair_sum<T>(a, b, FoldLanes<L>::lo, FoldLanes<L>::hi);
+  }
+}
+
 template <typename T>
 __attribute__((always_inline)) inline Vec<T> fold16(const Vec<T> (&acc)[16]) {
-  // Halves: lanes 0-7 of a pair's sum are the first's b[l] = a[l] + a[l+8], 8-15 the second's.
-  constexpr Lanes<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23> lo8;
-  constexpr Lanes<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31> hi8;
-  Vec<T> b[8];
-  for (int m = 0; m < 8; ++m) b[m] = pair_sum<T>(acc[2 * m], acc[2 * m + 1], lo8, hi8);
-  // Quarters: c[l] = b[l] + b[l+4]; lanes 4g..4g+3 belong to score 4m+g.
-  constexpr Lanes<0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27> lo4;
-  constexpr Lanes<4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31> hi4;
-  Vec<T> c[4];
-  for (int m = 0; m < 4; ++m) c[m] = pair_sum<T>(b[2 * m], b[2 * m + 1], lo4, hi4);
-  // d[l] = c[l] + c[l+2]; lanes 2g, 2g+1 belong to score 8m+g.
-  constexpr Lanes<0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29> lo2;
-  constexpr Lanes<2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31> hi2;
-  const Vec<T> d0 = pair_sum<T>(c[0], c[1], lo2, hi2), d1 = pair_sum<T>(c[2], c[3], lo2, hi2);
-  // e = d[0] + d[1]: lane t is score t.
-  constexpr Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30> lo1;
-  constexpr Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31> hi1;
-  return pair_sum<T>(d0, d1, lo1, hi1);
+  return fold_tree<T, 4, 0>([&]<int t>() { return acc[t]; });
 }
 
 // Scores are kept row-major: score (j, h) at s[j * nh + h], the order they are computed in.
@@ -155,30 +180,42 @@ class RowCursor {
   const S* row_;
 };
 
+// Pair t of fold kF of a block of cached rows k[0], k[1], ... for kNh heads: row (16 kF +
+// t) / kNh, head (16 kF + t) % kNh, its 16 lanes before the fold (fold_tree's `make`).
+template <typename T, typename S, int kHv, int kNh, int kF>
+struct BlockPair {
+  const T* qi;
+  const S* const* k;
+  template <int t>
+  __attribute__((always_inline)) Vec<T> operator()() const {
+    constexpr int r = (16 * kF + t) / kNh, h = (16 * kF + t) % kNh;
+    return head_lanes<T, S, kHv>(qi + h * 16 * kHv, k[r] + h * 16 * kHv);
+  }
+};
+
+// Folds kF, kF + 1, ... kFolds - 1 of a block's scores into s[16 kF, 16 kFolds).
+template <typename T, typename S, int kHv, int kNh, int kF, int kFolds>
+__attribute__((always_inline)) inline void store_folds(const T* qi, const S* const* k, T scale, T* s) {
+  if constexpr (kF < kFolds) {
+    store(s + 16 * kF, fold_tree<T, 4, 0>(BlockPair<T, S, kHv, kNh, kF>{qi, k}) * scale);
+    store_folds<T, S, kHv, kNh, kF + 1, kFolds>(qi, k, scale, s);
+  }
+}
+
 // The scores of the first whole blocks of cached rows for kNh heads: a block is the fewest
 // rows whose (row, head) pairs fill whole folds of 16 (16 / kNh rows when the heads divide 16,
 // 4 rows in 3 folds for 12 heads), laid out at compile time, so the compiler sees the heads'
-// queries shared by the block's rows and keeps each fold's 16 sums in registers (16 pairs
-// whose places were known only at run time were staged in memory: 2.5 times slower).
-// Returns the rows done.
+// queries shared by the block's rows and keeps each fold's sums in registers (16 pairs
+// whose places were known only at run time were staged in memory: 2.5 times slower), each
+// pair folded into its neighbours as soon as it is made (fold_tree). Returns the rows done.
 template <typename T, typename S, int kHv, int kNh>
 int64_t score_blocks(const T* qi, RowCursor<S>& rows, int64_t len, T scale, T* s) {
   constexpr int kRows = 16 / std::gcd(kNh, 16), kFolds = kRows * kNh / 16;
-  constexpr int64_t hs = 16 * kHv;
   int64_t j = 0;
   for (; j + kRows <= len; j += kRows) {
     const S* k[kRows];
     for (int r = 0; r < kRows; ++r) k[r] = rows.next();
-#pragma GCC unroll 8
-    for (int f = 0; f < kFolds; ++f) {
-      Vec<T> acc[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) {
-        const int r = (16 * f + t) / kNh, h = (16 * f + t) % kNh;
-        acc[t] = head_lanes<T, S, kHv>(qi + h * hs, k[r] + h * hs);
-      }
-      store(s + j * kNh + 16 * f, fold16<T>(acc) * scale);
-    }
+    store_folds<T, S, kHv, kNh, 0, kFolds>(qi, k, scale, s + j * kNh);
   }
   return j;
 }
