@@ -68,13 +68,15 @@ void offset_by_128(const int8_t* q, int64_t n, uint8_t* u) {
 }
 
 void kernel_generic(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
-                    const int32_t* /*sum*/, int32_t* acc, int64_t ldacc) {
+                    const int32_t* /*sum*/, const int8_detail::Int8Out& to) {
+  int32_t acc[kRows * kInt8Tile];
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < kInt8Tile; ++c) {
+    for (int c = 0; c < to.cols; ++c) {
       int32_t s = 0;
       for (int64_t p = 0; p < kp; ++p) s += int32_t{a[r * lda + p]} * int32_t{w[p / 4 * 4 * kInt8Tile + c * 4 + p % 4]};
-      acc[r * ldacc + c] = s;
+      acc[r * kInt8Tile + c] = s;
     }
+  int8_detail::finish_rows(acc, kInt8Tile, rows, to);
 }
 
 // The input rows quantized (signed, and + 128 as unsigned for VNNI) and their scales: kept
@@ -105,6 +107,21 @@ int8_detail::Int8KernelFn kernel_of(Int8Path path) {
 }
 
 }  // namespace
+
+void int8_detail::finish_rows(const int32_t* acc, int64_t ldacc, int rows, const Int8Out& to) {
+  for (int r = 0; r < rows; ++r) {
+    float* o = to.out + r * to.ldout;
+    const int32_t* a = acc + r * ldacc;
+    const float si = to.sa[r];
+    if (to.bias != nullptr) {
+#pragma omp simd
+      for (int64_t c = 0; c < to.cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * to.sw[c], to.bias[c]);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < to.cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * to.sw[c], 0.0f);
+    }
+  }
+}
 
 Int8Weight make_int8_weight(int64_t k, int64_t m) {
   LOOM_CHECK(k >= 1 && m >= 1);
@@ -167,28 +184,20 @@ void int8_matmul_forward(float* out, const float* inp, const Int8Weight& w, cons
   const int64_t tiles = w.m_padded / kInt8Tile;
   const auto one_tile = [&](int64_t t) {
     const int64_t j0 = t * kInt8Tile, cols = std::min(kInt8Tile, m - j0);
-    int32_t acc[kRows * kInt8Tile];
     // The rows in passes of at most kRows, as even as they go: a short pass costs more per row.
     const int64_t passes = (n + kRows - 1) / kRows;
     for (int64_t q = 0, i0 = 0, count = 0; q < passes; ++q, i0 += count) {
       count = n / passes + (q < n % passes ? 1 : 0);
+      const int8_detail::Int8Out to{.out = out + i0 * m + j0,
+                                    .ldout = m,
+                                    .sa = sa + i0,
+                                    .sw = w.scale.data() + j0,
+                                    .bias = bias != nullptr ? bias + j0 : nullptr,
+                                    .cols = cols};
       kernel(kp, qa + i0 * kp, vnni ? qu + i0 * kp : nullptr, kp, static_cast<int>(count), w.tile(t), w.sum.data() + j0,
-             acc, kInt8Tile);
-      for (int r = 0; r < count; ++r) {
-        float* o = out + (i0 + r) * m + j0;
-        const int32_t* a = acc + r * kInt8Tile;
-        const float* sw = w.scale.data() + j0;
-        const float si = sa[i0 + r];
-        if (bias != nullptr) {
-          const float* b = bias + j0;
-#pragma omp simd
-          for (int64_t c = 0; c < cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * sw[c], b[c]);
-        } else {
-#pragma omp simd
-          for (int64_t c = 0; c < cols; ++c) o[c] = std::fma(static_cast<float>(a[c]), si * sw[c], 0.0f);
-        }
-        if (gelu_out != nullptr) gelu_forward_serial(gelu_out + (i0 + r) * m + j0, o, cols);
-      }
+             to);
+      if (gelu_out != nullptr)
+        for (int64_t i = i0; i < i0 + count; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
     }
   };
   // As parallel.h decides (a team of one, a decoding lane, opens no region), with the work

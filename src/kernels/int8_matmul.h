@@ -75,15 +75,31 @@ void set_int8_path(Int8Path path);
 Int8Path int8_active_path();
 
 namespace int8_detail {
-// acc (rows x 64, row stride ldacc) = the exact sums over p < kp of a[r][p] x w(c, p) for
-// the 64 channels of the tile at w (Int8Weight::tile), sum their weight sums. Row r of the
+
+// Where a kernel call's sums go, as floats: out[r][c] = fma(float(sum[r][c]), sa[r] x sw[c],
+// bias[c]) (+0 for no bias) for its rows r and the tile's first `cols` channels c.
+struct Int8Out {
+  float* out;          // row 0, channel 0 of the tile; rows ldout apart
+  int64_t ldout;
+  const float* sa;     // the rows' scales
+  const float* sw;     // the channels' scales (cols)
+  const float* bias;   // the channels' biases (cols), or null
+  int64_t cols;        // 1 to kInt8Tile: fewer in the last tile when m is not a multiple
+};
+
+// The exact sums over p < kp of a[r][p] x w(c, p) for the 64 channels of the tile at w
+// (Int8Weight::tile), sum their weight sums, written to `to` as Int8Out says. Row r of the
 // input is k_padded signed values at a + r x lda; au holds the same + 128 as unsigned bytes
 // (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the other kernels. rows
 // in [1, 6].
 using Int8KernelFn = void (*)(int64_t kp, const int8_t* a, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
-                              const int32_t* sum, int32_t* acc, int64_t ldacc);
+                              const int32_t* sum, const Int8Out& to);
 extern const Int8KernelFn kInt8Vnni;
 extern const Int8KernelFn kInt8Avx2;
+
+// Int8Out's float steps for sums already in int32 (acc: rows x cols, rows ldacc apart): the
+// AVX2 and generic kernels', and VNNI's in a tile of fewer than 64 channels.
+void finish_rows(const int32_t* acc, int64_t ldacc, int rows, const Int8Out& to);
 }  // namespace int8_detail
 
 }  // namespace loom::kernels

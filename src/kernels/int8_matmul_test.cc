@@ -45,14 +45,17 @@ TEST(Int8Matmul, EveryPathEqualsTheReferenceBitForBit) {
   for (auto [n, k, m] : kShapes)
     for (WeightLayout layout : {WeightLayout::kKM, WeightLayout::kMK}) {
       const auto x = normal(n * k, 1 + n), w = normal(k * m, 2 + m, 0.05f), b = normal(m, 3);
-      std::vector<float> want(static_cast<size_t>(n * m));
-      reference::int8_matmul_forward(want.data(), x.data(), w.data(), b.data(), n, k, m, layout);
       const Int8Weight q = quantize_int8(w.data(), k, m, layout);
-      for (Int8Path path : int8_supported_paths()) {
-        set_int8_path(path);
-        std::vector<float> got(want.size(), -1.0f);
-        int8_matmul_forward(got.data(), x.data(), q, b.data(), n);
-        EXPECT_TRUE(same_bits(got, want)) << int8_path_name(path) << " n=" << n << " k=" << k << " m=" << m;
+      for (const float* bias : {b.data(), static_cast<const float*>(nullptr)}) {  // no bias: fma(., ., +0)
+        std::vector<float> want(static_cast<size_t>(n * m));
+        reference::int8_matmul_forward(want.data(), x.data(), w.data(), bias, n, k, m, layout);
+        for (Int8Path path : int8_supported_paths()) {
+          set_int8_path(path);
+          std::vector<float> got(want.size(), -1.0f);
+          int8_matmul_forward(got.data(), x.data(), q, bias, n);
+          EXPECT_TRUE(same_bits(got, want))
+              << int8_path_name(path) << " n=" << n << " k=" << k << " m=" << m << (bias ? "" : " without bias");
+        }
       }
     }
 }
