@@ -9,7 +9,7 @@
 # REQUESTS requests per client. Prints aggregate tokens/s, its ratio to 1 client, and p50/p99
 # time to first token and per token (client side, from the server-sent events). Then the model
 # alone at the same batch sizes (`loom bench decode`: one batch on all threads, then in lanes
-# as the server runs it), for what the server adds.
+# as the server runs it, f32 and int8), for what the server adds.
 # Usage: bench/serve_throughput.sh [TOKENS [REQUESTS [THREADS]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,3 +37,5 @@ echo "## the model alone (Gpt::decode_batch), f32"
 $loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 | tail -n +2
 echo "## the model alone as the server runs it: $threads lanes side by side, each its share of the sequences, f32"
 $loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 --lanes "$threads" | tail -n +3
+echo "## the same, int8"
+$loom bench decode --threads "$threads" --batch 1 4 16 --from 10 --to $((10 + tokens)) --steps 2000 --lanes "$threads" --quantize int8 | tail -n +3
