@@ -27,6 +27,7 @@
 #include <limits>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -100,39 +101,22 @@ Vec<T> pair_sum(const Vec<T>& a, const Vec<T>& b, Lanes<kLo...>, Lanes<kHi...>) 
   return __builtin_shufflevector(a, b, kLo...) + __builtin_shufflevector(a, b, kHi...);
 }
 
-// The lanes fold16's level L adds: level 1 adds lane l and l+8 of a pair of vectors (lanes
-// 0-7 of the sum are the first's, 8-15 the second's), level 2 l and l+4, level 3 l and l+2,
-// level 4 l and l+1.
-template <int L>
-struct FoldLanes;
-template <>
-struct FoldLanes<1> {
-  static constexpr Lanes<0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23> lo{};
-  static constexpr Lanes<8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31> hi{};
-};
-template <>
-struct FoldLanes<2> {
-  static constexpr Lanes<0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27> lo{};
-  static constexpr Lanes<4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31> hi{};
-};
-template <>
-struct FoldLanes<3> {
-  static constexpr Lanes<0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29> lo{};
-  static constexpr Lanes<2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31> hi{};
-};
-template <>
-struct FoldLanes<4> {
-  static constexpr Lanes<0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30> lo{};
-  static constexpr Lanes<1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31> hi{};
-};
+// The lanes fold16's level L adds, w = 16 >> L apart: lane l of the sum is lane j + l % w of
+// the pair of vectors and lane j + l % w + w (the `hi` ones), j = 2w (l / w). Level 1 adds
+// lane l and l+8 of each vector (lanes 0-7 of the sum are the first's, 8-15 the second's),
+// level 2 l and l+4, level 3 l and l+2, level 4 l and l+1.
+template <int L, bool kHi, int... l>
+constexpr Lanes<2 * (16 >> L) * (l / (16 >> L)) + l % (16 >> L) + (kHi ? 16 >> L : 0)...> fold_lanes(
+    std::integer_sequence<int, l...>) {
+  return {};
+}
 
 // fixed_sum's fold of 16 accumulators at once, acc(t) = make.operator()<t>() for t = 0..15
-// (fold16: from an array):
-// lane t of the result is acc(t)'s sum, added as fixed_sum_detail::fold adds: lane l + lane
-// l+8, then l + l+4, l + l+2, l + l+1. Level L's vector M holds the folds of accumulators
-// [M 2^L, (M+1) 2^L), made depth first: each accumulator is folded into its neighbours' as
-// soon as they are made, so a few partial vectors are live, not 16 accumulators (which,
-// beside the queries, spilled: scores 1.7 times slower).
+// (fold16: an array's): lane t of the result is acc(t)'s sum, added as fixed_sum_detail::fold
+// adds: lane l + lane l+8, then l + l+4, l + l+2, l + l+1. Level L's vector M holds the folds
+// of accumulators [M 2^L, (M+1) 2^L), made depth first: each accumulator is folded into its
+// neighbours' as soon as they are made, so a few partial vectors are live, not 16
+// accumulators (which, beside the queries, spilled: scores 1.2 times slower).
 template <typename T, int L, int M, typename F>
 __attribute__((always_inline)) inline Vec<T> fold_tree(const F& make) {
   if constexpr (L == 0) {
@@ -140,7 +124,8 @@ __attribute__((always_inline)) inline Vec<T> fold_tree(const F& make) {
   } else {
     const Vec<T> a = fold_tree<T, L - 1, 2 * M>(make);
     const Vec<T> b = fold_tree<T, L - 1, 2 * M + 1>(make);
-    return pair_sum<T>(a, b, FoldLanes<L>::lo, FoldLanes<L>::hi);
+    constexpr auto lanes = std::make_integer_sequence<int, 16>{};
+    return pair_sum<T>(a, b, fold_lanes<L, false>(lanes), fold_lanes<L, true>(lanes));
   }
 }
 
