@@ -46,7 +46,7 @@ void tile(int64_t kp, const int8_t* a, int64_t lda, const int8_t* w, int32_t* ac
 void kernel(int64_t kp, const int8_t* a, const uint8_t* /*au*/, int64_t lda, int rows, const int8_t* w,
             const int32_t* /*sum*/, const Int8Out& to) {
   constexpr int64_t ldacc = kInt8Tile;
-  int32_t acc[6 * ldacc];
+  int32_t acc[kInt8MaxRows * ldacc];
   for (int g = 0; g < 4; ++g) {  // the tile's 4 sets of 16 channels
     int r = 0;
     for (; r + 2 <= rows; r += 2) tile<2>(kp, a + r * lda, lda, w + 64 * g, acc + r * ldacc + 16 * g, ldacc);

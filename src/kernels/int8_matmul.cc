@@ -15,7 +15,7 @@
 namespace loom::kernels {
 namespace {
 
-constexpr int kRows = 6;  // rows per kernel call, at most (int8_vnni.cc)
+constexpr int kRows = int8_detail::kInt8MaxRows;
 
 std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
   const auto rounded = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);

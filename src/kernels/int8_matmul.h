@@ -91,7 +91,8 @@ struct Int8Out {
 // (Int8Weight::tile), sum their weight sums, written to `to` as Int8Out says. Row r of the
 // input is k_padded signed values at a + r x lda; au holds the same + 128 as unsigned bytes
 // (the VNNI kernel's operand: it subtracts 128 x sum[c]), null for the other kernels. rows
-// in [1, 6].
+// in [1, kInt8MaxRows].
+constexpr int kInt8MaxRows = 6;  // VNNI's sums of 6 rows x 64 channels fill 24 registers
 using Int8KernelFn = void (*)(int64_t kp, const int8_t* a, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
                               const int32_t* sum, const Int8Out& to);
 extern const Int8KernelFn kInt8Vnni;

@@ -34,7 +34,7 @@ __m512 to_float(__m512i x) {
 // R rows x the tile's 64 channels (4 vectors of 16): 4R sums in registers, 4 weight vectors
 // a step, each used for every row. They go out as floats from the registers (Int8Out's
 // steps, the same as finish_rows): storing the sums and converting them in a second loop
-// took 12-14% of a 4-8 row product. A tile of fewer channels (the last, when m is not a
+// took 7-14% of a 4-8 row product. A tile of fewer channels (the last, when m is not a
 // multiple of 64) stages its sums for finish_rows, which stops at `cols`.
 template <int R>
 void part(int64_t kp, const uint8_t* au, int64_t lda, const int8_t* w, const int32_t* sum, const Int8Out& to) {
@@ -77,9 +77,9 @@ void part(int64_t kp, const uint8_t* au, int64_t lda, const int8_t* w, const int
   if (to.cols < kInt8Tile) finish_rows(staged, kInt8Tile, R, to);
 }
 
-// Up to 6 rows in one pass over the tile (24 sums, 4 weight vectors and a broadcast fill 29
-// of the 32 registers). A pass of fewer than 4 rows costs more per row (a 1-row pass of a
-// 256 x 1024 product 1.9 us, 4 rows 0.87 us a row, 5 or 6 rows 0.81-0.86), so the driver
+// Up to kInt8MaxRows (6) rows in one pass over the tile (24 sums, 4 weight vectors and a
+// broadcast fill 29 of the 32 registers). A pass of 1 or 2 rows costs more per row (one
+// thread, 256 x 1024: 1 row 1.8 us, 2 rows 1.0 us a row, 3-6 rows 0.73-0.78), so the driver
 // deals rows out in passes as even as it can (int8_matmul.cc: 7 rows are 4 + 3, 8 are 4 + 4).
 void kernel(int64_t kp, const int8_t* /*a*/, const uint8_t* au, int64_t lda, int rows, const int8_t* w,
             const int32_t* sum, const Int8Out& to) {
