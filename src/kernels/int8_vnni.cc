@@ -58,23 +58,26 @@ void part(int64_t kp, const uint8_t* au, int64_t lda, const int8_t* w, const int
       for (int g = 0; g < 4; ++g) s[r][g] = dot(s[r][g], a, wv[g]);
     }
   }
-  int32_t staged[R * kInt8Tile];
   for (int g = 0; g < 4; ++g) {
     // x 128 by a multiply: GCC 12's _mm512_slli_epi32 trips -Wuninitialized inside its header.
     const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(sum + 16 * g), _mm512_set1_epi32(128));
-    if (to.cols < kInt8Tile) {
-      for (int r = 0; r < R; ++r) _mm512_storeu_si512(staged + r * kInt8Tile + 16 * g, _mm512_sub_epi32(s[r][g], offset));
-      continue;
-    }
+    for (int r = 0; r < R; ++r) s[r][g] = _mm512_sub_epi32(s[r][g], offset);
+  }
+  if (to.cols < kInt8Tile) {
+    int32_t staged[R * kInt8Tile];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < 4; ++g) _mm512_storeu_si512(staged + r * kInt8Tile + 16 * g, s[r][g]);
+    finish_rows(staged, kInt8Tile, R, to);
+    return;
+  }
+  for (int g = 0; g < 4; ++g) {
     const __m512 sw = _mm512_loadu_ps(to.sw + 16 * g);
     const __m512 bias = to.bias != nullptr ? _mm512_loadu_ps(to.bias + 16 * g) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
-      const __m512 x = to_float(_mm512_sub_epi32(s[r][g], offset));
       const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(to.sa[r]), sw);
-      _mm512_storeu_ps(to.out + r * to.ldout + 16 * g, _mm512_fmadd_ps(x, scale, bias));
+      _mm512_storeu_ps(to.out + r * to.ldout + 16 * g, _mm512_fmadd_ps(to_float(s[r][g]), scale, bias));
     }
   }
-  if (to.cols < kInt8Tile) finish_rows(staged, kInt8Tile, R, to);
 }
 
 // Up to kInt8MaxRows (6) rows in one pass over the tile (24 sums, 4 weight vectors and a
