@@ -21,7 +21,6 @@ Sampler::Sampler(int64_t vocab) : vocab_(vocab), probs_(static_cast<size_t>(voca
 int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   if (p.temperature == 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab_) - logits);
   const float mx = *std::max_element(logits, logits + vocab_), inv_t = static_cast<float>(1 / p.temperature);
-  const auto weight = [&](int32_t id) { return probs_[id] = token_weight(logits[id], mx, inv_t); };
   if (p.top_k == 0 && p.top_p >= 1) {
     // Every token may be drawn: no order is needed (sorting a vocabulary was most of the
     // time of a step's sampling), the ids are walked in turn.
@@ -45,7 +44,7 @@ int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   const int64_t k = p.top_k > 0 ? std::min(p.top_k, vocab_) : vocab_;
   if (k < vocab_) std::nth_element(order_.begin(), order_.begin() + k - 1, order_.end(), likelier);
   double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += weight(order_[i]);
+  for (int64_t i = 0; i < k; ++i) sum += probs_[order_[i]] = token_weight(logits[order_[i]], mx, inv_t);
   // The shortest likeliest prefix of the k holding top_p of their mass (all k when top_p is
   // 1), put in order a few at a time: the nucleus is usually far smaller than the vocabulary.
   int64_t keep = 0;
