@@ -692,10 +692,10 @@ namespace {
 // A reader that is not Loom's (tools/read_safetensors.py, from the format description)
 // loads Loom's checkpoint weights with the same names, shapes and values.
 TEST_F(Cli, IndependentReaderLoadsLoomWeights) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3";
+  if (const std::string why = testing::python_unusable(); !why.empty()) GTEST_SKIP() << why;
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
   const std::string file = p("runs/r/checkpoints/step_3/model-00000.safetensors");
-  const std::string cmd = cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ", file);
+  const std::string cmd = cat(testing::kPython, " ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ", file, " 2>&1");
   auto [code, out] = testing::run_command(cmd);
   ASSERT_EQ(code, 0) << out;
   SafetensorsFile st = SafetensorsFile::open(file);

@@ -97,9 +97,9 @@ TEST_F(Cli, CkptCommandsAndInitFromWorkOnAnyLayout) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string exported = logical(p("w.safetensors"), checkpoint::Part::kModel);
   EXPECT_EQ(exported, logical(p("runs/tp/checkpoints/step_3"), checkpoint::Part::kModel));
-  if (fs::exists("/usr/bin/python3")) {  // a reader that is not Loom's
-    auto [code, out] = testing::run_command(cat("/usr/bin/python3 ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ",
-                                                p("w.safetensors")));
+  if (testing::python_unusable().empty()) {  // a reader that is not Loom's
+    auto [code, out] = testing::run_command(cat(testing::kPython, " ", LOOM_SOURCE_DIR, "/tools/read_safetensors.py ",
+                                                p("w.safetensors"), " 2>&1"));
     ASSERT_EQ(code, 0) << out;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 4 + 12 * 2) << out;  // wte, wpe, ln_f (2); 12 per block
     EXPECT_NE(out.find("transformer.h.1.attn.c_attn.weight float32 [64, 192]"), std::string::npos) << out;

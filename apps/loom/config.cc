@@ -5,12 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
-#include <thread>
 #include <toml++/toml.h>
 
 #include "kernels/gemm/gemm.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/host.h"
 #include "loom/loss_scale.h"
 #include "loom/nn/gpt.h"
 #include "loom/schedule.h"
@@ -538,7 +538,7 @@ std::string Config::to_toml() const {
 
 int Config::threads(int local_ranks) const {
   if (i("job.threads") > 0) return static_cast<int>(i("job.threads"));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = available_cores();
   return std::max(1, cores / std::max(1, local_ranks));
 }
 

@@ -2,11 +2,14 @@
 // flags; every loom::Error is caught here and printed as one line
 // ("loom: error: ..."), exiting 2 for bad input and 1 for runtime failures.
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "commands.h"
 #include "loom/data.h"
 #include "loom/error.h"
+#include "loom/host.h"
 
 namespace {
 
@@ -21,7 +24,26 @@ std::vector<std::string> overrides_of(const CLI::App& app) {
   return out;
 }
 
+// LOOM_HOST_MEMORY=SIZE (bytes, or with K, M, G or T): the memory every check takes this
+// host to have free, in place of what it measures (docs/errors.md, "Limits that follow the
+// machine"). Ranks inherit it from the launcher.
+void apply_host_memory_budget() {
+  const char* v = std::getenv("LOOM_HOST_MEMORY");
+  if (v == nullptr || *v == '\0') return;
+  char* end = nullptr;
+  double bytes = std::strtod(v, &end);
+  const std::string unit(end);
+  const std::string units = "KMGT";
+  if (unit.size() == 1 && units.find(unit[0]) != std::string::npos) bytes *= std::pow(1024.0, 1 + units.find(unit[0]));
+  if (end == v || (unit.size() > 0 && (unit.size() != 1 || units.find(unit[0]) == std::string::npos)) ||
+      !std::isfinite(bytes) || bytes < 1)
+    throw loom::InputError(loom::cat("LOOM_HOST_MEMORY = \"", loom::printable(v),
+                                     "\": expected a size in bytes, or with K, M, G or T (e.g. 16G)"));
+  loom::set_memory_budget(bytes);
+}
+
 int run(int argc, char** argv) {
+  apply_host_memory_budget();
   CLI::App app{"Loom: distributed deep-learning training in C++.\n"
                "Config precedence: built-in defaults < CONFIG.toml < --section.key=value."};
   app.require_subcommand(1);

@@ -16,6 +16,14 @@ namespace loom {
 // waiting for a writer), unreadable, larger than `max_bytes` or than the memory available
 // (both checked before anything is read: it is the user's file).
 std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
+// The first `n` bytes of a file (fewer when it is shorter) and its size: read_file's
+// checks on the kind of file, none on its size, so a format's header can be checked
+// against the file before the whole of it is read.
+struct FileHead {
+  std::string bytes;
+  uint64_t size = 0;
+};
+FileHead read_file_head(const std::string& path, size_t n);
 // A file's bytes in memory of their own: a large file in anonymous memory asking for huge
 // pages (a 200 MB read faults 100 pages instead of 50,000), a small one in a string.
 // Move-only.

@@ -7,5 +7,14 @@ namespace loom {
 // Bytes a new allocation can have now: /proc/meminfo's MemAvailable, capped by what this
 // process's cgroup (v2) limit leaves.
 double available_memory_bytes();
+// From now on available_memory_bytes() returns `bytes` in place of its measurement: a
+// budget the process was given (LOOM_HOST_MEMORY, read by the CLI), so that every check
+// against memory gives the same verdict on any machine; 0 measures again. REQUIRES:
+// bytes >= 0; called before other threads ask.
+void set_memory_budget(double bytes);
+
+// The cores this process may run on: its CPU affinity (taskset, a container's or Slurm's
+// cpuset), at least 1. Not the machine's count: a rank bound to 2 of 16 cores has 2.
+int available_cores();
 
 }  // namespace loom

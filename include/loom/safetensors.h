@@ -3,8 +3,8 @@
 // {string: string}}, then the raw little-endian tensor bytes, offsets relative to the
 // byte after the header. Readable by Python's safetensors and Hugging Face.
 //
-// open() validates everything before any tensor is used: the header length against the
-// file, the JSON, every dtype, every shape against its byte extent, extents within the
+// open() validates everything before any tensor is used, and before the data is read: the
+// header length against the file, the JSON, every dtype, every shape against its byte extent, extents within the
 // file, and no overlaps or holes. Errors are InputError naming the file and the tensor.
 // Thread-safety: a SafetensorsFile is immutable after open(); reads are thread-safe.
 #pragma once
@@ -48,6 +48,11 @@ class SafetensorsFile {
   std::vector<std::pair<std::string, int64_t>> nonfinite() const;
 
  private:
+  // The header's length from the file's first 8 bytes, checked against its size and limit.
+  static uint64_t header_length(const std::string& path, std::string_view head, uint64_t file_size);
+  // Fills entries_ and metadata_ from the header's JSON, checked against the data's size.
+  void parse_header(std::string_view text, uint64_t data_size);
+
   std::string path_;
   FileBytes bytes_;
   size_t data_start_ = 0;

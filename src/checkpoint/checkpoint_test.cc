@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "loom/fileio.h"
+#include "loom/host.h"
 #include "loom/rng.h"
 #include "loom/nn/gpt.h"
 #include "loom_testing.h"
@@ -68,6 +69,25 @@ TEST_F(CheckpointTest, CorruptSafetensorsAreNamedErrors) {
   expect_input_error([&] { SafetensorsFile::open(path("len.st")); }, {"len.st", "header length"});
   write_raw(path("dtype.st"), R"({"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1);
   expect_input_error([&] { SafetensorsFile::open(path("dtype.st")); }, {"unsupported dtype Q4"});
+}
+
+// A file its header does not describe is refused before its data is read, however much
+// memory the host has: a valid header in front of 64 GiB (sparse), and a header length
+// past the format's 16 MiB limit. Nothing of either is read: the peak RSS stays put.
+TEST_F(CheckpointTest, SafetensorsHeaderIsCheckedBeforeTheDataIsRead) {
+  write_safetensors(path("w.st"), {{"w", Tensor::zeros({4}, DType::kF32)}});
+  fs::resize_file(path("w.st"), uintmax_t{64} << 30);
+  std::string len(8, '\0');
+  const uint64_t n = uint64_t{1} << 40;
+  std::memcpy(len.data(), &n, 8);
+  std::ofstream(path("len.st"), std::ios::binary) << len;
+  fs::resize_file(path("len.st"), (uintmax_t{1} << 40) + 64);
+  set_memory_budget(1e15);  // a host with room for both
+  const int64_t before = loom::testing::peak_rss_bytes();
+  expect_input_error([&] { SafetensorsFile::open(path("w.st")); }, {"w.st", "bytes after the last tensor"});
+  expect_input_error([&] { SafetensorsFile::open(path("len.st")); }, {"len.st", "header length 1099511627776", "limit"});
+  set_memory_budget(0);
+  EXPECT_LT(loom::testing::peak_rss_bytes() - before, int64_t{64} << 20);
 }
 
 // A tiny GPT and its AdamW after one step: weights and moments all set.

@@ -18,7 +18,16 @@ namespace {
 using json = nlohmann::json;
 }  // namespace
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) { return parse(path, read_file_bytes(path)); }
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  // The header is read and checked against the file's size first: a file whose header does
+  // not describe it (a huge sparse file, a wrong length) is refused before its data is read.
+  const FileHead head = read_file_head(path, 8);
+  const uint64_t n = header_length(path, head.bytes, head.size);
+  SafetensorsFile probe;
+  probe.path_ = path;
+  probe.parse_header(read_file_head(path, 8 + n).bytes.substr(8), head.size - 8 - n);
+  return parse(path, read_file_bytes(path, head.size));
+}
 
 SafetensorsFile SafetensorsFile::parse(const std::string& path, std::string bytes) {
   return parse(path, FileBytes(std::move(bytes)));
@@ -29,15 +38,28 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, FileBytes bytes)
   f.path_ = path;
   f.bytes_ = std::move(bytes);
   const std::string_view b = f.bytes_.view();
-  if (b.size() < 8) throw InputError(cat(path, ": not safetensors: ", b.size(), " bytes, expected an 8-byte header length"));
-  uint64_t n = 0;
-  std::memcpy(&n, b.data(), 8);
-  if (n > b.size() - 8)
-    throw InputError(cat(path, ": safetensors header length ", n, " runs past the file (", b.size(), " bytes)"));
+  const uint64_t n = header_length(path, b, b.size());
   f.data_start_ = 8 + n;
-  const size_t data_size = b.size() - f.data_start_;
-  const json header = parse_json_bounded(std::string_view(b).substr(8, n), cat(path, ": safetensors header"),
-                                         kSafetensorsHeaderLimits);
+  f.parse_header(b.substr(8, n), b.size() - f.data_start_);
+  return f;
+}
+
+uint64_t SafetensorsFile::header_length(const std::string& path, std::string_view head, uint64_t file_size) {
+  if (head.size() < 8 || file_size < 8)
+    throw InputError(cat(path, ": not safetensors: ", file_size, " bytes, expected an 8-byte header length"));
+  uint64_t n = 0;
+  std::memcpy(&n, head.data(), 8);
+  if (n > file_size - 8)
+    throw InputError(cat(path, ": safetensors header length ", n, " runs past the file (", file_size, " bytes)"));
+  if (n > kSafetensorsHeaderLimits.max_bytes)
+    throw InputError(cat(path, ": safetensors header length ", n, " is over the ", kSafetensorsHeaderLimits.max_bytes,
+                         "-byte limit"));
+  return n;
+}
+
+void SafetensorsFile::parse_header(std::string_view text, uint64_t data_size) {
+  const std::string& path = path_;
+  const json header = parse_json_bounded(text, cat(path, ": safetensors header"), kSafetensorsHeaderLimits);
   if (!header.is_object()) throw InputError(cat(path, ": safetensors header is not a JSON object"));
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -46,7 +68,7 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, FileBytes bytes)
       if (!v.is_object()) throw InputError(cat(path, ": __metadata__ must be an object of strings"));
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) throw InputError(cat(path, ": __metadata__.", m.key(), " must be a string"));
-        f.metadata_[m.key()] = m.value().get<std::string>();
+        metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
@@ -76,11 +98,11 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, FileBytes bytes)
     if (e.end - e.begin != numel * dtype_size(e.dtype))
       throw bad(cat("shape ", shape_str(e.shape), " ", v["dtype"].get<std::string>(), " needs ",
                     numel * dtype_size(e.dtype), " bytes, data_offsets give ", e.end - e.begin));
-    f.entries_.push_back(std::move(e));
+    entries_.push_back(std::move(e));
   }
   // Extents must tile the data section exactly: no overlap, no hole (as the reference reader).
   std::vector<const SafetensorsEntry*> order;
-  for (const auto& e : f.entries_) order.push_back(&e);
+  for (const auto& e : entries_) order.push_back(&e);
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
   size_t pos = 0;
   for (const auto* e : order) {
@@ -90,7 +112,6 @@ SafetensorsFile SafetensorsFile::parse(const std::string& path, FileBytes bytes)
     pos = e->end;
   }
   if (pos != data_size) throw InputError(cat(path, ": ", data_size - pos, " bytes after the last tensor"));
-  return f;
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {

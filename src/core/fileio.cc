@@ -17,8 +17,8 @@ namespace loom {
 
 namespace {
 
-// Opens `path` for a whole read after read_file's checks; returns the descriptor and size.
-std::pair<int, size_t> open_for_read(const std::string& path, size_t max_bytes) {
+// Opens a regular file `path` for reading; returns the descriptor and size.
+std::pair<int, uint64_t> open_regular(const std::string& path) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw InputError(cat(path, ": cannot open: ", std::strerror(errno)));
@@ -27,17 +27,23 @@ std::pair<int, size_t> open_for_read(const std::string& path, size_t max_bytes) 
     ::close(fd);
     throw InputError(cat(path, ": not a regular file"));
   }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+  return {fd, static_cast<uint64_t>(st.st_size)};
+}
+
+// Opens `path` for a whole read after read_file's checks; returns the descriptor and size.
+std::pair<int, size_t> open_for_read(const std::string& path, size_t max_bytes) {
+  const auto [fd, size] = open_regular(path);
+  if (size > max_bytes) {
     ::close(fd);
-    throw InputError(cat(path, ": ", st.st_size, " bytes, over the ", max_bytes, "-byte limit of its format"));
+    throw InputError(cat(path, ": ", size, " bytes, over the ", max_bytes, "-byte limit of its format"));
   }
   // Whatever the format allows, a file is read whole only when memory can hold it.
-  if (const double room = available_memory_bytes(); static_cast<double>(st.st_size) > room) {
+  if (const double room = available_memory_bytes(); static_cast<double>(size) > room) {
     ::close(fd);
-    throw InputError(cat(path, ": ", st.st_size, " bytes, more than the ", static_cast<int64_t>(room),
+    throw InputError(cat(path, ": ", size, " bytes, more than the ", static_cast<int64_t>(room),
                          " bytes of memory available to read it into"));
   }
-  return {fd, static_cast<size_t>(st.st_size)};
+  return {fd, static_cast<size_t>(size)};
 }
 
 // Reads size bytes from fd into out, and closes it.
@@ -59,6 +65,13 @@ void read_all(int fd, const std::string& path, char* out, size_t size) {
 constexpr size_t kHugeBytes = size_t{1} << 21;
 
 }  // namespace
+
+FileHead read_file_head(const std::string& path, size_t n) {
+  const auto [fd, size] = open_regular(path);
+  FileHead head{.bytes = std::string(std::min<uint64_t>(n, size), '\0'), .size = size};
+  read_all(fd, path, head.bytes.data(), head.bytes.size());
+  return head;
+}
 
 std::string read_file(const std::string& path, size_t max_bytes) {
   const auto [fd, size] = open_for_read(path, max_bytes);

@@ -1,6 +1,9 @@
 #include "loom/host.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -35,8 +38,23 @@ double cgroup_room() {
   return std::max(0.0, max - std::max(0.0, used));
 }
 
+// Set by set_memory_budget; 0: measure.
+std::atomic<double> memory_budget{0};
+
 }  // namespace
 
-double available_memory_bytes() { return std::min(meminfo_available(), cgroup_room()); }
+double available_memory_bytes() {
+  if (const double budget = memory_budget.load(std::memory_order_relaxed); budget > 0) return budget;
+  return std::min(meminfo_available(), cgroup_room());
+}
+
+void set_memory_budget(double bytes) { memory_budget.store(bytes, std::memory_order_relaxed); }
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 
 }  // namespace loom

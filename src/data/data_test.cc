@@ -8,6 +8,7 @@
 #include "loom/data.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/host.h"
 #include "loom_testing.h"
 
 namespace loom::data {
@@ -48,6 +49,32 @@ TEST_F(DataTest, BadTokenFilesNameFileAndExpectation) {
   write("short.bin", "abc");
   expect_input_error([&] { read_tokens(path("short.bin")); }, {"short.bin", "header"});
   expect_input_error([&] { read_tokens(path("missing.bin")); }, {"missing.bin", "cannot open"});
+}
+
+// A token file its header does not describe is refused before its tokens are read,
+// however much memory the host has: 10 tokens in the header, 64 GiB (sparse) on disk.
+TEST_F(DataTest, TokenHeaderIsCheckedBeforeTheTokensAreRead) {
+  write_tokens(path("big.bin"), std::vector<uint16_t>(10, 3));
+  fs::resize_file(path("big.bin"), uintmax_t{64} << 30);
+  set_memory_budget(1e15);  // a host with room for it
+  const int64_t before = loom::testing::peak_rss_bytes();
+  expect_input_error([&] { read_tokens(path("big.bin")); }, {"big.bin", "oversized", "10 tokens"});
+  set_memory_budget(0);
+  EXPECT_LT(loom::testing::peak_rss_bytes() - before, int64_t{64} << 20);
+}
+
+// A budget given to the process (LOOM_HOST_MEMORY) stands in for the memory it measures:
+// a whole-file read is refused past it, and allowed within it, on any machine.
+TEST_F(DataTest, MemoryBudgetDecidesWholeFileReads) {
+  write("k.bin", std::string(4096, 'x'));
+  set_memory_budget(1000);
+  EXPECT_EQ(available_memory_bytes(), 1000);
+  expect_input_error([&] { read_file(path("k.bin")); }, {"k.bin", "4096 bytes, more than the 1000 bytes of memory"});
+  set_memory_budget(1e6);
+  EXPECT_EQ(read_file(path("k.bin")).size(), 4096u);
+  set_memory_budget(0);
+  EXPECT_GT(available_memory_bytes(), 0);
+  EXPECT_GE(available_cores(), 1);
 }
 
 TEST_F(DataTest, PrepareSplitsEachFileAndSkipsBinaryAndLinks) {

@@ -11,15 +11,18 @@
 namespace loom::data {
 namespace fs = std::filesystem;
 
-std::vector<uint16_t> read_tokens(const std::string& path) { return parse_tokens(path, read_file(path)); }
+namespace {
 
-std::vector<uint16_t> parse_tokens(const std::string& path, std::string_view bytes) {
-  constexpr size_t kHeader = kTokenHeaderWords * sizeof(int32_t);
-  if (bytes.size() < kHeader)
-    throw InputError(cat(path, ": truncated token file: ", bytes.size(), " bytes, expected a ",
+constexpr size_t kHeader = kTokenHeaderWords * sizeof(int32_t);
+
+// The token count a file's header gives, checked against the file's size; `head` holds
+// the file's first bytes (the whole header when the file has one).
+size_t checked_count(const std::string& path, std::string_view head, uint64_t file_size) {
+  if (file_size < kHeader || head.size() < kHeader)
+    throw InputError(cat(path, ": truncated token file: ", file_size, " bytes, expected a ",
                          kHeader, "-byte header (llm.c format)"));
   int32_t header[kTokenHeaderWords];
-  std::memcpy(header, bytes.data(), kHeader);
+  std::memcpy(header, head.data(), kHeader);
   if (header[0] != kTokenMagic)
     throw InputError(cat(path, ": not a token file: magic ", header[0], ", expected ", kTokenMagic,
                          " (llm.c format; make one with `loom data prepare`)"));
@@ -28,11 +31,26 @@ std::vector<uint16_t> parse_tokens(const std::string& path, std::string_view byt
   if (header[2] < 0)
     throw InputError(cat(path, ": negative token count ", header[2]));
   const size_t count = static_cast<size_t>(header[2]);
-  const size_t want = kHeader + count * sizeof(uint16_t);
-  if (bytes.size() != want)
-    throw InputError(cat(path, ": ", bytes.size() < want ? "truncated" : "oversized",
+  const uint64_t want = kHeader + count * sizeof(uint16_t);
+  if (file_size != want)
+    throw InputError(cat(path, ": ", file_size < want ? "truncated" : "oversized",
                          " token file: header says ", count, " tokens (", want, " bytes), file has ",
-                         bytes.size(), " bytes"));
+                         file_size, " bytes"));
+  return count;
+}
+
+}  // namespace
+
+std::vector<uint16_t> read_tokens(const std::string& path) {
+  // The header is checked against the file's size before the tokens are read: a file its
+  // header does not describe (a huge sparse one, say) is refused without reading it.
+  const FileHead head = read_file_head(path, kHeader);
+  checked_count(path, head.bytes, head.size);
+  return parse_tokens(path, read_file(path, head.size));
+}
+
+std::vector<uint16_t> parse_tokens(const std::string& path, std::string_view bytes) {
+  const size_t count = checked_count(path, bytes, bytes.size());
   std::vector<uint16_t> tokens(count);
   if (count > 0) std::memcpy(tokens.data(), bytes.data() + kHeader, count * sizeof(uint16_t));
   return tokens;

@@ -16,6 +16,7 @@
 #include <cctype>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -41,6 +42,10 @@ class Cli : public testing::TempDirTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
+    // Every loom this test runs takes the host to have 16 GiB free, whatever it has: a check
+    // against memory gives one verdict on any machine (docs/errors.md). A budget the runner
+    // set (./test.sh --machine) stands.
+    ::setenv("LOOM_HOST_MEMORY", "16G", /*overwrite=*/0);
     // A small byte-level corpus: enough windows for gpt-nano.
     std::string text;
     for (int i = 0; i < 400; ++i) text += "The quick brown fox " + std::to_string(i) + " jumps over the lazy dog.\n";

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +38,28 @@ inline CommandResult run_command(const std::string& cmd) {
   const int status = ::pclose(f);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// The interpreter that runs the repository's standard-library-only Python tools, with its
+// site packages off (`-S`): whatever else that machine's python3 has installed, a tool
+// that runs here uses nothing but the standard library.
+inline constexpr const char* kPython = "/usr/bin/python3 -S";
+
+// Why kPython cannot run those tools (absent, or older than the 3.8 they are written for),
+// or "" when it can. A test that needs it skips with this reason.
+inline std::string python_unusable() {
+  const CommandResult r = run_command(
+      std::string(kPython) + " -c 'import sys, json, struct, array; assert sys.version_info >= (3, 8)' 2>&1");
+  if (r.code == 0) return "";
+  return "/usr/bin/python3 cannot run the standard-library tools (needs Python 3.8 or newer): exit " +
+         std::to_string(r.code) + " " + r.out;
+}
+
+// The most resident memory this process has held so far, in bytes (getrusage).
+inline int64_t peak_rss_bytes() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
 // A fresh directory per test, removed afterwards.

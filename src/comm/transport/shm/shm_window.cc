@@ -14,6 +14,7 @@
 
 #include "comm/auth.h"
 #include "comm/transport/transport.h"
+#include "loom/host.h"
 
 namespace loom::comm {
 
@@ -122,7 +123,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   w->map_bytes_ = kHeader + control_bytes + kSlots * w->slot_bytes_ * size;
   // Spinning only pays when every rank has a core; oversubscribed, the rank being waited
   // for may need this very core, so yield almost at once.
-  w->oversubscribed_ = size > static_cast<int>(std::thread::hardware_concurrency());
+  w->oversubscribed_ = size > available_cores();
   w->spin_limit_ = w->oversubscribed_ ? 8 : 2000;
   std::string key = name + "/shm";
   std::string path;
