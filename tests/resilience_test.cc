@@ -235,6 +235,77 @@ TEST_F(Cli, CrashAtEveryPointOfASaveLeavesACheckpointToResumeFrom) {
   }
 }
 
+// The steps under a checkpoint root: "step_N" directories as N, and the names of the
+// directories set aside (step_N.set-aside-...).
+struct Steps {
+  std::vector<int64_t> live;
+  std::vector<std::string> aside;
+};
+Steps steps_under(const std::string& root) {
+  Steps s;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || !n.starts_with("step_")) continue;
+    if (n.find(".set-aside-") != std::string::npos) s.aside.push_back(n);
+    else s.live.push_back(std::stoll(n.substr(5)));
+  }
+  std::sort(s.live.begin(), s.live.end());
+  return s;
+}
+
+// Whatever a crash left, pruning never removes the step `latest` names nor any newer one
+// (issue 46, item 1). One process dies at each point of the save of step 6 (keep 1, 2 and
+// 3), then resumes to step 9 saving every step with the same keep. After each: `latest`
+// names step 9, which verifies; every step the crash left newer than `latest` is set aside
+// (logged), not deleted; and exactly `keep` steps remain. Then the case as reported: a
+// crash after step_6's rename, a resume to step 5 with keep 1; step_5 must stay.
+TEST_F(Cli, PruningNeverRemovesWhatLatestNamesOrNewer) {
+  const std::string train = cat("train ", p("nano.toml"), " --quiet --training.eval_every=0");
+  int n = 0;
+  for (const char* point : {"shard", "state", "index", "renamed", "latest"})
+    for (int keep : {1, 2, 3}) {
+      const std::string name = cat("k", n++), root = p(cat("runs/", name, "/checkpoints"));
+      const std::string what = cat(point, ", keep ", keep);
+      const std::string flags = cat(" --checkpoint.keep=", keep, " --job.name=", name);
+      const int crashed = testing::run_command(cat("LOOM_FAULT_AT=", point, ":6 ", LOOM_BINARY_DIR, "/loom ", train,
+                                                   " --training.steps=8 --checkpoint.every=2", flags, " 2>&1")).code;
+      ASSERT_EQ(crashed, 137) << what << ": the crash (SIGKILL) did not happen";
+      const std::string latest_before = read_file(root + "/latest");
+      const int64_t latest_step = std::stoll(latest_before.substr(5));
+      const Steps before = steps_under(root);
+      const Result resumed = loom(cat(train, " --resume --training.steps=9 --checkpoint.every=1", flags));
+      ASSERT_EQ(resumed.code, 0) << what << "\n" << resumed.err;
+      EXPECT_EQ(read_file(root + "/latest"), "step_9\n") << what;
+      const Steps after = steps_under(root);
+      EXPECT_EQ(after.live.size(), static_cast<size_t>(keep)) << what;
+      EXPECT_EQ(after.live.back(), 9) << what;
+      for (int64_t s : before.live) {
+        if (s <= latest_step) continue;
+        EXPECT_EQ(std::count_if(after.aside.begin(), after.aside.end(),
+                                [&](const std::string& a) { return a.starts_with(cat("step_", s, ".set-aside-")); }),
+                  1)
+            << what << ": step_" << s << " (newer than " << latest_before << ") was not set aside";
+        EXPECT_NE(resumed.err.find(cat("step_", s, " is newer than the step `latest` names")), std::string::npos)
+            << what << resumed.err;
+      }
+      const Result verified = loom(cat("ckpt verify ", p(cat("runs/", name))));
+      EXPECT_EQ(verified.code, 0) << what << ": " << verified.err;
+    }
+  // The reported case: latest = step_4 and step_6 on disk; a resume to step 5 with keep 1.
+  const std::string root = p("runs/r/checkpoints");
+  ASSERT_EQ(testing::run_command(cat("LOOM_FAULT_AT=renamed:6 ", LOOM_BINARY_DIR, "/loom ", train,
+                                     " --training.steps=8 --checkpoint.every=2 --checkpoint.keep=1 2>&1")).code,
+            137);
+  ASSERT_EQ(read_file(root + "/latest"), "step_4\n");
+  const Result resumed = loom(cat(train, " --resume --training.steps=5 --checkpoint.every=1 --checkpoint.keep=1"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(read_file(root + "/latest"), "step_5\n");
+  EXPECT_EQ(steps_under(root).live, std::vector<int64_t>{5});
+  EXPECT_EQ(loom(cat("ckpt verify ", p("runs/r"))).code, 0);
+  const Result again = loom(cat(train, " --resume --training.steps=6 --checkpoint.every=1 --checkpoint.keep=1"));
+  EXPECT_EQ(again.code, 0) << again.err;
+}
+
 // A disk that fills up during a save (a 2 MiB tmpfs this test mounts: room for one
 // checkpoint of the model, not two): every rank stops with one line naming the rank, the file
 // and the cause; the half-written directory is gone and the previous checkpoint is intact,

@@ -315,11 +315,70 @@ TEST_F(Serve, BadServerArgumentsAreRefusedAtStart) {
            {model + " --events-nice 20", "--events-nice 20: expected 0 to 19"},
            {model + " --prefix-cache-mb -1", "--prefix-cache-mb -1: expected 0 (none kept) to 1048576"},
            {model + " --kv-cache-dtype f16", "--kv-cache-dtype f16: expected f32 or bf16"},
+           {model + " --max-body-kb 0", "--max-body-kb = 0: expected an integer in [1, 65536]"},
        }) {
     const Result r = loom("serve" + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
   }
+}
+
+// Sends `head` (and then `body`, in 64 KiB writes, while the server reads) on a fresh
+// connection and returns the status line of the answer ("" when none came within 5 s).
+std::string raw_exchange(int port, const std::string& head, const std::string& body = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "connect failed";
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  ::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+  for (size_t at = 0; at < body.size(); at += 65536)  // stops mattering once the server has closed
+    if (::send(fd, body.data() + at, std::min<size_t>(65536, body.size() - at), MSG_NOSIGNAL) < 0) break;
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; got.find("\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, n);
+  ::close(fd);
+  return got.substr(0, got.find("\r\n"));
+}
+
+// The server's peak resident memory (VmHWM), in bytes.
+int64_t peak_rss_of(pid_t pid) {
+  std::istringstream in(slurp_proc(cat("/proc/", pid, "/status")));
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;
+  return -1;
+}
+
+// Bodies are bounded before memory is taken (issue 46, item 4): a Content-Length over
+// --max-body-kb is answered 413 without the body being sent; a chunked body 413 as soon as
+// it crosses the limit (64 MiB sent, the server's peak memory up by far less); without the
+// API key, 401 before any body is read; Content-Length twice, or beside chunked, 400.
+TEST_F(Serve, BodiesAreBoundedBeforeMemoryIsTakenAndFramingIsUnambiguous) {
+  start({"--model", cat("nano=", p("runs/n")), "--max-body-kb", "64", "--api-key", "k"});
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  const std::string key = "Authorization: Bearer k\r\n";
+  EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: 67108864\r\n\r\n"), "HTTP/1.1 413 Payload Too Large");
+  EXPECT_EQ(raw_exchange(port_, post + "Content-Length: 67108864\r\n\r\n"), "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(raw_exchange(port_, post + "Transfer-Encoding: chunked\r\n\r\n"), "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: -1\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  const int64_t before = peak_rss_of(pid_);
+  std::string chunked;
+  const std::string piece(65536 - 16, 'x');
+  for (int i = 0; i < 1024; ++i) chunked += cat(std::hex, piece.size(), "\r\n", piece, "\r\n");
+  chunked += "0\r\n\r\n";
+  EXPECT_EQ(raw_exchange(port_, post + key + "Transfer-Encoding: chunked\r\n\r\n", chunked), "HTTP/1.1 413 Payload Too Large");
+  EXPECT_LT(peak_rss_of(pid_) - before, int64_t{16} << 20) << "a refused 64 MiB body raised the server's peak memory";
+  // A body within the limit is served as before.
+  const auto [status, body] = complete({{"model", "nano"}, {"prompt", "The"}, {"max_tokens", 2}},
+                                       {{"Authorization", "Bearer k"}});
+  EXPECT_EQ(status, 200) << body;
 }
 
 }  // namespace

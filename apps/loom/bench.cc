@@ -129,6 +129,7 @@ std::vector<GemmShape> gpt_gemm_shapes(const std::string& preset, int64_t rows) 
 }  // namespace
 
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
+  check_flag_range("--threads", threads, 1, kMaxBenchThreads);
   std::vector<GemmShape> shapes = {{"square 2048", false, false, 2048, 2048, 2048}};
   for (const GemmShape& s : gpt_gemm_shapes("gpt-mini", 8 * 256)) shapes.push_back(s);
   for (const GemmShape& s : gpt_gemm_shapes("gpt2-124m", 1024)) shapes.push_back(s);
@@ -178,6 +179,12 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
 }
 
 int run_bench_train(const BenchTrainArgs& a) {
+  check_flag_range("--threads", a.threads, 1, kMaxBenchThreads);
+  check_flag_range("--micro-batch", a.micro_batch, 1, 1 << 12);
+  check_flag_range("--steps", a.steps, 1, 1 << 20);
+  check_flag_range("--warmup", a.warmup, 0, 1 << 20);
+  if (!(a.peak_gflops >= 0 && a.peak_gflops <= 1e9))
+    throw InputError(cat("--peak-gflops = ", a.peak_gflops, ": expected a number in [0, 1e9] (0: measure it)"));
   Config c;
   c.set("model.preset", a.preset);
   c.set("data.train", std::string("-"));

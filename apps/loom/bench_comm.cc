@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "commands.h"
+#include "config.h"
 #include "loom/rendezvous.h"
 
 namespace loom::app {
@@ -144,7 +145,9 @@ int run_bench_comm(const BenchCommArgs& a) {
   DType dt = parse_dtype(a.dtype);
   Algorithm algo = algorithm_from_name(a.algorithm);
   auto sizes = parse_sizes(a.sizes, a.factor);
-  if (a.reps < 1 || a.warmup < 0 || a.iters < 0) throw InputError("--reps must be >= 1, --warmup and --iters >= 0");
+  check_flag_range("--reps", a.reps, 1, 1 << 20);
+  check_flag_range("--warmup", a.warmup, 0, 1 << 20);
+  check_flag_range("--iters", a.iters, 0, 1 << 24);
 
   LaunchEnv env = launch_env_from_environment();
   std::unique_ptr<TcpStoreServer> server;

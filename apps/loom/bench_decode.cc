@@ -66,8 +66,10 @@ std::vector<double> run_lane(const nn::Gpt& gpt, const BenchDecodeArgs& a, int64
 int run_bench_decode(const BenchDecodeArgs& a) {
   if (a.from < 1 || a.to <= a.from) throw InputError(cat("--from ", a.from, " --to ", a.to, ": expected 1 <= from < to"));
   if (a.lanes < 1 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 1 to 256"));
-  for (int64_t b : a.batch)
-    if (b < 1) throw InputError(cat("--batch ", b, ": expected >= 1"));
+  check_flag_range("--batch", a.batch, 1, 1 << 12);
+  check_flag_range("--threads", a.threads, 1, kMaxBenchThreads);
+  check_flag_range("--steps", a.steps, 1, 1 << 24);
+  check_flag_range("--warmup", a.warmup, 0, 1 << 24);
   if (a.quantize != "none" && a.quantize != "int8") throw InputError(cat("--quantize ", a.quantize, ": expected none or int8"));
   kv_cache_dtype_named(a.kv_cache_dtype);
   Config c;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "config.h"
 #include "loom/error.h"
 
 namespace loom::app {
@@ -73,7 +74,8 @@ int run_bench_serve(const BenchServeArgs& a) {
   if (a.port < 1 || a.port > 65535) throw InputError(cat("--port ", a.port, ": expected the port of a running loom serve"));
   for (int64_t c : a.clients)
     if (c < 1 || c > 4096) throw InputError(cat("--clients ", c, ": expected 1 to 4096"));
-  if (a.requests < 1 || a.tokens < 1) throw InputError("--requests and --tokens: expected >= 1");
+  check_flag_range("--requests", a.requests, 1, 1 << 20);
+  check_flag_range("--tokens", a.tokens, 1, 1 << 20);
   {
     httplib::Client probe(a.host, a.port);
     const httplib::Result r = probe.Get("/health");

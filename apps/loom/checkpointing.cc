@@ -181,6 +181,13 @@ std::optional<std::string> CheckpointSaver::wait() {
   return dir_;
 }
 
+void set_aside_uncommitted_steps(const std::string& root) {
+  for (const auto& [from, to] : checkpoint::set_aside_uncommitted(root))
+    log_warn(cat(printable(from), " is newer than the step `latest` names: a save renamed into place but never committed "
+                 "(a crash), or `latest` moved back by hand; set aside as ", printable(to),
+                 " (not read, pruned or overwritten), and the run resumes from `latest`"));
+}
+
 checkpoint::Checkpoint open_for_resume(const std::string& root, const json& model, uint64_t seed, int64_t steps,
                                      int64_t global_batch) {
   if (!checkpoint::latest_step_dir(root))

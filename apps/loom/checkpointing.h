@@ -89,6 +89,10 @@ class CheckpointSaver {
   int64_t writing_step_ = -1;
 };
 
+// The lead, before a resume: every step directory newer than the one `latest` names is set
+// aside (checkpoint::set_aside_uncommitted) and each is logged as a warning.
+void set_aside_uncommitted_steps(const std::string& root);
+
 // Opens the latest checkpoint under `root` for a resume and checks that it belongs to this
 // run: the model the config builds, the seed, a step within training.steps, and the data
 // cursor the global batch puts there. InputError naming the file otherwise.

@@ -8,6 +8,7 @@
 #include "infer.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
+#include "outputs.h"
 #include "loom/log.h"
 
 namespace loom::app {
@@ -21,29 +22,31 @@ int verify(const checkpoint::Checkpoint& ck) {
   if (const std::string bad = ck.nonfinite_report(); !bad.empty()) log_warn(bad);
   std::printf("%s: %zu files, %lld bytes, %zu tensors: every file's size and SHA-256 and every tensor's shards agree "
               "with index.json\n",
-              ck.path().c_str(), ck.files().size(), static_cast<long long>(bytes), tensors.size());
+              printable(ck.path()).c_str(), ck.files().size(), static_cast<long long>(bytes), tensors.size());
   return 0;
 }
 
 int inspect(const checkpoint::Checkpoint& ck) {
-  std::printf("checkpoint %s (format version %d)\n", ck.path().c_str(), ck.format_version());
+  // Names and values come from the checkpoint's files: each is printed through printable(),
+  // so a crafted name can neither add a line nor drive the terminal.
+  std::printf("checkpoint %s (format version %d)\n", printable(ck.path()).c_str(), ck.format_version());
   if (ck.has_state()) {
     const checkpoint::State& s = ck.state();
     std::printf("step %lld, optimizer steps %lld, data cursor %s, finite %s\n", static_cast<long long>(s.step),
                 static_cast<long long>(s.optimizer_steps), s.data_cursor ? std::to_string(*s.data_cursor).c_str() : "-",
                 s.finite ? "yes" : "no");
-    if (!s.model.is_null()) std::printf("model %s\n", s.model.dump().c_str());
+    if (!s.model.is_null()) std::printf("model %s\n", printable(s.model.dump()).c_str());
   }
-  if (!ck.layout().is_null()) std::printf("written by layout %s\n", ck.layout().dump().c_str());
+  if (!ck.layout().is_null()) std::printf("written by layout %s\n", printable(ck.layout().dump()).c_str());
   int64_t total = 0;
   for (const auto& [name, bytes] : ck.files()) {
-    std::printf("file %s %lld bytes\n", name.c_str(), static_cast<long long>(bytes));
+    std::printf("file %s %lld bytes\n", printable(name).c_str(), static_cast<long long>(bytes));
     total += bytes;
   }
   int64_t elements[2] = {0, 0};
   for (const checkpoint::TensorInfo& t : ck.tensors()) {
     elements[static_cast<int>(t.part)] += shape_numel(t.shape);
-    std::printf("tensor %s %s %s %s\n", part_name(t.part), t.name.c_str(), std::string(safetensors_dtype_name(t.dtype)).c_str(),
+    std::printf("tensor %s %s %s %s\n", part_name(t.part), printable(t.name).c_str(), std::string(safetensors_dtype_name(t.dtype)).c_str(),
                 shape_str(t.shape).c_str());
   }
   std::printf("total %lld bytes; %lld model elements, %lld optimizer elements\n", static_cast<long long>(total),
@@ -52,7 +55,6 @@ int inspect(const checkpoint::Checkpoint& ck) {
 }
 
 int export_weights(const checkpoint::Checkpoint& ck, const std::string& out) {
-  if (out.empty()) throw InputError("loom ckpt export: --out FILE: expected where to write the safetensors file");
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const checkpoint::TensorInfo& t : ck.tensors())
     if (t.part == checkpoint::Part::kModel)
@@ -60,13 +62,14 @@ int export_weights(const checkpoint::Checkpoint& ck, const std::string& out) {
   if (tensors.empty()) throw InputError(cat(ck.path(), ": holds no weights to export"));
   if (const std::string bad = ck.nonfinite_report(); !bad.empty()) log_warn(bad);
   const WrittenFile w = write_safetensors(out, tensors, {{"format", "pt"}});
-  std::printf("wrote %s: %zu tensors, %zu bytes\n", out.c_str(), tensors.size(), w.bytes);
+  std::printf("wrote %s: %zu tensors, %zu bytes\n", printable(out).c_str(), tensors.size(), w.bytes);
   return 0;
 }
 
 }  // namespace
 
 int run_ckpt(const CkptArgs& a) {
+  if (a.action == "export") check_output_file("--out", a.out, {a.path});
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
   if (a.action == "verify") return verify(ck);
   if (a.action == "inspect") return inspect(ck);

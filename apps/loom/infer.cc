@@ -179,10 +179,10 @@ int run_sample(const SampleArgs& a) {
   log_info(cat("sample: ", made, " tokens in ", rate, gpt->int8() ? ", int8 weights" : "",
                a.kv_cache ? "" : ", no key/value cache", ")"));
   if (bytes) {
-    std::string text = data::byte_detokenize(std::span<const int32_t>(seq).subspan(a.prompt.empty() ? 1 : 0));
-    for (char& ch : text)
-      if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') ch = ' ';
-    std::printf("%s\n", text.c_str());
+    // A model's bytes can be anything: escape sequences, C1 controls, broken UTF-8. Only
+    // newlines and tabs reach the output as they are (docs/security.md, "Printing").
+    const std::string text = data::byte_detokenize(std::span<const int32_t>(seq).subspan(a.prompt.empty() ? 1 : 0));
+    std::printf("%s\n", printable(text, Lines::kKeep).c_str());
   } else {
     for (size_t i = prompt_len; i < seq.size(); ++i) std::printf("%d%c", seq[i], i + 1 == seq.size() ? '\n' : ' ');
   }

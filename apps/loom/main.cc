@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "commands.h"
+#include "outputs.h"
 #include "loom/data.h"
 #include "loom/error.h"
 #include "loom/host.h"
@@ -95,6 +96,10 @@ int run(int argc, char** argv) {
   v->add_option("--port", serve.port, "Port (0: any free port, printed)")->capture_default_str();
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
+  v->add_option("--max-body-kb", serve.max_body_kb,
+                "Largest request body in KiB (1-65536): a larger one is answered 413 as soon as its size is known or "
+                "crossed, before it is read or kept")
+      ->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
   v->add_option("--events-nice", serve.events_nice,
                  "Added to the niceness of the thread that writes the tokens between a stream's first and last event "
@@ -324,6 +329,10 @@ int run(int argc, char** argv) {
     return loom::app::run_eval(eval);
   }
   if (dp->parsed()) {
+    std::vector<std::string> inputs;
+    for (const std::string& s : sources) inputs.push_back(s.starts_with("text:") ? s.substr(5) : s);
+    loom::app::check_output_file("--out", out, inputs);
+    loom::app::check_output_file("--out (its validation file)", loom::data::val_path_for(out), inputs);
     auto r = loom::data::prepare_text(sources, out, val_fraction);
     std::printf("prepared %lld files: %s (%lld tokens), %s (%lld tokens)\n", static_cast<long long>(r.files),
                 r.train_path.c_str(), static_cast<long long>(r.train_tokens), r.val_path.c_str(),

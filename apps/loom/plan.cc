@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "commands.h"
 #include "config.h"
@@ -14,11 +15,17 @@
 #include "loom/rng.h"
 #include "loom/schedule.h"
 #include "memory_plan.h"
+#include "outputs.h"
 #include "task.h"
 
 namespace loom::app {
 
 namespace {
+
+// What `loom plan` takes (docs/security.md, "Limits").
+constexpr int kMaxStages = 1024, kMaxMicrobatches = 1 << 14, kMaxVirtualStages = 64, kMaxWidth = 1000;
+constexpr int64_t kMaxActions = int64_t{1} << 20;
+constexpr double kMaxCost = 1e9;
 
 void check_costs(const PlanArgs& a) {
   const std::pair<const char*, double> costs[] = {
@@ -27,9 +34,23 @@ void check_costs(const PlanArgs& a) {
       {"--transfer-ms", a.transfer_ms},     {"--activation-mb", a.activation_mb},
       {"--overhead-ms", a.overhead_ms}};
   for (const auto& [flag, v] : costs)
-    if (!(v >= 0)) throw InputError(cat(flag, " = ", v, ": expected >= 0"));
+    if (!(v >= 0 && v <= kMaxCost)) throw InputError(cat(flag, " = ", v, ": expected a number in [0, ", kMaxCost, "]"));
   if (!(a.forward_ms + a.backward_ms > 0)) throw InputError("--forward-ms and --backward-ms: expected a positive step");
-  if (a.width < 10) throw InputError(cat("--width = ", a.width, ": expected >= 10"));
+  // Bounds before anything is built: a schedule holds pp x microbatches x virtual_stages
+  // actions of each kind and the timeline `width` columns per stage (docs/security.md).
+  const std::tuple<const char*, int, int> counts[] = {{"--pp", a.pp, kMaxStages},
+                                                      {"--microbatches", a.microbatches, kMaxMicrobatches},
+                                                      {"--virtual-stages", a.virtual_stages, kMaxVirtualStages},
+                                                      {"--width", a.width, kMaxWidth}};
+  for (const auto& [flag, v, most] : counts)
+    if (v < (flag == std::string("--width") ? 10 : 1) || v > most)
+      throw InputError(cat(flag, " = ", v, ": expected an integer in [", flag == std::string("--width") ? 10 : 1, ", ",
+                           most, "]"));
+  if (int64_t{a.pp} * a.microbatches * a.virtual_stages > kMaxActions)
+    throw InputError(cat("--pp ", a.pp, " x --microbatches ", a.microbatches, " x --virtual-stages ", a.virtual_stages,
+                         " = ", int64_t{a.pp} * a.microbatches * a.virtual_stages, " forward passes to schedule: expected at most ",
+                         kMaxActions));
+  if (!a.svg.empty()) check_output_file("--svg", a.svg, {a.config});
 }
 
 double now_ms() {
@@ -171,7 +192,6 @@ void print_memory_plan(const std::string& path) {
 
 int run_plan(const PlanArgs& a) {
   check_costs(a);
-  if (a.pp < 1) throw InputError(cat("--pp = ", a.pp, ": expected >= 1"));
   if (!a.config.empty()) print_memory_plan(a.config);
   const parallel::PipeCosts costs{.forward_ms = a.forward_ms, .backward_ms = a.backward_ms,
                                   .backward_input_ms = a.backward_input_ms, .backward_weight_ms = a.backward_weight_ms,

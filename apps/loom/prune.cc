@@ -13,6 +13,7 @@
 #include "infer.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
+#include "outputs.h"
 
 namespace loom::app {
 namespace {
@@ -125,6 +126,7 @@ int run_prune(const PruneArgs& a) {
     throw InputError(cat("--sparsity ", a.sparsity, ": expected the share of weights to remove, in [0, 1)"));
   if (a.structured != "none" && a.structured != "rows" && a.structured != "heads")
     throw InputError(cat("--structured ", a.structured, ": expected none, rows or heads"));
+  check_output_root("--out", a.out, {a.checkpoint});
   Config c = inference_config(a.config, a.overrides);
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.checkpoint);
   std::unique_ptr<nn::Gpt> gpt = load_gpt(ck, c);

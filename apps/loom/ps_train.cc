@@ -425,6 +425,7 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
                                                  : a.restart ? RunDirectory::Mode::kRestart
                                                              : RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? job.ckpt_root : ""));
+    if (resume) set_aside_uncommitted_steps(job.ckpt_root);
   }
   std::unique_ptr<comm::TcpStoreServer> store_server;
   std::unique_ptr<comm::Store> store;

@@ -11,6 +11,7 @@
 #include "kernels/int8_matmul.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
+#include "outputs.h"
 
 namespace loom::app {
 namespace {
@@ -109,6 +110,7 @@ DType kv_cache_dtype_named(const std::string& value) {
 }
 
 int run_quantize(const QuantizeArgs& a) {
+  check_output_root("--out", a.out, {a.checkpoint});
   Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   if (holds_int8(ck)) throw InputError(cat(a.checkpoint, ": already int8 (written by loom quantize)"));

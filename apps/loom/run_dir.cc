@@ -17,6 +17,7 @@
 #include "loom/bounded_json.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "outputs.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;
@@ -110,6 +111,25 @@ int lock_existing(const fs::path& dir) {
   return fd;
 }
 
+// A separate checkpoint.dir names, in `.owner`, the run directory whose checkpoints it
+// holds: the job of another run is refused it, also once the owner's job has ended (its
+// lock is free then). REQUIRES: this process holds dir's lock.
+void claim_owner(const fs::path& dir, const fs::path& run) {
+  const std::string path = (dir / ".owner").string();
+  std::error_code ec;
+  const fs::path mine = fs::weakly_canonical(fs::absolute(run), ec);
+  if (path_exists(path)) {
+    std::string owner = read_file(path, 4096);
+    while (!owner.empty() && owner.back() == '\n') owner.pop_back();
+    if (owner != mine.string())
+      throw InputError(cat("checkpoint.dir = \"", printable(dir.string()), "\": holds the checkpoints of run ",
+                           printable(owner), " (", printable(path), "), not of this run's ", printable(mine.string()),
+                           "; expected a directory of this run's own"));
+    return;
+  }
+  write_file_atomic(path, mine.string() + "\n");
+}
+
 }  // namespace
 
 std::string lock_holder(const std::string& dir) {
@@ -143,8 +163,10 @@ RunDirectory RunDirectory::claim_unchecked(const std::string& path, Mode mode, c
     throw InputError(cat(path, ": --resume given but the run directory does not exist"));
   if (mode == Mode::kFresh && exists) refuse_taken(dir);
   if (!extra_lock.empty()) {
+    check_checkpoint_dir(extra_lock, path);
     fs::create_directories(extra_lock);
-    r.extra_fd_ = lock_existing(extra_lock);
+    r.extra_fd_ = lock_existing(extra_lock);  // closed by r's destructor if what follows throws
+    claim_owner(extra_lock, dir);
   }
   if (mode == Mode::kResume) {
     r.lock_fd_ = lock_existing(dir);

@@ -20,7 +20,9 @@ class RunDirectory {
   };
   // Claims `path` for this process. InputError (exit 2) when another job holds it (naming
   // the holder), when it exists for kFresh or is missing for kResume. `extra_lock`: a
-  // directory outside `path` the job also writes (a separate checkpoint.dir), locked too.
+  // directory outside `path` the job also writes (a separate checkpoint.dir), locked too;
+  // refused when it lies in another run's directory or its `.owner` names another run
+  // (it is written on the first claim).
   static RunDirectory claim(const std::string& path, Mode mode, const std::string& extra_lock = "");
 
   RunDirectory(RunDirectory&& other) noexcept;

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "config.h"
 #include "infer.h"
 #include "loom/bounded_json.h"
 #include "loom/data.h"
@@ -207,7 +208,39 @@ class Server {
     const auto threads = static_cast<size_t>(std::min<int64_t>(
         1024, static_cast<int64_t>(args_.models.size()) * (args_.max_batch + args_.queue) + 8));
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http.set_payload_max_length(1 << 20);
+    http.set_payload_max_length(static_cast<size_t>(args_.max_body_kb) << 10);
+    // Before any body is read: a request without the API key is answered 401, one whose
+    // framing is ambiguous (Content-Length twice, or beside chunked: a smuggling risk
+    // behind a proxy) 400, and one whose Content-Length is over the limit 413. Each closes
+    // the connection, so the unread body is never taken for the next request.
+    http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")))
+        return httplib::Server::HandlerResponse::Unhandled;
+      const std::string endpoint = req.path == "/v1/completions" ? req.path : "other";
+      auto refuse = [&](int status, const std::string& message, const char* type) {
+        res.set_header("Connection", "close");
+        respond(res, endpoint, status, json{{"error", {{"message", message}, {"type", type}}}});
+        return httplib::Server::HandlerResponse::Handled;
+      };
+      if (!authorized(req, res, endpoint)) {
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      const size_t lengths = req.get_header_value_count("Content-Length");
+      const bool chunked = req.has_header("Transfer-Encoding");
+      if (lengths > 1 || (lengths == 1 && chunked))
+        return refuse(400, lengths > 1 ? "Content-Length given more than once" : "both Content-Length and Transfer-Encoding",
+                      "invalid_request_error");
+      if (chunked && req.get_header_value("Transfer-Encoding") != "chunked")
+        return refuse(400, "Transfer-Encoding: expected chunked", "invalid_request_error");
+      if (lengths == 1) {
+        const std::string v = req.get_header_value("Content-Length");
+        if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
+          return refuse(400, "Content-Length: expected a non-negative integer", "invalid_request_error");
+        if (std::stoll(v) > args_.max_body_kb * 1024) return refuse(413, body_limit(), "invalid_request_error");
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
     // A stream is small writes, each wanted now: with Nagle's algorithm a write waits for
     // the ACK of the one before, which a client that keeps its connection holds back up to
     // 40 ms (delayed ACK): 43 ms to every first token, where 2 ms without.
@@ -234,12 +267,29 @@ class Server {
       }
       respond(res, "/v1/models", 200, json{{"object", "list"}, {"data", data}});
     });
-    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res, "/v1/completions")) return;
+    // The body is read here, piece by piece, and refused (413, the connection closed) as soon
+    // as it crosses the limit: a chunked body has no length to check before.
+    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+      if (!authorized(req, res, "/v1/completions")) {
+        res.set_header("Connection", "close");
+        return;
+      }
+      std::string body;
+      const size_t limit = static_cast<size_t>(args_.max_body_kb) << 10;
+      bool over = false;
+      read([&](const char* data, size_t n) {
+        over = body.size() + n > limit;
+        if (!over) body.append(data, n);
+        return !over;
+      });
+      if (over) {
+        res.set_header("Connection", "close");
+        return respond(res, "/v1/completions", 413, json{{"error", {{"message", body_limit()}, {"type", "invalid_request_error"}}}});
+      }
       try {
         std::string served;  // the model, or the one a route picked for this request
         CompletionRequest c = parse_completion_request(
-            req.body,
+            body,
             [&](const std::string& name) {
               const auto route = routes_.find(name);
               served = route == routes_.end() ? name : route->second->pick();
@@ -262,7 +312,7 @@ class Server {
     });
     http.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
-      const std::string message = res.status == 413 ? "the body is over 1 MiB" : cat("no such endpoint: ", printable(req.path));
+      const std::string message = res.status == 413 ? body_limit() : cat("no such endpoint: ", printable(req.path));
       res.set_content(json{{"error", {{"message", message}, {"type", "invalid_request_error"}}}}.dump(), "application/json");
       metrics_.count("other", res.status);
     });
@@ -272,6 +322,8 @@ class Server {
   // A byte model's output may be any bytes, and a JSON string must be UTF-8: bytes that do
   // not form UTF-8 go out as U+FFFD.
   static std::string utf8(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+  std::string body_limit() const { return cat("the body is over ", args_.max_body_kb, " KiB (--max-body-kb)"); }
 
   void respond(httplib::Response& res, const std::string& endpoint, int status, const json& body) {
     res.status = status;
@@ -401,6 +453,7 @@ int run_serve(const ServeArgs& a) {
                                  std::pair{"--token-budget", a.token_budget}, std::pair{"--kv-cache-mb", a.kv_cache_mb}})
     if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
   if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
+  check_flag_range("--max-body-kb", a.max_body_kb, 1, 1 << 16);
   if (!(a.prefix_cache_mb >= 0 && a.prefix_cache_mb <= (1 << 20)))
     throw InputError(cat("--prefix-cache-mb ", a.prefix_cache_mb, ": expected 0 (none kept) to 1048576"));
   if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));

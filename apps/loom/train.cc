@@ -164,6 +164,7 @@ int run_train(const TrainArgs& a) {
                                                          : RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? ckpt_root : ""));
     if (!run_dir->moved_aside().empty()) log_info(cat("--restart: the old ", run, " is now ", run_dir->moved_aside()));
+    if (resume) set_aside_uncommitted_steps(ckpt_root);
   }
 
   optim::OptimizerConfig oc{.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"),

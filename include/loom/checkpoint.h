@@ -35,8 +35,9 @@ constexpr int kFormatVersion = 2;
 enum class Part : uint8_t { kModel, kOptimizer };
 
 struct SaveOptions {
-  // Keep the newest `keep` step directories (0 keeps all), and whatever `keep` says the
-  // newest one whose loss and weights were finite.
+  // Keep the newest `keep` step directories up to the one `latest` names (0 keeps all), and
+  // whatever `keep` says the newest one whose loss and weights were finite. The step
+  // `latest` names and any newer one are never removed (docs/formats.md, "Pruning").
   int keep = 0;
   bool loss_finite = true;  // the loss of the step saved; state.json "finite" also checks the weights
 };
@@ -63,11 +64,18 @@ nlohmann::json write_shard(const std::string& dir, const std::string& file, cons
                            int64_t step);
 // The lead, once every rank's records are in temp_dir: index.json (with `layout`), its hash
 // index.sha256, and state.json (from `state`, with format, version, step, optimizer_steps when `optimizer_steps`
-// is set, and finite), then the directory is fsynced, renamed to root/step_N, the root fsynced,
-// `latest` replaced, and old steps pruned. Returns the step directory.
+// is set, and finite), then the directory is fsynced, renamed to root/step_N (a step_N
+// already there is set aside, as set_aside_uncommitted does), the root fsynced, `latest`
+// replaced, and old steps pruned. Returns the step directory.
 std::string commit(const std::string& root, int64_t step, const std::vector<nlohmann::json>& records,
                    const nlohmann::json& state, const nlohmann::json& layout, std::optional<int64_t> optimizer_steps,
                    const SaveOptions& options = {});
+
+// Before a resume, the lead: every step directory newer than the one `latest` names (a
+// save renamed into place but never committed, or `latest` moved back by hand) is renamed
+// to step_N.set-aside-<UTC time>, never read, pruned or overwritten. Returns each (from,
+// to); none without a readable `latest`.
+std::vector<std::pair<std::string, std::string>> set_aside_uncommitted(const std::string& root);
 
 // One process holding the whole model: all of the above, as rank 0 of one.
 std::string save(const std::string& root, int64_t step, const ParamSet& params,

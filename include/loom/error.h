@@ -51,6 +51,10 @@ std::string cat(const Args&... args) {
 // value echoed from input can neither break a message into several lines nor drive the
 // terminal. Every error and log line passes through it when printed.
 std::string printable(std::string_view text);
+// The same for text of several lines (sampled text, a model's output): newlines and tabs
+// kept as they are with Lines::kKeep, everything else as printable(text) escapes it.
+enum class Lines : uint8_t { kEscape, kKeep };
+std::string printable(std::string_view text, Lines lines);
 
 // The message of the exception `error` holds ("unknown error" for one that is not a
 // std::exception). REQUIRES: error not null.

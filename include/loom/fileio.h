@@ -1,6 +1,7 @@
 // Checked file I/O: every call names the file and the cause in its error (STYLE.md rule 10).
 // write_file_atomic writes to "<path>.tmp.<pid>", fsyncs it, renames it over `path` and
-// fsyncs the directory, so a reader sees the old file or the new one, never a part.
+// fsyncs the directory, so a reader sees the old file or the new one, never a part; a path
+// that holds anything but a regular file (a FIFO, a device, a link) is refused, not replaced.
 // Thread-safety: reentrant.
 #pragma once
 

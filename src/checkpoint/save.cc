@@ -2,6 +2,7 @@
 // shards, then the lead's index, state, rename and `latest`.
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <map>
 
@@ -38,10 +39,8 @@ bool finite_checkpoint(const fs::path& dir) {
   }
 }
 
-// Removes all but the newest `keep` step directories, except the newest finite one: a run
-// that diverged never prunes the last checkpoint it could be resumed from.
-void prune(const std::string& root, int keep) {
-  if (keep <= 0) return;
+// The step directories under `root` (step_N, N decimal), newest first.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const std::string& root) {
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(root)) {
     std::string n = e.path().filename().string();
@@ -50,12 +49,59 @@ void prune(const std::string& root, int keep) {
       steps.emplace_back(std::stoll(n.substr(5)), e.path());
   }
   std::sort(steps.rbegin(), steps.rend());
-  bool finite_kept = false;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const bool finite = !finite_kept && finite_checkpoint(steps[i].second);
-    finite_kept = finite_kept || finite;
-    if (i >= static_cast<size_t>(keep) && !finite) fs::remove_all(steps[i].second);
+  return steps;
+}
+
+// The step `latest` names; nullopt when there is none or it cannot be read.
+std::optional<int64_t> latest_step(const std::string& root) {
+  try {
+    const std::string path = (fs::path(root) / "latest").string();
+    if (!path_exists(path)) return std::nullopt;
+    return std::stoll(parse_latest(read_file(path, kMaxLatestBytes), path).substr(5));
+  } catch (const std::exception&) {
+    return std::nullopt;
   }
+}
+
+// Removes the step directories older than `latest`'s that are not among the newest `keep`
+// up to and including it, sparing the newest finite one (a run that diverged never prunes
+// the last checkpoint it could be resumed from). The step `latest` names and every step
+// newer than it (renamed into place but never committed) are never removed; without a
+// readable `latest` nothing is.
+void prune(const std::string& root, int keep) {
+  if (keep <= 0) return;
+  const std::optional<int64_t> latest = latest_step(root);
+  if (!latest) return;
+  size_t kept = 0;
+  bool finite_kept = false;
+  for (const auto& [step, dir] : step_dirs(root)) {
+    if (step > *latest) continue;
+    const bool finite = !finite_kept && finite_checkpoint(dir);
+    finite_kept = finite_kept || finite;
+    if (step == *latest || kept < static_cast<size_t>(keep)) {
+      ++kept;
+      continue;
+    }
+    if (!finite) fs::remove_all(dir);
+  }
+}
+
+// Renames step directory `dir` to "<dir>.set-aside-<UTC time>" (a name no reader or prune
+// takes for a step) and returns the new path.
+std::string set_aside(const fs::path& dir) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  fs::path to = dir.string() + ".set-aside-" + stamp;
+  for (int i = 2; fs::exists(to); ++i) to = cat(dir.string(), ".set-aside-", stamp, "-", i);
+  try {
+    fs::rename(dir, to);
+  } catch (const fs::filesystem_error& e) {
+    throw RuntimeError(cat("rename(", dir.string(), ", ", to.string(), ") failed: ", e.code().message()));
+  }
+  return to.string();
 }
 
 template <typename T>
@@ -81,6 +127,16 @@ std::string shard_key(const Piece& p) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> set_aside_uncommitted(const std::string& root) {
+  std::vector<std::pair<std::string, std::string>> moved;
+  const std::optional<int64_t> latest = latest_step(root);
+  if (!latest || !fs::is_directory(root)) return moved;
+  for (const auto& [step, dir] : step_dirs(root))
+    if (step > *latest) moved.emplace_back(dir.string(), set_aside(dir));
+  if (!moved.empty()) fsync_dir(root);
+  return moved;
+}
 
 void set_fault_hook(FaultHook hook) { fault_hook() = std::move(hook); }
 
@@ -164,8 +220,10 @@ std::string commit(const std::string& root, int64_t step, const std::vector<json
   write_text("index.sha256", sha256_hex(index_text) + "\n");  // any change to the index is found
   fsync_dir(tmp_dir.string());
   fault_point("index", step);
+  // A directory already named step_N is a save of this step that was renamed but never
+  // committed: it is set aside, never deleted.
+  if (fs::exists(final_dir)) set_aside(final_dir);
   try {
-    fs::remove_all(final_dir);  // only a stale copy of the same step can be here
     fs::rename(tmp_dir, final_dir);
   } catch (const fs::filesystem_error& e) {
     throw RuntimeError(cat("rename(", tmp_dir.string(), ", ", final_dir.string(), ") failed: ", e.code().message()));

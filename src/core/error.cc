@@ -41,13 +41,15 @@ std::string what_of(const std::exception_ptr& error) {
   }
 }
 
-std::string printable(std::string_view text) {
+std::string printable(std::string_view text) { return printable(text, Lines::kEscape); }
+
+std::string printable(std::string_view text, Lines lines) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f) {
+    if ((c >= 0x20 && c < 0x7f) || (lines == Lines::kKeep && (c == '\n' || c == '\t'))) {
       out += static_cast<char>(c);
       ++i;
       continue;

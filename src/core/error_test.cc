@@ -20,5 +20,15 @@ TEST(Printable, EscapesControlsAndBrokenUtf8KeepsText) {
   EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf") << "an overlong '/'";
 }
 
+// Sampled text keeps its lines and tabs; every other control, DEL, C1 and broken UTF-8 is
+// escaped as in one-line messages (what `loom sample` prints).
+TEST(Printable, TextOfSeveralLinesKeepsNewlinesAndTabsOnly) {
+  EXPECT_EQ(printable("a\nb\tc", Lines::kKeep), "a\nb\tc");
+  EXPECT_EQ(printable("a\rb\x1b]0;t\x07\x7f\x9b\xc2\x9b\xff", Lines::kKeep),
+            "a\\rb\\x1b]0;t\\x07\\x7f\\x9b\\xc2\\x9b\\xff");
+  EXPECT_EQ(printable("caf\xc3\xa9\n", Lines::kKeep), "caf\xc3\xa9\n");
+  EXPECT_EQ(printable("a\nb", Lines::kEscape), printable("a\nb"));
+}
+
 }  // namespace
 }  // namespace loom

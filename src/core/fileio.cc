@@ -150,6 +150,14 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
+  // The rename below would replace whatever is at `path`: a FIFO, a device, a socket or a
+  // link is the user's, and is refused rather than replaced by a file.
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw InputError(cat(path, ": exists and is not a regular file (",
+                         S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                         : S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISSOCK(st.st_mode) ? "a socket" : "a device",
+                         "); it is left as it is: expected a regular file to replace, or a new path"));
   const std::string tmp = cat(path, ".tmp.", ::getpid());
   int fd = static_cast<int>(
       sys_check(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), "open", tmp));
