@@ -98,7 +98,7 @@ TEST_F(Cli, PlanPredictsTheBubbleAndDrawsTheSchedule) {
                    {"micro-batches = 6", "interleaved", "multiple of 4"});
   expect_bad_input("plan --pp 4 --schedule zb", {"pipeline schedule \"zb\"", "zb-h1"});
   expect_bad_input("plan --pp 2 --schedule 1f1b --virtual-stages 2", {"virtual stages = 2", "interleaved"});
-  expect_bad_input("plan --pp 2 --transfer-ms -1", {"--transfer-ms", ">= 0"});
+  expect_bad_input("plan --pp 2 --transfer-ms -1", {"--transfer-ms = -1", "expected a number in [0, 1e+09]"});
 }
 
 TEST_F(Cli, CorruptIdxIsNamed) {

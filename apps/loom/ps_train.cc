@@ -132,6 +132,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
     ck.emplace(open_for_resume(job.ckpt_root, task.model_json(), job.seed, job.steps, job.global_batch));
     ck->load_params(params);
     start_step = ck->state().step;
+    if (lead) set_aside_uncommitted_steps(job.ckpt_root);  // `latest` has proven good
   }
   parallel::ParamServer server(
       links, group, params, bounds[s], bounds[s + 1], optimizer_config(c),
@@ -425,7 +426,6 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
                                                  : a.restart ? RunDirectory::Mode::kRestart
                                                              : RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? job.ckpt_root : ""));
-    if (resume) set_aside_uncommitted_steps(job.ckpt_root);
   }
   std::unique_ptr<comm::TcpStoreServer> store_server;
   std::unique_ptr<comm::Store> store;

@@ -164,7 +164,6 @@ int run_train(const TrainArgs& a) {
                                                          : RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? ckpt_root : ""));
     if (!run_dir->moved_aside().empty()) log_info(cat("--restart: the old ", run, " is now ", run_dir->moved_aside()));
-    if (resume) set_aside_uncommitted_steps(ckpt_root);
   }
 
   optim::OptimizerConfig oc{.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"),
@@ -210,6 +209,8 @@ int run_train(const TrainArgs& a) {
     ck->load_params(params);
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_finite();
+    // Only once `latest` has proven good: a refused resume changes nothing.
+    if (lead) set_aside_uncommitted_steps(ckpt_root);
     start_step = saved.step;
     if (fp16 && saved.raw.contains("loss_scale")) {  // absent when the run trained in another precision
       const json& ls = saved.raw["loss_scale"];

@@ -74,7 +74,8 @@ std::string commit(const std::string& root, int64_t step, const std::vector<nloh
 // Before a resume, the lead: every step directory newer than the one `latest` names (a
 // save renamed into place but never committed, or `latest` moved back by hand) is renamed
 // to step_N.set-aside-<UTC time>, never read, pruned or overwritten. Returns each (from,
-// to); none without a readable `latest`.
+// to); none without a readable `latest` naming a step directory that exists. Call it once
+// that step has loaded: a resume refused for it then changes nothing.
 std::vector<std::pair<std::string, std::string>> set_aside_uncommitted(const std::string& root);
 
 // One process holding the whole model: all of the above, as rank 0 of one.

@@ -131,7 +131,7 @@ std::string shard_key(const Piece& p) {
 std::vector<std::pair<std::string, std::string>> set_aside_uncommitted(const std::string& root) {
   std::vector<std::pair<std::string, std::string>> moved;
   const std::optional<int64_t> latest = latest_step(root);
-  if (!latest || !fs::is_directory(root)) return moved;
+  if (!latest || !fs::is_directory(fs::path(root) / cat("step_", *latest))) return moved;
   for (const auto& [step, dir] : step_dirs(root))
     if (step > *latest) moved.emplace_back(dir.string(), set_aside(dir));
   if (!moved.empty()) fsync_dir(root);
