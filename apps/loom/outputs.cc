@@ -25,19 +25,6 @@ bool within(const fs::path& inner, const fs::path& outer) {
   return o == outer.end() || (std::next(o) == outer.end() && o->empty());
 }
 
-// What kind of thing `path` is when it is not a plain file, for the refusal; "" for a
-// regular file or nothing.
-std::string odd_kind(const std::string& path) {
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
-  if (S_ISDIR(st.st_mode)) return "a directory";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
-  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
-  if (S_ISSOCK(st.st_mode)) return "a socket";
-  if (S_ISLNK(st.st_mode)) return "a symbolic link";
-  return "not a regular file";
-}
-
 void check_common(const std::string& flag, const std::string& out, const std::vector<std::string>& inputs) {
   if (out.empty()) throw InputError(cat(flag, ": expected a path to write"));
   const fs::path to = place(out);
@@ -65,7 +52,7 @@ std::string locked_dir_holding(const std::string& path) {
 
 void check_output_file(const std::string& flag, const std::string& out, const std::vector<std::string>& inputs) {
   check_common(flag, out, inputs);
-  if (const std::string kind = odd_kind(out); !kind.empty())
+  if (const std::string kind = non_regular_kind(out); !kind.empty())
     throw InputError(cat(flag, " ", printable(out), ": exists and is ", kind, "; expected a regular file to replace, or a "
                          "new path (it is left as it is)"));
 }
@@ -75,7 +62,7 @@ void check_output_root(const std::string& flag, const std::string& out, const st
   struct stat st{};
   if (::lstat(out.c_str(), &st) != 0) return;
   if (!S_ISDIR(st.st_mode))
-    throw InputError(cat(flag, " ", printable(out), ": exists and is ", S_ISREG(st.st_mode) ? "a file" : odd_kind(out),
+    throw InputError(cat(flag, " ", printable(out), ": exists and is ", S_ISREG(st.st_mode) ? "a file" : non_regular_kind(out),
                          "; expected a directory to write a checkpoint into"));
   const std::string latest = (fs::path(out) / "latest").string();
   if (!path_exists(latest)) {

@@ -59,5 +59,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts);
 void fsync_dir(const std::string& dir);
 bool path_exists(const std::string& path);
+// What is at `path` when it is there and not a regular file ("a FIFO", "a device", "a
+// directory", "a socket", "a symbolic link"), for a refusal; "" otherwise. Links not followed.
+std::string non_regular_kind(const std::string& path);
 
 }  // namespace loom

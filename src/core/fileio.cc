@@ -152,11 +152,8 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
   // The rename below would replace whatever is at `path`: a FIFO, a device, a socket or a
   // link is the user's, and is refused rather than replaced by a file.
-  struct stat st{};
-  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw InputError(cat(path, ": exists and is not a regular file (",
-                         S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-                         : S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISSOCK(st.st_mode) ? "a socket" : "a device",
+  if (const std::string kind = non_regular_kind(path); !kind.empty())
+    throw InputError(cat(path, ": exists and is not a regular file (", kind,
                          "); it is left as it is: expected a regular file to replace, or a new path"));
   const std::string tmp = cat(path, ".tmp.", ::getpid());
   int fd = static_cast<int>(
@@ -188,6 +185,17 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
   }
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   fsync_dir(parent.empty() ? "." : parent.string());
+}
+
+std::string non_regular_kind(const std::string& path) {
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  return "not a regular file";
 }
 
 bool path_exists(const std::string& path) {
