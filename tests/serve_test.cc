@@ -378,6 +378,23 @@ TEST_F(Serve, BodiesAreBoundedBeforeMemoryIsTakenAndFramingIsUnambiguous) {
   chunked += "0\r\n\r\n";
   EXPECT_EQ(raw_exchange(port_, post + key + "Transfer-Encoding: chunked\r\n\r\n", chunked), "HTTP/1.1 413 Payload Too Large");
   EXPECT_LT(peak_rss_of(pid_) - before, int64_t{16} << 20) << "a refused 64 MiB body raised the server's peak memory";
+  // A body a little over the limit is read on and dropped: a client still sending it gets
+  // its 413, not a reset connection.
+  httplib::Headers with_key = {{"Authorization", "Bearer k"}};
+  for (const bool chunked : {false, true}) {
+    const std::string over(3 << 20, ' ');  // more than loopback buffers hold
+    auto r = chunked ? client().Post("/v1/completions", with_key,
+                                     [&](size_t offset, httplib::DataSink& sink) {
+                                       if (offset == over.size()) sink.done();
+                                       else sink.write(over.data() + offset, std::min<size_t>(over.size() - offset, 4096));
+                                       return true;
+                                     },
+                                     "application/json")
+                     : client().Post("/v1/completions", with_key, over, "application/json");
+    ASSERT_TRUE(r) << (chunked ? "chunked" : "with a length") << ": " << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 413) << r->body;
+    EXPECT_NE(r->body.find("--max-body-kb"), std::string::npos) << r->body;
+  }
   // A body within the limit is served as before.
   const auto [status, body] = complete({{"model", "nano"}, {"prompt", "The"}, {"max_tokens", 2}},
                                        {{"Authorization", "Bearer k"}});

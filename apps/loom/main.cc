@@ -97,8 +97,8 @@ int run(int argc, char** argv) {
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
   v->add_option("--max-tokens", serve.max_tokens, "Largest max_tokens a request may ask for")->capture_default_str();
   v->add_option("--max-body-kb", serve.max_body_kb,
-                "Largest request body in KiB (1-65536): a larger one is answered 413 as soon as its size is known or "
-                "crossed, before it is read or kept")
+                "Largest request body in KiB (1-65536): a larger one is answered 413 and never kept (read and dropped "
+                "up to 4 MiB past the limit, so the client gets the answer)")
       ->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
   v->add_option("--events-nice", serve.events_nice,

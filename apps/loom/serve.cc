@@ -237,7 +237,9 @@ class Server {
         const std::string v = req.get_header_value("Content-Length");
         if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
           return refuse(400, "Content-Length: expected a non-negative integer", "invalid_request_error");
-        if (std::stoll(v) > args_.max_body_kb * 1024) return refuse(413, body_limit(), "invalid_request_error");
+        // A body a little over the limit is read and dropped by its handler, so that the
+        // client, still sending, gets the 413 rather than a reset; a larger one is refused now.
+        if (std::stoll(v) > static_cast<int64_t>(drain_limit())) return refuse(413, body_limit(), "invalid_request_error");
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
@@ -267,8 +269,11 @@ class Server {
       }
       respond(res, "/v1/models", 200, json{{"object", "list"}, {"data", data}});
     });
-    // The body is read here, piece by piece, and refused (413, the connection closed) as soon
-    // as it crosses the limit: a chunked body has no length to check before.
+    // The body is read here, piece by piece, and refused (413, the connection closed) once it
+    // crosses the limit: a chunked body has no length to check before. What comes over the
+    // limit is read on and dropped up to drain_limit(), so that a client that is still sending
+    // reads its 413: closing a socket with unread bytes resets it, and the client loses the
+    // answer. Beyond that the connection is cut.
     http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
       if (!authorized(req, res, "/v1/completions")) {
         res.set_header("Connection", "close");
@@ -276,12 +281,15 @@ class Server {
       }
       std::string body;
       const size_t limit = static_cast<size_t>(args_.max_body_kb) << 10;
-      bool over = false;
-      read([&](const char* data, size_t n) {
-        over = body.size() + n > limit;
-        if (!over) body.append(data, n);
-        return !over;
+      size_t seen = 0;
+      const bool read_whole = read([&](const char* data, size_t n) {
+        seen += n;
+        if (seen <= limit) body.append(data, n);
+        return seen <= drain_limit();
       });
+      // cpp-httplib itself reads and drops a Content-Length body over its payload limit (the
+      // same limit), and says 413 without calling the receiver.
+      const bool over = seen > limit || (!read_whole && res.status == 413);
       if (over) {
         res.set_header("Connection", "close");
         return respond(res, "/v1/completions", 413, json{{"error", {{"message", body_limit()}, {"type", "invalid_request_error"}}}});
@@ -322,6 +330,9 @@ class Server {
   // A byte model's output may be any bytes, and a JSON string must be UTF-8: bytes that do
   // not form UTF-8 go out as U+FFFD.
   static std::string utf8(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+  // The most a refused body is read (and dropped) to before its connection is cut.
+  size_t drain_limit() const { return (static_cast<size_t>(args_.max_body_kb) << 10) + (size_t{4} << 20); }
 
   std::string body_limit() const { return cat("the body is over ", args_.max_body_kb, " KiB (--max-body-kb)"); }
 
