@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas0-openmp          # GEMM; the OpenMP build shares Loom's one thread pool
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev   # config, flags, JSON, HTTP (loom serve)
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev   # config, flags, JSON, HTTP clients
+  libboost1.74-dev                             # Beast and Asio (header-only): loom serve's HTTP server
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev zlib1g-dev                        # sha256 for checkpoints; gzip for IDX files
   fortunes dataset-fashion-mnist               # the main job's text and the MLP's images

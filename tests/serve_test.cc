@@ -371,6 +371,16 @@ TEST_F(Serve, BodiesAreBoundedBeforeMemoryIsTakenAndFramingIsUnambiguous) {
   EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", ""),
             "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(raw_exchange(port_, post + key + "Content-Length: -1\r\n\r\n", ""), "HTTP/1.1 400 Bad Request");
+  // A head over its limits (16 KiB, 100 fields): 431; another method on a path, or another path.
+  std::string fields;
+  for (int i = 0; i < 101; ++i) fields += cat("X-", i, ": y\r\n");
+  EXPECT_EQ(raw_exchange(port_, post + key + fields + "\r\n", ""), "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(raw_exchange(port_, post + "X-Long: " + std::string(20000, 'y') + "\r\n\r\n", ""),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(raw_exchange(port_, "GET /v1/completions HTTP/1.1\r\nHost: x\r\n" + key + "\r\n", ""),
+            "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_EQ(raw_exchange(port_, "GET /nope HTTP/1.0\r\n\r\n", ""), "HTTP/1.1 404 Not Found");
+  EXPECT_EQ(raw_exchange(port_, "NOT HTTP\r\n\r\n", ""), "HTTP/1.1 400 Bad Request");
   const int64_t before = peak_rss_of(pid_);
   std::string chunked;
   const std::string piece(65536 - 16, 'x');

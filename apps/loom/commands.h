@@ -35,7 +35,8 @@ struct ServeArgs {
   std::string host = "127.0.0.1", api_key, config;
   std::vector<std::string> overrides;
   int64_t port = 8000, max_tokens = 4096;
-  int64_t max_body_kb = 1024;  // the largest request body read; a larger one is answered 413 before it is read
+  int64_t max_body_kb = 1024;  // the largest request body kept; a larger one is answered 413
+  int64_t max_connections = 1024;  // open at once; one past it is closed as it is accepted
   int64_t max_batch = 16, token_budget = 2048, queue = 64, kv_cache_mb = 1024;  // continuous batching
   int64_t lanes = 0;  // decoding threads per model, each with its own batch; 0: [job] threads
   int64_t events_nice = 10;  // added to the niceness of the thread that writes the tokens between a stream's ends

@@ -100,6 +100,10 @@ int run(int argc, char** argv) {
                 "Largest request body in KiB (1-65536): a larger one is answered 413 and never kept (read and dropped "
                 "up to 4 MiB past the limit, so the client gets the answer)")
       ->capture_default_str();
+  v->add_option("--max-connections", serve.max_connections,
+                "Connections open at once (1-65536): one past it is closed as it is accepted; an idle or slow one "
+                "is dropped 10 s into a request's head (408)")
+      ->capture_default_str();
   v->add_option("--max-batch", serve.max_batch, "Most requests decoded together in one step")->capture_default_str();
   v->add_option("--events-nice", serve.events_nice,
                  "Added to the niceness of the thread that writes the tokens between a stream's first and last event "

@@ -1,7 +1,6 @@
-// `loom serve`: an OpenAI-style completions server over cpp-httplib (docs/serving.md). The
-// HTTP threads parse and validate requests and hand them to each model's Batcher, which
-// decodes all running requests together step by step (continuous batching).
-#include <httplib.h>
+// `loom serve`: an OpenAI-style completions server (docs/serving.md) on loom::http::Server.
+// Its handler threads parse and validate requests and hand them to each model's Batcher,
+// which decodes all running requests together step by step (continuous batching).
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <signal.h>
@@ -25,6 +24,7 @@
 #include "loom/bounded_json.h"
 #include "loom/data.h"
 #include "loom/error.h"
+#include "loom/http_server.h"
 #include "loom/log.h"
 #include "loom/rng.h"
 #include "batcher.h"
@@ -113,19 +113,6 @@ struct Metrics {
 };
 
 
-
-// The server's write timeout is 0, so that whoever writes never waits for a client: a
-// stream whose client reads slower than tokens come waits here, on its own HTTP thread, for
-// room in the socket's buffer, up to 10 s.
-bool wait_writable(httplib::DataSink& sink) {
-  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(10);
-  while (!sink.is_writable()) {
-    if (Clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
 class Server {
  public:
   Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, const Config& c, std::vector<std::unique_ptr<Route>> routes)
@@ -200,65 +187,71 @@ class Server {
                      "loom_model_memory_bytes ", st.bytes, "\n");
   }
 
-  void routes(httplib::Server& http) {
-    // A streaming response holds its HTTP thread until the sequence ends: one thread for every
-    // place in each model's batch and queue (and some for the other endpoints and the
-    // requests answered 429), at most 1024, so that the batches can fill. cpp-httplib's
-    // default is 8 threads.
-    const auto threads = static_cast<size_t>(std::min<int64_t>(
-        1024, static_cast<int64_t>(args_.models.size()) * (args_.max_batch + args_.queue) + 8));
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http.set_payload_max_length(static_cast<size_t>(args_.max_body_kb) << 10);
-    // Before any body is read: a request without the API key is answered 401, one whose
-    // framing is ambiguous (Content-Length twice, or beside chunked: a smuggling risk
-    // behind a proxy) 400, and one whose Content-Length is over the limit 413. Each closes
-    // the connection, so the unread body is never taken for the next request.
-    http.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-      if (req.path == "/health" || (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")))
-        return httplib::Server::HandlerResponse::Unhandled;
-      const std::string endpoint = req.path == "/v1/completions" ? req.path : "other";
-      auto refuse = [&](int status, const std::string& message, const char* type) {
-        res.set_header("Connection", "close");
-        respond(res, endpoint, status, json{{"error", {{"message", message}, {"type", type}}}});
-        return httplib::Server::HandlerResponse::Handled;
-      };
-      if (!authorized(req, res, endpoint)) {
-        res.set_header("Connection", "close");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      const size_t lengths = req.get_header_value_count("Content-Length");
-      const bool chunked = req.has_header("Transfer-Encoding");
-      if (lengths > 1 || (lengths == 1 && chunked))
-        return refuse(400, lengths > 1 ? "Content-Length given more than once" : "both Content-Length and Transfer-Encoding",
-                      "invalid_request_error");
-      if (chunked && req.get_header_value("Transfer-Encoding") != "chunked")
-        return refuse(400, "Transfer-Encoding: expected chunked", "invalid_request_error");
-      if (lengths == 1) {
-        const std::string v = req.get_header_value("Content-Length");
-        if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
-          return refuse(400, "Content-Length: expected a non-negative integer", "invalid_request_error");
-        // A body a little over the limit is read and dropped by its handler, so that the
-        // client, still sending, gets the 413 rather than a reset; a larger one is refused now.
-        if (std::stoll(v) > static_cast<int64_t>(drain_limit())) return refuse(413, body_limit(), "invalid_request_error");
-      }
-      return httplib::Server::HandlerResponse::Unhandled;
-    });
-    // A stream is small writes, each wanted now: with Nagle's algorithm a write waits for
-    // the ACK of the one before, which a client that keeps its connection holds back up to
-    // 40 ms (delayed ACK): 43 ms to every first token, where 2 ms without.
-    http.set_tcp_nodelay(true);
-    http.set_read_timeout(10, 0);
-    http.set_write_timeout(0, 0);  // never wait for a client: wait_writable does, where it may
-    http.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-      respond(res, "/health", 200, json{{"status", "ok"}});
-    });
-    http.Get("/metrics", [&](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res, "/metrics")) return;
-      metrics_.count("/metrics", 200);
-      res.set_content(metrics_.text() + gauges(), "text/plain; version=0.0.4");
-    });
-    http.Get("/v1/models", [&](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res, "/v1/models")) return;
+  // A streaming response holds its handler thread until the sequence ends: one thread for
+  // every place in each model's batch and queue (and some for the other endpoints and the
+  // requests answered 429), at most 1024, so that the batches can fill.
+  int handler_threads() const {
+    return static_cast<int>(std::min<int64_t>(1024, static_cast<int64_t>(args_.models.size()) * (args_.max_batch + args_.queue) + 8));
+  }
+
+  http::Handlers handlers() {
+    return {.head = [this](const http::Request& req) { return check_head(req); },
+            .request = [this](const http::Request& req) { return handle(req); },
+            .error = [this](int status, const std::string& message, const std::string& path) {
+              return respond(endpoint_of(path), status,
+                             json{{"error", {{"message", status == 413 ? body_limit() : message},
+                                             {"type", status >= 500 ? "server_error" : "invalid_request_error"}}}});
+            }};
+  }
+
+ private:
+  static std::string endpoint_of(const std::string& path) {
+    for (const char* known : {"/health", "/metrics", "/v1/models", "/v1/completions"})
+      if (path == known) return path;
+    return "other";
+  }
+
+  // Before any body is read: a request without the API key is answered 401, one whose
+  // framing is ambiguous (Content-Length twice, or beside chunked: a smuggling risk behind a
+  // proxy) 400, and one whose Content-Length is over the limit 413.
+  std::optional<http::Response> check_head(const http::Request& req) {
+    const size_t lengths = req.count("Content-Length");
+    const bool chunked = req.count("Transfer-Encoding") > 0;
+    if (req.path == "/health" || (lengths == 0 && !chunked)) return std::nullopt;
+    const std::string endpoint = endpoint_of(req.path);
+    if (auto refused = unauthorized(req, endpoint)) return refused;
+    auto refuse = [&](int status, const std::string& message) {
+      return respond(endpoint, status, json{{"error", {{"message", message}, {"type", "invalid_request_error"}}}});
+    };
+    if (lengths > 1 || (lengths == 1 && chunked))
+      return refuse(400, lengths > 1 ? "Content-Length given more than once" : "both Content-Length and Transfer-Encoding");
+    if (chunked && (req.count("Transfer-Encoding") > 1 || req.field("Transfer-Encoding") != "chunked"))
+      return refuse(400, "Transfer-Encoding: expected chunked");
+    if (lengths == 1) {
+      const std::string v = req.field("Content-Length");
+      if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
+        return refuse(400, "Content-Length: expected a non-negative integer");
+      if (std::stoll(v) > args_.max_body_kb * 1024) return refuse(413, body_limit());
+    }
+    return std::nullopt;
+  }
+
+  http::Response handle(const http::Request& req) {
+    const std::string endpoint = endpoint_of(req.path);
+    const bool get = req.method == "GET", post = req.method == "POST";
+    if (endpoint == "other" || (endpoint == "/v1/completions" ? !post : !get)) {
+      const std::string message = endpoint == "other" ? cat("no such endpoint: ", printable(req.path))
+                                                      : cat(printable(req.method), " is not served on ", endpoint);
+      return respond("other", endpoint == "other" ? 404 : 405,
+                     json{{"error", {{"message", message}, {"type", "invalid_request_error"}}}});
+    }
+    if (endpoint == "/health") return respond(endpoint, 200, json{{"status", "ok"}});
+    if (auto refused = unauthorized(req, endpoint)) return std::move(*refused);
+    if (endpoint == "/metrics") {
+      metrics_.count(endpoint, 200);
+      return {.status = 200, .content_type = "text/plain; version=0.0.4", .body = metrics_.text() + gauges()};
+    }
+    if (endpoint == "/v1/models") {
       json data = json::array();
       for (const std::string& name : cache_.names())
         data.push_back({{"id", name}, {"object", "model"}, {"created", started_}, {"owned_by", "loom"}});
@@ -267,102 +260,60 @@ class Server {
         for (const auto& [target, w] : r->targets()) to[target] = w;
         data.push_back({{"id", name}, {"object", "model"}, {"created", started_}, {"owned_by", "loom"}, {"routes_to", to}});
       }
-      respond(res, "/v1/models", 200, json{{"object", "list"}, {"data", data}});
-    });
-    // The body is read here, piece by piece, and refused (413, the connection closed) once it
-    // crosses the limit: a chunked body has no length to check before. What comes over the
-    // limit is read on and dropped up to drain_limit(), so that a client that is still sending
-    // reads its 413: closing a socket with unread bytes resets it, and the client loses the
-    // answer. Beyond that the connection is cut.
-    http.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
-      if (!authorized(req, res, "/v1/completions")) {
-        res.set_header("Connection", "close");
-        return;
-      }
-      std::string body;
-      const size_t limit = static_cast<size_t>(args_.max_body_kb) << 10;
-      size_t seen = 0;
-      const bool read_whole = read([&](const char* data, size_t n) {
-        seen += n;
-        if (seen <= limit) body.append(data, n);
-        return seen <= drain_limit();
-      });
-      // cpp-httplib itself reads and drops a Content-Length body over its payload limit (the
-      // same limit), and says 413 without calling the receiver.
-      const bool over = seen > limit || (!read_whole && res.status == 413);
-      if (over) {
-        res.set_header("Connection", "close");
-        return respond(res, "/v1/completions", 413, json{{"error", {{"message", body_limit()}, {"type", "invalid_request_error"}}}});
-      }
-      try {
-        std::string served;  // the model, or the one a route picked for this request
-        CompletionRequest c = parse_completion_request(
-            body,
-            [&](const std::string& name) {
-              const auto route = routes_.find(name);
-              served = route == routes_.end() ? name : route->second->pick();
-              return cache_.has(served) ? cache_.vocab_size(served) : int64_t{-1};
-            },
-            args_.max_tokens);
-        complete(cache_.get(served), std::move(c), res);
-      } catch (const ModelUnavailable& u) {
-        respond(res, "/v1/completions", u.status, json{{"error", {{"message", printable(u.what())}, {"type", "server_error"}}}});
-      } catch (const Refusal& r) {
-        respond(res, "/v1/completions", r.status,
-                json{{"error", {{"message", r.message}, {"type", r.status == 404 ? "not_found_error" : "invalid_request_error"}}}});
-      }
-    });
-    // Anything a handler did not expect: 500 with its line, logged, and the server goes on.
-    http.set_exception_handler([&](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-      const std::string what = what_of(ep);
-      log_warn(cat("serve: ", printable(req.path), ": ", what));
-      respond(res, "other", 500, json{{"error", {{"message", printable(what)}, {"type", "server_error"}}}});
-    });
-    http.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;
-      const std::string message = res.status == 413 ? body_limit() : cat("no such endpoint: ", printable(req.path));
-      res.set_content(json{{"error", {{"message", message}, {"type", "invalid_request_error"}}}}.dump(), "application/json");
-      metrics_.count("other", res.status);
-    });
+      return respond(endpoint, 200, json{{"object", "list"}, {"data", data}});
+    }
+    try {  // /v1/completions; its body is within --max-body-kb (the server answered 413 past it)
+      std::string served;  // the model, or the one a route picked for this request
+      CompletionRequest c = parse_completion_request(
+          req.body,
+          [&](const std::string& name) {
+            const auto route = routes_.find(name);
+            served = route == routes_.end() ? name : route->second->pick();
+            return cache_.has(served) ? cache_.vocab_size(served) : int64_t{-1};
+          },
+          args_.max_tokens);
+      return complete(cache_.get(served), std::move(c));
+    } catch (const ModelUnavailable& u) {
+      return respond(endpoint, u.status, json{{"error", {{"message", printable(u.what())}, {"type", "server_error"}}}});
+    } catch (const Refusal& r) {
+      return respond(endpoint, r.status,
+                     json{{"error", {{"message", r.message}, {"type", r.status == 404 ? "not_found_error" : "invalid_request_error"}}}});
+    } catch (const std::exception& e) {  // anything not expected: 500 with its line, logged, and the server goes on
+      log_warn(cat("serve: ", endpoint, ": ", printable(e.what())));
+      return respond(endpoint, 500, json{{"error", {{"message", printable(e.what())}, {"type", "server_error"}}}});
+    }
   }
 
- private:
   // A byte model's output may be any bytes, and a JSON string must be UTF-8: bytes that do
   // not form UTF-8 go out as U+FFFD.
   static std::string utf8(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
   // The most a refused body is read (and dropped) to before its connection is cut.
-  size_t drain_limit() const { return (static_cast<size_t>(args_.max_body_kb) << 10) + (size_t{4} << 20); }
-
   std::string body_limit() const { return cat("the body is over ", args_.max_body_kb, " KiB (--max-body-kb)"); }
 
-  void respond(httplib::Response& res, const std::string& endpoint, int status, const json& body) {
-    res.status = status;
-    res.set_content(utf8(body), "application/json");
+  http::Response respond(const std::string& endpoint, int status, const json& body) {
     metrics_.count(endpoint, status);
+    return {.status = status, .body = utf8(body)};
   }
 
   // With an API key, every endpoint but /health needs "Authorization: Bearer KEY", compared
-  // in constant time.
-  bool authorized(const httplib::Request& req, httplib::Response& res, const std::string& endpoint) {
-    if (args_.api_key.empty()) return true;
-    const std::string want = "Bearer " + args_.api_key, got = req.get_header_value("Authorization");
-    if (got.size() == want.size() && CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0) return true;
-    respond(res, endpoint, 401, json{{"error", {{"message", "missing or wrong API key"}, {"type", "authentication_error"}}}});
-    return false;
+  // in constant time: the 401 when it is missing or wrong.
+  std::optional<http::Response> unauthorized(const http::Request& req, const std::string& endpoint) {
+    if (args_.api_key.empty()) return std::nullopt;
+    const std::string want = "Bearer " + args_.api_key, got = req.field("Authorization");
+    if (got.size() == want.size() && CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0) return std::nullopt;
+    return respond(endpoint, 401, json{{"error", {{"message", "missing or wrong API key"}, {"type", "authentication_error"}}}});
   }
 
   // `model` is held until the response ends: the cache does not evict a model in use.
-  void complete(std::shared_ptr<Model> model, CompletionRequest c, httplib::Response& res) {
+  http::Response complete(std::shared_ptr<Model> model, CompletionRequest c) {
     metrics_.prompt_tokens += c.generation.prompt.size();
     std::shared_ptr<Generation> g = model->batcher->submit(std::move(c.generation));
-    if (!g) {
-      respond(res, "/v1/completions", 429,
-              json{{"error", {{"message", cat("model \"", model->name, "\" has ", args_.queue,
-                                               " requests waiting; try again later")},
-                              {"type", "rate_limit_error"}}}});
-      return;
-    }
+    if (!g)
+      return respond("/v1/completions", 429,
+                     json{{"error", {{"message", cat("model \"", model->name, "\" has ", args_.queue,
+                                                      " requests waiting; try again later")},
+                                     {"type", "rate_limit_error"}}}});
     const std::string id = cat("cmpl-", ++next_id_);
     const long created = static_cast<long>(std::time(nullptr));
     const std::string name = model->name;
@@ -375,11 +326,10 @@ class Server {
       do out += (e = g->next()).piece;
       while (!e.done);
       const int64_t prompt = g->prompt_tokens(), made = g->completion_tokens();
-      respond(res, "/v1/completions", 200,
-              json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
-                   {"choices", json::array({choice(out, e.finish)})},
-                   {"usage", {{"prompt_tokens", prompt}, {"completion_tokens", made}, {"total_tokens", prompt + made}}}});
-      return;
+      return respond("/v1/completions", 200,
+                     json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", name},
+                          {"choices", json::array({choice(out, e.finish)})},
+                          {"usage", {{"prompt_tokens", prompt}, {"completion_tokens", made}, {"total_tokens", prompt + made}}}});
     }
     metrics_.count("/v1/completions", 200);
     auto chunk = [=](const std::string& piece, const json& finish) {
@@ -400,47 +350,54 @@ class Server {
     // The batcher's delivery thread writes each event into the socket itself while the
     // socket has room (no wake-up of this thread per token); an event it cannot write at once
     // (the client reads slower than tokens come) and every later one come here instead.
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, g, sse, model](size_t, httplib::DataSink& sink) {
-          bool broken = false;   // a write failed: the client left
-          bool refused = false;  // the writer found no room: this thread writes the rest
-          struct Detach {  // before this frame (and the sink) go, whatever happens
-            Generation& g;
-            ~Detach() { g.write_through(nullptr); }
-          } detach{*g};
-          auto write = [&](std::span<const Generation::Event> events) {
-            if (!sink.is_writable()) {  // no room now (the server's write timeout is 0: no wait)
-              refused = true;           // once: a refused writer is never called again
-              ++metrics_.slowed;
-              return false;
-            }
-            std::string out;
-            for (const Generation::Event& e : events) out += sse(e);
-            broken = !sink.write(out.data(), out.size());
-            return !broken;
-          };
-          for (bool attached = false;;) {
-            if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
-            // What waits goes out in one write (the writer refused: the client reads slower
-            // than tokens come).
-            std::string out;
-            bool end = false;
-            for (const Generation::Event& e : g->next_all()) {
-              end = e.done;
-              if (e.written) break;
-              out += sse(e);
-            }
-            if (!out.empty() && (broken || !wait_writable(sink) || !sink.write(out.data(), out.size()))) {
-              g->cancel();  // the client left: its place and cache go to the others
-              return false;
-            }
-            if (end) break;
-          }
-          sink.done();
-          return true;
-        },
-        [g](bool) { g->cancel(); });  // a no-op once it is done
+    // Whatever becomes of the response (the stream ends, the client leaves, or the server
+    // never gets to write it), the generation is cancelled once the response goes: a no-op
+    // once it is done.
+    struct CancelAtEnd {
+      explicit CancelAtEnd(std::shared_ptr<Generation> generation) : g(std::move(generation)) {}
+      CancelAtEnd(const CancelAtEnd&) = delete;
+      ~CancelAtEnd() { g->cancel(); }
+      std::shared_ptr<Generation> g;
+    };
+    auto cancel_at_end = std::make_shared<CancelAtEnd>(g);
+    return {.status = 200,
+            .content_type = "text/event-stream",
+            .stream = [this, g, sse, model, cancel_at_end](http::Sink& sink) {
+              bool broken = false;   // a write failed: the client left
+              bool refused = false;  // the writer found no room: this thread writes the rest
+              struct Detach {        // before this frame (and the sink) go, whatever happens
+                Generation& g;
+                ~Detach() { g.write_through(nullptr); }
+              } detach{*g};
+              auto write = [&](std::span<const Generation::Event> events) {
+                if (!sink.writable()) {  // no room now: the writer never waits for a client
+                  refused = true;        // once: a refused writer is never called again
+                  ++metrics_.slowed;
+                  return false;
+                }
+                std::string out;
+                for (const Generation::Event& e : events) out += sse(e);
+                broken = !sink.write(out);
+                return !broken;
+              };
+              for (bool attached = false;;) {
+                if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
+                // What waits goes out in one write (the writer refused: the client reads
+                // slower than tokens come), waiting for room in the socket up to 10 s.
+                std::string out;
+                bool end = false;
+                for (const Generation::Event& e : g->next_all()) {
+                  end = e.done;
+                  if (e.written) break;
+                  out += sse(e);
+                }
+                if (!out.empty() && (broken || !sink.write(out))) {
+                  g->cancel();  // the client left: its place and cache go to the others
+                  return false;
+                }
+                if (end) return true;
+              }
+            }};
   }
 
   const ServeArgs& args_;
@@ -465,6 +422,7 @@ int run_serve(const ServeArgs& a) {
     if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
   if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
   check_flag_range("--max-body-kb", a.max_body_kb, 1, 1 << 16);
+  check_flag_range("--max-connections", a.max_connections, 1, 1 << 16);
   if (!(a.prefix_cache_mb >= 0 && a.prefix_cache_mb <= (1 << 20)))
     throw InputError(cat("--prefix-cache-mb ", a.prefix_cache_mb, ": expected 0 (none kept) to 1048576"));
   if (a.lanes < 0 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 0 ([job] threads) to 256"));
@@ -499,30 +457,22 @@ int run_serve(const ServeArgs& a) {
   ServeArgs args = a;
   args.api_key = key;
   Server server(args, specs, c, std::move(routes));
-  httplib::Server http;
-  server.routes(http);
-  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of
-  // clients connecting at once overflows it, and the kernel drops or resets the ones past
-  // it. Its socket, kept here as it is made, listens again with the system's maximum.
-  int listening = -1;
-  http.set_socket_options([&listening](int fd) {
-    httplib::default_socket_options(fd);
-    listening = fd;
-  });
-  const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
-  if (port < 0) throw RuntimeError(cat("serve: cannot listen on ", printable(a.host), ":", a.port));
-  if (listening >= 0) ::listen(listening, SOMAXCONN);
+  http::Server listener({.host = a.host,
+                         .port = static_cast<int>(a.port),
+                         .handler_threads = server.handler_threads(),
+                         .max_connections = static_cast<int>(a.max_connections),
+                         .max_body_bytes = static_cast<size_t>(a.max_body_kb) << 10},
+                        server.handlers());
   std::thread stopper([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    http.stop();
+    listener.stop();
   });
-  std::printf("loom serve: listening on http://%s:%d (%zu model(s))\n", a.host.c_str(), port, a.models.size());
+  std::printf("loom serve: listening on http://%s:%d (%zu model(s))\n", a.host.c_str(), listener.port(), a.models.size());
   std::fflush(stdout);
-  const bool ok = http.listen_after_bind();
+  listener.run();
   pthread_kill(stopper.native_handle(), SIGTERM);
   stopper.join();
-  if (!ok) throw RuntimeError(cat("serve: the server on ", printable(a.host), ":", port, " stopped with an error"));
   return 0;
 }
 
