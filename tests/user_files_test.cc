@@ -44,6 +44,16 @@ TEST_F(Cli, WritersRefuseOutputsTheyDoNotOwn) {
                    {p("copied"), "training run's checkpoints", "step_3"});
   ASSERT_EQ(loom(cat("prune --checkpoint ", run, " --sparsity 0.5 --out ", p("pruned"))).code, 0);
   EXPECT_EQ(loom(cat("prune --checkpoint ", run, " --sparsity 0.25 --out ", p("pruned"))).code, 0);  // its own, again
+  // A job's checkpoints apart from the weights it starts from, which pruning would remove.
+  const std::string before = snapshot(p("pruned"));
+  expect_bad_input(cat("train ", p("nano.toml"), " --quiet --job.name=f --init-from ", p("pruned"), " --checkpoint.dir=",
+                       p("pruned")),
+                   {"--init-from", p("pruned"), "checkpoint.dir", "where this job writes"});
+  expect_bad_input(cat("train ", p("nano.toml"), " --quiet --job.name=f --init-from ", p("pruned/step_0"),
+                       " --checkpoint.dir=", p("pruned")),
+                   {"--init-from", "lies inside", "checkpoint.dir"});
+  EXPECT_EQ(snapshot(p("pruned")), before);
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --job.name=f --training.keep_zeros=true --init-from ", p("pruned"))).code, 0);
   // data prepare: over its source, or a FIFO.
   write(p("t.txt"), "some text\n");
   expect_bad_input(cat("data prepare text:", p("t.txt"), " --out ", p("t.txt")), {p("t.txt"), "is the input"});
@@ -98,6 +108,120 @@ TEST_F(Cli, HugeZeroAndNegativeCountsAreRefusedNamingTheFlag) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
   }
+}
+
+// Every numeric flag of every subcommand takes a zero, a negative, a huge and a non-finite
+// value (issue 46, item 7): each is refused at once with one line naming the flag (exit 2),
+// or is a value the flag means (a count of 0 meaning none or all, say) and the command does
+// its work. docs/security.md, "Limits", lists the bounds.
+TEST_F(Cli, EveryNumericFlagTakesZeroNegativeHugeAndNonFiniteValues) {
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);
+  write(p("t.txt"), "some text to prepare\n");
+  const std::string run = p("runs/r");
+  struct Flag {
+    std::string command, flag;
+    bool integer;
+    std::string accepted;  // which of z(ero), n(egative), h(uge), f (non-finite) the flag takes
+  };
+  const std::string sample = cat("sample --checkpoint ", run, " --prompt x"), serve = "serve --model a=" + p("nowhere");
+  const std::string bench_train = "bench train --preset gpt-nano --steps 1 --warmup 0 --threads 1 --micro-batch 1";
+  const std::string bench_decode = "bench decode --preset gpt-nano --steps 1 --warmup 0 --batch 1 --threads 1 --to 20";
+  const std::string bench_comm = "bench comm --sizes 8 --reps 1 --warmup 0 --iters 1";
+  const std::vector<Flag> flags = {
+      {sample + " --lines 1 --top-k 4", "--tokens", true, "z"},
+      {sample + " --tokens 2", "--lines", true, "z"},
+      {sample + " --tokens 2", "--top-k", true, "z"},
+      {sample + " --tokens 2", "--top-p", false, ""},
+      {sample + " --tokens 2", "--temperature", false, ""},
+      {sample + " --tokens 2", "--seed", true, "zh"},
+      {cat("eval --checkpoint ", run, " --data ", p("val.bin")), "--batch", true, "h"},  // huge: every window in one
+      {cat("prune --checkpoint ", run, " --out ", p("pruned")), "--sparsity", false, "z"},
+      {cat("data prepare text:", p("t.txt"), " --out ", p("t.bin")), "--val-fraction", false, "z"},
+      {"plan", "--pp", true, ""},
+      {"plan", "--microbatches", true, ""},
+      {"plan --schedule interleaved --pp 2 --microbatches 4", "--virtual-stages", true, ""},
+      {"plan", "--width", true, ""},
+      {"plan", "--forward-ms", false, "z"},
+      {"plan", "--backward-ms", false, "z"},
+      {"plan --schedule zb-h1", "--backward-input-ms", false, "z"},
+      {"plan --schedule zb-h1", "--backward-weight-ms", false, "z"},
+      {"plan", "--transfer-ms", false, "z"},
+      {"plan", "--overhead-ms", false, "z"},
+      {"plan", "--activation-mb", false, "z"},
+      {bench_train + " --peak-gflops 100", "--threads", true, ""},
+      {bench_train + " --peak-gflops 100", "--micro-batch", true, ""},
+      {bench_train + " --peak-gflops 100", "--steps", true, ""},
+      {bench_train + " --peak-gflops 100", "--warmup", true, "z"},
+      {bench_train, "--peak-gflops", false, "z"},  // 0: measure it
+      {"bench gemm", "--threads", true, ""},
+      {bench_decode, "--batch", true, ""},
+      {bench_decode, "--threads", true, ""},
+      {bench_decode, "--from", true, ""},
+      {"bench decode --preset gpt-nano --steps 1 --warmup 0 --batch 1 --threads 1", "--to", true, ""},
+      {bench_decode, "--steps", true, ""},
+      {bench_decode, "--warmup", true, "z"},
+      {bench_decode, "--lanes", true, ""},
+      {"bench serve --port 1", "--clients", true, ""},
+      {"bench serve --port 1", "--requests", true, ""},
+      {"bench serve --port 1", "--tokens", true, ""},
+      {"bench serve --port 1", "--temperature", false, "z"},  // taken; then no server answers (exit 1)
+      {"bench serve", "--port", true, ""},
+      {bench_comm, "--reps", true, ""},
+      {bench_comm, "--warmup", true, "z"},
+      {bench_comm, "--iters", true, "z"},  // 0 calibrates
+      {bench_comm, "--factor", false, ""},
+      {bench_comm, "--shm-slot", true, ""},
+      {serve, "--port", true, "z"},  // taken ones end at the missing model (exit 2, naming it)
+      {serve, "--max-tokens", true, ""},
+      {serve, "--max-body-kb", true, ""},
+      {serve, "--max-connections", true, ""},
+      {serve, "--max-batch", true, ""},
+      {serve, "--token-budget", true, ""},
+      {serve, "--kv-cache-mb", true, ""},
+      {serve, "--queue", true, "z"},
+      {serve, "--events-nice", true, "z"},
+      {serve, "--lanes", true, "z"},
+      {serve, "--prefix-cache-mb", false, "z"},
+      {serve, "--memory-mb", false, "z"},
+      {"launch -n 1", "--nnodes", true, ""},
+      {"launch -n 1", "--node-rank", true, "z"},
+      {"launch -n 1", "--grace", false, ""},
+      {"launch -n 1:2", "--max-restarts", true, "z"},
+      {"launch -n 1:2", "--local", true, ""},
+  };
+  int refused = 0, taken = 0;
+  for (const Flag& f : flags)
+    for (const char kind : std::string("znhf")) {
+      const std::string value = kind == 'z' ? "0" : kind == 'n' ? "-1" : kind == 'f' ? "nan"
+                                : f.integer ? "9223372036854775807" : "1e300";
+      // The flag's value in the command, if any, gives way to the one tried.
+      std::string command = f.command;
+      if (const size_t at = command.find(" " + f.flag + " "); at != std::string::npos)
+        command.erase(at, command.find(' ', at + f.flag.size() + 2) - at);
+      const std::string args = cat(command, " ", f.flag, " ", value, f.command.starts_with("launch") ? " -- /bin/true" : "");
+      std::filesystem::remove_all(p("pruned"));
+      for (const char* file : {"t.bin", "t_val.bin"}) std::filesystem::remove(p(file));
+      const Result r = loom(args);
+      const bool accepted = f.accepted.find(kind) != std::string::npos;
+      if (!accepted) {
+        ++refused;
+        EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+        EXPECT_NE(r.err.find(f.flag), std::string::npos) << args << "\n" << r.err;
+        EXPECT_TRUE(r.err.starts_with("loom: error: ")) << args << "\n" << r.err;
+        continue;
+      }
+      ++taken;
+      if (f.command.starts_with("serve")) {
+        EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+        EXPECT_NE(r.err.find("nowhere"), std::string::npos) << args << "\n" << r.err;
+      } else if (f.command.starts_with("bench serve")) {
+        EXPECT_NE(r.err.find("no loom serve answers"), std::string::npos) << args << "\n" << r.err;
+      } else {
+        EXPECT_EQ(r.code, 0) << args << "\n" << r.out << r.err;
+      }
+    }
+  std::printf("%zu numeric flags: %d values refused, %d taken\n", flags.size(), refused, taken);
 }
 
 // Names from a checkpoint reach the output escaped (issue 46, item 6): a tensor name holding

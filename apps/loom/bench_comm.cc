@@ -37,9 +37,9 @@ size_t parse_size(const std::string& s) {
 
 std::vector<size_t> parse_sizes(const std::string& spec, double factor) {
   std::vector<size_t> out;
+  if (!(factor > 1 && factor <= 1024)) throw InputError(cat("--factor = ", factor, ": expected a number in (1, 1024]"));
   if (auto colon = spec.find(':'); colon != std::string::npos) {
     size_t lo = parse_size(spec.substr(0, colon)), hi = parse_size(spec.substr(colon + 1));
-    if (factor <= 1) throw InputError(cat("--factor must be > 1, got ", factor));
     for (double s = std::max<size_t>(lo, 1); s <= static_cast<double>(hi); s *= factor) out.push_back(static_cast<size_t>(s));
   } else {
     for (size_t start = 0; start <= spec.size();) {
@@ -145,6 +145,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   DType dt = parse_dtype(a.dtype);
   Algorithm algo = algorithm_from_name(a.algorithm);
   auto sizes = parse_sizes(a.sizes, a.factor);
+  check_flag_range("--shm-slot", a.shm_slot_bytes, 4096, int64_t{1} << 30);
   check_flag_range("--reps", a.reps, 1, 1 << 20);
   check_flag_range("--warmup", a.warmup, 0, 1 << 20);
   check_flag_range("--iters", a.iters, 0, 1 << 24);
@@ -153,7 +154,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   std::unique_ptr<TcpStoreServer> server;
   std::unique_ptr<Store> store;
   auto comm = join_world(env, CommConfig{.transport = a.transport, .check_fingerprints = a.fingerprints,
-                                                .shm_slot_bytes = a.shm_slot_bytes}, server, store);
+                                                .shm_slot_bytes = static_cast<size_t>(a.shm_slot_bytes)}, server, store);
   Communicator& c = *comm;
   const int n = c.size();
   const size_t es = dtype_size(dt);

@@ -76,6 +76,8 @@ int run_bench_serve(const BenchServeArgs& a) {
     if (c < 1 || c > 4096) throw InputError(cat("--clients ", c, ": expected 1 to 4096"));
   check_flag_range("--requests", a.requests, 1, 1 << 20);
   check_flag_range("--tokens", a.tokens, 1, 1 << 20);
+  if (!(a.temperature >= 0 && a.temperature <= 100))  // what loom serve accepts
+    throw InputError(cat("--temperature = ", a.temperature, ": expected a number in [0, 100]"));
   {
     httplib::Client probe(a.host, a.port);
     const httplib::Result r = probe.Get("/health");

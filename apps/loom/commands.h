@@ -158,7 +158,7 @@ struct BenchCommArgs {
   std::string dtype = "f32";
   std::string transport = "auto";
   std::string algorithm = "auto";
-  size_t shm_slot_bytes = 1 << 20;  // CommConfig::shm_slot_bytes
+  int64_t shm_slot_bytes = 1 << 20;  // CommConfig::shm_slot_bytes
   bool check = true;
   bool fingerprints = true;  // CommConfig::check_fingerprints
 };

@@ -1,6 +1,7 @@
 // `loom sample` and `loom eval`: load a GPT from a checkpoint directory or a bare
 // safetensors file (e.g. Hugging Face GPT-2 weights) and generate or evaluate.
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -131,8 +132,13 @@ int run_eval(const EvalArgs& a) {
 }
 
 int run_sample(const SampleArgs& a) {
-  if (a.tokens < 0 || a.top_k < 0 || !(a.temperature > 0) || !(a.top_p > 0 && a.top_p <= 1))
-    throw InputError("sample: expected --tokens >= 0, --top-k >= 0, --temperature > 0 and --top-p in (0, 1]");
+  check_flag_range("--tokens", a.tokens, 0, int64_t{1} << 30);
+  check_flag_range("--lines", a.lines, 0, int64_t{1} << 30);
+  check_flag_range("--top-k", a.top_k, 0, int64_t{1} << 30);
+  check_flag_range("--seed", a.seed, 0, std::numeric_limits<int64_t>::max());
+  if (!(a.temperature > 0 && a.temperature <= 1e6))
+    throw InputError(cat("--temperature = ", a.temperature, ": expected a number in (0, 1e6]"));
+  if (!(a.top_p > 0 && a.top_p <= 1)) throw InputError(cat("--top-p = ", a.top_p, ": expected a number in (0, 1]"));
   Config c = inference_config(a.config, a.overrides);
   const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);

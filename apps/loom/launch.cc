@@ -55,7 +55,8 @@ int run_launch(const LaunchArgs& a) {
   if (a.join || a.max_restarts >= 0 || a.nproc.find(':') != std::string::npos) return run_elastic_launch(a);
   if (a.local != 0) throw InputError("loom launch: --local is for elastic jobs (-n MIN:MAX, --max-restarts or --join)");
   const int nproc = parse_nproc(a.nproc).first;
-  if (a.nnodes < 1 || a.node_rank < 0 || a.node_rank >= a.nnodes)
+  if (a.nnodes < 1 || a.nnodes > (1 << 20)) throw InputError(cat("loom launch: --nnodes ", a.nnodes, ": expected 1 to 2^20 nodes"));
+  if (a.node_rank < 0 || a.node_rank >= a.nnodes)
     throw InputError(cat("loom launch: --node-rank ", a.node_rank, " is out of range for --nnodes ", a.nnodes));
   auto [host, port] = parse_master(a.master);
   if (a.nnodes > 1 && port == 0)

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "commands.h"
+#include "config.h"
 #include "outputs.h"
 #include "loom/data.h"
 #include "loom/error.h"
@@ -304,9 +305,13 @@ int run(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& err) {
-    int rc = app.exit(err);
-    return rc == 0 ? 0 : 2;
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& err) {  // one line, as every other error (DESIGN.md section 5)
+    std::fprintf(stderr, "loom: error: %s (see loom --help, or loom COMMAND --help)\n", loom::printable(err.what()).c_str());
+    return 2;
   }
   if (t->parsed()) {
     train.overrides = overrides_of(*t);
@@ -354,7 +359,12 @@ int run(int argc, char** argv) {
   if (bd->parsed()) return loom::app::run_bench_decode(bench_decode);
   if (bs->parsed()) return loom::app::run_bench_serve(bench_serve);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
-  if (l->parsed()) return loom::app::run_launch(launch);
+  if (l->parsed()) {
+    // Their defaults mean "not given"; given, each must be a count.
+    if (l->count("--max-restarts") > 0) loom::app::check_flag_range("--max-restarts", launch.max_restarts, 0, 1 << 20);
+    if (l->count("--local") > 0) loom::app::check_flag_range("--local", launch.local, 1, 1 << 20);
+    return loom::app::run_launch(launch);
+  }
   if (pl->parsed()) return loom::app::run_plan(plan);
   return 2;
 }

@@ -83,6 +83,14 @@ void check_output_root(const std::string& flag, const std::string& out, const st
                          "); expected a new directory, or one that prune or quantize wrote"));
 }
 
+void check_apart(const std::string& in_flag, const std::string& in, const std::string& out_flag, const std::string& out) {
+  const fs::path from = place(in), to = place(out);
+  if (within(to, from) || within(from, to))
+    throw InputError(cat(in_flag, " ", printable(in), ": ", to == from ? "is" : within(from, to) ? "lies inside" : "holds", " ",
+                         out_flag, " ", printable(out), ", where this job writes (and prunes) its checkpoints; expected "
+                         "weights apart from them"));
+}
+
 void check_checkpoint_dir(const std::string& dir, const std::string& run) {
   const fs::path own = place(run);
   if (place(dir) != own && path_exists((fs::path(dir) / ".lock").string()) &&

@@ -25,6 +25,11 @@ void check_output_file(const std::string& flag, const std::string& out, const st
 // an existing root may hold only what such a command wrote (`latest` naming step_0).
 void check_output_root(const std::string& flag, const std::string& out, const std::vector<std::string>& inputs);
 
+// Where a job writes (`out`, named by `out_flag`) apart from what it reads (`in`, named by
+// `in_flag`): neither is, nor lies inside, the other. E.g. --init-from and the job's
+// checkpoints, which pruning would otherwise remove.
+void check_apart(const std::string& in_flag, const std::string& in, const std::string& out_flag, const std::string& out);
+
 // A training job's separate checkpoint.dir: refused inside another run's directory.
 // `run`: the job's own run directory.
 void check_checkpoint_dir(const std::string& dir, const std::string& run);

@@ -417,10 +417,11 @@ bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "
 int run_serve(const ServeArgs& a) {
   if (a.models.empty()) throw InputError("serve: expected at least one --model NAME=PATH");
   if (a.port < 0 || a.port > 65535) throw InputError(cat("--port ", a.port, ": expected 0 (any free port) to 65535"));
-  for (const auto& [flag, v] : {std::pair{"--max-tokens", a.max_tokens}, std::pair{"--max-batch", a.max_batch},
-                                 std::pair{"--token-budget", a.token_budget}, std::pair{"--kv-cache-mb", a.kv_cache_mb}})
-    if (v < 1) throw InputError(cat(flag, " ", v, ": expected a positive integer"));
-  if (a.queue < 0) throw InputError(cat("--queue ", a.queue, ": expected 0 or more"));
+  check_flag_range("--max-tokens", a.max_tokens, 1, int64_t{1} << 30);
+  check_flag_range("--max-batch", a.max_batch, 1, 4096);
+  check_flag_range("--token-budget", a.token_budget, 1, int64_t{1} << 24);
+  check_flag_range("--kv-cache-mb", a.kv_cache_mb, 1, int64_t{1} << 24);
+  check_flag_range("--queue", a.queue, 0, int64_t{1} << 20);
   check_flag_range("--max-body-kb", a.max_body_kb, 1, 1 << 16);
   check_flag_range("--max-connections", a.max_connections, 1, 1 << 16);
   if (!(a.prefix_cache_mb >= 0 && a.prefix_cache_mb <= (1 << 20)))

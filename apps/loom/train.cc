@@ -32,6 +32,7 @@
 #include "loom/trace.h"
 #include "launch.h"
 #include "memory_plan.h"
+#include "outputs.h"
 #include "ps_train.h"
 #include "run_dir.h"
 #include "stages.h"
@@ -135,6 +136,7 @@ int run_train(const TrainArgs& a) {
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
   const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(ckpt_root));
+  if (!a.init_from.empty()) check_apart("--init-from", a.init_from, "checkpoint.dir", ckpt_root);
   if (c.b("training.keep_zeros") && a.init_from.empty() && !resume)
     throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
                      "--init-from PATH (a pruned checkpoint, loom prune) or --resume");
