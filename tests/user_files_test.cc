@@ -107,6 +107,7 @@ TEST_F(Cli, HugeZeroAndNegativeCountsAreRefusedNamingTheFlag) {
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
     EXPECT_NE(r.err.find(says), std::string::npos) << args << "\n" << r.err;
+    EXPECT_LT(r.peak_rss, int64_t{96} << 20) << args << ": refused, but only after taking memory";
   }
 }
 
@@ -190,6 +191,7 @@ TEST_F(Cli, EveryNumericFlagTakesZeroNegativeHugeAndNonFiniteValues) {
       {"launch -n 1:2", "--local", true, ""},
   };
   int refused = 0, taken = 0;
+  int64_t peak = 0;  // the most memory a refusal took
   for (const Flag& f : flags)
     for (const char kind : std::string("znhf")) {
       const std::string value = kind == 'z' ? "0" : kind == 'n' ? "-1" : kind == 'f' ? "nan"
@@ -209,6 +211,8 @@ TEST_F(Cli, EveryNumericFlagTakesZeroNegativeHugeAndNonFiniteValues) {
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
         EXPECT_NE(r.err.find(f.flag), std::string::npos) << args << "\n" << r.err;
         EXPECT_TRUE(r.err.starts_with("loom: error: ")) << args << "\n" << r.err;
+        EXPECT_LT(r.peak_rss, int64_t{96} << 20) << args << ": refused, but only after taking memory";
+        peak = std::max(peak, r.peak_rss);
         continue;
       }
       ++taken;
@@ -221,7 +225,8 @@ TEST_F(Cli, EveryNumericFlagTakesZeroNegativeHugeAndNonFiniteValues) {
         EXPECT_EQ(r.code, 0) << args << "\n" << r.out << r.err;
       }
     }
-  std::printf("%zu numeric flags: %d values refused, %d taken\n", flags.size(), refused, taken);
+  std::printf("%zu numeric flags: %d values refused (peak memory at most %.1f MiB), %d taken\n", flags.size(), refused,
+              static_cast<double>(peak) / (1 << 20), taken);
 }
 
 // Names from a checkpoint reach the output escaped (issue 46, item 6): a tensor name holding
@@ -241,14 +246,39 @@ TEST_F(Cli, CheckpointNamesAreEscapedOnOutput) {
   text.replace(at + 1, original.size(), hostile);
   write(dir + "/index.json", text);
   write(dir + "/index.sha256", sha256_hex(text) + "\n");
-  const Result r = loom(cat("ckpt inspect ", p("runs/r")));
-  const std::string all = r.out + r.err;
-  for (unsigned char c : all) {
-    EXPECT_FALSE((c < 0x20 && c != '\n') || c == 0x7f || (c >= 0x80 && c < 0xa0)) << "raw byte " << int(c) << " in:\n" << all;
-    if ((c < 0x20 && c != '\n') || c == 0x7f) break;
+  // No raw control byte (C0 but newline, DEL, C1 raw or as UTF-8) in what a command printed.
+  auto expect_clean = [](const std::string& what, const Result& r) {
+    const std::string all = r.out + r.err;
+    for (unsigned char c : all)
+      if ((c < 0x20 && c != '\n') || c == 0x7f || (c >= 0x80 && c < 0xa0)) {
+        ADD_FAILURE() << what << ": raw byte " << int(c) << " in:\n" << all;
+        break;
+      }
+    EXPECT_EQ(all.find("\xc2\x9b"), std::string::npos) << what << ": " << all;
+    return all;
+  };
+  const std::string escaped = R"(x\x1b]0;pwned\x07\x1b[2J\x7f\xc2\x9by)";
+  for (const char* command : {"ckpt inspect ", "ckpt verify "}) {
+    const std::string all = expect_clean(command, loom(cat(command, p("runs/r"))));
+    if (std::string(command) == "ckpt inspect ") {
+      EXPECT_NE(all.find(escaped), std::string::npos) << all;
+    }
   }
-  EXPECT_EQ(all.find("\xc2\x9b"), std::string::npos) << all;
-  EXPECT_NE(all.find(R"(x\x1b]0;pwned\x07\x1b[2J\x7f\xc2\x9by)"), std::string::npos) << all;
+  // The model's loaders refuse the checkpoint (a tensor missing): eval, sample and serve.
+  for (const std::string& command : {cat("eval --checkpoint ", dir, " --data ", p("val.bin")),
+                                     cat("sample --checkpoint ", dir, " --tokens 2"),
+                                     cat("serve --port 0 --model a=", dir)}) {
+    const Result r = loom(command);
+    EXPECT_EQ(r.code, 2) << command << "\n" << r.err;
+    expect_clean(command, r);
+  }
+  // Names from flags: a model's name and a path, as a shell passes them (dash's printf).
+  const std::string name = R"sh("$(printf 'x\033]0;pwned\007\033[2J\177\302\233y')")sh";
+  expect_clean("serve --model", loom(cat("serve --port 0 --model ", name, "=", p("nowhere"))));
+  expect_clean("plan --svg", loom(cat("plan --pp 2 --microbatches 2 --svg ", p("plan-"), name, ".svg")));
+  const Result prepared = loom(cat("data prepare text:", p("nowhere-"), name, " --out ", p("t.bin")));
+  EXPECT_EQ(prepared.code, 2);
+  expect_clean("data prepare", prepared);
 }
 
 }  // namespace

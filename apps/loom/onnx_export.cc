@@ -207,8 +207,8 @@ int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::st
   const std::string bytes = build(*gpt);
   write_file_atomic(out, bytes);
   const nn::GptConfig& g = gpt->config();
-  std::printf("wrote %s: ONNX (opset 17), GPT n_layer %lld, d_model %lld, vocab %lld, window %lld; %zu bytes\n", out.c_str(),
-              static_cast<long long>(g.n_layer), static_cast<long long>(g.d_model), static_cast<long long>(g.vocab_size),
+  std::printf("wrote %s: ONNX (opset 17), GPT n_layer %lld, d_model %lld, vocab %lld, window %lld; %zu bytes\n",
+              printable(out).c_str(), static_cast<long long>(g.n_layer), static_cast<long long>(g.d_model), static_cast<long long>(g.vocab_size),
               static_cast<long long>(g.seq_len), bytes.size());
   return 0;
 }

@@ -223,7 +223,7 @@ int run_plan(const PlanArgs& a) {
     const std::string title = cat(a.schedule, ": ", a.pp, " stages, ", a.microbatches, " micro-batches",
                                   a.virtual_stages > 1 ? cat(", ", a.virtual_stages, " chunks per stage") : std::string());
     write_file_atomic(a.svg, parallel::draw_svg(s, sim, title));
-    std::printf("picture: %s\n", a.svg.c_str());
+    std::printf("picture: %s\n", printable(a.svg).c_str());
   }
   return 0;
 }

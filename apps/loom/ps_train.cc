@@ -301,9 +301,10 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
         if (path_exists(trace_part(job, r))) parts.push_back(read_file(trace_part(job, r)));
       const std::string path = (fs::path(job.run) / "trace.json").string();
       write_file_atomic(path, obs::merge_traces(parts));
-      std::printf("trace of step(s) %s of %zu rank(s): %s\n", c.s("profile.trace_steps").c_str(), parts.size(), path.c_str());
+      std::printf("trace of step(s) %s of %zu rank(s): %s\n", printable(c.s("profile.trace_steps")).c_str(), parts.size(),
+                  printable(path).c_str());
     }
-    std::printf("checkpoint: %s\nrun directory: %s\n", last_checkpoint.c_str(), job.run.c_str());
+    std::printf("checkpoint: %s\nrun directory: %s\n", printable(last_checkpoint).c_str(), printable(job.run).c_str());
   }
   return 0;
 }

@@ -469,7 +469,8 @@ int run_serve(const ServeArgs& a) {
     sigwait(&stop_signals, &sig);
     listener.stop();
   });
-  std::printf("loom serve: listening on http://%s:%d (%zu model(s))\n", a.host.c_str(), listener.port(), a.models.size());
+  std::printf("loom serve: listening on http://%s:%d (%zu model(s))\n", printable(a.host).c_str(), listener.port(),
+              a.models.size());
   std::fflush(stdout);
   listener.run();
   pthread_kill(stopper.native_handle(), SIGTERM);

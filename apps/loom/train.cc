@@ -674,7 +674,7 @@ int run_train(const TrainArgs& a) {
                 "of the step not spent waiting on gradients)\n",
                 static_cast<double>(dp_size) * efficiency, 100.0 * efficiency);
   }
-  if (lead) std::printf("run directory: %s\n", run.c_str());
+  if (lead) std::printf("run directory: %s\n", printable(run).c_str());
   return exit_code;
 }
 

@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -36,6 +38,7 @@ namespace loom {
 struct Result {
   int code;
   std::string out, err;
+  int64_t peak_rss = 0;  // the command's peak resident memory, bytes
 };
 
 class Cli : public testing::TempDirTest {
@@ -61,16 +64,25 @@ class Cli : public testing::TempDirTest {
   std::string p(const std::string& name) const { return path(name); }
   static void write(const std::string& path, const std::string& s) { std::ofstream(path, std::ios::binary) << s; }
 
+  // Runs `loom ARGS` (through sh): its exit code, output, and peak memory (wait4 gives the
+  // shell's, which counts the largest of the children it waited for: loom).
   Result loom(const std::string& args) const {
-    const std::string err_path = p("stderr.txt");
-    const std::string cmd = cat(LOOM_BINARY_DIR, "/loom ", args, " 2>", err_path);
-    testing::CommandResult c = testing::run_command(cmd);
-    Result r{c.code, std::move(c.out), ""};
-    std::ifstream e(err_path);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    r.err = ss.str();
-    return r;
+    const std::string out_path = p(".loom_stdout"), err_path = p("stderr.txt");
+    const std::string cmd = cat(LOOM_BINARY_DIR, "/loom ", args, " >", out_path, " 2>", err_path);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int status = 0;
+    rusage usage{};
+    while (::wait4(pid, &status, 0, &usage) < 0 && errno == EINTR) {}
+    auto slurp = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out_path), slurp(err_path),
+            static_cast<int64_t>(usage.ru_maxrss) * 1024};
   }
 
   // Every file under the run directory with its contents: a fingerprint of "untouched".
