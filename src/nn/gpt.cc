@@ -13,7 +13,7 @@
 #include "kernels/precision.h"
 #include "loom/error.h"
 #include "loom/rng.h"
-#include "nn/dispatch.h"
+#include "loom/dtype_dispatch.h"
 #include "nn/mixed.h"
 #include "nn/residual.h"
 

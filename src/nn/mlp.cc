@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "loom/rng.h"
-#include "nn/dispatch.h"
+#include "loom/dtype_dispatch.h"
 
 namespace loom::nn {
 

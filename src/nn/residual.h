@@ -4,7 +4,7 @@
 
 #include "kernels/pointwise.h"
 #include "loom/tensor.h"
-#include "nn/dispatch.h"
+#include "loom/dtype_dispatch.h"
 
 namespace loom::nn {
 

@@ -6,7 +6,7 @@
 
 #include "kernels/optimizer.h"
 #include "loom/error.h"
-#include "nn/dispatch.h"
+#include "loom/dtype_dispatch.h"
 
 namespace loom::optim {
 

@@ -1,4 +1,5 @@
-// Runs a statement with T bound to the C++ type of a floating-point DType.
+// LOOM_DISPATCH_FLOAT: runs a statement with T bound to the C++ type of a floating-point
+// DType (f32 or f64). Thread-safety: a macro over a switch; no state.
 #pragma once
 
 #include "loom/dtype.h"
@@ -18,6 +19,6 @@
         break;                                          \
       }                                                 \
       default:                                          \
-        LOOM_CHECK(false && "layers compute in f32 or f64"); \
+        LOOM_CHECK(false && "expected f32 or f64");  \
     }                                                   \
   } while (0)

@@ -1,0 +1,127 @@
+// The library order, kept (issue 41, item 6; docs/architecture.md): every `#include "..."`
+// of Loom's own headers in a library's sources (src/LIB/, tests aside) and public headers
+// (include/loom/) names a header of that library or of one below it. The order is the
+// CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
+//   core <- kernels <- nn, optim;  core <- data, obs, comm, serve;  optim <- checkpoint;
+//   nn, optim, comm <- parallel
+// A new public header must be placed in kHeaderLibrary, so that it is checked too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Which library each public header belongs to.
+const std::map<std::string, std::string> kHeaderLibrary = {
+    {"loom/dtype.h", "core"},          {"loom/dtype_dispatch.h", "core"}, {"loom/error.h", "core"},
+    {"loom/fileio.h", "core"},         {"loom/host.h", "core"},           {"loom/log.h", "core"},
+    {"loom/params.h", "core"},         {"loom/rng.h", "core"},            {"loom/tensor.h", "core"},
+    {"loom/threads.h", "core"},        {"loom/nn/gpt.h", "nn"},           {"loom/nn/layers.h", "nn"},
+    {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"},         {"loom/optim.h", "optim"},
+    {"loom/loss_scale.h", "optim"},    {"loom/data.h", "data"},           {"loom/bounded_json.h", "checkpoint"},
+    {"loom/checkpoint.h", "checkpoint"}, {"loom/json_fields.h", "checkpoint"}, {"loom/safetensors.h", "checkpoint"},
+    {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"},    {"loom/trace.h", "obs"},
+    {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
+    {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
+    {"loom/tensor_parallel.h", "parallel"}, {"loom/http_server.h", "serve"},
+};
+
+// What each library may include: itself and the libraries below it.
+const std::map<std::string, std::set<std::string>> kMayInclude = {
+    {"core", {"core"}},
+    {"kernels", {"kernels", "core"}},
+    {"nn", {"nn", "kernels", "core"}},
+    {"optim", {"optim", "kernels", "core"}},
+    {"data", {"data", "core"}},
+    {"checkpoint", {"checkpoint", "optim", "kernels", "core"}},
+    {"obs", {"obs", "core"}},
+    {"comm", {"comm", "core"}},
+    {"parallel", {"parallel", "comm", "nn", "optim", "kernels", "core"}},
+    {"serve", {"serve", "core"}},
+};
+
+// The library an include names: a public header's, or the first folder of a header inside
+// src/ ("comm/net.h"); "" for a header of the same folder ("schema.h").
+std::string library_of(const std::string& include) {
+  if (include.starts_with("loom/")) {
+    const auto found = kHeaderLibrary.find(include);
+    return found == kHeaderLibrary.end() ? "?" : found->second;
+  }
+  const size_t slash = include.find('/');
+  return slash == std::string::npos ? "" : include.substr(0, slash);
+}
+
+bool is_test_file(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.find("_test") != std::string::npos || name.find("testing") != std::string::npos;
+}
+
+// Each `#include "X"` in `file` whose library `lib` may not include: "file:line: X".
+std::vector<std::string> violations(const fs::path& file, const std::string& lib) {
+  static const std::regex include_line(R"re(^\s*#\s*include\s*"([^"]+)")re");
+  std::vector<std::string> out;
+  std::ifstream in(file);
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    std::smatch m;
+    if (!std::regex_search(line, m, include_line)) continue;
+    const std::string included = m[1], of = library_of(included);
+    if (of.empty()) continue;
+    if (of == "?") {
+      out.push_back(file.string() + ":" + std::to_string(line_no) + ": " + included + " is in no library (kHeaderLibrary)");
+    } else if (kMayInclude.contains(of) && !kMayInclude.at(lib).contains(of)) {
+      out.push_back(file.string() + ":" + std::to_string(line_no) + ": " + lib + " includes " + included + " (" + of + ")");
+    }
+  }
+  return out;
+}
+
+TEST(Layering, EveryLibraryIncludesOnlyItselfAndWhatIsBelowIt) {
+  const fs::path root = LOOM_SOURCE_DIR;
+  std::vector<std::string> found;
+  int files = 0;
+  for (const auto& [lib, allowed] : kMayInclude) {
+    ASSERT_TRUE(fs::is_directory(root / "src" / lib)) << lib;
+    for (const auto& e : fs::recursive_directory_iterator(root / "src" / lib)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cc" && ext != ".h" && ext != ".cu") || is_test_file(e.path())) continue;
+      ++files;
+      for (std::string& v : violations(e.path(), lib)) found.push_back(std::move(v));
+    }
+  }
+  for (const auto& e : fs::recursive_directory_iterator(root / "include" / "loom")) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = fs::relative(e.path(), root / "include").string();
+    const auto lib = kHeaderLibrary.find(name);
+    if (lib == kHeaderLibrary.end()) {
+      found.push_back(name + ": a public header in no library; add it to kHeaderLibrary");
+      continue;
+    }
+    ++files;
+    for (std::string& v : violations(e.path(), lib->second)) found.push_back(std::move(v));
+  }
+  EXPECT_GT(files, 100);
+  for (const std::string& v : found) ADD_FAILURE() << v;
+}
+
+// The checker itself: it sees a violation where there is one.
+TEST(Layering, TheCheckFindsAnIncludeFromAbove) {
+  const fs::path file = fs::temp_directory_path() / "loom_layering_probe.cc";
+  std::ofstream(file) << "#include \"loom/tensor.h\"\n  #  include \"loom/nn/gpt.h\"\n#include \"schema.h\"\n";
+  const std::vector<std::string> found = violations(file, "optim");
+  fs::remove(file);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_NE(found[0].find(":2: optim includes loom/nn/gpt.h (nn)"), std::string::npos) << found[0];
+}
+
+}  // namespace
+}  // namespace loom
