@@ -6,11 +6,11 @@
 // range (a prompt of ids inside the model's vocabulary, max_tokens within the cap,
 // temperature in [0, 100], top_p in (0, 1], at most 4 non-empty stop sequences, only for a
 // byte-level model).
-#include "completion_request.h"
+#include "loom/serve/completion_request.h"
 #include "reader_checks.h"
 
 using namespace loom;
-using namespace loom::app;
+using namespace loom::serve;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);

@@ -2,8 +2,8 @@
 // of Loom's own headers in a library's sources (src/LIB/, tests aside) and public headers
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
-//   core <- kernels <- nn, optim;  core <- data, obs, comm, serve;  optim <- checkpoint;
-//   nn, optim, comm <- parallel
+//   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
+//   nn, optim, comm <- parallel;  nn, checkpoint <- serve
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -31,7 +31,9 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"},    {"loom/trace.h", "obs"},
     {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
     {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
-    {"loom/tensor_parallel.h", "parallel"}, {"loom/http_server.h", "serve"},
+    {"loom/tensor_parallel.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
+    {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
+    {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/sampler.h", "serve"},
 };
 
 // What each library may include: itself and the libraries below it.
@@ -45,7 +47,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"obs", {"obs", "core"}},
     {"comm", {"comm", "core"}},
     {"parallel", {"parallel", "comm", "nn", "optim", "kernels", "core"}},
-    {"serve", {"serve", "core"}},
+    {"serve", {"serve", "nn", "checkpoint", "optim", "kernels", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

@@ -18,10 +18,13 @@
 #include "loom/metrics.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
-#include "sampler.h"
+#include "loom/serve/sampler.h"
 #include "task.h"
 
 namespace loom::app {
+
+using serve::Sampler;
+using serve::SamplingParams;
 
 Config inference_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config c;

@@ -16,11 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "batcher.h"
+#include "loom/serve/batcher.h"
 #include "config.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::app {
+
+using serve::Batcher;
 
 struct Model {
   std::string name, path;

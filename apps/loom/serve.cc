@@ -24,18 +24,26 @@
 #include "loom/bounded_json.h"
 #include "loom/data.h"
 #include "loom/error.h"
-#include "loom/http_server.h"
+#include "loom/serve/http_server.h"
 #include "loom/log.h"
 #include "loom/rng.h"
-#include "batcher.h"
-#include "completion_request.h"
+#include "loom/serve/batcher.h"
+#include "loom/serve/completion_request.h"
 #include "model_cache.h"
-#include "sampler.h"
+#include "loom/serve/sampler.h"
 
 namespace loom::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using serve::Batcher;
+using serve::BatcherLimits;
+using serve::BatchStep;
+using serve::CompletionRequest;
+using serve::Generation;
+using serve::parse_completion_request;
+using serve::PrefixCache;
+using serve::Refusal;
 using nlohmann::json;
 
 

@@ -28,6 +28,10 @@ std::shared_ptr<int8_t[]> aligned_bytes(int64_t bytes) {
 // Symmetric int8 of `n` values: q = round(x x 127 / max |x|), clamped; returns the scale
 // max |x| / 127 (0 when every x is 0, NaN when an x is NaN or infinite; every q 0 then).
 float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
+  // An empty row has scale 0. Saying so first also tells the compiler that n > 0 below:
+  // GCC 13 otherwise took the fill of q for one of a negative length (-Wstringop-overflow,
+  // -Warray-bounds under -Werror).
+  if (n <= 0) return 0.0f;
   // The largest |x|, and whether any is NaN (a NaN makes the scale NaN, as an infinity
   // does). max is exact in any order; an input row (stride 1) takes it in vectors.
   float amax = 0;
@@ -47,7 +51,7 @@ float quantize_row(const float* x, int64_t n, int64_t stride, int8_t* q) {
     }
   }
   if (nan || !(amax > 0) || !std::isfinite(amax)) {
-    std::fill(q, q + n, int8_t{0});
+    std::memset(q, 0, static_cast<size_t>(n));
     return !nan && std::isfinite(amax) ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   // Each |x| <= amax, so x 127 / amax rounds into [-127, 127]: clamped all the same, as

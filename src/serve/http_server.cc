@@ -2,7 +2,7 @@
 // accepts connections and reads each request (Beast's parser) under a deadline of its own;
 // complete requests go to a pool of handler threads, each of which writes its response on
 // the socket itself and hands the connection back to the loop for the next request.
-#include "loom/http_server.h"
+#include "loom/serve/http_server.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,10 +1,10 @@
-#include "prefix_cache.h"
+#include "loom/serve/prefix_cache.h"
 
 #include <algorithm>
 
 #include "loom/error.h"
 
-namespace loom::app {
+namespace loom::serve {
 namespace {
 
 int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
@@ -71,4 +71,4 @@ int64_t PrefixCache::bytes() const {
   return bytes_;
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "loom/nn/gpt.h"
-#include "prefix_cache.h"
-#include "sampler.h"
+#include "loom/serve/prefix_cache.h"
+#include "loom/serve/sampler.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // at least one token, ids < vocab_size
@@ -188,4 +188,4 @@ class Batcher {
   std::vector<std::thread> lanes_;
 };
 
-}  // namespace loom::app
+}  // namespace loom::serve

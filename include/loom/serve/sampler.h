@@ -7,7 +7,7 @@
 
 #include "loom/rng.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 struct SamplingParams {
   double temperature = 1.0;  // 0: the likeliest token (the first of equals), no draw
@@ -28,4 +28,4 @@ class Sampler {
   std::vector<int32_t> order_;
 };
 
-}  // namespace loom::app
+}  // namespace loom::serve

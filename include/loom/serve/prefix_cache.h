@@ -16,7 +16,7 @@
 
 #include "loom/nn/gpt.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 class PrefixCache {
  public:
@@ -45,4 +45,4 @@ class PrefixCache {
   int64_t bytes_ = 0, hits_ = 0, reused_ = 0;
 };
 
-}  // namespace loom::app
+}  // namespace loom::serve

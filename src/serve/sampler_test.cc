@@ -1,4 +1,4 @@
-#include "sampler.h"
+#include "loom/serve/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <vector>
 
-namespace loom::app {
+namespace loom::serve {
 namespace {
 
 // How often each id is drawn in n draws.
@@ -98,4 +98,4 @@ TEST(Sampler, NucleusOfALargeVocabularyMatchesAFullSort) {
 }
 
 }  // namespace
-}  // namespace loom::app
+}  // namespace loom::serve

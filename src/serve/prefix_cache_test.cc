@@ -1,16 +1,16 @@
 // The prefix cache (prefix_cache.h) in the batcher: requests whose prompts begin as a kept
 // prompt does reuse its keys and values, compute only the rest, and make the same tokens,
 // bit for bit, as a batcher that keeps none; the budget holds; a mismatch reuses nothing.
-#include "prefix_cache.h"
+#include "loom/serve/prefix_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "batcher.h"
+#include "loom/serve/batcher.h"
 
-namespace loom::app {
+namespace loom::serve {
 namespace {
 
 nn::GptConfig tiny() { return {.n_layer = 2, .n_head = 2, .d_model = 32, .seq_len = 64, .vocab_size = 256}; }
@@ -71,4 +71,4 @@ TEST(PrefixCache, KeepsWithinItsBudgetLeastRecentlyUsedFirst) {
 }
 
 }  // namespace
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
-#include "batcher.h"
+#include "loom/serve/batcher.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 // A request refused: the HTTP status (400 or 404) and one line naming the field.
 struct Refusal {
@@ -28,4 +28,4 @@ struct CompletionRequest {
 CompletionRequest parse_completion_request(std::string_view body, const std::function<int64_t(const std::string&)>& vocab_of,
                                            int64_t max_tokens_cap);
 
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -1,4 +1,4 @@
-#include "completion_request.h"
+#include "loom/serve/completion_request.h"
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -7,7 +7,7 @@
 #include "loom/bounded_json.h"
 #include "loom/error.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 using nlohmann::json;
 
@@ -77,4 +77,4 @@ CompletionRequest parse_completion_request(std::string_view body,
   return c;
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -1,4 +1,4 @@
-#include "sampler.h"
+#include "loom/serve/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "kernels/fast_math.h"
 
-namespace loom::app {
+namespace loom::serve {
 namespace {
 
 // A token's weight e^((logit - max) / temperature), by the kernels' exp (vectorizable, the
@@ -62,4 +62,4 @@ int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   return order_[keep - 1];
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -1,4 +1,4 @@
-#include "batcher.h"
+#include "loom/serve/batcher.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include "loom/rng.h"
 #include "loom/threads.h"
 
-namespace loom::app {
+namespace loom::serve {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -403,4 +403,4 @@ void Batcher::loop(size_t lane) {
   for (const auto& s : running) s->generation->end("cancelled");
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve
