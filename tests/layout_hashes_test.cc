@@ -47,16 +47,16 @@ class LayoutHashes : public Cli {
     // evaluated (a run's closing evaluation, `final_val_loss`, is the same evaluation at its
     // last step: which key holds it depends on where the run stopped).
     std::istringstream metrics(read_file(p(cat("runs/", job, "/metrics.jsonl"))));
-    std::map<int64_t, std::string> steps, evaluations;
+    std::map<int64_t, std::string> trained, evaluations;
     for (std::string line; std::getline(metrics, line);) {
       const nlohmann::json m = nlohmann::json::parse(line);
       const int64_t at = m["step"];
-      if (m.contains("loss")) steps[at] = cat(m["loss"].dump(), " ", m["lr"].dump(), " ", m["grad_norm"].dump());
+      if (m.contains("loss")) trained[at] = cat(m["loss"].dump(), " ", m["lr"].dump(), " ", m["grad_norm"].dump());
       for (const char* key : {"val_loss", "final_val_loss"})
         if (m.contains(key)) evaluations[at] = m[key].dump();
     }
     std::string losses;
-    for (const auto& [at, v] : steps) losses += cat("step ", at, " ", v, "\n");
+    for (const auto& [at, v] : trained) losses += cat("step ", at, " ", v, "\n");
     for (const auto& [at, v] : evaluations) losses += cat("val ", at, " ", v, "\n");
     return {sha256_hex(losses), sha256_hex(logical(step, checkpoint::Part::kModel)),
             sha256_hex(logical(step, checkpoint::Part::kOptimizer))};

@@ -287,6 +287,30 @@ TEST(Rendezvous, SchedulerJobIdsCarryATagFromTheSecret) {
   EXPECT_EQ(tagged_job_id("slurm-4711", ""), "slurm-4711");
 }
 
+// Placement the environment states is read where the environment is read (the launch
+// boundary), never inside the transports: LOOM_HOST_ID and LOOM_SHM_SINGLE_COPY.
+TEST(Rendezvous, PlacementFromTheEnvironmentIsReadAtTheBoundary) {
+  ::unsetenv("LOOM_HOST_ID");
+  ::unsetenv("LOOM_SHM_SINGLE_COPY");
+  LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.host_id, "");
+  EXPECT_TRUE(e.shm_single_copy);
+  ::setenv("LOOM_HOST_ID", "rack7-node3", 1);
+  ::setenv("LOOM_SHM_SINGLE_COPY", "0", 1);
+  e = launch_env_from_environment();
+  EXPECT_EQ(e.host_id, "rack7-node3");
+  EXPECT_FALSE(e.shm_single_copy);
+  ::setenv("LOOM_SHM_SINGLE_COPY", "off", 1);
+  try {
+    launch_env_from_environment();
+    ADD_FAILURE() << "LOOM_SHM_SINGLE_COPY=off was taken";
+  } catch (const InputError& err) {
+    EXPECT_NE(std::string(err.what()).find("LOOM_SHM_SINGLE_COPY=off: expected 0"), std::string::npos) << err.what();
+  }
+  ::unsetenv("LOOM_HOST_ID");
+  ::unsetenv("LOOM_SHM_SINGLE_COPY");
+}
+
 TEST(Rendezvous, StaleJobDuplicateRankAndWorldSizeAreNamed) {
   {
     Job job;

@@ -70,11 +70,9 @@ bool read_process(int pid, uint64_t remote, void* dst, size_t n) {
 // Every rank publishes its pid and the address of kProbe, reads every peer's, and says
 // whether that worked; single copy is on only if it worked for every pair (containers
 // without CAP_SYS_PTRACE, Yama, or other users' processes say no).
-bool agree_single_copy(Store& store, const std::string& name, int rank, int size, Deadline d,
+bool agree_single_copy(Store& store, const std::string& name, int rank, int size, bool allowed, Deadline d,
                        std::vector<int>& pids) {
   static const volatile uint64_t probe = kProbe;
-  const char* env = std::getenv("LOOM_SHM_SINGLE_COPY");  // "0" turns it off (benchmarks)
-  bool allowed = !(env && std::string(env) == "0");
   store.set(cat(name, "/cma/", rank), cat(::getpid(), " ", reinterpret_cast<uintptr_t>(&probe)), d);
   bool ok = true;
   pids.assign(size, 0);
@@ -108,7 +106,7 @@ constexpr double kStreamingPenalty = 1.5;
 }  // namespace
 
 std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& name, int rank,
-                                             int size, size_t slot_bytes, Deadline d,
+                                             int size, size_t slot_bytes, bool single_copy, Deadline d,
                                              std::vector<int> ranks) {
   std::unique_ptr<ShmWindow> w(new ShmWindow);
   w->rank_ = rank;
@@ -156,7 +154,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   if (rank == 0) {
     std::memcpy(w->base_, &kSegmentMagic, sizeof kSegmentMagic);  // fresh pages are zero
   }
-  w->single_copy_ = agree_single_copy(store, name, rank, size, d, w->pids_);
+  w->single_copy_ = agree_single_copy(store, name, rank, size, single_copy, d, w->pids_);
   // Everyone mapped: the name is no longer needed.
   store.add(name + "/shm_mapped", 1, d);
   if (rank == 0) {

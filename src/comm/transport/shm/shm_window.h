@@ -67,8 +67,10 @@ class ShmWindow {
   // Every rank of a same-host group calls this; rank 0 creates the segment and names it
   // in the store under "<name>/shm". `ranks[i]` is window rank i's rank in the
   // transport that waits pass in (for blame and error text); empty means the same.
+  // `single_copy`: whether ranks may copy from each other's memory where the kernel allows
+  // (CommConfig::shm_single_copy).
   static std::unique_ptr<ShmWindow> create(Store& store, const std::string& name, int rank,
-                                           int size, size_t slot_bytes, Deadline d,
+                                           int size, size_t slot_bytes, bool single_copy, Deadline d,
                                            std::vector<int> ranks = {});
   ~ShmWindow();
 

@@ -368,7 +368,6 @@ void TcpMesh::goodbye(uint64_t ops) {
 // ---- connection setup ----
 
 std::string this_host_id() {
-  if (const char* v = std::getenv("LOOM_HOST_ID"); v && *v) return v;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   std::string boot;
