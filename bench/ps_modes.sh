@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Parameter servers (issue 16, item 7): steps/s of sync, async and ssp (K = 2) with 1 and 2
-# servers and 2 and 4 workers, each clean, with one worker slowed 3x (LOOM_DELAY_MS: it
+# servers and 2 and 4 workers, each clean, with one worker slowed 3x (debug.delay_ms: it
 # sleeps twice a clean sync step before each of its steps), and with every worker jittery
-# (LOOM_JITTER_MS: a stall of 4 clean steps in a quarter of its steps, one step's time on
+# (debug.jitter_ms: a stall of 4 clean steps in a quarter of its steps, one step's time on
 # average, at random: the stragglers ssp is for); and the bytes a step moves
 # between workers and servers against data parallelism's ring all-reduce of the same
 # gradients (2 (W - 1) x 4 P bytes over all ranks). gpt-mini with seq_len 64, global batch 8,
@@ -35,8 +35,8 @@ for servers in 1 2; do
       flags="--parallel.ps_servers=$servers --parallel.ps_mode=$mode"
       [ $mode = ssp ] && flags="$flags --parallel.ps_staleness=2"
       [ $mode = sync ] || run "$mode-$servers-$workers" $np $flags
-      LOOM_DELAY_MS=$slow_rank:$delay run "$mode-$servers-$workers-slow" $np $flags
-      LOOM_JITTER_MS=$(python3 -c "print(int(round($step_ms)))") run "$mode-$servers-$workers-jitter" $np $flags
+      run "$mode-$servers-$workers-slow" $np $flags --debug.delay_ms=$slow_rank:$delay
+      run "$mode-$servers-$workers-jitter" $np $flags --debug.jitter_ms=$(python3 -c "print(int(round($step_ms)))")
       python3 - "$work" "$mode-$servers-$workers" "$servers" "$workers" "$mode" <<'PY'
 import json, re, sys
 work, name, servers, workers, mode = sys.argv[1:]

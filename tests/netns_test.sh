@@ -126,8 +126,8 @@ for _ in $(seq 400); do echo "the quick brown fox jumps over the lazy dog $RANDO
 printf '[job]\nname = "el"\nrun_dir = "%s"\nthreads = 1\n[model]\npreset = "gpt-nano"\n[data]\ntrain = "%s"\n[training]\nsteps = 400\nglobal_batch = 6\nmicro_batch = 1\neval_every = 0\n[checkpoint]\nevery = 3\n' \
   "$TMP/runs" "$TMP/tok.bin" >"$TMP/el.toml"
 TRAIN=("$LOOM" train "$TMP/el.toml" --quiet)
-ip netns exec "$A" env LOOM_SECRET_FILE="$TMP/secret" LOOM_DELAY_MS=0:20 "$LOOM" launch -n 2:3 --max-restarts 1 \
-  --local 2 --master 10.213.0.1:29501 -- "${TRAIN[@]}" >"$TMP/el.0" 2>&1 &
+ip netns exec "$A" env LOOM_SECRET_FILE="$TMP/secret" "$LOOM" launch -n 2:3 --max-restarts 1 \
+  --local 2 --master 10.213.0.1:29501 -- "${TRAIN[@]}" --debug.delay_ms=0:20 >"$TMP/el.0" 2>&1 &
 PIDS=($!)
 for _ in $(seq 300); do [ -s "$TMP/runs/el/metrics.jsonl" ] && break; sleep 0.1; done
 ip netns exec "$B" env LOOM_SECRET_FILE="$TMP/secret" "$LOOM" launch --join --local 1 --master 10.213.0.1:29501 \

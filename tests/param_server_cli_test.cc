@@ -62,7 +62,7 @@ TEST_F(Cli, ParamServerSyncIsBitwiseEqualToOneProcessAndResumesAfterAServerDies)
       << "one host, auto: the workers push alone";
 
   // Server 0 dies right after committing step 3; --resume takes the job from there.
-  r = loom(cat("launch -n 4 -- /usr/bin/env LOOM_FAULT_AT=latest:3:0 ", ps, " --job.name=cut"));
+  r = loom(cat("launch -n 4 -- ", ps, " --job.name=cut --debug.fault_at=latest:3:0"));
   EXPECT_NE(r.code, 0) << "the crash did not happen\n" << r.out << r.err;
   EXPECT_EQ(read_file(p("runs/cut/checkpoints/latest")), "step_3\n");
   r = loom(cat("launch -n 4 -- ", ps, " --job.name=cut --resume"));
@@ -104,12 +104,13 @@ TEST_F(Cli, ParamServerSspServesAWorkerThatJoins) {
   // The launcher takes the job's secret and id from here (its ranks, and the joiner, too).
   ::setenv("LOOM_SECRET_FILE", p("secret").c_str(), 1);
   ::setenv("LOOM_JOB_ID", "ps-join-test", 1);
-  ::setenv("LOOM_DELAY_MS", "1:5", 1);  // worker 0 takes 5 ms more a step: the run outlasts the joiner's start
   const std::string cfg = cat(p("nano.toml"), " --parallel.ps_servers=1 --parallel.ps_mode=ssp --parallel.ps_staleness=2 "
                               "--training.steps=300 --training.micro_batch=1 --training.eval_every=0 --checkpoint.every=0 "
                               "--job.name=join");
   const pid_t launcher = launch_in_background(
-      cat("-n 3 --master 127.0.0.1:", port, " -- ", LOOM_BINARY_DIR, "/loom train ", cfg, " --quiet"), p("join.out"));
+      // Worker 0 takes 5 ms more a step: the run outlasts the joiner's start.
+      cat("-n 3 --master 127.0.0.1:", port, " -- ", LOOM_BINARY_DIR, "/loom train ", cfg, " --quiet --debug.delay_ms=1:5"),
+      p("join.out"));
   ASSERT_GE(launcher, 0);
   const std::string metrics = p("runs/join/metrics.jsonl");
   wait_for_lines(metrics, 20);
@@ -120,7 +121,6 @@ TEST_F(Cli, ParamServerSspServesAWorkerThatJoins) {
   const Result joiner = loom(cat("train ", cfg, " --ps-join 127.0.0.1:", port));
   ::unsetenv("LOOM_SECRET_FILE");
   ::unsetenv("LOOM_JOB_ID");
-  ::unsetenv("LOOM_DELAY_MS");
   int status = 0;
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
   const std::string out = read_file(p("join.out"));

@@ -61,10 +61,9 @@ TEST_F(Cli, Fp16DataParallelIsBitwiseOneProcessAndAnOverflowSkipsItsStep) {
 
   // Steps 3 and 4 overflow: skipped, the scale halved twice, and step 5 trains again.
   ASSERT_EQ(loom(cat("train ", base, " --job.name=over --training.loss_scale_window=2")).code, 0);
-  const std::string env = "LOOM_OVERFLOW_AT=3,4 ";
   Result r = [&] {
-    testing::CommandResult c = testing::run_command(cat(env, LOOM_BINARY_DIR, "/loom train ", base,
-                                                        " --job.name=skip --training.loss_scale_window=2 2>&1"));
+    testing::CommandResult c = testing::run_command(cat(LOOM_BINARY_DIR, "/loom train ", base,
+                                                        " --job.name=skip --training.loss_scale_window=2 --debug.overflow_at=3,4 2>&1"));
     return Result{c.code, c.out, ""};
   }();
   ASSERT_EQ(r.code, 0) << r.out;
@@ -88,8 +87,9 @@ TEST_F(Cli, Fp16DataParallelIsBitwiseOneProcessAndAnOverflowSkipsItsStep) {
 
   // A resume from step 4 carries the lowered scale on: steps 5 and 6 as in the run above.
   r = [&] {
-    testing::CommandResult c = testing::run_command(cat(env, LOOM_BINARY_DIR, "/loom train ", base,
-                                                        " --job.name=cut --training.loss_scale_window=2 --training.steps=4 2>&1"));
+    testing::CommandResult c = testing::run_command(cat(LOOM_BINARY_DIR, "/loom train ", base,
+                                                        " --job.name=cut --training.loss_scale_window=2 --training.steps=4 "
+                                                        "--debug.overflow_at=3,4 2>&1"));
     return Result{c.code, c.out, ""};
   }();
   ASSERT_EQ(r.code, 0) << r.out;
@@ -110,10 +110,10 @@ TEST_F(Cli, MixedPrecisionRefusesWhatItCannotDo) {
   expect_bad_input(cfg + " --training.loss_scale_window=0", {"training.loss_scale_window", "0", ">= 1"});
   expect_bad_input(cat("train ", p("nano.toml"), " --job.name=bad --model.preset=mlp --training.precision=bf16"),
                    {"training.precision", "mlp", "fp32"});
-  testing::CommandResult c = testing::run_command(cat("LOOM_OVERFLOW_AT=2 ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
-                                                      " --job.name=bad 2>&1"));
+  testing::CommandResult c = testing::run_command(cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
+                                                      " --job.name=bad --debug.overflow_at=2 2>&1"));
   EXPECT_EQ(c.code, 2) << c.out;
-  EXPECT_NE(c.out.find("LOOM_OVERFLOW_AT"), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("debug.overflow_at"), std::string::npos) << c.out;
   EXPECT_FALSE(std::filesystem::exists(p("runs/bad")));
 }
 

@@ -181,7 +181,7 @@ TEST_F(Cli, SigtermSavesAndResumeLosesNothing) {
   }
 }
 
-// A crash (SIGKILL) at every point of a save, on the rank that reaches it (LOOM_FAULT_AT):
+// A crash (SIGKILL) at every point of a save, on the rank that reaches it (debug.fault_at):
 // a shard file complete (rank 0 or 1), the state and the index written, the directory
 // renamed, `latest` replaced; with synchronous and asynchronous saves. Each time the
 // newest checkpoint `latest` names verifies, and --resume from it ends the run as an
@@ -193,7 +193,7 @@ TEST_F(Cli, CrashAtEveryPointOfASaveLeavesACheckpointToResumeFrom) {
   ASSERT_EQ(loom(cat("launch -n 2 -- ", train, " --job.name=full")).code, 0);
   const std::string full = read_file(p("runs/full/metrics.jsonl"));
   struct Crash {
-    std::string at;       // LOOM_FAULT_AT
+    std::string at;       // debug.fault_at
     std::string flags;    // more training flags
     std::string latest;   // what `latest` names after the crash
   };
@@ -204,7 +204,7 @@ TEST_F(Cli, CrashAtEveryPointOfASaveLeavesACheckpointToResumeFrom) {
   int n = 0;
   for (const Crash& c : crashes) {
     const std::string name = cat("crash", n++), what = c.at + c.flags;
-    const Result r = loom(cat("launch -n 2 -- /usr/bin/env LOOM_FAULT_AT=", c.at, " ", train, c.flags, " --job.name=", name));
+    const Result r = loom(cat("launch -n 2 -- ", train, c.flags, " --job.name=", name, " --debug.fault_at=", c.at));
     EXPECT_NE(r.code, 0) << what << ": the crash did not happen\n" << r.out << r.err;
     if (c.at == "shard:4:1" && c.flags.empty()) {
       // The survivor's line points to its flight recorder, which shows the collective that
@@ -267,8 +267,8 @@ TEST_F(Cli, PruningNeverRemovesWhatLatestNamesOrNewer) {
       const std::string name = cat("k", n++), root = p(cat("runs/", name, "/checkpoints"));
       const std::string what = cat(point, ", keep ", keep);
       const std::string flags = cat(" --checkpoint.keep=", keep, " --job.name=", name);
-      const int crashed = testing::run_command(cat("LOOM_FAULT_AT=", point, ":6 ", LOOM_BINARY_DIR, "/loom ", train,
-                                                   " --training.steps=8 --checkpoint.every=2", flags, " 2>&1")).code;
+      const int crashed = testing::run_command(cat(LOOM_BINARY_DIR, "/loom ", train, " --training.steps=8 --checkpoint.every=2",
+                                                   flags, " --debug.fault_at=", point, ":6 2>&1")).code;
       ASSERT_EQ(crashed, 137) << what << ": the crash (SIGKILL) did not happen";
       const std::string latest_before = read_file(root + "/latest");
       const int64_t latest_step = std::stoll(latest_before.substr(5));
@@ -293,8 +293,9 @@ TEST_F(Cli, PruningNeverRemovesWhatLatestNamesOrNewer) {
     }
   // The reported case: latest = step_4 and step_6 on disk; a resume to step 5 with keep 1.
   const std::string root = p("runs/r/checkpoints");
-  ASSERT_EQ(testing::run_command(cat("LOOM_FAULT_AT=renamed:6 ", LOOM_BINARY_DIR, "/loom ", train,
-                                     " --training.steps=8 --checkpoint.every=2 --checkpoint.keep=1 2>&1")).code,
+  ASSERT_EQ(testing::run_command(cat(LOOM_BINARY_DIR, "/loom ", train,
+                                     " --training.steps=8 --checkpoint.every=2 --checkpoint.keep=1 --debug.fault_at=renamed:6 2>&1"))
+                .code,
             137);
   ASSERT_EQ(read_file(root + "/latest"), "step_4\n");
   const Result resumed = loom(cat(train, " --resume --training.steps=5 --checkpoint.every=1 --checkpoint.keep=1"));
@@ -338,11 +339,11 @@ TEST_F(Cli, FullDiskDuringASaveIsNamedAndKeepsThePreviousCheckpoint) {
 }
 
 // A rank whose compute takes over 3x the median for 3 steps is named, not stopped
-// (LOOM_DELAY_MS makes rank 1 sleep 100 ms a step); without one, nobody is named.
+// (debug.delay_ms makes rank 1 sleep 100 ms a step); without one, nobody is named.
 TEST_F(Cli, StragglersAreNamedNotStopped) {
   const std::string train = cat(LOOM_BINARY_DIR, "/loom train ", p("nano.toml"),
                                 " --quiet --parallel.dp=2 --training.eval_every=0 --checkpoint.every=0");
-  Result r = loom(cat("launch -n 2 -- /usr/bin/env LOOM_DELAY_MS=1:100 ", train, " --job.name=slow"));
+  Result r = loom(cat("launch -n 2 -- ", train, " --job.name=slow --debug.delay_ms=1:100"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const std::string out = r.out + r.err;
   // Named once it has been over 3x for 3 steps: at step 3 at the earliest, later when the
@@ -374,7 +375,7 @@ TEST_F(Cli, ElasticJobShrinksWhenARankDiesAndGrowsWhenOneJoins) {
   ASSERT_EQ(loom(cat("train ", train.substr(train.find(p("nano.toml"))), " --job.name=full")).code, 0);
   // Rank 0 sleeps 25 ms a step, so that the run lasts long enough for a launcher to join.
   const pid_t launcher = launch_in_background(
-      cat("-n 2:4 --max-restarts 2 -- /usr/bin/env LOOM_DELAY_MS=0:25 ", train, " --job.name=el"), p("el.out"));
+      cat("-n 2:4 --max-restarts 2 -- ", train, " --job.name=el --debug.delay_ms=0:25"), p("el.out"));
   ASSERT_GE(launcher, 0);
   const std::string metrics = p("runs/el/metrics.jsonl");
   wait_for_lines(metrics, 10);
@@ -463,8 +464,8 @@ TEST_F(Cli, ElasticJobStopsWhereItMust) {
     const std::string metrics = p(cat("runs/", name, "/metrics.jsonl"));
     // Rank 0 sleeps 20 ms a step: the run outlasts the wait for its 6th step.
     const pid_t launcher = launch_in_background(cat("-n ", k.nproc, " --max-restarts ", k.restarts,
-                                                    " -- /usr/bin/env LOOM_DELAY_MS=0:20 ", train, " --job.name=", name,
-                                                    " --training.steps=40 --checkpoint.every=5"),
+                                                    " -- ", train, " --job.name=", name,
+                                                    " --training.steps=40 --checkpoint.every=5 --debug.delay_ms=0:20"),
                                                 p(name + ".out"));
     wait_for_lines(metrics, 6);
     const pid_t victim = rank_pid(launcher, 1);

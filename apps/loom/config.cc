@@ -95,6 +95,11 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"checkpoint.every_s", 0.0},
       {"checkpoint.grace_s", 20.0},
       {"profile.trace_steps", std::string("")},
+      // Failures and slowness on demand, for tests and benchmarks (apps/loom/train_watch.h).
+      {"debug.fault_at", std::string("")},
+      {"debug.delay_ms", std::string("")},
+      {"debug.overflow_at", std::string("")},
+      {"debug.jitter_ms", int64_t{0}},
   };
   return kSchema;
 }
@@ -512,6 +517,8 @@ void Config::resolve(int world) {
   } catch (const InputError& e) {
     throw InputError(cat(where("profile.trace_steps"), " = ", e.what()));
   }
+  if (i("debug.jitter_ms") < 0 || i("debug.jitter_ms") > 1000000)
+    throw InputError(cat(where("debug.jitter_ms"), " = ", i("debug.jitter_ms"), ": expected milliseconds in [0, 1e6] (0: off)"));
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");

@@ -328,7 +328,7 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
   data::Sampler sampler(task.train_items(), job.seed);
-  const int64_t delay_ms = step_delay_ms(rank);
+  const int64_t delay_ms = step_delay_ms(job.c.s("debug.delay_ms"), rank);
   // [profile] trace_steps: this worker's compute, pushes and pulls (the communication track).
   std::optional<obs::Trace> trace;
   if (!job.trace_steps.empty() && job.trace_origin) trace.emplace(*job.trace_origin);
@@ -344,7 +344,7 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   for (int64_t step = reply.step; !reply.stop; ++step) {
     const bool tracing = trace && std::binary_search(job.trace_steps.begin(), job.trace_steps.end(), step + 1);
     const auto step_begin = Clock::now();
-    if (const int64_t ms = delay_ms + step_jitter_ms(rank, step); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (const int64_t ms = delay_ms + step_jitter_ms(job.c.i("debug.jitter_ms"), rank, step); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     dp.begin_step();
     std::vector<double> losses;
     for (int64_t m = 0; m < job.accum; ++m) {
@@ -444,7 +444,7 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
   if (!server && job.mode != parallel::PsMode::kSync)
     store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
-  install_fault_hook(env.rank);
+  install_fault_hook(c.s("debug.fault_at"), env.rank);
   // Which host each rank is on (its first rank there); in sync mode the workers of a host
   // sum their gradients first and one of them talks to the servers, as BytePS does.
   int host = world->local_ranks().front();

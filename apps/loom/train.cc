@@ -187,9 +187,9 @@ int run_train(const TrainArgs& a) {
   // [training] precision = "fp16": dynamic loss scaling (docs/numerics.md, "Mixed precision").
   const bool fp16 = c.s("training.precision") == "fp16";
   optim::LossScaler scaler({.init = c.f("training.loss_scale"), .window = c.i("training.loss_scale_window")});
-  const std::vector<int64_t> overflow_at = overflow_steps();
+  const std::vector<int64_t> overflow_at = overflow_steps(c.s("debug.overflow_at"));
   if (!overflow_at.empty() && !fp16)
-    throw InputError(cat("LOOM_OVERFLOW_AT is set but training.precision = \"", c.s("training.precision"),
+    throw InputError(cat("debug.overflow_at is set but training.precision = \"", c.s("training.precision"),
                          "\": only fp16 scales the loss and skips an overflowing step; expected training.precision = \"fp16\""));
   double load_s = 0;  // reading the weights (then the optimizer state, after joining)
   // NaN or Inf in the weights or the optimizer state this rank read would only spread
@@ -371,7 +371,7 @@ int run_train(const TrainArgs& a) {
   const json layout = {{"world", world->size()}, {"dp", dp_size}, {"tp", mesh.tp}, {"pp", mesh.pp},
                        {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
-  install_fault_hook(env.rank);
+  install_fault_hook(c.s("debug.fault_at"), env.rank);
   CheckpointSaver saver(*world, c.b("checkpoint.async"));
   if (c.b("checkpoint.async")) saver.prepare(share_bytes(mesh, params, dp));
   auto last_save = std::chrono::steady_clock::now();
@@ -411,7 +411,7 @@ int run_train(const TrainArgs& a) {
   ::sigaction(SIGTERM, &term, nullptr);
   int exit_code = 0;
   int64_t end_step = steps;  // earlier after SIGTERM
-  const int64_t delay_ms = step_delay_ms(env.rank);
+  const int64_t delay_ms = step_delay_ms(c.s("debug.delay_ms"), env.rank);
   StragglerWatch stragglers(world->size());
   double ckpt_stall_ms = -1;  // of the save after the last step, for the next step's line
   std::optional<std::chrono::steady_clock::time_point> terminate_seen;
@@ -429,7 +429,7 @@ int run_train(const TrainArgs& a) {
           pipe->set_observer([&](const parallel::PipeSpan& s) { trace->span(obs::Trace::kTraining, s.what, s.begin, s.end); });
       }
       dp.begin_step();
-      // fp16: the loss times the scale (times 2^40 in a step LOOM_OVERFLOW_AT names).
+      // fp16: the loss times the scale (times 2^40 in a step debug.overflow_at names).
       const double loss_scale =
           !fp16 ? 1 : scaler.scale() * (std::binary_search(overflow_at.begin(), overflow_at.end(), step + 1) ? 0x1p40 : 1);
       const double backward_scale = loss_scale / static_cast<double>(accum * dp_size);

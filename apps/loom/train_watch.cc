@@ -16,10 +16,8 @@ namespace loom::app {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-void install_fault_hook(int rank) {
-  const char* spec = std::getenv("LOOM_FAULT_AT");
-  if (spec == nullptr || *spec == '\0') return;
-  const std::string s = spec;
+void install_fault_hook(const std::string& s, int rank) {
+  if (s.empty()) return;
   const size_t a = s.find(':'), b = s.find(':', a == std::string::npos ? a : a + 1);
   std::string point = s.substr(0, a);
   int64_t step = -1, only = -1;
@@ -31,7 +29,7 @@ void install_fault_hook(int rank) {
   }
   const std::vector<std::string> points = {"shard", "state", "index", "renamed", "latest"};
   if (step < 0 || std::find(points.begin(), points.end(), point) == points.end())
-    throw InputError(cat("LOOM_FAULT_AT = \"", printable(s), "\": expected POINT:STEP[:RANK], POINT one of shard, state, "
+    throw InputError(cat("debug.fault_at = \"", printable(s), "\": expected POINT:STEP[:RANK], POINT one of shard, state, "
                          "index, renamed, latest"));
   if (only >= 0 && only != rank) return;
   checkpoint::set_fault_hook([point, step](std::string_view at, int64_t saving) {
@@ -39,10 +37,8 @@ void install_fault_hook(int rank) {
   });
 }
 
-int64_t step_delay_ms(int rank) {
-  const char* spec = std::getenv("LOOM_DELAY_MS");
-  if (spec == nullptr || *spec == '\0') return 0;
-  const std::string s = spec;
+int64_t step_delay_ms(const std::string& s, int rank) {
+  if (s.empty()) return 0;
   const size_t colon = s.find(':');
   try {
     if (colon == std::string::npos) throw std::invalid_argument(s);
@@ -50,15 +46,13 @@ int64_t step_delay_ms(int rank) {
     if (ms < 0) throw std::invalid_argument(s);
     return who == rank ? ms : 0;
   } catch (const std::exception&) {
-    throw InputError(cat("LOOM_DELAY_MS = \"", printable(s), "\": expected RANK:MS"));
+    throw InputError(cat("debug.delay_ms = \"", printable(s), "\": expected RANK:MS"));
   }
 }
 
-std::vector<int64_t> overflow_steps() {
-  const char* spec = std::getenv("LOOM_OVERFLOW_AT");
-  if (spec == nullptr || *spec == '\0') return {};
+std::vector<int64_t> overflow_steps(const std::string& s) {
+  if (s.empty()) return {};
   std::vector<int64_t> steps;
-  const std::string s = spec;
   for (size_t at = 0; at <= s.size();) {
     const size_t comma = std::min(s.find(',', at), s.size());
     int64_t step = -1;
@@ -68,7 +62,7 @@ std::vector<int64_t> overflow_steps() {
       if (used != comma - at) step = -1;
     } catch (const std::exception&) {
     }
-    if (step < 1) throw InputError(cat("LOOM_OVERFLOW_AT = \"", printable(s), "\": expected STEP[,STEP...], each >= 1"));
+    if (step < 1) throw InputError(cat("debug.overflow_at = \"", printable(s), "\": expected STEP[,STEP...], each >= 1"));
     steps.push_back(step);
     at = comma + 1;
   }
@@ -76,17 +70,8 @@ std::vector<int64_t> overflow_steps() {
   return steps;
 }
 
-int64_t step_jitter_ms(int rank, int64_t step) {
-  const char* spec = std::getenv("LOOM_JITTER_MS");
-  if (spec == nullptr || *spec == '\0') return 0;
-  int64_t ms = -1;
-  try {
-    size_t used = 0;
-    ms = std::stoll(spec, &used);
-    if (spec[used] != '\0') ms = -1;
-  } catch (const std::exception&) {
-  }
-  if (ms < 0) throw InputError(cat("LOOM_JITTER_MS = \"", printable(spec), "\": expected milliseconds"));
+int64_t step_jitter_ms(int64_t ms, int rank, int64_t step) {
+  if (ms <= 0) return 0;
   uint64_t h = (static_cast<uint64_t>(rank) << 40) ^ static_cast<uint64_t>(step);  // splitmix64
   h += 0x9e3779b97f4a7c15ull;
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -16,25 +16,27 @@
 
 namespace loom::app {
 
-// LOOM_FAULT_AT=POINT:STEP[:RANK] (tests, docs/formats.md "Crash safety"): this process
+// The [debug] keys (docs/config.md): failures and slowness on demand, for the tests and
+// benchmarks that need them. Each is off when empty (0).
+//
+// debug.fault_at = "POINT:STEP[:RANK]" (docs/formats.md "Crash safety"): this process
 // SIGKILLs itself at that point of the save of that step (on that rank; default every rank).
-// InputError when the variable is malformed.
-void install_fault_hook(int rank);
+// InputError naming the key when malformed.
+void install_fault_hook(const std::string& fault_at, int rank);
 
-// LOOM_DELAY_MS=RANK:MS (tests): that rank sleeps MS ms in every step's compute, a
-// straggler on demand. 0 for every other rank.
-int64_t step_delay_ms(int rank);
+// debug.delay_ms = "RANK:MS": that rank sleeps MS ms in every step's compute, a straggler
+// on demand. 0 for every other rank.
+int64_t step_delay_ms(const std::string& delay_ms, int rank);
 
-// LOOM_OVERFLOW_AT=STEP[,STEP...] (tests, docs/numerics.md "Mixed precision"): in those
-// steps (1-based, as metrics.jsonl counts them) backward runs on the loss times 2^40 on top
-// of fp16's loss scale, so its gradients overflow as a diverging step's would. Empty when
-// unset; InputError when malformed.
-std::vector<int64_t> overflow_steps();
+// debug.overflow_at = "STEP[,STEP...]" (docs/numerics.md "Mixed precision"): in those steps
+// (1-based, as metrics.jsonl counts them) backward runs on the loss times 2^40 on top of
+// fp16's loss scale, so its gradients overflow as a diverging step's would.
+std::vector<int64_t> overflow_steps(const std::string& overflow_at);
 
-// LOOM_JITTER_MS=MS (benchmarks): every rank stalls now and then, MS per step on average:
-// 4 x MS in a quarter of its steps, chosen by a hash of (rank, step), else not at all. 0
-// when unset. InputError when malformed.
-int64_t step_jitter_ms(int rank, int64_t step);
+// debug.jitter_ms = MS (benchmarks): every rank stalls now and then, MS per step on
+// average: 4 x MS in a quarter of its steps, chosen by a hash of (rank, step), else not at
+// all.
+int64_t step_jitter_ms(int64_t jitter_ms, int rank, int64_t step);
 
 // Rank 0's watch for stragglers (docs/launch.md, "Stragglers"): a rank whose compute time
 // (its step less the time it waited for others) is over 3x the (lower) median of every
