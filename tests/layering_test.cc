@@ -31,7 +31,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"},    {"loom/trace.h", "obs"},
     {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
     {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
-    {"loom/tensor_parallel.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
+    {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/sampler.h", "serve"},
 };
@@ -113,6 +113,20 @@ TEST(Layering, EveryLibraryIncludesOnlyItselfAndWhatIsBelowIt) {
   }
   EXPECT_GT(files, 100);
   for (const std::string& v : found) ADD_FAILURE() << v;
+}
+
+// Within parallel/: the pipeline executor and the tensor-parallel seam know nothing of data
+// parallelism (what brackets a backward piece is the caller's callback), so that the step's
+// owner can combine them with any data-parallel strategy.
+TEST(Layering, PipelineAndTensorParallelDoNotIncludeDataParallel) {
+  const fs::path root = LOOM_SOURCE_DIR;
+  static const std::regex data_parallel(R"re(^\s*#\s*include\s*"loom/data_parallel\.h")re");
+  for (const char* file : {"include/loom/pipeline.h", "src/parallel/pipeline.cc", "include/loom/tensor_parallel.h",
+                           "src/parallel/tensor_parallel.cc"}) {
+    std::ifstream in(root / file);
+    ASSERT_TRUE(in) << file;
+    for (std::string line; std::getline(in, line);) EXPECT_FALSE(std::regex_search(line, data_parallel)) << file << ": " << line;
+  }
 }
 
 // The checker itself: it sees a violation where there is one.

@@ -106,7 +106,8 @@ parallel::StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
 
 std::vector<double> pipeline_step(const Mesh& mesh, parallel::Pipeline& pipe, parallel::DataParallel& dp,
                                   const parallel::Pipeline::Batch& batch, int64_t b, int64_t t, double scale) {
-  std::vector<double> losses = pipe.run(batch, b, t, scale, dp);
+  std::vector<double> losses =
+      pipe.run(batch, b, t, scale, {.begin = [&] { dp.begin_micro_step(false); }, .end = [&] { dp.end_micro_step(); }});
   losses.resize(static_cast<size_t>(pipe.schedule().microbatches));  // the last stage's, to every stage
   comm::broadcast(*mesh.pipe, {.buffer = losses.data(), .count = losses.size(), .dtype = DType::kF64, .root = mesh.pp - 1});
   dp.sum_tied_gradients();

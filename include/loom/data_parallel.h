@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "loom/comm.h"
+#include "loom/comm_span.h"
 #include "loom/optim.h"
 #include "loom/params.h"
 
@@ -51,14 +52,6 @@ struct CommStats {
   double comm_ms = 0;     // time the progress thread spent in this step's collectives
   double exposed_ms = 0;  // time the training thread spent waiting for them
   int64_t bytes = 0;      // payload bytes of the collectives this rank issued
-};
-
-// One collective of this rank, for traces: the progress thread ran it over [begin, end);
-// the training thread blocked on it over [wait_begin, wait_end) (empty when it did not).
-struct CommSpan {
-  std::string what;
-  int64_t bytes = 0;
-  std::chrono::steady_clock::time_point begin, end, wait_begin, wait_end;
 };
 
 // Bytes of model state this rank holds (what ZeRO divides).

@@ -6,8 +6,8 @@
 // Layout: the n_layer blocks are cut into p x v contiguous, equal ranges in virtual-stage
 // order (chunk c of stage s is virtual stage c p + s); the first virtual stage also holds
 // the embeddings, the last ln_f and the head. The head is tied to wte, so with p > 1 the
-// last stage holds a copy of wte, whose gradients DataParallel::sum_tied_gradients adds to
-// the first stage's.
+// last stage holds a copy of wte, whose gradients the caller adds to the first stage's
+// (DataParallel::sum_tied_gradients).
 //
 // Every directed link (stage to stage, activations or gradients) is its own two-rank
 // communicator, so a link's progress thread never waits behind another link's transfer.
@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "loom/comm.h"
-#include "loom/data_parallel.h"
 #include "loom/nn/gpt.h"
 #include "loom/schedule.h"
 
@@ -80,14 +79,20 @@ class Pipeline {
   // stage for each micro-batch as it enters or leaves the pipeline.
   using Batch = std::function<std::pair<Tensor, Tensor>(int microbatch)>;
 
+  // What brackets each backward piece: `begin` before it adds to the gradients, `end` after
+  // (DataParallel's begin_micro_step(false) / end_micro_step, so that deterministic mode
+  // sums each piece exactly). Either may be empty.
+  struct BackwardPieces {
+    std::function<void()> begin, end;
+  };
+
   // Runs this stage's list for one optimizer step: gradients of (mean loss x scale) of every
-  // micro-batch are accumulated into gpt's gradients, each backward piece between
-  // dp.begin_micro_step(false) and dp.end_micro_step() (so deterministic mode sums it
-  // exactly). The caller then finishes the step (sum_tied_gradients, the last micro-step,
-  // finish_step). Returns the micro-batch losses on the last stage, empty elsewhere.
+  // micro-batch are accumulated into gpt's gradients, each backward piece inside `pieces`.
+  // The caller then finishes the step (the tied gradients, the sums over replicas, the
+  // update). Returns the micro-batch losses on the last stage, empty elsewhere.
   // RuntimeError when a neighbour dies or stalls, naming this stage, the micro-batch, the
   // transfer and the neighbour's stage and rank.
-  std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp);
+  std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, const BackwardPieces& pieces);
 
   // Called on the training thread for every compute action and every wait; empty: off.
   void set_observer(std::function<void(const PipeSpan&)> observer);

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "loom/comm.h"
-#include "loom/data_parallel.h"
+#include "loom/comm_span.h"
 #include "loom/nn/shard.h"
 
 namespace loom::parallel {

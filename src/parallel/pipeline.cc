@@ -213,7 +213,13 @@ const Schedule& Pipeline::schedule() const { return impl_->schedule; }
 void Pipeline::set_observer(std::function<void(const PipeSpan&)> observer) { impl_->observer = std::move(observer); }
 void Pipeline::set_loss_targets(LossTargets targets) { impl_->loss_targets = std::move(targets); }
 
-std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, DataParallel& dp) {
+std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, const BackwardPieces& pieces) {
+  auto begin_piece = [&] {
+    if (pieces.begin) pieces.begin();
+  };
+  auto end_piece = [&] {
+    if (pieces.end) pieces.end();
+  };
   Impl& m = *impl_;
   const Schedule& s = m.schedule;
   const int v = s.virtual_stages, st = m.stage;
@@ -307,23 +313,23 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           const bool defer = a.op == PipeOp::kBackwardInput;
           Tensor dy;
           if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
-            dp.begin_micro_step(false);
+            begin_piece();
             dy = m.gpt.backward_head(x.ctx, scale, defer);
-            dp.end_micro_step();
+            end_piece();
           } else {
             dy = x.grad_in;
           }
-          dp.begin_micro_step(false);
+          begin_piece();
           Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx, defer);
           if (first) m.gpt.backward_embed(dx, x.ctx);
           else x.dx = dx;
-          dp.end_micro_step();
+          end_piece();
           break;
         }
         case PipeOp::kBackwardWeight:
-          dp.begin_micro_step(false);
+          begin_piece();
           m.gpt.backward_weights(lo, hi, last, x.ctx);
-          dp.end_micro_step();
+          end_piece();
           break;
       }
       if (pipe_op_computes(a.op)) {

@@ -127,7 +127,8 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
     dp.begin_step();
     std::vector<double> micro = pipe.run(
         [&](int mb) { return micro_batch(order, step, dp_i * m_count + mb); }, 1, kT,
-        1.0 / static_cast<double>(kGlobalBatch), dp);
+        1.0 / static_cast<double>(kGlobalBatch),
+        {.begin = [&] { dp.begin_micro_step(false); }, .end = [&] { dp.end_micro_step(); }});
     // The last stage's losses, to every stage.
     micro.resize(static_cast<size_t>(m_count));
     comm::broadcast(*pp_comm, {.buffer = micro.data(), .count = micro.size(), .dtype = DType::kF64, .root = run.pp - 1});
