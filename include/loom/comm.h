@@ -141,10 +141,10 @@ class Communicator {
   static constexpr size_t kFlightRecords = 64;
   std::vector<FlightRecord> flight_record() const;
 
-  struct Impl;
-  Impl& impl() { return *impl_; }
+  struct Impl;  // src/comm/communicator_impl.h: the collectives reach it, nothing else does
 
  private:
+  friend struct CommunicatorAccess;
   explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -51,7 +51,7 @@ Algorithm resolve(const Impl& m, Algorithm a, size_t bytes, std::string_view op,
 template <typename Body>
 Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool async, Body body,
          bool p2p = false) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   auto t = timeout_of(m, timeout);
   auto op = [&m, fp, t, body]() mutable {
     OpContext c{*m.transport, fp, t, m.scratch};
@@ -63,7 +63,7 @@ Work run(Communicator& comm, const Fingerprint& fp, milliseconds timeout, bool a
 }
 
 Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_reducible(o.dtype, o.op);
   check_buffer(o.output, o.count, "all_reduce", "output");
   const char* in = static_cast<const char*>(o.input ? o.input : o.output);
@@ -79,7 +79,7 @@ Work do_all_reduce(Communicator& comm, const AllReduceOptions& o, bool async) {
 }
 
 Work do_reduce(Communicator& comm, const ReduceOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_reducible(o.dtype, o.op);
   check_root(m, o.root, "reduce");
   const char* in = static_cast<const char*>(o.input ? o.input : o.output);
@@ -97,7 +97,7 @@ Work do_reduce(Communicator& comm, const ReduceOptions& o, bool async) {
 }
 
 Work do_broadcast(Communicator& comm, const BroadcastOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_root(m, o.root, "broadcast");
   check_buffer(o.buffer, o.count, "broadcast", "buffer");
   size_t bytes = o.count * dtype_size(o.dtype);
@@ -114,7 +114,7 @@ Work do_broadcast(Communicator& comm, const BroadcastOptions& o, bool async) {
 }
 
 Work do_all_gather(Communicator& comm, const AllGatherOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_buffer(o.output, o.count, "all_gather", "output");
   size_t es = dtype_size(o.dtype);
   char* out = static_cast<char*>(o.output);
@@ -130,7 +130,7 @@ Work do_all_gather(Communicator& comm, const AllGatherOptions& o, bool async) {
 }
 
 Work do_reduce_scatter(Communicator& comm, const ReduceScatterOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_reducible(o.dtype, o.op);
   check_buffer(o.output, o.count, "reduce_scatter", "output");
   check_buffer(o.input, o.count, "reduce_scatter", "input");
@@ -147,7 +147,7 @@ Work do_reduce_scatter(Communicator& comm, const ReduceScatterOptions& o, bool a
 }
 
 Work do_all_to_all(Communicator& comm, const AllToAllOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_buffer(o.output, o.count, "all_to_all", "output");
   size_t block = o.count * dtype_size(o.dtype);
   char* out = static_cast<char*>(o.output);
@@ -167,7 +167,7 @@ Work do_all_to_all(Communicator& comm, const AllToAllOptions& o, bool async) {
 }
 
 Work do_gather(Communicator& comm, const GatherOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_root(m, o.root, "gather");
   check_buffer(o.input, o.count, "gather", "input");
   if (m.rank == o.root) check_buffer(o.output, o.count, "gather", "output on the root");
@@ -183,7 +183,7 @@ Work do_gather(Communicator& comm, const GatherOptions& o, bool async) {
 }
 
 Work do_scatter(Communicator& comm, const ScatterOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   check_root(m, o.root, "scatter");
   check_buffer(o.output, o.count, "scatter", "output");
   if (m.rank == o.root) check_buffer(o.input, o.count, "scatter", "input on the root");
@@ -199,7 +199,7 @@ Work do_scatter(Communicator& comm, const ScatterOptions& o, bool async) {
 }
 
 Work do_barrier(Communicator& comm, const BarrierOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   auto fp = m.next_fp(OpKind::kBarrier, DType::kU8, ReduceOp::kSum, -1, 0);
   return run(comm, fp, o.timeout, async, [&m](OpContext& c) {
     if (auto* native = m.transport->native()) return native->barrier(c.fp, c.timeout);
@@ -209,7 +209,7 @@ Work do_barrier(Communicator& comm, const BarrierOptions& o, bool async) {
 }
 
 Work do_send(Communicator& comm, const SendOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank, "send: peer ", o.peer, " is not another rank of ",
        m.size);
   check_buffer(o.buffer, o.count, "send", "buffer");
@@ -222,7 +222,7 @@ Work do_send(Communicator& comm, const SendOptions& o, bool async) {
 }
 
 Work do_recv(Communicator& comm, const RecvOptions& o, bool async) {
-  Impl& m = comm.impl();
+  Impl& m = CommunicatorAccess::impl(comm);
   need(o.peer >= 0 && o.peer < m.size && o.peer != m.rank, "recv: peer ", o.peer, " is not another rank of ",
        m.size);
   check_buffer(o.buffer, o.count, "recv", "buffer");

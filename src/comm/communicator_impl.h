@@ -112,4 +112,10 @@ struct Communicator::Impl {
   void progress_loop();
 };
 
+// The collectives' way in to a communicator's state (Communicator::impl_ is private, so that
+// nothing outside comm/ reaches it).
+struct CommunicatorAccess {
+  static Communicator::Impl& impl(Communicator& c) { return *c.impl_; }
+};
+
 }  // namespace loom::comm
