@@ -31,7 +31,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"},    {"loom/trace.h", "obs"},
     {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
     {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
-    {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
+    {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/mesh.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/sampler.h", "serve"},
 };
