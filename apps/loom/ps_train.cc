@@ -13,7 +13,7 @@
 #include <optional>
 #include <thread>
 
-#include "checkpointing.h"
+#include "loom/checkpointing.h"
 #include "loom/checkpoint.h"
 #include "loom/data.h"
 #include "loom/data_parallel.h"
@@ -34,6 +34,12 @@
 
 namespace loom::app {
 namespace fs = std::filesystem;
+using parallel::CheckpointSaver;
+using parallel::open_for_resume;
+using parallel::rank_share;
+using parallel::RankShare;
+using parallel::save_checkpoint;
+using parallel::set_aside_uncommitted_steps;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 

@@ -11,7 +11,7 @@
 #include <optional>
 #include <thread>
 
-#include "checkpointing.h"
+#include "loom/checkpointing.h"
 #include "commands.h"
 #include "config.h"
 #include "loom/bounded_json.h"
@@ -42,6 +42,12 @@
 
 namespace loom::app {
 namespace fs = std::filesystem;
+using parallel::CheckpointSaver;
+using parallel::open_for_resume;
+using parallel::rank_share;
+using parallel::RankShare;
+using parallel::save_checkpoint;
+using parallel::set_aside_uncommitted_steps;
 using json = nlohmann::json;
 
 namespace {

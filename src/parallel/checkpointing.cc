@@ -1,4 +1,4 @@
-#include "checkpointing.h"
+#include "loom/checkpointing.h"
 
 #include <chrono>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include "loom/error.h"
 #include "loom/log.h"
 
-namespace loom::app {
+namespace loom::parallel {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -45,13 +45,13 @@ int64_t RankShare::bytes() const {
   return n;
 }
 
-size_t share_bytes(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp) {
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp) {
   int64_t elements = 0;
   for (const auto& [lo, hi] : subtract(dp.owned_ranges(), copied_ranges(mesh, params))) elements += hi - lo;
   return static_cast<size_t>(elements) * dtype_size(params.dtype()) * (1 + dp.owned_optimizer_state().buffers.size());
 }
 
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp,
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
                      checkpoint::PieceArena& arena) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
@@ -215,4 +215,4 @@ checkpoint::Checkpoint open_for_resume(const std::string& root, const json& mode
   return ck;
 }
 
-}  // namespace loom::app
+}  // namespace loom::parallel

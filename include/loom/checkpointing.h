@@ -1,6 +1,7 @@
-// Sharded checkpoints from `loom train` (docs/formats.md, "Checkpoint directories"): every
-// rank writes the part of the model and optimizer state it owns, in parallel, and rank 0
-// commits the directory once every shard is on disk.
+// Sharded checkpoints of a parallel training job (docs/formats.md, "Checkpoint
+// directories"): every rank writes the part of the model and optimizer state it owns, in
+// parallel, and rank 0 commits the directory once every shard is on disk. In parallel/, not
+// checkpoint/: what a rank owns is its mesh's and DataParallel's to say (docs/architecture.md).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -15,9 +16,9 @@
 #include "loom/checkpoint.h"
 #include "loom/comm.h"
 #include "loom/data_parallel.h"
-#include "stages.h"
+#include "loom/mesh.h"
 
-namespace loom::app {
+namespace loom::parallel {
 
 // What one rank writes: its share of its replica's parameters and optimizer state (its
 // part of every unit, less what another rank of the replica also holds), as blocks of the
@@ -28,10 +29,10 @@ struct RankShare {
   int64_t optimizer_steps = 0;
   int64_t bytes() const;  // of every piece's data
 };
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp,
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
                      checkpoint::PieceArena& arena);
 // The bytes of that share.
-size_t share_bytes(const Mesh& mesh, const ParamSet& params, const parallel::DataParallel& dp);
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp);
 
 // Writes checkpoint root/step_<step> from every rank's share. Collective over `world`;
 // rank 0 writes the index and the state ({state} plus format, version, step and the
@@ -99,4 +100,4 @@ void set_aside_uncommitted_steps(const std::string& root);
 checkpoint::Checkpoint open_for_resume(const std::string& root, const nlohmann::json& model, uint64_t seed, int64_t steps,
                                        int64_t global_batch);
 
-}  // namespace loom::app
+}  // namespace loom::parallel
