@@ -36,87 +36,16 @@ Config inference_config(const std::string& path, const std::vector<std::string>&
   return c;
 }
 
-namespace {
-
-// The block ids of a checkpoint's weights named [transformer.]h.<id>.*; names that are not
-// blocks are ignored.
-std::set<int64_t> block_ids(const checkpoint::Checkpoint& ck) {
-  std::set<int64_t> ids;
-  for (const auto& e : ck.tensors()) {
-    if (e.part != checkpoint::Part::kModel) continue;
-    const std::string n = e.name.starts_with("transformer.") ? e.name.substr(12) : e.name;
-    const size_t dot = n.find('.', 2);
-    if (!n.starts_with("h.") || dot == std::string::npos || dot == 2 || dot > 11) continue;
-    const std::string digits = n.substr(2, dot - 2);
-    if (digits.find_first_not_of("0123456789") == std::string::npos) ids.insert(std::stoll(digits));
-  }
-  return ids;
-}
-
-}  // namespace
-
 nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
-  // What errors about the weights name: the file, or the checkpoint's directory.
-  const std::string f_path = ck.format_version() == 0 ? ck.path() : (std::filesystem::path(ck.path()) / "index.json").string();
-  auto find = [&](const std::string& name) {
-    std::optional<checkpoint::TensorInfo> e = ck.find("transformer." + name);
-    if (!e || e->shape.size() != 2)
-      throw InputError(cat(f_path, ": no 2-D tensor ", name, " (expected GPT-2 weights with Hugging Face names)"));
-    return *e;
-  };
-  const checkpoint::TensorInfo wte = find("wte.weight");
-  const checkpoint::TensorInfo wpe = find("wpe.weight");
-  const std::set<int64_t> blocks = block_ids(ck);
-  nn::GptConfig g;
-  std::string from;
-  const bool from_state = ck.has_state() && !ck.state().model.is_null();
-  if (from_state) {
-    const nlohmann::json& m = ck.state().model;  // fields validated by Checkpoint::open
-    from = (std::filesystem::path(ck.path()) / "state.json").string() + ": model";
-    if (m["kind"] != "gpt") throw InputError(cat(from, ".kind = ", m["kind"].dump(), ": expected \"gpt\""));
-    g = {.n_layer = m["n_layer"].get<int64_t>(), .n_head = m["n_head"].get<int64_t>(),
-         .d_model = m["d_model"].get<int64_t>(), .seq_len = m["seq_len"].get<int64_t>(),
-         .vocab_size = m["vocab_size"].get<int64_t>()};
-  } else {
-    from = f_path;
-    g = {.n_layer = static_cast<int64_t>(blocks.size()), .n_head = c.i("model.n_head"), .d_model = wte.shape[1],
-         .seq_len = wpe.shape[0], .vocab_size = wte.shape[0]};
-    if (g.d_model > 0 && g.d_model % g.n_head != 0)
-      throw InputError(cat(f_path, ": d_model ", g.d_model, " is not divisible by model.n_head = ", g.n_head,
-                           " (set it with --model.n_head=N or a config)"));
-  }
-  if (const std::string problem = nn::gpt_config_problem(g); !problem.empty())
-    throw InputError(cat(from, from_state ? "." : ": ", problem));
-  for (const auto& [e, want] : {std::pair{wte, Shape{g.vocab_size, g.d_model}}, std::pair{wpe, Shape{g.seq_len, g.d_model}}})
-    if (e.shape != want)
-      throw InputError(cat(f_path, ": tensor ", e.name, " has shape ", shape_str(e.shape), ", the model shape (",
-                           from_state ? from : "read off wte and wpe", ": vocab_size ", g.vocab_size, ", seq_len ",
-                           g.seq_len, ", d_model ", g.d_model, ") needs ", shape_str(want)));
-  if (blocks.size() != static_cast<size_t>(g.n_layer) || (!blocks.empty() && *blocks.rbegin() != g.n_layer - 1))
-    throw InputError(cat(from, ": n_layer = ", g.n_layer, ", but ", f_path, " holds blocks ",
-                         blocks.empty() ? std::string("none") : cat(*blocks.begin(), "..", *blocks.rbegin(), " (",
-                                                                     blocks.size(), " of them)")));
-  return g;
+  return serve::gpt_shape_of(ck, c.i("model.n_head"));
 }
-
 
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
-  const nn::GptConfig shape = gpt_shape_of(ck, c);
-  auto gpt = std::make_unique<nn::Gpt>(shape);
-  if (holds_int8(ck))
-    load_int8(ck, *gpt);
-  else
-    ck.load_params(gpt->params());
-  if (const std::string bad = ck.nonfinite_report(); !bad.empty())
-    log_warn(cat(bad, "; what the model computes from them is not meaningful"));
-  if (int8 && !gpt->int8()) gpt->use_int8(gpt->quantize_int8());
-  return gpt;
+  return serve::load_gpt(ck, c.i("model.n_head"), int8);
 }
 
 std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
-  auto gpt = load_gpt(ck, c, int8);
-  if (!gpt->int8()) gpt->use_panels();
-  return gpt;
+  return serve::load_gpt_for_decoding(ck, c.i("model.n_head"), int8);
 }
 
 int run_eval(const EvalArgs& a) {

@@ -8,42 +8,26 @@
 #include "config.h"
 #include "loom/checkpoint.h"
 #include "loom/nn/gpt.h"
+#include "loom/serve/gpt_loading.h"
 
 namespace loom::app {
+
+using serve::gpt_weight_bytes;
+using serve::holds_int8;
+using serve::kv_cache_dtype_named;
+using serve::load_int8;
+using serve::quantize_named;
 
 // A config file (optional) and --section.key=value overrides, resolved, with the compute
 // settings (threads, GEMM) applied.
 Config inference_config(const std::string& path, const std::vector<std::string>& overrides);
-// The shape of the GPT a checkpoint holds, from state.json or read off a bare safetensors
-// file (n_head from `c`), checked to make a GPT and to agree with the weights' shapes;
-// nothing is loaded. InputError names the file and field.
+// serve::gpt_shape_of, load_gpt and load_gpt_for_decoding (loom/serve/gpt_loading.h), with
+// n_head from `c`: what a bare safetensors file cannot say.
 nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c);
-// The GPT a checkpoint holds, its shape from state.json or read off a bare safetensors file
-// (n_head from `c`), checked against the weights before it is built. Warns about NaN or
-// Inf weights. InputError names the file and field.
-// int8: compute with int8 weights (docs/serving.md, "INT8 weights"), quantized now from f32
-// ones; a checkpoint written by `loom quantize` always loads as int8.
 std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8 = false);
-// load_gpt for decoding (`loom sample`, `loom serve`): f32 weights go into panels
-// (Gpt::use_panels: the same bits, faster few-row products).
 std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8);
 
-// INT8 weights (apps/loom/quantize.cc). Whether a checkpoint holds them (written by loom quantize).
-bool holds_int8(const checkpoint::Checkpoint& ck);
-// Fills `gpt` from such a checkpoint: the f32 tensors as they are, the int8 weights with
-// their scales through Gpt::use_int8. InputError naming the file and tensor when one is
-// missing or of another dtype or shape.
-void load_int8(const checkpoint::Checkpoint& ck, nn::Gpt& gpt);
-// What Gpt::weight_bytes() gives for a GPT of this shape as load_gpt_for_decoding makes it
-// (int8 weights, or f32 ones in panels), without building one.
-int64_t gpt_weight_bytes(const nn::GptConfig& g, bool int8);
 // `loom ckpt export --format onnx` (apps/loom/onnx_export.cc): the GPT as an ONNX graph at `out`.
 int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::string& out);
-
-// --quantize's value: "none" (false) or "int8" (true); InputError for any other.
-bool quantize_named(const std::string& value);
-// --kv-cache-dtype's value: "f32" or "bf16" (the keys and values of an f32 model kept in
-// bf16: half the memory, docs/serving.md); InputError for any other.
-DType kv_cache_dtype_named(const std::string& value);
 
 }  // namespace loom::app

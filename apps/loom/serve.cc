@@ -29,7 +29,7 @@
 #include "loom/rng.h"
 #include "loom/serve/batcher.h"
 #include "loom/serve/completion_request.h"
-#include "model_cache.h"
+#include "loom/serve/model_cache.h"
 #include "loom/serve/sampler.h"
 
 namespace loom::app {
@@ -41,6 +41,10 @@ using serve::BatcherLimits;
 using serve::BatchStep;
 using serve::CompletionRequest;
 using serve::Generation;
+using serve::Model;
+using serve::ModelCache;
+using serve::ModelUnavailable;
+using serve::Route;
 using serve::parse_completion_request;
 using serve::PrefixCache;
 using serve::Refusal;
@@ -128,7 +132,7 @@ class Server {
         started_(std::time(nullptr)),
         threads_(c.threads(/*local_ranks=*/1)),
         lanes_(a.lanes == 0 ? threads_ : static_cast<int>(a.lanes)),
-        cache_(specs, c, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
+        cache_(specs, c.i("model.n_head"), static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
                  // --kv-cache-mb in pages; at least one window, and no more than a full batch

@@ -16,13 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "loom/serve/batcher.h"
-#include "config.h"
 #include "loom/nn/gpt.h"
+#include "loom/serve/batcher.h"
 
-namespace loom::app {
-
-using serve::Batcher;
+namespace loom::serve {
 
 struct Model {
   std::string name, path;
@@ -46,8 +43,8 @@ class ModelCache {
   // Opens every checkpoint now (a bad path or index is an InputError naming it), and loads
   // the weights of as many as fit in `memory_bytes` (0: no limit), in the order given.
   // int8: f32 models compute with int8 weights (quantized as they load); int8 checkpoints
-  // always do.
-  ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, bool int8, MakeBatcher make_batcher);
+  // always do. n_head: what a bare safetensors file's model has (it cannot say).
+  ModelCache(const std::vector<Spec>& specs, int64_t n_head, int64_t memory_bytes, bool int8, MakeBatcher make_batcher);
   ~ModelCache();
 
   bool has(const std::string& name) const;
@@ -71,7 +68,7 @@ class ModelCache {
   std::shared_ptr<Model> load(Entry& e, std::unique_lock<std::mutex>& lock);
   bool make_room(int64_t bytes, const Entry& keep);
 
-  Config config_;
+  int64_t n_head_;
   int64_t budget_;
   MakeBatcher make_batcher_;
   mutable std::mutex mu_;
@@ -98,4 +95,4 @@ class Route {
   std::mutex mu_;
 };
 
-}  // namespace loom::app
+}  // namespace loom::serve

@@ -1,12 +1,12 @@
-#include "model_cache.h"
+#include "loom/serve/model_cache.h"
 
 #include <algorithm>
 
-#include "infer.h"
+#include "loom/serve/gpt_loading.h"
 #include "loom/checkpoint.h"
 #include "loom/log.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 struct ModelCache::Entry {
   Spec spec;
@@ -24,14 +24,14 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 }  // namespace
 
-ModelCache::ModelCache(const std::vector<Spec>& specs, const Config& c, int64_t memory_bytes, bool int8,
+ModelCache::ModelCache(const std::vector<Spec>& specs, int64_t n_head, int64_t memory_bytes, bool int8,
                        MakeBatcher make_batcher)
-    : config_(c), budget_(memory_bytes), make_batcher_(std::move(make_batcher)) {
+    : n_head_(n_head), budget_(memory_bytes), make_batcher_(std::move(make_batcher)) {
   for (const Spec& s : specs) {
     auto e = std::make_unique<Entry>();
     e->spec = s;
     const auto ck = checkpoint::Checkpoint::open(s.path);
-    e->shape = gpt_shape_of(ck, c);
+    e->shape = gpt_shape_of(ck, n_head);
     e->int8 = int8 || holds_int8(ck);
     e->bytes = gpt_weight_bytes(e->shape, e->int8);
     entries_[s.name] = std::move(e);
@@ -69,7 +69,7 @@ std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& 
     m = std::make_shared<Model>();
     m->name = e.spec.name;
     m->path = e.spec.path;
-    m->gpt = load_gpt_for_decoding(checkpoint::Checkpoint::open(e.spec.path), config_, e.int8);
+    m->gpt = load_gpt_for_decoding(checkpoint::Checkpoint::open(e.spec.path), n_head_, e.int8);
     if (m->gpt->config().vocab_size != e.shape.vocab_size || m->gpt->weight_bytes() != e.bytes)
       throw InputError(cat(e.spec.path, ": the checkpoint changed since the server started"));
     m->batcher = make_batcher_(*m->gpt);
@@ -182,4 +182,4 @@ std::string Route::pick() {
   return targets_[best].first;
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve
