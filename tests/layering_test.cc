@@ -34,7 +34,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/mesh.h", "parallel"}, {"loom/checkpointing.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
-    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/sampler.h", "serve"},
+    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"},
 };
 
 // What each library may include: itself and the libraries below it.
