@@ -34,12 +34,6 @@
 
 namespace loom::app {
 namespace fs = std::filesystem;
-using parallel::CheckpointSaver;
-using parallel::open_for_resume;
-using parallel::rank_share;
-using parallel::RankShare;
-using parallel::save_checkpoint;
-using parallel::set_aside_uncommitted_steps;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -112,8 +106,9 @@ void gather_ranges(comm::Communicator& group, ParamSet& params, const std::vecto
 }
 
 // A server's share of a checkpoint: its range of the parameters and its optimizer state.
-RankShare server_share(const ParamSet& params, const parallel::ParamServer& server, int64_t begin, int64_t end) {
-  RankShare share;
+parallel::RankShare server_share(const ParamSet& params, const parallel::ParamServer& server, int64_t begin,
+                                 int64_t end) {
+  parallel::RankShare share;
   const size_t es = dtype_size(params.dtype());
   const auto* v = static_cast<const char*>(params.values().raw());
   share.model = checkpoint::pieces(params, {{begin, end, v + begin * static_cast<int64_t>(es)}});
@@ -135,10 +130,10 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
   if (resume) {
-    ck.emplace(open_for_resume(job.ckpt_root, task.model_json(), job.seed, job.steps, job.global_batch));
+    ck.emplace(parallel::open_for_resume(job.ckpt_root, task.model_json(), job.seed, job.steps, job.global_batch));
     ck->load_params(params);
     start_step = ck->state().step;
-    if (lead) set_aside_uncommitted_steps(job.ckpt_root);  // `latest` has proven good
+    if (lead) parallel::set_aside_uncommitted_steps(job.ckpt_root);  // `latest` has proven good
   }
   parallel::ParamServer server(
       links, group, params, bounds[s], bounds[s + 1], optimizer_config(c),
@@ -174,8 +169,8 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
                 {"data_epoch", step * job.global_batch / task.train_items()}};
     json state = {{"data_cursor", step * job.global_batch}, {"rng", rng}, {"model", task.model_json()},
                   {"config", c.to_toml()}};
-    return save_checkpoint(group, server_share(params, server, bounds[s], bounds[s + 1]), job.ckpt_root, step, state,
-                           layout, {.keep = static_cast<int>(c.i("checkpoint.keep"))});
+    return parallel::save_checkpoint(group, server_share(params, server, bounds[s], bounds[s + 1]), job.ckpt_root, step,
+                                     state, layout, {.keep = static_cast<int>(c.i("checkpoint.keep"))});
   };
   const bool sync = job.mode == parallel::PsMode::kSync;
   const double tokens_per_step = static_cast<double>(job.global_batch * task.tokens_per_item());

@@ -42,12 +42,6 @@
 
 namespace loom::app {
 namespace fs = std::filesystem;
-using parallel::CheckpointSaver;
-using parallel::open_for_resume;
-using parallel::rank_share;
-using parallel::RankShare;
-using parallel::save_checkpoint;
-using parallel::set_aside_uncommitted_steps;
 using json = nlohmann::json;
 
 namespace {
@@ -211,14 +205,14 @@ int run_train(const TrainArgs& a) {
     log_warn(cat(bad, "; resuming anyway (--allow-nonfinite)"));
   };
   if (resume) {
-    ck.emplace(open_for_resume(ckpt_root, task->model_json(), seed, steps, global_batch));
+    ck.emplace(parallel::open_for_resume(ckpt_root, task->model_json(), seed, steps, global_batch));
     const checkpoint::State& saved = ck->state();
     const auto t0 = std::chrono::steady_clock::now();
     ck->load_params(params);
     load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_finite();
     // Only once `latest` has proven good: a refused resume changes nothing.
-    if (lead) set_aside_uncommitted_steps(ckpt_root);
+    if (lead) parallel::set_aside_uncommitted_steps(ckpt_root);
     start_step = saved.step;
     if (fp16 && saved.raw.contains("loss_scale")) {  // absent when the run trained in another precision
       const json& ls = saved.raw["loss_scale"];
@@ -378,7 +372,7 @@ int run_train(const TrainArgs& a) {
                        {"virtual_stages", mesh.v}, {"zero", c.i("parallel.zero")},
                        {"sequence_parallel", c.b("parallel.sequence_parallel")}};
   install_fault_hook(c.s("debug.fault_at"), env.rank);
-  CheckpointSaver saver(*world, c.b("checkpoint.async"));
+  parallel::CheckpointSaver saver(*world, c.b("checkpoint.async"));
   if (c.b("checkpoint.async")) saver.prepare(share_bytes(mesh, params, dp));
   auto last_save = std::chrono::steady_clock::now();
   // Collective: the time this rank's training stopped for the save (with async, the copy of
@@ -393,7 +387,7 @@ int run_train(const TrainArgs& a) {
                   {"config", c.to_toml()}};
     if (fp16) state["loss_scale"] = {{"scale", scaler.scale()}, {"clean_steps", scaler.clean_steps()}};
     const std::string dir =
-        saver.save([&](checkpoint::PieceArena& arena) { return rank_share(mesh, params, dp, arena); },
+        saver.save([&](checkpoint::PieceArena& arena) { return parallel::rank_share(mesh, params, dp, arena); },
                    {.root = ckpt_root, .step = step, .state = state, .layout = layout,
                     .options = {.keep = static_cast<int>(c.i("checkpoint.keep")), .loss_finite = loss_finite}});
     last_save = std::chrono::steady_clock::now();

@@ -1,4 +1,4 @@
-// The HTTP/1.1 server of include/loom/http_server.h. One thread runs an Asio event loop that
+// The HTTP/1.1 server of include/loom/serve/http_server.h. One thread runs an Asio event loop that
 // accepts connections and reads each request (Beast's parser) under a deadline of its own;
 // complete requests go to a pool of handler threads, each of which writes its response on
 // the socket itself and hands the connection back to the loop for the next request.
