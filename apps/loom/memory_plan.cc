@@ -1,154 +1,8 @@
 #include "memory_plan.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-
-#include "loom/error.h"
-#include "loom/host.h"
-#include "loom/nn/gpt.h"
-#include "loom/pipeline.h"
-#include "loom/schedule.h"
-#include "parallel/exact_sum.h"
 
 namespace loom::app {
-namespace fs = std::filesystem;
-
-namespace {
-
-constexpr double kF32 = 4;
-constexpr double kExactSumBytes = parallel::kLimbs * sizeof(int64_t);  // exact-sum slots per element
-
-// Bytes as GiB with 3 significant digits, e.g. "0.0123" or "1.2e+04".
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g", bytes / (1 << 30));
-  return buf;
-}
-
-double file_bytes(const std::string& path) {
-  std::error_code ec;
-  const auto n = fs::file_size(path, ec);
-  return ec ? 0.0 : static_cast<double>(n);
-}
-
-// One token file held as uint16 (the same bytes as the file, less the header), plus the
-// file's bytes while it is read.
-double token_data_bytes(const Config& c) {
-  const double train = file_bytes(c.s("data.train")), val = c.s("data.val").empty() ? 0 : file_bytes(c.s("data.val"));
-  return train + val + std::max(train, val);
-}
-
-// Per stage (and tensor-parallel piece) of a GPT: what it holds, in parameters (before
-// ZeRO), and the bytes its micro-batches keep.
-struct StageShape {
-  double params = 0, largest_block = 0, activations = 0, workspace = 0;
-  double whole_stage = 0;  // the stage's parameters unsplit (tensor-parallel pieces gather into it)
-};
-
-StageShape gpt_stage(const Config& c, const nn::GptConfig& g, int stage) {
-  const int pp = static_cast<int>(c.i("parallel.pp")), v = static_cast<int>(c.i("parallel.virtual_stages"));
-  const int64_t b = c.i("training.micro_batch"), t = g.seq_len;
-  const int tp = static_cast<int>(c.i("parallel.tp"));
-  const nn::GptCounts n = nn::gpt_counts(g, tp);
-  const auto recompute = nn::recompute_named(c.s("training.recompute"));
-  StageShape s;
-  s.largest_block = n.block;
-  if (pp == 1) {
-    s.params = n.total();
-    const nn::ActivationBytes a = nn::gpt_activation_bytes(g, g.n_layer, {}, b, t, recompute, true, tp,
-                                                           c.b("parallel.sequence_parallel"),
-                                                           precision_format(c.s("training.precision")));
-    s.activations = a.arena;
-    s.workspace = a.workspace + a.staging;
-    return s;
-  }
-  const nn::GptPart part = parallel::stage_part(g.n_layer, pp, v, stage);
-  auto stage_params = [&](const nn::GptCounts& k) {
-    return static_cast<double>(part.blocks.size()) * k.block + (part.embeddings ? k.embeddings : 0) +
-           (part.head ? static_cast<double>(g.vocab_size * g.d_model) + k.head : 0);
-  };
-  s.params = stage_params(n);
-  s.whole_stage = stage_params(nn::gpt_counts(g));
-  // Each (micro-batch, chunk) in flight keeps its context and its received activation and
-  // gradient; the simulator says how many the schedule keeps at once on this stage.
-  const parallel::Schedule sched = parallel::make_schedule(
-      parallel::schedule_kind_named(c.s("parallel.pp_schedule")), pp,
-      static_cast<int>(c.i("training.global_batch") / (b * c.i("parallel.dp"))), v);
-  const int in_flight = parallel::simulate(sched, {}).peak_in_flight[static_cast<size_t>(stage)];
-  const auto chunk_blocks = static_cast<int64_t>(part.blocks.size()) / v;
-  const bool sp = c.b("parallel.sequence_parallel");
-  const nn::ActivationBytes a = nn::gpt_activation_bytes(g, chunk_blocks, {.embeddings = part.embeddings, .head = part.head},
-                                                         b, t, recompute, true, tp, sp,
-                                                         precision_format(c.s("training.precision")));
-  const double received = static_cast<double>(b * t * g.d_model) / (sp ? tp : 1);  // sequence parallel: this piece's rows
-  s.activations = in_flight * (a.arena + 2 * kF32 * received);
-  s.workspace = a.workspace + a.staging;
-  return s;
-}
-
-double mlp_params(const Config& c) {
-  // The images are Fashion-MNIST's 28 x 28 (the only IDX data the mlp model reads).
-  const double in = 784, h = static_cast<double>(c.i("model.hidden")), k = static_cast<double>(c.i("model.vocab_size"));
-  const double layers = static_cast<double>(c.i("model.n_layer"));
-  return in * h + h + (layers - 1) * (h * h + h) + h * k + k;
-}
-
-RankBytes rank_bytes(const Config& c, int stage, bool lead) {
-  const bool gpt = model_kind(c) == "gpt";
-  const double dp = static_cast<double>(c.i("parallel.dp"));
-  const int zero = static_cast<int>(c.i("parallel.zero"));
-  const double state_buffers = c.s("training.optimizer") == "adamw" ? 2 : 1;  // exp_avg and exp_avg_sq; momentum
-  StageShape s;
-  nn::GptConfig g{.n_layer = c.i("model.n_layer"), .n_head = c.i("model.n_head"), .d_model = c.i("model.d_model"),
-                  .seq_len = c.i("model.seq_len"), .vocab_size = c.i("model.vocab_size")};
-  if (gpt) {
-    s = gpt_stage(c, g, stage);
-  } else {
-    s.params = mlp_params(c);
-    const double h = static_cast<double>(c.i("model.hidden")), layers = static_cast<double>(c.i("model.n_layer"));
-    s.largest_block = h * h;
-    s.activations = kF32 * static_cast<double>(c.i("training.micro_batch")) * (2 * 784 + 4 * h * layers);
-  }
-  RankBytes r;
-  // ZeRO-3 holds its shard and the blocks it has gathered (two at a time: the one computed
-  // and the next); ZeRO-2 likewise for gradients; ZeRO-1 and up shard the optimizer state.
-  r.params = kF32 * (zero == 3 ? std::min(s.params, s.params / dp + 2 * s.largest_block) : s.params);
-  r.grads = kF32 * (zero >= 2 ? std::min(s.params, s.params / dp + 2 * s.largest_block) : s.params);
-  r.optimizer = kF32 * state_buffers * (zero >= 1 ? s.params / dp : s.params);
-  r.activations = s.activations;
-  r.workspace = s.workspace;
-  if (c.b("parallel.deterministic") && dp > 1) r.exact_sums = kExactSumBytes * s.params;
-  // Saving: every rank copies its share (its 1/dp part of its stage's and piece's
-  // parameters and optimizer state) into blocks and writes the files from them (with
-  // [checkpoint] async the copy's arena is held from the start). Resuming maps, before
-  // training starts, the files a rank reads (whole files, for every shard its part meets;
-  // it loads in place into its own buffers): at most (1 + buffers) x P, counted here as the
-  // larger of the two.
-  const double save_bytes = kF32 * (1 + state_buffers) * s.params / dp;
-  const double load_bytes = kF32 * (1 + state_buffers) * s.params;
-  r.checkpoint = std::max(save_bytes, load_bytes);
-  if (gpt && !c.s("data.val").empty()) {
-    // Evaluation: rank 0 runs the whole model forward, one micro-batch; with stages or
-    // pieces it first gathers the whole model, and with both each stage's first piece
-    // gathers its stage (counted on every piece of the stage).
-    const bool split = c.i("parallel.pp") > 1 || c.i("parallel.tp") > 1;
-    if (c.i("parallel.pp") > 1 && c.i("parallel.tp") > 1) r.evaluation += kF32 * s.whole_stage;
-    if (lead && split) r.evaluation += kF32 * nn::gpt_counts(g).total();
-    if (lead)
-      r.evaluation += nn::gpt_activation_bytes(g, g.n_layer, {}, c.i("training.micro_batch"), g.seq_len,
-                                               nn::Recompute::kNone, /*with_backward=*/false, 1, false,
-                                               split ? DType::kF32 : precision_format(c.s("training.precision"))).arena;
-  }
-  r.data = gpt ? token_data_bytes(c) : 70000.0 * 784 * kF32;
-  return r;
-}
-
-}  // namespace
-
-double RankBytes::total() const {
-  return params + grads + optimizer + activations + workspace + evaluation + checkpoint + exact_sums + data;
-}
 
 int layout_ranks(const Config& c, int fallback) {
   const int64_t dp = c.i("parallel.dp"), tp = c.i("parallel.tp"), pp = c.i("parallel.pp"), most = int64_t{1} << 20;
@@ -158,49 +12,29 @@ int layout_ranks(const Config& c, int fallback) {
 }
 
 MemoryPlan plan_memory(const Config& c, int world, const std::vector<int>& host_ranks) {
-  MemoryPlan plan;
-  const int pp = static_cast<int>(c.i("parallel.pp")), dp = static_cast<int>(c.i("parallel.dp")),
-            tp = static_cast<int>(c.i("parallel.tp"));
-  for (int s = 0; s < pp; ++s) plan.stages.push_back(rank_bytes(c, s, s == 0));
-  plan.host_ranks = host_ranks;
-  for (int r : host_ranks) {
-    LOOM_CHECK(r >= 0 && r < world);
-    RankBytes b = r == 0 ? plan.stages[0] : rank_bytes(c, r / (dp * tp), false);
-    plan.host_bytes += b.total();
-  }
-  plan.available_bytes = available_memory_bytes();
-  plan.data_files = c.s("data.train") + (c.s("data.val").empty() ? "" : " and " + c.s("data.val"));
-  return plan;
-}
-
-// "12.3 MiB" or "4.56 GiB".
-std::string human(double bytes) {
-  return bytes < (1 << 30) ? cat(gib(bytes * 1024), " MiB") : cat(gib(bytes), " GiB");
-}
-
-std::string describe(const MemoryPlan& plan) {
-  std::string out;
-  for (size_t s = 0; s < plan.stages.size(); ++s) {
-    const RankBytes& b = plan.stages[s];
-    out += cat("memory per rank", plan.stages.size() > 1 ? cat(" of stage ", s) : std::string(), ": ", human(b.total()),
-               " = parameters ", human(b.params), " + gradients ", human(b.grads), " + optimizer ", human(b.optimizer),
-               " + activations ", human(b.activations), " + workspace ", human(b.workspace), " + evaluation ",
-               human(b.evaluation), " + checkpoint ", human(b.checkpoint), " + exact sums ", human(b.exact_sums),
-               " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates)" : "", "\n");
-  }
-  out += cat("memory on this host: ", human(plan.host_bytes), " for ", plan.host_ranks.size(), " rank(s), ",
-             human(plan.available_bytes), " available\n");
-  return out;
-}
-
-void check_fits(const MemoryPlan& plan) {
-  if (plan.host_bytes <= plan.available_bytes) return;
-  const RankBytes& b = plan.stages[0];
-  throw InputError(cat("the run needs ", gib(plan.host_bytes), " GiB on this host (", plan.host_ranks.size(),
-                       " rank(s); rank 0: parameters ", gib(b.params), ", gradients ", gib(b.grads), ", optimizer ",
-                       gib(b.optimizer), ", activations ", gib(b.activations + b.workspace), ", data ", gib(b.data),
-                       " GiB for ", printable(plan.data_files), "), but ",
-                       gib(plan.available_bytes), " GiB are available; `loom train --dry-run` shows the plan"));
+  const bool gpt = model_kind(c) == "gpt";
+  parallel::MemoryPlanInput in{
+      .gpt = gpt,
+      .mlp_hidden = gpt ? 0 : c.i("model.hidden"),
+      .mlp_layers = gpt ? 0 : c.i("model.n_layer"),
+      .mlp_classes = gpt ? 0 : c.i("model.vocab_size"),
+      .layout = {.dp = static_cast<int>(c.i("parallel.dp")), .pp = static_cast<int>(c.i("parallel.pp")),
+                 .v = static_cast<int>(c.i("parallel.virtual_stages")), .tp = static_cast<int>(c.i("parallel.tp"))},
+      .pp_schedule = c.s("parallel.pp_schedule"),
+      .zero = static_cast<int>(c.i("parallel.zero")),
+      .deterministic = c.b("parallel.deterministic"),
+      .sequence_parallel = c.b("parallel.sequence_parallel"),
+      .micro_batch = c.i("training.micro_batch"),
+      .global_batch = c.i("training.global_batch"),
+      .recompute = nn::recompute_named(c.s("training.recompute")),
+      .precision = precision_format(c.s("training.precision")),
+      .optimizer_buffers = c.s("training.optimizer") == "adamw" ? 2 : 1,
+      .train_data = c.s("data.train"),
+      .val_data = c.s("data.val")};
+  if (gpt)
+    in.model = {.n_layer = c.i("model.n_layer"), .n_head = c.i("model.n_head"), .d_model = c.i("model.d_model"),
+                .seq_len = c.i("model.seq_len"), .vocab_size = c.i("model.vocab_size")};
+  return parallel::plan_memory(in, world, host_ranks);
 }
 
 }  // namespace loom::app
