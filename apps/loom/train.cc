@@ -73,22 +73,40 @@ int usable_world(const Config& c, int available) {
 
 }  // namespace
 
-int run_train(const TrainArgs& a) {
-  comm::LaunchEnv env = comm::launch_env_from_environment();
+// The job as this rank starts it: the launch environment (an elastic generation's usable
+// ranks), the config resolved for them, and the memory plan checked on each host's first
+// rank before anything is loaded.
+struct JobStart {
+  comm::LaunchEnv env;
+  Config c;
+  std::optional<ElasticGeneration> elastic;  // under an elastic launcher: this generation
+  bool restarted = false;                    // a later generation of an elastic job
+  std::string memory_plan_line;  // logged once the input has been found good
+  std::optional<int> exit;       // set: nothing more to do (a dry run, an idle elastic rank, a ps join)
+};
+
+JobStart start_job(const TrainArgs& a) {
+  JobStart job;
+  comm::LaunchEnv& env = job.env;
+  env = comm::launch_env_from_environment();
   // Under an elastic launcher, every generation after the first continues the run from its
   // latest checkpoint (or afresh when there is none yet), whatever the flags say.
-  const std::optional<ElasticGeneration> elastic = elastic_generation_from_environment();
-  const bool restarted = elastic && elastic->generation > 0;
+  job.elastic = elastic_generation_from_environment();
+  const std::optional<ElasticGeneration>& elastic = job.elastic;
+  job.restarted = elastic && elastic->generation > 0;
   if (elastic) {  // at once: the launcher may ask while this rank is still starting
     struct sigaction grow{};
     grow.sa_handler = on_resize;
     grow.sa_flags = SA_RESTART;
     ::sigaction(SIGUSR1, &grow, nullptr);
   }
-  Config c;
+  Config& c = job.c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
-  if (!a.ps_join.empty()) return run_ps_join(c, a);
+  if (!a.ps_join.empty()) {
+    job.exit = run_ps_join(c, a);
+    return job;
+  }
   // An elastic job's ranks come as they are: the run takes the most of them its layout can
   // use (the global batch divided among the replicas, tp x pp whole), and the rest wait.
   if (elastic) {
@@ -98,14 +116,16 @@ int run_train(const TrainArgs& a) {
                    "training.global_batch = ", c.i("training.global_batch"), ", micro_batch = ", c.i("training.micro_batch"),
                    ", tp x pp = ", c.i("parallel.tp") * c.i("parallel.pp"), "); ranks ", usable, " to ", env.size - 1,
                    " stay idle in this generation"));
-    if (env.rank >= usable) return 0;
+    if (env.rank >= usable) {
+      job.exit = 0;
+      return job;
+    }
     env.local_size = std::min(env.local_size, usable - (env.rank - env.local_rank));
     env.size = usable;
   }
   // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
   const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
   c.resolve(ranks);
-  std::string memory_plan_line;  // logged once the input has been found good
   // Sizes before allocation: the first rank of each host checks that what the host's ranks
   // will hold fits in the memory it has free, before any data or model is loaded.
   if (a.dry_run || env.local_rank == 0) {
@@ -117,12 +137,24 @@ int run_train(const TrainArgs& a) {
       std::fflush(stdout);
       check_fits(mem);
       std::printf("dry run: the config is valid for %d rank(s) and fits this host; nothing was loaded or written\n", ranks);
-      return 0;
+      job.exit = 0;
+      return job;
     }
     check_fits(mem);
     const std::string lines = describe(mem);
-    memory_plan_line = lines.substr(0, lines.find('\n'));
+    job.memory_plan_line = lines.substr(0, lines.find('\n'));
   }
+  return job;
+}
+
+int run_train(const TrainArgs& a) {
+  JobStart job = start_job(a);
+  if (job.exit) return *job.exit;
+  comm::LaunchEnv& env = job.env;
+  const Config& c = job.c;
+  const bool restarted = job.restarted;
+  const std::optional<ElasticGeneration>& elastic = job.elastic;
+  const std::string& memory_plan_line = job.memory_plan_line;
   set_log_quiet(a.quiet || env.rank != 0);
   const int threads = c.threads(env.local_size);
   apply_compute_settings(c, env.local_size);
