@@ -573,4 +573,16 @@ std::string Config::run_path() const {
   return (std::filesystem::path(s("job.run_dir")) / s("job.name")).string();
 }
 
+optim::OptimizerConfig optimizer_config(const Config& c) {
+  return {.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"), .beta1 = c.f("training.beta1"),
+          .beta2 = c.f("training.beta2"), .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
+          .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
+                    .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
+}
+
+optim::ScheduleConfig schedule_config(const Config& c) {
+  return {.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"), .warmup_steps = c.i("training.warmup_steps"),
+          .total_steps = c.i("training.steps"), .decay = c.s("training.decay")};
+}
+
 }  // namespace loom::app

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loom/dtype.h"
+#include "loom/optim.h"
 
 namespace loom::app {
 
@@ -68,6 +69,10 @@ void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi
 void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi);
 // The most threads a benchmark may ask for.
 inline constexpr int64_t kMaxBenchThreads = 1024;
+
+// The optimizer and learning-rate schedule [training] asks for (REQUIRES: c resolved).
+optim::OptimizerConfig optimizer_config(const Config& c);
+optim::ScheduleConfig schedule_config(const Config& c);
 
 // Which kind of model a preset names: "gpt" or "mlp".
 std::string model_kind(const Config& c);

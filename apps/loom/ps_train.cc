@@ -65,13 +65,6 @@ std::string trace_part(const Job& job, int rank) {
 constexpr const char* kJoins = "ps/joins";
 constexpr const char* kLayout = "ps/layout";
 
-optim::OptimizerConfig optimizer_config(const Config& c) {
-  return {.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"), .beta1 = c.f("training.beta1"),
-          .beta2 = c.f("training.beta2"), .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
-          .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
-                    .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
-}
-
 // The pair communicators of this rank's links: a server's to every leader, a leader's to
 // every server, each created in ascending order of the other end (no cycle of waits).
 std::vector<std::unique_ptr<comm::Communicator>> make_links(const Job& job, comm::Communicator& world, comm::Store& store) {
@@ -139,8 +132,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
       links, group, params, bounds[s], bounds[s + 1], optimizer_config(c),
       {.mode = job.mode, .staleness = c.i("parallel.ps_staleness"), .deterministic = c.b("parallel.deterministic"),
        .workers = job.workers, .start_step = start_step, .steps = job.steps,
-       .schedule = {.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"), .warmup_steps = c.i("training.warmup_steps"),
-                    .total_steps = job.steps, .decay = c.s("training.decay")},
+       .schedule = schedule_config(c),
        .max_norm = c.f("training.grad_clip")});
   if (ck) {
     optim::RangeState st = server.optimizer_state();

@@ -200,15 +200,9 @@ int run_train(const TrainArgs& a) {
     if (!run_dir->moved_aside().empty()) log_info(cat("--restart: the old ", run, " is now ", run_dir->moved_aside()));
   }
 
-  optim::OptimizerConfig oc{.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"),
-                            .beta1 = c.f("training.beta1"), .beta2 = c.f("training.beta2"),
-                            .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
-                            .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
-                                      .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
+  const optim::OptimizerConfig oc = optimizer_config(c);
   const int64_t steps = c.i("training.steps");
-  optim::ScheduleConfig sched{.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"),
-                              .warmup_steps = c.i("training.warmup_steps"), .total_steps = steps,
-                              .decay = c.s("training.decay")};
+  const optim::ScheduleConfig sched = schedule_config(c);
   const int64_t dp_size = c.i("parallel.dp");
   const int64_t global_batch = c.i("training.global_batch"), micro_batch = c.i("training.micro_batch");
   const int64_t per_rank = global_batch / dp_size, accum = per_rank / micro_batch;
