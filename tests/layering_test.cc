@@ -28,7 +28,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"},         {"loom/optim.h", "optim"},
     {"loom/loss_scale.h", "optim"},    {"loom/data.h", "data"},           {"loom/bounded_json.h", "checkpoint"},
     {"loom/checkpoint.h", "checkpoint"}, {"loom/json_fields.h", "checkpoint"}, {"loom/safetensors.h", "checkpoint"},
-    {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"},    {"loom/trace.h", "obs"},
+    {"loom/tensor_pieces.h", "checkpoint"}, {"loom/metrics.h", "obs"}, {"loom/straggler.h", "obs"},    {"loom/trace.h", "obs"},
     {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
     {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
     {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/mesh.h", "parallel"}, {"loom/checkpointing.h", "parallel"},

@@ -27,6 +27,7 @@
 #include "loom/optim.h"
 #include "loom/pipeline.h"
 #include "loom/rendezvous.h"
+#include "loom/straggler.h"
 #include "loom/tensor_parallel.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
@@ -438,7 +439,7 @@ int run_train(const TrainArgs& a) {
   int exit_code = 0;
   int64_t end_step = steps;  // earlier after SIGTERM
   const int64_t delay_ms = step_delay_ms(c.s("debug.delay_ms"), env.rank);
-  StragglerWatch stragglers(world->size());
+  obs::StragglerWatch stragglers(world->size());
   double ckpt_stall_ms = -1;  // of the save after the last step, for the next step's line
   std::optional<std::chrono::steady_clock::time_point> terminate_seen;
 
