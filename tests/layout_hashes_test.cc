@@ -30,7 +30,6 @@ struct Layout {
 
 struct Bits {
   std::string losses, weights, optimizer;
-  bool operator==(const Bits&) const = default;
 };
 
 class LayoutHashes : public Cli {

@@ -225,7 +225,8 @@ class Server {
 
   // Before any body is read: a request without the API key is answered 401, one whose
   // framing is ambiguous (Content-Length twice, or beside chunked: a smuggling risk behind a
-  // proxy) 400, and one whose Content-Length is over the limit 413.
+  // proxy) 400. A Content-Length over the limit is the server's to refuse (413), right after
+  // this, with the body_limit() text through the error handler.
   std::optional<http::Response> check_head(const http::Request& req) {
     const size_t lengths = req.count("Content-Length");
     const bool chunked = req.count("Transfer-Encoding") > 0;
@@ -243,7 +244,6 @@ class Server {
       const std::string v = req.field("Content-Length");
       if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
         return refuse(400, "Content-Length: expected a non-negative integer");
-      if (std::stoll(v) > args_.max_body_kb * 1024) return refuse(413, body_limit());
     }
     return std::nullopt;
   }
