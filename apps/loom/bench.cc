@@ -17,7 +17,7 @@
 #include "loom/optim.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
-#include "task.h"
+#include "workload.h"
 
 namespace loom::app {
 namespace {

@@ -15,7 +15,7 @@
 #include "loom/nn/gpt.h"
 #include "loom/rng.h"
 #include "loom/threads.h"
-#include "task.h"
+#include "workload.h"
 
 namespace loom::app {
 

@@ -19,7 +19,8 @@
 #include "loom/rng.h"
 #include "loom/threads.h"
 #include "loom/serve/sampler.h"
-#include "task.h"
+#include "workload.h"
+#include "loom/parallelize.h"
 
 namespace loom::app {
 
@@ -58,7 +59,7 @@ int run_eval(const EvalArgs& a) {
   check_vocab(tokens, gpt->config().vocab_size, a.data);
   int64_t t = gpt->config().seq_len;
   if (c.explicitly_set("model.seq_len")) t = std::min(t, c.i("model.seq_len"));
-  EvalResult r = eval_windows(*gpt, tokens, t, a.batch, 0);
+  const parallel::EvalResult r = parallel::evaluate(*gpt, data::TokenWindows(std::move(tokens), t), 0, a.batch);
   std::printf("{\"loss\": %s, \"tokens\": %lld}\n", obs::json_number(r.loss).c_str(), static_cast<long long>(r.items));
   return 0;
 }

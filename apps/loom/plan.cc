@@ -16,7 +16,7 @@
 #include "loom/schedule.h"
 #include "memory_plan.h"
 #include "outputs.h"
-#include "task.h"
+#include "workload.h"
 
 namespace loom::app {
 
@@ -94,12 +94,12 @@ std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
           const bool first = s == 0 && ch == 0, last = s == a.pp - 1 && ch == v - 1;
           double t0 = now_ms();
           gpt.begin(ctx[ch], b, t);
-          Tensor h = gpt.forward_blocks(lo, hi, first ? gpt.embed(tokens, ctx[ch]) : act, ctx[ch]);
-          if (last) gpt.forward_head(h, targets, ctx[ch]);
+          Tensor h = gpt.forward_stage(lo, hi, first ? gpt.embed(tokens, ctx[ch]) : act, ctx[ch]);
+          if (last) gpt.head(h, targets, ctx[ch]);
           if (!split) tf += now_ms() - t0;
           if (rep == 0 && !split) kept += static_cast<double>(ctx[ch].arena.peak_bytes()) / (1 << 20);
           t0 = now_ms();
-          Tensor dx = gpt.backward_blocks(lo, hi, last ? gpt.backward_head(ctx[ch], 1.0, split) : act, ctx[ch], split);
+          Tensor dx = gpt.backward_stage(lo, hi, last ? gpt.backward_head(ctx[ch], 1.0, split) : act, ctx[ch], split);
           if (first) gpt.backward_embed(dx, ctx[ch]);
           (split ? tbi : tb) += now_ms() - t0;
           if (split) {

@@ -22,6 +22,7 @@
 #include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/param_server.h"
+#include "loom/parallelize.h"
 #include "loom/rendezvous.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
@@ -29,7 +30,7 @@
 #include "rank_group.h"
 #include "run_dir.h"
 #include "stages.h"
-#include "task.h"
+#include "workload.h"
 #include "train_watch.h"
 
 namespace loom::app {
@@ -113,12 +114,12 @@ parallel::RankShare server_share(const ParamSet& params, const parallel::ParamSe
   return share;
 }
 
-int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Communicator& world,
+int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm::Communicator& world,
           comm::Communicator& group, std::vector<comm::Communicator*> links) {
   const Config& c = job.c;
   const int s = world.rank();
   const bool lead = s == 0;
-  ParamSet& params = task.params();
+  ParamSet& params = task.model->params();
   const std::vector<int64_t> bounds = parallel::ps_key_ranges(params.numel(), job.servers);
   std::optional<checkpoint::Checkpoint> ck;
   int64_t start_step = 0;
@@ -158,14 +159,14 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   auto save = [&](int64_t step) {
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", job.seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
-                {"data_epoch", step * job.global_batch / task.train_items()}};
+                {"data_epoch", step * job.global_batch / task.train->size()}};
     json state = {{"data_cursor", step * job.global_batch}, {"rng", rng}, {"model", task.model_json()},
                   {"config", c.to_toml()}};
     return parallel::save_checkpoint(group, server_share(params, server, bounds[s], bounds[s + 1]), job.ckpt_root, step,
                                      state, layout, {.keep = static_cast<int>(c.i("checkpoint.keep"))});
   };
   const bool sync = job.mode == parallel::PsMode::kSync;
-  const double tokens_per_step = static_cast<double>(job.global_batch * task.tokens_per_item());
+  const double tokens_per_step = static_cast<double>(job.global_batch * task.train->tokens_per_example());
   obs::Progress progress(job.steps, c.i("job.log_every"), a.quiet || !lead);
   auto last = Clock::now();
   double ema_step_s = 0, step_s_total = 0, push_total = 0, pull_total = 0;
@@ -203,9 +204,9 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
     // Sync steps come in the same order on every server: evaluations and checkpoints are
     // collective over them. Async and ssp ones do not, so those run once the servers stop.
     const int64_t every = c.i("checkpoint.every"), eval_every = c.i("training.eval_every");
-    if (sync && task.has_validation() && eval_every > 0 && st.step % eval_every == 0 && st.step < job.steps) {
+    if (sync && task.val && eval_every > 0 && st.step % eval_every == 0 && st.step < job.steps) {
       gather_ranges(group, params, bounds);
-      if (lead) line.add("val_loss", task.evaluate(c.i("training.eval_steps") * job.micro_batch).loss);
+      if (lead) line.add("val_loss", parallel::evaluate(*task.model, *task.val, c.i("training.eval_steps") * job.micro_batch, task.eval_batch).loss);
     }
     if (metrics) metrics->write(line);
     progress.update(st.step, st.loss, tokens_per_step / step_s, ema_step_s);
@@ -269,9 +270,9 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
   comm::broadcast(group, {.buffer = &done, .count = 1, .dtype = DType::kI64});
   last_checkpoint = save(done);
   if (lead) {
-    if (task.has_validation()) {
-      EvalResult e = task.evaluate(c.i("training.eval_steps") * job.micro_batch);
-      if (e.accuracy >= 0) e = task.evaluate(0);  // a classifier's final figure: the whole test set
+    if (task.val) {
+      parallel::EvalResult e = parallel::evaluate(*task.model, *task.val, c.i("training.eval_steps") * job.micro_batch, task.eval_batch);
+      if (e.accuracy >= 0) e = parallel::evaluate(*task.model, *task.val, 0, task.eval_batch);  // a classifier's final figure: the whole test set
       obs::JsonLine line;
       line.add("step", done).add("final_val_loss", e.loss);
       if (e.accuracy >= 0) line.add("final_val_accuracy", e.accuracy);
@@ -303,16 +304,29 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Task& task, comm::Com
 }
 
 // Worker w (its data shard; `rank`: its job rank, for the test hooks).
-int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local, std::vector<comm::Communicator*> links) {
+int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& local, std::vector<comm::Communicator*> links) {
   const Config& c = job.c;
-  ParamSet& params = task.params();
+  ParamSet& params = task.model->params();
   // The gradient sums over this worker's micro-batches and, with a host reduce, over its
   // host's workers (an all-reduce over shared memory, overlapped with backward); exact
   // limbs in deterministic mode.
   parallel::DataParallel dp(local, params, optimizer_config(c),
                             {.bucket_mb = c.f("parallel.bucket_mb"), .deterministic = c.b("parallel.deterministic")},
-                            task.block_offsets());
-  task.set_block_hook([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
+                            task.model->block_offsets());
+  task.model->hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
+  // One micro-batch's forward and backward; the loss mixes in the teacher's targets when
+  // distilling.
+  std::unique_ptr<nn::ModelCtx> ctx = task.model->make_ctx();
+  auto micro_step = [&](const std::vector<int64_t>& items, double scale) {
+    const data::Batch b = task.train->batch(items);
+    if (task.teacher) {
+      nn::CrossEntropyCtx& loss = task.model->loss_ctx(*ctx);
+      loss.distill = task.teacher->targets(b.inputs, {}, loss.distill.soft);
+    }
+    const double l = task.model->forward(b.inputs, b.targets, *ctx);
+    task.model->backward(*ctx, scale);
+    return l;
+  };
   const bool leader = !links.empty();
   std::optional<parallel::PsWorker> worker;
   if (leader) worker.emplace(links, params, parallel::ps_key_ranges(params.numel(), job.servers), job.mode);
@@ -320,7 +334,7 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
   // Sync: the workers' gradients add up to the global batch's mean. Async and ssp: each push
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
-  data::Sampler sampler(task.train_items(), job.seed);
+  data::Sampler sampler(task.train->size(), job.seed);
   const int64_t delay_ms = step_delay_ms(job.c.s("debug.delay_ms"), rank);
   // [profile] trace_steps: this worker's compute, pushes and pulls (the communication track).
   std::optional<obs::Trace> trace;
@@ -346,7 +360,7 @@ int work(const Job& job, Task& task, int w, int rank, comm::Communicator& local,
       std::vector<int64_t> items(static_cast<size_t>(job.micro_batch));
       for (int64_t i = 0; i < job.micro_batch; ++i)
         items[i] = sampler.item(step * job.global_batch + w * job.per_worker + m * job.micro_batch + i);
-      losses.push_back(task.micro_step(items, scale));
+      losses.push_back(micro_step(items, scale));
       dp.end_micro_step();
       if (tracing) trace->span(obs::Trace::kTraining, cat("micro-step ", m), micro_begin, Clock::now());
     }
@@ -412,7 +426,7 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
                      "--resume; expected no --init-from");
   const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(job.ckpt_root));
   const bool server = env.rank < job.servers;
-  std::unique_ptr<Task> task = make_task(c, {}, {}, /*init=*/!(server && resume));
+  Workload task = make_workload(c, {}, {}, /*init=*/!(server && resume));
   std::optional<RunDirectory> run_dir;
   if (env.rank == 0) {
     const bool own_ckpt_dir = !c.s("checkpoint.dir").empty();
@@ -466,8 +480,8 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   auto group = world->split(server ? 0 : -1, world->rank());  // the servers
   auto local = world->split(server ? -1 : grouped(hosts[env.rank]) ? hosts[env.rank] : env.rank, env.rank);  // a host's workers
   const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
-  log_info(cat("training ", c.s("model.preset"), " (", task->params().numel(), " parameters) on ", c.s("data.train"), ": ",
-               job.steps, " steps of ", job.global_batch, " x ", task->tokens_per_item(), " tokens, ", job.servers,
+  log_info(cat("training ", c.s("model.preset"), " (", task.model->params().numel(), " parameters) on ", c.s("data.train"), ": ",
+               job.steps, " steps of ", job.global_batch, " x ", task.train->tokens_per_example(), " tokens, ", job.servers,
                " parameter server(s) and ", job.workers, " worker(s), ", c.s("parallel.ps_mode"),
                job.mode == parallel::PsMode::kSsp ? cat(" (staleness ", c.i("parallel.ps_staleness"), ")") : std::string(),
                c.b("parallel.deterministic") ? ", deterministic" : "",
@@ -476,8 +490,8 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
                    : std::string(),
                "; run directory ", job.run));
   try {
-    return server ? serve(job, a, resume, *task, *world, *group, raw(links))
-                  : work(job, *task, env.rank - job.servers, env.rank, *local, raw(links));
+    return server ? serve(job, a, resume, task, *world, *group, raw(links))
+                  : work(job, task, env.rank - job.servers, env.rank, *local, raw(links));
   } catch (const RuntimeError& e) {
     throw RuntimeError(cat("rank ", env.rank, " (", server ? "parameter server " : "worker ",
                            server ? env.rank : env.rank - job.servers, "): ", e.what()));
@@ -510,7 +524,7 @@ int run_ps_join(Config c, const TrainArgs& a) {
   set_log_quiet(a.quiet);
   apply_compute_settings(c, 1);
   const Job job = make_job(c, world);
-  std::unique_ptr<Task> task = make_task(c);
+  Workload task = make_workload(c);
   const int64_t k = store.add(kJoins, 1, comm::Clock::now() + timeout) - 1;
   const int rank = world + static_cast<int>(k);
   std::vector<std::unique_ptr<comm::Communicator>> links;
@@ -527,7 +541,7 @@ int run_ps_join(Config c, const TrainArgs& a) {
   comm::HashStore own;
   auto self = comm::Communicator::create(own, 0, 1, {.timeout = timeout}, "self");
   try {
-    return work(job, *task, w, rank, *self, raw(links));
+    return work(job, task, w, rank, *self, raw(links));
   } catch (const RuntimeError& e) {
     throw RuntimeError(cat("joined worker rank ", rank, ": ", e.what()));
   }

@@ -13,6 +13,7 @@
 #include "loom/data_parallel.h"
 #include "loom/nn/gpt.h"
 #include "loom/pipeline.h"
+#include "loom/tensor_parallel.h"
 
 namespace loom::parallel {
 
@@ -34,6 +35,13 @@ struct Mesh {
   std::unique_ptr<comm::Communicator> tied;  // first and last stage (the tied embedding)
   std::unique_ptr<comm::Communicator> tpc;   // this stage's tensor-parallel pieces, rank = tp_index (tp > 1)
   std::unique_ptr<comm::Communicator> mp;    // this replica's stages and pieces, rank = stage x tp + tp_index (both > 1)
+  // Tensor parallelism's seam over tpc (tp > 1): made by at(), so that the model can be
+  // built with it before the job joins; split_mesh attaches it.
+  std::unique_ptr<TensorParallelSeam> seam;
+
+  // This rank's tensor-parallel piece (nn::Shard{} when tp = 1), with sequence parallelism
+  // or not.
+  nn::Shard shard(bool sequence_parallel) const;
 
   bool split() const { return pp > 1 || tp > 1; }
   bool first() const { return stage == 0; }

@@ -1,4 +1,4 @@
-// Pipeline parallelism for GPT (docs/parallelism.md, "Pipeline parallelism"): the executor
+// Pipeline parallelism (docs/parallelism.md, "Pipeline parallelism"): the executor
 // that runs one stage's list of a Schedule (loom/schedule.h) against the stage's part of
 // the model, moving activations and gradients between neighbouring stages with async
 // sends and receives that overlap compute.
@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "loom/comm.h"
-#include "loom/nn/gpt.h"
+#include "loom/nn/gpt_config.h"
+#include "loom/nn/model.h"
 #include "loom/schedule.h"
 
 namespace loom::parallel {
@@ -67,10 +68,10 @@ struct PipeSpan {
 
 class Pipeline {
  public:
-  // pp: the pipeline group, rank = stage. gpt holds stage_part(...) of this stage; the
+  // pp: the pipeline group, rank = stage. model holds stage_part(...) of this stage; the
   // schedule's stages equal pp.size(). stage_ranks: each stage's rank in the job, for
   // error messages (empty: stages only). Collective over pp (creates the links).
-  Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt, std::vector<int> stage_ranks = {});
+  Pipeline(comm::Communicator& pp, Schedule schedule, nn::Model& model, std::vector<int> stage_ranks = {});
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -87,7 +88,7 @@ class Pipeline {
   };
 
   // Runs this stage's list for one optimizer step: gradients of (mean loss x scale) of every
-  // micro-batch are accumulated into gpt's gradients, each backward piece inside `pieces`.
+  // micro-batch are accumulated into the model's gradients, each backward piece inside `pieces`.
   // The caller then finishes the step (the tied gradients, the sums over replicas, the
   // update). Returns the micro-batch losses on the last stage, empty elsewhere.
   // RuntimeError when a neighbour dies or stalls, naming this stage, the micro-batch, the

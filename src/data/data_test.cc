@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "loom/data.h"
+#include "loom/examples.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
 #include "loom/host.h"
@@ -137,6 +138,30 @@ TEST(Sampler, EachEpochIsAPermutationAndDeterministic) {
   EXPECT_NE(e0, e1);
   Sampler c(10, 42);
   EXPECT_EQ(c.item(13), e1[3]);  // random access, as a resumed run does
+}
+
+TEST(Examples, TokenWindowsAreLlmcsWindowsAndImagesKeepTheirLabels) {
+  const TokenWindows w({10, 11, 12, 13, 14, 15, 16, 17}, 3);  // (8 - 1) / 3 = 2 full windows
+  EXPECT_EQ(w.size(), 2);
+  EXPECT_EQ(w.tokens_per_example(), 3);
+  const std::vector<int64_t> which = {1, 0};
+  const Batch b = w.batch(which);
+  ASSERT_EQ(b.inputs.shape(), (Shape{2, 3}));
+  const std::vector<int32_t> x(b.inputs.data<int32_t>(), b.inputs.data<int32_t>() + 6);
+  const std::vector<int32_t> y(b.targets.data<int32_t>(), b.targets.data<int32_t>() + 6);
+  EXPECT_EQ(x, (std::vector<int32_t>{13, 14, 15, 10, 11, 12}));
+  EXPECT_EQ(y, (std::vector<int32_t>{14, 15, 16, 11, 12, 13}));
+
+  ImageSet s{.n = 3, .rows = 1, .cols = 2, .pixels = {0.f, 1.f, 2.f, 3.f, 4.f, 5.f}, .labels = {7, 8, 9}};
+  const ImageExamples images(std::move(s));
+  EXPECT_EQ(images.size(), 3);
+  const std::vector<int64_t> two = {2, 0};
+  const Batch i = images.batch(two);
+  ASSERT_EQ(i.inputs.shape(), (Shape{2, 2}));
+  EXPECT_EQ(i.inputs.data<float>()[0], 4.f);
+  EXPECT_EQ(i.inputs.data<float>()[3], 1.f);
+  EXPECT_EQ(i.targets.data<int32_t>()[0], 9);
+  EXPECT_EQ(i.targets.data<int32_t>()[1], 7);
 }
 
 TEST(FashionMnist, LoadsWhenInstalled) {

@@ -20,6 +20,33 @@
 namespace loom::nn {
 namespace k = loom::kernels;
 
+namespace {
+GptCtx& as_gpt(ModelCtx& ctx) {
+  auto* g = dynamic_cast<GptCtx*>(&ctx);
+  LOOM_CHECK(g != nullptr);  // a context another kind of model made
+  return *g;
+}
+const GptCtx& as_gpt(const ModelCtx& ctx) {
+  const auto* g = dynamic_cast<const GptCtx*>(&ctx);
+  LOOM_CHECK(g != nullptr);
+  return *g;
+}
+}  // namespace
+
+ModelShape Gpt::shape() const {
+  return {.kind = "gpt",
+          .fields = {{"n_layer", config_.n_layer}, {"n_head", config_.n_head}, {"d_model", config_.d_model},
+                     {"seq_len", config_.seq_len}, {"vocab_size", config_.vocab_size}}};
+}
+
+double Gpt::forward_flops_per_example() const {
+  return forward_flops_per_token(config_.seq_len) * static_cast<double>(config_.seq_len);
+}
+
+std::unique_ptr<ModelCtx> Gpt::make_ctx() const { return std::make_unique<GptCtx>(); }
+
+CrossEntropyCtx& Gpt::loss_ctx(ModelCtx& ctx) const { return as_gpt(ctx).loss; }
+
 std::string gpt_config_problem(const GptConfig& g) {
   const std::pair<const char*, int64_t> fields[] = {{"n_layer", g.n_layer}, {"n_head", g.n_head},
                                                     {"d_model", g.d_model}, {"seq_len", g.seq_len},
@@ -194,7 +221,8 @@ void Gpt::init(uint64_t seed) {
   }
 }
 
-void Gpt::begin(GptCtx& ctx, int64_t b, int64_t t) const {
+void Gpt::begin(ModelCtx& model_ctx, int64_t b, int64_t t) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   LOOM_CHECK_LE(t, config_.seq_len);
   ctx.b = b;
   ctx.t = t;
@@ -202,14 +230,15 @@ void Gpt::begin(GptCtx& ctx, int64_t b, int64_t t) const {
   ctx.blocks.resize(blocks_.size());
 }
 
-Tensor Gpt::embed(const Tensor& tokens, GptCtx& ctx) const {
+Tensor Gpt::embed(const Tensor& tokens, ModelCtx& model_ctx) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   LOOM_CHECK(part_.embeddings);
   LOOM_CHECK_EQ(tokens.ndim(), 2);
   LOOM_CHECK(tokens.dim(0) == ctx.b && tokens.dim(1) == ctx.t);
   ctx.positions = ctx.arena.alloc({ctx.b, ctx.t}, DType::kI32);
   int32_t* pos = ctx.positions.data<int32_t>();
   for (int64_t i = 0; i < ctx.b * ctx.t; ++i) pos[i] = static_cast<int32_t>(i % ctx.t);
-  // Mixed precision: the sum goes to the workspace; forward_blocks keeps its 16-bit copy.
+  // Mixed precision: the sum goes to the workspace; forward_stage keeps its 16-bit copy.
   Arena& out = precision_ == DType::kF32 ? ctx.arena : scratch_;
   if (precision_ != DType::kF32) scratch_.reset();
   Tensor x = wte_.forward(tokens, ctx.wte, out);  // sequence-parallel: this piece's rows
@@ -241,12 +270,13 @@ BlockCtx Gpt::block_ctx(const GptCtx& ctx) const {
   return b;
 }
 
-Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const {
+Tensor Gpt::forward_stage(int64_t lo, int64_t hi, const Tensor& x, ModelCtx& model_ctx) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   if (precision_ != DType::kF32) return forward_blocks_mixed(lo, hi, x, ctx);
   Tensor h = x;
   for (int64_t l = lo; l < hi; ++l) {
     LOOM_CHECK(holds_block(l));
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
+    hooks_(static_cast<int>(l), BlockPhase::kForward);
     ctx.blocks[l] = block_ctx(ctx);
     if (recompute_ == Recompute::kFull) {  // keep the input; the rest lives in the workspace
       ctx.blocks[l].input = h;
@@ -258,7 +288,7 @@ Tensor Gpt::forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx)
     } else {
       h = blocks_[l].forward(h, ctx.blocks[l], ctx.arena);
     }
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
+    hooks_(static_cast<int>(l), BlockPhase::kForwardDone);
   }
   return h;
 }
@@ -269,7 +299,7 @@ Tensor Gpt::forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx
   Tensor h = mixed::to_half(x, precision_, ctx.arena);
   for (int64_t l = lo; l < hi; ++l) {
     LOOM_CHECK(holds_block(l));
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForward);
+    hooks_(static_cast<int>(l), BlockPhase::kForward);
     ctx.blocks[l] = block_ctx(ctx);
     scratch_.reset();
     const Tensor in = mixed::to_f32(h, scratch_);
@@ -283,7 +313,7 @@ Tensor Gpt::forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx
       mixed::keep_half(ctx.blocks[l], precision_, in, h, ctx.arena);
     }
     h = mixed::to_half(y, precision_, ctx.arena);
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kForwardDone);
+    hooks_(static_cast<int>(l), BlockPhase::kForwardDone);
   }
   return mixed::to_f32(h, ctx.arena);
 }
@@ -291,8 +321,8 @@ Tensor Gpt::forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx
 Tensor Gpt::trunk(const Tensor& tokens, GptCtx& ctx) const {
   LOOM_CHECK_EQ(tokens.ndim(), 2);
   begin(ctx, tokens.dim(0), tokens.dim(1));
-  if (on_block) on_block(-1, BlockPhase::kForward);
-  Tensor x = forward_blocks(0, config_.n_layer, embed(tokens, ctx), ctx);
+  hooks_(-1, BlockPhase::kForward);
+  Tensor x = forward_stage(0, config_.n_layer, embed(tokens, ctx), ctx);
   return ln_f_.forward(x, ctx.ln_f, ctx.arena);
 }
 
@@ -348,23 +378,26 @@ Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) co
   LOOM_CHECK(!wte_.shard.split());
   Tensor h = trunk(tokens, ctx);  // (B, T, C)
   Tensor out = logits(last_only ? last_positions(h, ctx, config_.d_model) : h, ctx);
-  if (on_block) on_block(-1, BlockPhase::kForwardDone);
+  hooks_(-1, BlockPhase::kForwardDone);
   return out;
 }
 
-double Gpt::forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const {
+double Gpt::forward(const Tensor& tokens, const Tensor& targets, ModelCtx& model_ctx) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   Tensor out = logits(trunk(tokens, ctx), ctx);
-  if (on_block) on_block(-1, BlockPhase::kForwardDone);
+  hooks_(-1, BlockPhase::kForwardDone);
   return loss_.forward(out, targets, ctx.loss, ctx.arena);
 }
 
-double Gpt::forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const {
+double Gpt::head(const Tensor& x, const Tensor& targets, ModelCtx& model_ctx) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   LOOM_CHECK(part_.head);
   Tensor out = logits(ln_f_.forward(x, ctx.ln_f, ctx.arena), ctx);
   return loss_.forward(out, targets, ctx.loss, ctx.arena);
 }
 
-Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
+Tensor Gpt::backward_head(ModelCtx& model_ctx, double scale, bool defer_weights) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   const int64_t c = config_.d_model, v = wte_.rows;
   ctx.dlogits = loss_.backward(ctx.loss, scale);
   mixed::round_values(ctx.dlogits, precision_);
@@ -394,14 +427,15 @@ Tensor Gpt::backward_head(GptCtx& ctx, double scale, bool defer_weights) const {
   return ln_f_.backward(dh, ctx.ln_f, ctx.arena);
 }
 
-Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx, bool defer_weights) const {
+Tensor Gpt::backward_stage(int64_t lo, int64_t hi, const Tensor& dy, ModelCtx& model_ctx, bool defer_weights) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   if (precision_ != DType::kF32) {
     LOOM_CHECK(!defer_weights);  // the weight passes would need the block's workspace later
     return backward_blocks_mixed(lo, hi, dy, ctx);
   }
   Tensor dx = dy;
   for (int64_t l = hi; l-- > lo;) {
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
+    hooks_(static_cast<int>(l), BlockPhase::kBackward);
     if (recompute_ == Recompute::kFull) {  // the block's forward again, then its backward
       LOOM_CHECK(!defer_weights);
       scratch_.reset();
@@ -413,7 +447,7 @@ Tensor Gpt::backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ct
     } else {
       dx = blocks_[l].backward(dx, ctx.blocks[l], ctx.arena, defer_weights);
     }
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
+    hooks_(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   return dx;
 }
@@ -425,7 +459,7 @@ Tensor Gpt::backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptC
   dx.copy_from(dy);
   mixed::round_values(dx, precision_);
   for (int64_t l = hi; l-- > lo;) {
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackward);
+    hooks_(static_cast<int>(l), BlockPhase::kBackward);
     scratch_.reset();
     Tensor d;
     if (recompute_ == Recompute::kFull) {
@@ -438,12 +472,13 @@ Tensor Gpt::backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptC
     }
     dx.copy_from(d);
     ctx.blocks[l] = BlockCtx();  // its tensors were in the workspace
-    if (on_block) on_block(static_cast<int>(l), BlockPhase::kBackwardDone);
+    hooks_(static_cast<int>(l), BlockPhase::kBackwardDone);
   }
   return dx;
 }
 
-void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const {
+void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const ModelCtx& model_ctx) const {
+  const GptCtx& ctx = as_gpt(model_ctx);
   if (head) {
     const int64_t c = config_.d_model, v = wte_.rows;
     LOOM_CHECK(ctx.dlogits.defined());
@@ -455,7 +490,8 @@ void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx)
   for (int64_t l = hi; l-- > lo;) blocks_[l].backward_weight(ctx.blocks[l]);
 }
 
-void Gpt::backward_embed(const Tensor& dx, GptCtx& ctx) const {
+void Gpt::backward_embed(const Tensor& dx, ModelCtx& model_ctx) const {
+  GptCtx& ctx = as_gpt(model_ctx);
   Tensor rows = dx;
   if (tp_.sequence_split()) {  // every row: wte's rows here may be looked up by any token
     tp_.seam->staging().reset();
@@ -466,11 +502,12 @@ void Gpt::backward_embed(const Tensor& dx, GptCtx& ctx) const {
   wpe_.backward(rows, ctx.wpe);
 }
 
-void Gpt::backward(GptCtx& ctx, double scale) const {
-  if (on_block) on_block(-1, BlockPhase::kBackward);
-  Tensor dx = backward_blocks(0, config_.n_layer, backward_head(ctx, scale), ctx);
+void Gpt::backward(ModelCtx& model_ctx, double scale) const {
+  GptCtx& ctx = as_gpt(model_ctx);
+  hooks_(-1, BlockPhase::kBackward);
+  Tensor dx = backward_stage(0, config_.n_layer, backward_head(ctx, scale), ctx);
   backward_embed(dx, ctx);
-  if (on_block) on_block(-1, BlockPhase::kBackwardDone);
+  hooks_(-1, BlockPhase::kBackwardDone);
 }
 
 KvCache Gpt::make_cache() const {

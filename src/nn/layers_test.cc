@@ -194,11 +194,20 @@ TEST(ModelGrad, GptEndToEnd) {
   double l0 = loss();
   EXPECT_NEAR(l0, std::log(11.0), 0.1);  // small init: near-uniform predictions
   std::vector<std::pair<int, BlockPhase>> events;
-  gpt.on_block = [&](int b, BlockPhase p) { events.emplace_back(b, p); };
+  // Hooks are a list: each is called, in the order added, until removed.
+  std::vector<std::pair<int, BlockPhase>> second;
+  const BlockHooks::Id first_id = gpt.hooks().add([&](int b, BlockPhase p) { events.emplace_back(b, p); });
+  const BlockHooks::Id second_id = gpt.hooks().add([&](int b, BlockPhase p) {
+    EXPECT_EQ(events.size(), second.size() + 1);  // the first hook ran first
+    second.emplace_back(b, p);
+  });
   loss();
   gpt.params().zero_grads();
   gpt.backward(ctx, 1.0);
-  gpt.on_block = nullptr;
+  gpt.hooks().remove(first_id);
+  gpt.hooks().remove(second_id);
+  EXPECT_TRUE(gpt.hooks().empty());
+  EXPECT_EQ(second, events);
   using P = BlockPhase;
   const std::vector<std::pair<int, BlockPhase>> want_events = {
       {-1, P::kForward}, {0, P::kForward}, {0, P::kForwardDone}, {1, P::kForward}, {1, P::kForwardDone},
@@ -333,7 +342,7 @@ TEST(Gpt, DeferredWeightGradientsAndPartsEqualTheWhole) {
 
   gpt.params().zero_grads();
   gpt.forward(tokens, targets, ctx);
-  Tensor dx = gpt.backward_blocks(0, cfg.n_layer, gpt.backward_head(ctx, 0.5, /*defer_weights=*/true), ctx, true);
+  Tensor dx = gpt.backward_stage(0, cfg.n_layer, gpt.backward_head(ctx, 0.5, /*defer_weights=*/true), ctx, true);
   gpt.backward_weights(0, cfg.n_layer, /*head=*/true, ctx);
   gpt.backward_embed(dx, ctx);  // after the head's share of wte, as one backward adds them
   const float* split = gpt.params().grads().data<float>();

@@ -52,7 +52,7 @@ Result train_rank(comm::Communicator& comm, const Run& run) {
   gpt.init(comm.rank() == 0 ? 1234 : 99);  // sync_params must make the others equal
   gpt.set_precision(run.precision);
   DataParallel dp(comm, gpt.params(), {.weight_decay = 0.1}, run.dp, gpt.block_offsets());
-  gpt.on_block = [&](int block, BlockPhase phase) { dp.on_block(block, phase); };
+  gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   dp.sync_params();
   const int64_t t = kModel.seq_len, n = comm.size();
   const int64_t windows = (static_cast<int64_t>(tokens().size()) - 1) / t;
@@ -256,7 +256,7 @@ TEST(DataParallel, Zero3GathersEachBlockJustBeforeUseAndFreesItAfter) {
     EXPECT_LT(resident_bytes(values.raw(), values.nbytes()), 8 * 4096) << "sync_params kept the full values";
     int64_t peak = 0;
     int entered = 0;
-    gpt.on_block = [&](int b, BlockPhase p) {
+    gpt.hooks().add([&](int b, BlockPhase p) {
       dp.on_block(b, p);
       peak = std::max(peak, resident_bytes(values.raw(), values.nbytes()));
       if (b >= 0 && (p == BlockPhase::kForward || p == BlockPhase::kBackward)) {
@@ -265,7 +265,7 @@ TEST(DataParallel, Zero3GathersEachBlockJustBeforeUseAndFreesItAfter) {
                                  static_cast<size_t>(block_bytes)))
             << "block " << b << " entered without rank 0's values";
       }
-    };
+    });
     Tensor x = Tensor::zeros({2, 16}, DType::kI32), y = Tensor::zeros({2, 16}, DType::kI32);
     for (int i = 0; i < 32; ++i) {
       x.data<int32_t>()[i] = (i * 7 + c.rank()) % 256;
@@ -330,11 +330,11 @@ TEST(DataParallel, ANonFiniteGradientOnOneRankStopsTheStepOnEveryRank) {
         for (const ParamInfo& p : gpt.params().infos())
           if (p.name == "transformer.h.1.mlp.c_proj.weight") poisoned = &p;
         ASSERT_NE(poisoned, nullptr);
-        gpt.on_block = [&](int block, BlockPhase phase) {
+        gpt.hooks().add([&](int block, BlockPhase phase) {
           if (comm.rank() == 1 && block == 1 && phase == BlockPhase::kBackwardDone)
             gpt.params().grads().data<float>()[poisoned->offset + 5] = std::numeric_limits<float>::quiet_NaN();
           dp.on_block(block, phase);
-        };
+        });
         dp.sync_params();
         dp.materialize_params();
         const std::vector<float> before(gpt.params().values().data<float>(),

@@ -18,7 +18,13 @@ Mesh Mesh::at(const MeshShape& shape, int rank) {
   m.tp_index = rank % m.tp;
   m.dp_index = rank / m.tp % m.dp_size;
   m.stage = rank / m.tp / m.dp_size;
+  if (m.tp > 1) m.seam = std::make_unique<TensorParallelSeam>();
   return m;
+}
+
+nn::Shard Mesh::shard(bool sequence_parallel) const {
+  if (tp == 1) return {};
+  return {.index = tp_index, .parts = tp, .seam = seam.get(), .sequence = sequence_parallel};
 }
 
 nn::GptPart mesh_part(int64_t n_layer, const Mesh& m) {
@@ -53,7 +59,11 @@ void split_mesh(comm::Communicator& world, Mesh& m) {
   m.dp = world.split(m.stage * m.tp + m.tp_index, m.dp_index);
   m.pipe = world.split(m.dp_index * m.tp + m.tp_index, m.stage);
   m.tied = m.pipe->split(m.first() || m.last() ? 0 : -1, m.stage);
-  if (m.tp > 1) m.tpc = world.split(m.stage * m.dp_size + m.dp_index, m.tp_index);
+  if (m.tp > 1) {
+    m.tpc = world.split(m.stage * m.dp_size + m.dp_index, m.tp_index);
+    if (!m.seam) m.seam = std::make_unique<TensorParallelSeam>();
+    m.seam->attach(*m.tpc);
+  }
   if (m.tp > 1 && m.pp > 1) m.mp = world.split(m.dp_index, m.stage * m.tp + m.tp_index);
 }
 

@@ -97,7 +97,7 @@ struct Replica {
   nn::GptCtx ctx;
 
   Replica() {
-    gpt.on_block = [this](int block, BlockPhase phase) { dp.on_block(block, phase); };
+    gpt.hooks().add([this](int block, BlockPhase phase) { dp.on_block(block, phase); });
   }
 
   std::vector<double> micro_steps(int step, int rank, int n) {

@@ -39,7 +39,7 @@ double ms_since_epoch(Clock::time_point t) {
 struct Pipeline::Impl {
   // One (micro-batch, chunk) in flight: its saved activations and transfer buffers.
   struct Slot {
-    nn::GptCtx ctx;
+    std::unique_ptr<nn::ModelCtx> ctx;  // made by the model
     Tensor input;    // received activation (B, T, C)
     Tensor grad_in;  // received d(output) (B, T, C)
     Tensor output;   // forward's output, while its send is in flight
@@ -51,7 +51,7 @@ struct Pipeline::Impl {
 
   comm::Communicator& pp;
   Schedule schedule;
-  nn::Gpt& gpt;
+  nn::Model& model;
   int stage = 0;
   // Links by direction: activations to the next stage / from the previous, gradients to
   // the previous / from the next.
@@ -100,8 +100,8 @@ struct Pipeline::Impl {
   }
   static constexpr uint32_t kProbe = 0xFFFFFFF0u;
 
-  Impl(comm::Communicator& c, Schedule s, nn::Gpt& g, std::vector<int> r)
-      : pp(c), schedule(std::move(s)), gpt(g), stage(c.rank()), stage_ranks(std::move(r)) {}
+  Impl(comm::Communicator& c, Schedule s, nn::Model& g, std::vector<int> r)
+      : pp(c), schedule(std::move(s)), model(g), stage(c.rank()), stage_ranks(std::move(r)) {}
 
   std::string stage_name(int s) const {
     return stage_ranks.empty() ? cat("stage ", s) : cat("stage ", s, " (rank ", stage_ranks[s], ")");
@@ -174,6 +174,7 @@ struct Pipeline::Impl {
       free_slots.pop_back();
     } else {
       s = std::make_unique<Slot>();
+      s->ctx = model.make_ctx();
     }
     s->actions_left = actions_per_slot.at({mb, chunk});
     stats.peak_in_flight = std::max(stats.peak_in_flight, static_cast<int>(live.size()));
@@ -195,8 +196,8 @@ struct Pipeline::Impl {
   }
 };
 
-Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Gpt& gpt, std::vector<int> stage_ranks)
-    : impl_(std::make_unique<Impl>(pp, std::move(schedule), gpt, std::move(stage_ranks))) {
+Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Model& model, std::vector<int> stage_ranks)
+    : impl_(std::make_unique<Impl>(pp, std::move(schedule), model, std::move(stage_ranks))) {
   Impl& m = *impl_;
   LOOM_CHECK_EQ(m.schedule.stages, pp.size());
   LOOM_CHECK_EQ(check_schedule(m.schedule), "");
@@ -223,8 +224,8 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   Impl& m = *impl_;
   const Schedule& s = m.schedule;
   const int v = s.virtual_stages, st = m.stage;
-  const int64_t n_layer = m.gpt.config().n_layer;
-  const Shape act_shape = m.gpt.activation_shape(b, t);  // sequence parallelism: this piece's rows
+  const int64_t n_layer = m.model.n_blocks();
+  const Shape act_shape = m.model.activation_shape(b, t);  // sequence parallelism: this piece's rows
   const auto count = static_cast<size_t>(shape_numel(act_shape));
   std::vector<double> losses;
   if (st == s.stages - 1)  // holds the last virtual stage
@@ -289,19 +290,19 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           m.stats.sent_bytes += static_cast<int64_t>(count * sizeof(float));
           break;
         case PipeOp::kForward: {
-          m.gpt.begin(x.ctx, b, t);
+          m.model.begin(*x.ctx, b, t);
           Tensor in;
           std::pair<Tensor, Tensor> data;
           if (first || last) data = batch(a.microbatch);
           if (first) {
-            in = m.gpt.embed(data.first, x.ctx);
+            in = m.model.embed(data.first, *x.ctx);
           } else {
             in = x.input;
           }
-          Tensor h = m.gpt.forward_blocks(lo, hi, in, x.ctx);
+          Tensor h = m.model.forward_stage(lo, hi, in, *x.ctx);
           if (last) {
-            if (m.loss_targets) m.loss_targets(data.first, x.ctx.loss);
-            losses[a.microbatch] = m.gpt.forward_head(h, data.second, x.ctx);
+            if (m.loss_targets) m.loss_targets(data.first, m.model.loss_ctx(*x.ctx));
+            losses[a.microbatch] = m.model.head(h, data.second, *x.ctx);
           }
           else x.output = h;
           break;
@@ -314,21 +315,21 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           Tensor dy;
           if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
             begin_piece();
-            dy = m.gpt.backward_head(x.ctx, scale, defer);
+            dy = m.model.backward_head(*x.ctx, scale, defer);
             end_piece();
           } else {
             dy = x.grad_in;
           }
           begin_piece();
-          Tensor dx = m.gpt.backward_blocks(lo, hi, dy, x.ctx, defer);
-          if (first) m.gpt.backward_embed(dx, x.ctx);
+          Tensor dx = m.model.backward_stage(lo, hi, dy, *x.ctx, defer);
+          if (first) m.model.backward_embed(dx, *x.ctx);
           else x.dx = dx;
           end_piece();
           break;
         }
         case PipeOp::kBackwardWeight:
           begin_piece();
-          m.gpt.backward_weights(lo, hi, last, x.ctx);
+          m.model.backward_weights(lo, hi, last, *x.ctx);
           end_piece();
           break;
       }

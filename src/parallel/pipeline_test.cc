@@ -73,7 +73,7 @@ Result reference(bool deterministic, DType precision = DType::kF32) {
     gpt.init(1234);
     gpt.set_precision(precision);
     DataParallel dp(c, gpt.params(), {.weight_decay = 0.1}, {.deterministic = deterministic}, gpt.block_offsets());
-    gpt.on_block = [&](int block, BlockPhase phase) { dp.on_block(block, phase); };
+    gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
     nn::GptCtx ctx;
     data::Sampler order = sampler();
     for (int step = 0; step < kSteps; ++step) {

@@ -3,68 +3,30 @@
 // GPT-2 parameter names and layouts (transformer.wte.weight (V, C),
 // transformer.h.0.attn.c_attn.weight (C, 3C), ...) so checkpoints load in the ecosystem.
 //
-// The model is a sequence of blocks; forward/backward run them in order (pipeline stages
-// will be contiguous ranges of blocks). All parameters live in one flat ParamSet.
+// The model is an nn::Model (loom/nn/model.h): its blocks are the transformer blocks, the
+// embedding wte + wpe, the head ln_f and the tied output projection; a pipeline stage holds
+// a GptPart of them. Its shape and sizes are in loom/nn/gpt_config.h, the key/value memory
+// of incremental decoding in loom/nn/kv_cache.h.
 // Thread-safety: one thread drives a model; kernels parallelize internally.
 #pragma once
 
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "loom/nn/gpt_config.h"
+#include "loom/nn/kv_cache.h"
 #include "loom/nn/layers.h"
+#include "loom/nn/model.h"
 
 namespace loom::nn {
 
-struct GptConfig {
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t d_model = 256;
-  int64_t seq_len = 256;     // the longest context (rows of wpe)
-  int64_t vocab_size = 256;
-};
-
-// Why `config` cannot be built, "" when it can: every field in [1, 2^31 - 1], d_model
-// divisible by n_head, and at most 2^40 parameters. The message starts with the field, as
-// "d_model = 0: expected ...", for the caller to prefix with the file or key it came from.
-std::string gpt_config_problem(const GptConfig& config);
-
-// Parameter counts of a GPT, before one is built (doubles: no shape overflows them).
-struct GptCounts {
-  double embeddings = 0;  // wte (V x C; V / tp x C for a piece) + wpe (T x C)
-  double block = 0;       // one transformer block: 12 C^2 + 13 C
-  double head = 0;        // ln_f; the output projection is wte, tied
-  double total() const;
-  double total_blocks = 0;  // n_layer x block
-};
-// tp: a tensor-parallel piece's counts (tp divides n_head and vocab_size).
-GptCounts gpt_counts(const GptConfig& config, int tp = 1);
-
-// Activation recompute ([training] recompute, docs/numerics.md): what forward keeps for
-// backward. kSelective (recompute the attention scores and softmax) is what every mode
-// does since the attention became blocked: its backward recomputes the probabilities block
-// by block, and forward keeps only a log-sum-exp per row, so kSelective keeps what kNone
-// keeps. kFull keeps only each block's input and reruns the block's forward in backward. Gradients are bitwise equal to kNone (the kernels are deterministic).
-enum class Recompute : uint8_t { kNone, kSelective, kFull };
-Recompute recompute_named(const std::string& name);  // InputError for an unknown name
-
-// What of the model this process holds (pipeline stages, docs/parallelism.md); the
-// default is all of it. Parameters keep their global names and blocks their global ids.
-struct GptPart {
-  std::vector<int64_t> blocks;  // the blocks held, ascending; with all_blocks, ignored
-  bool all_blocks = true;
-  bool embeddings = true;  // wte and wpe (the first stage)
-  bool head = true;        // ln_f and the output projection, tied to wte (the last stage)
-};
-
 // Everything one micro-batch's forward saves for its backward.
-struct GptCtx {
+struct GptCtx : ModelCtx {
   Arena arena;
   Tensor positions;  // (B, T) i32
   EmbeddingCtx wte, wpe;
@@ -77,107 +39,7 @@ struct GptCtx {
   int64_t b = 0, t = 0;
 };
 
-// Bytes one micro-batch of b sequences of t tokens takes in its context's arena (what
-// forward keeps and backward adds: GptCtx::arena's peak) through `blocks` blocks, with the
-// embeddings and the head when `ends` says, and separately the recompute workspace's
-// peak. with_backward = false: forward only (evaluation). docs/parallelism.md, "Memory".
-struct ActivationBytes {
-  double arena = 0, workspace = 0;
-  double staging = 0;  // sequence parallelism's temporaries (nn::Seam::staging)
-};
-struct GptEnds {
-  bool embeddings = true, head = true;
-};
-// precision kBF16 or kF16 (Gpt::set_precision): the blocks keep 16-bit activations, and the
-// workspace holds one block's f32 activations at a time.
-ActivationBytes gpt_activation_bytes(const GptConfig& config, int64_t blocks, GptEnds ends, int64_t b, int64_t t,
-                                     Recompute recompute, bool with_backward = true, int tp = 1,
-                                     bool sequence_parallel = false, DType precision = DType::kF32);
-
-// Key/value memory for incremental decoding in pages (docs/serving.md, "Continuous
-// batching"): `total` pages of kPositions positions, each holding every layer's keys and
-// values for its positions, in one allocation made up front (the memory budget). A cache
-// takes the pages its capacity needs and gives them back when it is destroyed.
-// Thread-safety: take and give lock; rows are written by the cache's one decoding thread.
-class KvPagePool {
- public:
-  static constexpr int64_t kPositions = 16;
-  KvPagePool(const GptConfig& config, int64_t pages, DType dtype = DType::kF32);
-  static int64_t pages_for(int64_t positions) { return (positions + kPositions - 1) / kPositions; }
-  // Bytes of one page (every layer's keys and values for kPositions positions).
-  static int64_t page_bytes(const GptConfig& config, DType dtype = DType::kF32);
-  int64_t total() const { return total_; }
-  int64_t free() const;
-  // `n` pages, or none when fewer are free.
-  std::optional<std::vector<int32_t>> take(int64_t n);
-  void give(const std::vector<int32_t>& pages);
-  // The first key (kv 0) or value (kv 1) row of layer `layer` in `page`; rows are C apart.
-  std::byte* rows(int32_t page, int64_t layer, int kv) const;
-  DType dtype() const { return storage_.dtype(); }
-  int64_t n_layer() const { return n_layer_; }
-  int64_t row_bytes() const { return c_ * static_cast<int64_t>(dtype_size(storage_.dtype())); }  // one position of one layer's keys
-
- private:
-  int64_t total_, n_layer_, c_;
-  Tensor storage_;  // (pages, n_layer, 2, kPositions, C)
-  mutable std::mutex mu_;
-  std::vector<int32_t> free_;
-};
-
-// Keys and values of one sequence's tokens so far, for incremental decoding
-// (docs/serving.md): position p's of layer l in page pages[p / kPositions], row p % kPositions.
-class KvCache {
- public:
-  KvCache() = default;
-  // Holds `pages`, taken from pool, for `capacity` positions (Gpt::make_cache takes them).
-  KvCache(std::shared_ptr<KvPagePool> pool, std::vector<int32_t> pages, int64_t capacity);
-  KvCache(KvCache&&) noexcept = default;
-  KvCache& operator=(KvCache&& o) noexcept;
-  KvCache(const KvCache&) = delete;
-  KvCache& operator=(const KvCache&) = delete;
-  ~KvCache();  // gives the pages back
-
-  int64_t length = 0;  // positions held
-  int64_t capacity() const { return capacity_; }
-  DType dtype() const { return pool_->dtype(); }  // of its keys and values (the pool's)
-  int64_t pages() const { return static_cast<int64_t>(pages_.size()); }
-  bool full() const { return length == capacity(); }
-  // The first key (kv 0) or value (kv 1) row of layer `layer` in each of this cache's pages.
-  template <typename T>
-  std::vector<T*> page_rows(int64_t layer, int kv) const {
-    std::vector<T*> out;
-    page_rows(layer, kv, out);
-    return out;
-  }
-  template <typename T>
-  void page_rows(int64_t layer, int kv, std::vector<T*>& out) const {  // into out, reusing its memory
-    out.clear();
-    for (int32_t p : pages_) out.push_back(reinterpret_cast<T*>(pool_->rows(p, layer, kv)));
-  }
-  // Positions [0, n) of every layer's keys and values, copied out to (n_layer, 2, n, C)
-  // elements of the pool's dtype at `out`; or in, as positions [0, n) of such a copy of
-  // `held` positions, after which length is n. A prompt's keys and values computed once are
-  // reused by a later prompt that begins the same way (the same bits: each position's keys
-  // and values depend on the tokens up to it only).
-  // REQUIRES: n <= length (save); n <= capacity() and n <= held (restore).
-  void save(int64_t n, std::byte* out) const;
-  void restore(int64_t n, const std::byte* in, int64_t held);
-  // How many of a sequence's last `tokens` its next decode runs: the prompt's last window
-  // first; a full cache starts again (the caller sets length 0) from the last half window,
-  // since positions are absolute and cached keys cannot slide; else the one new token.
-  int64_t next_rows(int64_t tokens) const {
-    if (length == 0) return std::min(tokens, capacity());
-    if (full()) return std::min(tokens, std::max<int64_t>(capacity() / 2, 1));
-    return 1;
-  }
-
- private:
-  std::shared_ptr<KvPagePool> pool_;
-  std::vector<int32_t> pages_;
-  int64_t capacity_ = 0;
-};
-
-class Gpt {
+class Gpt : public Model {
  public:
   // tp: tensor parallelism (attention heads, the MLP and the vocabulary of the tied
   // embedding, head and loss split over tp.parts; wpe and the LayerNorms replicated).
@@ -187,14 +49,22 @@ class Gpt {
   // mlp.c_proj) N(0, 0.02/sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0.
   void init(uint64_t seed);
 
-  // tokens, targets: (B, T) i32, T <= seq_len, ids < vocab_size (callers validate at the data
-  // edge). Returns the mean next-token cross-entropy.
-  double forward(const Tensor& tokens, const Tensor& targets, GptCtx& ctx) const;
+  // nn::Model. tokens, targets: (B, T) i32, T <= seq_len, ids < vocab_size (callers
+  // validate at the data edge); the loss is the mean next-token cross-entropy. The contexts
+  // are GptCtx. Blocks are the n_layer transformer blocks; block -1 of the hooks is wte,
+  // wpe, ln_f and the tied head.
+  ModelShape shape() const override;
+  int64_t n_blocks() const override { return config_.n_layer; }
+  std::vector<int64_t> block_offsets() const override;
+  bool holds_block(int64_t block) const override;
+  double forward_flops_per_example() const override;  // a window of seq_len tokens
+  std::unique_ptr<ModelCtx> make_ctx() const override;
+  double forward(const Tensor& tokens, const Tensor& targets, ModelCtx& ctx) const override;
+  void backward(ModelCtx& ctx, double scale) const override;
+  CrossEntropyCtx& loss_ctx(ModelCtx& ctx) const override;
   // Logits (B, T, V), or only the last position's (B, 1, V) when last_only. REQUIRES: not
   // tensor-parallel (a piece holds only its columns of the logits).
   Tensor forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const;
-  // Accumulates into the gradients d(mean loss x scale)/dparams. REQUIRES: forward(ctx).
-  void backward(GptCtx& ctx, double scale) const;
 
   // Incremental decoding (the whole model in one process): an empty cache for up to seq_len
   // positions; then decode runs `tokens` (one or more) at positions cache.length onwards,
@@ -226,24 +96,21 @@ class Gpt {
   Tensor decode_grouped(std::span<const std::span<const int32_t>> tokens, std::span<KvCache* const> caches,
                         std::span<Arena> arenas, Arena& arena, const GroupLogits& each_group = {}) const;
 
-  // Pipeline stages run the model in pieces, each over what this part holds; forward and
-  // backward above are embed, forward_blocks(0, n_layer), forward_head and back. A piece's
-  // ctx is the micro-batch's (one per micro-batch and chunk in flight); begin(ctx) resets
-  // its arena before the first forward piece.
-  void begin(GptCtx& ctx, int64_t b, int64_t t) const;
-  // What embed and each block give and take for b sequences of t tokens: (B, T, C), or under
-  // sequence parallelism this piece's rows (B x T / parts, C).
-  Shape activation_shape(int64_t b, int64_t t) const;
-  // -> (B, T, C); under mixed precision in the workspace, valid until forward_blocks.
-  Tensor embed(const Tensor& tokens, GptCtx& ctx) const;
-  Tensor forward_blocks(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;  // blocks [lo, hi)
-  double forward_head(const Tensor& x, const Tensor& targets, GptCtx& ctx) const;     // ln_f, logits, loss
-  // defer_weights (zero-bubble pipelines): input gradients and the LayerNorms' now, the
-  // linear layers' and the head's weight gradients in backward_weights, the same bits.
-  Tensor backward_head(GptCtx& ctx, double scale, bool defer_weights = false) const;  // -> d(x of forward_head)
-  Tensor backward_blocks(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx, bool defer_weights = false) const;
-  void backward_weights(int64_t lo, int64_t hi, bool head, const GptCtx& ctx) const;
-  void backward_embed(const Tensor& dx, GptCtx& ctx) const;
+  // The model in pieces (pipeline stages), each over what this part holds; begin resets the
+  // context's arena before the first forward piece. Under sequence parallelism each block
+  // gives and takes this piece's rows (B x T / parts, C). embed's output, under mixed
+  // precision, lives in the workspace until forward_stage. defer_weights (zero-bubble
+  // pipelines) is refused under mixed precision and full recompute.
+  void begin(ModelCtx& ctx, int64_t b, int64_t t) const override;
+  Shape activation_shape(int64_t b, int64_t t) const override;
+  Tensor embed(const Tensor& tokens, ModelCtx& ctx) const override;
+  Tensor forward_stage(int64_t lo, int64_t hi, const Tensor& x, ModelCtx& ctx) const override;
+  double head(const Tensor& x, const Tensor& targets, ModelCtx& ctx) const override;  // ln_f, logits, loss
+  Tensor backward_head(ModelCtx& ctx, double scale, bool defer_weights = false) const override;
+  Tensor backward_stage(int64_t lo, int64_t hi, const Tensor& dy, ModelCtx& ctx,
+                        bool defer_weights = false) const override;
+  void backward_weights(int64_t lo, int64_t hi, bool head, const ModelCtx& ctx) const override;
+  void backward_embed(const Tensor& dx, ModelCtx& ctx) const override;
 
   // INT8 weights for inference (docs/serving.md, "INT8 weights"): `weights` maps each name
   // of int8_weight_names() to its int8 form; forward, forward_logits and decode then
@@ -279,13 +146,6 @@ class Gpt {
   // panels where use_panels did (and the head's), f32 for the rest (biases, LayerNorms, wpe).
   int64_t weight_bytes() const;
 
-  // Called as forward and backward enter and leave each transformer block, in the order
-  // loom/params.h's BlockPhase describes; block -1 is wte, wpe, ln_f and the tied head.
-  BlockHook on_block;
-
-  // n_layer + 1 flat element offsets: block b's parameters are [offsets[b], offsets[b+1]).
-  std::vector<int64_t> block_offsets() const;
-
   const GptConfig& config() const { return config_; }
   const GptPart& part() const { return part_; }
   // REQUIRES: not kFull with backward's defer_weights (the weight passes need the
@@ -303,9 +163,8 @@ class Gpt {
   // Peak bytes of the workspace (full recompute's or mixed precision's: one block's
   // activations at a time).
   size_t recompute_peak_bytes() const { return scratch_.peak_bytes(); }
-  bool holds_block(int64_t block) const;
-  ParamSet& params() { return params_; }
-  const ParamSet& params() const { return params_; }
+  ParamSet& params() override { return params_; }
+  const ParamSet& params() const override { return params_; }
   // Forward FLOPs per token: 2 x matmul parameters (tied head counted, wpe not) plus
   // attention 4 x n_layer x d_model x T; training costs 3x this.
   double forward_flops_per_token(int64_t t) const;

@@ -1,0 +1,133 @@
+// parallel::parallelize (DESIGN.md section 3, docs/architecture.md): a model laid out on a
+// dp x pp x tp mesh, as one object that owns the training step. The trainer calls step()
+// once per optimizer step with this replica's micro-batches and gets the loss, the gradient
+// norm and the step's communication figures; evaluate(), the checkpoint share and the
+// optimizer state for a resume come from the same object. Inside: the data-parallel
+// gradient sums and ZeRO (DataParallel), the pipeline executor over the model's block
+// ranges, the tensor-parallel seam the model was built with, the optimizer update, fp16's
+// loss scaling and the gradient norm over the stages and pieces.
+//
+// Thread-safety: one thread (the training thread) drives a Parallelized.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/checkpoint.h"
+#include "loom/checkpointing.h"
+#include "loom/data_parallel.h"
+#include "loom/examples.h"
+#include "loom/loss_scale.h"
+#include "loom/mesh.h"
+#include "loom/nn/model.h"
+#include "loom/optim.h"
+#include "loom/pipeline.h"
+#include "loom/schedule.h"
+#include "loom/step_tracer.h"
+#include "loom/tensor_parallel.h"
+
+namespace loom::parallel {
+
+// How a step is run (built once from [training], [parallel] and [comm]).
+struct StepConfig {
+  DataParallelConfig dp;
+  optim::OptimizerConfig optimizer;
+  ScheduleKind pp_schedule = ScheduleKind::kOneFOneB;
+  // Per replica and step: `accum` micro-batches of `micro_batch` examples of `t` positions.
+  int64_t micro_batch = 1, accum = 1, t = 1;
+  double grad_clip = 0;  // 0: none
+  // [training] precision = "fp16": dynamic loss scaling (docs/numerics.md, "Mixed precision").
+  bool fp16 = false;
+  optim::LossScaleConfig loss_scale;
+  // debug.overflow_at: the steps (1-based) whose loss scale is multiplied by 2^40.
+  std::vector<int64_t> overflow_at;
+};
+
+// What one optimizer step did, on this rank.
+struct StepResult {
+  double loss = 0;       // the mean over every replica's micro-batches
+  double grad_norm = 0;  // of the whole model, before clipping
+  double loss_scale = 1;  // what backward ran on (fp16)
+  bool skipped = false;   // fp16: the gradients overflowed; nothing was updated
+  // Not skipped, and the loss or the norm is not finite: nothing was updated, and this says
+  // which gradient was the first not finite (collective: every rank has it), for the error.
+  std::string nonfinite;
+  CommStats comm;  // the replicas' gradient communication
+  std::optional<TensorParallelSeam::Stats> tp;  // tp > 1
+  std::optional<PipelineStats> pipe;            // pp > 1
+  PipelineBubble bubble;                        // pp > 1
+};
+
+// Validation over a dataset: the mean loss, a classifier's accuracy (-1 otherwise), and
+// how many tokens (or images) it covered.
+struct EvalResult {
+  double loss = 0;
+  double accuracy = -1;
+  int64_t items = 0;
+};
+
+// Validation of a whole model in one process: examples [0, max_items) of `val` (0: all) in
+// order, `batch` at a time.
+EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch);
+
+// What the loss mixes in for a micro-batch (distillation's targets), set from its inputs.
+using LossTargets = std::function<void(const Tensor& inputs, nn::CrossEntropyCtx& loss)>;
+
+class Parallelized {
+ public:
+  ~Parallelized();
+  Parallelized(const Parallelized&) = delete;
+  Parallelized& operator=(const Parallelized&) = delete;
+
+  // One optimizer step (the 1-based `step` for debug.overflow_at) over this replica's
+  // micro-batches batch(0) ... batch(accum - 1), at learning rate lr. RuntimeError when the
+  // fp16 gradients overflow even at the smallest loss scale. Collective over the mesh.
+  using MicroBatches = std::function<data::Batch(int64_t microbatch)>;
+  StepResult step(int64_t step, const MicroBatches& batch, double lr);
+
+  // Rank 0's validation of the model as trained (the EvalResult is rank 0's; the other
+  // ranks take part and get {}). Collective over the mesh.
+  EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch);
+
+  // Broadcasts replica 0's parameters and checks every replica holds the same bits; ZeRO 3
+  // then keeps only this rank's parts. Collective, before the first step.
+  void sync_params();
+  // ZeRO 3: every parameter gathered into the model until the next step (for a checkpoint
+  // or the final figures). Collective; nothing at stages 0-2.
+  void materialize_params();
+  // This rank's share of a checkpoint (after materialize_params), and its size.
+  RankShare share(checkpoint::PieceArena& arena) const;
+  size_t share_bytes() const;
+  // Loads the optimizer state this rank keeps from `ck` and the optimizer's step count.
+  void load_optimizer(checkpoint::Checkpoint& ck);
+
+  // fp16's loss scale, to save and restore.
+  optim::LossScaler& loss_scaler();
+  // Traces (null: off): the steps record their spans and collectives into `tracer`.
+  void set_tracer(StepTracer* tracer);
+  // What the loss mixes in (distillation); empty: the plain cross-entropy.
+  void set_loss_targets(LossTargets targets);
+
+  StateBytes state_bytes() const;
+  int replica() const;  // this rank's data-parallel index
+  const Mesh& mesh() const;
+  nn::Model& model();
+
+ private:
+  friend std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
+                                                   const StepConfig& config);
+  struct Impl;
+  explicit Parallelized(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Lays out `model` (already this rank's part and tensor-parallel piece: mesh.part() and
+// mesh.shard()) on `mesh` (split over `world`). The model, mesh and world outlive the
+// result. Collective over the mesh (the pipeline's links).
+std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
+                                          const StepConfig& config);
+
+}  // namespace loom::parallel

@@ -1,0 +1,50 @@
+// The spans of a traced training step (`[profile] trace_steps`, docs/formats.md
+// "trace.json"), and the collective that merges every rank's into one file.
+// Thread-safety: a StepTracer is used by the training thread (the collectives' observers
+// are called on it too).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm.h"
+#include "loom/comm_span.h"
+#include "loom/params.h"
+#include "loom/trace.h"
+
+namespace loom::parallel {
+
+// The training thread's spans of a traced step: nested spans for the step, micro-steps,
+// forward and backward and each block in them, the optimizer step; the training thread's
+// waits on collectives; and, on the communication track, every collective as the progress
+// thread ran it.
+class StepTracer {
+ public:
+  explicit StepTracer(obs::Trace& trace) : trace_(trace) {}
+
+  void push(std::string name);
+  void pop();
+
+  // Block hooks around data parallelism's (nn::BlockHooks, in this order: before, the data
+  // parallel hook, after): spans around each block, data parallelism's waits outside them,
+  // so that every wait nests inside forward or backward but beside the blocks.
+  void before_block(int block, BlockPhase phase);
+  void after_block(int block, BlockPhase phase);
+
+  void on_comm(const CommSpan& s);
+  obs::Trace& trace() { return trace_; }
+
+ private:
+  struct Open {
+    std::string name;
+    obs::Trace::Clock::time_point begin;
+  };
+  obs::Trace& trace_;
+  std::vector<Open> open_;
+};
+
+// Collective: every rank's events to rank 0, which writes the merged file at `path`.
+void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path);
+
+}  // namespace loom::parallel

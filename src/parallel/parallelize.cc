@@ -1,0 +1,247 @@
+#include "loom/parallelize.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/error.h"
+#include "loom/log.h"
+#include "loom/nn/gpt.h"
+
+namespace loom::parallel {
+
+EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch) {
+  const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
+  std::unique_ptr<nn::ModelCtx> ctx = model.make_ctx();
+  double loss_sum = 0;
+  int64_t correct = 0;
+  bool classifies = false;
+  std::vector<int64_t> items;
+  for (int64_t start = 0; start < n; start += batch) {
+    items.clear();
+    for (int64_t i = start; i < std::min(n, start + batch); ++i) items.push_back(i);
+    const data::Batch b = val.batch(items);
+    const nn::EvalSums s = model.evaluate(b.inputs, b.targets, *ctx);
+    loss_sum += s.loss * static_cast<double>(items.size());
+    classifies = s.correct >= 0;
+    correct += std::max<int64_t>(s.correct, 0);
+  }
+  EvalResult r;
+  r.items = n * val.tokens_per_example();
+  r.loss = n == 0 ? 0.0 : loss_sum / static_cast<double>(n);
+  if (classifies) r.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+  return r;
+}
+
+struct Parallelized::Impl {
+  Impl(nn::Model& m, Mesh& me, comm::Communicator& w, const StepConfig& c)
+      : model(m),
+        mesh(me),
+        world(w),
+        config(c),
+        piped(me.pp > 1),
+        dp(me.split() ? *me.dp : w, m.params(), c.optimizer, c.dp,
+           piped ? std::vector<int64_t>{0, m.params().numel()} : m.block_offsets()),
+        scaler(c.loss_scale),
+        ctx(m.make_ctx()) {}
+
+  nn::Model& model;
+  Mesh& mesh;
+  comm::Communicator& world;
+  StepConfig config;
+  bool piped;
+  DataParallel dp;
+  // Pipeline stages: the executor runs the schedule's list and brackets each backward
+  // piece for DataParallel; without a pipeline the model's block hooks report to it.
+  std::unique_ptr<Pipeline> pipe;
+  std::vector<nn::BlockHooks::Id> hooks;
+  optim::LossScaler scaler;
+  StepTracer* tracer = nullptr;
+  LossTargets loss_targets;
+  std::unique_ptr<nn::ModelCtx> ctx;  // the micro-steps' without a pipeline
+
+  std::vector<double> micro_steps(const MicroBatches& batch, double scale);
+  void finish(StepResult& r, int64_t step, double lr);
+  std::unique_ptr<nn::Gpt> gather_whole();
+};
+
+Parallelized::Parallelized(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Parallelized::~Parallelized() {
+  for (nn::BlockHooks::Id id : impl_->hooks) impl_->model.hooks().remove(id);
+}
+
+std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
+                                          const StepConfig& config) {
+  auto impl = std::make_unique<Parallelized::Impl>(model, mesh, world, config);
+  Parallelized::Impl& m = *impl;
+  if (mesh.split()) m.dp.set_stage_groups(stage_groups(mesh, model.params()));
+  if (m.piped) {
+    m.pipe = std::make_unique<Pipeline>(
+        *mesh.pipe, make_schedule(config.pp_schedule, mesh.pp, static_cast<int>(config.accum), mesh.v), model,
+        mesh.stage_ranks());
+  } else {
+    // A traced step's spans around each block, data parallelism's waits between them.
+    Parallelized::Impl* p = &m;
+    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
+      if (p->tracer) p->tracer->before_block(b, ph);
+    }));
+    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) { p->dp.on_block(b, ph); }));
+    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
+      if (p->tracer) p->tracer->after_block(b, ph);
+    }));
+  }
+  return std::unique_ptr<Parallelized>(new Parallelized(std::move(impl)));
+}
+
+std::vector<double> Parallelized::Impl::micro_steps(const MicroBatches& batch, double scale) {
+  std::vector<double> losses;
+  if (piped) {
+    if (tracer) tracer->push(cat("pipeline ", schedule_kind_name(config.pp_schedule), ", stage ", mesh.stage));
+    losses = pipeline_step(
+        mesh, *pipe, dp,
+        [&](int m) {
+          data::Batch b = batch(m);
+          return std::pair<Tensor, Tensor>{b.inputs, b.targets};
+        },
+        config.micro_batch, config.t, scale);
+    if (tracer) tracer->pop();
+    return losses;
+  }
+  for (int64_t m = 0; m < config.accum; ++m) {
+    if (tracer) tracer->push(cat("micro-step ", m));
+    dp.begin_micro_step(m == config.accum - 1);
+    const data::Batch b = batch(m);
+    if (loss_targets) loss_targets(b.inputs, model.loss_ctx(*ctx));
+    losses.push_back(model.forward(b.inputs, b.targets, *ctx));
+    model.backward(*ctx, scale);
+    dp.end_micro_step();
+    if (tracer) tracer->pop();
+  }
+  return losses;
+}
+
+StepResult Parallelized::step(int64_t step, const MicroBatches& batch, double lr) {
+  Impl& m = *impl_;
+  StepResult r;
+  m.dp.begin_step();
+  // fp16: the loss times the scale (times 2^40 in a step debug.overflow_at names).
+  const std::vector<int64_t>& overflow = m.config.overflow_at;
+  r.loss_scale = !m.config.fp16 ? 1
+                 : m.scaler.scale() * (std::binary_search(overflow.begin(), overflow.end(), step) ? 0x1p40 : 1);
+  const double backward_scale = r.loss_scale / static_cast<double>(m.config.accum * m.mesh.dp_size);
+  r.loss = m.dp.mean_loss(m.micro_steps(batch, backward_scale));
+  if (m.piped) r.bubble = pipeline_bubble(m.mesh, *m.pipe);
+  m.finish(r, step, lr);
+  return r;
+}
+
+void Parallelized::Impl::finish(StepResult& r, int64_t step, double lr) {
+  if (tracer) tracer->push("optimizer step");
+  r.grad_norm = dp.finish_step(lr, config.grad_clip, r.loss_scale);
+  if (tracer) tracer->pop();
+  // fp16: gradients that overflowed skip the step (finish_step updated nothing) and halve
+  // the scale; a finite loss with overflowing gradients at the smallest scale stops.
+  const bool fp16 = config.fp16;
+  r.skipped = fp16 && std::isfinite(r.loss) && !std::isfinite(r.grad_norm);
+  if (fp16 && !scaler.update(r.skipped))
+    throw RuntimeError(cat("step ", step, ": fp16 gradients overflow even at loss scale ", scaler.scale(),
+                           ", the smallest; train in training.precision = \"bf16\" (f32's range) or \"fp32\", or "
+                           "with a lower training.lr"));
+  if (r.skipped)
+    log_warn(cat("step ", step, ": fp16 gradients overflowed at loss scale ", r.loss_scale,
+                 "; the step is skipped and the scale lowered to ", scaler.scale()));
+  // A loss or gradient norm that is not finite: every rank sees the same global loss and
+  // norm, and names the first gradient that is not (collective over the group).
+  if (!r.skipped && (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))) {
+    const std::string first = dp.first_nonfinite_gradient();
+    const std::string part = mesh.split() ? " (this rank's part of the model)" : "";
+    r.nonfinite = cat("the loss (", r.loss, ") or the gradient norm (", r.grad_norm, ") is not finite; ",
+                      first.empty() ? std::string("every gradient is finite")
+                      : config.dp.deterministic
+                          ? cat("the first gradient deterministic mode cannot sum exactly (not finite, or 2^31 "
+                                "or more in magnitude) is ", first, part)
+                          : cat("the first non-finite gradient is ", first, part));
+  }
+  r.comm = dp.take_stats();
+  if (piped) r.pipe = pipe->stats();
+  if (mesh.tp > 1) r.tp = mesh.seam->take_stats();
+}
+
+// Rank 0 with pipeline stages or tensor-parallel pieces: every stage's and piece's weights,
+// gathered to evaluate (replica 0 takes part; the others hold the same weights).
+std::unique_ptr<nn::Gpt> Parallelized::Impl::gather_whole() {
+  std::unique_ptr<nn::Gpt> whole;
+  if (!mesh.split() || mesh.dp_index != 0) return whole;
+  const auto* gpt = dynamic_cast<const nn::Gpt*>(&model);
+  LOOM_CHECK(gpt != nullptr);  // only a GPT is split
+  const nn::GptConfig& shape = gpt->config();
+  const bool lead = world.rank() == 0;
+  if (lead) whole = std::make_unique<nn::Gpt>(shape);
+  ParamSet* to = lead ? &whole->params() : nullptr;
+  if (!piped) {
+    gather_pieces(mesh, shape, {}, model.params(), to);
+  } else if (mesh.tp == 1) {
+    gather_stages(mesh, shape, model.params(), to);
+  } else {
+    // Pieces onto each stage's first piece, then those stages onto rank 0.
+    const nn::GptPart part = mesh_part(shape.n_layer, mesh);
+    std::optional<nn::Gpt> stage;
+    if (mesh.tp_index == 0) stage.emplace(shape, DType::kF32, part);
+    gather_pieces(mesh, shape, part, model.params(), stage ? &stage->params() : nullptr);
+    if (mesh.tp_index == 0) gather_stages(mesh, shape, stage->params(), to);
+  }
+  return whole;
+}
+
+EvalResult Parallelized::evaluate(const data::Examples& val, int64_t max_items, int64_t batch) {
+  Impl& m = *impl_;
+  m.dp.materialize_params();  // collective; rank 0 alone evaluates
+  const std::unique_ptr<nn::Gpt> whole = m.gather_whole();
+  if (m.world.rank() != 0) return {};
+  return parallel::evaluate(whole ? static_cast<const nn::Model&>(*whole) : m.model, val, max_items, batch);
+}
+
+void Parallelized::sync_params() { impl_->dp.sync_params(); }
+void Parallelized::materialize_params() { impl_->dp.materialize_params(); }
+
+RankShare Parallelized::share(checkpoint::PieceArena& arena) const {
+  return rank_share(impl_->mesh, impl_->model.params(), impl_->dp, arena);
+}
+
+size_t Parallelized::share_bytes() const { return parallel::share_bytes(impl_->mesh, impl_->model.params(), impl_->dp); }
+
+void Parallelized::load_optimizer(checkpoint::Checkpoint& ck) {
+  optim::RangeState st = impl_->dp.kept_optimizer_state();  // in place, only what this rank keeps
+  ck.load_optimizer(impl_->model.params(), st);
+  impl_->dp.set_optimizer_steps(st.steps);
+}
+
+optim::LossScaler& Parallelized::loss_scaler() { return impl_->scaler; }
+
+void Parallelized::set_tracer(StepTracer* tracer) {
+  Impl& m = *impl_;
+  m.tracer = tracer;
+  if (tracer == nullptr) {
+    m.dp.set_comm_observer(nullptr);
+    if (m.mesh.tp > 1) m.mesh.seam->set_observer(nullptr);
+    if (m.piped) m.pipe->set_observer(nullptr);
+    return;
+  }
+  m.dp.set_comm_observer([tracer](const CommSpan& s) { tracer->on_comm(s); });
+  if (m.mesh.tp > 1) m.mesh.seam->set_observer([tracer](const CommSpan& s) { tracer->on_comm(s); });
+  if (m.piped)  // each compute action and each wait for a neighbour: the schedule as it ran
+    m.pipe->set_observer(
+        [tracer](const PipeSpan& s) { tracer->trace().span(obs::Trace::kTraining, s.what, s.begin, s.end); });
+}
+
+void Parallelized::set_loss_targets(LossTargets targets) {
+  impl_->loss_targets = targets;
+  if (impl_->piped) impl_->pipe->set_loss_targets(std::move(targets));
+}
+
+StateBytes Parallelized::state_bytes() const { return impl_->dp.state_bytes(); }
+int Parallelized::replica() const { return impl_->dp.rank(); }
+const Mesh& Parallelized::mesh() const { return impl_->mesh; }
+nn::Model& Parallelized::model() { return impl_->model; }
+
+}  // namespace loom::parallel
