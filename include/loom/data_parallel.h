@@ -95,15 +95,20 @@ class DataParallel {
 
   // One optimizer step: begin_step(); per micro-step begin_micro_step(last), forward and
   // backward (whose block hook calls on_block), end_micro_step(); then finish_step().
+  // A pipeline stage's micro-steps are its backward pieces: the last piece of each chunk (a
+  // range of blocks) is `last`, and its end_micro_step(from_block) says that the gradients
+  // from that block up are final (-1: all of them, the embeddings too), so that their sums
+  // start while the other stages still compute; the rest start at the last micro-step of
+  // the step (after sum_tied_gradients). A unit's sum starts once per step.
   void begin_step();
   void begin_micro_step(bool last);
   void on_block(int block, BlockPhase phase);
-  void end_micro_step();
+  void end_micro_step(int from_block = -1);
   // Pipeline stages: set once, before the first step. The groups must outlive this.
   void set_stage_groups(const StageGroups& groups);
   // Sums the tied parameter's gradients over StageGroups::tied (exactly, in deterministic
   // mode). Collective over that group; after the last backward, before the last
-  // micro-step's end_micro_step().
+  // micro-step's end_micro_step(). Until then no unit holding any of them starts its sum.
   void sum_tied_gradients();
 
   // Waits for the gradient sums, divides them by loss_scale (fp16's dynamic loss scaling,

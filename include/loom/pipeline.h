@@ -81,10 +81,18 @@ class Pipeline {
   using Batch = std::function<std::pair<Tensor, Tensor>(int microbatch)>;
 
   // What brackets each backward piece: `begin` before it adds to the gradients, `end` after
-  // (DataParallel's begin_micro_step(false) / end_micro_step, so that deterministic mode
-  // sums each piece exactly). Either may be empty.
+  // (DataParallel's begin_micro_step / end_micro_step, so that deterministic mode sums each
+  // piece exactly, and the replicas' sums of a chunk's gradients start as soon as they are
+  // final). Either may be empty.
+  struct Piece {
+    // The last piece that adds to its chunk's gradients this step: after it, the gradients
+    // of blocks from_block up on this stage are final (from_block -1: the first virtual
+    // stage's, the embeddings' too). The model's block hooks report each block of it.
+    bool final = false;
+    int64_t from_block = -1;
+  };
   struct BackwardPieces {
-    std::function<void()> begin, end;
+    std::function<void(const Piece&)> begin, end;
   };
 
   // Runs this stage's list for one optimizer step: gradients of (mean loss x scale) of every

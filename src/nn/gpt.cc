@@ -675,18 +675,17 @@ Tensor Gpt::decode_grouped(std::span<const std::span<const int32_t>> tokens, std
 }
 
 std::vector<int64_t> Gpt::block_offsets() const {
-  LOOM_CHECK(part_.all_blocks && part_.embeddings && part_.head);
-  // Blocks are registered after wte and wpe and before ln_f, each as one contiguous run.
-  std::vector<int64_t> offsets;
-  for (int64_t l = 0; l <= config_.n_layer; ++l) {
-    const std::string prefix = l < config_.n_layer ? "transformer.h." + std::to_string(l) + "." : "transformer.ln_f.";
+  // Blocks are registered after wte and wpe and before ln_f, each as one contiguous run; a
+  // block this part does not hold is the empty range where it would be.
+  std::vector<int64_t> offsets(static_cast<size_t>(config_.n_layer + 1), params_.numel());
+  auto first_of = [&](const std::string& prefix) -> int64_t {
     for (const ParamInfo& p : params_.infos())
-      if (p.name.starts_with(prefix)) {
-        offsets.push_back(p.offset);
-        break;
-      }
-  }
-  LOOM_CHECK_EQ(static_cast<int64_t>(offsets.size()), config_.n_layer + 1);
+      if (p.name.starts_with(prefix)) return p.offset;
+    return -1;
+  };
+  if (part_.head) offsets.back() = first_of("transformer.ln_f.");
+  for (int64_t l = config_.n_layer; l-- > 0;)
+    offsets[l] = holds_block(l) ? first_of("transformer.h." + std::to_string(l) + ".") : offsets[l + 1];
   return offsets;
 }
 

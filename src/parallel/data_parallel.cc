@@ -74,6 +74,7 @@ struct DataParallel::Impl {
   UnitComm uc;
 
   bool last_micro = false;
+  bool tied_summed = false;  // this step's sum_tied_gradients() ran: held units may launch
   size_t next_unit = 0;  // in launch order (units.size() - 1 - i)
   CommStats stats;
   std::function<void(const CommSpan&)> observer;
@@ -221,19 +222,29 @@ struct DataParallel::Impl {
     return spec;
   }
 
-  // A unit whose gradients are final for this micro-step.
-  void on_final(Unit& u) {
+  // A unit whose gradients are final for this micro-step. A pipeline's later pieces may meet
+  // a unit whose sum is already in flight: nothing more is added to it.
+  void on_final(Unit& u, bool may_launch = true) {
+    if (u.launched) return;
     float* g = params.grads().data<float>() + u.begin;
     const int64_t len = u.end - u.begin;
     if (config.deterministic) {
       accumulate_exactly(params.grads().data<float>(), u.begin, len);
       std::fill(g, g + len, 0.0f);  // the next micro-step's backward accumulates from zero
     }
-    if (last_micro) uc.launch_reduce(u, params.grads(), exact, shard_grads);
+    if (last_micro && may_launch && (!u.held || tied_summed)) {
+      uc.launch_reduce(u, params.grads(), exact, shard_grads);
+      u.launched = true;
+    }
   }
 
-  void process_ready(int64_t from) {
-    while (next_unit < units.size() && launch_order(next_unit).begin >= from) on_final(launch_order(next_unit++));
+  // The units from flat offset `from` up are final for this micro-step; those from
+  // `launch_from` up (at least `from`) also for the step.
+  void process_ready(int64_t from, int64_t launch_from = 0) {
+    while (next_unit < units.size() && launch_order(next_unit).begin >= from) {
+      Unit& u = launch_order(next_unit++);
+      on_final(u, u.begin >= launch_from);
+    }
   }
 
   double grad_norm_and_clip(double max_norm) {
@@ -330,6 +341,8 @@ void DataParallel::begin_step() {
   if (m.config.deterministic) m.exact.zero();
   m.unsummable = -1;
   m.stats = {};
+  m.tied_summed = false;
+  for (Unit& u : m.units) u.launched = false;
 }
 
 void DataParallel::begin_micro_step(bool last) {
@@ -339,7 +352,10 @@ void DataParallel::begin_micro_step(bool last) {
 
 void DataParallel::on_block(int block, BlockPhase phase) { impl_->on_block(block, phase); }
 
-void DataParallel::end_micro_step() { impl_->process_ready(0); }
+void DataParallel::end_micro_step(int from_block) {
+  Impl& m = *impl_;
+  m.process_ready(0, m.last_micro && from_block >= 0 ? m.offsets[static_cast<size_t>(from_block)] : 0);
+}
 
 void DataParallel::set_stage_groups(const StageGroups& groups) {
   Impl& m = *impl_;
@@ -349,10 +365,13 @@ void DataParallel::set_stage_groups(const StageGroups& groups) {
     LOOM_CHECK(groups.skip[i].first <= groups.skip[i].second && groups.skip[i].second <= m.params.numel() &&
                (i == 0 || groups.skip[i - 1].second <= groups.skip[i].first));
   m.stage_groups = groups;
+  for (Unit& u : m.units)
+    u.held = groups.tied != nullptr && u.begin < groups.tied_end && groups.tied_begin < u.end;
 }
 
 void DataParallel::sum_tied_gradients() {
   Impl& m = *impl_;
+  m.tied_summed = true;
   const StageGroups& g = m.stage_groups;
   if (g.tied == nullptr || g.tied_end == g.tied_begin) return;
   const auto n = static_cast<size_t>(g.tied_end - g.tied_begin);

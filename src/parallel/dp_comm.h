@@ -30,6 +30,8 @@ struct Unit {
   // The sum in flight.
   comm::Work work;
   bool pending = false;
+  bool launched = false;  // this step's sum has started (a pipeline's pieces may meet it again)
+  bool held = false;      // overlaps the tied embedding: waits for sum_tied_gradients()
   int64_t reduce_bytes = 0, gather_bytes = 0;  // of the collectives in flight
   Tensor stage;  // padded input (bf16, or f32/limbs of an uneven unit), when needed
   Tensor out;    // reduce-scatter output, when it cannot land in place

@@ -97,7 +97,9 @@ StageGroups stage_groups(const Mesh& m, const ParamSet& params) {
 std::vector<double> pipeline_step(const Mesh& mesh, Pipeline& pipe, DataParallel& dp,
                                   const Pipeline::Batch& batch, int64_t b, int64_t t, double scale) {
   std::vector<double> losses =
-      pipe.run(batch, b, t, scale, {.begin = [&] { dp.begin_micro_step(false); }, .end = [&] { dp.end_micro_step(); }});
+      pipe.run(batch, b, t, scale,
+               {.begin = [&](const Pipeline::Piece& p) { dp.begin_micro_step(p.final); },
+                .end = [&](const Pipeline::Piece& p) { dp.end_micro_step(static_cast<int>(p.from_block)); }});
   losses.resize(static_cast<size_t>(pipe.schedule().microbatches));  // the last stage's, to every stage
   comm::broadcast(*mesh.pipe, {.buffer = losses.data(), .count = losses.size(), .dtype = DType::kF64, .root = mesh.pp - 1});
   dp.sum_tied_gradients();

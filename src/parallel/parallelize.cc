@@ -39,8 +39,7 @@ struct Parallelized::Impl {
         world(w),
         config(c),
         piped(me.pp > 1),
-        dp(me.split() ? *me.dp : w, m.params(), c.optimizer, c.dp,
-           piped ? std::vector<int64_t>{0, m.params().numel()} : m.block_offsets()),
+        dp(me.split() ? *me.dp : w, m.params(), c.optimizer, c.dp, m.block_offsets()),
         scaler(c.loss_scale),
         ctx(m.make_ctx()) {}
 
@@ -75,21 +74,23 @@ std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Co
   auto impl = std::make_unique<Parallelized::Impl>(model, mesh, world, config);
   Parallelized::Impl& m = *impl;
   if (mesh.split()) m.dp.set_stage_groups(stage_groups(mesh, model.params()));
-  if (m.piped) {
-    m.pipe = std::make_unique<Pipeline>(
-        *mesh.pipe, make_schedule(config.pp_schedule, mesh.pp, static_cast<int>(config.accum), mesh.v), model,
-        mesh.stage_ranks());
-  } else {
-    // A traced step's spans around each block, data parallelism's waits between them.
-    Parallelized::Impl* p = &m;
+  Parallelized::Impl* p = &m;
+  // The block hooks: data parallelism's (which starts the replicas' sums of each block's
+  // gradients as they become final) and, without a pipeline (whose executor traces its own
+  // actions), a traced step's spans around each block, data parallelism's waits between.
+  if (!m.piped)
     m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
       if (p->tracer) p->tracer->before_block(b, ph);
     }));
-    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) { p->dp.on_block(b, ph); }));
+  m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) { p->dp.on_block(b, ph); }));
+  if (!m.piped)
     m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
       if (p->tracer) p->tracer->after_block(b, ph);
     }));
-  }
+  if (m.piped)
+    m.pipe = std::make_unique<Pipeline>(
+        *mesh.pipe, make_schedule(config.pp_schedule, mesh.pp, static_cast<int>(config.accum), mesh.v), model,
+        mesh.stage_ranks());
   return std::unique_ptr<Parallelized>(new Parallelized(std::move(impl)));
 }
 

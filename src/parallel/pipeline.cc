@@ -215,15 +215,23 @@ void Pipeline::set_observer(std::function<void(const PipeSpan&)> observer) { imp
 void Pipeline::set_loss_targets(LossTargets targets) { impl_->loss_targets = std::move(targets); }
 
 std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, double scale, const BackwardPieces& pieces) {
-  auto begin_piece = [&] {
-    if (pieces.begin) pieces.begin();
-  };
-  auto end_piece = [&] {
-    if (pieces.end) pieces.end();
-  };
   Impl& m = *impl_;
   const Schedule& s = m.schedule;
   const int v = s.virtual_stages, st = m.stage;
+  // Each chunk's last action adding to its gradients (a backward or weight pass of its last
+  // micro-batch: passes run in ascending micro-batch order).
+  std::vector<size_t> last_grad_action(static_cast<size_t>(v), 0);
+  for (size_t i = 0; i < s.actions[st].size(); ++i)
+    if (s.actions[st][i].op == PipeOp::kBackward || s.actions[st][i].op == PipeOp::kBackwardInput ||
+        s.actions[st][i].op == PipeOp::kBackwardWeight)
+      last_grad_action[static_cast<size_t>(s.actions[st][i].chunk)] = i;
+  Pipeline::Piece piece;  // of the action running
+  auto begin_piece = [&] {
+    if (pieces.begin) pieces.begin(piece);
+  };
+  auto end_piece = [&] {
+    if (pieces.end) pieces.end(piece);
+  };
   const int64_t n_layer = m.model.n_blocks();
   const Shape act_shape = m.model.activation_shape(b, t);  // sequence parallelism: this piece's rows
   const auto count = static_cast<size_t>(shape_numel(act_shape));
@@ -250,6 +258,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       began[i] = i == 0 ? start : Clock::now();
       const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
       const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
+      piece = {.final = i == last_grad_action[static_cast<size_t>(a.chunk)], .from_block = first ? -1 : lo};
       // A message's tag names it by micro-batch and the virtual stage that produced it.
       const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
       auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
@@ -314,9 +323,12 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           const bool defer = a.op == PipeOp::kBackwardInput;
           Tensor dy;
           if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
+            const Pipeline::Piece blocks = piece;
+            piece.final = false;  // the head's sums start with the blocks'
             begin_piece();
             dy = m.model.backward_head(*x.ctx, scale, defer);
             end_piece();
+            piece = blocks;
           } else {
             dy = x.grad_in;
           }

@@ -107,8 +107,11 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
   gpt.init(1234);
   gpt.set_precision(run.precision);
 
+  // Each block's gradients summed over the replicas as soon as the stage's last piece of
+  // its chunk has computed them, as parallelize() does.
   DataParallel dp(*dp_comm, gpt.params(), {.weight_decay = 0.1}, {.zero = run.zero, .deterministic = run.deterministic},
-                  {0, gpt.params().numel()});
+                  gpt.block_offsets());
+  gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   StageGroups groups{.stages = pp_comm.get(), .tied = tied.get()};
   const int wte = gpt.params().find("transformer.wte.weight");
   if (wte >= 0 && run.pp > 1) {
@@ -128,7 +131,8 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
     std::vector<double> micro = pipe.run(
         [&](int mb) { return micro_batch(order, step, dp_i * m_count + mb); }, 1, kT,
         1.0 / static_cast<double>(kGlobalBatch),
-        {.begin = [&] { dp.begin_micro_step(false); }, .end = [&] { dp.end_micro_step(); }});
+        {.begin = [&](const Pipeline::Piece& p) { dp.begin_micro_step(p.final); },
+         .end = [&](const Pipeline::Piece& p) { dp.end_micro_step(static_cast<int>(p.from_block)); }});
     // The last stage's losses, to every stage.
     micro.resize(static_cast<size_t>(m_count));
     comm::broadcast(*pp_comm, {.buffer = micro.data(), .count = micro.size(), .dtype = DType::kF64, .root = run.pp - 1});

@@ -65,7 +65,8 @@ class Model {
   virtual const ParamSet& params() const = 0;
   virtual int64_t n_blocks() const = 0;
   // n_blocks() + 1 flat element offsets: block b's parameters are [offsets[b], offsets[b+1]);
-  // the rest (embeddings, head) lies before offsets[0] and after offsets[n_blocks()].
+  // the rest (embeddings, head) lies before offsets[0] and after offsets[n_blocks()]. A block
+  // this process does not hold (another pipeline stage's) is the empty range where it would be.
   virtual std::vector<int64_t> block_offsets() const = 0;
   virtual bool holds_block(int64_t /*block*/) const { return true; }
   // Forward FLOPs of one example (a sequence of the model's window, an image); training
