@@ -19,6 +19,7 @@
 #include "loom/data_parallel.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/host.h"
 #include "loom/log.h"
 #include "loom/metrics.h"
 #include "loom/param_server.h"
@@ -193,7 +194,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
     obs::JsonLine line;
     line.add("step", st.step).add("loss", st.loss).add("lr", st.lr).add("grad_norm", st.grad_norm)
         .add("tokens", static_cast<int64_t>(tokens_per_step)).add("step_ms", step_s * 1e3)
-        .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_rss_mb())
+        .add("tokens_per_s", tokens_per_step / step_s).add("mem_peak_mb", peak_resident_mb())
         .add("ps_pushes", st.pushes).add("ps_push_ms", st.push_ms).add("ps_pull_ms", st.pull_ms)
         .add("ps_staleness_max", st.max_staleness).add("ps_staleness_mean", st.mean_staleness)
         .add("ps_queue_max", st.max_queue).add("ps_held_ms", st.held_ms).add("ps_bytes", st.bytes)

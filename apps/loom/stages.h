@@ -12,8 +12,6 @@ namespace loom::app {
 
 using parallel::all_gather_strings;
 using parallel::copied_ranges;
-using parallel::gather_pieces;
-using parallel::gather_stages;
 using parallel::Mesh;
 using parallel::pipeline_bubble;
 using parallel::pipeline_step;

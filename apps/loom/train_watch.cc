@@ -119,10 +119,4 @@ std::string dump_flight_record(const std::string& run, int rank, int64_t step, c
   }
 }
 
-double peak_rss_mb() {
-  struct rusage ru{};
-  ::getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
-
 }  // namespace loom::app

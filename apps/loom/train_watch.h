@@ -48,7 +48,5 @@ std::string dump_flight_record(const std::string& run, int rank, int64_t step, c
 std::vector<uint8_t> zero_mask(const ParamSet& params);
 void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask);
 
-// The process's peak resident memory so far, MiB.
-double peak_rss_mb();
 
 }  // namespace loom::app

@@ -22,15 +22,16 @@ namespace loom::parallel {
 
 // What one rank writes: its share of its replica's parameters and optimizer state (its
 // part of every unit, less what another rank of the replica also holds), as blocks of the
-// logical tensors, copied into `arena`. REQUIRES: parameters materialized
-// (dp.materialize_params()).
+// logical tensors, copied into `arena`, or (arena null) made in place, copied only as they
+// are written (a save the training waits for: no copy of the share in memory). The values
+// come from this rank's own masters (under ZeRO 3 its shard: nothing is gathered to save).
 struct RankShare {
   std::vector<checkpoint::Piece> model, optimizer;
   int64_t optimizer_steps = 0;
   int64_t bytes() const;  // of every piece's data
 };
 RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
-                     checkpoint::PieceArena& arena);
+                     checkpoint::PieceArena* arena);
 // The bytes of that share.
 size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp);
 
@@ -68,9 +69,11 @@ class CheckpointSaver {
   // save then stalls no longer than the others (async saves).
   void prepare(size_t bytes);
   // Collective over world. Waits for the save in flight, takes this rank's share from
-  // `share_of` (given the saver's arena, reused from save to save), then sync: writes the
-  // checkpoint and returns its directory; async: hands the share to the writer and returns "".
-  std::string save(const std::function<RankShare(checkpoint::PieceArena&)>& share_of, SaveRequest request);
+  // `share_of`, then sync: writes the checkpoint from the share made in place (share_of
+  // given null: nothing is copied, the training waits) and returns its directory; async:
+  // takes the share copied into the saver's arena (reused from save to save), hands it to
+  // the writer and returns "".
+  std::string save(const std::function<RankShare(checkpoint::PieceArena*)>& share_of, SaveRequest request);
   // The directory of the async save that has completed since the last call, without
   // waiting; nullopt when none. Throws the save's RuntimeError when it failed.
   std::optional<std::string> poll();

@@ -156,6 +156,12 @@ class DataParallel {
   // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing
   // among the replicas.
   std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  // This rank's parameters over owned_ranges(): views of its masters (ZeRO 3: its shard, so
+  // that a checkpoint is written without gathering the model), valid until the next step.
+  std::vector<Tensor> owned_values() const;
+  // ZeRO 3: gives back the blocks a forward outside a step (an evaluation) gathered through
+  // the block hook. Nothing at stages 0-2, or after materialize_params().
+  void release_gathered();
   // This rank's optimizer state over owned_ranges(): views into the optimizer's own buffers.
   // Valid until the next step.
   optim::RangeState owned_optimizer_state() const;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,9 @@ FileBytes read_file_bytes(const std::string& path, size_t max_bytes = SIZE_MAX);
 void write_file_atomic(const std::string& path, std::string_view bytes);
 // The same for bytes in several parts, written one after another (no joined copy).
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts);
+// The same for `count` parts made as they are written: part(i) is called once, in order, and
+// what it returns need stay valid only until the next call (a bounded buffer reused).
+void write_file_atomic(const std::string& path, size_t count, const std::function<std::string_view(size_t)>& part);
 void fsync_dir(const std::string& dir);
 bool path_exists(const std::string& path);
 // What is at `path` when it is there and not a regular file ("a FIFO", "a device", "a

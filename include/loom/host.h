@@ -17,4 +17,11 @@ void set_memory_budget(double bytes);
 // cpuset), at least 1. Not the machine's count: a rank bound to 2 of 16 cores has 2.
 int available_cores();
 
+// This process's peak resident memory (VmHWM), MiB: since it started, and since the last
+// begin_memory_phase() (the kernel's high-water mark reset to the current resident size;
+// where the kernel refuses, a phase's peak is the process's). Not for concurrent phases.
+double peak_resident_mb();
+void begin_memory_phase();
+double phase_peak_resident_mb();
+
 }  // namespace loom

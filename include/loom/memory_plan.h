@@ -1,8 +1,8 @@
 // The bytes a training run will need, computed before anything large is allocated
 // (docs/parallelism.md, "Memory"): per rank of the layout (each pipeline stage's share of
 // parameters, gradients and optimizer state after ZeRO, one micro-batch's activations times
-// the micro-batches the schedule keeps in flight, the recompute workspace, evaluation,
-// checkpoint shares, exact-sum buffers and the token files), summed over the ranks this
+// the micro-batches the schedule keeps in flight, the recompute workspace (evaluation
+// runs in the step's own), checkpoint shares, exact-sum buffers and the token files), summed over the ranks this
 // host runs, against the memory this host has free. `loom train` refuses a run that cannot
 // fit; `loom train --dry-run` and `loom plan --config` print the same figures.
 // Thread-safety: reentrant.
@@ -35,8 +35,8 @@ struct MemoryPlanInput {
 };
 
 struct RankBytes {
-  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, evaluation = 0, checkpoint = 0,
-         exact_sums = 0, data = 0;
+  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, checkpoint = 0, exact_sums = 0,
+         data = 0;
   double total() const;
 };
 

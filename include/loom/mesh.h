@@ -1,6 +1,6 @@
 // A dp x pp x tp layout of ranks (docs/parallelism.md, docs/architecture.md): this rank's
 // place in it, its communicators, and the collectives that join the stages and pieces of a
-// replica (the pipeline step's end, the bubble, gathering weights onto the first rank).
+// replica (the pipeline step's end, the bubble).
 // Thread-safety: a Mesh is used by the training thread.
 #pragma once
 
@@ -82,16 +82,6 @@ struct PipelineBubble {
   double measured = -1, predicted = -1, replayed = -1;
 };
 PipelineBubble pipeline_bubble(const Mesh& mesh, const Pipeline& pipe);
-
-// Collective over mesh.tpc (tp > 1): every piece's parameters of this stage (`part`) put
-// together into the logical tensors of `whole` (the same part, unsplit) on tp index 0, to
-// evaluate. The other pieces only send.
-void gather_pieces(const Mesh& mesh, const nn::GptConfig& model, const nn::GptPart& part, const ParamSet& mine,
-                   ParamSet* whole);
-
-// Collective over mesh.pipe: every stage's parameters copied by name into `whole` on the
-// first stage, to evaluate. The other stages only send.
-void gather_stages(const Mesh& mesh, const nn::GptConfig& model, const ParamSet& mine, ParamSet* whole);
 
 // What of the GPT (n_layer blocks) this rank holds.
 nn::GptPart mesh_part(int64_t n_layer, const Mesh& mesh);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace loom::obs {
 
@@ -21,6 +22,7 @@ class JsonLine {
  public:
   JsonLine& add(const std::string& key, double v);
   JsonLine& add(const std::string& key, int64_t v);
+  JsonLine& add(const std::string& key, const std::vector<double>& v);  // a JSON array
   JsonLine& add_string(const std::string& key, const std::string& v);
   std::string str() const { return body_ + "}"; }
 

@@ -69,9 +69,11 @@ struct EvalResult {
   int64_t items = 0;
 };
 
-// Validation of a whole model in one process: examples [0, max_items) of `val` (0: all) in
-// order, `batch` at a time.
-EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch);
+// Validation of a model (the whole of it, or a tensor-parallel piece with its pieces in
+// step): examples [0, max_items) of `val` (0: all) in order, `batch` at a time, in `ctx`
+// (null: a context of its own).
+EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch,
+                    nn::ModelCtx* ctx = nullptr);
 
 // What the loss mixes in for a micro-batch (distillation's targets), set from its inputs.
 using LossTargets = std::function<void(const Tensor& inputs, nn::CrossEntropyCtx& loss)>;
@@ -88,18 +90,17 @@ class Parallelized {
   using MicroBatches = std::function<data::Batch(int64_t microbatch)>;
   StepResult step(int64_t step, const MicroBatches& batch, double lr);
 
-  // Rank 0's validation of the model as trained (the EvalResult is rank 0's; the other
-  // ranks take part and get {}). Collective over the mesh.
+  // Validation of the model as trained, in its layout: no rank gathers the model or
+  // computes whole logits unless the layout is whole (pipeline stages forward in turn,
+  // tensor-parallel pieces with the vocabulary-parallel loss, ZeRO 3 a block at a time).
+  // Every rank gets the figures. Collective over the mesh.
   EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch);
 
   // Broadcasts replica 0's parameters and checks every replica holds the same bits; ZeRO 3
   // then keeps only this rank's parts. Collective, before the first step.
   void sync_params();
-  // ZeRO 3: every parameter gathered into the model until the next step (for a checkpoint
-  // or the final figures). Collective; nothing at stages 0-2.
-  void materialize_params();
-  // This rank's share of a checkpoint (after materialize_params), and its size.
-  RankShare share(checkpoint::PieceArena& arena) const;
+  // This rank's share of a checkpoint, from its own masters (ZeRO 3: its shard), and its size.
+  RankShare share(checkpoint::PieceArena* arena) const;  // arena null: made in place (rank_share)
   size_t share_bytes() const;
   // Loads the optimizer state this rank keeps from `ck` and the optimizer's step count.
   void load_optimizer(checkpoint::Checkpoint& ck);

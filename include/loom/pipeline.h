@@ -103,6 +103,12 @@ class Pipeline {
   // transfer and the neighbour's stage and rank.
   std::vector<double> run(const Batch& batch, int64_t b, int64_t t, double scale, const BackwardPieces& pieces);
 
+  // Forward only (evaluation): one micro-batch of b examples of t positions (inputs read on
+  // the first stage, targets on the last) through every virtual stage in turn, in the
+  // context of a slot the steps left free. Returns the mean loss on the last stage, 0
+  // elsewhere. Blocking; collective over the pipeline, between steps.
+  double forward_only(const Tensor& inputs, const Tensor& targets, int64_t t);
+
   // Called on the training thread for every compute action and every wait; empty: off.
   void set_observer(std::function<void(const PipeSpan&)> observer);
   // Called on the last stage with each micro-batch's tokens before its loss, to set what

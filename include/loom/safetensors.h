@@ -9,6 +9,7 @@
 // Thread-safety: a SafetensorsFile is immutable after open(); reads are thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -69,6 +70,18 @@ struct WrittenFile {
 WrittenFile write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
+
+// The same for tensors whose bytes are made as they are written: bytes_of(i) is called once
+// per tensor, in order, and returns its dtype_size x numel(shape) bytes, valid until the
+// next call (so that a file larger than the memory left can be written through one buffer).
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+};
+WrittenFile write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
+                              const std::function<std::string_view(size_t)>& bytes_of,
+                              const std::map<std::string, std::string>& metadata = {});
 
 // Hex SHA-256 of bytes (OpenSSL), or of parts one after another.
 std::string sha256_hex(std::string_view bytes);

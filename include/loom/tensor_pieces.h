@@ -5,6 +5,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,12 +48,18 @@ struct FlatRun {
   const void* data = nullptr;
 };
 
-// One box of a logical tensor with its elements (data: contiguous, shape box.extents).
+// One box of a logical tensor with its elements: `data` (contiguous, shape box.extents), or
+// for a piece made in place, `fill`, which writes them to a buffer of nbytes() when asked,
+// from the buffer the piece was made from (which must not change until then).
 struct Piece {
   std::string name;  // the logical tensor's
   Shape shape;       // the logical tensor's
   Box box;
   Tensor data;
+  std::function<void(void* dst)> fill;
+  DType fill_dtype = DType::kF32;
+  DType dtype() const { return data.defined() ? data.dtype() : fill_dtype; }
+  size_t nbytes() const { return static_cast<size_t>(box.numel()) * dtype_size(dtype()); }
 };
 
 // Where pieces' data goes: one allocation in huge pages, handed out in turn, and kept from
@@ -73,9 +80,13 @@ class PieceArena {
 };
 
 // The pieces `runs` hold (ascending, disjoint ranges of a buffer laid out as `params`, of
-// params.dtype()), named prefix + parameter name, in flat order; their data from `arena`
-// (room reserved by the caller), or from an allocation of their own.
+// params.dtype()), named prefix + parameter name, in flat order; their data copied into
+// `arena` (room reserved by the caller), or into an allocation of their own.
 std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix = "",
                           PieceArena* arena = nullptr);
+// The same pieces made in place: each copies its elements from the runs only when written
+// (Piece::fill), so that a checkpoint written at once needs no copy of what it saves.
+std::vector<Piece> pieces_in_place(const ParamSet& params, const std::vector<FlatRun>& runs,
+                                   const std::string& prefix = "");
 
 }  // namespace loom::checkpoint

@@ -176,15 +176,55 @@ std::vector<std::pair<std::string, int64_t>> SafetensorsFile::nonfinite() const 
 WrittenFile write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    LOOM_CHECK(t.is_contiguous());
+    specs.push_back({name, t.dtype(), t.shape()});
+  }
+  // Written and hashed from where the tensors are: no copy of the file in memory.
+  return write_safetensors(path, specs, [&](size_t i) {
+    return std::string_view(static_cast<const char*>(tensors[i].second.raw()), tensors[i].second.nbytes());
+  }, metadata);
+}
+
+namespace {
+// SHA-256 over bytes given in parts (OpenSSL).
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
+    LOOM_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1);
+  }
+  void add(std::string_view p) { LOOM_CHECK(EVP_DigestUpdate(ctx_.get(), p.data(), p.size()) == 1); }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    LOOM_CHECK(EVP_DigestFinal_ex(ctx_.get(), md, &len) == 1);
+    static const char* kHex = "0123456789abcdef";
+    std::string s;
+    for (unsigned int i = 0; i < len; ++i) {
+      s.push_back(kHex[md[i] >> 4]);
+      s.push_back(kHex[md[i] & 15]);
+    }
+    return s;
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+};
+}  // namespace
+
+WrittenFile write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
+                              const std::function<std::string_view(size_t)>& bytes_of,
+                              const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    LOOM_CHECK(t.is_contiguous());
-    header[name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype()))},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+  for (const TensorSpec& t : tensors) {
+    const size_t bytes = static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data section to 8 bytes
@@ -192,29 +232,27 @@ WrittenFile write_safetensors(const std::string& path,
   std::string head(8, '\0');
   std::memcpy(head.data(), &n, 8);
   head += h;
-  // Written and hashed from where the tensors are: no copy of the file in memory.
-  std::vector<std::string_view> parts{head};
-  for (const auto& [name, t] : tensors) parts.emplace_back(static_cast<const char*>(t.raw()), t.nbytes());
-  write_file_atomic(path, parts);
-  return {head.size() + offset, sha256_hex(parts)};
+  Sha256 sha;
+  write_file_atomic(path, tensors.size() + 1, [&](size_t i) {
+    std::string_view part = head;
+    if (i > 0) {
+      part = bytes_of(i - 1);
+      const TensorSpec& t = tensors[i - 1];
+      LOOM_CHECK_EQ(part.size(), static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype));
+    }
+    sha.add(part);
+    return part;
+  });
+  return {head.size() + offset, sha.hex()};
+}
+
+std::string sha256_hex(const std::vector<std::string_view>& parts) {
+  Sha256 sha;
+  for (std::string_view p : parts) sha.add(p);
+  return sha.hex();
 }
 
 std::string sha256_hex(std::string_view bytes) { return sha256_hex(std::vector<std::string_view>{bytes}); }
 
-std::string sha256_hex(const std::vector<std::string_view>& parts) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  LOOM_CHECK(ctx != nullptr && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1);
-  for (std::string_view p : parts) LOOM_CHECK(EVP_DigestUpdate(ctx.get(), p.data(), p.size()) == 1);
-  LOOM_CHECK(EVP_DigestFinal_ex(ctx.get(), md, &len) == 1);
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  for (unsigned int i = 0; i < len; ++i) {
-    s.push_back(kHex[md[i] >> 4]);
-    s.push_back(kHex[md[i] & 15]);
-  }
-  return s;
-}
 
 }  // namespace loom

@@ -158,24 +158,46 @@ json write_shard(const std::string& dir, const std::string& file, const std::vec
                 int64_t step) {
   json tensors = json::array();
   if (pieces.empty()) return {{"tensors", tensors}};
-  std::vector<std::pair<std::string, Tensor>> named;
-  bool finite = true;
+  std::vector<TensorSpec> specs;
+  int64_t largest_in_place = 0;  // elements
+  DType in_place_dtype = DType::kF32;
   for (const Piece& p : pieces) {
-    const std::string key = shard_key(p);
+    specs.push_back({shard_key(p), p.dtype(), p.box.extents});
+    if (p.data.defined()) continue;
+    LOOM_CHECK(largest_in_place == 0 || p.dtype() == in_place_dtype);
+    largest_in_place = std::max(largest_in_place, p.box.numel());
+    in_place_dtype = p.dtype();
+  }
+  // Pieces made in place pass through one buffer, the size of the largest.
+  Tensor staging = largest_in_place > 0 ? Tensor::zeros({largest_in_place}, in_place_dtype) : Tensor();
+  std::vector<std::string> sha(pieces.size());
+  bool finite = true;
+  const WrittenFile w = write_safetensors(
+      (fs::path(dir) / file).string(), specs,
+      [&](size_t i) {
+        const Piece& p = pieces[i];
+        Tensor t = p.data;
+        if (!t.defined()) {
+          p.fill(staging.raw());
+          t = staging.slice_rows(0, p.box.numel()).view(p.box.extents);
+        }
+        const std::string_view bytes(static_cast<const char*>(t.raw()), t.nbytes());
+        sha[i] = sha256_hex(bytes);
+        finite = finite && all_finite(t);
+        return bytes;
+      },
+      part == Part::kModel ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
     tensors.push_back({{"name", p.name},
                        {"part", part == Part::kModel ? "model" : "optimizer"},
-                       {"dtype", std::string(safetensors_dtype_name(p.data.dtype()))},
+                       {"dtype", std::string(safetensors_dtype_name(p.dtype()))},
                        {"shape", p.shape},
-                       {"key", key},
+                       {"key", specs[i].name},
                        {"offsets", p.box.offsets},
                        {"extents", p.box.extents},
-                       {"sha256", sha256_hex(std::string_view(static_cast<const char*>(p.data.raw()), p.data.nbytes()))}});
-    finite = finite && all_finite(p.data);
-    named.emplace_back(key, p.data);
+                       {"sha256", sha[i]}});
   }
-  const WrittenFile w = write_safetensors((fs::path(dir) / file).string(), named,
-                                          part == Part::kModel ? std::map<std::string, std::string>{{"format", "pt"}}
-                                                               : std::map<std::string, std::string>{});
   fault_point("shard", step);
   return {{"file", file}, {"bytes", w.bytes}, {"sha256", w.sha256}, {"finite", finite}, {"tensors", tensors}};
 }

@@ -157,6 +157,24 @@ Tensor PieceArena::take(const Shape& shape, DType dtype) {
   return t;
 }
 
+namespace {
+// Calls make(piece of p's logical tensor, the run's base, its bias, the box of p it comes
+// from) for each box of each parameter the runs hold, in flat order.
+template <typename Make>
+void for_each_box(const ParamSet& params, const std::vector<FlatRun>& runs, Make make) {
+  for (const FlatRun& r : runs) {
+    for (const ParamInfo& p : params.infos()) {
+      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
+      if (hi <= lo) continue;
+      // The run's element p.offset + i is at data[p.offset + i - r.begin].
+      const auto* base = static_cast<const char*>(r.data);
+      for (const Box& local : range_boxes(p.shape, lo - p.offset, hi - p.offset))
+        for (auto& [logical, from] : logical_boxes(p, local)) make(p, std::move(logical), base, r.begin - p.offset, from);
+    }
+  }
+}
+}  // namespace
+
 std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix,
                           PieceArena* arena) {
   const size_t es = dtype_size(params.dtype());
@@ -168,21 +186,26 @@ std::vector<Piece> pieces(const ParamSet& params, const std::vector<FlatRun>& ru
     arena = &own;
   }
   std::vector<Piece> out;
-  for (const FlatRun& r : runs) {
-    for (const ParamInfo& p : params.infos()) {
-      const int64_t lo = std::max(r.begin, p.offset), hi = std::min(r.end, p.offset + p.numel);
-      if (hi <= lo) continue;
-      // The run's element p.offset + i is at data[p.offset + i - r.begin].
-      const auto* base = static_cast<const char*>(r.data);
-      for (const Box& local : range_boxes(p.shape, lo - p.offset, hi - p.offset))
-        for (auto& [logical, from] : logical_boxes(p, local)) {
-          Tensor data = arena->take(logical.extents, params.dtype());
-          copy_box_biased(base, r.begin - p.offset, p.shape, from.offsets, static_cast<char*>(data.raw()),
-                          logical.extents, Shape(logical.extents.size(), 0), logical.extents, es);
-          out.push_back({.name = prefix + p.name, .shape = p.global_shape, .box = std::move(logical), .data = std::move(data)});
-        }
-    }
-  }
+  for_each_box(params, runs, [&](const ParamInfo& p, Box logical, const char* base, int64_t bias, const Box& from) {
+    Tensor data = arena->take(logical.extents, params.dtype());
+    copy_box_biased(base, bias, p.shape, from.offsets, static_cast<char*>(data.raw()), logical.extents,
+                    Shape(logical.extents.size(), 0), logical.extents, es);
+    out.push_back({.name = prefix + p.name, .shape = p.global_shape, .box = std::move(logical), .data = std::move(data)});
+  });
+  return out;
+}
+
+std::vector<Piece> pieces_in_place(const ParamSet& params, const std::vector<FlatRun>& runs, const std::string& prefix) {
+  const size_t es = dtype_size(params.dtype());
+  std::vector<Piece> out;
+  for_each_box(params, runs, [&](const ParamInfo& p, Box logical, const char* base, int64_t bias, const Box& from) {
+    Piece piece{.name = prefix + p.name, .shape = p.global_shape, .box = std::move(logical)};
+    piece.fill_dtype = params.dtype();
+    piece.fill = [base, bias, src_shape = p.shape, at = from.offsets, extents = piece.box.extents, es](void* dst) {
+      copy_box_biased(base, bias, src_shape, at, static_cast<char*>(dst), extents, Shape(extents.size(), 0), extents, es);
+    };
+    out.push_back(std::move(piece));
+  });
   return out;
 }
 

@@ -150,6 +150,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 }
 
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
+  write_file_atomic(path, parts.size(), [&](size_t i) { return parts[i]; });
+}
+
+void write_file_atomic(const std::string& path, size_t count, const std::function<std::string_view(size_t)>& part) {
   // The rename below would replace whatever is at `path`: a FIFO, a device, a socket or a
   // link is the user's, and is refused rather than replaced by a file.
   if (const std::string kind = non_regular_kind(path); !kind.empty())
@@ -158,7 +162,15 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
   const std::string tmp = cat(path, ".tmp.", ::getpid());
   int fd = static_cast<int>(
       sys_check(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), "open", tmp));
-  for (std::string_view bytes : parts) {
+  for (size_t i = 0; i < count; ++i) {
+    std::string_view bytes;
+    try {
+      bytes = part(i);
+    } catch (...) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw;
+    }
     size_t put = 0;
     while (put < bytes.size()) {
       ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);

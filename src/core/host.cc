@@ -57,4 +57,24 @@ int available_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+namespace {
+// VmHWM of /proc/self/status in MiB; 0 when it cannot be read.
+double vm_hwm_mb() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("VmHWM:")) return std::strtod(line.c_str() + 6, nullptr) / 1024;
+  return 0;
+}
+std::atomic<double> g_peak_before_phase{0};  // the high-water mark when the last phase began
+}  // namespace
+
+double peak_resident_mb() { return std::max(g_peak_before_phase.load(), vm_hwm_mb()); }
+
+void begin_memory_phase() {
+  g_peak_before_phase = peak_resident_mb();
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM to the resident size (Linux 4.0+)
+}
+
+double phase_peak_resident_mb() { return vm_hwm_mb(); }
+
 }  // namespace loom

@@ -28,6 +28,14 @@ JsonLine& JsonLine::add(const std::string& k, double v) {
   return *this;
 }
 
+JsonLine& JsonLine::add(const std::string& k, const std::vector<double>& v) {
+  key(k);
+  body_ += "[";
+  for (size_t i = 0; i < v.size(); ++i) body_ += (i > 0 ? ", " : "") + json_number(v[i]);
+  body_ += "]";
+  return *this;
+}
+
 JsonLine& JsonLine::add(const std::string& k, int64_t v) {
   key(k);
   body_ += std::to_string(v);

@@ -41,7 +41,7 @@ void check_all(comm::Communicator& world, const std::string& error, const std::s
 int64_t RankShare::bytes() const {
   int64_t n = 0;
   for (const auto* list : {&model, &optimizer})
-    for (const checkpoint::Piece& p : *list) n += static_cast<int64_t>(p.data.nbytes());
+    for (const checkpoint::Piece& p : *list) n += static_cast<int64_t>(p.nbytes());
   return n;
 }
 
@@ -52,20 +52,18 @@ size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel&
 }
 
 RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
-                     checkpoint::PieceArena& arena) {
+                     checkpoint::PieceArena* arena) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
   const optim::RangeState state = dp.owned_optimizer_state();
-  arena.reserve(share_bytes(mesh, params, dp));
+  if (arena != nullptr) arena->reserve(share_bytes(mesh, params, dp));
+  auto pieces = [&](const std::vector<checkpoint::FlatRun>& runs, const std::string& prefix) {
+    return arena != nullptr ? checkpoint::pieces(params, runs, prefix, arena) : checkpoint::pieces_in_place(params, runs, prefix);
+  };
   RankShare share;
-  std::vector<checkpoint::FlatRun> values;
-  const auto* v = static_cast<const char*>(params.values().raw());
-  const size_t es = dtype_size(params.dtype());
-  for (const auto& [lo, hi] : mine) values.push_back({lo, hi, v + lo * static_cast<int64_t>(es)});
-  share.model = checkpoint::pieces(params, values, "", &arena);
-  // The optimizer state: one view per owned range; each of `mine` lies in one of them.
-  share.optimizer_steps = state.steps;
-  for (const auto& [role, views] : state.buffers) {
+  // The values and the optimizer state: one view per owned range (the values from this
+  // rank's masters: ZeRO 3 never gathers the model to save); each of `mine` lies in one.
+  auto runs_of = [&](const std::vector<Tensor>& views) {
     std::vector<checkpoint::FlatRun> runs;
     size_t k = 0;
     for (const auto& [lo, hi] : mine) {
@@ -74,8 +72,13 @@ RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParalle
       LOOM_CHECK(views[k].dtype() == params.dtype());
       runs.push_back({lo, hi, b + (lo - owned[k].first) * static_cast<int64_t>(dtype_size(views[k].dtype()))});
     }
-    for (checkpoint::Piece& p : checkpoint::pieces(params, runs, role + ".", &arena)) share.optimizer.push_back(std::move(p));
-  }
+    return runs;
+  };
+  share.model = pieces(runs_of(dp.owned_values()), "");
+  share.optimizer_steps = state.steps;
+  for (const auto& [role, views] : state.buffers)
+    for (checkpoint::Piece& p : pieces(runs_of(views), role + "."))
+      share.optimizer.push_back(std::move(p));
   return share;
 }
 
@@ -149,12 +152,12 @@ std::string timed_save(comm::Communicator& comm, const RankShare& share, const S
 }
 }  // namespace
 
-std::string CheckpointSaver::save(const std::function<RankShare(checkpoint::PieceArena&)>& share_of, SaveRequest r) {
-  if (!own_) return timed_save(world_, share_of(arena_), r);
+std::string CheckpointSaver::save(const std::function<RankShare(checkpoint::PieceArena*)>& share_of, SaveRequest r) {
+  if (!own_) return timed_save(world_, share_of(nullptr), r);
   if (writer_.joinable() && !done_ && world_.rank() == 0)
     log_info(cat("checkpoint step_", r.step, ": waiting for step_", writing_step_, ", still being written"));
   saved_ = wait();  // its directory goes to the next poll()
-  RankShare share = share_of(arena_);
+  RankShare share = share_of(&arena_);
   done_ = false;
   writing_step_ = r.step;
   writer_ = std::thread([this, share = std::move(share), r = std::move(r)] {

@@ -506,6 +506,23 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::owned_ranges() const {
   return out;
 }
 
+std::vector<Tensor> DataParallel::owned_values() const {
+  const Impl& m = *impl_;
+  std::vector<Tensor> views;
+  for (const Unit& u : m.units) {
+    const int64_t len = u.mine_end(m.me) - u.mine_begin(m.me);
+    if (len <= 0) continue;
+    views.push_back(m.zero3() ? m.shard_values.slice_rows(u.shard_offset, u.shard_offset + len)
+                              : m.params.values().slice_rows(u.mine_begin(m.me), u.mine_end(m.me)));
+  }
+  return views;
+}
+
+void DataParallel::release_gathered() {
+  Impl& m = *impl_;
+  if (m.zero3() && !m.pinned) m.release_all();
+}
+
 optim::RangeState DataParallel::owned_optimizer_state() const {
   const Impl& m = *impl_;
   optim::RangeState s{.ranges = owned_ranges(), .steps = m.optimizer->steps()};

@@ -43,7 +43,6 @@ double token_data_bytes(const MemoryPlanInput& in) {
 // ZeRO), and the bytes its micro-batches keep.
 struct StageShape {
   double params = 0, largest_block = 0, activations = 0, workspace = 0;
-  double whole_stage = 0;  // the stage's parameters unsplit (tensor-parallel pieces gather into it)
 };
 
 StageShape gpt_stage(const MemoryPlanInput& in, int stage) {
@@ -68,7 +67,6 @@ StageShape gpt_stage(const MemoryPlanInput& in, int stage) {
            (part.head ? static_cast<double>(g.vocab_size * g.d_model) + k.head : 0);
   };
   s.params = stage_params(n);
-  s.whole_stage = stage_params(nn::gpt_counts(g));
   // Each (micro-batch, chunk) in flight keeps its context and its received activation and
   // gradient; the simulator says how many the schedule keeps at once on this stage.
   const Schedule sched =
@@ -91,12 +89,11 @@ double mlp_params(const MemoryPlanInput& m) {
   return in * h + h + (layers - 1) * (h * h + h) + h * k + k;
 }
 
-RankBytes rank_bytes(const MemoryPlanInput& in, int stage, bool lead) {
+RankBytes rank_bytes(const MemoryPlanInput& in, int stage) {
   const bool gpt = in.gpt;
   const double dp = static_cast<double>(in.layout.dp);
   const int zero = in.zero;
   const double state_buffers = in.optimizer_buffers;
-  const nn::GptConfig& g = in.model;
   StageShape s;
   if (gpt) {
     s = gpt_stage(in, stage);
@@ -115,27 +112,18 @@ RankBytes rank_bytes(const MemoryPlanInput& in, int stage, bool lead) {
   r.activations = s.activations;
   r.workspace = s.workspace;
   if (in.deterministic && dp > 1) r.exact_sums = kExactSumBytes * s.params;
-  // Saving: every rank copies its share (its 1/dp part of its stage's and piece's
-  // parameters and optimizer state) into blocks and writes the files from them (with
-  // [checkpoint] async the copy's arena is held from the start). Resuming maps, before
+  // Saving: a synchronous save writes every rank's share (its 1/dp part of its stage's and
+  // piece's parameters and optimizer state) from its own buffers through one buffer of the
+  // largest piece; with [checkpoint] async the share is copied into an arena held from the
+  // start, at most the same bytes as resuming. Resuming maps, before
   // training starts, the files a rank reads (whole files, for every shard its part meets;
   // it loads in place into its own buffers): at most (1 + buffers) x P, counted here as the
   // larger of the two.
   const double save_bytes = kF32 * (1 + state_buffers) * s.params / dp;
   const double load_bytes = kF32 * (1 + state_buffers) * s.params;
   r.checkpoint = std::max(save_bytes, load_bytes);
-  if (gpt && !in.val_data.empty()) {
-    // Evaluation: rank 0 runs the whole model forward, one micro-batch; with stages or
-    // pieces it first gathers the whole model, and with both each stage's first piece
-    // gathers its stage (counted on every piece of the stage).
-    const bool split = in.layout.pp > 1 || in.layout.tp > 1;
-    if (in.layout.pp > 1 && in.layout.tp > 1) r.evaluation += kF32 * s.whole_stage;
-    if (lead && split) r.evaluation += kF32 * nn::gpt_counts(g).total();
-    if (lead)
-      r.evaluation += nn::gpt_activation_bytes(g, g.n_layer, {}, in.micro_batch, g.seq_len, nn::Recompute::kNone,
-                                               /*with_backward=*/false, 1, false, split ? DType::kF32 : in.precision)
-                          .arena;
-  }
+  // Evaluation takes nothing more: every rank runs its part forward in the context (and,
+  // under ZeRO 3, the gathered blocks) a training micro-step uses (docs/parallelism.md).
   r.data = gpt ? token_data_bytes(in) : 70000.0 * 784 * kF32;
   return r;
 }
@@ -143,18 +131,17 @@ RankBytes rank_bytes(const MemoryPlanInput& in, int stage, bool lead) {
 }  // namespace
 
 double RankBytes::total() const {
-  return params + grads + optimizer + activations + workspace + evaluation + checkpoint + exact_sums + data;
+  return params + grads + optimizer + activations + workspace + checkpoint + exact_sums + data;
 }
 
 MemoryPlan plan_memory(const MemoryPlanInput& in, int world, const std::vector<int>& host_ranks) {
   MemoryPlan plan;
   const int pp = in.layout.pp, dp = in.layout.dp, tp = in.layout.tp;
-  for (int s = 0; s < pp; ++s) plan.stages.push_back(rank_bytes(in, s, s == 0));
+  for (int s = 0; s < pp; ++s) plan.stages.push_back(rank_bytes(in, s));
   plan.host_ranks = host_ranks;
   for (int r : host_ranks) {
     LOOM_CHECK(r >= 0 && r < world);
-    RankBytes b = r == 0 ? plan.stages[0] : rank_bytes(in, r / (dp * tp), false);
-    plan.host_bytes += b.total();
+    plan.host_bytes += plan.stages[static_cast<size_t>(r / (dp * tp))].total();
   }
   plan.available_bytes = available_memory_bytes();
   plan.data_files = in.train_data + (in.val_data.empty() ? "" : " and " + in.val_data);
@@ -172,9 +159,8 @@ std::string describe(const MemoryPlan& plan) {
     const RankBytes& b = plan.stages[s];
     out += cat("memory per rank", plan.stages.size() > 1 ? cat(" of stage ", s) : std::string(), ": ", human(b.total()),
                " = parameters ", human(b.params), " + gradients ", human(b.grads), " + optimizer ", human(b.optimizer),
-               " + activations ", human(b.activations), " + workspace ", human(b.workspace), " + evaluation ",
-               human(b.evaluation), " + checkpoint ", human(b.checkpoint), " + exact sums ", human(b.exact_sums),
-               " + data ", human(b.data), s == 0 ? " (rank 0, which also evaluates)" : "", "\n");
+               " + activations ", human(b.activations), " + workspace ", human(b.workspace), " + checkpoint ",
+               human(b.checkpoint), " + exact sums ", human(b.exact_sums), " + data ", human(b.data), "\n");
   }
   out += cat("memory on this host: ", human(plan.host_bytes), " for ", plan.host_ranks.size(), " rank(s), ",
              human(plan.available_bytes), " available\n");

@@ -5,13 +5,17 @@
 
 #include "loom/error.h"
 #include "loom/log.h"
-#include "loom/nn/gpt.h"
 
 namespace loom::parallel {
 
-EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch) {
+EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch,
+                    nn::ModelCtx* ctx) {
   const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
-  std::unique_ptr<nn::ModelCtx> ctx = model.make_ctx();
+  std::unique_ptr<nn::ModelCtx> own;
+  if (ctx == nullptr) {
+    own = model.make_ctx();
+    ctx = own.get();
+  }
   double loss_sum = 0;
   int64_t correct = 0;
   bool classifies = false;
@@ -60,7 +64,7 @@ struct Parallelized::Impl {
 
   std::vector<double> micro_steps(const MicroBatches& batch, double scale);
   void finish(StepResult& r, int64_t step, double lr);
-  std::unique_ptr<nn::Gpt> gather_whole();
+  EvalResult evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch);
 };
 
 Parallelized::Parallelized(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -168,44 +172,44 @@ void Parallelized::Impl::finish(StepResult& r, int64_t step, double lr) {
   if (mesh.tp > 1) r.tp = mesh.seam->take_stats();
 }
 
-// Rank 0 with pipeline stages or tensor-parallel pieces: every stage's and piece's weights,
-// gathered to evaluate (replica 0 takes part; the others hold the same weights).
-std::unique_ptr<nn::Gpt> Parallelized::Impl::gather_whole() {
-  std::unique_ptr<nn::Gpt> whole;
-  if (!mesh.split() || mesh.dp_index != 0) return whole;
-  const auto* gpt = dynamic_cast<const nn::Gpt*>(&model);
-  LOOM_CHECK(gpt != nullptr);  // only a GPT is split
-  const nn::GptConfig& shape = gpt->config();
-  const bool lead = world.rank() == 0;
-  if (lead) whole = std::make_unique<nn::Gpt>(shape);
-  ParamSet* to = lead ? &whole->params() : nullptr;
-  if (!piped) {
-    gather_pieces(mesh, shape, {}, model.params(), to);
-  } else if (mesh.tp == 1) {
-    gather_stages(mesh, shape, model.params(), to);
-  } else {
-    // Pieces onto each stage's first piece, then those stages onto rank 0.
-    const nn::GptPart part = mesh_part(shape.n_layer, mesh);
-    std::optional<nn::Gpt> stage;
-    if (mesh.tp_index == 0) stage.emplace(shape, DType::kF32, part);
-    gather_pieces(mesh, shape, part, model.params(), stage ? &stage->params() : nullptr);
-    if (mesh.tp_index == 0) gather_stages(mesh, shape, stage->params(), to);
+// Forward only through the stages, a batch at a time; the last stage's sum to every stage.
+EvalResult Parallelized::Impl::evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch) {
+  const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
+  double sum = 0;
+  std::vector<int64_t> items;
+  for (int64_t start = 0; start < n; start += batch) {
+    items.clear();
+    for (int64_t i = start; i < std::min(n, start + batch); ++i) items.push_back(i);
+    const data::Batch b = val.batch(items);
+    sum += pipe->forward_only(b.inputs, b.targets, config.t) * static_cast<double>(items.size());
   }
-  return whole;
+  comm::broadcast(*mesh.pipe, {.buffer = &sum, .count = 1, .dtype = DType::kF64, .root = mesh.pp - 1});
+  EvalResult r;
+  r.items = n * val.tokens_per_example();
+  r.loss = n == 0 ? 0.0 : sum / static_cast<double>(n);
+  return r;
 }
 
+// Every rank evaluates its own part of the model in its own layout: pipeline stages in turn,
+// tensor-parallel pieces with the vocabulary-parallel loss, ZeRO 3 gathering a block at a
+// time through the block hook; rank 0's figures go to every rank.
 EvalResult Parallelized::evaluate(const data::Examples& val, int64_t max_items, int64_t batch) {
   Impl& m = *impl_;
-  m.dp.materialize_params();  // collective; rank 0 alone evaluates
-  const std::unique_ptr<nn::Gpt> whole = m.gather_whole();
-  if (m.world.rank() != 0) return {};
-  return parallel::evaluate(whole ? static_cast<const nn::Model&>(*whole) : m.model, val, max_items, batch);
+  // The steps' own context (its arena keeps a micro-batch's memory); a teacher's targets
+  // there are dropped, so that validation is the plain cross-entropy.
+  if (!m.piped) m.model.loss_ctx(*m.ctx).distill = {};
+  const EvalResult r = m.piped ? m.evaluate_stages(val, max_items, batch)
+                               : parallel::evaluate(m.model, val, max_items, batch, m.ctx.get());
+  m.dp.release_gathered();
+  if (m.mesh.tp > 1) m.mesh.seam->take_stats();  // the step's figures count the step's collectives only
+  double figures[3] = {r.loss, r.accuracy, static_cast<double>(r.items)};
+  comm::broadcast(m.world, {.buffer = figures, .count = 3, .dtype = DType::kF64, .root = 0});
+  return {.loss = figures[0], .accuracy = figures[1], .items = static_cast<int64_t>(figures[2])};
 }
 
 void Parallelized::sync_params() { impl_->dp.sync_params(); }
-void Parallelized::materialize_params() { impl_->dp.materialize_params(); }
 
-RankShare Parallelized::share(checkpoint::PieceArena& arena) const {
+RankShare Parallelized::share(checkpoint::PieceArena* arena) const {
   return rank_share(impl_->mesh, impl_->model.params(), impl_->dp, arena);
 }
 

@@ -99,6 +99,7 @@ struct Pipeline::Impl {
     timed_count = count;
   }
   static constexpr uint32_t kProbe = 0xFFFFFFF0u;
+  static constexpr uint32_t kForwardOnly = 0xFFFFFFF1u;  // evaluation's activations
 
   Impl(comm::Communicator& c, Schedule s, nn::Model& g, std::vector<int> r)
       : pp(c), schedule(std::move(s)), model(g), stage(c.rank()), stage_ranks(std::move(r)) {}
@@ -207,6 +208,51 @@ Pipeline::Pipeline(comm::Communicator& pp, Schedule schedule, nn::Model& model, 
 }
 
 Pipeline::~Pipeline() = default;
+
+double Pipeline::forward_only(const Tensor& inputs, const Tensor& targets, int64_t t) {
+  Impl& m = *impl_;
+  const Schedule& s = m.schedule;
+  const int p = s.stages, v = s.virtual_stages, st = m.stage;
+  const int64_t b = inputs.dim(0);
+  // A free slot's context (its arena keeps a training micro-batch's memory), or a new one.
+  std::unique_ptr<Impl::Slot> slot;
+  for (auto& r : m.retiring) {
+    m.account_send(r->send_act);
+    m.account_send(r->send_grad);
+    m.free_slots.push_back(std::move(r));
+  }
+  m.retiring.clear();
+  if (!m.free_slots.empty()) {
+    slot = std::move(m.free_slots.back());
+    m.free_slots.pop_back();
+  } else {
+    slot = std::make_unique<Impl::Slot>();
+    slot->ctx = m.model.make_ctx();
+  }
+  nn::ModelCtx& ctx = *slot->ctx;
+  const Shape shape = m.model.activation_shape(b, t);
+  const auto count = static_cast<size_t>(shape_numel(shape));
+  double loss = 0;
+  m.model.begin(ctx, b, t);
+  for (int chunk = 0; chunk < v; ++chunk) {
+    const auto [lo, hi] = chunk_blocks(m.model.n_blocks(), p, v, st, chunk);
+    Tensor x;
+    if (s.first_virtual(st, chunk)) {
+      x = m.model.embed(inputs, ctx);
+    } else {
+      x = Impl::buffer(slot->input, shape);
+      comm::recv(*m.act_in, {.buffer = x.raw(), .count = count, .peer = 0, .tag = Impl::kForwardOnly});
+    }
+    const Tensor h = m.model.forward_stage(lo, hi, x, ctx);
+    if (s.last_virtual(st, chunk)) {
+      m.model.loss_ctx(ctx).distill = {};  // the plain cross-entropy (a training slot may hold a teacher's targets)
+      loss = m.model.head(h, targets, ctx);
+    }
+    else comm::send(*m.act_out, {.buffer = h.raw(), .count = count, .peer = 1, .tag = Impl::kForwardOnly});
+  }
+  m.free_slots.push_back(std::move(slot));
+  return loss;
+}
 
 const PipelineStats& Pipeline::stats() const { return impl_->stats; }
 int Pipeline::stage() const { return impl_->stage; }

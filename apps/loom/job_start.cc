@@ -1,0 +1,110 @@
+#include "job_start.h"
+
+#include <csignal>
+#include <numeric>
+#include <vector>
+
+#include "loom/error.h"
+#include "loom/log.h"
+#include "memory_plan.h"
+#include "ps_train.h"
+#include "stages.h"
+
+namespace loom::app {
+
+namespace {
+
+volatile std::sig_atomic_t g_terminate = 0;
+void on_terminate(int) { g_terminate = 1; }
+
+volatile std::sig_atomic_t g_resize = 0;
+void on_resize(int) { g_resize = 1; }
+
+// none does (resolving then names what is wrong).
+int usable_world(const Config& c, int available) {
+  for (int w = available; w >= 1; --w) {
+    Config trial = c;
+    try {
+      trial.resolve(w);
+      return w;
+    } catch (const InputError&) {
+    }
+  }
+  return available;
+}
+
+}  // namespace
+
+void install_terminate_handler() {
+  struct sigaction term{};
+  term.sa_handler = on_terminate;
+  term.sa_flags = SA_RESTART;
+  ::sigaction(SIGTERM, &term, nullptr);
+}
+
+bool terminate_requested() { return g_terminate != 0; }
+bool resize_requested() { return g_resize != 0; }
+
+JobStart start_job(const TrainArgs& a) {
+  JobStart job;
+  comm::LaunchEnv& env = job.env;
+  env = comm::launch_env_from_environment();
+  // Under an elastic launcher, every generation after the first continues the run from its
+  // latest checkpoint (or afresh when there is none yet), whatever the flags say.
+  job.elastic = elastic_generation_from_environment();
+  const std::optional<ElasticGeneration>& elastic = job.elastic;
+  job.restarted = elastic && elastic->generation > 0;
+  if (elastic) {  // at once: the launcher may ask while this rank is still starting
+    struct sigaction grow{};
+    grow.sa_handler = on_resize;
+    grow.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &grow, nullptr);
+  }
+  Config& c = job.c;
+  c.merge_file(a.config);
+  c.apply_overrides(a.overrides);
+  if (!a.ps_join.empty()) {
+    job.exit = run_ps_join(c, a);
+    return job;
+  }
+  // An elastic job's ranks come as they are: the run takes the most of them its layout can
+  // use (the global batch divided among the replicas, tp x pp whole), and the rest wait.
+  if (elastic) {
+    const int usable = usable_world(c, env.size);
+    if (usable < env.size && env.rank == 0)
+      log_warn(cat("elastic: the config's layout uses ", usable, " of the ", env.size, " ranks available (",
+                   "training.global_batch = ", c.i("training.global_batch"), ", micro_batch = ", c.i("training.micro_batch"),
+                   ", tp x pp = ", c.i("parallel.tp") * c.i("parallel.pp"), "); ranks ", usable, " to ", env.size - 1,
+                   " stay idle in this generation"));
+    if (env.rank >= usable) {
+      job.exit = 0;
+      return job;
+    }
+    env.local_size = std::min(env.local_size, usable - (env.rank - env.local_rank));
+    env.size = usable;
+  }
+  // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
+  const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
+  c.resolve(ranks);
+  // Sizes before allocation: the first rank of each host checks that what the host's ranks
+  // will hold fits in the memory it has free, before any data or model is loaded.
+  if (a.dry_run || env.local_rank == 0) {
+    std::vector<int> here(static_cast<size_t>(a.dry_run && env.size == 1 ? ranks : env.local_size));
+    std::iota(here.begin(), here.end(), a.dry_run && env.size == 1 ? 0 : env.rank - env.local_rank);
+    const MemoryPlan mem = plan_memory(c, ranks, here);
+    if (a.dry_run) {
+      std::printf("%s", describe(mem).c_str());
+      std::fflush(stdout);
+      check_fits(mem);
+      std::printf("dry run: the config is valid for %d rank(s) and fits this host; nothing was loaded or written\n", ranks);
+      job.exit = 0;
+      return job;
+    }
+    check_fits(mem);
+    const std::string lines = describe(mem);
+    job.memory_plan_line = lines.substr(0, lines.find('\n'));
+  }
+  return job;
+}
+
+}  // namespace loom::app

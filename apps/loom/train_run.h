@@ -1,0 +1,111 @@
+// One rank's run of `loom train` (train.cc: the model built, the run directory claimed, the
+// weights loaded, the model laid out; train_step.cc: the steps and what follows each).
+// Thread-safety: the training thread's.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "config.h"
+#include "job_start.h"
+#include "loom/checkpoint.h"
+#include "loom/checkpointing.h"
+#include "loom/data.h"
+#include "loom/metrics.h"
+#include "loom/parallelize.h"
+#include "loom/rendezvous.h"
+#include "loom/step_tracer.h"
+#include "loom/straggler.h"
+#include "loom/trace.h"
+#include "run_dir.h"
+#include "stages.h"
+#include "workload.h"
+
+namespace loom::app {
+
+// One rank's run of `loom train` after its config is resolved: the model built, the run
+// directory claimed, the weights loaded, the job joined and the model laid out, then the
+// steps with their metrics, evaluations and checkpoints. The methods run in that order.
+class TrainRun {
+ public:
+  TrainRun(const TrainArgs& a, JobStart& job);
+  void build_model();
+  void claim_run_dir();
+  void load_weights();
+  void parallelize();
+  void open_outputs();
+  int64_t start_step() const { return start_step_; }
+  int64_t end_step() const { return end_step_; }
+  void step(int64_t step);
+  int finish();
+
+ private:
+  void check_finite();
+  void train_step(int64_t step);
+  void after_step(int64_t done, double loss, double step_s, double busy_ms, obs::JsonLine& line, bool tracing);
+  void log_start();
+  void log_stage_state(const parallel::StateBytes& mem);
+  std::array<bool, 3> agree(int64_t done, double busy_ms, obs::JsonLine& line);
+  double save(int64_t step, bool loss_finite);
+  void saved(const std::optional<std::string>& dir);
+  void print_summary() const;
+
+  const TrainArgs& a_;
+  comm::LaunchEnv& env_;
+  const Config& c_;
+  JobStart& job_;
+  const bool lead_;  // writes the run directory, metrics and checkpoints
+  const std::string run_, ckpt_root_;
+  const bool resume_;
+  const int64_t steps_, global_batch_, micro_batch_, per_rank_, accum_;
+  const uint64_t seed_;
+  const parallel::StepConfig config_;
+  const optim::ScheduleConfig sched_;
+
+  Mesh mesh_;
+  Workload w_;
+  std::optional<RunDirectory> run_dir_;
+  std::optional<checkpoint::Checkpoint> ck_;
+  std::optional<std::pair<double, int64_t>> saved_scale_;  // fp16's loss scale and clean steps, resumed
+  std::string nonfinite_seen_;  // the last report of NaN or Inf in what this rank read
+  double load_s_ = 0;
+  int64_t start_step_ = 0, end_step_ = 0;
+  std::unique_ptr<comm::TcpStoreServer> server_;
+  std::unique_ptr<comm::Store> store_;
+  std::unique_ptr<comm::Communicator> world_;
+  std::unique_ptr<parallel::Parallelized> pm_;
+  std::vector<uint8_t> zeros_kept_;  // [training] keep_zeros
+  std::vector<int64_t> trace_steps_;
+  std::optional<obs::Trace> trace_;
+  std::optional<parallel::StepTracer> tracer_;
+  std::optional<obs::MetricsFile> metrics_;
+  std::optional<data::Sampler> sampler_;
+  std::optional<obs::Progress> progress_;
+  std::optional<parallel::CheckpointSaver> saver_;
+  std::optional<obs::StragglerWatch> stragglers_;
+  nlohmann::json layout_;
+  std::string last_checkpoint_;
+  parallel::EvalResult last_eval_;
+  double tokens_per_step_ = 0;
+  double ema_step_s_ = 0, comm_ms_total_ = 0, exposed_ms_total_ = 0, step_s_total_ = 0, bubble_total_ = 0,
+         predicted_total_ = 0, replayed_total_ = 0;
+  double ckpt_stall_ms_ = -1;  // of the save after the last step, for the next step's line
+  struct {
+    double step = 0, eval = -1, ckpt = -1;  // MiB; -1: none since the last line
+  } peaks_;  // this rank's peak resident memory in each phase (loom/host.h)
+  int64_t delay_ms_ = 0;
+  int exit_code_ = 0;
+  std::chrono::steady_clock::time_point last_save_;
+  std::optional<std::chrono::steady_clock::time_point> terminate_seen_;
+};
+
+inline double mb(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+}  // namespace loom::app
