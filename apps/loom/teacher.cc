@@ -27,20 +27,31 @@ Teacher::Teacher(const Config& c, const nn::GptConfig& student)
 
 Teacher::~Teacher() = default;
 
+// The teacher's logits a few rows at a time (at most kChunkBytes of them): its whole-vocabulary
+// logits of a micro-batch, (B, T, V), are never held at once, whichever columns this rank keeps.
 nn::DistillTargets Teacher::targets(const Tensor& tokens, const nn::Shard& vocab, const Tensor& reuse) {
+  constexpr int64_t kChunkBytes = 4 << 20;
   const int64_t n = tokens.numel(), v_all = gpt_->config().vocab_size, v = v_all / vocab.parts, begin = vocab.index * v;
-  const Tensor logits = gpt_->forward_logits(tokens, ctx_, /*last_only=*/false);  // (B, T, V)
+  const int64_t c = gpt_->config().d_model;
+  const Tensor hidden = gpt_->forward_hidden(tokens, ctx_).view({n, c});
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (v_all * static_cast<int64_t>(sizeof(float))));
+  if (!logits_.defined() || logits_.numel() < chunk * v_all) logits_ = Tensor::zeros({chunk * v_all}, DType::kF32);
   Tensor soft = reuse.defined() && reuse.numel() == n * v ? reuse : Tensor::zeros({n, v}, DType::kF32);
-  const float* z = logits.data<float>();
   float* p = soft.data<float>();
   const double inv_t = 1.0 / temperature_;
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    gpt_->head_logits(hidden.slice_rows(r0, r0 + rows), logits_.slice_rows(0, rows * v_all));
+    const float* z = logits_.data<float>();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = z + i * v_all;
-    const double mx = *std::max_element(row, row + v_all);
-    double sum = 0;
-    for (int64_t j = 0; j < v_all; ++j) sum += std::exp((row[j] - mx) * inv_t);
-    for (int64_t j = 0; j < v; ++j) p[i * v + j] = static_cast<float>(std::exp((row[begin + j] - mx) * inv_t) / sum);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = z + i * v_all;
+      const double mx = *std::max_element(row, row + v_all);
+      double sum = 0;
+      for (int64_t j = 0; j < v_all; ++j) sum += std::exp((row[j] - mx) * inv_t);
+      float* out = p + (r0 + i) * v;
+      for (int64_t j = 0; j < v; ++j) out[j] = static_cast<float>(std::exp((row[begin + j] - mx) * inv_t) / sum);
+    }
   }
   return {.soft = soft, .alpha = alpha_, .temperature = temperature_};
 }

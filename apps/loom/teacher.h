@@ -1,7 +1,9 @@
 // Knowledge distillation's teacher ([training] teacher, docs/serving.md "Distillation"): a
 // trained GPT, whole in every process that computes a loss, run forward only on the same
 // tokens as the student; its softmax at the temperature is what the student's loss mixes
-// in (nn::DistillTargets).
+// in (nn::DistillTargets). Its logits are taken a few rows at a time, so that no process
+// holds a micro-batch's whole (B, T, V) logits (a tensor-parallel student keeps only its
+// vocabulary columns of the targets).
 #pragma once
 
 #include <memory>
@@ -28,6 +30,7 @@ class Teacher {
  private:
   std::unique_ptr<nn::Gpt> gpt_;
   nn::GptCtx ctx_;
+  Tensor logits_;  // a chunk of rows' logits, reused
   double alpha_, temperature_;
 };
 

@@ -382,6 +382,19 @@ Tensor Gpt::forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) co
   return out;
 }
 
+Tensor Gpt::forward_hidden(const Tensor& tokens, GptCtx& ctx) const {
+  LOOM_CHECK(!wte_.shard.split());
+  Tensor h = trunk(tokens, ctx);
+  hooks_(-1, BlockPhase::kForwardDone);
+  return h;
+}
+
+void Gpt::head_logits(const Tensor& rows, const Tensor& out) const {
+  LOOM_CHECK(!wte_.shard.split() && !tp_.sequence_split());
+  LOOM_CHECK_EQ(out.numel(), rows.numel() / config_.d_model * wte_.rows);
+  head_product(out, rows);
+}
+
 double Gpt::forward(const Tensor& tokens, const Tensor& targets, ModelCtx& model_ctx) const {
   GptCtx& ctx = as_gpt(model_ctx);
   Tensor out = logits(trunk(tokens, ctx), ctx);

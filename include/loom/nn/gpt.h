@@ -65,6 +65,12 @@ class Gpt : public Model {
   // Logits (B, T, V), or only the last position's (B, 1, V) when last_only. REQUIRES: not
   // tensor-parallel (a piece holds only its columns of the logits).
   Tensor forward_logits(const Tensor& tokens, GptCtx& ctx, bool last_only) const;
+  // The same in two parts, so that a caller can take the logits a few rows at a time: the
+  // final hidden states (B, T, C) after ln_f, in ctx; then the logits (rows, V) of `rows`
+  // of them (rows, C) into `out`, the same bits as forward_logits' rows (a row's product
+  // does not depend on the other rows). REQUIRES: not tensor-parallel.
+  Tensor forward_hidden(const Tensor& tokens, GptCtx& ctx) const;
+  void head_logits(const Tensor& rows, const Tensor& out) const;
 
   // Incremental decoding (the whole model in one process): an empty cache for up to seq_len
   // positions; then decode runs `tokens` (one or more) at positions cache.length onwards,
