@@ -131,6 +131,21 @@ TEST(Layering, PipelineAndTensorParallelDoNotIncludeDataParallel) {
   }
 }
 
+// Within comm/: the algorithms see the transport interface only, never a transport's
+// insides (sockets, the shared window).
+TEST(Layering, AlgorithmsSeeOnlyTheTransportInterface) {
+  const fs::path dir = fs::path(LOOM_SOURCE_DIR) / "src/comm/algorithms";
+  static const std::regex inside(R"re(^\s*#\s*include\s*"comm/transport/(shm|tcp|mpi)/)re");
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream in(e.path());
+    ++files;
+    for (std::string line; std::getline(in, line);)
+      EXPECT_FALSE(std::regex_search(line, inside)) << e.path().filename().string() << ": " << line;
+  }
+  EXPECT_GE(files, 3);
+}
+
 // The checker itself: it sees a violation where there is one.
 TEST(Layering, TheCheckFindsAnIncludeFromAbove) {
   const fs::path file = fs::temp_directory_path() / "loom_layering_probe.cc";

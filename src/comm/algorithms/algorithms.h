@@ -1,6 +1,7 @@
-// Collective algorithms. Each sees only the transport interface (and, for shm-direct,
-// the shared window): never sockets, never the store. docs/algorithms.md gives steps,
-// bytes on the wire and when each is chosen.
+// Collective algorithms. Each sees only the transport interface: never sockets, never the
+// store, never the shared window's insides (the shm-direct collectives, declared here,
+// live beside the window in comm/transport/shm/shm_collectives.cc). docs/algorithms.md
+// gives steps, bytes on the wire and when each is chosen.
 //
 // Buffers here are bytes plus an element count; `in` may equal `out` (in place). Every
 // function runs the whole op on the calling thread and throws CommError on failure.

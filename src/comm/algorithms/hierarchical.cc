@@ -11,7 +11,6 @@
 #include "comm/algorithms/algorithms.h"
 #include "comm/reduce.h"
 #include "comm/transport/group_view.h"
-#include "comm/transport/shm/shm_window.h"
 
 namespace loom::comm {
 namespace {

@@ -1,4 +1,6 @@
-// shm-direct algorithms (docs/algorithms.md, "shm-direct"): every rank copies its input
+// shm-direct algorithms (docs/algorithms.md, "shm-direct"), the shared window's own
+// collectives (declared in comm/algorithms/algorithms.h, beside the others, so that the
+// algorithms there never include the window): every rank copies its input
 // into its own slot of the shared window, publishes the round, and reads what it needs
 // straight from its peers' slots. A message is cut into rounds that fit a slot; two
 // slots per rank let round k+1 be filled while peers still read round k.
