@@ -73,7 +73,7 @@ int run_ckpt(const CkptArgs& a) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
   if (a.action == "verify") return verify(ck);
   if (a.action == "inspect") return inspect(ck);
-  if (a.action == "export" && a.format == "onnx") return export_onnx(ck, inference_config("", a.overrides), a.out);
+  if (a.action == "export" && a.format == "onnx") return export_onnx(ck, inference_config("", a.overrides).i("model.n_head"), a.out);
   if (a.action == "export" && a.format != "safetensors")
     throw InputError(cat("loom ckpt export --format ", a.format, ": expected safetensors or onnx"));
   if (a.action == "export") return export_weights(ck, a.out);

@@ -12,12 +12,10 @@
 #include "loom/fileio.h"
 #include "loom/host.h"
 #include "loom/loss_scale.h"
-#include "loom/parallelize.h"
 #include "loom/nn/gpt.h"
 #include "loom/schedule.h"
 #include "loom/threads.h"
 #include "loom/trace.h"
-#include "train_watch.h"
 
 namespace loom::app {
 namespace {
@@ -573,40 +571,6 @@ void check_flag_range(const std::string& flag, const std::vector<int64_t>& value
 
 std::string Config::run_path() const {
   return (std::filesystem::path(s("job.run_dir")) / s("job.name")).string();
-}
-
-optim::OptimizerConfig optimizer_config(const Config& c) {
-  return {.kind = c.s("training.optimizer"), .weight_decay = c.f("training.weight_decay"), .beta1 = c.f("training.beta1"),
-          .beta2 = c.f("training.beta2"), .eps = c.f("training.eps"), .momentum = c.f("training.momentum"),
-          .decay = {.decay_embeddings = c.b("training.decay_embeddings"),
-                    .decay_norms_and_biases = c.b("training.decay_norms_and_biases")}};
-}
-
-optim::ScheduleConfig schedule_config(const Config& c) {
-  return {.lr = c.f("training.lr"), .min_lr = c.f("training.min_lr"), .warmup_steps = c.i("training.warmup_steps"),
-          .total_steps = c.i("training.steps"), .decay = c.s("training.decay")};
-}
-
-parallel::StepConfig step_config(const Config& c) {
-  const bool fp16 = c.s("training.precision") == "fp16";
-  parallel::StepConfig s{
-      .dp = {.zero = static_cast<int>(c.i("parallel.zero")), .bucket_mb = c.f("parallel.bucket_mb"),
-             .deterministic = c.b("parallel.deterministic"),
-             .grad_dtype = c.s("comm.grad_dtype") == "bf16" ? DType::kBF16 : DType::kF32,
-             .param_dtype = c.s("comm.param_dtype") == "bf16" ? DType::kBF16 : DType::kF32},
-      .optimizer = optimizer_config(c),
-      .pp_schedule = parallel::schedule_kind_named(c.s("parallel.pp_schedule")),
-      .micro_batch = c.i("training.micro_batch"),
-      .accum = c.i("training.global_batch") / c.i("parallel.dp") / c.i("training.micro_batch"),
-      .t = model_kind(c) == "mlp" ? 1 : c.i("model.seq_len"),
-      .grad_clip = c.f("training.grad_clip"),
-      .fp16 = fp16,
-      .loss_scale = {.init = c.f("training.loss_scale"), .window = c.i("training.loss_scale_window")},
-      .overflow_at = overflow_steps(c.s("debug.overflow_at"))};
-  if (!s.overflow_at.empty() && !fp16)
-    throw InputError(cat("debug.overflow_at is set but training.precision = \"", c.s("training.precision"),
-                         "\": only fp16 scales the loss and skips an overflowing step; expected training.precision = \"fp16\""));
-  return s;
 }
 
 }  // namespace loom::app

@@ -15,10 +15,6 @@
 #include "loom/dtype.h"
 #include "loom/optim.h"
 
-namespace loom::parallel {
-struct StepConfig;  // loom/parallelize.h
-}
-
 namespace loom::app {
 
 using Value = std::variant<int64_t, double, bool, std::string>;
@@ -73,13 +69,6 @@ void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi
 void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi);
 // The most threads a benchmark may ask for.
 inline constexpr int64_t kMaxBenchThreads = 1024;
-
-// The optimizer and learning-rate schedule [training] asks for (REQUIRES: c resolved).
-optim::OptimizerConfig optimizer_config(const Config& c);
-optim::ScheduleConfig schedule_config(const Config& c);
-// How `loom train` runs a step ([training], [parallel], [comm], [debug] overflow_at):
-// InputError when debug.overflow_at is set without fp16. REQUIRES: c resolved.
-parallel::StepConfig step_config(const Config& c);
 
 // Which kind of model a preset names: "gpt" or "mlp".
 std::string model_kind(const Config& c);

@@ -37,24 +37,12 @@ Config inference_config(const std::string& path, const std::vector<std::string>&
   return c;
 }
 
-nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c) {
-  return serve::gpt_shape_of(ck, c.i("model.n_head"));
-}
-
-std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
-  return serve::load_gpt(ck, c.i("model.n_head"), int8);
-}
-
-std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8) {
-  return serve::load_gpt_for_decoding(ck, c.i("model.n_head"), int8);
-}
-
 int run_eval(const EvalArgs& a) {
   if (a.batch <= 0) throw InputError(cat("--batch ", a.batch, ": expected a positive integer"));
   Config c = inference_config(a.config, a.overrides);
   const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
-  auto gpt = load_gpt(ck, c, int8);
+  auto gpt = serve::load_gpt(ck, c.i("model.n_head"), int8);
   std::vector<uint16_t> tokens = data::read_tokens(a.data);
   check_vocab(tokens, gpt->config().vocab_size, a.data);
   int64_t t = gpt->config().seq_len;
@@ -75,7 +63,7 @@ int run_sample(const SampleArgs& a) {
   Config c = inference_config(a.config, a.overrides);
   const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
-  auto gpt = load_gpt_for_decoding(ck, c, int8);
+  auto gpt = serve::load_gpt_for_decoding(ck, c.i("model.n_head"), int8);
   const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
   const bool bytes = vocab <= 256;  // byte-level tokens print as text; others as ids
   std::vector<int32_t> seq;

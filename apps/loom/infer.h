@@ -21,13 +21,8 @@ using serve::quantize_named;
 // A config file (optional) and --section.key=value overrides, resolved, with the compute
 // settings (threads, GEMM) applied.
 Config inference_config(const std::string& path, const std::vector<std::string>& overrides);
-// serve::gpt_shape_of, load_gpt and load_gpt_for_decoding (loom/serve/gpt_loading.h), with
-// n_head from `c`: what a bare safetensors file cannot say.
-nn::GptConfig gpt_shape_of(const checkpoint::Checkpoint& ck, const Config& c);
-std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, const Config& c, bool int8 = false);
-std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, const Config& c, bool int8);
-
-// `loom ckpt export --format onnx` (apps/loom/onnx_export.cc): the GPT as an ONNX graph at `out`.
-int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::string& out);
+// `loom ckpt export --format onnx` (apps/loom/onnx_export.cc): the GPT as an ONNX graph at
+// `out`; n_head is what a bare safetensors file cannot say (model.n_head).
+int export_onnx(const checkpoint::Checkpoint& ck, int64_t n_head, const std::string& out);
 
 }  // namespace loom::app

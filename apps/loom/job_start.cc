@@ -8,7 +8,7 @@
 #include "loom/log.h"
 #include "memory_plan.h"
 #include "ps_train.h"
-#include "stages.h"
+#include "loom/mesh.h"
 
 namespace loom::app {
 
@@ -19,19 +19,6 @@ void on_terminate(int) { g_terminate = 1; }
 
 volatile std::sig_atomic_t g_resize = 0;
 void on_resize(int) { g_resize = 1; }
-
-// none does (resolving then names what is wrong).
-int usable_world(const Config& c, int available) {
-  for (int w = available; w >= 1; --w) {
-    Config trial = c;
-    try {
-      trial.resolve(w);
-      return w;
-    } catch (const InputError&) {
-    }
-  }
-  return available;
-}
 
 }  // namespace
 
@@ -86,12 +73,13 @@ JobStart start_job(const TrainArgs& a) {
   // A dry run outside a launcher plans the layout the config names (parallel.dp x tp x pp).
   const int ranks = a.dry_run && env.size == 1 ? layout_ranks(c, 1) : env.size;
   c.resolve(ranks);
+  job.tc = train_config(c, env.local_size);
   // Sizes before allocation: the first rank of each host checks that what the host's ranks
   // will hold fits in the memory it has free, before any data or model is loaded.
   if (a.dry_run || env.local_rank == 0) {
     std::vector<int> here(static_cast<size_t>(a.dry_run && env.size == 1 ? ranks : env.local_size));
     std::iota(here.begin(), here.end(), a.dry_run && env.size == 1 ? 0 : env.rank - env.local_rank);
-    const MemoryPlan mem = plan_memory(c, ranks, here);
+    const MemoryPlan mem = plan_memory(job.tc, ranks, here);
     if (a.dry_run) {
       std::printf("%s", describe(mem).c_str());
       std::fflush(stdout);
@@ -105,6 +93,14 @@ JobStart start_job(const TrainArgs& a) {
     job.memory_plan_line = lines.substr(0, lines.find('\n'));
   }
   return job;
+}
+
+void check_same_layout(comm::Communicator& world, const std::string& layout) {
+  const std::vector<std::string> every = parallel::all_gather_strings(world, layout);
+  for (size_t r = 1; r < every.size(); ++r)
+    if (every[r] != every[0])
+      throw InputError(cat("rank ", r, " was started with the layout \"", every[r], "\" but rank 0 with \"", every[0],
+                           "\"; every rank must be given the same [parallel], [training] batch and [model] settings"));
 }
 
 }  // namespace loom::app

@@ -8,7 +8,9 @@
 
 #include "commands.h"
 #include "config.h"
+#include "config_train.h"
 #include "launch.h"
+#include "loom/comm.h"
 #include "loom/rendezvous.h"
 
 namespace loom::app {
@@ -18,7 +20,8 @@ namespace loom::app {
 // rank before anything is loaded.
 struct JobStart {
   comm::LaunchEnv env;
-  Config c;
+  Config c;         // the command's: what the files and flags said, resolved
+  TrainConfig tc;   // the same typed, for everything below the command
   std::optional<ElasticGeneration> elastic;  // under an elastic launcher: this generation
   bool restarted = false;                    // a later generation of an elastic job
   std::string memory_plan_line;  // logged once the input has been found good
@@ -26,6 +29,10 @@ struct JobStart {
 };
 
 JobStart start_job(const TrainArgs& a);
+
+// Refuses (InputError naming both ranks and layouts) ranks started with different layouts
+// or model shapes (TrainConfig::layout). Collective over world.
+void check_same_layout(comm::Communicator& world, const std::string& layout);
 
 // SIGTERM (what Kubernetes and Slurm send before killing): the run finishes its step, saves
 // and exits 0. SIGUSR1 from an elastic launcher (start_job installs it): ranks wait to join,

@@ -7,12 +7,13 @@
 #include "loom/checkpoint.h"
 #include "loom/error.h"
 #include "loom/fileio.h"
+#include "loom/serve/gpt_loading.h"
 #include "loom/serve/onnx.h"
 
 namespace loom::app {
 
-int export_onnx(const checkpoint::Checkpoint& ck, const Config& c, const std::string& out) {
-  std::unique_ptr<nn::Gpt> gpt = load_gpt(ck, c);
+int export_onnx(const checkpoint::Checkpoint& ck, int64_t n_head, const std::string& out) {
+  std::unique_ptr<nn::Gpt> gpt = serve::load_gpt(ck, n_head);
   if (gpt->int8()) throw InputError(cat(ck.path(), ": int8 weights (loom quantize) do not export to ONNX; export the f32 checkpoint"));
   const std::string bytes = serve::onnx_graph(*gpt);
   write_file_atomic(out, bytes);

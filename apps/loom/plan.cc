@@ -185,7 +185,7 @@ void print_memory_plan(const std::string& path) {
   c.resolve(ranks);
   std::vector<int> all(static_cast<size_t>(ranks));
   std::iota(all.begin(), all.end(), 0);
-  const MemoryPlan mem = plan_memory(c, ranks, all);
+  const MemoryPlan mem = plan_memory(train_config(c), ranks, all);
   std::printf("%s", describe(mem).c_str());
   check_fits(mem);
 }

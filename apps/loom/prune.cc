@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "infer.h"
+#include "loom/serve/gpt_loading.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
 #include "loom/serve/prune.h"
@@ -18,7 +19,7 @@ int run_prune(const PruneArgs& a) {
   check_output_root("--out", a.out, {a.checkpoint});
   Config c = inference_config(a.config, a.overrides);
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.checkpoint);
-  std::unique_ptr<nn::Gpt> gpt = load_gpt(ck, c);
+  std::unique_ptr<nn::Gpt> gpt = serve::load_gpt(ck, c.i("model.n_head"));
   const serve::Pruned pruned = serve::prune_gpt(*gpt, a.sparsity, structure);
   const int64_t zeroed = pruned.removed, total = pruned.total, zeros = pruned.zeros;
   const nn::GptConfig& g = gpt->config();

@@ -30,7 +30,8 @@
 #include "launch.h"
 #include "rank_group.h"
 #include "run_dir.h"
-#include "stages.h"
+#include "job_start.h"
+#include "loom/mesh.h"
 #include "workload.h"
 #include "train_watch.h"
 
@@ -42,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Job {
-  const Config& c;
+  const TrainConfig& t;
   int servers = 0, workers = 0;
   parallel::PsMode mode = parallel::PsMode::kSync;
   int64_t steps = 0, global_batch = 0, micro_batch = 0, per_worker = 0, accum = 0;
@@ -117,7 +118,7 @@ parallel::RankShare server_share(const ParamSet& params, const parallel::ParamSe
 
 int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm::Communicator& world,
           comm::Communicator& group, std::vector<comm::Communicator*> links) {
-  const Config& c = job.c;
+  const TrainConfig& t = job.t;
   const int s = world.rank();
   const bool lead = s == 0;
   ParamSet& params = task.model->params();
@@ -131,11 +132,11 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
     if (lead) parallel::set_aside_uncommitted_steps(job.ckpt_root);  // `latest` has proven good
   }
   parallel::ParamServer server(
-      links, group, params, bounds[s], bounds[s + 1], optimizer_config(c),
-      {.mode = job.mode, .staleness = c.i("parallel.ps_staleness"), .deterministic = c.b("parallel.deterministic"),
+      links, group, params, bounds[s], bounds[s + 1], t.parallel.step.optimizer,
+      {.mode = job.mode, .staleness = t.parallel.ps.staleness, .deterministic = t.parallel.deterministic,
        .workers = job.workers, .start_step = start_step, .steps = job.steps,
-       .schedule = schedule_config(c),
-       .max_norm = c.f("training.grad_clip")});
+       .schedule = t.schedule,
+       .max_norm = t.parallel.step.grad_clip});
   if (ck) {
     optim::RangeState st = server.optimizer_state();
     ck->load_optimizer(params, st);
@@ -151,24 +152,24 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
   std::optional<obs::MetricsFile> metrics;
   if (lead) {
     fs::create_directories(fs::path(job.run) / "logs");
-    write_file_atomic((fs::path(job.run) / "config.toml").string(), c.to_toml());
+    write_file_atomic((fs::path(job.run) / "config.toml").string(), t.toml);
     if (resume) truncate_metrics(metrics_path, start_step);
     metrics.emplace(metrics_path);
   }
   const json layout = {{"world", world.size()}, {"ps_servers", job.servers}, {"ps_workers", job.workers},
-                       {"ps_mode", c.s("parallel.ps_mode")}, {"dp", job.workers}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
+                       {"ps_mode", t.parallel.ps.mode}, {"dp", job.workers}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
   auto save = [&](int64_t step) {
     json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", job.seed},
                 {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
                 {"data_epoch", step * job.global_batch / task.train->size()}};
     json state = {{"data_cursor", step * job.global_batch}, {"rng", rng}, {"model", task.model_json()},
-                  {"config", c.to_toml()}};
+                  {"config", t.toml}};
     return parallel::save_checkpoint(group, server_share(params, server, bounds[s], bounds[s + 1]), job.ckpt_root, step,
-                                     state, layout, {.keep = static_cast<int>(c.i("checkpoint.keep"))});
+                                     state, layout, {.keep = t.checkpoint.keep});
   };
   const bool sync = job.mode == parallel::PsMode::kSync;
   const double tokens_per_step = static_cast<double>(job.global_batch * task.train->tokens_per_example());
-  obs::Progress progress(job.steps, c.i("job.log_every"), a.quiet || !lead);
+  obs::Progress progress(job.steps, t.job.log_every, a.quiet || !lead);
   auto last = Clock::now();
   double ema_step_s = 0, step_s_total = 0, push_total = 0, pull_total = 0;
   int64_t timed = 0, max_staleness = 0;
@@ -204,10 +205,10 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
     line.add_string("ps_staleness", per_worker);
     // Sync steps come in the same order on every server: evaluations and checkpoints are
     // collective over them. Async and ssp ones do not, so those run once the servers stop.
-    const int64_t every = c.i("checkpoint.every"), eval_every = c.i("training.eval_every");
+    const int64_t every = t.checkpoint.every, eval_every = t.training.eval_every;
     if (sync && task.val && eval_every > 0 && st.step % eval_every == 0 && st.step < job.steps) {
       gather_ranges(group, params, bounds);
-      if (lead) line.add("val_loss", parallel::evaluate(*task.model, *task.val, c.i("training.eval_steps") * job.micro_batch, task.eval_batch).loss);
+      if (lead) line.add("val_loss", parallel::evaluate(*task.model, *task.val, t.training.eval_steps * job.micro_batch, task.eval_batch).loss);
     }
     if (metrics) metrics->write(line);
     progress.update(st.step, st.loss, tokens_per_step / step_s, ema_step_s);
@@ -272,7 +273,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
   last_checkpoint = save(done);
   if (lead) {
     if (task.val) {
-      parallel::EvalResult e = parallel::evaluate(*task.model, *task.val, c.i("training.eval_steps") * job.micro_batch, task.eval_batch);
+      parallel::EvalResult e = parallel::evaluate(*task.model, *task.val, t.training.eval_steps * job.micro_batch, task.eval_batch);
       if (e.accuracy >= 0) e = parallel::evaluate(*task.model, *task.val, 0, task.eval_batch);  // a classifier's final figure: the whole test set
       obs::JsonLine line;
       line.add("step", done).add("final_val_loss", e.loss);
@@ -284,8 +285,8 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
     if (timed > 0)
       std::printf("parameter servers: %d server(s), %d worker(s), %s%s: %.0f tokens/s, step %.1f ms, push %.1f ms, pull "
                   "%.1f ms (mean per worker), staleness at most %lld\n",
-                  job.servers, job.workers, c.s("parallel.ps_mode").c_str(),
-                  job.mode == parallel::PsMode::kSsp ? cat(" (K = ", c.i("parallel.ps_staleness"), ")").c_str() : "",
+                  job.servers, job.workers, t.parallel.ps.mode.c_str(),
+                  job.mode == parallel::PsMode::kSsp ? cat(" (K = ", t.parallel.ps.staleness, ")").c_str() : "",
                   tokens_per_step * static_cast<double>(timed) / step_s_total, step_s_total * 1e3 / static_cast<double>(timed),
                   push_total / static_cast<double>(timed), pull_total / static_cast<double>(timed),
                   static_cast<long long>(max_staleness));
@@ -296,7 +297,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
         if (path_exists(trace_part(job, r))) parts.push_back(read_file(trace_part(job, r)));
       const std::string path = (fs::path(job.run) / "trace.json").string();
       write_file_atomic(path, obs::merge_traces(parts));
-      std::printf("trace of step(s) %s of %zu rank(s): %s\n", printable(c.s("profile.trace_steps")).c_str(), parts.size(),
+      std::printf("trace of step(s) %s of %zu rank(s): %s\n", printable(t.profile.trace_steps).c_str(), parts.size(),
                   printable(path).c_str());
     }
     std::printf("checkpoint: %s\nrun directory: %s\n", printable(last_checkpoint).c_str(), printable(job.run).c_str());
@@ -306,13 +307,13 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
 
 // Worker w (its data shard; `rank`: its job rank, for the test hooks).
 int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& local, std::vector<comm::Communicator*> links) {
-  const Config& c = job.c;
+  const TrainConfig& t = job.t;
   ParamSet& params = task.model->params();
   // The gradient sums over this worker's micro-batches and, with a host reduce, over its
   // host's workers (an all-reduce over shared memory, overlapped with backward); exact
   // limbs in deterministic mode.
-  parallel::DataParallel dp(local, params, optimizer_config(c),
-                            {.bucket_mb = c.f("parallel.bucket_mb"), .deterministic = c.b("parallel.deterministic")},
+  parallel::DataParallel dp(local, params, t.parallel.step.optimizer,
+                            {.bucket_mb = t.parallel.step.dp.bucket_mb, .deterministic = t.parallel.deterministic},
                             task.model->block_offsets());
   task.model->hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   // One micro-batch's forward and backward; the loss mixes in the teacher's targets when
@@ -336,7 +337,7 @@ int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& lo
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(job.accum * (sync ? job.workers : 1));
   data::Sampler sampler(task.train->size(), job.seed);
-  const int64_t delay_ms = step_delay_ms(job.c.s("debug.delay_ms"), rank);
+  const int64_t delay_ms = step_delay_ms(job.t.debug.delay_ms, rank);
   // [profile] trace_steps: this worker's compute, pushes and pulls (the communication track).
   std::optional<obs::Trace> trace;
   if (!job.trace_steps.empty() && job.trace_origin) trace.emplace(*job.trace_origin);
@@ -352,7 +353,7 @@ int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& lo
   for (int64_t step = reply.step; !reply.stop; ++step) {
     const bool tracing = trace && std::binary_search(job.trace_steps.begin(), job.trace_steps.end(), step + 1);
     const auto step_begin = Clock::now();
-    if (const int64_t ms = delay_ms + step_jitter_ms(job.c.i("debug.jitter_ms"), rank, step); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    if (const int64_t ms = delay_ms + step_jitter_ms(job.t.debug.jitter_ms, rank, step); ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     dp.begin_step();
     std::vector<double> losses;
     for (int64_t m = 0; m < job.accum; ++m) {
@@ -372,7 +373,7 @@ int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& lo
       comm::all_gather(local, {.input = losses.data(), .output = all.data(), .count = losses.size(), .dtype = DType::kF64});
       losses = std::move(all);
     }
-    const double norm = sync ? 0 : optim::clip_grad_norm(params, c.f("training.grad_clip"));
+    const double norm = sync ? 0 : optim::clip_grad_norm(params, t.parallel.step.grad_clip);
     if (!sync && !std::isfinite(norm))
       throw RuntimeError(cat("step ", step + 1, ": this worker's gradient norm is not finite (", norm,
                              "); it stops without pushing (a lower training.lr or a training.grad_clip may help)"));
@@ -401,36 +402,36 @@ int work(const Job& job, Workload& task, int w, int rank, comm::Communicator& lo
 }
 
 // The job's sizes from a config resolved for `world` ranks.
-Job make_job(const Config& c, int world) {
-  Job job{.c = c};
-  job.servers = static_cast<int>(c.i("parallel.ps_servers"));
+Job make_job(const TrainConfig& t, int world) {
+  Job job{.t = t};
+  job.servers = t.parallel.ps.servers;
   job.workers = world - job.servers;
-  job.mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
-  job.steps = c.i("training.steps");
-  job.global_batch = c.i("training.global_batch");
-  job.micro_batch = c.i("training.micro_batch");
+  job.mode = parallel::ps_mode_named(t.parallel.ps.mode);
+  job.steps = t.training.steps;
+  job.global_batch = t.training.global_batch;
+  job.micro_batch = t.training.micro_batch;
   job.per_worker = job.global_batch / job.workers;
   job.accum = job.per_worker / job.micro_batch;
-  job.seed = static_cast<uint64_t>(c.i("job.seed"));
-  job.run = c.run_path();
-  job.ckpt_root = c.s("checkpoint.dir").empty() ? (fs::path(job.run) / "checkpoints").string() : c.s("checkpoint.dir");
+  job.seed = t.job.seed;
+  job.run = t.job.run;
+  job.ckpt_root = t.checkpoint.root;
   return job;
 }
 
 }  // namespace
 
-int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
-  Job job = make_job(c, env.size);
+int run_ps_train(const TrainConfig& t, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted) {
+  Job job = make_job(t, env.size);
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   if (!a.init_from.empty())
     throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
                      "--resume; expected no --init-from");
   const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(job.ckpt_root));
   const bool server = env.rank < job.servers;
-  Workload task = make_workload(c, {}, {}, /*init=*/!(server && resume));
+  Workload task = make_workload(t, {}, {}, /*init=*/!(server && resume));
   std::optional<RunDirectory> run_dir;
   if (env.rank == 0) {
-    const bool own_ckpt_dir = !c.s("checkpoint.dir").empty();
+    const bool own_ckpt_dir = t.checkpoint.own_dir;
     run_dir.emplace(RunDirectory::claim(job.run, resume || restarted ? RunDirectory::Mode::kResume
                                                  : a.restart ? RunDirectory::Mode::kRestart
                                                              : RunDirectory::Mode::kFresh,
@@ -439,20 +440,20 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   std::unique_ptr<comm::TcpStoreServer> store_server;
   std::unique_ptr<comm::Store> store;
   auto world = comm::join_world(
-      env, {.transport = c.s("comm.transport"), .timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000))},
+      env, {.transport = t.comm.transport, .timeout = std::chrono::milliseconds(static_cast<int64_t>(t.comm.timeout_s * 1000))},
       store_server, store);
-  check_same_layout(*world, c);
+  check_same_layout(*world, t.layout);
   job.store = store.get();
-  job.trace_steps = obs::parse_steps(c.s("profile.trace_steps"));
+  job.trace_steps = t.profile.steps;
   if (!job.trace_steps.empty()) {
     comm::barrier(*world);  // every rank's origin: the barrier's exit
     job.trace_origin = Clock::now();
   }
-  if (env.rank == 0) store->set(kLayout, cat(world->size(), "\n", layout_string(c)), comm::Clock::now() + world->config().timeout);
+  if (env.rank == 0) store->set(kLayout, cat(world->size(), "\n", t.layout), comm::Clock::now() + world->config().timeout);
   // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
   if (!server && job.mode != parallel::PsMode::kSync)
     store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
-  install_fault_hook(c.s("debug.fault_at"), env.rank);
+  install_fault_hook(t.debug.fault_at, env.rank);
   // Which host each rank is on (its first rank there); in sync mode the workers of a host
   // sum their gradients first and one of them talks to the servers, as BytePS does.
   int host = world->local_ranks().front();
@@ -461,7 +462,7 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   // A host's workers sum first (sync only) when asked ("on"), or ("auto") when they are
   // several and some server is on another host: their links then cross the network, and one
   // push per host saves it the others'. On one host the links are shared memory already.
-  const std::string& how = c.s("parallel.ps_hierarchical");
+  const std::string& how = t.parallel.ps.hierarchical;
   auto grouped = [&](int h) {
     if (job.mode != parallel::PsMode::kSync || how == "off") return false;
     if (how == "on") return true;
@@ -481,11 +482,11 @@ int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env
   auto group = world->split(server ? 0 : -1, world->rank());  // the servers
   auto local = world->split(server ? -1 : grouped(hosts[env.rank]) ? hosts[env.rank] : env.rank, env.rank);  // a host's workers
   const std::vector<std::unique_ptr<comm::Communicator>> links = make_links(job, *world, *store);
-  log_info(cat("training ", c.s("model.preset"), " (", task.model->params().numel(), " parameters) on ", c.s("data.train"), ": ",
+  log_info(cat("training ", t.model.preset, " (", task.model->params().numel(), " parameters) on ", t.data.train, ": ",
                job.steps, " steps of ", job.global_batch, " x ", task.train->tokens_per_example(), " tokens, ", job.servers,
-               " parameter server(s) and ", job.workers, " worker(s), ", c.s("parallel.ps_mode"),
-               job.mode == parallel::PsMode::kSsp ? cat(" (staleness ", c.i("parallel.ps_staleness"), ")") : std::string(),
-               c.b("parallel.deterministic") ? ", deterministic" : "",
+               " parameter server(s) and ", job.workers, " worker(s), ", t.parallel.ps.mode,
+               job.mode == parallel::PsMode::kSsp ? cat(" (staleness ", t.parallel.ps.staleness, ")") : std::string(),
+               t.parallel.deterministic ? ", deterministic" : "",
                static_cast<int>(job.leaders.size()) < job.workers
                    ? cat(", the workers of each host summing first (", job.leaders.size(), " link(s) per server)")
                    : std::string(),
@@ -513,26 +514,27 @@ int run_ps_join(Config c, const TrainArgs& a) {
   const size_t nl = published.find('\n');
   const int world = std::stoi(published.substr(0, nl));
   c.resolve(world);
-  if (layout_string(c) != published.substr(nl + 1))
-    throw InputError(cat("--ps-join ", a.ps_join, ": this worker's layout \"", layout_string(c), "\" is not the job's \"",
+  const TrainConfig t = train_config(c, 1);
+  if (t.layout != published.substr(nl + 1))
+    throw InputError(cat("--ps-join ", a.ps_join, ": this worker's layout \"", t.layout, "\" is not the job's \"",
                          published.substr(nl + 1), "\"; join with the job's config"));
-  const parallel::PsMode mode = parallel::ps_mode_named(c.s("parallel.ps_mode"));
-  if (c.i("parallel.ps_servers") == 0 || mode == parallel::PsMode::kSync)
+  const parallel::PsMode mode = parallel::ps_mode_named(t.parallel.ps.mode);
+  if (t.parallel.ps.servers == 0 || mode == parallel::PsMode::kSync)
     throw InputError(cat("--ps-join ", a.ps_join, ": the job trains ",
-                         c.i("parallel.ps_servers") == 0 ? std::string("without parameter servers")
+                         t.parallel.ps.servers == 0 ? std::string("without parameter servers")
                                                          : std::string("in sync mode, whose steps need a fixed set of workers"),
                          "; workers join async and ssp jobs"));
   set_log_quiet(a.quiet);
   apply_compute_settings(c, 1);
-  const Job job = make_job(c, world);
-  Workload task = make_workload(c);
+  const Job job = make_job(t, world);
+  Workload task = make_workload(t);
   const int64_t k = store.add(kJoins, 1, comm::Clock::now() + timeout) - 1;
   const int rank = world + static_cast<int>(k);
   std::vector<std::unique_ptr<comm::Communicator>> links;
   for (int s = 0; s < job.servers; ++s)
     links.push_back(comm::Communicator::create(
         store, 1, 2,
-        {.transport = c.s("comm.transport"), .timeout = timeout, .job_id = env.job_id, .secret = env.secret,
+        {.transport = t.comm.transport, .timeout = timeout, .job_id = env.job_id, .secret = env.secret,
          .job_ranks = {s, rank}},
         cat("ps/", s, "/j", k)));
   // It takes the data shard of the worker it most likely replaces.

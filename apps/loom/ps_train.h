@@ -4,13 +4,14 @@
 
 #include "commands.h"
 #include "config.h"
+#include "config_train.h"
 #include "loom/rendezvous.h"
 
 namespace loom::app {
 
-// Runs this rank's role: a server (rank < ps_servers) or a worker. `c` resolved for the
-// job's world; `restarted`: a later generation of an elastic job (it resumes).
-int run_ps_train(const Config& c, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted);
+// Runs this rank's role: a server (rank < ps_servers) or a worker. `t` of the config
+// resolved for the job's world; `restarted`: a later generation of an elastic job (it resumes).
+int run_ps_train(const TrainConfig& t, const TrainArgs& a, const comm::LaunchEnv& env, bool restarted);
 
 // `loom train CFG --ps-join HOST:PORT`: one more worker for the running async or ssp job
 // whose store is at HOST:PORT. `c` is the config as given (resolved here for the job's

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "infer.h"
+#include "loom/serve/gpt_loading.h"
 #include "kernels/int8_matmul.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
@@ -35,7 +36,7 @@ int run_quantize(const QuantizeArgs& a) {
   Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   if (holds_int8(ck)) throw InputError(cat(a.checkpoint, ": already int8 (written by loom quantize)"));
-  std::unique_ptr<nn::Gpt> gpt = load_gpt(ck, c);
+  std::unique_ptr<nn::Gpt> gpt = serve::load_gpt(ck, c.i("model.n_head"));
   const int64_t f32_bytes = gpt->weight_bytes();
   const nn::Gpt::Int8Weights weights = gpt->quantize_int8();
   std::vector<checkpoint::Piece> pieces;

@@ -127,12 +127,14 @@ struct Metrics {
 
 class Server {
  public:
-  Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, const Config& c, std::vector<std::unique_ptr<Route>> routes)
+  // n_head: what a bare safetensors file cannot say (model.n_head); threads: [job] threads.
+  Server(const ServeArgs& a, const std::vector<ModelCache::Spec>& specs, int64_t n_head, int threads,
+         std::vector<std::unique_ptr<Route>> routes)
       : args_(a),
         started_(std::time(nullptr)),
-        threads_(c.threads(/*local_ranks=*/1)),
+        threads_(threads),
         lanes_(a.lanes == 0 ? threads_ : static_cast<int>(a.lanes)),
-        cache_(specs, c.i("model.n_head"), static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
+        cache_(specs, n_head, static_cast<int64_t>(a.memory_mb * (1 << 20)), quantize_named(a.quantize),
                [this](const nn::Gpt& gpt) {
                  const nn::GptConfig& g = gpt.config();
                  // --kv-cache-mb in pages; at least one window, and no more than a full batch
@@ -469,7 +471,7 @@ int run_serve(const ServeArgs& a) {
   for (const std::string& spec : a.routes) routes.push_back(std::make_unique<Route>(spec));
   ServeArgs args = a;
   args.api_key = key;
-  Server server(args, specs, c, std::move(routes));
+  Server server(args, specs, c.i("model.n_head"), c.threads(/*local_ranks=*/1), std::move(routes));
   http::Server listener({.host = a.host,
                          .port = static_cast<int>(a.port),
                          .handler_threads = server.handler_threads(),

@@ -3,17 +3,18 @@
 #include <algorithm>
 #include <cmath>
 
-#include "infer.h"
+#include "loom/serve/gpt_loading.h"
 #include "loom/checkpoint.h"
 #include "loom/error.h"
 #include "loom/log.h"
 
 namespace loom::app {
 
-Teacher::Teacher(const Config& c, const nn::GptConfig& student)
-    : alpha_(c.f("training.distill_alpha")), temperature_(c.f("training.distill_temperature")) {
-  const std::string path = c.s("training.teacher");
-  gpt_ = load_gpt(checkpoint::Checkpoint::open(path), c);
+Teacher::Teacher(const TrainConfig& tc)
+    : alpha_(tc.training.distill_alpha), temperature_(tc.training.distill_temperature) {
+  const std::string& path = tc.training.teacher;
+  const nn::GptConfig& student = tc.model.gpt;
+  gpt_ = serve::load_gpt(checkpoint::Checkpoint::open(path), student.n_head);
   const nn::GptConfig& t = gpt_->config();
   if (t.vocab_size != student.vocab_size)
     throw InputError(cat("training.teacher = ", path, ": its vocab_size is ", t.vocab_size, ", the student's (model.vocab_size) ",

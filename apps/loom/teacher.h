@@ -8,17 +8,17 @@
 
 #include <memory>
 
-#include "config.h"
+#include "config_train.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::app {
 
 class Teacher {
  public:
-  // Loads training.teacher (any checkpoint `loom eval` reads; int8 ones too). InputError
-  // naming the key and the numbers when its vocabulary differs from the student's or its
-  // window is shorter, or distill_alpha / distill_temperature are out of range.
-  Teacher(const Config& c, const nn::GptConfig& student);
+  // Loads training.teacher (any checkpoint `loom eval` reads; int8 ones too; a bare
+  // safetensors file takes model.n_head). InputError naming the key and the numbers when
+  // its vocabulary differs from the student's (t.model.gpt) or its window is shorter.
+  explicit Teacher(const TrainConfig& t);
   ~Teacher();
 
   // The teacher's probabilities at the temperature for tokens (B, T), the columns of

@@ -23,27 +23,27 @@ using json = nlohmann::json;
 TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
     : a_(a),
       env_(job.env),
-      c_(job.c),
+      t_(job.tc),
       job_(job),
       lead_(job.env.rank == 0),
-      run_(job.c.run_path()),
-      ckpt_root_(job.c.s("checkpoint.dir").empty() ? (fs::path(run_) / "checkpoints").string() : job.c.s("checkpoint.dir")),
+      run_(job.tc.job.run),
+      ckpt_root_(job.tc.checkpoint.root),
       resume_(a.resume || (job.restarted && checkpoint::latest_step_dir(ckpt_root_))),
-      steps_(job.c.i("training.steps")),
-      global_batch_(job.c.i("training.global_batch")),
-      micro_batch_(job.c.i("training.micro_batch")),
-      per_rank_(global_batch_ / job.c.i("parallel.dp")),
+      steps_(job.tc.training.steps),
+      global_batch_(job.tc.training.global_batch),
+      micro_batch_(job.tc.training.micro_batch),
+      per_rank_(global_batch_ / job.tc.parallel.layout.dp),
       accum_(per_rank_ / micro_batch_),
-      seed_(static_cast<uint64_t>(job.c.i("job.seed"))),
-      config_(step_config(job.c)),
-      sched_(schedule_config(job.c)),
+      seed_(job.tc.job.seed),
+      config_(job.tc.parallel.step),
+      sched_(job.tc.schedule),
       end_step_(steps_) {
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
   if (!a.init_from.empty()) check_apart("--init-from", a.init_from, "checkpoint.dir", ckpt_root_);
-  if (c_.b("training.keep_zeros") && a.init_from.empty() && !resume_)
+  if (t_.training.keep_zeros && a.init_from.empty() && !resume_)
     throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
                      "--init-from PATH (a pruned checkpoint, loom prune) or --resume");
 }
@@ -52,8 +52,9 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
 // is the mesh's, attached once the job has joined). A resume loads every weight: the
 // random initialization would be overwritten.
 void TrainRun::build_model() {
-  mesh_ = mesh_coordinates(c_, env_.rank);
-  w_ = make_workload(c_, mesh_part(c_, mesh_), mesh_.shard(c_.b("parallel.sequence_parallel")), /*init=*/!resume_);
+  mesh_ = parallel::Mesh::at(t_.parallel.layout, env_.rank);
+  w_ = make_workload(t_, parallel::mesh_part(t_.model.gpt.n_layer, mesh_), mesh_.shard(t_.parallel.sequence_parallel),
+                     /*init=*/!resume_);
 }
 
 // Rank 0 writes the run directory and claims it once the config, data and model are known
@@ -61,7 +62,7 @@ void TrainRun::build_model() {
 // refused here naming the holder.
 void TrainRun::claim_run_dir() {
   if (!lead_) return;
-  const bool own_ckpt_dir = !c_.s("checkpoint.dir").empty();
+  const bool own_ckpt_dir = t_.checkpoint.own_dir;
   if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(ckpt_root_))
     throw InputError(cat(ckpt_root_, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with "
                          "the new run's; move it or set another checkpoint.dir"));
@@ -123,11 +124,11 @@ void TrainRun::load_weights() {
 // resume reads, and every replica's weights made equal.
 void TrainRun::parallelize() {
   world_ = comm::join_world(
-      env_, {.transport = c_.s("comm.transport"),
-             .timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.f("comm.timeout_s") * 1000))},
+      env_, {.transport = t_.comm.transport,
+             .timeout = std::chrono::milliseconds(static_cast<int64_t>(t_.comm.timeout_s * 1000))},
       server_, store_);
-  check_same_layout(*world_, c_);
-  if (mesh_.split()) split_mesh(*world_, mesh_);
+  check_same_layout(*world_, t_.layout);
+  if (mesh_.split()) parallel::split_mesh(*world_, mesh_);
   pm_ = parallel::parallelize(*w_.model, mesh_, *world_, config_);
   if (w_.teacher) {
     const nn::Shard vocab = mesh_.shard(false);
@@ -136,7 +137,6 @@ void TrainRun::parallelize() {
     });
   }
   if (saved_scale_) pm_->loss_scaler().restore(saved_scale_->first, saved_scale_->second);
-  trace_steps_ = obs::parse_steps(c_.s("profile.trace_steps"));  // [profile] trace_steps
   if (ck_ && resume_) {
     const auto t0 = std::chrono::steady_clock::now();
     pm_->load_optimizer(*ck_);
@@ -150,8 +150,8 @@ void TrainRun::parallelize() {
   last_checkpoint_ = ck_ && resume_ ? ck_->path() : "";
   ck_.reset();
   pm_->sync_params();
-  if (c_.b("training.keep_zeros")) zeros_kept_ = zero_mask(w_.model->params());
-  if (!trace_steps_.empty()) {
+  if (t_.training.keep_zeros) zeros_kept_ = zero_mask(w_.model->params());
+  if (!t_.profile.steps.empty()) {
     comm::barrier(*world_);  // every rank's origin: the barrier's exit
     trace_.emplace(obs::Trace::Clock::now());
     tracer_.emplace(*trace_);
@@ -163,7 +163,7 @@ void TrainRun::open_outputs() {
   const std::string metrics_path = (fs::path(run_) / "metrics.jsonl").string();
   if (lead_) {
     fs::create_directories(fs::path(run_) / "logs");
-    write_file_atomic((fs::path(run_) / "config.toml").string(), c_.to_toml());
+    write_file_atomic((fs::path(run_) / "config.toml").string(), t_.toml);
     const int64_t reached = resume_ || job_.restarted ? truncate_metrics(metrics_path, start_step_) : 0;
     metrics_.emplace(metrics_path);
     if (job_.restarted)
@@ -173,33 +173,33 @@ void TrainRun::open_outputs() {
                    " step(s) lost (the metrics had reached step ", reached, ")"));
   }
   sampler_.emplace(w_.train->size(), seed_);
-  progress_.emplace(steps_, c_.i("job.log_every"), a_.quiet || !lead_);
+  progress_.emplace(steps_, t_.job.log_every, a_.quiet || !lead_);
   tokens_per_step_ = static_cast<double>(global_batch_ * w_.train->tokens_per_example());
   log_start();
   layout_ = {{"world", world_->size()}, {"dp", mesh_.dp_size}, {"tp", mesh_.tp}, {"pp", mesh_.pp},
-             {"virtual_stages", mesh_.v}, {"zero", c_.i("parallel.zero")},
-             {"sequence_parallel", c_.b("parallel.sequence_parallel")}};
-  install_fault_hook(c_.s("debug.fault_at"), env_.rank);
-  saver_.emplace(*world_, c_.b("checkpoint.async"));
-  if (c_.b("checkpoint.async")) saver_->prepare(pm_->share_bytes());
+             {"virtual_stages", mesh_.v}, {"zero", t_.parallel.zero},
+             {"sequence_parallel", t_.parallel.sequence_parallel}};
+  install_fault_hook(t_.debug.fault_at, env_.rank);
+  saver_.emplace(*world_, t_.checkpoint.async);
+  if (t_.checkpoint.async) saver_->prepare(pm_->share_bytes());
   last_save_ = std::chrono::steady_clock::now();
   install_terminate_handler();
-  delay_ms_ = step_delay_ms(c_.s("debug.delay_ms"), env_.rank);
+  delay_ms_ = step_delay_ms(t_.debug.delay_ms, env_.rank);
   stragglers_.emplace(world_->size());
 }
 
 void TrainRun::log_start() {
   const parallel::StateBytes mem0 = pm_->state_bytes();
   const bool piped = mesh_.pp > 1;
-  log_info(cat("training ", c_.s("model.preset"), " (", w_.model->params().numel(), " parameters) on ", c_.s("data.train"),
+  log_info(cat("training ", t_.model.preset, " (", w_.model->params().numel(), " parameters) on ", t_.data.train,
                ": ", steps_, " steps of ", global_batch_, " x ", w_.train->tokens_per_example(), " tokens, ",
                mesh_.dp_size, " data-parallel rank(s)",
                mesh_.tp > 1 ? cat(" x ", mesh_.tp, " tensor-parallel ranks") : std::string(),
-               piped ? cat(" x ", mesh_.pp, " pipeline stages (", c_.s("parallel.pp_schedule"), ", ", accum_,
+               piped ? cat(" x ", mesh_.pp, " pipeline stages (", t_.parallel.pp_schedule, ", ", accum_,
                            " micro-batches", mesh_.v > 1 ? cat(", ", mesh_.v, " chunks per stage") : std::string(), ")")
                      : std::string(),
-               " x ", c_.threads(env_.local_size), " thread(s), ZeRO ", c_.i("parallel.zero"),
-               c_.b("parallel.deterministic") ? ", deterministic" : "", "; run directory ", run_));
+               " x ", t_.job.threads, " thread(s), ZeRO ", t_.parallel.zero,
+               t_.parallel.deterministic ? ", deterministic" : "", "; run directory ", run_));
   if (!job_.memory_plan_line.empty()) log_info("planned " + job_.memory_plan_line);
   log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
                " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
@@ -213,7 +213,7 @@ void TrainRun::log_stage_state(const parallel::StateBytes& mem) {
   comm::all_gather(*world_, {.input = mine, .output = all.data(), .count = 4, .dtype = DType::kI64});
   for (int r = 0; r < world_->size(); ++r) {
     const int64_t* x = all.data() + 4 * r;
-    log_info(cat("model state of rank ", r, " (", mesh_coordinates(c_, r).where(), "): ", x[0],
+    log_info(cat("model state of rank ", r, " (", parallel::Mesh::at(t_.parallel.layout, r).where(), "): ", x[0],
                  " parameters; parameters ", mb(x[1]), " MiB, gradients ", mb(x[2]), " MiB, optimizer ", mb(x[3]), " MiB"));
   }
 }
@@ -226,13 +226,13 @@ double TrainRun::save(int64_t step, bool loss_finite) {
   json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed_},
               {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
               {"data_epoch", step * global_batch_ / w_.train->size()}};
-  json state = {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", c_.to_toml()}};
+  json state = {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
   if (config_.fp16)
     state["loss_scale"] = {{"scale", pm_->loss_scaler().scale()}, {"clean_steps", pm_->loss_scaler().clean_steps()}};
   const std::string dir =
       saver_->save([&](checkpoint::PieceArena* arena) { return pm_->share(arena); },
                    {.root = ckpt_root_, .step = step, .state = state, .layout = layout_,
-                    .options = {.keep = static_cast<int>(c_.i("checkpoint.keep")), .loss_finite = loss_finite}});
+                    .options = {.keep = t_.checkpoint.keep, .loss_finite = loss_finite}});
   last_save_ = std::chrono::steady_clock::now();
   peaks_.ckpt = phase_peak_resident_mb();
   if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says
@@ -258,14 +258,14 @@ int run_train(const TrainArgs& a) {
   if (job.exit) return *job.exit;
   set_log_quiet(a.quiet || job.env.rank != 0);
   apply_compute_settings(job.c, job.env.local_size);
-  if (job.c.i("parallel.ps_servers") > 0) return run_ps_train(job.c, a, job.env, job.restarted);
+  if (job.tc.parallel.ps.servers > 0) return run_ps_train(job.tc, a, job.env, job.restarted);
   TrainRun run(a, job);
   run.build_model();
   run.claim_run_dir();
   run.load_weights();
   run.parallelize();
   run.open_outputs();
-  const int64_t steps = job.c.i("training.steps");
+  const int64_t steps = job.tc.training.steps;
   for (int64_t step = run.start_step(); step < steps && run.end_step() == steps; ++step) run.step(step);
   return run.finish();
 }

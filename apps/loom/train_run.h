@@ -25,7 +25,6 @@
 #include "loom/straggler.h"
 #include "loom/trace.h"
 #include "run_dir.h"
-#include "stages.h"
 #include "workload.h"
 
 namespace loom::app {
@@ -59,7 +58,7 @@ class TrainRun {
 
   const TrainArgs& a_;
   comm::LaunchEnv& env_;
-  const Config& c_;
+  const TrainConfig& t_;
   JobStart& job_;
   const bool lead_;  // writes the run directory, metrics and checkpoints
   const std::string run_, ckpt_root_;
@@ -69,7 +68,7 @@ class TrainRun {
   const parallel::StepConfig config_;
   const optim::ScheduleConfig sched_;
 
-  Mesh mesh_;
+  parallel::Mesh mesh_;
   Workload w_;
   std::optional<RunDirectory> run_dir_;
   std::optional<checkpoint::Checkpoint> ck_;
@@ -82,7 +81,6 @@ class TrainRun {
   std::unique_ptr<comm::Communicator> world_;
   std::unique_ptr<parallel::Parallelized> pm_;
   std::vector<uint8_t> zeros_kept_;  // [training] keep_zeros
-  std::vector<int64_t> trace_steps_;
   std::optional<obs::Trace> trace_;
   std::optional<parallel::StepTracer> tracer_;
   std::optional<obs::MetricsFile> metrics_;

@@ -27,9 +27,9 @@ std::array<bool, 3> TrainRun::agree(int64_t done, double busy_ms, obs::JsonLine&
   constexpr size_t kN = 7;
   const std::array<double, kN> mine = {
       terminate_requested() ? 1.0 : 0.0,
-      lead_ && c_.f("checkpoint.every_s") > 0 &&
+      lead_ && t_.checkpoint.every_s > 0 &&
               std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() >=
-                  c_.f("checkpoint.every_s")
+                  t_.checkpoint.every_s
           ? 1.0
           : 0.0,
       busy_ms, resize_requested() ? 1.0 : 0.0, peaks_.step, peaks_.eval, peaks_.ckpt};
@@ -56,7 +56,7 @@ std::array<bool, 3> TrainRun::agree(int64_t done, double busy_ms, obs::JsonLine&
   double median = 0;
   if (lead_ && world_->size() > 1)
     for (int r : stragglers_->update(busy, &median))
-      log_warn(cat("step ", done, ": rank ", r, " (", mesh_coordinates(c_, r).where(), ") is a straggler: ", busy[r],
+      log_warn(cat("step ", done, ": rank ", r, " (", parallel::Mesh::at(t_.parallel.layout, r).where(), ") is a straggler: ", busy[r],
                    " ms of compute against the median ", median, " ms, over 3x for 3 steps in a row (not stopped)"));
   return flags;
 }
@@ -82,7 +82,7 @@ void TrainRun::train_step(int64_t step) {
   const int64_t done = step + 1;
   begin_memory_phase();
   if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-  const bool tracing = trace_ && std::binary_search(trace_steps_.begin(), trace_steps_.end(), done);
+  const bool tracing = trace_ && std::binary_search(t_.profile.steps.begin(), t_.profile.steps.end(), done);
   if (tracing) {
     tracer_->push(cat("step ", done));
     pm_->set_tracer(&*tracer_);
@@ -106,7 +106,7 @@ void TrainRun::train_step(int64_t step) {
   if (!zeros_kept_.empty()) apply_zero_mask(w_.model->params(), zeros_kept_);
   peaks_.step = phase_peak_resident_mb();
   // [job] mem_limit_mb: the rank's peak resident memory, checked after every step.
-  if (const double limit = c_.f("job.mem_limit_mb"); limit > 0 && peak_resident_mb() > limit)
+  if (const double limit = t_.job.mem_limit_mb; limit > 0 && peak_resident_mb() > limit)
     throw RuntimeError(cat("used ", static_cast<int64_t>(peak_resident_mb()), " MiB at its peak, over job.mem_limit_mb = ",
                            limit, " MiB per rank"));
   const parallel::StateBytes mem = pm_->state_bytes();  // resident pages, after the step
@@ -149,11 +149,11 @@ void TrainRun::train_step(int64_t step) {
 // Evaluation, the ranks' agreement on saving and stopping, the metrics line, the checkpoint
 // and the end of a traced step.
 void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_ms, obs::JsonLine& line, bool tracing) {
-  const int64_t eval_every = c_.i("training.eval_every");
+  const int64_t eval_every = t_.training.eval_every;
   if (w_.val && ((eval_every > 0 && done % eval_every == 0) || done == steps_)) {
     if (tracing) tracer_->push("evaluate");
     begin_memory_phase();
-    const parallel::EvalResult e = pm_->evaluate(*w_.val, c_.i("training.eval_steps") * micro_batch_, w_.eval_batch);
+    const parallel::EvalResult e = pm_->evaluate(*w_.val, t_.training.eval_steps * micro_batch_, w_.eval_batch);
     peaks_.eval = phase_peak_resident_mb();
     if (tracing) tracer_->pop();
     last_eval_ = e;  // every rank's
@@ -165,7 +165,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
   }
   saved(saver_->poll());
   const std::array<bool, 3> flags = agree(done, busy_ms, line);
-  const int64_t every = c_.i("checkpoint.every");
+  const int64_t every = t_.checkpoint.every;
   const bool stop = flags[0] && done < steps_;
   // The step's line goes out before its checkpoint: a checkpoint never outlives the metrics
   // of the steps it holds (a crash in between loses neither). The save's stall is therefore
@@ -199,18 +199,18 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - *terminate_seen_).count();
     log_info(cat("SIGTERM: saved step ", done, " of ", steps_, " (", last_checkpoint_, ") ", took,
                  " s after the signal; stopping. `loom train ... --resume` continues from it"));
-    if (took > c_.f("checkpoint.grace_s"))
-      log_warn(cat("the save after SIGTERM took ", took, " s, over checkpoint.grace_s = ", c_.f("checkpoint.grace_s"),
+    if (took > t_.checkpoint.grace_s)
+      log_warn(cat("the save after SIGTERM took ", took, " s, over checkpoint.grace_s = ", t_.checkpoint.grace_s,
                    " s: the job may be killed before it ends next time"));
     end_step_ = done;
   }
   if (tracing) {
     tracer_->pop();  // the step
     pm_->set_tracer(nullptr);
-    if (done == trace_steps_.back() || end_step_ == done) {
+    if (done == t_.profile.steps.back() || end_step_ == done) {
       const std::string path = (fs::path(run_) / "trace.json").string();
       parallel::write_merged_trace(*world_, *trace_, path);
-      progress_->note(cat("trace of step(s) ", c_.s("profile.trace_steps"), " of ", world_->size(), " rank(s): ", path));
+      progress_->note(cat("trace of step(s) ", t_.profile.trace_steps, " of ", world_->size(), " rank(s): ", path));
     }
   }
 }
@@ -241,7 +241,7 @@ void TrainRun::print_summary() const {
     std::printf("pipeline: dp %lld x pp %d%s = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
                 "(the simulator predicts %.1f%% from the measured mean costs, %.1f%% replaying each action)%s\n",
                 dp_size, mesh_.pp, mesh_.tp > 1 ? cat(" x tp ", mesh_.tp).c_str() : "", world_->size(),
-                c_.s("parallel.pp_schedule").c_str(), static_cast<long long>(accum_), tokens_per_step_ * n / step_s_total_,
+                t_.parallel.pp_schedule.c_str(), static_cast<long long>(accum_), tokens_per_step_ * n / step_s_total_,
                 step_s_total_ * 1e3 / n, 100.0 * bubble_total_ / n, 100.0 * predicted_total_ / n,
                 100.0 * replayed_total_ / n,
                 dp_size > 1 ? cat(", gradient communication over replicas ", comm_ms_total_ / n, " ms/step of which ",

@@ -8,12 +8,6 @@
 
 namespace loom::app {
 
-nn::GptConfig gpt_config(const Config& c) {
-  return {.n_layer = c.i("model.n_layer"), .n_head = c.i("model.n_head"),
-          .d_model = c.i("model.d_model"), .seq_len = c.i("model.seq_len"),
-          .vocab_size = c.i("model.vocab_size")};
-}
-
 void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path) {
   if (tokens.empty()) return;
   const uint16_t mx = *std::max_element(tokens.begin(), tokens.end());
@@ -39,18 +33,18 @@ std::unique_ptr<data::TokenWindows> windows(const std::string& path, int64_t voc
   return std::make_unique<data::TokenWindows>(std::move(tokens), t);
 }
 
-Workload gpt_workload(const Config& c, const nn::GptPart& part, const nn::Shard& tp, bool init) {
-  const nn::GptConfig cfg = gpt_config(c);
+Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init) {
+  const nn::GptConfig& cfg = t.model.gpt;
   Workload w;
   auto gpt = std::make_unique<nn::Gpt>(cfg, DType::kF32, part, tp);
-  w.train = windows(c.s("data.train"), cfg.vocab_size, cfg.seq_len);
-  if (!c.s("data.val").empty()) w.val = windows(c.s("data.val"), cfg.vocab_size, cfg.seq_len);
-  w.eval_batch = c.i("training.micro_batch");
-  if (init) gpt->init(static_cast<uint64_t>(c.i("job.seed")));
-  gpt->set_recompute(nn::recompute_named(c.s("training.recompute")));
-  gpt->set_precision(precision_format(c.s("training.precision")));
+  w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len);
+  if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len);
+  w.eval_batch = t.training.micro_batch;
+  if (init) gpt->init(t.job.seed);
+  gpt->set_recompute(t.training.recompute);
+  gpt->set_precision(t.training.precision);
   // Only the processes that compute the loss (the last pipeline stage) need the teacher.
-  if (!c.s("training.teacher").empty() && part.head) w.teacher = std::make_unique<Teacher>(c, cfg);
+  if (!t.training.teacher.empty() && part.head) w.teacher = std::make_unique<Teacher>(t);
   w.model = std::move(gpt);
   return w;
 }
@@ -63,34 +57,32 @@ data::ImageSet load_images(const std::string& spec, bool train) {
   return data::load_fashion_mnist(dir, train);
 }
 
-Workload mlp_workload(const Config& c, bool init) {
-  data::ImageSet train = load_images(c.s("data.train"), true);
-  data::ImageSet test = load_images(c.s("data.val").empty() ? c.s("data.train") : c.s("data.val"), false);
+Workload mlp_workload(const TrainConfig& t, bool init) {
+  data::ImageSet train = load_images(t.data.train, true);
+  data::ImageSet test = load_images(t.data.val.empty() ? t.data.train : t.data.val, false);
   for (const auto* s : {&train, &test})
     for (int32_t l : s->labels)
-      if (l >= c.i("model.vocab_size"))
-        throw InputError(cat(c.s("data.train"), ": label ", l, " but model.vocab_size (classes) = ", c.i("model.vocab_size")));
+      if (l >= t.model.classes)
+        throw InputError(cat(t.data.train, ": label ", l, " but model.vocab_size (classes) = ", t.model.classes));
   if (test.rows * test.cols != train.rows * train.cols)
-    throw InputError(cat(c.s("data.val"), ": test images are ", test.rows, "x", test.cols, ", training images ",
-                         train.rows, "x", train.cols));
+    throw InputError(cat(t.data.val, ": test images are ", test.rows, "x", test.cols, ", training images ", train.rows,
+                         "x", train.cols));
   Workload w;
-  auto mlp = std::make_unique<nn::MlpClassifier>(nn::MlpConfig{.inputs = train.rows * train.cols,
-                                                               .hidden = c.i("model.hidden"),
-                                                               .n_hidden = c.i("model.n_layer"),
-                                                               .classes = c.i("model.vocab_size")});
-  if (init) mlp->init(static_cast<uint64_t>(c.i("job.seed")));
+  auto mlp = std::make_unique<nn::MlpClassifier>(nn::MlpConfig{
+      .inputs = train.rows * train.cols, .hidden = t.model.hidden, .n_hidden = t.model.n_hidden, .classes = t.model.classes});
+  if (init) mlp->init(t.job.seed);
   w.model = std::move(mlp);
   w.train = std::make_unique<data::ImageExamples>(std::move(train));
   w.val = std::make_unique<data::ImageExamples>(std::move(test));
-  w.eval_batch = std::max<int64_t>(c.i("training.micro_batch"), 500);
+  w.eval_batch = std::max<int64_t>(t.training.micro_batch, 500);
   return w;
 }
 
 }  // namespace
 
-Workload make_workload(const Config& c, const nn::GptPart& part, const nn::Shard& tp, bool init) {
-  if (model_kind(c) == "mlp") return mlp_workload(c, init);
-  return gpt_workload(c, part, tp, init);
+Workload make_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init) {
+  if (t.model.kind == "mlp") return mlp_workload(t, init);
+  return gpt_workload(t, part, tp, init);
 }
 
 }  // namespace loom::app

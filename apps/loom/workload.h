@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config.h"
+#include "config_train.h"
 #include "loom/examples.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/model.h"
@@ -31,9 +31,8 @@ struct Workload {
 // part of a GPT that `part` names (a pipeline stage), split over `tp` (its tensor-parallel
 // piece; the serial model when tp.parts = 1). `init`: false leaves the weights zero, for a
 // caller that loads every one of them (a resume), sparing the random initialization.
-Workload make_workload(const Config& c, const nn::GptPart& part = {}, const nn::Shard& tp = {}, bool init = true);
+Workload make_workload(const TrainConfig& t, const nn::GptPart& part = {}, const nn::Shard& tp = {}, bool init = true);
 
-nn::GptConfig gpt_config(const Config& c);
 // Checks every token is below the vocabulary size; InputError naming the file otherwise.
 void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path);
 

@@ -1,0 +1,99 @@
+// `loom train`'s configuration, typed (DESIGN.md section 4's keys, issue 41 item 4): built
+// once from a resolved Config by train_config(), and all that goes below the command
+// functions; nothing under apps/loom reads a config key but config*.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "loom/mesh.h"
+#include "loom/nn/gpt_config.h"
+#include "loom/optim.h"
+#include "loom/parallelize.h"
+#include "loom/schedule.h"
+
+namespace loom::app {
+
+struct TrainConfig {
+  struct Job {
+    std::string run;  // the run directory: job.run_dir / job.name
+    uint64_t seed = 0;
+    int threads = 1;  // compute threads per rank (job.threads, or this host's share of the cores)
+    int64_t log_every = 0;
+    double mem_limit_mb = 0;  // 0: none
+  } job;
+  struct Model {
+    std::string kind, preset;  // kind: "gpt" or "mlp"
+    nn::GptConfig gpt;         // a GPT's shape
+    int64_t hidden = 0, n_hidden = 0, classes = 0;  // an MLP's (its inputs come from the images)
+  } model;
+  struct Data {
+    std::string train, val;  // val "" for none
+  } data;
+  struct Training {
+    int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;
+    nn::Recompute recompute = nn::Recompute::kNone;
+    DType precision = DType::kF32;
+    std::string precision_name;  // "fp32", "bf16" or "fp16"
+    bool keep_zeros = false;
+    std::string teacher;  // "" for no distillation
+    double distill_alpha = 0, distill_temperature = 1;
+  } training;
+  optim::ScheduleConfig schedule;
+  struct Parallel {
+    parallel::MeshShape layout;  // dp x pp (v chunks each) x tp
+    int zero = 0;
+    bool deterministic = false, sequence_parallel = false;
+    std::string pp_schedule;  // the schedule's name (step.pp_schedule is its kind)
+    parallel::StepConfig step;  // data parallelism, the optimizer, batches, clipping, fp16
+    struct ParamServer {
+      int servers = 0;  // 0: no parameter servers
+      std::string mode, hierarchical;
+      int64_t staleness = 0;
+    } ps;
+  } parallel;
+  struct Comm {
+    std::string transport;
+    double timeout_s = 0;
+  } comm;
+  struct Checkpoint {
+    std::string root;      // checkpoint.dir, or RUN/checkpoints
+    bool own_dir = false;  // checkpoint.dir was given
+    int keep = 0;
+    int64_t every = 0;
+    double every_s = 0, grace_s = 0;
+    bool async = false;
+  } checkpoint;
+  struct Profile {
+    std::string trace_steps;      // as given, for messages
+    std::vector<int64_t> steps;   // parsed, ascending
+  } profile;
+  struct Debug {
+    std::string fault_at, delay_ms;
+    int64_t jitter_ms = 0;
+  } debug;
+  std::string toml;    // every key as resolved: the run's config.toml and checkpoints' state
+  std::string layout;  // what every rank of a job must share, as one line
+};
+
+// REQUIRES: c resolved; local_ranks: the job's ranks on this host (the compute threads'
+// share). InputError for what only a typed value shows (debug.overflow_at without fp16).
+TrainConfig train_config(const Config& c, int local_ranks = 1);
+
+// The optimizer and learning-rate schedule [training] asks for (REQUIRES: c resolved).
+optim::OptimizerConfig optimizer_config(const Config& c);
+optim::ScheduleConfig schedule_config(const Config& c);
+// A GPT's shape from [model].
+nn::GptConfig gpt_config(const Config& c);
+
+// The ranks the layout of an unresolved config names (parallel.dp x tp x pp, and the
+// parameter servers), for planning a launch from outside one; `fallback` when dp is 0 (as
+// many as launched) or out of range.
+int layout_ranks(const Config& unresolved, int fallback);
+// The largest world size up to `available` that `c` resolves for; `available` itself when
+// none does (resolving then names what is wrong).
+int usable_world(const Config& c, int available);
+
+}  // namespace loom::app
