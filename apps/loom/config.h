@@ -21,6 +21,8 @@ using Value = std::variant<int64_t, double, bool, std::string>;
 
 class Config {
  public:
+  // A key as the user gave it, for errors: "key (from FILE)", "key (default)".
+  using Where = std::function<std::string(const std::string&)>;
   // Defaults only.
   Config();
   // Merges a TOML file. InputError for a missing file, bad TOML, unknown key, wrong type.
@@ -53,6 +55,12 @@ class Config {
   // checked before: the batch checks divide by dp).
   void check_layout(const std::function<std::string(const std::string&)>& where) const;
   void check_param_servers(const std::function<std::string(const std::string&)>& where) const;
+  // resolve()'s other checks (config_checks.cc), in the order it makes them.
+  void check_ranges(const std::string& kind, const Where& where) const;
+  void check_world(int world, int64_t servers, const Where& where) const;
+  void check_values(const Where& where) const;
+  void check_modes(const std::string& kind, const Where& where) const;
+  void check_rest(const std::string& kind, const Where& where) const;
 
   std::map<std::string, Value> values_;
   std::map<std::string, std::string> set_;  // key -> where it was set (file or flag)

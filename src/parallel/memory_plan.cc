@@ -141,7 +141,7 @@ MemoryPlan plan_memory(const MemoryPlanInput& in, int world, const std::vector<i
   plan.host_ranks = host_ranks;
   for (int r : host_ranks) {
     LOOM_CHECK(r >= 0 && r < world);
-    plan.host_bytes += plan.stages[static_cast<size_t>(r / (dp * tp))].total();
+    plan.host_bytes += rank_bytes(in, r / (dp * tp)).total();  // parameter servers' ranks past the stages too
   }
   plan.available_bytes = available_memory_bytes();
   plan.data_files = in.train_data + (in.val_data.empty() ? "" : " and " + in.val_data);

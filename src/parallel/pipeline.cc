@@ -191,6 +191,104 @@ struct Pipeline::Impl {
     live.erase(it);
   }
 
+  // What a compute action needs of the step.
+  struct Compute {
+    const Batch& batch;
+    int64_t b, t;
+    double scale;
+    Piece piece;  // the action's
+    const BackwardPieces& pieces;
+  };
+
+  // One compute action: a forward of micro-batch a.microbatch through this stage's chunk
+  // a.chunk (the loss on the last virtual stage, into `losses`), its backward, or its weight
+  // pass, each backward piece inside c.pieces.
+  void compute(const PipeAction& a, Slot& x, Compute c, std::vector<double>& losses) {
+    const Schedule& s = schedule;
+    const bool first = s.first_virtual(stage, a.chunk), last = s.last_virtual(stage, a.chunk);
+    const auto [lo, hi] = chunk_blocks(model.n_blocks(), s.stages, s.virtual_stages, stage, a.chunk);
+    Piece& piece = c.piece;
+    auto begin_piece = [&] {
+      if (c.pieces.begin) c.pieces.begin(piece);
+    };
+    auto end_piece = [&] {
+      if (c.pieces.end) c.pieces.end(piece);
+    };
+    switch (a.op) {
+      case PipeOp::kForward: {
+        model.begin(*x.ctx, c.b, c.t);
+        Tensor in;
+        std::pair<Tensor, Tensor> data;
+        if (first || last) data = c.batch(a.microbatch);
+        if (first) {
+          in = model.embed(data.first, *x.ctx);
+        } else {
+          in = x.input;
+        }
+        Tensor h = model.forward_stage(lo, hi, in, *x.ctx);
+        if (last) {
+          if (loss_targets) loss_targets(data.first, model.loss_ctx(*x.ctx));
+          losses[a.microbatch] = model.head(h, data.second, *x.ctx);
+        } else {
+          x.output = h;
+        }
+        break;
+      }
+      case PipeOp::kBackward:
+      case PipeOp::kBackwardInput: {
+        // The input gradients; kBackwardInput leaves the linear layers' and the head's
+        // weight gradients to kBackwardWeight. Embedding gradients are taken here either way.
+        const bool defer = a.op == PipeOp::kBackwardInput;
+        Tensor dy;
+        if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
+          const Pipeline::Piece blocks = piece;
+          piece.final = false;  // the head's sums start with the blocks'
+          begin_piece();
+          dy = model.backward_head(*x.ctx, c.scale, defer);
+          end_piece();
+          piece = blocks;
+        } else {
+          dy = x.grad_in;
+        }
+        begin_piece();
+        Tensor dx = model.backward_stage(lo, hi, dy, *x.ctx, defer);
+        if (first) model.backward_embed(dx, *x.ctx);
+        else x.dx = dx;
+        end_piece();
+        break;
+      }
+      case PipeOp::kBackwardWeight:
+        begin_piece();
+        model.backward_weights(lo, hi, last, *x.ctx);
+        end_piece();
+        break;
+      default:
+        LOOM_CHECK(false);  // not a compute action
+    }
+  }
+
+  // The step's figures once its actions are done: its time, each action's overhead (neither
+  // its compute nor its wait), and the simulator's per-stage costs (means per chunk action,
+  // times the chunks). `began` has one more entry than the actions, set here.
+  void finish_stats(Clock::time_point start, std::vector<Clock::time_point>& began, const std::vector<double>& waited,
+                    const double (&op_ms)[4], const int (&op_count)[4]) {
+    const size_t n_actions = waited.size();
+    began[n_actions] = Clock::now();
+    stats.step_ms = ms_between(start, began[n_actions]);
+    stats.start_ms = ms_since_epoch(start);
+    stats.action_overhead_ms.assign(n_actions, 0.0);
+    for (size_t i = 0; i < n_actions; ++i)
+      stats.action_overhead_ms[i] =
+          std::max(0.0, ms_between(began[i], began[i + 1]) - waited[i] - stats.action_compute_ms[i]);
+    // Means per chunk action, times v: the simulator's per-stage terms.
+    auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * schedule.virtual_stages : 0.0; };
+    // What is neither compute nor waiting, spread over the stage's actions.
+    const double overhead = std::max(0.0, stats.step_ms - stats.busy_ms - stats.wait_ms);
+    stats.costs = {.forward_ms = mean(0), .backward_ms = mean(1) > 0 ? mean(1) : mean(2) + mean(3),
+                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3), .transfer_ms = transfer_ms,
+                   .overhead_ms = overhead / static_cast<double>(std::max<size_t>(1, schedule.actions[stage].size()))};
+  }
+
   static Tensor buffer(Tensor& t, const Shape& shape) {
     if (!t.defined() || t.shape() != shape) t = Tensor::zeros(shape, DType::kF32);
     return t;
@@ -271,13 +369,6 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
     if (s.actions[st][i].op == PipeOp::kBackward || s.actions[st][i].op == PipeOp::kBackwardInput ||
         s.actions[st][i].op == PipeOp::kBackwardWeight)
       last_grad_action[static_cast<size_t>(s.actions[st][i].chunk)] = i;
-  Pipeline::Piece piece;  // of the action running
-  auto begin_piece = [&] {
-    if (pieces.begin) pieces.begin(piece);
-  };
-  auto end_piece = [&] {
-    if (pieces.end) pieces.end(piece);
-  };
   const int64_t n_layer = m.model.n_blocks();
   const Shape act_shape = m.model.activation_shape(b, t);  // sequence parallelism: this piece's rows
   const auto count = static_cast<size_t>(shape_numel(act_shape));
@@ -304,7 +395,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
       began[i] = i == 0 ? start : Clock::now();
       const bool first = s.first_virtual(st, a.chunk), last = s.last_virtual(st, a.chunk);
       const auto [lo, hi] = chunk_blocks(n_layer, s.stages, v, st, a.chunk);
-      piece = {.final = i == last_grad_action[static_cast<size_t>(a.chunk)], .from_block = first ? -1 : lo};
+      const Piece piece{.final = i == last_grad_action[static_cast<size_t>(a.chunk)], .from_block = first ? -1 : lo};
       // A message's tag names it by micro-batch and the virtual stage that produced it.
       const int vs = s.virtual_stage(st, a.chunk), pv = s.stages * v;
       auto tag_of = [&](int producer) { return static_cast<uint32_t>(a.microbatch * pv + producer); };
@@ -344,51 +435,11 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
           x.send_grad = comm::send_async(*m.grad_out, {.buffer = x.dx.raw(), .count = count, .peer = 1, .tag = tag_of(vs)});
           m.stats.sent_bytes += static_cast<int64_t>(count * sizeof(float));
           break;
-        case PipeOp::kForward: {
-          m.model.begin(*x.ctx, b, t);
-          Tensor in;
-          std::pair<Tensor, Tensor> data;
-          if (first || last) data = batch(a.microbatch);
-          if (first) {
-            in = m.model.embed(data.first, *x.ctx);
-          } else {
-            in = x.input;
-          }
-          Tensor h = m.model.forward_stage(lo, hi, in, *x.ctx);
-          if (last) {
-            if (m.loss_targets) m.loss_targets(data.first, m.model.loss_ctx(*x.ctx));
-            losses[a.microbatch] = m.model.head(h, data.second, *x.ctx);
-          }
-          else x.output = h;
-          break;
-        }
+        case PipeOp::kForward:
         case PipeOp::kBackward:
-        case PipeOp::kBackwardInput: {
-          // The input gradients; kBackwardInput leaves the linear layers' and the head's
-          // weight gradients to kBackwardWeight. Embedding gradients are taken here either way.
-          const bool defer = a.op == PipeOp::kBackwardInput;
-          Tensor dy;
-          if (last) {  // the head's gradients are summed apart from the blocks' (as one process)
-            const Pipeline::Piece blocks = piece;
-            piece.final = false;  // the head's sums start with the blocks'
-            begin_piece();
-            dy = m.model.backward_head(*x.ctx, scale, defer);
-            end_piece();
-            piece = blocks;
-          } else {
-            dy = x.grad_in;
-          }
-          begin_piece();
-          Tensor dx = m.model.backward_stage(lo, hi, dy, *x.ctx, defer);
-          if (first) m.model.backward_embed(dx, *x.ctx);
-          else x.dx = dx;
-          end_piece();
-          break;
-        }
+        case PipeOp::kBackwardInput:
         case PipeOp::kBackwardWeight:
-          begin_piece();
-          m.model.backward_weights(lo, hi, last, *x.ctx);
-          end_piece();
+          m.compute(a, x, {.batch = batch, .b = b, .t = t, .scale = scale, .piece = piece, .pieces = pieces}, losses);
           break;
       }
       if (pipe_op_computes(a.op)) {
@@ -418,20 +469,7 @@ std::vector<double> Pipeline::run(const Batch& batch, int64_t b, int64_t t, doub
   for (auto& r : m.retiring) m.free_slots.push_back(std::move(r));
   m.retiring.clear();
   LOOM_CHECK(m.live.empty());
-  began[n_actions] = Clock::now();
-  m.stats.step_ms = ms_between(start, began[n_actions]);
-  m.stats.start_ms = ms_since_epoch(start);
-  m.stats.action_overhead_ms.assign(n_actions, 0.0);
-  for (size_t i = 0; i < n_actions; ++i)
-    m.stats.action_overhead_ms[i] =
-        std::max(0.0, ms_between(began[i], began[i + 1]) - waited[i] - m.stats.action_compute_ms[i]);
-  // Means per chunk action, times v: the simulator's per-stage terms.
-  auto mean = [&](int k) { return op_count[k] ? op_ms[k] / op_count[k] * v : 0.0; };
-  // What is neither compute nor waiting, spread over the stage's actions.
-  const double overhead = std::max(0.0, m.stats.step_ms - m.stats.busy_ms - m.stats.wait_ms);
-  m.stats.costs = {.forward_ms = mean(0), .backward_ms = mean(1) > 0 ? mean(1) : mean(2) + mean(3),
-                   .backward_input_ms = mean(2), .backward_weight_ms = mean(3), .transfer_ms = m.transfer_ms,
-                   .overhead_ms = overhead / static_cast<double>(std::max<size_t>(1, s.actions[st].size()))};
+  m.finish_stats(start, began, waited, op_ms, op_count);
   return losses;
 }
 

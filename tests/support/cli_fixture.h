@@ -177,6 +177,12 @@ inline std::string logical(const std::string& checkpoint_dir, checkpoint::Part p
 }
 
 // The values of one key on every metrics line that has it, as written.
+// The number right after `key` in `text` (a figure of a log line), or -1 when key is absent.
+inline double figure_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? -1 : std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
 inline std::vector<std::string> column(const std::string& metrics, const std::string& key) {
   std::vector<std::string> out;
   std::istringstream in(metrics);

@@ -1,0 +1,122 @@
+// The transformer block (loom/nn/layers.h): causal self-attention, the MLP, and the block
+// that joins them with pre-LayerNorms and residuals.
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/pointwise.h"
+#include "loom/dtype_dispatch.h"
+#include "loom/error.h"
+#include "loom/nn/layers.h"
+#include "nn/mixed.h"
+#include "nn/residual.h"
+
+namespace loom::nn {
+namespace k = loom::kernels;
+using mixed::round_values;
+
+CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c_,
+                                         int64_t n_head_, Shard shard)
+    : c_attn(ps, prefix + ".c_attn", c_, 3 * c_, true, shard, TpSplit::kColumn, 3),
+      c_proj(ps, prefix + ".c_proj", c_, c_, true, shard, TpSplit::kRow),
+      c(c_ / shard.parts),
+      n_head(n_head_ / shard.parts) {
+  LOOM_CHECK_EQ(c_ % n_head_, 0);
+  LOOM_CHECK_EQ(n_head_ % shard.parts, 0);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const {
+  if (c_attn.shard.sequence_split()) {
+    LOOM_CHECK_EQ(ctx.b * ctx.t, x.numel() / x.dim(-1) * c_attn.shard.parts);
+  } else {
+    LOOM_CHECK_EQ(x.ndim(), 3);
+    ctx.b = x.dim(0);
+    ctx.t = x.dim(1);
+  }
+  ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
+  ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, x.dtype());
+  ctx.y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
+  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+                      k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
+                                           n_head));
+  round_values(ctx.y, precision);
+  return c_proj.forward(ctx.y, ctx.c_proj, arena);
+}
+
+Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena,
+                                     bool defer_weights) const {
+  Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
+  Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
+  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                      k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
+                                            ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head));
+  round_values(dqkv, precision);
+  return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
+}
+
+void CausalSelfAttention::backward_weight(const AttentionCtx& ctx) const {
+  c_proj.backward_weight(ctx.c_proj);
+  c_attn.backward_weight(ctx.c_attn);
+}
+
+Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Shard shard)
+    : c_fc(ps, prefix + ".c_fc", c, hidden, true, shard, TpSplit::kColumn),
+      c_proj(ps, prefix + ".c_proj", hidden, c, true, shard, TpSplit::kRow) {}
+
+Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
+  // c_fc and the GELU in one pass over h (Linear::forward_gelu): what Gelu::forward would
+  // compute, without reading h back from memory.
+  auto [h, g] = c_fc.forward_gelu(x, ctx.c_fc, arena);
+  ctx.gelu.x = h;
+  return c_proj.forward(g, ctx.c_proj, arena);
+}
+
+Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
+  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena);
+  round_values(dh, precision);
+  return c_fc.backward(dh, ctx.c_fc, arena, true, defer_weights);
+}
+
+void Mlp::backward_weight(const MlpCtx& ctx) const {
+  c_proj.backward_weight(ctx.c_proj);
+  c_fc.backward_weight(ctx.c_fc);
+}
+
+Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard)
+    : ln_1(ps, prefix + ".ln_1", c, shard),
+      attn(ps, prefix + ".attn", c, n_head, shard),
+      ln_2(ps, prefix + ".ln_2", c, shard),
+      mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
+
+Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
+  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
+  // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
+  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena);
+  add_into(y, h);  // y = h + mlp(ln_2(h))
+  round_values(y, precision);
+  return y;
+}
+
+Tensor Block::backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights) const {
+  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena);
+  add_into(dh, dy);
+  round_values(dh, precision);
+  Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena);
+  add_into(dx, dh);
+  round_values(dx, precision);
+  return dx;
+}
+
+void Block::set_precision(DType format) {
+  LOOM_CHECK(format == DType::kF32 || ((format == DType::kBF16 || format == DType::kF16) &&
+                                       ln_1.weight.value().dtype() == DType::kF32));
+  precision = ln_1.precision = ln_2.precision = attn.precision = mlp.precision = format;
+  attn.c_attn.precision = attn.c_proj.precision = mlp.c_fc.precision = mlp.c_proj.precision = format;
+}
+
+void Block::backward_weight(const BlockCtx& ctx) const {
+  mlp.backward_weight(ctx.mlp);
+  attn.backward_weight(ctx.attn);
+}
+
+}  // namespace loom::nn
