@@ -1,5 +1,6 @@
 // libFuzzer target: the run configuration, as `loom train`, `loom plan` and `loom launch`
-// read it: TOML text, then --section.key=value flags, then resolution and the memory plan.
+// read it: TOML text, then --section.key=value flags, then resolution, the typed config and
+// the memory plan.
 // The input is the TOML file, then (after the first NUL byte, if any) one flag per line.
 // Properties: no crash and no library exception escaping (toml++'s included); a config
 // that resolves plans its memory without overflow, and its to_toml() text reads back to
@@ -7,6 +8,7 @@
 #include <sstream>
 
 #include "config.h"
+#include "config_train.h"
 #include "memory_plan.h"
 #include "reader_checks.h"
 
@@ -36,17 +38,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (std::string line; std::getline(lines, line);) flags.push_back(line);
   }
   Config c;
+  TrainConfig typed;
   int world = 1;
   try {
     c.merge_toml(toml, path);
     c.apply_overrides(flags);
     world = layout_ranks(c, 1);
     c.resolve(world);
+    typed = train_config(c);
   } catch (const InputError& e) {
     if (!names_its_source(e.what(), path)) fuzz::finding("an error that names neither file, flag nor key", e.what());
     return 0;
   }
-  const MemoryPlan plan = plan_memory(c, world, {0});
+  const MemoryPlan plan = plan_memory(typed, world, {0});
   if (describe(plan).empty()) fuzz::finding("an empty memory plan", "");
   Config again;
   again.merge_toml(c.to_toml(), "fuzz/resolved.toml");
