@@ -32,7 +32,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/comm.h", "comm"},           {"loom/rendezvous.h", "comm"},     {"loom/data_parallel.h", "parallel"},
     {"loom/param_server.h", "parallel"}, {"loom/pipeline.h", "parallel"}, {"loom/schedule.h", "parallel"},
     {"loom/tensor_parallel.h", "parallel"}, {"loom/comm_span.h", "parallel"}, {"loom/mesh.h", "parallel"}, {"loom/checkpointing.h", "parallel"},
-    {"loom/memory_plan.h", "parallel"}, {"loom/parallelize.h", "parallel"}, {"loom/step_tracer.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
+    {"loom/memory_plan.h", "parallel"}, {"loom/parallelize.h", "parallel"}, {"loom/stage_costs.h", "parallel"}, {"loom/step_tracer.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
     {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"},

@@ -12,8 +12,8 @@
 #include "loom/error.h"
 #include "loom/fileio.h"
 #include "loom/pipeline.h"
-#include "loom/rng.h"
 #include "loom/schedule.h"
+#include "loom/stage_costs.h"
 #include "memory_plan.h"
 #include "outputs.h"
 #include "workload.h"
@@ -53,12 +53,7 @@ void check_costs(const PlanArgs& a) {
   if (!a.svg.empty()) check_output_file("--svg", a.svg, {a.config});
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Each stage's costs for a config's model: its part built and run on random tokens, one
-// micro-batch of the config's size at a time (the median of 3 after one warm-up).
+// Each stage's costs for a config's model (parallel::measure_stage_costs), printed.
 std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
   Config c;
   c.merge_file(a.config);
@@ -70,58 +65,16 @@ std::vector<parallel::PipeCosts> measure_stages(const PlanArgs& a, int v) {
   if (cfg.n_layer % (a.pp * v) != 0)
     throw InputError(cat(a.config, ": model.n_layer = ", cfg.n_layer, " blocks are not divisible among --pp x virtual stages = ",
                          a.pp * v));
-  const int64_t b = c.i("training.micro_batch"), t = cfg.seq_len;
-  Tensor tokens = Tensor::zeros({b, t}, DType::kI32), targets = Tensor::zeros({b, t}, DType::kI32);
-  Rng rng(1);
-  for (int64_t i = 0; i < b * t; ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
-    targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
-  }
-  Tensor act = Tensor::zeros({b, t, cfg.d_model}, DType::kF32);  // a neighbour's activation or gradient
-  for (int64_t i = 0; i < act.numel(); ++i) act.data<float>()[i] = static_cast<float>(rng.normal() * 0.1);
-  std::vector<parallel::PipeCosts> costs;
+  const int64_t b = c.i("training.micro_batch");
+  std::vector<parallel::PipeCosts> costs = parallel::measure_stage_costs(cfg, a.pp, v, b);
   for (int s = 0; s < a.pp; ++s) {
-    nn::Gpt gpt(cfg, DType::kF32, parallel::stage_part(cfg.n_layer, a.pp, v, s));
-    gpt.init(1);
-    std::vector<nn::GptCtx> ctx(static_cast<size_t>(v));
-    std::vector<double> f, bw, bi, w;
-    double kept = 0;
-    for (int rep = 0; rep < 4; ++rep) {
-      double tf = 0, tb = 0, tbi = 0, tw = 0;
-      for (bool split : {false, true})
-        for (int ch = 0; ch < v; ++ch) {
-          const auto [lo, hi] = parallel::chunk_blocks(cfg.n_layer, a.pp, v, s, ch);
-          const bool first = s == 0 && ch == 0, last = s == a.pp - 1 && ch == v - 1;
-          double t0 = now_ms();
-          gpt.begin(ctx[ch], b, t);
-          Tensor h = gpt.forward_stage(lo, hi, first ? gpt.embed(tokens, ctx[ch]) : act, ctx[ch]);
-          if (last) gpt.head(h, targets, ctx[ch]);
-          if (!split) tf += now_ms() - t0;
-          if (rep == 0 && !split) kept += static_cast<double>(ctx[ch].arena.peak_bytes()) / (1 << 20);
-          t0 = now_ms();
-          Tensor dx = gpt.backward_stage(lo, hi, last ? gpt.backward_head(ctx[ch], 1.0, split) : act, ctx[ch], split);
-          if (first) gpt.backward_embed(dx, ctx[ch]);
-          (split ? tbi : tb) += now_ms() - t0;
-          if (split) {
-            t0 = now_ms();
-            gpt.backward_weights(lo, hi, last, ctx[ch]);
-            tw += now_ms() - t0;
-          }
-        }
-      if (rep == 0) continue;  // warm-up
-      f.push_back(tf), bw.push_back(tb), bi.push_back(tbi), w.push_back(tw);
-    }
-    auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
-    costs.push_back({.forward_ms = median(f), .backward_ms = median(bw), .backward_input_ms = median(bi),
-                     .backward_weight_ms = median(w), .transfer_ms = a.transfer_ms, .activation_mb = kept,
-                     .overhead_ms = a.overhead_ms});
+    parallel::PipeCosts& k = costs[static_cast<size_t>(s)];
+    k.transfer_ms = a.transfer_ms;
+    k.overhead_ms = a.overhead_ms;
     std::printf("stage %d measured%s: forward %.3g ms, backward %.3g ms (input %.3g + weight %.3g), activations %.3g MiB per "
                 "micro-batch of %lld x %lld tokens\n",
-                s, v > 1 ? cat(" as ", v, " chunks").c_str() : "", costs.back().forward_ms, costs.back().backward_ms, costs.back().backward_input_ms,
-                costs.back().backward_weight_ms, kept, static_cast<long long>(b), static_cast<long long>(t));
+                s, v > 1 ? cat(" as ", v, " chunks").c_str() : "", k.forward_ms, k.backward_ms, k.backward_input_ms,
+                k.backward_weight_ms, k.activation_mb, static_cast<long long>(b), static_cast<long long>(cfg.seq_len));
   }
   return costs;
 }
