@@ -114,8 +114,6 @@ class Parallelized {
 
   StateBytes state_bytes() const;
   int replica() const;  // this rank's data-parallel index
-  const Mesh& mesh() const;
-  nn::Model& model();
 
  private:
   friend std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
@@ -125,8 +123,8 @@ class Parallelized {
   std::unique_ptr<Impl> impl_;
 };
 
-// Lays out `model` (already this rank's part and tensor-parallel piece: mesh.part() and
-// mesh.shard()) on `mesh` (split over `world`). The model, mesh and world outlive the
+// Lays out `model` (already this rank's part and tensor-parallel piece: mesh_part() and
+// Mesh::shard()) on `mesh` (split over `world`). The model, mesh and world outlive the
 // result. Collective over the mesh (the pipeline's links).
 std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
                                           const StepConfig& config);

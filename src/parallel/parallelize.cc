@@ -246,7 +246,5 @@ void Parallelized::set_loss_targets(LossTargets targets) {
 
 StateBytes Parallelized::state_bytes() const { return impl_->dp.state_bytes(); }
 int Parallelized::replica() const { return impl_->dp.rank(); }
-const Mesh& Parallelized::mesh() const { return impl_->mesh; }
-nn::Model& Parallelized::model() { return impl_->model; }
 
 }  // namespace loom::parallel
