@@ -4,7 +4,7 @@
 // no crash, no library exception (nlohmann's type errors included) escaping; what parses
 // is in range (docs/formats.md); anything else is an InputError naming the file.
 #include "checkpoint/schema.h"
-#include "loom/bounded_json.h"
+#include "loom/checkpoint/bounded_json.h"
 #include "reader_checks.h"
 
 using namespace loom;

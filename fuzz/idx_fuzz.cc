@@ -6,7 +6,7 @@
 // InputError naming one of the two files.
 #include <cstring>
 
-#include "loom/data.h"
+#include "loom/data/data.h"
 #include "reader_checks.h"
 
 using namespace loom;

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::fuzz {
 

@@ -3,7 +3,7 @@
 // read past the input; a file that parses has every tensor's bytes inside the data
 // section, its byte extent equal to its shape times its dtype, and reads back into f32 and
 // f64; anything else is an InputError naming the file.
-#include "loom/safetensors.h"
+#include "loom/checkpoint/safetensors.h"
 #include "reader_checks.h"
 
 using namespace loom;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "comm/rendezvous/store_protocol.h"
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 using namespace loom::comm;
 using namespace loom::comm::store_protocol;

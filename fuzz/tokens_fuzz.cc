@@ -4,7 +4,7 @@
 // tokens, the bytes after the header; anything else is an InputError naming the file.
 #include <cstring>
 
-#include "loom/data.h"
+#include "loom/data/data.h"
 #include "reader_checks.h"
 
 using namespace loom;

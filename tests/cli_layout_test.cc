@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/data.h"
-#include "loom/fileio.h"
+#include "loom/data/data.h"
+#include "loom/core/fileio.h"
 #include "cli_fixture.h"
 #include "loom_testing.h"
 

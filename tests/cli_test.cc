@@ -19,9 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/data.h"
-#include "loom/fileio.h"
-#include "loom/safetensors.h"
+#include "loom/data/data.h"
+#include "loom/core/fileio.h"
+#include "loom/checkpoint/safetensors.h"
 #include "cli_fixture.h"
 #include "loom_testing.h"
 

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/nn/gpt.h"
-#include "loom/optim.h"
-#include "loom/safetensors.h"
+#include "loom/optim/optim.h"
+#include "loom/checkpoint/safetensors.h"
 #include "loom_testing.h"
 
 namespace loom {

@@ -23,8 +23,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
-#include "loom/fileio.h"
-#include "loom/rng.h"
+#include "loom/core/fileio.h"
+#include "loom/core/rng.h"
 
 namespace loom {
 namespace {

@@ -3,7 +3,7 @@
 // 512, 8 layers, 16-token windows, ~25 M parameters) trains under ZeRO-3 dp2, tp2 and pp2;
 // each rank's peak resident memory while it evaluates and while it saves a checkpoint
 // (metrics.jsonl's mem_eval_peak_mb, mem_ckpt_peak_mb: the kernel's high-water mark reset
-// at each phase, loom/host.h) stays within 10% of its peak in a training step before the
+// at each phase, loom/core/host.h) stays within 10% of its peak in a training step before the
 // first save (a save keeps its copy's memory for the next, which later steps then hold too),
 // and rank 0's within 10% of the largest of the other ranks'. Before, rank 0 gathered the whole model
 // (about 100 MB) for each evaluation, and ZeRO-3 gathered it on every rank to evaluate and

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
-#include "loom/safetensors.h"
+#include "loom/checkpoint/safetensors.h"
 
 namespace loom {
 namespace {

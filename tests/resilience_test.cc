@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
-#include "loom/checkpoint.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/fileio.h"
 
 namespace loom {
 namespace {

@@ -26,8 +26,8 @@
 
 #include "cli_fixture.h"
 #include "comm/auth.h"
-#include "loom/fileio.h"
-#include "loom/safetensors.h"
+#include "loom/core/fileio.h"
+#include "loom/checkpoint/safetensors.h"
 
 namespace loom {
 namespace {

@@ -12,11 +12,11 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
-#include "loom/optim.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/optim/optim.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "workload.h"
 
 namespace loom::app {

@@ -10,7 +10,7 @@
 
 #include "commands.h"
 #include "config.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::app {
 namespace {

@@ -11,10 +11,10 @@
 #include "commands.h"
 #include "config.h"
 #include "infer.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "workload.h"
 
 namespace loom::app {

@@ -14,7 +14,7 @@
 
 #include "commands.h"
 #include "config.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::app {
 namespace {

@@ -6,10 +6,10 @@
 
 #include "commands.h"
 #include "infer.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
 #include "outputs.h"
-#include "loom/log.h"
+#include "loom/core/log.h"
 
 namespace loom::app {
 namespace {

@@ -131,7 +131,7 @@ struct PlanArgs {
   std::string svg;  // where to write the picture; empty: none
   std::string config;  // measure each stage's costs for this training config instead
 };
-// `loom plan`: the pipeline simulator (loom/schedule.h) from the command line.
+// `loom plan`: the pipeline simulator (loom/parallel/schedule.h) from the command line.
 int run_plan(const PlanArgs& a);
 
 struct LaunchArgs {

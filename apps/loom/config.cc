@@ -8,14 +8,14 @@
 #include <toml++/toml.h>
 
 #include "kernels/gemm/gemm.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/host.h"
-#include "loom/loss_scale.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/host.h"
+#include "loom/optim/loss_scale.h"
 #include "loom/nn/gpt.h"
-#include "loom/schedule.h"
-#include "loom/threads.h"
-#include "loom/trace.h"
+#include "loom/parallel/schedule.h"
+#include "loom/core/threads.h"
+#include "loom/obs/trace.h"
 
 namespace loom::app {
 namespace {

@@ -12,8 +12,8 @@
 #include <variant>
 #include <vector>
 
-#include "loom/dtype.h"
-#include "loom/optim.h"
+#include "loom/core/dtype.h"
+#include "loom/optim/optim.h"
 
 namespace loom::app {
 

@@ -4,11 +4,11 @@
 #include <cmath>
 
 #include "config.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/loss_scale.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/optim/loss_scale.h"
 #include "loom/nn/gpt_config.h"
-#include "loom/trace.h"
+#include "loom/obs/trace.h"
 
 namespace loom::app {
 namespace {

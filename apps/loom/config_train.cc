@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "loom/error.h"
-#include "loom/trace.h"
+#include "loom/core/error.h"
+#include "loom/obs/trace.h"
 #include "train_watch.h"
 
 namespace loom::app {

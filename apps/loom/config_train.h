@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "config.h"
-#include "loom/mesh.h"
+#include "loom/parallel/mesh.h"
 #include "loom/nn/gpt_config.h"
-#include "loom/optim.h"
-#include "loom/parallelize.h"
-#include "loom/schedule.h"
+#include "loom/optim/optim.h"
+#include "loom/parallel/parallelize.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::app {
 

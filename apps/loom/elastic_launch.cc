@@ -32,9 +32,9 @@
 #include <nlohmann/json.hpp>
 
 #include "launch.h"
-#include "loom/error.h"
-#include "loom/log.h"
-#include "loom/rendezvous.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
+#include "loom/comm/rendezvous.h"
 #include "rank_group.h"
 
 namespace loom::app {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "config.h"
-#include "loom/checkpoint.h"
+#include "loom/checkpoint/checkpoint.h"
 #include "loom/nn/gpt.h"
 #include "loom/serve/gpt_loading.h"
 

@@ -4,11 +4,11 @@
 #include <numeric>
 #include <vector>
 
-#include "loom/error.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
 #include "memory_plan.h"
 #include "ps_train.h"
-#include "loom/mesh.h"
+#include "loom/parallel/mesh.h"
 
 namespace loom::app {
 

@@ -10,8 +10,8 @@
 #include "config.h"
 #include "config_train.h"
 #include "launch.h"
-#include "loom/comm.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/comm.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::app {
 

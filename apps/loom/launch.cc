@@ -9,8 +9,8 @@
 #include <memory>
 
 #include "launch.h"
-#include "loom/error.h"
-#include "loom/rendezvous.h"
+#include "loom/core/error.h"
+#include "loom/comm/rendezvous.h"
 #include "rank_group.h"
 
 namespace loom::app {

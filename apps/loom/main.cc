@@ -9,9 +9,9 @@
 #include "commands.h"
 #include "config.h"
 #include "outputs.h"
-#include "loom/data.h"
-#include "loom/error.h"
-#include "loom/host.h"
+#include "loom/data/data.h"
+#include "loom/core/error.h"
+#include "loom/core/host.h"
 
 namespace {
 

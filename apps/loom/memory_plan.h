@@ -1,11 +1,11 @@
-// The command line's side of the memory plan (loom/memory_plan.h): its input from the typed
+// The command line's side of the memory plan (loom/parallel/memory_plan.h): its input from the typed
 // training config.
 #pragma once
 
 #include <vector>
 
 #include "config_train.h"
-#include "loom/memory_plan.h"
+#include "loom/parallel/memory_plan.h"
 
 namespace loom::app {
 

@@ -4,9 +4,9 @@
 
 #include "commands.h"
 #include "infer.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "loom/serve/gpt_loading.h"
 #include "loom/serve/onnx.h"
 

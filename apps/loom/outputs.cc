@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// `loom plan`: evaluates pipeline schedules with the simulator (loom/schedule.h) and
+// `loom plan`: evaluates pipeline schedules with the simulator (loom/parallel/schedule.h) and
 // prints the predicted step time, bubble and activation memory per stage, with a timeline.
 #include <algorithm>
 #include <chrono>
@@ -9,11 +9,11 @@
 
 #include "commands.h"
 #include "config.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/pipeline.h"
-#include "loom/schedule.h"
-#include "loom/stage_costs.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/schedule.h"
+#include "loom/parallel/stage_costs.h"
 #include "memory_plan.h"
 #include "outputs.h"
 #include "workload.h"

@@ -5,8 +5,8 @@
 #include "commands.h"
 #include "infer.h"
 #include "loom/serve/gpt_loading.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
 #include "loom/serve/prune.h"
 #include "outputs.h"
 

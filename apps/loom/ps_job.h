@@ -12,10 +12,10 @@
 
 #include "commands.h"
 #include "config_train.h"
-#include "loom/comm.h"
-#include "loom/error.h"
-#include "loom/param_server.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/comm.h"
+#include "loom/core/error.h"
+#include "loom/parallel/param_server.h"
+#include "loom/comm/rendezvous.h"
 #include "workload.h"
 
 namespace loom::app::ps {

@@ -5,7 +5,7 @@
 #include "commands.h"
 #include "config.h"
 #include "config_train.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::app {
 

@@ -10,8 +10,8 @@
 #include "infer.h"
 #include "loom/serve/gpt_loading.h"
 #include "kernels/int8_matmul.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
 #include "outputs.h"
 
 namespace loom::app {

@@ -14,9 +14,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/rendezvous.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::app {
 namespace {

@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/bounded_json.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/bounded_json.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "outputs.h"
 
 namespace loom::app {

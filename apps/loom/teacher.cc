@@ -4,9 +4,9 @@
 #include <cmath>
 
 #include "loom/serve/gpt_loading.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
-#include "loom/log.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
 
 namespace loom::app {
 

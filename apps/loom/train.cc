@@ -1,16 +1,16 @@
 // `loom train`: one rank of a job trains a model on real data, writing the run directory
 // (DESIGN.md section 4): config.toml, metrics.jsonl, checkpoints/step_N, logs/. The step
-// itself is parallel::Parallelized's (loom/parallelize.h); this file resolves the config,
+// itself is parallel::Parallelized's (loom/parallel/parallelize.h); this file resolves the config,
 // builds the model, joins the job and lays the model out; train_step.cc keeps the run's
 // books: metrics, evaluation, checkpoints, signals, traces (docs/architecture.md walks a step).
 #include <chrono>
 #include <filesystem>
 
 #include "commands.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/host.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/host.h"
+#include "loom/core/log.h"
 #include "outputs.h"
 #include "ps_train.h"
 #include "train_run.h"

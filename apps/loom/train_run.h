@@ -15,15 +15,15 @@
 #include "commands.h"
 #include "config.h"
 #include "job_start.h"
-#include "loom/checkpoint.h"
-#include "loom/checkpointing.h"
-#include "loom/data.h"
-#include "loom/metrics.h"
-#include "loom/parallelize.h"
-#include "loom/rendezvous.h"
-#include "loom/step_tracer.h"
-#include "loom/straggler.h"
-#include "loom/trace.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/parallel/checkpointing.h"
+#include "loom/data/data.h"
+#include "loom/obs/metrics.h"
+#include "loom/parallel/parallelize.h"
+#include "loom/comm/rendezvous.h"
+#include "loom/parallel/step_tracer.h"
+#include "loom/obs/straggler.h"
+#include "loom/obs/trace.h"
 #include "run_dir.h"
 #include "workload.h"
 
@@ -97,7 +97,7 @@ class TrainRun {
   double ckpt_stall_ms_ = -1;  // of the save after the last step, for the next step's line
   struct {
     double step = 0, eval = -1, ckpt = -1;  // MiB; -1: none since the last line
-  } peaks_;  // this rank's peak resident memory in each phase (loom/host.h)
+  } peaks_;  // this rank's peak resident memory in each phase (loom/core/host.h)
   int64_t delay_ms_ = 0;
   int exit_code_ = 0;
   std::chrono::steady_clock::time_point last_save_;

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "loom/error.h"
-#include "loom/host.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/host.h"
+#include "loom/core/log.h"
 #include "outputs.h"
 #include "train_run.h"
 #include "train_watch.h"

@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loom/checkpoint.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom::app {
 namespace fs = std::filesystem;

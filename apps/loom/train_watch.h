@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/params.h"
+#include "loom/comm/comm.h"
+#include "loom/core/params.h"
 
 namespace loom::app {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "loom/data.h"
-#include "loom/error.h"
+#include "loom/data/data.h"
+#include "loom/core/error.h"
 #include "loom/nn/mlp.h"
 
 namespace loom::app {

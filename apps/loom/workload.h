@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_train.h"
-#include "loom/examples.h"
+#include "loom/data/examples.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/model.h"
 #include "teacher.h"

@@ -1,9 +1,9 @@
-#include "loom/bounded_json.h"
+#include "loom/checkpoint/bounded_json.h"
 
 #include <set>
 #include <vector>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 using json = nlohmann::json;

@@ -1,14 +1,14 @@
 // Reading a checkpoint (docs/formats.md, "Checkpoint directories"): the index and state up
 // front, shard files when a load first needs them, each verified before use, and the
 // blocks of every logical tensor put together into whatever piece the caller holds.
-#include "loom/checkpoint.h"
+#include "loom/checkpoint/checkpoint.h"
 
 #include <filesystem>
 #include <set>
 
-#include "loom/bounded_json.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/bounded_json.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "schema.h"
 
 namespace loom::checkpoint {

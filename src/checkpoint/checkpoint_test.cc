@@ -1,4 +1,4 @@
-#include "loom/checkpoint.h"
+#include "loom/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,9 +10,9 @@
 #include <memory>
 #include <numeric>
 
-#include "loom/fileio.h"
-#include "loom/host.h"
-#include "loom/rng.h"
+#include "loom/core/fileio.h"
+#include "loom/core/host.h"
+#include "loom/core/rng.h"
 #include "loom/nn/gpt.h"
 #include "loom_testing.h"
 

@@ -1,6 +1,6 @@
-#include "loom/json_fields.h"
+#include "loom/checkpoint/json_fields.h"
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 using json = nlohmann::json;

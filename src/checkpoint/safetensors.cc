@@ -1,4 +1,4 @@
-#include "loom/safetensors.h"
+#include "loom/checkpoint/safetensors.h"
 
 #include <openssl/evp.h>
 
@@ -9,9 +9,9 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 
-#include "loom/bounded_json.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/bounded_json.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom {
 namespace {

@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <map>
 
-#include "loom/bounded_json.h"
-#include "loom/checkpoint.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/checkpoint/bounded_json.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 #include "schema.h"
 
 namespace loom::checkpoint {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <set>
 
-#include "loom/error.h"
-#include "loom/json_fields.h"
+#include "loom/core/error.h"
+#include "loom/checkpoint/json_fields.h"
 
 namespace loom::checkpoint {
 using json = nlohmann::json;

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "loom/checkpoint.h"
-#include "loom/tensor_pieces.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/checkpoint/tensor_pieces.h"
 
 namespace loom::checkpoint {
 

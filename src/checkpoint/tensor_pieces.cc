@@ -1,9 +1,9 @@
-#include "loom/tensor_pieces.h"
+#include "loom/checkpoint/tensor_pieces.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::checkpoint {
 

@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm::auth {
 

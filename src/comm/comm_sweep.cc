@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/comm_checks.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 namespace {

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/comm.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm::testing {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/op.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 using namespace loom::comm;
 

@@ -3,7 +3,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 

@@ -1,6 +1,6 @@
 // Communicator internals shared by communicator.cc (setup, ordering, failure) and
 // collectives.cc (argument checks, algorithm choice).
-// Thread-safety: see Communicator in loom/comm.h.
+// Thread-safety: see Communicator in loom/comm/comm.h.
 #pragma once
 
 #include <array>
@@ -16,7 +16,7 @@
 #include "comm/op.h"
 #include "comm/transport/shm/shm_window.h"
 #include "comm/transport/tcp/tcp_mesh.h"
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm {
 

@@ -16,7 +16,7 @@
 #include "comm/auth.h"
 #include "comm/handshake_budget.h"
 #include "comm/net.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 namespace {

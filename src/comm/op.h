@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm {
 

@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm {
 

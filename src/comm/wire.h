@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm::wire {
 

@@ -1,9 +1,9 @@
-#include "loom/dtype.h"
+#include "loom/core/dtype.h"
 
 #include <bit>
 #include <cmath>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 namespace {

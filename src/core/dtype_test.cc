@@ -1,4 +1,4 @@
-#include "loom/dtype.h"
+#include "loom/core/dtype.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 #include <cerrno>
 #include <cstdio>

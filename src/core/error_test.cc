@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 namespace {

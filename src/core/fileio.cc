@@ -1,4 +1,4 @@
-#include "loom/fileio.h"
+#include "loom/core/fileio.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <utility>
 
-#include "loom/error.h"
-#include "loom/host.h"
+#include "loom/core/error.h"
+#include "loom/core/host.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "loom/host.h"
+#include "loom/core/host.h"
 
 #include <sched.h>
 

@@ -1,10 +1,10 @@
-#include "loom/log.h"
+#include "loom/core/log.h"
 
 #include <atomic>
 #include <cstdio>
 #include <mutex>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 namespace {

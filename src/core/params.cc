@@ -1,8 +1,8 @@
-#include "loom/params.h"
+#include "loom/core/params.h"
 
 #include <algorithm>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 

@@ -1,9 +1,9 @@
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 
 #include <cmath>
 #include <numbers>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 namespace {

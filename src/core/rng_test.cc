@@ -1,4 +1,4 @@
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "loom/tensor.h"
+#include "loom/core/tensor.h"
 
 #include <algorithm>
 #include <cstdlib>

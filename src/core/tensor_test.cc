@@ -1,8 +1,8 @@
-#include "loom/tensor.h"
+#include "loom/core/tensor.h"
 
 #include <gtest/gtest.h>
 
-#include "loom/params.h"
+#include "loom/core/params.h"
 
 namespace loom {
 namespace {

@@ -1,9 +1,9 @@
-#include "loom/threads.h"
+#include "loom/core/threads.h"
 
 #include <cblas.h>
 #include <omp.h>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom {
 

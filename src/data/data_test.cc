@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "loom/data.h"
-#include "loom/examples.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/host.h"
+#include "loom/data/data.h"
+#include "loom/data/examples.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/host.h"
 #include "loom_testing.h"
 
 namespace loom::data {

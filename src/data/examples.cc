@@ -1,4 +1,4 @@
-#include "loom/examples.h"
+#include "loom/data/examples.h"
 
 #include <algorithm>
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "loom/data.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
+#include "loom/data/data.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
 
 namespace loom::data {
 namespace {

@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <set>
 
-#include "loom/data.h"
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/rng.h"
+#include "loom/data/data.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/rng.h"
 
 namespace loom::data {
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/reference/reference.h"
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 
 namespace loom::kernels {
 namespace {

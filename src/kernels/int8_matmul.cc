@@ -10,7 +10,7 @@
 
 #include "kernels/parallel.h"
 #include "kernels/pointwise.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "kernels/pointwise.h"
 #include "kernels/reference/reference.h"
-#include "loom/error.h"
-#include "loom/rng.h"
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
 
 namespace loom::kernels {
 namespace {

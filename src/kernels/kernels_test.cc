@@ -28,7 +28,7 @@
 #include "kernels/parallel.h"
 #include "kernels/pointwise.h"
 #include "kernels/reference/reference.h"
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 #include "kernels/kernels_testing.h"
 #include "loom_testing.h"
 

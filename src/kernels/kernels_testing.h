@@ -5,7 +5,7 @@
 #include <functional>
 #include <vector>
 
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 #include "loom_testing.h"
 
 namespace loom::kernels {

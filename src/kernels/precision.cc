@@ -3,7 +3,7 @@
 #include <bit>
 
 #include "kernels/parallel.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {
@@ -17,7 +17,7 @@ inline uint16_t bf16_bits(float x) {
   return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
 }
 
-// f16, as loom/dtype.h's f32_to_f16 and f16_to_f32 but with selects in place of branches
+// f16, as loom/core/dtype.h's f32_to_f16 and f16_to_f32 but with selects in place of branches
 // (plain C++: not every compiler Loom builds with has _Float16). A value below f16's
 // smallest normal, 2^-14, is rounded to a multiple of 2^-24 by adding 0.5, whose f32 ulp
 // is 2^-24; the sum's low bits are then the f16 bits (1024 when it rounds up to 2^-14, the

@@ -1,13 +1,13 @@
 // Mixed precision (docs/numerics.md, "Mixed precision"): rounding f32 values to the values
 // bf16 or f16 can hold, and moving them to and from 16-bit storage. Every conversion rounds
-// to nearest, ties to even, as loom/dtype.h's scalar ones (the reference twins): NaN stays
+// to nearest, ties to even, as loom/core/dtype.h's scalar ones (the reference twins): NaN stays
 // NaN, f16 overflows to infinity, f16's subnormals are kept.
 // Thread-safety: reentrant; large arrays use the OpenMP pool (kernels/parallel.h).
 #pragma once
 
 #include <cstdint>
 
-#include "loom/dtype.h"
+#include "loom/core/dtype.h"
 
 namespace loom::kernels {
 

@@ -1,4 +1,4 @@
-// Mixed precision's conversions (kernels/precision.h) against loom/dtype.h's scalar ones,
+// Mixed precision's conversions (kernels/precision.h) against loom/core/dtype.h's scalar ones,
 // their reference twins: every exponent, the rounding boundaries, subnormals, overflow,
 // infinities and NaN, on the pool's threads and off them.
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "kernels/precision.h"
-#include "loom/dtype.h"
-#include "loom/threads.h"
+#include "loom/core/dtype.h"
+#include "loom/core/threads.h"
 
 namespace loom::kernels {
 namespace {

@@ -11,9 +11,9 @@
 #include "kernels/int8_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/precision.h"
-#include "loom/error.h"
-#include "loom/rng.h"
-#include "loom/dtype_dispatch.h"
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+#include "loom/core/dtype_dispatch.h"
 #include "nn/mixed.h"
 #include "nn/residual.h"
 

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt_config.h"
 
 namespace loom::nn {

@@ -2,7 +2,7 @@
 // and f32 panels (Gpt::use_panels).
 #include "kernels/gemm/gemm.h"
 #include "kernels/int8_matmul.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::nn {

@@ -7,7 +7,7 @@
 
 #include "loom/nn/gpt.h"
 #include "nn/decode_testing.h"
-#include "loom/threads.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::nn {

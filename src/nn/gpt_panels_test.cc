@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "loom/nn/gpt.h"
-#include "loom/threads.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 #include "nn/decode_testing.h"
 

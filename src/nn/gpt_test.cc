@@ -9,11 +9,11 @@
 #include <cstring>
 #include <functional>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 // Zero-bubble pipelines split backward: input gradients first, the linear layers' and the

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::nn {

@@ -10,7 +10,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
-#include "loom/dtype_dispatch.h"
+#include "loom/core/dtype_dispatch.h"
 #include "nn/mixed.h"
 #include "nn/residual.h"
 

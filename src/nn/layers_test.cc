@@ -14,12 +14,12 @@
 #include <functional>
 
 #include "kernels/gemm/gemm.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
 #include "loom/nn/mlp.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::nn {

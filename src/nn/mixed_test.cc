@@ -11,7 +11,7 @@
 
 #include "kernels/gemm/gemm.h"
 #include "loom/nn/gpt.h"
-#include "loom/threads.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::nn {

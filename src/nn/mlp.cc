@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "loom/error.h"
-#include "loom/rng.h"
-#include "loom/dtype_dispatch.h"
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+#include "loom/core/dtype_dispatch.h"
 
 namespace loom::nn {
 

@@ -11,7 +11,7 @@
 #include "loom/nn/gpt.h"
 #include "loom/nn/mlp.h"
 #include "loom/nn/model.h"
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 #include "loom_testing.h"
 
 namespace loom::nn {

@@ -3,8 +3,8 @@
 #pragma once
 
 #include "kernels/pointwise.h"
-#include "loom/tensor.h"
-#include "loom/dtype_dispatch.h"
+#include "loom/core/tensor.h"
+#include "loom/core/dtype_dispatch.h"
 
 namespace loom::nn {
 

@@ -1,4 +1,4 @@
-#include "loom/metrics.h"
+#include "loom/obs/metrics.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::obs {
 

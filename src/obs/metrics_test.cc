@@ -1,4 +1,4 @@
-#include "loom/metrics.h"
+#include "loom/obs/metrics.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // obs::StragglerWatch (docs/launch.md, "Stragglers"): a rank is named once it has been over
 // 3x the median and more than the noise margin over it for 3 steps in a row, once per streak.
-#include "loom/straggler.h"
+#include "loom/obs/straggler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "loom/trace.h"
+#include "loom/obs/trace.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::obs {
 

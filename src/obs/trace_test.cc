@@ -1,10 +1,10 @@
-#include "loom/trace.h"
+#include "loom/obs/trace.h"
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::obs {
 namespace {

@@ -1,8 +1,8 @@
-#include "loom/loss_scale.h"
+#include "loom/optim/loss_scale.h"
 
 #include <cmath>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::optim {
 

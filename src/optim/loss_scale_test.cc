@@ -1,9 +1,9 @@
-// fp16's dynamic loss scale (loom/loss_scale.h): halves on overflow, doubles after a window
+// fp16's dynamic loss scale (loom/optim/loss_scale.h): halves on overflow, doubles after a window
 // of clean steps, stays within [min, max], refuses a checkpoint's impossible scale.
 #include <gtest/gtest.h>
 
-#include "loom/error.h"
-#include "loom/loss_scale.h"
+#include "loom/core/error.h"
+#include "loom/optim/loss_scale.h"
 
 namespace loom::optim {
 namespace {

@@ -1,12 +1,12 @@
-#include "loom/optim.h"
+#include "loom/optim/optim.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include "kernels/optimizer.h"
-#include "loom/error.h"
-#include "loom/dtype_dispatch.h"
+#include "loom/core/error.h"
+#include "loom/core/dtype_dispatch.h"
 
 namespace loom::optim {
 

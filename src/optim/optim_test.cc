@@ -1,4 +1,4 @@
-#include "loom/optim.h"
+#include "loom/optim/optim.h"
 
 #include <gtest/gtest.h>
 

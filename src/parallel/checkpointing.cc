@@ -1,12 +1,12 @@
-#include "loom/checkpointing.h"
+#include "loom/parallel/checkpointing.h"
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
 
-#include "loom/error.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
 
 namespace loom::parallel {
 namespace fs = std::filesystem;

@@ -2,13 +2,13 @@
 // ZeRO 3's gather-before-use of each block and the gradient norm are DataParallel::Impl's,
 // in data_parallel_impl.h; what a rank holds and saves, data_parallel_state.cc; the
 // collectives each unit issues, dp_comm.cc).
-#include "loom/data_parallel.h"
+#include "loom/parallel/data_parallel.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "loom/loss_scale.h"
+#include "loom/optim/loss_scale.h"
 #include "parallel/data_parallel_impl.h"
 
 namespace loom::parallel {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "loom/data_parallel.h"
+#include "loom/parallel/data_parallel.h"
 #include "parallel/dp_comm.h"
 #include "parallel/exact_sum.h"
 

@@ -12,11 +12,11 @@
 
 #include "../comm/comm_testing.h"
 #include "loom_testing.h"
-#include "loom/data.h"
-#include "loom/data_parallel.h"
+#include "loom/data/data.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/nn/gpt.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "parallel/dp_comm.h"
 #include "parallel/exact_sum.h"
 

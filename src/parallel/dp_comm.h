@@ -10,9 +10,9 @@
 #include <functional>
 #include <string>
 
-#include "loom/comm.h"
-#include "loom/data_parallel.h"
-#include "loom/tensor.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/core/tensor.h"
 
 namespace loom::parallel {
 

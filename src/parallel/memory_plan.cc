@@ -1,14 +1,14 @@
-#include "loom/memory_plan.h"
+#include "loom/parallel/memory_plan.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
-#include "loom/error.h"
-#include "loom/host.h"
+#include "loom/core/error.h"
+#include "loom/core/host.h"
 #include "loom/nn/gpt.h"
-#include "loom/pipeline.h"
-#include "loom/schedule.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/schedule.h"
 #include "parallel/exact_sum.h"
 
 namespace loom::parallel {

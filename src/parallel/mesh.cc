@@ -1,11 +1,11 @@
-#include "loom/mesh.h"
+#include "loom/parallel/mesh.h"
 
 #include <algorithm>
 #include <functional>
 #include <iterator>
 #include <memory>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::parallel {
 

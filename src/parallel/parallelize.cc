@@ -1,10 +1,10 @@
-#include "loom/parallelize.h"
+#include "loom/parallel/parallelize.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "loom/error.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
 
 namespace loom::parallel {
 

@@ -1,7 +1,7 @@
 // Parameter servers, the server side: a thread per worker link, and the update of this
 // server's key range in each mode (sync rounds, async and ssp pushes). The worker side is
 // ps_worker.cc; the messages are ps_wire.h.
-#include "loom/param_server.h"
+#include "loom/parallel/param_server.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 #include "parallel/exact_sum.h"
 #include "parallel/ps_wire.h"
 

@@ -9,12 +9,12 @@
 #include <mutex>
 #include <thread>
 
-#include "loom/data.h"
-#include "loom/data_parallel.h"
+#include "loom/data/data.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/nn/gpt.h"
-#include "loom/param_server.h"
-#include "loom/rendezvous.h"
-#include "loom/threads.h"
+#include "loom/parallel/param_server.h"
+#include "loom/comm/rendezvous.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::parallel {

@@ -1,11 +1,11 @@
-// The pipeline executor (loom/pipeline.h): links, per-(micro-batch, chunk) contexts, and
+// The pipeline executor (loom/parallel/pipeline.h): links, per-(micro-batch, chunk) contexts, and
 // one loop over this stage's actions.
-#include "loom/pipeline.h"
+#include "loom/parallel/pipeline.h"
 
 #include <chrono>
 #include <map>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::parallel {
 

@@ -7,12 +7,12 @@
 #include <map>
 
 #include "../comm/comm_testing.h"
-#include "loom/data.h"
-#include "loom/data_parallel.h"
+#include "loom/data/data.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/nn/gpt.h"
-#include "loom/pipeline.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::parallel {

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "loom/error.h"
-#include "loom/param_server.h"
+#include "loom/core/error.h"
+#include "loom/parallel/param_server.h"
 #include "parallel/exact_sum.h"
 #include "parallel/ps_wire.h"
 

@@ -1,5 +1,5 @@
-// Pipeline schedule generators and the checker (loom/schedule.h).
-#include "loom/schedule.h"
+// Pipeline schedule generators and the checker (loom/parallel/schedule.h).
+#include "loom/parallel/schedule.h"
 
 #include <algorithm>
 #include <array>
@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::parallel {
 

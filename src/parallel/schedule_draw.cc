@@ -1,11 +1,11 @@
-// Pictures of a simulated (or measured) pipeline step (loom/schedule.h): a text timeline
+// Pictures of a simulated (or measured) pipeline step (loom/parallel/schedule.h): a text timeline
 // for terminals and logs, and an SVG for people.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "loom/error.h"
-#include "loom/schedule.h"
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 

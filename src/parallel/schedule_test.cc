@@ -4,8 +4,8 @@
 
 #include <map>
 
-#include "loom/error.h"
-#include "loom/schedule.h"
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 namespace {

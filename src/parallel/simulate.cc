@@ -1,11 +1,11 @@
-// The pipeline simulator (loom/schedule.h): runs the stages' lists against per-action
+// The pipeline simulator (loom/parallel/schedule.h): runs the stages' lists against per-action
 // costs, as the executor runs them against the model.
 #include <algorithm>
 #include <map>
 #include <tuple>
 
-#include "loom/error.h"
-#include "loom/schedule.h"
+#include "loom/core/error.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 

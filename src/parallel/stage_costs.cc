@@ -1,11 +1,11 @@
-#include "loom/stage_costs.h"
+#include "loom/parallel/stage_costs.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "loom/nn/gpt.h"
-#include "loom/pipeline.h"
-#include "loom/rng.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/core/rng.h"
 
 namespace loom::parallel {
 namespace {

@@ -1,8 +1,8 @@
-#include "loom/step_tracer.h"
+#include "loom/parallel/step_tracer.h"
 
-#include "loom/error.h"
-#include "loom/fileio.h"
-#include "loom/mesh.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/parallel/mesh.h"
 
 namespace loom::parallel {
 

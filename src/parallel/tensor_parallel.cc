@@ -1,4 +1,4 @@
-#include "loom/tensor_parallel.h"
+#include "loom/parallel/tensor_parallel.h"
 
 #include <chrono>
 #include <functional>

@@ -10,9 +10,9 @@
 
 #include "../comm/comm_testing.h"
 #include "loom/nn/gpt.h"
-#include "loom/rng.h"
-#include "loom/tensor_parallel.h"
-#include "loom/threads.h"
+#include "loom/core/rng.h"
+#include "loom/parallel/tensor_parallel.h"
+#include "loom/core/threads.h"
 #include "loom_testing.h"
 
 namespace loom::parallel {

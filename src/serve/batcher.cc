@@ -10,10 +10,10 @@
 #include <iterator>
 #include <span>
 
-#include "loom/error.h"
-#include "loom/log.h"
-#include "loom/rng.h"
-#include "loom/threads.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
+#include "loom/core/rng.h"
+#include "loom/core/threads.h"
 
 namespace loom::serve {
 namespace {

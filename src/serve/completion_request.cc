@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "loom/bounded_json.h"
-#include "loom/error.h"
+#include "loom/checkpoint/bounded_json.h"
+#include "loom/core/error.h"
 
 namespace loom::serve {
 

@@ -8,8 +8,8 @@
 #include <set>
 
 #include "kernels/int8_matmul.h"
-#include "loom/error.h"
-#include "loom/log.h"
+#include "loom/core/error.h"
+#include "loom/core/log.h"
 
 namespace loom::serve {
 namespace {

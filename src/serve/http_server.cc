@@ -26,7 +26,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::http {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "loom/serve/gpt_loading.h"
-#include "loom/checkpoint.h"
-#include "loom/log.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/core/log.h"
 
 namespace loom::serve {
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::serve {
 namespace {

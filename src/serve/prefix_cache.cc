@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::serve {
 namespace {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::serve {
 namespace {

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "loom/checkpoint.h"
-#include "loom/data.h"
-#include "loom/fileio.h"
-#include "loom/safetensors.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/data/data.h"
+#include "loom/core/fileio.h"
+#include "loom/checkpoint/safetensors.h"
 #include "loom_testing.h"
 
 namespace loom {

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "loom/error.h"
-#include "loom/rng.h"
-#include "loom/tensor.h"
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
+#include "loom/core/tensor.h"
 
 namespace loom::testing {
 

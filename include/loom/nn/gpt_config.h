@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/dtype.h"
+#include "loom/core/dtype.h"
 
 namespace loom::nn {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "loom/nn/gpt_config.h"
-#include "loom/tensor.h"
+#include "loom/core/tensor.h"
 
 namespace loom::nn {
 

@@ -22,8 +22,8 @@
 #include <string>
 
 #include "loom/nn/shard.h"
-#include "loom/params.h"
-#include "loom/tensor.h"
+#include "loom/core/params.h"
+#include "loom/core/tensor.h"
 
 namespace loom::kernels {
 struct Int8Weight;   // kernels/int8_matmul.h

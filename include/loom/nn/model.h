@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "loom/nn/layers.h"
-#include "loom/params.h"
+#include "loom/core/params.h"
 
 namespace loom::nn {
 
 // Hooks called as a model's forward and backward enter and leave each block, in the order
-// loom/params.h's BlockPhase describes. Each hook added is called, in the order added.
+// loom/core/params.h's BlockPhase describes. Each hook added is called, in the order added.
 class BlockHooks {
  public:
   using Id = int;

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "loom/tensor.h"
+#include "loom/core/tensor.h"
 
 namespace loom::nn {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "loom/checkpoint.h"
+#include "loom/checkpoint/checkpoint.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::serve {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "loom/rng.h"
+#include "loom/core/rng.h"
 
 namespace loom::serve {
 

@@ -10,8 +10,8 @@
 
 #include "comm/auth.h"
 #include "comm/net.h"
-#include "loom/fileio.h"
-#include "loom/rendezvous.h"
+#include "loom/core/fileio.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <charconv>
 
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::comm {
 

@@ -2,7 +2,7 @@
 #include <mutex>
 
 #include "comm/rendezvous/kv_table.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 

@@ -17,8 +17,8 @@
 #include "comm/handshake_budget.h"
 #include "comm/net.h"
 #include "comm/rendezvous/kv_table.h"
-#include "loom/log.h"
-#include "loom/rendezvous.h"
+#include "loom/core/log.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 

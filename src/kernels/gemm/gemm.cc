@@ -16,7 +16,7 @@
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/skinny.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "kernels/reference/reference.h"
-#include "loom/error.h"
-#include "loom/rng.h"
+#include "loom/core/error.h"
+#include "loom/core/rng.h"
 
 namespace loom::kernels {
 namespace {

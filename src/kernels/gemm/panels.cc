@@ -9,7 +9,7 @@
 #include "kernels/gemm/gemm.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/panel_tiles.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {

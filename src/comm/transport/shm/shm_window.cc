@@ -14,7 +14,7 @@
 
 #include "comm/auth.h"
 #include "comm/transport/transport.h"
-#include "loom/host.h"
+#include "loom/core/host.h"
 
 namespace loom::comm {
 

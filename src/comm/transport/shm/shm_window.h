@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/op.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)

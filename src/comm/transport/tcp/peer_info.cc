@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "comm/transport/tcp/tcp_mesh.h"
-#include "loom/error.h"
+#include "loom/core/error.h"
 
 namespace loom::comm {
 

@@ -16,7 +16,7 @@
 #include "comm/net.h"
 #include "comm/transport/tcp/frame.h"
 #include "comm/wire.h"
-#include "loom/log.h"
+#include "loom/core/log.h"
 
 namespace loom::comm {
 namespace {

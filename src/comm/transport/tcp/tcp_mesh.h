@@ -9,7 +9,7 @@
 #include <string>
 
 #include "comm/transport/transport.h"
-#include "loom/rendezvous.h"
+#include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/params.h"
+#include "loom/core/params.h"
 
 namespace loom::optim {
 

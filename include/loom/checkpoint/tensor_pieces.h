@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "loom/params.h"
-#include "loom/tensor.h"
+#include "loom/core/params.h"
+#include "loom/core/tensor.h"
 
 namespace loom::checkpoint {
 

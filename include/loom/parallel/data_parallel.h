@@ -5,7 +5,7 @@
 // The flat gradient buffer is cut into units ("buckets", [parallel] bucket_mb): contiguous
 // element ranges, formed from the end of the buffer because backward finishes the last
 // parameters first. A unit's communication starts, asynchronously, the moment the model
-// reports (through its block hook, loom/params.h) that every gradient in it is final, and
+// reports (through its block hook, loom/core/params.h) that every gradient in it is final, and
 // only on the last micro-step of an accumulation. Each unit is split into `size` near-equal
 // parts; rank r owns part r of every unit:
 //   zero 0: all-reduce every unit; every rank updates every parameter.
@@ -31,10 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/comm_span.h"
-#include "loom/optim.h"
-#include "loom/params.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/comm_span.h"
+#include "loom/optim/optim.h"
+#include "loom/core/params.h"
 
 namespace loom::parallel {
 
@@ -78,7 +78,7 @@ struct StageGroups {
 class DataParallel {
  public:
   // block_offsets: the model's blocks (block b owns [block_offsets[b], block_offsets[b+1]),
-  // see loom/params.h); a model without blocks passes {0, params.numel()}. The model's
+  // see loom/core/params.h); a model without blocks passes {0, params.numel()}. The model's
   // block hook must call on_block. REQUIRES: params allocated, f32; comm outlives this.
   DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
                const DataParallelConfig& config, std::vector<int64_t> block_offsets);
@@ -112,12 +112,12 @@ class DataParallel {
   void sum_tied_gradients();
 
   // Waits for the gradient sums, divides them by loss_scale (fp16's dynamic loss scaling,
-  // loom/loss_scale.h: a power of two, so exactly), clips them to max_norm (0: no
+  // loom/optim/loss_scale.h: a power of two, so exactly), clips them to max_norm (0: no
   // clipping), updates the parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the
   // global gradient norm before clipping. A norm that is not finite (an overflow) leaves
   // the parameters and the optimizer state as they were (no update, the step not counted).
   double finish_step(double lr, double max_norm, double loss_scale = 1);
-  // Parameter-server workers (loom/param_server.h), in place of finish_step: waits for the
+  // Parameter-server workers (loom/parallel/param_server.h), in place of finish_step: waits for the
   // gradient sums over the group and hands them over without updating anything. In
   // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and
   // whether a gradient was too large or not finite for them; else the f32 gradients.

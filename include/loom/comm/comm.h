@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "loom/dtype.h"
-#include "loom/error.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
 
 namespace loom::comm {
 

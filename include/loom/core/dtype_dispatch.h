@@ -2,8 +2,8 @@
 // DType (f32 or f64). Thread-safety: a macro over a switch; no state.
 #pragma once
 
-#include "loom/dtype.h"
-#include "loom/error.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
 
 #define LOOM_DISPATCH_FLOAT(dtype, T, ...)              \
   do {                                                  \

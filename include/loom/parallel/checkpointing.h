@@ -13,10 +13,10 @@
 #include <string>
 #include <thread>
 
-#include "loom/checkpoint.h"
-#include "loom/comm.h"
-#include "loom/data_parallel.h"
-#include "loom/mesh.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/parallel/mesh.h"
 
 namespace loom::parallel {
 

@@ -9,11 +9,11 @@
 #include <utility>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/data_parallel.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/data_parallel.h"
 #include "loom/nn/gpt.h"
-#include "loom/pipeline.h"
-#include "loom/tensor_parallel.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/tensor_parallel.h"
 
 namespace loom::parallel {
 

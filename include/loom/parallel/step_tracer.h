@@ -8,10 +8,10 @@
 #include <utility>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/comm_span.h"
-#include "loom/params.h"
-#include "loom/trace.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/comm_span.h"
+#include "loom/core/params.h"
+#include "loom/obs/trace.h"
 
 namespace loom::parallel {
 

@@ -17,8 +17,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "loom/dtype.h"
-#include "loom/error.h"
+#include "loom/core/dtype.h"
+#include "loom/core/error.h"
 
 namespace loom {
 

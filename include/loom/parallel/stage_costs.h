@@ -1,4 +1,4 @@
-// The pipeline simulator's inputs measured (`loom plan --config`, loom/schedule.h): each
+// The pipeline simulator's inputs measured (`loom plan --config`, loom/parallel/schedule.h): each
 // stage's part of a GPT built and run on random tokens.
 // Thread-safety: reentrant (each call builds its own models).
 #pragma once
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "loom/nn/gpt_config.h"
-#include "loom/schedule.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 

@@ -1,5 +1,5 @@
 // Pipeline parallelism (docs/parallelism.md, "Pipeline parallelism"): the executor
-// that runs one stage's list of a Schedule (loom/schedule.h) against the stage's part of
+// that runs one stage's list of a Schedule (loom/parallel/schedule.h) against the stage's part of
 // the model, moving activations and gradients between neighbouring stages with async
 // sends and receives that overlap compute.
 //
@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 #include "loom/nn/gpt_config.h"
 #include "loom/nn/model.h"
-#include "loom/schedule.h"
+#include "loom/parallel/schedule.h"
 
 namespace loom::parallel {
 

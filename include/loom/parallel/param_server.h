@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "loom/comm.h"
-#include "loom/optim.h"
-#include "loom/params.h"
+#include "loom/comm/comm.h"
+#include "loom/optim/optim.h"
+#include "loom/core/params.h"
 
 namespace loom::parallel {
 

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "loom/fileio.h"
-#include "loom/tensor.h"
+#include "loom/core/fileio.h"
+#include "loom/core/tensor.h"
 
 namespace loom {
 

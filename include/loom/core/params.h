@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/tensor.h"
+#include "loom/core/tensor.h"
 
 namespace loom {
 

@@ -1,6 +1,6 @@
 // Examples: a dataset cut into what a model learns from one at a time, and batches of them
 // as tensors (DESIGN.md section 4): windows of a token file (GPT) or labelled images (MLP).
-// The trainer orders examples with data::Sampler (loom/data.h) and asks for batches by
+// The trainer orders examples with data::Sampler (loom/data/data.h) and asks for batches by
 // index; evaluation reads them in file order.
 // Thread-safety: const methods may be called from any thread.
 #pragma once
@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "loom/data.h"
-#include "loom/tensor.h"
+#include "loom/data/data.h"
+#include "loom/core/tensor.h"
 
 namespace loom::data {
 

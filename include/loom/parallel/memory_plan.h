@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "loom/dtype.h"
-#include "loom/mesh.h"
+#include "loom/core/dtype.h"
+#include "loom/parallel/mesh.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::parallel {

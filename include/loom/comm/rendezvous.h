@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "loom/comm.h"
+#include "loom/comm/comm.h"
 
 namespace loom::comm {
 

@@ -9,8 +9,8 @@
 #include <functional>
 #include <utility>
 
-#include "loom/comm.h"
-#include "loom/comm_span.h"
+#include "loom/comm/comm.h"
+#include "loom/parallel/comm_span.h"
 #include "loom/nn/shard.h"
 
 namespace loom::parallel {

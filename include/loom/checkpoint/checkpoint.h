@@ -23,10 +23,10 @@
 #include <string>
 #include <string_view>
 
-#include "loom/optim.h"
-#include "loom/params.h"
-#include "loom/safetensors.h"
-#include "loom/tensor_pieces.h"
+#include "loom/optim/optim.h"
+#include "loom/core/params.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/checkpoint/tensor_pieces.h"
 
 namespace loom::checkpoint {
 

@@ -16,18 +16,18 @@
 #include <string>
 #include <vector>
 
-#include "loom/checkpoint.h"
-#include "loom/checkpointing.h"
-#include "loom/data_parallel.h"
-#include "loom/examples.h"
-#include "loom/loss_scale.h"
-#include "loom/mesh.h"
+#include "loom/checkpoint/checkpoint.h"
+#include "loom/parallel/checkpointing.h"
+#include "loom/parallel/data_parallel.h"
+#include "loom/data/examples.h"
+#include "loom/optim/loss_scale.h"
+#include "loom/parallel/mesh.h"
 #include "loom/nn/model.h"
-#include "loom/optim.h"
-#include "loom/pipeline.h"
-#include "loom/schedule.h"
-#include "loom/step_tracer.h"
-#include "loom/tensor_parallel.h"
+#include "loom/optim/optim.h"
+#include "loom/parallel/pipeline.h"
+#include "loom/parallel/schedule.h"
+#include "loom/parallel/step_tracer.h"
+#include "loom/parallel/tensor_parallel.h"
 
 namespace loom::parallel {
 
