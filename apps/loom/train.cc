@@ -26,23 +26,17 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
       t_(job.tc),
       job_(job),
       lead_(job.env.rank == 0),
-      run_(job.tc.job.run),
-      ckpt_root_(job.tc.checkpoint.root),
-      resume_(a.resume || (job.restarted && checkpoint::latest_step_dir(ckpt_root_))),
+      resume_(a.resume || (job.restarted && checkpoint::latest_step_dir(t_.checkpoint.root))),
       steps_(job.tc.training.steps),
       global_batch_(job.tc.training.global_batch),
       micro_batch_(job.tc.training.micro_batch),
       per_rank_(global_batch_ / job.tc.parallel.layout.dp),
-      accum_(per_rank_ / micro_batch_),
-      seed_(job.tc.job.seed),
-      config_(job.tc.parallel.step),
-      sched_(job.tc.schedule),
       end_step_(steps_) {
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
-  if (!a.init_from.empty()) check_apart("--init-from", a.init_from, "checkpoint.dir", ckpt_root_);
+  if (!a.init_from.empty()) check_apart("--init-from", a.init_from, "checkpoint.dir", t_.checkpoint.root);
   if (t_.training.keep_zeros && a.init_from.empty() && !resume_)
     throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
                      "--init-from PATH (a pruned checkpoint, loom prune) or --resume");
@@ -63,14 +57,14 @@ void TrainRun::build_model() {
 void TrainRun::claim_run_dir() {
   if (!lead_) return;
   const bool own_ckpt_dir = t_.checkpoint.own_dir;
-  if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(ckpt_root_))
-    throw InputError(cat(ckpt_root_, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with "
+  if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(t_.checkpoint.root))
+    throw InputError(cat(t_.checkpoint.root, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with "
                          "the new run's; move it or set another checkpoint.dir"));
-  run_dir_.emplace(RunDirectory::claim(run_, resume_ || job_.restarted ? RunDirectory::Mode::kResume
+  run_dir_.emplace(RunDirectory::claim(t_.job.run, resume_ || job_.restarted ? RunDirectory::Mode::kResume
                                              : a_.restart ? RunDirectory::Mode::kRestart
                                                           : RunDirectory::Mode::kFresh,
-                                       own_ckpt_dir ? ckpt_root_ : ""));
-  if (!run_dir_->moved_aside().empty()) log_info(cat("--restart: the old ", run_, " is now ", run_dir_->moved_aside()));
+                                       own_ckpt_dir ? t_.checkpoint.root : ""));
+  if (!run_dir_->moved_aside().empty()) log_info(cat("--restart: the old ", t_.job.run, " is now ", run_dir_->moved_aside()));
 }
 
 // NaN or Inf in the weights or the optimizer state this rank read would only spread through
@@ -88,16 +82,16 @@ void TrainRun::check_finite() {
 void TrainRun::load_weights() {
   ParamSet& params = w_.model->params();
   if (resume_) {
-    ck_.emplace(parallel::open_for_resume(ckpt_root_, w_.model_json(), seed_, steps_, global_batch_));
+    ck_.emplace(parallel::open_for_resume(t_.checkpoint.root, w_.model_json(), t_.job.seed, steps_, global_batch_));
     const checkpoint::State& saved = ck_->state();
     const auto t0 = std::chrono::steady_clock::now();
     ck_->load_params(params);
     load_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_finite();
     // Only once `latest` has proven good: a refused resume changes nothing.
-    if (lead_) parallel::set_aside_uncommitted_steps(ckpt_root_);
+    if (lead_) parallel::set_aside_uncommitted_steps(t_.checkpoint.root);
     start_step_ = saved.step;
-    if (config_.fp16 && saved.raw.contains("loss_scale")) {  // absent when the run trained in another precision
+    if (t_.parallel.step.fp16 && saved.raw.contains("loss_scale")) {  // absent when the run trained in another precision
       const json& ls = saved.raw["loss_scale"];
       const std::string at = cat(ck_->path(), "/state.json: loss_scale");
       if (!ls.is_object() || !ls.contains("scale") || !ls["scale"].is_number() || !ls.contains("clean_steps") ||
@@ -105,7 +99,7 @@ void TrainRun::load_weights() {
         throw InputError(cat(at, ": expected {\"scale\": a power of two, \"clean_steps\": an integer}"));
       saved_scale_.emplace(ls["scale"].get<double>(), ls["clean_steps"].get<int64_t>());
       try {
-        optim::LossScaler(config_.loss_scale).restore(saved_scale_->first, saved_scale_->second);  // checked now
+        optim::LossScaler(t_.parallel.step.loss_scale).restore(saved_scale_->first, saved_scale_->second);  // checked now
       } catch (const InputError& e) {
         throw InputError(cat(at, ": ", e.what()));
       }
@@ -129,7 +123,7 @@ void TrainRun::parallelize() {
       server_, store_);
   check_same_layout(*world_, t_.layout);
   if (mesh_.split()) parallel::split_mesh(*world_, mesh_);
-  pm_ = parallel::parallelize(*w_.model, mesh_, *world_, config_);
+  pm_ = parallel::parallelize(*w_.model, mesh_, *world_, t_.parallel.step);
   if (w_.teacher) {
     const nn::Shard vocab = mesh_.shard(false);
     pm_->set_loss_targets([this, vocab](const Tensor& tokens, nn::CrossEntropyCtx& loss) {
@@ -160,10 +154,10 @@ void TrainRun::parallelize() {
 
 // Rank 0's metrics file and config.toml; every rank's sampler, progress, saver and signals.
 void TrainRun::open_outputs() {
-  const std::string metrics_path = (fs::path(run_) / "metrics.jsonl").string();
+  const std::string metrics_path = (fs::path(t_.job.run) / "metrics.jsonl").string();
   if (lead_) {
-    fs::create_directories(fs::path(run_) / "logs");
-    write_file_atomic((fs::path(run_) / "config.toml").string(), t_.toml);
+    fs::create_directories(fs::path(t_.job.run) / "logs");
+    write_file_atomic((fs::path(t_.job.run) / "config.toml").string(), t_.toml);
     const int64_t reached = resume_ || job_.restarted ? truncate_metrics(metrics_path, start_step_) : 0;
     metrics_.emplace(metrics_path);
     if (job_.restarted)
@@ -172,7 +166,7 @@ void TrainRun::open_outputs() {
                    " on ", world_->size(), " rank(s); ", std::max<int64_t>(reached - start_step_, 0),
                    " step(s) lost (the metrics had reached step ", reached, ")"));
   }
-  sampler_.emplace(w_.train->size(), seed_);
+  sampler_.emplace(w_.train->size(), t_.job.seed);
   progress_.emplace(steps_, t_.job.log_every, a_.quiet || !lead_);
   tokens_per_step_ = static_cast<double>(global_batch_ * w_.train->tokens_per_example());
   log_start();
@@ -195,11 +189,11 @@ void TrainRun::log_start() {
                ": ", steps_, " steps of ", global_batch_, " x ", w_.train->tokens_per_example(), " tokens, ",
                mesh_.dp_size, " data-parallel rank(s)",
                mesh_.tp > 1 ? cat(" x ", mesh_.tp, " tensor-parallel ranks") : std::string(),
-               piped ? cat(" x ", mesh_.pp, " pipeline stages (", t_.parallel.pp_schedule, ", ", accum_,
+               piped ? cat(" x ", mesh_.pp, " pipeline stages (", t_.parallel.pp_schedule, ", ", t_.parallel.step.accum,
                            " micro-batches", mesh_.v > 1 ? cat(", ", mesh_.v, " chunks per stage") : std::string(), ")")
                      : std::string(),
                " x ", t_.job.threads, " thread(s), ZeRO ", t_.parallel.zero,
-               t_.parallel.deterministic ? ", deterministic" : "", "; run directory ", run_));
+               t_.parallel.deterministic ? ", deterministic" : "", "; run directory ", t_.job.run));
   if (!job_.memory_plan_line.empty()) log_info("planned " + job_.memory_plan_line);
   log_info(cat("model state per rank: parameters ", mb(mem0.params), " MiB, gradients ", mb(mem0.grads),
                " MiB, optimizer ", mb(mem0.optimizer), " MiB"));
@@ -223,15 +217,15 @@ void TrainRun::log_stage_state(const parallel::StateBytes& mem) {
 double TrainRun::save(int64_t step, bool loss_finite) {
   const auto t0 = std::chrono::steady_clock::now();
   begin_memory_phase();
-  json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", seed_},
+  json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", t_.job.seed},
               {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
               {"data_epoch", step * global_batch_ / w_.train->size()}};
   json state = {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
-  if (config_.fp16)
+  if (t_.parallel.step.fp16)
     state["loss_scale"] = {{"scale", pm_->loss_scaler().scale()}, {"clean_steps", pm_->loss_scaler().clean_steps()}};
   const std::string dir =
       saver_->save([&](checkpoint::PieceArena* arena) { return pm_->share(arena); },
-                   {.root = ckpt_root_, .step = step, .state = state, .layout = layout_,
+                   {.root = t_.checkpoint.root, .step = step, .state = state, .layout = layout_,
                     .options = {.keep = t_.checkpoint.keep, .loss_finite = loss_finite}});
   last_save_ = std::chrono::steady_clock::now();
   peaks_.ckpt = phase_peak_resident_mb();

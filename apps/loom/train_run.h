@@ -61,12 +61,8 @@ class TrainRun {
   const TrainConfig& t_;
   JobStart& job_;
   const bool lead_;  // writes the run directory, metrics and checkpoints
-  const std::string run_, ckpt_root_;
   const bool resume_;
-  const int64_t steps_, global_batch_, micro_batch_, per_rank_, accum_;
-  const uint64_t seed_;
-  const parallel::StepConfig config_;
-  const optim::ScheduleConfig sched_;
+  const int64_t steps_, global_batch_, micro_batch_, per_rank_;
 
   parallel::Mesh mesh_;
   Workload w_;

@@ -69,7 +69,7 @@ void TrainRun::step(int64_t step) {
     train_step(step);
   } catch (const RuntimeError& e) {
     const std::string flight = dump_flight_record(
-        run_, env_.rank, step + 1, e.what(),
+        t_.job.run, env_.rank, step + 1, e.what(),
         {{"world", world_.get()}, {"dp", mesh_.dp.get()}, {"pipe", mesh_.pipe.get()}, {"tied", mesh_.tied.get()},
          {"tp", mesh_.tpc.get()}, {"mp", mesh_.mp.get()}});
     throw RuntimeError(cat("rank ", env_.rank, mesh_.split() ? cat(" (", mesh_.where(), ")") : "", " at step ", step + 1,
@@ -89,7 +89,7 @@ void TrainRun::train_step(int64_t step) {
   }
   // This replica's shard of the global batch: items [replica * per_rank, (replica + 1) * per_rank).
   const int replica = pm_->replica();
-  const double lr = optim::lr_at(sched_, step);
+  const double lr = optim::lr_at(t_.schedule, step);
   const parallel::StepResult r = pm_->step(done, [&](int64_t m) {
     std::vector<int64_t> items(static_cast<size_t>(micro_batch_));
     for (int64_t i = 0; i < micro_batch_; ++i)
@@ -128,7 +128,7 @@ void TrainRun::train_step(int64_t step) {
       .add("comm_ms", r.comm.comm_ms).add("exposed_comm_ms", r.comm.exposed_ms).add("comm_bytes", r.comm.bytes)
       .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
       .add("mem_optimizer_mb", mb(mem.optimizer));
-  if (config_.fp16) line.add("loss_scale", r.loss_scale).add("skipped", static_cast<int64_t>(r.skipped));
+  if (t_.parallel.step.fp16) line.add("loss_scale", r.loss_scale).add("skipped", static_cast<int64_t>(r.skipped));
   // This rank's compute: its step less its waits for the others.
   double busy_ms = step_s * 1e3 - r.comm.exposed_ms;
   if (r.pipe) {
@@ -208,7 +208,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
     tracer_->pop();  // the step
     pm_->set_tracer(nullptr);
     if (done == t_.profile.steps.back() || end_step_ == done) {
-      const std::string path = (fs::path(run_) / "trace.json").string();
+      const std::string path = (fs::path(t_.job.run) / "trace.json").string();
       parallel::write_merged_trace(*world_, *trace_, path);
       progress_->note(cat("trace of step(s) ", t_.profile.trace_steps, " of ", world_->size(), " rank(s): ", path));
     }
@@ -226,7 +226,7 @@ int TrainRun::finish() {
                   full.loss);
   }
   if (lead_) print_summary();
-  if (lead_) std::printf("run directory: %s\n", printable(run_).c_str());
+  if (lead_) std::printf("run directory: %s\n", printable(t_.job.run).c_str());
   return exit_code_;
 }
 
@@ -241,7 +241,7 @@ void TrainRun::print_summary() const {
     std::printf("pipeline: dp %lld x pp %d%s = %d ranks (%s, %lld micro-batches), %.0f tokens/s, step %.1f ms, bubble %.1f%% "
                 "(the simulator predicts %.1f%% from the measured mean costs, %.1f%% replaying each action)%s\n",
                 dp_size, mesh_.pp, mesh_.tp > 1 ? cat(" x tp ", mesh_.tp).c_str() : "", world_->size(),
-                t_.parallel.pp_schedule.c_str(), static_cast<long long>(accum_), tokens_per_step_ * n / step_s_total_,
+                t_.parallel.pp_schedule.c_str(), static_cast<long long>(t_.parallel.step.accum), tokens_per_step_ * n / step_s_total_,
                 step_s_total_ * 1e3 / n, 100.0 * bubble_total_ / n, 100.0 * predicted_total_ / n,
                 100.0 * replayed_total_ / n,
                 dp_size > 1 ? cat(", gradient communication over replicas ", comm_ms_total_ / n, " ms/step of which ",

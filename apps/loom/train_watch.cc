@@ -1,7 +1,6 @@
 #include "train_watch.h"
 
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <cstdlib>
 #include <filesystem>
