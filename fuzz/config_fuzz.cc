@@ -6,6 +6,8 @@
 // that resolves plans its memory without overflow, and its to_toml() text reads back to
 // the same config; anything else is an InputError naming the file or the flag.
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "config.h"
 #include "config_train.h"
@@ -17,10 +19,21 @@ using namespace loom::app;
 
 namespace {
 
+// The config's sections ("job.", "model.", ...), read from the defaults' TOML text so that a
+// section added later is known here too.
+std::vector<std::string> config_sections() {
+  std::vector<std::string> sections;
+  std::istringstream lines{Config().to_toml()};
+  for (std::string line; std::getline(lines, line);)
+    if (line.size() > 2 && line.front() == '[' && line.back() == ']') sections.push_back(line.substr(1, line.size() - 2) + ".");
+  return sections;
+}
+
 // Whether an error names the file, the flag or the key ("section.key") it is about.
 bool names_its_source(const std::string& what, const std::string& path) {
+  static const std::vector<std::string> sections = config_sections();
   if (what.starts_with(path) || what.starts_with("flag ")) return true;
-  for (const char* section : {"checkpoint.", "comm.", "data.", "job.", "model.", "parallel.", "profile.", "training."})
+  for (const std::string& section : sections)
     if (what.find(section) != std::string::npos) return true;
   return false;
 }

@@ -23,5 +23,5 @@ for target in "${targets[@]}"; do
   cp -n fuzz/corpus/$target/* "$corpus/" 2>/dev/null || true
   echo "fuzz: $target for ${seconds} s"
   (cd build/fuzz && ./fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -max_len="${max_len[$target]}" \
-     -print_final_stats=1 "corpus/$target" 2>&1 | grep -E "^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY|INFO: Seed)|deadly signal|abort" )
+     -print_final_stats=1 "corpus/$target" 2>&1 | grep -E "^(stat::number_of_executed_units|Done|==[0-9]+==ERROR|SUMMARY|INFO: Seed)|deadly signal|abort|^finding: |terminate called|what\(\):" )
 done
