@@ -3,7 +3,7 @@
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
 //   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
-//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve
+//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -28,14 +28,15 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"},         {"loom/optim/optim.h", "optim"},
     {"loom/optim/loss_scale.h", "optim"},    {"loom/data/data.h", "data"}, {"loom/data/examples.h", "data"},           {"loom/checkpoint/bounded_json.h", "checkpoint"},
     {"loom/checkpoint/checkpoint.h", "checkpoint"}, {"loom/checkpoint/json_fields.h", "checkpoint"}, {"loom/checkpoint/safetensors.h", "checkpoint"},
-    {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},
+    {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/checkpoint/outputs.h", "checkpoint"}, {"loom/checkpoint/run_dir.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},
     {"loom/comm/comm.h", "comm"},           {"loom/comm/rendezvous.h", "comm"},     {"loom/parallel/data_parallel.h", "parallel"},
     {"loom/parallel/param_server.h", "parallel"}, {"loom/parallel/pipeline.h", "parallel"}, {"loom/parallel/schedule.h", "parallel"},
     {"loom/parallel/tensor_parallel.h", "parallel"}, {"loom/parallel/comm_span.h", "parallel"}, {"loom/parallel/mesh.h", "parallel"}, {"loom/parallel/checkpointing.h", "parallel"},
     {"loom/parallel/memory_plan.h", "parallel"}, {"loom/parallel/parallelize.h", "parallel"}, {"loom/parallel/stage_costs.h", "parallel"}, {"loom/parallel/step_tracer.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
-    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"},
+    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"},
+    {"loom/launch/launch.h", "launch"}, {"loom/launch/rank_group.h", "launch"},
 };
 
 // What each library may include: itself and the libraries below it.
@@ -50,6 +51,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"comm", {"comm", "core"}},
     {"parallel", {"parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
     {"serve", {"serve", "nn", "checkpoint", "optim", "kernels", "core"}},
+    {"launch", {"launch", "comm", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

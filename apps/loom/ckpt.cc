@@ -8,7 +8,7 @@
 #include "infer.h"
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 #include "loom/core/log.h"
 
 namespace loom::app {
@@ -69,7 +69,7 @@ int export_weights(const checkpoint::Checkpoint& ck, const std::string& out) {
 }  // namespace
 
 int run_ckpt(const CkptArgs& a) {
-  if (a.action == "export") check_output_file("--out", a.out, {a.path});
+  if (a.action == "export") checkpoint::check_output_file("--out", a.out, {a.path});
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
   if (a.action == "verify") return verify(ck);
   if (a.action == "inspect") return inspect(ck);

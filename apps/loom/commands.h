@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "loom/launch/launch.h"
+#include "loom/serve/completion_server.h"
+
 namespace loom::app {
 
 struct TrainArgs {
@@ -30,21 +33,11 @@ struct SampleArgs {
 };
 int run_sample(const SampleArgs& a);
 
-struct ServeArgs {
-  std::vector<std::string> models;  // NAME=PATH
-  std::string host = "127.0.0.1", api_key, config;
+// `loom serve`: the server's options, and a config for the model shape of a bare
+// safetensors file (n_head) with its overrides.
+struct ServeArgs : serve::ServerOptions {
+  std::string config;
   std::vector<std::string> overrides;
-  int64_t port = 8000, max_tokens = 4096;
-  int64_t max_body_kb = 1024;  // the largest request body kept; a larger one is answered 413
-  int64_t max_connections = 1024;  // open at once; one past it is closed as it is accepted
-  int64_t max_batch = 16, token_budget = 2048, queue = 64, kv_cache_mb = 1024;  // continuous batching
-  int64_t lanes = 0;  // decoding threads per model, each with its own batch; 0: [job] threads
-  int64_t events_nice = 10;  // added to the niceness of the thread that writes the tokens between a stream's ends
-  double memory_mb = 0;  // the models' weights in memory; 0: no limit (every model loads at start)
-  double prefix_cache_mb = 64;  // per model: prompts' keys and values kept for reuse; 0: none
-  std::vector<std::string> routes;  // NAME=A:W,B:W
-  std::string quantize = "none";  // none | int8: f32 models computed with int8 weights
-  std::string kv_cache_dtype = "f32";  // f32 | bf16: how the key/value caches keep their values
 };
 int run_serve(const ServeArgs& a);
 
@@ -134,19 +127,8 @@ struct PlanArgs {
 // `loom plan`: the pipeline simulator (loom/parallel/schedule.h) from the command line.
 int run_plan(const PlanArgs& a);
 
-struct LaunchArgs {
-  std::string nproc = "1";  // N ranks on this node; or MIN:MAX, an elastic job's world size
-  int nnodes = 1, node_rank = 0;
-  std::string master = "127.0.0.1:0";
-  double grace_s = 30;  // after SIGTERM or SIGINT is forwarded, before SIGKILL
-  // Elastic jobs (docs/launch.md, "Elastic jobs"): -n MIN:MAX or --max-restarts start one;
-  // --join adds this launcher's ranks to the one coordinated at --master.
-  int max_restarts = -1;  // -1: not given (0 in an elastic job)
-  int local = 0;          // ranks this launcher runs; 0: MAX (1 with --join)
-  bool join = false;
-  std::vector<std::string> command;
-};
-int run_launch(const LaunchArgs& a);
+using launch::LaunchArgs;  // loom/launch/launch.h
+using launch::run_launch;
 
 struct BenchCommArgs {
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};

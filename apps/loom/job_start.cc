@@ -38,8 +38,8 @@ JobStart start_job(const TrainArgs& a) {
   env = comm::launch_env_from_environment();
   // Under an elastic launcher, every generation after the first continues the run from its
   // latest checkpoint (or afresh when there is none yet), whatever the flags say.
-  job.elastic = elastic_generation_from_environment();
-  const std::optional<ElasticGeneration>& elastic = job.elastic;
+  job.elastic = launch::elastic_generation_from_environment();
+  const std::optional<launch::ElasticGeneration>& elastic = job.elastic;
   job.restarted = elastic && elastic->generation > 0;
   if (elastic) {  // at once: the launcher may ask while this rank is still starting
     struct sigaction grow{};

@@ -9,7 +9,7 @@
 #include "commands.h"
 #include "config.h"
 #include "config_train.h"
-#include "launch.h"
+#include "loom/launch/launch.h"
 #include "loom/comm/comm.h"
 #include "loom/comm/rendezvous.h"
 
@@ -22,7 +22,7 @@ struct JobStart {
   comm::LaunchEnv env;
   Config c;         // the command's: what the files and flags said, resolved
   TrainConfig tc;   // the same typed, for everything below the command
-  std::optional<ElasticGeneration> elastic;  // under an elastic launcher: this generation
+  std::optional<launch::ElasticGeneration> elastic;  // under an elastic launcher: this generation
   bool restarted = false;                    // a later generation of an elastic job
   std::string memory_plan_line;  // logged once the input has been found good
   std::optional<int> exit;       // set: nothing more to do (a dry run, an idle elastic rank, a ps join)

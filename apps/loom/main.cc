@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "config.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 #include "loom/data/data.h"
 #include "loom/core/error.h"
 #include "loom/core/host.h"
@@ -340,8 +340,8 @@ int run(int argc, char** argv) {
   if (dp->parsed()) {
     std::vector<std::string> inputs;
     for (const std::string& s : sources) inputs.push_back(s.starts_with("text:") ? s.substr(5) : s);
-    loom::app::check_output_file("--out", out, inputs);
-    loom::app::check_output_file("--out (its validation file)", loom::data::val_path_for(out), inputs);
+    loom::checkpoint::check_output_file("--out", out, inputs);
+    loom::checkpoint::check_output_file("--out (its validation file)", loom::data::val_path_for(out), inputs);
     auto r = loom::data::prepare_text(sources, out, val_fraction);
     std::printf("prepared %lld files: %s (%lld tokens), %s (%lld tokens)\n", static_cast<long long>(r.files),
                 r.train_path.c_str(), static_cast<long long>(r.train_tokens), r.val_path.c_str(),

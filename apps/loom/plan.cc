@@ -15,7 +15,7 @@
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_costs.h"
 #include "memory_plan.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 #include "workload.h"
 
 namespace loom::app {
@@ -50,7 +50,7 @@ void check_costs(const PlanArgs& a) {
     throw InputError(cat("--pp ", a.pp, " x --microbatches ", a.microbatches, " x --virtual-stages ", a.virtual_stages,
                          " = ", int64_t{a.pp} * a.microbatches * a.virtual_stages, " forward passes to schedule: expected at most ",
                          kMaxActions));
-  if (!a.svg.empty()) check_output_file("--svg", a.svg, {a.config});
+  if (!a.svg.empty()) checkpoint::check_output_file("--svg", a.svg, {a.config});
 }
 
 // Each stage's costs for a config's model (parallel::measure_stage_costs), printed.

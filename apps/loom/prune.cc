@@ -8,7 +8,7 @@
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
 #include "loom/serve/prune.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 
 namespace loom::app {
 
@@ -16,7 +16,7 @@ int run_prune(const PruneArgs& a) {
   if (!(a.sparsity >= 0 && a.sparsity < 1))
     throw InputError(cat("--sparsity ", a.sparsity, ": expected the share of weights to remove, in [0, 1)"));
   const serve::Structure structure = serve::structure_named(a.structured);
-  check_output_root("--out", a.out, {a.checkpoint});
+  checkpoint::check_output_root("--out", a.out, {a.checkpoint});
   Config c = inference_config(a.config, a.overrides);
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.checkpoint);
   std::unique_ptr<nn::Gpt> gpt = serve::load_gpt(ck, c.i("model.n_head"));

@@ -27,9 +27,9 @@
 #include "loom/comm/rendezvous.h"
 #include "loom/core/threads.h"
 #include "loom/obs/trace.h"
-#include "launch.h"
-#include "rank_group.h"
-#include "run_dir.h"
+#include "loom/launch/launch.h"
+#include "loom/launch/rank_group.h"
+#include "loom/checkpoint/run_dir.h"
 #include "job_start.h"
 #include "loom/parallel/mesh.h"
 #include "workload.h"
@@ -106,7 +106,7 @@ int serve(const Job& job, const TrainArgs& a, bool resume, Workload& task, comm:
   if (lead) {
     fs::create_directories(fs::path(job.run) / "logs");
     write_file_atomic((fs::path(job.run) / "config.toml").string(), t.toml);
-    if (resume) truncate_metrics(metrics_path, start_step);
+    if (resume) checkpoint::truncate_metrics(metrics_path, start_step);
     metrics.emplace(metrics_path);
   }
   const json layout = {{"world", world.size()}, {"ps_servers", job.servers}, {"ps_workers", job.workers},

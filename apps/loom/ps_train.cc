@@ -29,9 +29,9 @@
 #include "loom/comm/rendezvous.h"
 #include "loom/core/threads.h"
 #include "loom/obs/trace.h"
-#include "launch.h"
-#include "rank_group.h"
-#include "run_dir.h"
+#include "loom/launch/launch.h"
+#include "loom/launch/rank_group.h"
+#include "loom/checkpoint/run_dir.h"
 #include "job_start.h"
 #include "loom/parallel/mesh.h"
 #include "workload.h"
@@ -169,12 +169,12 @@ int run_ps_train(const TrainConfig& t, const TrainArgs& a, const comm::LaunchEnv
   const bool resume = a.resume || (restarted && checkpoint::latest_step_dir(job.ckpt_root));
   const bool server = env.rank < job.servers;
   Workload task = make_workload(t, {}, {}, /*init=*/!(server && resume));
-  std::optional<RunDirectory> run_dir;
+  std::optional<checkpoint::RunDirectory> run_dir;
   if (env.rank == 0) {
     const bool own_ckpt_dir = t.checkpoint.own_dir;
-    run_dir.emplace(RunDirectory::claim(job.run, resume || restarted ? RunDirectory::Mode::kResume
-                                                 : a.restart ? RunDirectory::Mode::kRestart
-                                                             : RunDirectory::Mode::kFresh,
+    run_dir.emplace(checkpoint::RunDirectory::claim(job.run, resume || restarted ? checkpoint::RunDirectory::Mode::kResume
+                                                 : a.restart ? checkpoint::RunDirectory::Mode::kRestart
+                                                             : checkpoint::RunDirectory::Mode::kFresh,
                                         own_ckpt_dir ? job.ckpt_root : ""));
   }
   std::unique_ptr<comm::TcpStoreServer> store_server;
@@ -192,7 +192,7 @@ int run_ps_train(const TrainConfig& t, const TrainArgs& a, const comm::LaunchEnv
   if (env.rank == 0) store->set(ps::kLayout, cat(world->size(), "\n", t.layout), comm::Clock::now() + world->config().timeout);
   // Async and ssp go on without a worker that dies: its launcher is told not to stop the job.
   if (!server && job.mode != parallel::PsMode::kSync)
-    store->set(expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
+    store->set(launch::expendable_key(env.rank), "1", comm::Clock::now() + world->config().timeout);
   install_fault_hook(t.debug.fault_at, env.rank);
   // Which host each rank is on (its first rank there); in sync mode the workers of a host
   // sum their gradients first and one of them talks to the servers, as BytePS does.
@@ -245,7 +245,7 @@ int run_ps_join(Config c, const TrainArgs& a) {
     throw InputError("--ps-join with --resume, --restart or --init-from: a joining worker takes the job's parameters; "
                      "expected none of them");
   const comm::LaunchEnv env = comm::launch_env_from_environment();
-  const auto [host, port] = parse_master(a.ps_join);
+  const auto [host, port] = launch::parse_master(a.ps_join);
   if (port == 0) throw InputError(cat("--ps-join ", a.ps_join, ": expected the job's store as HOST:PORT with its port"));
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000));
   comm::TcpStore store({.host = host, .port = port, .secret = env.secret, .job_id = env.job_id}, comm::Clock::now() + timeout);

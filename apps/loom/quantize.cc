@@ -12,7 +12,7 @@
 #include "kernels/int8_matmul.h"
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 
 namespace loom::app {
 namespace {
@@ -32,7 +32,7 @@ Tensor logical(const std::string& name, const k::Int8Weight& w) {
 }  // namespace
 
 int run_quantize(const QuantizeArgs& a) {
-  check_output_root("--out", a.out, {a.checkpoint});
+  checkpoint::check_output_root("--out", a.out, {a.checkpoint});
   Config c = inference_config(a.config, a.overrides);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   if (holds_int8(ck)) throw InputError(cat(a.checkpoint, ": already int8 (written by loom quantize)"));

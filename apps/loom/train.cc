@@ -11,7 +11,7 @@
 #include "loom/core/fileio.h"
 #include "loom/core/host.h"
 #include "loom/core/log.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 #include "ps_train.h"
 #include "train_run.h"
 #include "train_watch.h"
@@ -36,7 +36,7 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
-  if (!a.init_from.empty()) check_apart("--init-from", a.init_from, "checkpoint.dir", t_.checkpoint.root);
+  if (!a.init_from.empty()) checkpoint::check_apart("--init-from", a.init_from, "checkpoint.dir", t_.checkpoint.root);
   if (t_.training.keep_zeros && a.init_from.empty() && !resume_)
     throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
                      "--init-from PATH (a pruned checkpoint, loom prune) or --resume");
@@ -60,9 +60,9 @@ void TrainRun::claim_run_dir() {
   if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(t_.checkpoint.root))
     throw InputError(cat(t_.checkpoint.root, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with "
                          "the new run's; move it or set another checkpoint.dir"));
-  run_dir_.emplace(RunDirectory::claim(t_.job.run, resume_ || job_.restarted ? RunDirectory::Mode::kResume
-                                             : a_.restart ? RunDirectory::Mode::kRestart
-                                                          : RunDirectory::Mode::kFresh,
+  run_dir_.emplace(checkpoint::RunDirectory::claim(t_.job.run, resume_ || job_.restarted ? checkpoint::RunDirectory::Mode::kResume
+                                             : a_.restart ? checkpoint::RunDirectory::Mode::kRestart
+                                                          : checkpoint::RunDirectory::Mode::kFresh,
                                        own_ckpt_dir ? t_.checkpoint.root : ""));
   if (!run_dir_->moved_aside().empty()) log_info(cat("--restart: the old ", t_.job.run, " is now ", run_dir_->moved_aside()));
 }
@@ -158,7 +158,7 @@ void TrainRun::open_outputs() {
   if (lead_) {
     fs::create_directories(fs::path(t_.job.run) / "logs");
     write_file_atomic((fs::path(t_.job.run) / "config.toml").string(), t_.toml);
-    const int64_t reached = resume_ || job_.restarted ? truncate_metrics(metrics_path, start_step_) : 0;
+    const int64_t reached = resume_ || job_.restarted ? checkpoint::truncate_metrics(metrics_path, start_step_) : 0;
     metrics_.emplace(metrics_path);
     if (job_.restarted)
       log_info(cat("elastic generation ", job_.elastic->generation, " (", job_.elastic->reason, "): ",

@@ -24,7 +24,7 @@
 #include "loom/parallel/step_tracer.h"
 #include "loom/obs/straggler.h"
 #include "loom/obs/trace.h"
-#include "run_dir.h"
+#include "loom/checkpoint/run_dir.h"
 #include "workload.h"
 
 namespace loom::app {
@@ -66,7 +66,7 @@ class TrainRun {
 
   parallel::Mesh mesh_;
   Workload w_;
-  std::optional<RunDirectory> run_dir_;
+  std::optional<checkpoint::RunDirectory> run_dir_;
   std::optional<checkpoint::Checkpoint> ck_;
   std::optional<std::pair<double, int64_t>> saved_scale_;  // fp16's loss scale and clean steps, resumed
   std::string nonfinite_seen_;  // the last report of NaN or Inf in what this rank read

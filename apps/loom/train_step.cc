@@ -9,7 +9,7 @@
 #include "loom/core/error.h"
 #include "loom/core/host.h"
 #include "loom/core/log.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 #include "train_run.h"
 #include "train_watch.h"
 
@@ -173,7 +173,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
   if (ckpt_stall_ms_ >= 0) line.add("ckpt_stall_ms", ckpt_stall_ms_);
   ckpt_stall_ms_ = -1;
   if (job_.restarted && done == start_step_ + 1) {
-    const double since_s = static_cast<double>(unix_ms() - job_.elastic->since_unix_ms) / 1e3;
+    const double since_s = static_cast<double>(launch::unix_ms() - job_.elastic->since_unix_ms) / 1e3;
     line.add("elastic_restart_s", since_s);
     log_info(cat("elastic generation ", job_.elastic->generation, ": first step done ", since_s,
                  " s after the previous generation ended"));
@@ -191,7 +191,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
     log_info(cat("saved step ", done, " of ", steps_, " (", last_checkpoint_,
                  "); stopping so that the elastic launcher restarts the job with the ranks waiting to join"));
     end_step_ = done;
-    exit_code_ = kExitForResize;
+    exit_code_ = launch::kExitForResize;
   }
   if (stop) {
     saved(saver_->wait());

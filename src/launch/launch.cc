@@ -8,12 +8,12 @@
 #include <cstdlib>
 #include <memory>
 
-#include "launch.h"
+#include "loom/launch/launch.h"
 #include "loom/core/error.h"
 #include "loom/comm/rendezvous.h"
-#include "rank_group.h"
+#include "loom/launch/rank_group.h"
 
-namespace loom::app {
+namespace loom::launch {
 
 std::pair<std::string, int> parse_master(const std::string& s) {
   auto colon = s.rfind(':');
@@ -98,4 +98,4 @@ int run_launch(const LaunchArgs& a) {
   return 0;
 }
 
-}  // namespace loom::app
+}  // namespace loom::launch

@@ -1,4 +1,4 @@
-#include "rank_group.h"
+#include "loom/launch/rank_group.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -18,7 +18,7 @@
 #include "loom/core/fileio.h"
 #include "loom/comm/rendezvous.h"
 
-namespace loom::app {
+namespace loom::launch {
 namespace {
 
 int g_signal_pipe[2] = {-1, -1};
@@ -280,4 +280,4 @@ std::vector<pid_t> RankGroup::pids() const {
   return p;
 }
 
-}  // namespace loom::app
+}  // namespace loom::launch

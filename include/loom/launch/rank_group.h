@@ -21,7 +21,7 @@ namespace loom::comm {
 class Store;
 }
 
-namespace loom::app {
+namespace loom::launch {
 
 // Installs the launcher's handlers (SIGINT, SIGTERM, SIGCHLD write their number to a
 // pipe; SIGPIPE ignored) and returns the pipe's read end. Idempotent.
@@ -109,4 +109,4 @@ class RankGroup {
   int open_pipes_ = 0;
 };
 
-}  // namespace loom::app
+}  // namespace loom::launch

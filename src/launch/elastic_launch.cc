@@ -31,13 +31,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "launch.h"
+#include "loom/launch/launch.h"
 #include "loom/core/error.h"
 #include "loom/core/log.h"
 #include "loom/comm/rendezvous.h"
-#include "rank_group.h"
+#include "loom/launch/rank_group.h"
 
-namespace loom::app {
+namespace loom::launch {
 namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -460,4 +460,4 @@ int run_elastic_launch(const LaunchArgs& a) {
   return Coordinator(a, lo, hi).run();
 }
 
-}  // namespace loom::app
+}  // namespace loom::launch

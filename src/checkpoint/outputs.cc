@@ -1,4 +1,4 @@
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 
-namespace loom::app {
+namespace loom::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
@@ -106,4 +106,4 @@ void check_checkpoint_dir(const std::string& dir, const std::string& run) {
   }
 }
 
-}  // namespace loom::app
+}  // namespace loom::checkpoint

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace loom::app {
+namespace loom::checkpoint {
 
 // The run or checkpoint directory holding `.lock` that `path` is or lies in; "" for none.
 std::string locked_dir_holding(const std::string& path);
@@ -34,4 +34,4 @@ void check_apart(const std::string& in_flag, const std::string& in, const std::s
 // `run`: the job's own run directory.
 void check_checkpoint_dir(const std::string& dir, const std::string& run);
 
-}  // namespace loom::app
+}  // namespace loom::checkpoint

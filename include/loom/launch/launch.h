@@ -6,10 +6,26 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "commands.h"
+namespace loom::launch {
 
-namespace loom::app {
+// `loom launch` (docs/launch.md): its flags.
+struct LaunchArgs {
+  std::string nproc = "1";  // N ranks on this node; or MIN:MAX, an elastic job's world size
+  int nnodes = 1, node_rank = 0;
+  std::string master = "127.0.0.1:0";
+  double grace_s = 30;  // after SIGTERM or SIGINT is forwarded, before SIGKILL
+  // Elastic jobs (docs/launch.md, "Elastic jobs"): -n MIN:MAX or --max-restarts start one;
+  // --join adds this launcher's ranks to the one coordinated at --master.
+  int max_restarts = -1;  // -1: not given (0 in an elastic job)
+  int local = 0;          // ranks this launcher runs; 0: MAX (1 with --join)
+  bool join = false;
+  std::vector<std::string> command;
+};
+// Runs this node's ranks of the job (an elastic job: run_elastic_launch). Returns the
+// launcher's exit code.
+int run_launch(const LaunchArgs& a);
 
 // "HOST:PORT" (port 0..65535); InputError naming --master otherwise.
 std::pair<std::string, int> parse_master(const std::string& s);
@@ -38,4 +54,4 @@ int64_t unix_ms();
 // Read from the environment; nullopt outside an elastic job. InputError when malformed.
 std::optional<ElasticGeneration> elastic_generation_from_environment();
 
-}  // namespace loom::app
+}  // namespace loom::launch

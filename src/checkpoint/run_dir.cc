@@ -1,4 +1,4 @@
-#include "run_dir.h"
+#include "loom/checkpoint/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -17,9 +17,9 @@
 #include "loom/checkpoint/bounded_json.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
-#include "outputs.h"
+#include "loom/checkpoint/outputs.h"
 
-namespace loom::app {
+namespace loom::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
@@ -236,4 +236,4 @@ int64_t truncate_metrics(const std::string& path, int64_t last_step) {
   return reached;
 }
 
-}  // namespace loom::app
+}  // namespace loom::checkpoint

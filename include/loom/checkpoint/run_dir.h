@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-namespace loom::app {
+namespace loom::checkpoint {
 
 class RunDirectory {
  public:
@@ -48,4 +48,4 @@ int64_t truncate_metrics(const std::string& path, int64_t last_step);
 // The holder a lock file names, "pid P on host H since T", for messages.
 std::string lock_holder(const std::string& dir);
 
-}  // namespace loom::app
+}  // namespace loom::checkpoint
