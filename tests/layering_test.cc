@@ -3,7 +3,7 @@
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
 //   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
-//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch
+//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch, bench
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -36,7 +36,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
     {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"},
-    {"loom/launch/launch.h", "launch"}, {"loom/launch/rank_group.h", "launch"},
+    {"loom/launch/launch.h", "launch"}, {"loom/bench/bench.h", "bench"}, {"loom/launch/rank_group.h", "launch"},
 };
 
 // What each library may include: itself and the libraries below it.
@@ -52,6 +52,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"parallel", {"parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
     {"serve", {"serve", "nn", "checkpoint", "optim", "kernels", "core"}},
     {"launch", {"launch", "comm", "core"}},
+    {"bench", {"bench", "comm", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

@@ -405,15 +405,6 @@ void apply_compute_settings(const Config& c, int local_ranks) {
   }
 }
 
-void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi) {
-  if (v < lo || v > hi) throw InputError(cat(flag, " = ", v, ": expected an integer in [", lo, ", ", hi, "]"));
-}
-
-void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi) {
-  if (values.empty()) throw InputError(cat(flag, ": expected at least one value"));
-  for (int64_t v : values) check_flag_range(flag, v, lo, hi);
-}
-
 std::string Config::run_path() const {
   return (std::filesystem::path(s("job.run_dir")) / s("job.name")).string();
 }

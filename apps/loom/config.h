@@ -70,11 +70,6 @@ class Config {
 // (job.gemm, job.gemm_path) for this process. InputError when the CPU lacks the path asked for.
 void apply_compute_settings(const Config& c, int local_ranks = 1);
 
-// InputError "FLAG = V: expected an integer in [LO, HI]" unless lo <= v <= hi: every count a
-// command takes from its flags is bounded before anything is sized by it (docs/security.md).
-void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi);
-// The same for each of `values`, and at least one of them.
-void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi);
 // The most threads a benchmark may ask for.
 inline constexpr int64_t kMaxBenchThreads = 1024;
 

@@ -361,8 +361,8 @@ int run(int argc, char** argv) {
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);
   if (l->parsed()) {
     // Their defaults mean "not given"; given, each must be a count.
-    if (l->count("--max-restarts") > 0) loom::app::check_flag_range("--max-restarts", launch.max_restarts, 0, 1 << 20);
-    if (l->count("--local") > 0) loom::app::check_flag_range("--local", launch.local, 1, 1 << 20);
+    if (l->count("--max-restarts") > 0) loom::check_flag_range("--max-restarts", launch.max_restarts, 0, 1 << 20);
+    if (l->count("--local") > 0) loom::check_flag_range("--local", launch.local, 1, 1 << 20);
     return loom::app::run_launch(launch);
   }
   if (pl->parsed()) return loom::app::run_plan(plan);

@@ -75,4 +75,13 @@ void check_failed(const char* file, int line, const std::string& what) {
   std::abort();
 }
 
+void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi) throw InputError(cat(flag, " = ", v, ": expected an integer in [", lo, ", ", hi, "]"));
+}
+
+void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi) {
+  if (values.empty()) throw InputError(cat(flag, ": expected at least one value"));
+  for (int64_t v : values) check_flag_range(flag, v, lo, hi);
+}
+
 }  // namespace loom

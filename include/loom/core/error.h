@@ -10,11 +10,13 @@
 // Thread-safety: all of it is safe to use from any thread.
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -65,6 +67,12 @@ std::string what_of(const std::exception_ptr& error);
 long sys_check(long rc, const char* call, const std::string& subject);
 
 [[noreturn]] void check_failed(const char* file, int line, const std::string& what);
+
+// InputError "FLAG = V: expected an integer in [LO, HI]" unless lo <= v <= hi: every count a
+// command takes from its flags is bounded before anything is sized by it (docs/security.md).
+void check_flag_range(const std::string& flag, int64_t v, int64_t lo, int64_t hi);
+// The same for each of `values`, and at least one of them.
+void check_flag_range(const std::string& flag, const std::vector<int64_t>& values, int64_t lo, int64_t hi);
 
 }  // namespace loom
 

@@ -12,11 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "commands.h"
-#include "config.h"
+#include "loom/bench/bench.h"
 #include "loom/core/error.h"
 
-namespace loom::app {
+namespace loom::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -121,4 +120,4 @@ int run_bench_serve(const BenchServeArgs& a) {
   return 0;
 }
 
-}  // namespace loom::app
+}  // namespace loom::bench

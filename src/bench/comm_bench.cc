@@ -8,11 +8,10 @@
 #include <cstdio>
 #include <cstring>
 
-#include "commands.h"
-#include "config.h"
+#include "loom/bench/bench.h"
 #include "loom/comm/rendezvous.h"
 
-namespace loom::app {
+namespace loom::bench {
 namespace {
 
 using namespace loom::comm;
@@ -219,4 +218,4 @@ int run_bench_comm(const BenchCommArgs& a) {
   return 0;
 }
 
-}  // namespace loom::app
+}  // namespace loom::bench
