@@ -7,7 +7,7 @@
 #include "loom/core/error.h"
 #include "loom/core/log.h"
 #include "memory_plan.h"
-#include "ps_train.h"
+#include "loom/parallel/ps_job.h"
 #include "loom/parallel/mesh.h"
 
 namespace loom::app {
@@ -32,6 +32,42 @@ void install_terminate_handler() {
 bool terminate_requested() { return g_terminate != 0; }
 bool resize_requested() { return g_resize != 0; }
 
+namespace {
+
+// `loom train CFG --ps-join HOST:PORT`: one more worker for the running async or ssp job
+// whose store is at HOST:PORT; the config is resolved for the job's world, read from the store.
+void join_running_job(JobStart& job, const TrainArgs& a) {
+  if (a.resume || a.restart || !a.init_from.empty())
+    throw InputError("--ps-join with --resume, --restart or --init-from: a joining worker takes the job's parameters; "
+                     "expected none of them");
+  Config& c = job.c;
+  const auto [host, port] = launch::parse_master(a.ps_join);
+  if (port == 0) throw InputError(cat("--ps-join ", a.ps_join, ": expected the job's store as HOST:PORT with its port"));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(c.f("comm.timeout_s") * 1000));
+  job.join_store = std::make_unique<comm::TcpStore>(
+      comm::TcpStoreConfig{.host = host, .port = port, .secret = job.env.secret, .job_id = job.env.job_id},
+      comm::Clock::now() + timeout);
+  // The job's world and layout, which this worker's config must match.
+  const std::string published = job.join_store->get(parallel::kPsLayout, comm::Clock::now() + timeout);
+  const size_t nl = published.find('\n');
+  const int world = std::stoi(published.substr(0, nl));
+  c.resolve(world);
+  job.tc = train_config(c, 1);
+  const TrainConfig& t = job.tc;
+  if (t.layout != published.substr(nl + 1))
+    throw InputError(cat("--ps-join ", a.ps_join, ": this worker's layout \"", t.layout, "\" is not the job's \"",
+                         published.substr(nl + 1), "\"; join with the job's config"));
+  const parallel::PsMode mode = parallel::ps_mode_named(t.parallel.ps.mode);
+  if (t.parallel.ps.servers == 0 || mode == parallel::PsMode::kSync)
+    throw InputError(cat("--ps-join ", a.ps_join, ": the job trains ",
+                         t.parallel.ps.servers == 0 ? std::string("without parameter servers")
+                                                    : std::string("in sync mode, whose steps need a fixed set of workers"),
+                         "; workers join async and ssp jobs"));
+  job.ps_join_world = world;
+}
+
+}  // namespace
+
 JobStart start_job(const TrainArgs& a) {
   JobStart job;
   comm::LaunchEnv& env = job.env;
@@ -51,7 +87,7 @@ JobStart start_job(const TrainArgs& a) {
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
   if (!a.ps_join.empty()) {
-    job.exit = run_ps_join(c, a);
+    join_running_job(job, a);
     return job;
   }
   // An elastic job's ranks come as they are: the run takes the most of them its layout can

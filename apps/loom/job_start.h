@@ -25,7 +25,10 @@ struct JobStart {
   std::optional<launch::ElasticGeneration> elastic;  // under an elastic launcher: this generation
   bool restarted = false;                    // a later generation of an elastic job
   std::string memory_plan_line;  // logged once the input has been found good
-  std::optional<int> exit;       // set: nothing more to do (a dry run, an idle elastic rank, a ps join)
+  std::optional<int> exit;       // set: nothing more to do (a dry run, an idle elastic rank)
+  // --ps-join: the running job's store, and its world size (0: not joining).
+  std::unique_ptr<comm::Store> join_store;
+  int ps_join_world = 0;
 };
 
 JobStart start_job(const TrainArgs& a);

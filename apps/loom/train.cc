@@ -12,7 +12,6 @@
 #include "loom/core/host.h"
 #include "loom/core/log.h"
 #include "loom/checkpoint/outputs.h"
-#include "ps_train.h"
 #include "train_run.h"
 #include "train_watch.h"
 
@@ -25,7 +24,7 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
       env_(job.env),
       t_(job.tc),
       job_(job),
-      lead_(job.env.rank == 0),
+      lead_(job.env.rank == 0 && job.ps_join_world == 0),
       resume_(a.resume || (job.restarted && checkpoint::latest_step_dir(t_.checkpoint.root))),
       steps_(job.tc.training.steps),
       global_batch_(job.tc.training.global_batch),
@@ -33,6 +32,9 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
       per_rank_(global_batch_ / job.tc.parallel.layout.dp),
       end_step_(steps_) {
   if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
+  if (t_.parallel.ps.servers > 0 && !a.init_from.empty())
+    throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
+                     "--resume; expected no --init-from");
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
@@ -46,6 +48,11 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
 // is the mesh's, attached once the job has joined). A resume loads every weight: the
 // random initialization would be overwritten.
 void TrainRun::build_model() {
+  if (t_.parallel.ps.servers > 0) {  // whole on every rank; a worker pulls the servers' parameters
+    const bool server = job_.ps_join_world == 0 && env_.rank < t_.parallel.ps.servers;
+    w_ = make_workload(t_, {}, {}, /*init=*/!(server && resume_));
+    return;
+  }
   mesh_ = parallel::Mesh::at(t_.parallel.layout, env_.rank);
   w_ = make_workload(t_, parallel::mesh_part(t_.model.gpt.n_layer, mesh_), mesh_.shard(t_.parallel.sequence_parallel),
                      /*init=*/!resume_);
@@ -80,6 +87,7 @@ void TrainRun::check_finite() {
 }
 
 void TrainRun::load_weights() {
+  if (t_.parallel.ps.servers > 0 && (job_.ps_join_world > 0 || env_.rank >= t_.parallel.ps.servers)) return;  // a worker pulls
   ParamSet& params = w_.model->params();
   if (resume_) {
     ck_.emplace(parallel::open_for_resume(t_.checkpoint.root, w_.model_json(), t_.job.seed, steps_, global_batch_));
@@ -117,6 +125,7 @@ void TrainRun::load_weights() {
 // Joins the job, splits the mesh and lays the model out on it; then the optimizer state a
 // resume reads, and every replica's weights made equal.
 void TrainRun::parallelize() {
+  if (t_.parallel.ps.servers > 0) return join_ps();
   world_ = comm::join_world(
       env_, {.transport = t_.comm.transport,
              .timeout = std::chrono::milliseconds(static_cast<int64_t>(t_.comm.timeout_s * 1000))},
@@ -169,6 +178,14 @@ void TrainRun::open_outputs() {
   sampler_.emplace(w_.train->size(), t_.job.seed);
   progress_.emplace(steps_, t_.job.log_every, a_.quiet || !lead_);
   tokens_per_step_ = static_cast<double>(global_batch_ * w_.train->tokens_per_example());
+  if (ps_) {
+    log_ps_start();
+    layout_ = {{"world", ps_->world()}, {"ps_servers", ps_->servers()}, {"ps_workers", ps_->workers()},
+               {"ps_mode", t_.parallel.ps.mode}, {"dp", ps_->workers()}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
+    install_fault_hook(t_.debug.fault_at, rank());
+    delay_ms_ = step_delay_ms(t_.debug.delay_ms, rank());
+    return;
+  }
   log_start();
   layout_ = {{"world", world_->size()}, {"dp", mesh_.dp_size}, {"tp", mesh_.tp}, {"pp", mesh_.pp},
              {"virtual_stages", mesh_.v}, {"zero", t_.parallel.zero},
@@ -252,15 +269,14 @@ int run_train(const TrainArgs& a) {
   if (job.exit) return *job.exit;
   set_log_quiet(a.quiet || job.env.rank != 0);
   apply_compute_settings(job.c, job.env.local_size);
-  if (job.tc.parallel.ps.servers > 0) return run_ps_train(job.tc, a, job.env, job.restarted);
   TrainRun run(a, job);
   run.build_model();
   run.claim_run_dir();
   run.load_weights();
   run.parallelize();
   run.open_outputs();
-  const int64_t steps = job.tc.training.steps;
-  for (int64_t step = run.start_step(); step < steps && run.end_step() == steps; ++step) run.step(step);
+  if (run.serves()) return run.serve();
+  for (int64_t step = run.start_step(); run.goes_on(step); ++step) run.step(step);
   return run.finish();
 }
 

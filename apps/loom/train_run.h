@@ -1,5 +1,6 @@
 // One rank's run of `loom train` (train.cc: the model built, the run directory claimed, the
-// weights loaded, the model laid out; train_step.cc: the steps and what follows each).
+// weights loaded, the model laid out; train_step.cc: the steps and what follows each;
+// train_ps.cc: a parameter-server job's roles).
 // Thread-safety: the training thread's.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include "loom/data/data.h"
 #include "loom/obs/metrics.h"
 #include "loom/parallel/parallelize.h"
+#include "loom/parallel/ps_job.h"
 #include "loom/comm/rendezvous.h"
 #include "loom/parallel/step_tracer.h"
 #include "loom/obs/straggler.h"
@@ -32,6 +34,9 @@ namespace loom::app {
 // One rank's run of `loom train` after its config is resolved: the model built, the run
 // directory claimed, the weights loaded, the job joined and the model laid out, then the
 // steps with their metrics, evaluations and checkpoints. The methods run in that order.
+// With parameter servers ([parallel] ps_servers > 0) a worker steps through the same
+// parallel::Parallelized interface (its step pushes to and pulls from the servers), and a
+// server's rank serves() instead of stepping: the first server keeps the run's books.
 class TrainRun {
  public:
   TrainRun(const TrainArgs& a, JobStart& job);
@@ -40,8 +45,13 @@ class TrainRun {
   void load_weights();
   void parallelize();
   void open_outputs();
+  // A parameter server's rank: serve() in place of the steps.
+  bool serves() const { return ps_ && ps_->server(); }
+  int serve();
   int64_t start_step() const { return start_step_; }
-  int64_t end_step() const { return end_step_; }
+  // Whether the run goes on to `step` (0-based): not past training.steps, not stopped early
+  // (SIGTERM, a resize); a parameter-server worker: until the servers say the run is over.
+  bool goes_on(int64_t step) const;
   void step(int64_t step);
   int finish();
 
@@ -55,6 +65,13 @@ class TrainRun {
   double save(int64_t step, bool loss_finite);
   void saved(const std::optional<std::string>& dir);
   void print_summary() const;
+  // Parameter servers (train_ps.cc).
+  void join_ps();
+  void ps_step(int64_t step);
+  int finish_ps();
+  void log_ps_start();
+  int rank() const { return ps_ ? ps_->rank() : env_.rank; }  // in the job (a joined worker's too)
+  std::string role() const;  // "parameter server S" / "worker W" / "joined worker rank R", for errors
 
   const TrainArgs& a_;
   comm::LaunchEnv& env_;
@@ -75,6 +92,8 @@ class TrainRun {
   std::unique_ptr<comm::TcpStoreServer> server_;
   std::unique_ptr<comm::Store> store_;
   std::unique_ptr<comm::Communicator> world_;
+  std::optional<parallel::PsJob> ps_;  // [parallel] ps_servers > 0
+  std::unique_ptr<parallel::ParamServer> ps_server_;  // a server's
   std::unique_ptr<parallel::Parallelized> pm_;
   std::vector<uint8_t> zeros_kept_;  // [training] keep_zeros
   std::optional<obs::Trace> trace_;

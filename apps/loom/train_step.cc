@@ -64,7 +64,12 @@ std::array<bool, 3> TrainRun::agree(int64_t done, double busy_ms, obs::JsonLine&
 // One optimizer step and what follows it: the metrics line, an evaluation, a checkpoint.
 // A RuntimeError (a dead peer, a stall, a loss that is not finite) names the step and the
 // rank's place, and points to this rank's flight recorder.
+bool TrainRun::goes_on(int64_t step) const {
+  return ps_ ? !pm_->run_over() : step < steps_ && end_step_ == steps_;
+}
+
 void TrainRun::step(int64_t step) {
+  if (ps_) return ps_step(step);
   try {
     train_step(step);
   } catch (const RuntimeError& e) {
@@ -216,6 +221,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
 }
 
 int TrainRun::finish() {
+  if (ps_) return finish_ps();
   saved(saver_->wait());  // the last save complete before the run reports done
   progress_->finish();
   if (end_step_ == steps_ && w_.val && last_eval_.items > 0 && last_eval_.accuracy >= 0) {

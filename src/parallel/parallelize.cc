@@ -36,8 +36,13 @@ EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t m
   return r;
 }
 
-struct Parallelized::Impl {
-  Impl(nn::Model& m, Mesh& me, comm::Communicator& w, const StepConfig& c)
+namespace {
+
+// The mesh's step: data parallelism (and ZeRO) over the replicas, the pipeline executor over
+// the stages, the tensor-parallel seam the model was built with.
+class MeshStep final : public Parallelized {
+ public:
+  MeshStep(nn::Model& m, Mesh& me, comm::Communicator& w, const StepConfig& c)
       : model(m),
         mesh(me),
         world(w),
@@ -46,6 +51,21 @@ struct Parallelized::Impl {
         dp(me.split() ? *me.dp : w, m.params(), c.optimizer, c.dp, m.block_offsets()),
         scaler(c.loss_scale),
         ctx(m.make_ctx()) {}
+  ~MeshStep() override {
+    for (nn::BlockHooks::Id id : hooks) model.hooks().remove(id);
+  }
+
+  StepResult step(int64_t step, const MicroBatches& batch, double lr) override;
+  EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch) override;
+  void sync_params() override { dp.sync_params(); }
+  RankShare share(checkpoint::PieceArena* arena) const override { return rank_share(mesh, model.params(), dp, arena); }
+  size_t share_bytes() const override { return parallel::share_bytes(mesh, model.params(), dp); }
+  void load_optimizer(checkpoint::Checkpoint& ck) override;
+  optim::LossScaler& loss_scaler() override { return scaler; }
+  void set_tracer(StepTracer* tracer) override;
+  void set_loss_targets(LossTargets targets) override;
+  StateBytes state_bytes() const override { return dp.state_bytes(); }
+  int replica() const override { return dp.rank(); }
 
   nn::Model& model;
   Mesh& mesh;
@@ -67,38 +87,7 @@ struct Parallelized::Impl {
   EvalResult evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch);
 };
 
-Parallelized::Parallelized(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-Parallelized::~Parallelized() {
-  for (nn::BlockHooks::Id id : impl_->hooks) impl_->model.hooks().remove(id);
-}
-
-std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
-                                          const StepConfig& config) {
-  auto impl = std::make_unique<Parallelized::Impl>(model, mesh, world, config);
-  Parallelized::Impl& m = *impl;
-  if (mesh.split()) m.dp.set_stage_groups(stage_groups(mesh, model.params()));
-  Parallelized::Impl* p = &m;
-  // The block hooks: data parallelism's (which starts the replicas' sums of each block's
-  // gradients as they become final) and, without a pipeline (whose executor traces its own
-  // actions), a traced step's spans around each block, data parallelism's waits between.
-  if (!m.piped)
-    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
-      if (p->tracer) p->tracer->before_block(b, ph);
-    }));
-  m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) { p->dp.on_block(b, ph); }));
-  if (!m.piped)
-    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
-      if (p->tracer) p->tracer->after_block(b, ph);
-    }));
-  if (m.piped)
-    m.pipe = std::make_unique<Pipeline>(
-        *mesh.pipe, make_schedule(config.pp_schedule, mesh.pp, static_cast<int>(config.accum), mesh.v), model,
-        mesh.stage_ranks());
-  return std::unique_ptr<Parallelized>(new Parallelized(std::move(impl)));
-}
-
-std::vector<double> Parallelized::Impl::micro_steps(const MicroBatches& batch, double scale) {
+std::vector<double> MeshStep::micro_steps(const MicroBatches& batch, double scale) {
   std::vector<double> losses;
   if (piped) {
     if (tracer) tracer->push(cat("pipeline ", schedule_kind_name(config.pp_schedule), ", stage ", mesh.stage));
@@ -125,8 +114,8 @@ std::vector<double> Parallelized::Impl::micro_steps(const MicroBatches& batch, d
   return losses;
 }
 
-StepResult Parallelized::step(int64_t step, const MicroBatches& batch, double lr) {
-  Impl& m = *impl_;
+StepResult MeshStep::step(int64_t step, const MicroBatches& batch, double lr) {
+  MeshStep& m = *this;
   StepResult r;
   m.dp.begin_step();
   // fp16: the loss times the scale (times 2^40 in a step debug.overflow_at names).
@@ -140,7 +129,7 @@ StepResult Parallelized::step(int64_t step, const MicroBatches& batch, double lr
   return r;
 }
 
-void Parallelized::Impl::finish(StepResult& r, int64_t step, double lr) {
+void MeshStep::finish(StepResult& r, int64_t step, double lr) {
   if (tracer) tracer->push("optimizer step");
   r.grad_norm = dp.finish_step(lr, config.grad_clip, r.loss_scale);
   if (tracer) tracer->pop();
@@ -173,7 +162,7 @@ void Parallelized::Impl::finish(StepResult& r, int64_t step, double lr) {
 }
 
 // Forward only through the stages, a batch at a time; the last stage's sum to every stage.
-EvalResult Parallelized::Impl::evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch) {
+EvalResult MeshStep::evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch) {
   const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
   double sum = 0;
   std::vector<int64_t> items;
@@ -193,8 +182,8 @@ EvalResult Parallelized::Impl::evaluate_stages(const data::Examples& val, int64_
 // Every rank evaluates its own part of the model in its own layout: pipeline stages in turn,
 // tensor-parallel pieces with the vocabulary-parallel loss, ZeRO 3 gathering a block at a
 // time through the block hook; rank 0's figures go to every rank.
-EvalResult Parallelized::evaluate(const data::Examples& val, int64_t max_items, int64_t batch) {
-  Impl& m = *impl_;
+EvalResult MeshStep::evaluate(const data::Examples& val, int64_t max_items, int64_t batch) {
+  MeshStep& m = *this;
   // The steps' own context (its arena keeps a micro-batch's memory); a teacher's targets
   // there are dropped, so that validation is the plain cross-entropy.
   if (!m.piped) m.model.loss_ctx(*m.ctx).distill = {};
@@ -207,24 +196,14 @@ EvalResult Parallelized::evaluate(const data::Examples& val, int64_t max_items, 
   return {.loss = figures[0], .accuracy = figures[1], .items = static_cast<int64_t>(figures[2])};
 }
 
-void Parallelized::sync_params() { impl_->dp.sync_params(); }
-
-RankShare Parallelized::share(checkpoint::PieceArena* arena) const {
-  return rank_share(impl_->mesh, impl_->model.params(), impl_->dp, arena);
+void MeshStep::load_optimizer(checkpoint::Checkpoint& ck) {
+  optim::RangeState st = dp.kept_optimizer_state();  // in place, only what this rank keeps
+  ck.load_optimizer(model.params(), st);
+  dp.set_optimizer_steps(st.steps);
 }
 
-size_t Parallelized::share_bytes() const { return parallel::share_bytes(impl_->mesh, impl_->model.params(), impl_->dp); }
-
-void Parallelized::load_optimizer(checkpoint::Checkpoint& ck) {
-  optim::RangeState st = impl_->dp.kept_optimizer_state();  // in place, only what this rank keeps
-  ck.load_optimizer(impl_->model.params(), st);
-  impl_->dp.set_optimizer_steps(st.steps);
-}
-
-optim::LossScaler& Parallelized::loss_scaler() { return impl_->scaler; }
-
-void Parallelized::set_tracer(StepTracer* tracer) {
-  Impl& m = *impl_;
+void MeshStep::set_tracer(StepTracer* tracer) {
+  MeshStep& m = *this;
   m.tracer = tracer;
   if (tracer == nullptr) {
     m.dp.set_comm_observer(nullptr);
@@ -239,12 +218,36 @@ void Parallelized::set_tracer(StepTracer* tracer) {
         [tracer](const PipeSpan& s) { tracer->trace().span(obs::Trace::kTraining, s.what, s.begin, s.end); });
 }
 
-void Parallelized::set_loss_targets(LossTargets targets) {
-  impl_->loss_targets = targets;
-  if (impl_->piped) impl_->pipe->set_loss_targets(std::move(targets));
+void MeshStep::set_loss_targets(LossTargets targets) {
+  loss_targets = targets;
+  if (piped) pipe->set_loss_targets(std::move(targets));
 }
 
-StateBytes Parallelized::state_bytes() const { return impl_->dp.state_bytes(); }
-int Parallelized::replica() const { return impl_->dp.rank(); }
+}  // namespace
+
+std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
+                                          const StepConfig& config) {
+  auto impl = std::make_unique<MeshStep>(model, mesh, world, config);
+  MeshStep& m = *impl;
+  if (mesh.split()) m.dp.set_stage_groups(stage_groups(mesh, model.params()));
+  MeshStep* p = &m;
+  // The block hooks: data parallelism's (which starts the replicas' sums of each block's
+  // gradients as they become final) and, without a pipeline (whose executor traces its own
+  // actions), a traced step's spans around each block, data parallelism's waits between.
+  if (!m.piped)
+    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
+      if (p->tracer) p->tracer->before_block(b, ph);
+    }));
+  m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) { p->dp.on_block(b, ph); }));
+  if (!m.piped)
+    m.hooks.push_back(model.hooks().add([p](int b, BlockPhase ph) {
+      if (p->tracer) p->tracer->after_block(b, ph);
+    }));
+  if (m.piped)
+    m.pipe = std::make_unique<Pipeline>(
+        *mesh.pipe, make_schedule(config.pp_schedule, mesh.pp, static_cast<int>(config.accum), mesh.v), model,
+        mesh.stage_ranks());
+  return impl;
+}
 
 }  // namespace loom::parallel

@@ -24,7 +24,9 @@
 #include "loom/parallel/mesh.h"
 #include "loom/nn/model.h"
 #include "loom/optim/optim.h"
+#include "loom/parallel/param_server.h"
 #include "loom/parallel/pipeline.h"
+#include "loom/parallel/ps_job.h"
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/step_tracer.h"
 #include "loom/parallel/tensor_parallel.h"
@@ -59,6 +61,7 @@ struct StepResult {
   std::optional<TensorParallelSeam::Stats> tp;  // tp > 1
   std::optional<PipelineStats> pipe;            // pp > 1
   PipelineBubble bubble;                        // pp > 1
+  std::optional<PsReply> ps;                    // a parameter-server worker's exchange
 };
 
 // Validation over a dataset: the mean loss, a classifier's accuracy (-1 otherwise), and
@@ -78,49 +81,50 @@ EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t m
 // What the loss mixes in for a micro-batch (distillation's targets), set from its inputs.
 using LossTargets = std::function<void(const Tensor& inputs, nn::CrossEntropyCtx& loss)>;
 
+// The training step of one rank, whatever the layout: a mesh of data, pipeline and tensor
+// parallelism (parallelize), or a parameter-server worker (parallelize_ps_worker).
 class Parallelized {
  public:
-  ~Parallelized();
-  Parallelized(const Parallelized&) = delete;
-  Parallelized& operator=(const Parallelized&) = delete;
+  virtual ~Parallelized() = default;
 
   // One optimizer step (the 1-based `step` for debug.overflow_at) over this replica's
   // micro-batches batch(0) ... batch(accum - 1), at learning rate lr. RuntimeError when the
   // fp16 gradients overflow even at the smallest loss scale. Collective over the mesh.
   using MicroBatches = std::function<data::Batch(int64_t microbatch)>;
-  StepResult step(int64_t step, const MicroBatches& batch, double lr);
+  virtual StepResult step(int64_t step, const MicroBatches& batch, double lr) = 0;
 
   // Validation of the model as trained, in its layout: no rank gathers the model or
   // computes whole logits unless the layout is whole (pipeline stages forward in turn,
   // tensor-parallel pieces with the vocabulary-parallel loss, ZeRO 3 a block at a time).
-  // Every rank gets the figures. Collective over the mesh.
-  EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch);
+  // Every rank gets the figures. Collective over the mesh. (A parameter-server worker
+  // does not evaluate: the first server does.)
+  virtual EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch) = 0;
 
   // Broadcasts replica 0's parameters and checks every replica holds the same bits; ZeRO 3
-  // then keeps only this rank's parts. Collective, before the first step.
-  void sync_params();
+  // then keeps only this rank's parts (a parameter-server worker: pulls the servers'
+  // parameters). Collective, before the first step.
+  virtual void sync_params() = 0;
+  // Where the steps are counted elsewhere (a parameter-server worker: by the servers), the
+  // steps done when sync_params() or the last step() returned; nullopt for the caller's own count.
+  virtual std::optional<int64_t> steps_done() const { return std::nullopt; }
+  // Whether the run is over by someone else's count (a parameter-server worker: the servers
+  // said so); the caller stops stepping.
+  virtual bool run_over() const { return false; }
   // This rank's share of a checkpoint, from its own masters (ZeRO 3: its shard), and its size.
-  RankShare share(checkpoint::PieceArena* arena) const;  // arena null: made in place (rank_share)
-  size_t share_bytes() const;
+  virtual RankShare share(checkpoint::PieceArena* arena) const = 0;  // arena null: made in place (rank_share)
+  virtual size_t share_bytes() const = 0;
   // Loads the optimizer state this rank keeps from `ck` and the optimizer's step count.
-  void load_optimizer(checkpoint::Checkpoint& ck);
+  virtual void load_optimizer(checkpoint::Checkpoint& ck) = 0;
 
   // fp16's loss scale, to save and restore.
-  optim::LossScaler& loss_scaler();
+  virtual optim::LossScaler& loss_scaler() = 0;
   // Traces (null: off): the steps record their spans and collectives into `tracer`.
-  void set_tracer(StepTracer* tracer);
+  virtual void set_tracer(StepTracer* tracer) = 0;
   // What the loss mixes in (distillation); empty: the plain cross-entropy.
-  void set_loss_targets(LossTargets targets);
+  virtual void set_loss_targets(LossTargets targets) = 0;
 
-  StateBytes state_bytes() const;
-  int replica() const;  // this rank's data-parallel index
-
- private:
-  friend std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
-                                                   const StepConfig& config);
-  struct Impl;
-  explicit Parallelized(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  virtual StateBytes state_bytes() const = 0;
+  virtual int replica() const = 0;  // this rank's data-parallel index (a worker's data shard)
 };
 
 // Lays out `model` (already this rank's part and tensor-parallel piece: mesh_part() and
@@ -128,5 +132,13 @@ class Parallelized {
 // result. Collective over the mesh (the pipeline's links).
 std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
                                           const StepConfig& config);
+
+// A parameter-server worker's step (docs/parallelism.md, "Parameter servers"): this
+// worker's micro-batches summed (with its host's workers first when `job` groups them),
+// clipped by this worker's norm in async and ssp, pushed to every server, and the new
+// parameters pulled. StepResult::ps says what the servers answered; once its `stop` is
+// set the worker has said goodbye and the run is over. `model` is whole; config.accum is
+// this worker's micro-batches per step. The model and job outlive the result.
+std::unique_ptr<Parallelized> parallelize_ps_worker(nn::Model& model, PsJob& job, const StepConfig& config);
 
 }  // namespace loom::parallel
