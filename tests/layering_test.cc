@@ -3,7 +3,7 @@
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
 //   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
-//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch, bench
+//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch;  serve, comm <- bench
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -35,7 +35,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/parallel/memory_plan.h", "parallel"}, {"loom/parallel/parallelize.h", "parallel"}, {"loom/parallel/stage_costs.h", "parallel"}, {"loom/parallel/step_tracer.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
-    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"},
+    {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"}, {"loom/serve/teacher.h", "serve"},
     {"loom/launch/launch.h", "launch"}, {"loom/bench/bench.h", "bench"}, {"loom/launch/rank_group.h", "launch"},
 };
 
@@ -52,7 +52,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"parallel", {"parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
     {"serve", {"serve", "nn", "checkpoint", "optim", "kernels", "core"}},
     {"launch", {"launch", "comm", "core"}},
-    {"bench", {"bench", "comm", "core"}},
+    {"bench", {"bench", "serve", "comm", "nn", "checkpoint", "optim", "kernels", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

@@ -1,17 +1,13 @@
-// `loom bench train` and `loom bench gemm`: training throughput and the sgemm peak it is
-// measured against (MFU). Benchmarks, never timed tests; figures go to docs/perf.md.
-#include <cblas.h>
-
+// `loom bench train`: training throughput against the sgemm peak (MFU); and `loom bench
+// gemm`'s flags (its measurements are loom/bench/bench.h's). Benchmarks, never timed tests;
+// figures go to docs/perf.md.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 
 #include "commands.h"
 #include "config.h"
-#include "kernels/gemm/gemm.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/pointwise.h"
+#include "loom/bench/bench.h"
 #include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/optim.h"
@@ -31,155 +27,37 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Best-of sgemm GFLOP/s for C (m, n) = op(A) (m, k) op(B) (k, n) on the current backend.
-double sgemm_gflops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int reps) {
-  std::vector<float> a(m * k), b(k * n), c(m * n, 0.0f);
-  Rng r(7);
-  for (auto& x : a) x = static_cast<float>(r.normal());
-  for (auto& x : b) x = static_cast<float>(r.normal());
-  double best = 0;
-  for (int i = 0; i < reps; ++i) {
-    double t0 = now_s();
-    kernels::gemm<float>(ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, false, c.data(), n);
-    double dt = now_s() - t0;
-    best = std::max(best, 2.0 * m * n * k / dt / 1e9);
-  }
-  return best;
-}
-
-// The MLP's first projection and its GELU (rows x d -> rows x 4d): best ms of `reps` runs,
-// as two passes (the product, then gelu_forward over it) or fused (the GELU in the GEMM's
-// epilogue, tile by tile).
-double fc_gelu_ms(int64_t rows, int64_t d, bool fused, int reps) {
-  const int64_t h = 4 * d;
-  std::vector<float> x(rows * d), w(d * h), bias(h), out(rows * h), act(rows * h);
-  Rng r(7);
-  for (auto* v : {&x, &w, &bias})
-    for (auto& e : *v) e = static_cast<float>(0.1 * r.normal());
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_s();
-    kernels::matmul_forward(out.data(), x.data(), w.data(), bias.data(), rows, d, h, kernels::WeightLayout::kKM,
-                            fused ? act.data() : nullptr);
-    if (!fused) kernels::gelu_forward(act.data(), out.data(), rows * h);
-    best = std::min(best, (now_s() - t0) * 1e3);
-  }
-  return best;
-}
-
-// The residual add and the LayerNorm after it (rows x d): best ms of `reps` runs, as two
-// passes (add_forward, then layernorm_forward) or fused (one pass over the rows).
-double add_layernorm_ms(int64_t rows, int64_t d, bool fused, int reps) {
-  std::vector<float> x(rows * d), r(rows * d), w(d, 1.0f), b(d, 0.0f), y(rows * d), mean(rows), rstd(rows);
-  Rng g(7);
-  for (auto* v : {&x, &r})
-    for (auto& e : *v) e = static_cast<float>(g.normal());
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = now_s();
-    if (fused) {
-      kernels::add_layernorm_forward(x.data(), r.data(), y.data(), mean.data(), rstd.data(), w.data(), b.data(), rows, d);
-    } else {
-      kernels::add_forward(x.data(), x.data(), r.data(), rows * d);
-      kernels::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, d);
-    }
-    best = std::min(best, (now_s() - t0) * 1e3);
-  }
-  return best;
-}
-
-// The peak Loom's MFU is measured against: the best of large square sgemm.
-double sgemm_peak(int threads) {
-  set_compute_threads(threads);
-  return std::max(sgemm_gflops(false, false, 2048, 2048, 2048, 5), sgemm_gflops(false, false, 4096, 4096, 1024, 3));
-}
-
-struct GemmShape {
-  std::string name;
-  bool ta, tb;
-  int64_t m, n, k;
-};
-
-// Every distinct GEMM of one GPT training step with `rows` = micro-batch x seq_len rows:
-// forward (NN; the tied head NT), input gradients (NT; head NN) and weight gradients (TN).
-// The per-head attention products are not here (their own kernel).
-std::vector<GemmShape> gpt_gemm_shapes(const std::string& preset, int64_t rows) {
-  Config c;
-  c.set("model.preset", preset);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  const int64_t d = c.i("model.d_model"), v = c.i("model.vocab_size");
-  struct Linear {
-    const char* name;
-    int64_t k, m;
-  };
-  const Linear linears[] = {{"qkv", d, 3 * d}, {"attn.proj", d, d}, {"fc", d, 4 * d}, {"fc.proj", 4 * d, d}};
-  std::vector<GemmShape> out;
-  for (const Linear& l : linears) {
-    out.push_back({cat(preset, " ", l.name, " fwd"), false, false, rows, l.m, l.k});
-    out.push_back({cat(preset, " ", l.name, " dinp"), false, true, rows, l.k, l.m});
-    out.push_back({cat(preset, " ", l.name, " dw"), true, false, l.k, l.m, rows});
-  }
-  out.push_back({cat(preset, " head fwd"), false, true, rows, v, d});
-  out.push_back({cat(preset, " head dinp"), false, false, rows, d, v});
-  out.push_back({cat(preset, " head dw"), true, false, v, d, rows});
-  return out;
-}
-
 }  // namespace
 
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
-  check_flag_range("--threads", threads, 1, kMaxBenchThreads);
-  std::vector<GemmShape> shapes = {{"square 2048", false, false, 2048, 2048, 2048}};
-  for (const GemmShape& s : gpt_gemm_shapes("gpt-mini", 8 * 256)) shapes.push_back(s);
-  for (const GemmShape& s : gpt_gemm_shapes("gpt2-124m", 1024)) shapes.push_back(s);
+  check_flag_range("--threads", threads, 1, bench::kMaxBenchThreads);
+  // The shapes of gpt-mini's step (8 x 256 rows) and gpt2-124m's (1024 rows).
+  std::vector<bench::GemmModel> models;
+  for (const auto& [preset, rows] : {std::pair{"gpt-mini", int64_t{8 * 256}}, std::pair{"gpt2-124m", int64_t{1024}}}) {
+    Config c;
+    c.set("model.preset", std::string(preset));
+    c.set("data.train", std::string("-"));
+    c.resolve();
+    models.push_back({preset, c.i("model.d_model"), c.i("model.vocab_size"), rows});
+  }
   Config c;
   c.set("job.gemm_path", path_name);
   c.set("data.train", std::string("-"));
   c.resolve();
   apply_compute_settings(c);  // InputError when the CPU lacks the path
-  const kernels::GemmPath path = kernels::gemm_active_path();
-  std::printf("# loom bench gemm: Loom's GEMM (%s micro-kernel) beside OpenBLAS (%s), best of 5 runs; GFLOP/s\n",
-              kernels::gemm_path_name(path), openblas_get_corename());
-  for (int64_t t : threads) {
-    const int th = static_cast<int>(t);
-    set_compute_threads(th);
-    const double peak = kernels::fma_peak_gflops(path, th);
-    std::printf("\n# %d thread(s): FMA peak %.1f GFLOP/s (%s, measured now)\n", th, peak, kernels::gemm_path_name(path));
-    std::printf("%-28s %2s %6s %6s %6s %9s %9s %7s %9s\n", "shape", "op", "M", "N", "K", "loom", "openblas", "ratio", "%peak");
-    for (const GemmShape& s : shapes) {
-      const int reps = 2.0 * s.m * s.n * s.k > 2e10 ? 3 : 5;
-      kernels::set_gemm_backend(kernels::GemmBackend::kOpenBlas);
-      const double blas = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
-      kernels::set_gemm_backend(kernels::GemmBackend::kLoom);
-      const double loom = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
-      std::printf("%-28s %c%c %6lld %6lld %6lld %9.1f %9.1f %6.2fx %8.1f%%\n", s.name.c_str(), s.ta ? 'T' : 'N', s.tb ? 'T' : 'N',
-                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), loom, blas, loom / blas,
-                  100.0 * loom / peak);
-      std::fflush(stdout);
-    }
-    // Fewer passes over memory (issue 12, item 3): the same product with its GELU.
-    std::printf("%-28s %6s %6s %12s %12s %7s\n", "fused elementwise", "rows", "d", "two passes", "fused", "saved");
-    for (const auto& [preset, rows] : {std::pair{"gpt-mini", int64_t{8 * 256}}, std::pair{"gpt2-124m", int64_t{1024}}}) {
-      Config pc;
-      pc.set("model.preset", std::string(preset));
-      pc.set("data.train", std::string("-"));
-      pc.resolve();
-      const int64_t width = pc.i("model.d_model");
-      for (const bool ln : {false, true}) {
-        const double apart = ln ? add_layernorm_ms(rows, width, false, 21) : fc_gelu_ms(rows, width, false, 7);
-        const double fused = ln ? add_layernorm_ms(rows, width, true, 21) : fc_gelu_ms(rows, width, true, 7);
-        std::printf("%-28s %6lld %6lld %9.2f ms %9.2f ms %6.1f%%\n", cat(preset, ln ? " residual + LN" : " c_fc + GELU").c_str(),
-                    static_cast<long long>(rows), static_cast<long long>(width), apart, fused, 100.0 * (apart - fused) / apart);
-        std::fflush(stdout);
-      }
-    }
-  }
-  return 0;
+  return bench::run_bench_gemm(threads, models);
+}
+
+int run_bench_decode(const BenchDecodeArgs& a) {
+  Config c;
+  c.set("model.preset", a.preset);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  return bench::run_bench_decode(a, gpt_config(c));
 }
 
 int run_bench_train(const BenchTrainArgs& a) {
-  check_flag_range("--threads", a.threads, 1, kMaxBenchThreads);
+  check_flag_range("--threads", a.threads, 1, bench::kMaxBenchThreads);
   check_flag_range("--micro-batch", a.micro_batch, 1, 1 << 12);
   check_flag_range("--steps", a.steps, 1, 1 << 20);
   check_flag_range("--warmup", a.warmup, 0, 1 << 20);
@@ -202,7 +80,7 @@ int run_bench_train(const BenchTrainArgs& a) {
   for (int64_t th : a.threads) {
     // The machine is shared: the peak is the best of a measurement before and one after
     // the timed steps, so one noisy moment does not inflate MFU.
-    double peak = a.peak_gflops > 0 ? a.peak_gflops : sgemm_peak(static_cast<int>(th));
+    double peak = a.peak_gflops > 0 ? a.peak_gflops : bench::sgemm_peak_gflops(static_cast<int>(th));
     set_compute_threads(static_cast<int>(th));
     nn::Gpt gpt(cfg);
     gpt.init(0);
@@ -228,7 +106,7 @@ int run_bench_train(const BenchTrainArgs& a) {
       opt->step(3e-4);
       if (s >= a.warmup) times.push_back(now_s() - t0);
     }
-    if (a.peak_gflops <= 0) peak = std::max(peak, sgemm_peak(static_cast<int>(th)));
+    if (a.peak_gflops <= 0) peak = std::max(peak, bench::sgemm_peak_gflops(static_cast<int>(th)));
     const double step = median(times);
     const double tps = static_cast<double>(b * t) / step;
     // Model FLOPs, attention counted in full as the PyTorch peer counts it (Loom skips the

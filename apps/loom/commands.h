@@ -87,19 +87,8 @@ struct BenchTrainArgs {
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
 
-struct BenchDecodeArgs {
-  std::string preset = "gpt-mini";
-  std::vector<int64_t> batch = {1, 4, 16};  // sequences decoded together
-  std::vector<int64_t> threads = {1, 2};
-  int64_t from = 10, to = 74;  // positions each sequence decodes, then starts again
-  int64_t steps = 2000, warmup = 100;
-  std::string quantize = "none";  // or int8
-  bool grouped = false;            // Gpt::decode_grouped: a group of sequences per thread
-  int64_t lanes = 1;               // decoding threads, each its share of the batch and of the threads
-  bool plain = false;              // f32 weights in place, not in panels (Gpt::use_panels)
-  std::string kv_cache_dtype = "f32";  // or bf16
-};
-int run_bench_decode(const BenchDecodeArgs& a);
+using bench::BenchDecodeArgs;  // loom/bench/bench.h
+int run_bench_decode(const BenchDecodeArgs& a);  // bench.cc: the preset resolved, then bench::run_bench_decode
 
 using bench::BenchServeArgs;  // loom/bench/bench.h
 using bench::run_bench_serve;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <numeric>
 #include <tuple>
 
@@ -87,42 +86,16 @@ std::vector<parallel::PipeCosts> stage_costs(const PlanArgs& a, const parallel::
 
 // One line per schedule: the numbers to pick a schedule by.
 int compare_all(const PlanArgs& a, const parallel::PipeCosts& given) {
-  std::map<int, std::vector<parallel::PipeCosts>> measured;  // by chunks per stage
-  std::map<int, std::string> unmeasurable;                   // ... and why a chunk count is not
-  measured[1] = stage_costs(a, given, 1);
-  const int chunks = std::max(2, a.virtual_stages);
-  try {
-    measured[chunks] = stage_costs(a, given, chunks);
-  } catch (const InputError& e) {
-    unmeasurable[chunks] = e.what();
-  }
   if (a.config.empty())
     std::printf("%d stages, %d micro-batches; per stage: forward %g ms, backward %g ms, transfer %g ms\n", a.pp,
                 a.microbatches, a.forward_ms, a.backward_ms, a.transfer_ms);
   else
     std::printf("%d stages, %d micro-batches; the stages of %s measured (once per chunk count); transfer %g ms\n", a.pp,
                 a.microbatches, a.config.c_str(), a.transfer_ms);
-  std::printf("%-12s %7s %11s %9s %9s %22s\n", "schedule", "chunks", "step (ms)", "bubble", "closed", "peak activations (MiB)");
-  for (auto kind : {parallel::ScheduleKind::kGpipe, parallel::ScheduleKind::kOneFOneB, parallel::ScheduleKind::kInterleaved,
-                    parallel::ScheduleKind::kZeroBubble}) {
-    const int v = kind == parallel::ScheduleKind::kInterleaved ? std::max(2, a.virtual_stages) : 1;
-    const auto rule = parallel::microbatch_rule(kind, a.pp, v);
-    if (a.microbatches < rule.minimum || a.microbatches % rule.multiple_of != 0) {
-      std::printf("%-12s %7d %11s  (needs a multiple of %d micro-batches, at least %d)\n",
-                  parallel::schedule_kind_name(kind), v, "-", rule.multiple_of, rule.minimum);
-      continue;
-    }
-    if (unmeasurable.count(v)) {
-      std::printf("%-12s %7d %11s  (%s)\n", parallel::schedule_kind_name(kind), v, "-", unmeasurable[v].c_str());
-      continue;
-    }
-    const parallel::Schedule s = parallel::make_schedule(kind, a.pp, a.microbatches, v);
-    const parallel::Simulation sim = parallel::simulate_stages(s, measured[v]);
-    double peak = 0;
-    for (double m : sim.peak_activation_mb) peak = std::max(peak, m);
-    std::printf("%-12s %7d %11.4g %8.1f%% %8.1f%% %22.4g\n", parallel::schedule_kind_name(kind), v, sim.step_ms,
-                100 * sim.bubble, 100 * parallel::closed_form_bubble(kind, a.pp, a.microbatches, v), peak);
-  }
+  std::fflush(stdout);  // measuring prints each stage's costs
+  const std::string table = parallel::compare_schedules(a.pp, a.microbatches, a.virtual_stages,
+                                                        [&](int v) { return stage_costs(a, given, v); });
+  std::printf("%s", table.c_str());
   return 0;
 }
 
@@ -164,14 +137,7 @@ int run_plan(const PlanArgs& a) {
   else
     std::printf("schedule %s: %d stage(s) x %d chunk(s), %d micro-batches; stage costs measured above, transfer %g ms\n",
                 a.schedule.c_str(), a.pp, a.virtual_stages, a.microbatches, a.transfer_ms);
-  std::printf("predicted step %.4g ms, bubble %.1f%% (closed form for uniform stages and free transfers: %.1f%%)\n",
-              sim.step_ms, 100 * sim.bubble, 100 * parallel::closed_form_bubble(kind, a.pp, a.microbatches, a.virtual_stages));
-  for (int st = 0; st < a.pp; ++st)
-    std::printf("stage %d: busy %.4g ms, idle %.4g ms, peak %d chunk activation(s) in flight = %.4g MiB\n", st,
-                sim.busy_ms[st], sim.step_ms - sim.busy_ms[st], sim.peak_in_flight[st], sim.peak_activation_mb[st]);
-  std::printf("\n%s", parallel::draw_text(s, sim, a.width).c_str());
-  std::printf("F forward, B backward, b input gradients, w weight gradients, then the micro-batch%s; '.' idle\n",
-              a.virtual_stages > 1 ? "/chunk" : "");
+  std::printf("%s", parallel::describe_simulation(kind, s, sim, a.width).c_str());
   if (!a.svg.empty()) {
     const std::string title = cat(a.schedule, ": ", a.pp, " stages, ", a.microbatches, " micro-batches",
                                   a.virtual_stages > 1 ? cat(", ", a.virtual_stages, " chunks per stage") : std::string());

@@ -44,7 +44,9 @@ Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::S
   gpt->set_recompute(t.training.recompute);
   gpt->set_precision(t.training.precision);
   // Only the processes that compute the loss (the last pipeline stage) need the teacher.
-  if (!t.training.teacher.empty() && part.head) w.teacher = std::make_unique<Teacher>(t);
+  if (!t.training.teacher.empty() && part.head)
+    w.teacher = std::make_unique<serve::Teacher>(t.training.teacher, t.model.gpt, t.training.distill_alpha,
+                                                 t.training.distill_temperature);
   w.model = std::move(gpt);
   return w;
 }

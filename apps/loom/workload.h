@@ -13,7 +13,7 @@
 #include "loom/data/examples.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/model.h"
-#include "teacher.h"
+#include "loom/serve/teacher.h"
 
 namespace loom::app {
 
@@ -21,7 +21,7 @@ struct Workload {
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<data::Examples> train;
   std::unique_ptr<data::Examples> val;  // null without validation data
-  std::unique_ptr<Teacher> teacher;     // [training] teacher, on the ranks that compute a loss
+  std::unique_ptr<serve::Teacher> teacher;     // [training] teacher, on the ranks that compute a loss
   int64_t eval_batch = 1;               // examples per validation batch
   // The model's kind and shape, saved in checkpoints so sample/eval can rebuild it.
   nlohmann::json model_json() const;

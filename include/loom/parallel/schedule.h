@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -157,5 +158,17 @@ double closed_form_bubble(ScheduleKind kind, int stages, int microbatches, int v
 std::string draw_text(const Schedule& s, const Simulation& sim, int width = 100);
 // A self-contained SVG picture of the same timeline, with a legend and a time axis.
 std::string draw_svg(const Schedule& s, const Simulation& sim, const std::string& title);
+
+// `loom plan --schedule all`'s table (schedule_report.cc): one line per schedule (GPipe,
+// 1F1B, interleaved with max(2, virtual_stages) chunks, ZB-H1) with the step, bubble, closed
+// form and peak activations the simulator predicts from costs_for(v), each stage's costs at
+// v chunks per stage. A schedule the micro-batch count does not suit, or whose chunk count
+// costs_for refused (an InputError: its message is shown), gets a line saying why.
+std::string compare_schedules(int stages, int microbatches, int virtual_stages,
+                              const std::function<std::vector<PipeCosts>(int v)>& costs_for);
+// One schedule's prediction as `loom plan` prints it: the step and bubble (with the closed
+// form), each stage's busy and idle time and peak activations, and the timeline `width`
+// columns wide with its legend.
+std::string describe_simulation(ScheduleKind kind, const Schedule& s, const Simulation& sim, int width);
 
 }  // namespace loom::parallel

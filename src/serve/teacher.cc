@@ -1,4 +1,4 @@
-#include "teacher.h"
+#include "loom/serve/teacher.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,13 +8,11 @@
 #include "loom/core/error.h"
 #include "loom/core/log.h"
 
-namespace loom::app {
+namespace loom::serve {
 
-Teacher::Teacher(const TrainConfig& tc)
-    : alpha_(tc.training.distill_alpha), temperature_(tc.training.distill_temperature) {
-  const std::string& path = tc.training.teacher;
-  const nn::GptConfig& student = tc.model.gpt;
-  gpt_ = serve::load_gpt(checkpoint::Checkpoint::open(path), student.n_head);
+Teacher::Teacher(const std::string& path, const nn::GptConfig& student, double alpha, double temperature)
+    : alpha_(alpha), temperature_(temperature) {
+  gpt_ = load_gpt(checkpoint::Checkpoint::open(path), student.n_head);
   const nn::GptConfig& t = gpt_->config();
   if (t.vocab_size != student.vocab_size)
     throw InputError(cat("training.teacher = ", path, ": its vocab_size is ", t.vocab_size, ", the student's (model.vocab_size) ",
@@ -57,4 +55,4 @@ nn::DistillTargets Teacher::targets(const Tensor& tokens, const nn::Shard& vocab
   return {.soft = soft, .alpha = alpha_, .temperature = temperature_};
 }
 
-}  // namespace loom::app
+}  // namespace loom::serve

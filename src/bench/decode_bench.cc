@@ -8,16 +8,14 @@
 #include <numeric>
 #include <thread>
 
-#include "commands.h"
-#include "config.h"
-#include "infer.h"
+#include "loom/bench/bench.h"
 #include "loom/core/error.h"
-#include "loom/nn/gpt.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
-#include "workload.h"
+#include "loom/nn/gpt.h"
+#include "loom/serve/gpt_loading.h"
 
-namespace loom::app {
+namespace loom::bench {
 
 namespace {
 
@@ -26,7 +24,7 @@ std::vector<double> run_lane(const nn::Gpt& gpt, const BenchDecodeArgs& a, int64
   set_compute_threads(threads);  // this thread's own team
   const nn::GptConfig& cfg = gpt.config();
   auto pool =
-      std::make_shared<nn::KvPagePool>(cfg, b * nn::KvPagePool::pages_for(a.to), kv_cache_dtype_named(a.kv_cache_dtype));
+      std::make_shared<nn::KvPagePool>(cfg, b * nn::KvPagePool::pages_for(a.to), serve::kv_cache_dtype_named(a.kv_cache_dtype));
   std::vector<nn::KvCache> caches;
   std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(b));
   Rng rng(seed);
@@ -63,7 +61,7 @@ std::vector<double> run_lane(const nn::Gpt& gpt, const BenchDecodeArgs& a, int64
 
 }  // namespace
 
-int run_bench_decode(const BenchDecodeArgs& a) {
+int run_bench_decode(const BenchDecodeArgs& a, const nn::GptConfig& cfg) {
   if (a.from < 1 || a.to <= a.from) throw InputError(cat("--from ", a.from, " --to ", a.to, ": expected 1 <= from < to"));
   if (a.lanes < 1 || a.lanes > 256) throw InputError(cat("--lanes ", a.lanes, ": expected 1 to 256"));
   check_flag_range("--batch", a.batch, 1, 1 << 12);
@@ -71,12 +69,7 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   check_flag_range("--steps", a.steps, 1, 1 << 24);
   check_flag_range("--warmup", a.warmup, 0, 1 << 24);
   if (a.quantize != "none" && a.quantize != "int8") throw InputError(cat("--quantize ", a.quantize, ": expected none or int8"));
-  kv_cache_dtype_named(a.kv_cache_dtype);
-  Config c;
-  c.set("model.preset", a.preset);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  const nn::GptConfig cfg = gpt_config(c);
+  serve::kv_cache_dtype_named(a.kv_cache_dtype);
   if (a.to > cfg.seq_len) throw InputError(cat("--to ", a.to, ": past the window (", cfg.seq_len, " positions)"));
   nn::Gpt gpt(cfg);
   gpt.init(0);  // the rate does not depend on the weights
@@ -123,4 +116,4 @@ int run_bench_decode(const BenchDecodeArgs& a) {
   return 0;
 }
 
-}  // namespace loom::app
+}  // namespace loom::bench

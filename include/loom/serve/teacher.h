@@ -7,18 +7,19 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
-#include "config_train.h"
 #include "loom/nn/gpt.h"
 
-namespace loom::app {
+namespace loom::serve {
 
 class Teacher {
  public:
-  // Loads training.teacher (any checkpoint `loom eval` reads; int8 ones too; a bare
-  // safetensors file takes model.n_head). InputError naming the key and the numbers when
-  // its vocabulary differs from the student's (t.model.gpt) or its window is shorter.
-  explicit Teacher(const TrainConfig& t);
+  // Loads training.teacher = `path` (any checkpoint `loom eval` reads; int8 ones too; a
+  // bare safetensors file takes the student's n_head). InputError naming the key and the
+  // numbers when its vocabulary differs from the student's or its window is shorter.
+  // alpha and temperature: training.distill_alpha and distill_temperature.
+  Teacher(const std::string& path, const nn::GptConfig& student, double alpha, double temperature);
   ~Teacher();
 
   // The teacher's probabilities at the temperature for tokens (B, T), the columns of
@@ -34,4 +35,4 @@ class Teacher {
   double alpha_, temperature_;
 };
 
-}  // namespace loom::app
+}  // namespace loom::serve
