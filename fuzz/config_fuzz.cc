@@ -11,7 +11,6 @@
 
 #include "config.h"
 #include "config_train.h"
-#include "memory_plan.h"
 #include "reader_checks.h"
 
 using namespace loom;

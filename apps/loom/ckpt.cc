@@ -2,7 +2,6 @@
 // every hash and the index, describe a checkpoint, and write its weights as one safetensors
 // file with Hugging Face names, whatever layout wrote them.
 #include <cstdio>
-#include <filesystem>
 
 #include "commands.h"
 #include "infer.h"

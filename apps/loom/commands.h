@@ -87,11 +87,9 @@ struct BenchTrainArgs {
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
 
-using bench::BenchDecodeArgs;  // loom/bench/bench.h
-int run_bench_decode(const BenchDecodeArgs& a);  // bench.cc: the preset resolved, then bench::run_bench_decode
-
-using bench::BenchServeArgs;  // loom/bench/bench.h
-using bench::run_bench_serve;
+// loom/bench/bench.h's; run_bench_decode resolves the preset and calls bench::'s.
+using bench::BenchCommArgs, bench::BenchDecodeArgs, bench::BenchServeArgs, bench::run_bench_comm, bench::run_bench_serve;
+int run_bench_decode(const BenchDecodeArgs& a);
 
 struct PlanArgs {
   int pp = 2;
@@ -108,10 +106,6 @@ struct PlanArgs {
 // `loom plan`: the pipeline simulator (loom/parallel/schedule.h) from the command line.
 int run_plan(const PlanArgs& a);
 
-using launch::LaunchArgs;  // loom/launch/launch.h
-using launch::run_launch;
-
-using bench::BenchCommArgs;  // loom/bench/bench.h
-using bench::run_bench_comm;
+using launch::LaunchArgs, launch::run_launch;  // loom/launch/launch.h
 
 }  // namespace loom::app

@@ -70,7 +70,6 @@ class Config {
 // (job.gemm, job.gemm_path) for this process. InputError when the CPU lacks the path asked for.
 void apply_compute_settings(const Config& c, int local_ranks = 1);
 
-
 // Which kind of model a preset names: "gpt" or "mlp".
 std::string model_kind(const Config& c);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config.h"
+#include "loom/parallel/memory_plan.h"
 #include "loom/parallel/mesh.h"
 #include "loom/nn/gpt_config.h"
 #include "loom/optim/optim.h"
@@ -95,5 +96,13 @@ int layout_ranks(const Config& unresolved, int fallback);
 // The largest world size up to `available` that `c` resolves for; `available` itself when
 // none does (resolving then names what is wrong).
 int usable_world(const Config& c, int available);
+
+// The memory plan (loom/parallel/memory_plan.h) of a typed config.
+using parallel::check_fits;
+using parallel::describe;
+using parallel::MemoryPlan;
+
+// REQUIRES: t of a config resolved for `world` ranks; `host_ranks` the job ranks on this host.
+MemoryPlan plan_memory(const TrainConfig& t, int world, const std::vector<int>& host_ranks);
 
 }  // namespace loom::app

@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <set>
 
 #include "commands.h"
 #include "config.h"
@@ -17,15 +14,11 @@
 #include "loom/core/log.h"
 #include "loom/obs/metrics.h"
 #include "loom/core/rng.h"
-#include "loom/core/threads.h"
 #include "loom/serve/sampler.h"
 #include "workload.h"
 #include "loom/parallel/parallelize.h"
 
 namespace loom::app {
-
-using serve::Sampler;
-using serve::SamplingParams;
 
 Config inference_config(const std::string& path, const std::vector<std::string>& overrides) {
   Config c;
@@ -64,7 +57,7 @@ int run_sample(const SampleArgs& a) {
   const bool int8 = quantize_named(a.quantize);
   auto ck = checkpoint::Checkpoint::open(a.checkpoint);
   auto gpt = serve::load_gpt_for_decoding(ck, c.i("model.n_head"), int8);
-  const int64_t vocab = gpt->config().vocab_size, window = gpt->config().seq_len;
+  const int64_t vocab = gpt->config().vocab_size;
   const bool bytes = vocab <= 256;  // byte-level tokens print as text; others as ids
   std::vector<int32_t> seq;
   for (unsigned char ch : a.prompt.empty() ? std::string("\n") : a.prompt) seq.push_back(ch);
@@ -73,32 +66,9 @@ int run_sample(const SampleArgs& a) {
     if (t >= vocab) throw InputError(cat("--prompt: byte ", t, " is outside the vocabulary of ", vocab));
   const size_t prompt_len = seq.size();
   Rng rng(static_cast<uint64_t>(a.seed), /*stream=*/3);
-  nn::GptCtx ctx;
-  // With the cache each token is one position's forward. When the window is full the cache
-  // starts again from the last half window (absolute positions: the cached keys cannot
-  // slide), so every token sees between seq_len / 2 and seq_len tokens before it.
-  nn::KvCache cache = gpt->make_cache();
-  Arena arena;
-  auto next_logits = [&]() -> const float* {
-    const auto context = [&](int64_t n) { return std::span<const int32_t>(seq).last(static_cast<size_t>(n)); };
-    if (!a.kv_cache) {  // the whole window again, the reference the cache is tested against
-      const auto n = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(window)));
-      Tensor x = Tensor::zeros({1, n}, DType::kI32);
-      std::ranges::copy(context(n), x.data<int32_t>());
-      return gpt->forward_logits(x, ctx, /*last_only=*/true).data<float>();
-    }
-    const int64_t n = cache.next_rows(static_cast<int64_t>(seq.size()));
-    if (cache.full()) cache.length = 0;
-    return gpt->decode(context(n), cache, arena).data<float>();
-  };
-  int64_t lines = 0;
-  Sampler sampler(vocab);
-  const SamplingParams params{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p};
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t n = 0; n < a.tokens; ++n) {
-    seq.push_back(sampler.pick(next_logits(), params, rng));
-    if (bytes && seq.back() == '\n' && a.lines > 0 && ++lines >= a.lines) break;
-  }
+  serve::generate(*gpt, seq, a.tokens, a.lines,
+                  {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p}, rng, a.kv_cache);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto made = static_cast<int64_t>(seq.size() - prompt_len);
   char rate[64];

@@ -6,7 +6,6 @@
 
 #include "loom/core/error.h"
 #include "loom/core/log.h"
-#include "memory_plan.h"
 #include "loom/parallel/ps_job.h"
 #include "loom/parallel/mesh.h"
 

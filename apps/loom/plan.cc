@@ -13,7 +13,6 @@
 #include "loom/parallel/pipeline.h"
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_costs.h"
-#include "memory_plan.h"
 #include "loom/checkpoint/outputs.h"
 #include "workload.h"
 

@@ -2,9 +2,6 @@
 // weights and tied embedding are int8 with an f32 scale per output channel;
 // serve::load_gpt (loom/serve/gpt_loading.h) reads one back into a GPT that computes with them.
 #include <cstdio>
-#include <cmath>
-#include <filesystem>
-#include <set>
 
 #include "commands.h"
 #include "infer.h"

@@ -13,6 +13,7 @@
 #include "loom/core/log.h"
 #include "loom/checkpoint/outputs.h"
 #include "train_run.h"
+#include "loom/serve/prune.h"
 #include "train_watch.h"
 
 namespace loom::app {
@@ -153,7 +154,7 @@ void TrainRun::parallelize() {
   last_checkpoint_ = ck_ && resume_ ? ck_->path() : "";
   ck_.reset();
   pm_->sync_params();
-  if (t_.training.keep_zeros) zeros_kept_ = zero_mask(w_.model->params());
+  if (t_.training.keep_zeros) zeros_kept_ = serve::zero_mask(w_.model->params());
   if (!t_.profile.steps.empty()) {
     comm::barrier(*world_);  // every rank's origin: the barrier's exit
     trace_.emplace(obs::Trace::Clock::now());

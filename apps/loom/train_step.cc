@@ -9,8 +9,8 @@
 #include "loom/core/error.h"
 #include "loom/core/host.h"
 #include "loom/core/log.h"
-#include "loom/checkpoint/outputs.h"
 #include "train_run.h"
+#include "loom/serve/prune.h"
 #include "train_watch.h"
 
 namespace loom::app {
@@ -73,7 +73,7 @@ void TrainRun::step(int64_t step) {
   try {
     train_step(step);
   } catch (const RuntimeError& e) {
-    const std::string flight = dump_flight_record(
+    const std::string flight = parallel::dump_flight_record(
         t_.job.run, env_.rank, step + 1, e.what(),
         {{"world", world_.get()}, {"dp", mesh_.dp.get()}, {"pipe", mesh_.pipe.get()}, {"tied", mesh_.tied.get()},
          {"tp", mesh_.tpc.get()}, {"mp", mesh_.mp.get()}});
@@ -108,7 +108,7 @@ void TrainRun::train_step(int64_t step) {
                            last_checkpoint_.empty() ? std::string("no checkpoint was written")
                                                     : cat("the last checkpoint, ", last_checkpoint_, ", is intact"),
                            " (a lower training.lr or a training.grad_clip may help)"));
-  if (!zeros_kept_.empty()) apply_zero_mask(w_.model->params(), zeros_kept_);
+  if (!zeros_kept_.empty()) serve::apply_zero_mask(w_.model->params(), zeros_kept_);
   peaks_.step = phase_peak_resident_mb();
   // [job] mem_limit_mb: the rank's peak resident memory, checked after every step.
   if (const double limit = t_.job.mem_limit_mb; limit > 0 && peak_resident_mb() > limit)

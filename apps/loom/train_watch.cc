@@ -2,18 +2,13 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <filesystem>
-
-#include <nlohmann/json.hpp>
 
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
-#include "loom/core/fileio.h"
 
 namespace loom::app {
-namespace fs = std::filesystem;
-using json = nlohmann::json;
 
 void install_fault_hook(const std::string& s, int rank) {
   if (s.empty()) return;
@@ -77,45 +72,6 @@ int64_t step_jitter_ms(int64_t ms, int rank, int64_t step) {
   h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
   h ^= h >> 31;
   return h % 4 == 0 ? 4 * ms : 0;
-}
-
-std::vector<uint8_t> zero_mask(const ParamSet& params) {
-  std::vector<uint8_t> mask(static_cast<size_t>(params.numel()), 0);
-  const float* v = params.values().data<float>();
-  for (const ParamInfo& p : params.infos())
-    if (p.kind == ParamKind::kWeight || p.kind == ParamKind::kBias)
-      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) mask[i] = v[i] == 0.0f ? 1 : 0;
-  return mask;
-}
-
-void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask) {
-  float* v = params.values().data<float>();
-  for (size_t i = 0; i < mask.size(); ++i)
-    if (mask[i]) v[i] = 0.0f;
-}
-
-std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
-                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
-  try {
-    json doc = {{"rank", rank}, {"step", step}, {"error", error}, {"communicators", json::object()}};
-    for (const auto& [name, c] : comms) {
-      if (c == nullptr) continue;
-      json ops = json::array();
-      for (const comm::Communicator::FlightRecord& r : c->flight_record()) {
-        json op = {{"seq", r.seq}, {"op", r.op}, {"state", r.state}};
-        if (!r.error.empty()) op["error"] = r.error;
-        ops.push_back(op);
-      }
-      doc["communicators"][name] = {{"rank", c->rank()}, {"size", c->size()}, {"ops", ops}};
-    }
-    const fs::path dir = fs::path(run) / "logs";
-    fs::create_directories(dir);
-    const std::string path = (dir / cat("flight-rank", rank, ".json")).string();
-    write_file_atomic(path, doc.dump(1) + "\n");
-    return path;
-  } catch (const std::exception&) {
-    return "";
-  }
 }
 
 }  // namespace loom::app

@@ -1,16 +1,10 @@
-// What a training run watches and reports beside its steps: the test hooks that crash or slow
-// a rank on demand, the flight recorder dumped after a failure, the process's peak memory (docs/launch.md, "Stragglers", "Flight recorder";
-// docs/formats.md, "Crash safety").
-// Thread-safety: for the training thread.
+// The [debug] keys' test hooks, which crash or slow a rank on demand (docs/launch.md,
+// "Stragglers"; docs/formats.md, "Crash safety"). Thread-safety: for the training thread.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
-
-#include "loom/comm/comm.h"
-#include "loom/core/params.h"
 
 namespace loom::app {
 
@@ -35,18 +29,5 @@ std::vector<int64_t> overflow_steps(const std::string& overflow_at);
 // average: 4 x MS in a quarter of its steps, chosen by a hash of (rank, step), else not at
 // all.
 int64_t step_jitter_ms(int64_t jitter_ms, int rank, int64_t step);
-
-// The flight recorder of each of this rank's communicators, written to
-// RUN/logs/flight-rank<R>.json after a failure (docs/launch.md, "Flight recorder"). Returns
-// the path, or "" when it could not be written (the failure is what gets reported).
-std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
-                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms);
-
-// [training] keep_zeros (docs/serving.md, "Pruning"): which elements of this rank's
-// weights and biases (ParamKind kWeight, kBias) are exactly zero, one byte each; and
-// zeroing them again after an update.
-std::vector<uint8_t> zero_mask(const ParamSet& params);
-void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask);
-
 
 }  // namespace loom::app

@@ -1,10 +1,16 @@
 #include "loom/parallel/step_tracer.h"
 
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/parallel/mesh.h"
 
 namespace loom::parallel {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 void StepTracer::push(std::string name) { open_.push_back({std::move(name), obs::Trace::Clock::now()}); }
 
@@ -38,6 +44,30 @@ void StepTracer::on_comm(const CommSpan& s) {
 void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path) {
   const std::vector<std::string> parts = all_gather_strings(world, trace.events(world.rank()));
   if (world.rank() == 0) write_file_atomic(path, obs::merge_traces(parts));
+}
+
+std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
+                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms) {
+  try {
+    json doc = {{"rank", rank}, {"step", step}, {"error", error}, {"communicators", json::object()}};
+    for (const auto& [name, c] : comms) {
+      if (c == nullptr) continue;
+      json ops = json::array();
+      for (const comm::Communicator::FlightRecord& r : c->flight_record()) {
+        json op = {{"seq", r.seq}, {"op", r.op}, {"state", r.state}};
+        if (!r.error.empty()) op["error"] = r.error;
+        ops.push_back(op);
+      }
+      doc["communicators"][name] = {{"rank", c->rank()}, {"size", c->size()}, {"ops", ops}};
+    }
+    const fs::path dir = fs::path(run) / "logs";
+    fs::create_directories(dir);
+    const std::string path = (dir / cat("flight-rank", rank, ".json")).string();
+    write_file_atomic(path, doc.dump(1) + "\n");
+    return path;
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 }  // namespace loom::parallel

@@ -136,4 +136,19 @@ Structure structure_named(const std::string& name) {
   throw InputError(cat("--structured ", printable(name), ": expected none, rows or heads"));
 }
 
+std::vector<uint8_t> zero_mask(const ParamSet& params) {
+  std::vector<uint8_t> mask(static_cast<size_t>(params.numel()), 0);
+  const float* v = params.values().data<float>();
+  for (const ParamInfo& p : params.infos())
+    if (p.kind == ParamKind::kWeight || p.kind == ParamKind::kBias)
+      for (int64_t i = p.offset; i < p.offset + p.numel; ++i) mask[i] = v[i] == 0.0f ? 1 : 0;
+  return mask;
+}
+
+void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask) {
+  float* v = params.values().data<float>();
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) v[i] = 0.0f;
+}
+
 }  // namespace loom::serve

@@ -62,4 +62,31 @@ int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   return order_[keep - 1];
 }
 
+void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int64_t lines, const SamplingParams& params,
+              Rng& rng, bool kv_cache) {
+  const int64_t vocab = gpt.config().vocab_size, window = gpt.config().seq_len;
+  const bool bytes = vocab <= 256;
+  nn::GptCtx ctx;
+  nn::KvCache cache = gpt.make_cache();
+  Arena arena;
+  auto next_logits = [&]() -> const float* {
+    const auto context = [&](int64_t n) { return std::span<const int32_t>(seq).last(static_cast<size_t>(n)); };
+    if (!kv_cache) {
+      const auto n = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(window)));
+      Tensor x = Tensor::zeros({1, n}, DType::kI32);
+      std::ranges::copy(context(n), x.data<int32_t>());
+      return gpt.forward_logits(x, ctx, /*last_only=*/true).data<float>();
+    }
+    const int64_t n = cache.next_rows(static_cast<int64_t>(seq.size()));
+    if (cache.full()) cache.length = 0;
+    return gpt.decode(context(n), cache, arena).data<float>();
+  };
+  Sampler sampler(vocab);
+  int64_t seen = 0;
+  for (int64_t n = 0; n < tokens; ++n) {
+    seq.push_back(sampler.pick(next_logits(), params, rng));
+    if (bytes && seq.back() == '\n' && lines > 0 && ++seen >= lines) break;
+  }
+}
+
 }  // namespace loom::serve

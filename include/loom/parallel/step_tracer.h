@@ -1,5 +1,6 @@
 // The spans of a traced training step (`[profile] trace_steps`, docs/formats.md
-// "trace.json"), and the collective that merges every rank's into one file.
+// "trace.json"), the collective that merges every rank's into one file, and the flight
+// recorder a failed step leaves behind.
 // Thread-safety: a StepTracer is used by the training thread (the collectives' observers
 // are called on it too).
 #pragma once
@@ -46,5 +47,11 @@ class StepTracer {
 
 // Collective: every rank's events to rank 0, which writes the merged file at `path`.
 void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path);
+
+// The flight recorder of each of this rank's communicators, written to
+// RUN/logs/flight-rank<R>.json after a failure (docs/launch.md, "Flight recorder"). Returns
+// the path, or "" when it could not be written (the failure is what gets reported).
+std::string dump_flight_record(const std::string& run, int rank, int64_t step, const std::string& error,
+                               const std::vector<std::pair<std::string, const comm::Communicator*>>& comms);
 
 }  // namespace loom::parallel

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "loom/nn/gpt.h"
 
@@ -28,5 +29,11 @@ struct Pruned {
 // Removes `sparsity` of each layer's weights (or rows, or heads) by magnitude, in place.
 // REQUIRES: 0 <= sparsity < 1.
 Pruned prune_gpt(nn::Gpt& gpt, double sparsity, Structure structure);
+
+// [training] keep_zeros (docs/serving.md, "Pruning"): which elements of this rank's
+// weights and biases (ParamKind kWeight, kBias) are exactly zero, one byte each; and
+// zeroing them again after an update.
+std::vector<uint8_t> zero_mask(const ParamSet& params);
+void apply_zero_mask(const ParamSet& params, const std::vector<uint8_t>& mask);
 
 }  // namespace loom::serve
