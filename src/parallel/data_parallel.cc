@@ -1,7 +1,7 @@
-// Data parallelism and ZeRO 1-3: the micro-step protocol and the sharded update (the units,
-// ZeRO 3's gather-before-use of each block and the gradient norm are DataParallel::Impl's,
-// in data_parallel_impl.h; what a rank holds and saves, data_parallel_state.cc; the
-// collectives each unit issues, dp_comm.cc).
+// Data parallelism and ZeRO 1-3: the micro-step protocol and the update (the units and the
+// gradient norm are in data_parallel_impl.h; what each ZeRO stage keeps and does,
+// zero_stage.cc; what a rank holds and saves, data_parallel_state.cc; the collectives each
+// unit issues, dp_comm.cc).
 #include "loom/parallel/data_parallel.h"
 
 #include <algorithm>
@@ -24,24 +24,14 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const opt
   LOOM_CHECK_LE(2u, m.offsets.size());
   LOOM_CHECK(std::is_sorted(m.offsets.begin(), m.offsets.end()) && m.offsets.front() >= 0 &&
              m.offsets.back() <= params.numel());
-  m.units = make_units(params.numel(), m.offsets, config.bucket_mb, m.n, m.zero3());
+  m.units = make_units(params.numel(), m.offsets, config.bucket_mb, m.n, m.zero->units_by_block());
   for (Unit& u : m.units) {
     u.shard_offset = m.shard_numel;
     m.shard_numel += u.mine_end(m.me) - u.mine_begin(m.me);
   }
-  if (config.zero >= 2) {
-    m.shard_grads = Tensor::zeros({m.shard_numel}, DType::kF32);
-    zero_pages(params.grads().raw(), params.grads().nbytes());  // backward brings pages back
-  }
-  if (m.zero3()) {
-    m.shard_values = Tensor::zeros({m.shard_numel}, DType::kF32);
-    m.groups.resize(m.offsets.size());
-    for (size_t i = 0; i < m.units.size(); ++i) m.groups[m.units[i].group].units.push_back(i);
-    m.groups[0].ranges = {{0, m.offsets.front()}, {m.offsets.back(), params.numel()}};
-    for (size_t b = 0; b + 1 < m.offsets.size(); ++b) m.groups[b + 1].ranges = {{m.offsets[b], m.offsets[b + 1]}};
-  }
+  m.zero->allocate(m);
   if (config.deterministic) m.exact = Tensor::zeros({kLimbs * params.numel()}, DType::kI64);
-  m.optimizer = optim::make_optimizer(optimizer, m.update_spec());
+  m.optimizer = optim::make_optimizer(optimizer, m.zero->update_spec(m));
 }
 
 DataParallel::~DataParallel() = default;
@@ -54,20 +44,12 @@ void DataParallel::sync_params() {
   comm::broadcast(m.comm, {.buffer = m.params.values().raw(), .count = static_cast<size_t>(m.params.numel()),
                            .dtype = DType::kF32, .root = 0});
   m.uc.verify_equal(m.params.values(), "parameters after the broadcast from rank 0");
-  if (!m.zero3()) return;
-  const float* full = m.params.values().data<float>();
-  for (const Unit& u : m.units)
-    std::copy(full + u.mine_begin(m.me), full + u.mine_end(m.me), m.shard_values.data<float>() + u.shard_offset);
-  m.release_all();
+  m.zero->after_sync(m);
 }
 
 void DataParallel::begin_step() {
   Impl& m = *impl_;
-  if (m.pinned) m.release_all();
-  // ZeRO 2-3 zero the gradients without touching them: their pages come back as backward
-  // writes them.
-  if (m.config.zero >= 2) zero_pages(m.params.grads().raw(), m.params.grads().nbytes());
-  else m.params.zero_grads();
+  m.zero->begin_step(m);
   if (m.config.deterministic) m.exact.zero();
   m.unsummable = -1;
   m.stats = {};
@@ -89,7 +71,7 @@ void DataParallel::end_micro_step(int from_block) {
 
 void DataParallel::set_stage_groups(const StageGroups& groups) {
   Impl& m = *impl_;
-  LOOM_CHECK(!m.zero3() || groups.tied == nullptr);  // ZeRO 3 gathers by block: refused with pipeline stages
+  LOOM_CHECK(m.zero->stage() != 3 || groups.tied == nullptr);  // ZeRO 3 gathers by block: refused with pipeline stages
   LOOM_CHECK(groups.tied_begin <= groups.tied_end && groups.tied_end <= m.params.numel());
   for (size_t i = 0; i < groups.skip.size(); ++i)
     LOOM_CHECK(groups.skip[i].first <= groups.skip[i].second && groups.skip[i].second <= m.params.numel() &&
@@ -115,16 +97,11 @@ void DataParallel::sum_tied_gradients() {
 double DataParallel::finish_step(double lr, double max_norm, double loss_scale) {
   Impl& m = *impl_;
   LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());  // end_micro_step() of the last micro-step ran
-  for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
-  // ZeRO 2-3 keep only their parts (in shard_grads): the full buffer's pages go back to the
-  // OS until the next backward writes them.
-  if (m.config.zero >= 2) release_pages(m.params.grads().raw(), m.params.grads().nbytes());
-  // ZeRO 3: no gather may still read the masters the update is about to change, and every
-  // gathered block is stale after it.
-  if (m.zero3()) m.release_all();
+  const Tensor g = m.zero->grads(m);
+  for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, g);
+  m.zero->after_sums(m);
   if (loss_scale != 1) {  // a power of two: the division is exact, and keeps an overflow infinite
     LOOM_CHECK(optim::is_power_of_two(loss_scale));
-    const Tensor g = m.config.zero < 2 ? m.params.grads() : m.shard_grads;
     const auto inv = static_cast<float>(1 / loss_scale);
     float* d = g.data<float>();
     for (int64_t i = 0; i < g.numel(); ++i) d[i] *= inv;
@@ -132,16 +109,15 @@ double DataParallel::finish_step(double lr, double max_norm, double loss_scale) 
   const double norm = m.grad_norm_and_clip(max_norm);
   if (!std::isfinite(norm)) return norm;  // every rank of the group sees the same norm
   m.optimizer->step(lr);
-  if (m.config.zero == 1 || m.config.zero == 2)
-    for (Unit& u : m.units) m.uc.gather(u, m.params.values(), m.params.values(), u.mine_begin(m.me), "all-gather parameters");
+  m.zero->after_update(m);
   return norm;
 }
 
 DataParallel::Gradients DataParallel::finish_gradients() {
   Impl& m = *impl_;
   LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());
-  LOOM_CHECK_EQ(m.config.zero, 0);
-  for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.shard_grads);
+  LOOM_CHECK_EQ(m.zero->stage(), 0);
+  for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, m.params.grads());
   if (!m.config.deterministic) return {.sums = m.params.grads()};
   int64_t unsummable = m.unsummable >= 0 ? 1 : 0;
   if (m.n > 1) m.uc.sum_i64(&unsummable, 1, "all-reduce unsummable gradients");
@@ -150,8 +126,8 @@ DataParallel::Gradients DataParallel::finish_gradients() {
 
 std::string DataParallel::first_nonfinite_gradient() {
   Impl& m = *impl_;
-  const bool full = m.config.zero < 2;
-  const Tensor g = full ? m.params.grads() : m.shard_grads;
+  const bool full = !m.zero->scatters_gradients();
+  const Tensor g = m.zero->grads(m);
   // This rank's first, as a flat offset (doubles hold every offset exactly); then the
   // group's smallest.
   double first = std::numeric_limits<double>::infinity();

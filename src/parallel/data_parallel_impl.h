@@ -1,7 +1,7 @@
-// DataParallel's state (private to src/parallel): the units gradients are summed in, ZeRO
-// 3's groups of parameters gathered before use, the exact sums of deterministic mode, and
-// the gradient norm. data_parallel.cc runs the step protocol over it; data_parallel_state.cc
-// says what a rank holds and saves.
+// DataParallel's state (private to src/parallel): the units gradients are summed in, the
+// ZeRO stage (chosen once: ZeroStage, zero_stage.cc), the exact sums of deterministic mode,
+// and the gradient norm. data_parallel.cc runs the step protocol over it;
+// data_parallel_state.cc says what a rank holds and saves.
 #pragma once
 
 #include <algorithm>
@@ -50,26 +50,60 @@ inline std::vector<Unit> make_units(int64_t numel, const std::vector<int64_t>& o
 }
 
 
-struct DataParallel::Impl {
-  // ZeRO 3: a model block's parameters (group 0 is the rest).
-  struct Group {
-    std::vector<size_t> units;
-    std::vector<std::pair<int64_t, int64_t>> ranges;  // the flat ranges it covers
-    bool gathered = false;  // its gathers launched (and maybe not yet completed)
-    bool resident = false;  // ... and completed: params.values() holds it
-  };
+namespace detail {
 
+// What a ZeRO stage keeps of the model state and how a step treats it (docs/parallelism.md,
+// "ZeRO"), chosen once when DataParallel is built (make_zero_stage, zero_stage.cc). Stage 0
+// (this class) keeps everything whole on every rank; each stage above keeps only this
+// rank's parts of one thing more: 1 the optimizer state, 2 the summed gradients, 3 the
+// parameters, gathered a block at a time before use.
+class ZeroStage {
+ public:
+  virtual ~ZeroStage() = default;
+  virtual int stage() const { return 0; }
+  // Units cut by block (ZeRO 3: gathering a block gathers nothing else) or straight through.
+  virtual bool units_by_block() const { return false; }
+  // Sums all-reduced whole (0-1), or reduce-scattered into this rank's parts (2-3).
+  virtual bool scatters_gradients() const { return false; }
+  // The optimizer keeps state for this rank's parts only (1-3).
+  virtual bool shards_state() const { return false; }
+  // The stage's own buffers, once the units are cut.
+  virtual void allocate(DataParallelImpl&) {}
+  // After sync_params' broadcast.
+  virtual void after_sync(DataParallelImpl&) {}
+  // begin_step: the gradients zeroed, and what the last step left gathered given back.
+  virtual void begin_step(DataParallelImpl& m);
+  // The block hook's stage part, after the step protocol's own.
+  virtual void on_block(DataParallelImpl&, int /*block*/, BlockPhase) {}
+  // finish_step, once every sum has arrived: what goes back before the update.
+  virtual void after_sums(DataParallelImpl&) {}
+  // The gradients this rank's update reads (whole, or its parts in order).
+  virtual Tensor grads(const DataParallelImpl& m) const;
+  // The flat ranges this rank updates, and where their values, gradients and state live.
+  virtual optim::UpdateSpec update_spec(const DataParallelImpl& m) const;
+  // After the update: the updated parameters to every rank that needs them.
+  virtual void after_update(DataParallelImpl&) {}
+  // This rank's masters of unit u's part (`len` elements): views.
+  virtual Tensor part_values(const DataParallelImpl& m, const Unit& u, int64_t len) const;
+  // ZeRO 3: every parameter gathered and kept until the next step; what an evaluation
+  // gathered given back. Nothing at stages 0-2, which always hold them.
+  virtual void materialize(DataParallelImpl&) {}
+  virtual void release_gathered(DataParallelImpl&) {}
+  // Resident bytes of the stage's own buffers: parameters, gradients.
+  virtual std::pair<int64_t, int64_t> own_bytes() const { return {0, 0}; }
+};
+
+std::unique_ptr<ZeroStage> make_zero_stage(int stage);
+
+struct DataParallelImpl {
   comm::Communicator& comm;
   ParamSet& params;
   DataParallelConfig config;
   std::vector<int64_t> offsets;  // model blocks
   int n = 1, me = 0;
+  std::unique_ptr<ZeroStage> zero;
   std::vector<Unit> units;  // ascending offsets; launched in descending order
   int64_t shard_numel = 0;  // elements of this rank's parts (ZeRO 1-3)
-  Tensor shard_grads;       // ZeRO 2-3: this rank's summed gradients, its parts in order
-  Tensor shard_values;      // ZeRO 3: this rank's parameters (the masters), likewise
-  std::vector<Group> groups;  // ZeRO 3: index 1 + block
-  bool pinned = false;        // ZeRO 3: materialize_params() ran this step
   Tensor exact;             // deterministic: kLimbs int64 per gradient element
   int64_t unsummable = -1;  // deterministic: this step's first flat element exact sums cannot hold
   std::unique_ptr<optim::Optimizer> optimizer;
@@ -82,78 +116,23 @@ struct DataParallel::Impl {
   std::function<void(const CommSpan&)> observer;
   StageGroups stage_groups;
 
-  Impl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::vector<int64_t> off)
+  DataParallelImpl(comm::Communicator& c, ParamSet& p, const DataParallelConfig& cfg, std::vector<int64_t> off)
       : comm(c), params(p), config(cfg), offsets(std::move(off)), n(c.size()), me(c.rank()),
-        uc{.comm = c, .config = config, .stats = stats, .observer = observer} {}  // the members, not the arguments
+        zero(make_zero_stage(cfg.zero)),
+        uc{.comm = c, .config = config, .stats = stats, .observer = observer,  // the members, not the arguments
+           .scatter = zero->scatters_gradients()} {}
 
   Unit& launch_order(size_t i) { return units[units.size() - 1 - i]; }
-  bool sharded() const { return config.zero >= 1; }
-  bool zero3() const { return config.zero == 3; }
   int blocks() const { return static_cast<int>(offsets.size()) - 1; }
 
-  // ---- ZeRO 3: parameters gathered before use, released after ----
-
-  void launch_gather(int group) {
-    Group& g = groups[group];
-    if (g.gathered) return;
-    for (size_t i : g.units) uc.launch_gather(units[i], params.values(), shard_values);
-    g.gathered = true;
-  }
-
-  void need(int group) {
-    Group& g = groups[group];
-    if (g.resident) return;
-    launch_gather(group);
-    for (size_t i : g.units) uc.complete_gather(units[i], params.values());
-    g.resident = true;
-  }
-
-  void release(int group) {
-    Group& g = groups[group];
-    if (pinned || !g.resident) return;
-    for (const auto& [lo, hi] : g.ranges)
-      release_pages(params.values().data<float>() + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-    g.gathered = g.resident = false;
-  }
-
-  // Waits for every gather in flight and gives every gathered page back.
-  void release_all() {
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      Group& g = groups[gi];
-      if (g.gathered && !g.resident) need(static_cast<int>(gi));
-    }
-    pinned = false;
-    release_pages(params.values().raw(), params.values().nbytes());
-    for (Group& g : groups) g.gathered = g.resident = false;
-  }
-
   void on_block(int block, BlockPhase phase) {
-    const int group = block + 1, last = blocks();  // groups 1..last are the blocks
-    switch (phase) {
-      case BlockPhase::kForward:
-        if (!zero3()) return;
-        need(group);
-        if (group < last) launch_gather(group + 1);  // the block after (from the rest: block 0)
-        return;
-      case BlockPhase::kForwardDone:
-        if (zero3() && block >= 0 && group != last) release(group);  // the last block is backward's first
-        return;
-      case BlockPhase::kBackward:
-        // The head's gradients (ln_f, and its share of the tied wte) are final when the
-        // blocks' backward starts; deterministic mode sums them apart from the embeddings'
-        // later share, exactly as a pipeline's last stage does.
-        if (config.deterministic && block == last - 1) accumulate_rest();
-        if (!zero3()) return;
-        need(group);
-        if (block > 0) launch_gather(group - 1);
-        else if (block < 0 && last > 0) launch_gather(last);
-        return;
-      case BlockPhase::kBackwardDone:
-        process_ready(block < 0 ? 0 : offsets[block]);
-        if (zero3()) release(group);
-        if (config.zero >= 2 && last_micro) complete_finished();
-        return;
-    }
+    const int last = blocks();
+    // The head's gradients (ln_f, and its share of the tied wte) are final when the blocks'
+    // backward starts; deterministic mode sums them apart from the embeddings' later share,
+    // exactly as a pipeline's last stage does.
+    if (phase == BlockPhase::kBackward && config.deterministic && block == last - 1) accumulate_rest();
+    if (phase == BlockPhase::kBackwardDone) process_ready(block < 0 ? 0 : offsets[block]);
+    zero->on_block(*this, block, phase);
   }
 
   // Deterministic: the gradients outside the blocks into the exact sums, then zero.
@@ -192,38 +171,6 @@ struct DataParallel::Impl {
     for (const Unit& u : units) pieces(u.mine_begin(me), u.mine_end(me), g.data<float>() + u.shard_offset);
   }
 
-  // ZeRO 2-3: the units whose sums have arrived give their full gradients' pages back now,
-  // so that backward does not hold the whole gradient buffer.
-  void complete_finished() {
-    for (size_t i = 0; i < next_unit; ++i) {
-      Unit& u = launch_order(i);
-      if (!u.pending || !u.work.done()) continue;
-      uc.complete_reduce(u, params.grads(), exact, shard_grads);
-      release_pages(params.grads().data<float>() + u.begin, static_cast<size_t>(u.end - u.begin) * sizeof(float));
-    }
-  }
-
-  // Flat element ranges this rank updates, and where their gradients and state live.
-  optim::UpdateSpec update_spec() {
-    if (!sharded()) return optim::whole(params);
-    optim::UpdateSpec spec{.values = zero3() ? shard_values : params.values(),
-                           .grads = config.zero >= 2 ? shard_grads : params.grads(),
-                           .state_numel = shard_numel};
-    const auto& infos = params.infos();
-    size_t pi = 0;
-    for (const Unit& u : units) {
-      const int64_t b = u.mine_begin(me), e = u.mine_end(me);
-      while (pi < infos.size() && infos[pi].offset + infos[pi].numel <= b) ++pi;
-      for (size_t q = pi; q < infos.size() && infos[q].offset < e; ++q) {
-        const int64_t lo = std::max(b, infos[q].offset), hi = std::min(e, infos[q].offset + infos[q].numel);
-        const int64_t local = u.shard_offset + (lo - b);
-        spec.segments.push_back({.kind = infos[q].kind, .numel = hi - lo, .value_offset = zero3() ? local : lo,
-                                 .grad_offset = config.zero >= 2 ? local : lo, .state_offset = local});
-      }
-    }
-    return spec;
-  }
-
   // A unit whose gradients are final for this micro-step. A pipeline's later pieces may meet
   // a unit whose sum is already in flight: nothing more is added to it.
   void on_final(Unit& u, bool may_launch = true) {
@@ -235,7 +182,7 @@ struct DataParallel::Impl {
       std::fill(g, g + len, 0.0f);  // the next micro-step's backward accumulates from zero
     }
     if (last_micro && may_launch && (!u.held || tied_summed)) {
-      uc.launch_reduce(u, params.grads(), exact, shard_grads);
+      uc.launch_reduce(u, params.grads(), exact, zero->grads(*this));
       u.launched = true;
     }
   }
@@ -250,8 +197,8 @@ struct DataParallel::Impl {
   }
 
   double grad_norm_and_clip(double max_norm) {
-    const bool full = config.zero < 2;
-    Tensor g = full ? params.grads() : shard_grads;
+    const bool full = !zero->scatters_gradients();
+    Tensor g = zero->grads(*this);
     comm::Communicator* stages = stage_groups.stages;
     double norm = 0;
     if (config.deterministic) {
@@ -285,4 +232,5 @@ struct DataParallel::Impl {
   }
 };
 
+}  // namespace detail
 }  // namespace loom::parallel

@@ -4,22 +4,17 @@
 
 namespace loom::parallel {
 
-void DataParallel::materialize_params() {
-  Impl& m = *impl_;
-  if (!m.zero3()) return;
-  for (size_t g = 0; g < m.groups.size(); ++g) m.launch_gather(static_cast<int>(g));  // all in flight at once
-  for (size_t g = 0; g < m.groups.size(); ++g) m.need(static_cast<int>(g));
-  m.pinned = true;
-}
+void DataParallel::materialize_params() { impl_->zero->materialize(*impl_); }
 
 StateBytes DataParallel::state_bytes() const {
   const Impl& m = *impl_;
   StateBytes b;
   // Measured (resident pages), not assumed: what the rank really holds right now.
   b.params = resident_bytes(m.params.values().raw(), m.params.values().nbytes());
-  if (m.shard_values.defined()) b.params += resident_bytes(m.shard_values.raw(), m.shard_values.nbytes());
   b.grads = resident_bytes(m.params.grads().raw(), m.params.grads().nbytes());
-  if (m.shard_grads.defined()) b.grads += resident_bytes(m.shard_grads.raw(), m.shard_grads.nbytes());
+  const auto [shard_params, shard_grads] = m.zero->own_bytes();
+  b.params += shard_params;
+  b.grads += shard_grads;
   for (const auto& [name, t] : m.optimizer->state()) b.optimizer += resident_bytes(t.raw(), t.nbytes());
   return b;
 }
@@ -33,7 +28,7 @@ optim::FlatState DataParallel::gather_optimizer_state() {
   auto own = m.optimizer->state();
   for (size_t k = 0; k < own.size(); ++k) {
     s.buffers.emplace_back(own[k].first, Tensor::zeros({m.params.numel()}, own[k].second.dtype()));
-    if (!m.sharded()) {
+    if (!m.zero->shards_state()) {
       s.buffers[k].second.copy_from(own[k].second);
       continue;
     }
@@ -55,16 +50,12 @@ std::vector<Tensor> DataParallel::owned_values() const {
   for (const Unit& u : m.units) {
     const int64_t len = u.mine_end(m.me) - u.mine_begin(m.me);
     if (len <= 0) continue;
-    views.push_back(m.zero3() ? m.shard_values.slice_rows(u.shard_offset, u.shard_offset + len)
-                              : m.params.values().slice_rows(u.mine_begin(m.me), u.mine_end(m.me)));
+    views.push_back(m.zero->part_values(m, u, len));
   }
   return views;
 }
 
-void DataParallel::release_gathered() {
-  Impl& m = *impl_;
-  if (m.zero3() && !m.pinned) m.release_all();
-}
+void DataParallel::release_gathered() { impl_->zero->release_gathered(*impl_); }
 
 optim::RangeState DataParallel::owned_optimizer_state() const {
   const Impl& m = *impl_;
@@ -74,7 +65,7 @@ optim::RangeState DataParallel::owned_optimizer_state() const {
     for (const Unit& u : m.units) {
       const int64_t len = u.mine_end(m.me) - u.mine_begin(m.me);
       if (len <= 0) continue;
-      const int64_t at = m.sharded() ? u.shard_offset : u.mine_begin(m.me);  // where the part is in `own`
+      const int64_t at = m.zero->shards_state() ? u.shard_offset : u.mine_begin(m.me);  // where the part is in `own`
       views.push_back(own.slice_rows(at, at + len));
     }
     s.buffers.emplace_back(name, std::move(views));
@@ -84,7 +75,7 @@ optim::RangeState DataParallel::owned_optimizer_state() const {
 
 optim::RangeState DataParallel::kept_optimizer_state() const {
   const Impl& m = *impl_;
-  if (m.sharded()) return owned_optimizer_state();
+  if (m.zero->shards_state()) return owned_optimizer_state();
   optim::RangeState s{.ranges = {{0, m.params.numel()}}, .steps = m.optimizer->steps()};
   for (const auto& [name, own] : m.optimizer->state()) s.buffers.push_back({name, {own}});
   return s;

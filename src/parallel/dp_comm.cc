@@ -92,7 +92,7 @@ void zero_pages(void* p, size_t n) {
 void UnitComm::launch_reduce(Unit& u, const Tensor& grads, const Tensor& exact, const Tensor& shard_grads) {
   const int n = comm.size();
   const int64_t len = u.end - u.begin, c = u.part;
-  const bool scatter = config.zero >= 2, even = u.even(n);
+  const bool even = u.even(n);
   const bool bf16 = config.grad_dtype == DType::kBF16 && !config.deterministic;
   const float* g = grads.data<float>() + u.begin;
   if (!scatter) {
@@ -152,12 +152,12 @@ void UnitComm::complete_reduce(Unit& u, const Tensor& grads, const Tensor& exact
   u.pending = false;
   const auto t0 = Clock::now();
   u.work.wait();
-  completed(u.work, cat(config.zero >= 2 ? "reduce-scatter" : "all-reduce", " gradients ", range(u)), u.reduce_bytes, t0);
+  completed(u.work, cat(scatter ? "reduce-scatter" : "all-reduce", " gradients ", range(u)), u.reduce_bytes, t0);
 
   const int me = comm.rank();
   const int64_t len = u.end - u.begin;
   const bool bf16 = config.grad_dtype == DType::kBF16 && !config.deterministic;
-  if (config.zero < 2) {
+  if (!scatter) {
     float* g = grads.data<float>() + u.begin;
     if (config.deterministic) exact_decode(exact.data<int64_t>() + kLimbs * u.begin, g, len);
     else if (bf16) from_bf16(u.stage.data<uint16_t>(), g, len);

@@ -57,6 +57,7 @@ struct UnitComm {
   const DataParallelConfig& config;
   CommStats& stats;
   const std::function<void(const CommSpan&)>& observer;
+  bool scatter = false;  // ZeRO 2-3: gradients reduce-scattered into this rank's parts
 
   // Starts summing unit u's gradients across ranks: from `grads` (f32) or, in
   // deterministic mode, from `exact` (limbs). ZeRO 2 reduce-scatters toward shard_grads.

@@ -38,6 +38,10 @@
 
 namespace loom::parallel {
 
+namespace detail {
+struct DataParallelImpl;  // src/parallel/data_parallel_impl.h
+}
+
 struct DataParallelConfig {
   int zero = 0;                     // ZeRO stage, 0..3
   double bucket_mb = 25;            // unit size in MiB of f32 gradients
@@ -171,7 +175,7 @@ class DataParallel {
   void set_optimizer_steps(int64_t steps);
 
  private:
-  struct Impl;
+  using Impl = detail::DataParallelImpl;
   std::unique_ptr<Impl> impl_;
 };
 
