@@ -30,7 +30,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/checkpoint/checkpoint.h", "checkpoint"}, {"loom/checkpoint/json_fields.h", "checkpoint"}, {"loom/checkpoint/safetensors.h", "checkpoint"},
     {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/checkpoint/outputs.h", "checkpoint"}, {"loom/checkpoint/run_dir.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},
     {"loom/comm/comm.h", "comm"},           {"loom/comm/rendezvous.h", "comm"},     {"loom/parallel/data_parallel.h", "parallel"},
-    {"loom/parallel/param_server.h", "parallel"}, {"loom/parallel/ps_job.h", "parallel"}, {"loom/parallel/pipeline.h", "parallel"}, {"loom/parallel/schedule.h", "parallel"},
+    {"loom/parallel/param_server.h", "parallel"}, {"loom/parallel/ps_job.h", "parallel"}, {"loom/parallel/optimizer_step.h", "parallel"}, {"loom/parallel/pipeline.h", "parallel"}, {"loom/parallel/schedule.h", "parallel"},
     {"loom/parallel/tensor_parallel.h", "parallel"}, {"loom/parallel/comm_span.h", "parallel"}, {"loom/parallel/mesh.h", "parallel"}, {"loom/parallel/checkpointing.h", "parallel"},
     {"loom/parallel/memory_plan.h", "parallel"}, {"loom/parallel/parallelize.h", "parallel"}, {"loom/parallel/stage_costs.h", "parallel"}, {"loom/parallel/step_tracer.h", "parallel"}, {"loom/serve/batcher.h", "serve"},
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},

@@ -45,18 +45,18 @@ int64_t RankShare::bytes() const {
   return n;
 }
 
-size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp) {
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp, const OptimizerStep& update) {
   int64_t elements = 0;
   for (const auto& [lo, hi] : subtract(dp.owned_ranges(), copied_ranges(mesh, params))) elements += hi - lo;
-  return static_cast<size_t>(elements) * dtype_size(params.dtype()) * (1 + dp.owned_optimizer_state().buffers.size());
+  return static_cast<size_t>(elements) * dtype_size(params.dtype()) * (1 + update.owned_state().buffers.size());
 }
 
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp, const OptimizerStep& update,
                      checkpoint::PieceArena* arena) {
   const std::vector<std::pair<int64_t, int64_t>> owned = dp.owned_ranges();
   const std::vector<std::pair<int64_t, int64_t>> mine = subtract(owned, copied_ranges(mesh, params));
-  const optim::RangeState state = dp.owned_optimizer_state();
-  if (arena != nullptr) arena->reserve(share_bytes(mesh, params, dp));
+  const optim::RangeState state = update.owned_state();
+  if (arena != nullptr) arena->reserve(share_bytes(mesh, params, dp, update));
   auto pieces = [&](const std::vector<checkpoint::FlatRun>& runs, const std::string& prefix) {
     return arena != nullptr ? checkpoint::pieces(params, runs, prefix, arena) : checkpoint::pieces_in_place(params, runs, prefix);
   };

@@ -8,13 +8,12 @@
 #include <cmath>
 #include <limits>
 
-#include "loom/optim/loss_scale.h"
 #include "parallel/data_parallel_impl.h"
 
 namespace loom::parallel {
 
-DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
-                           const DataParallelConfig& config, std::vector<int64_t> block_offsets)
+DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const DataParallelConfig& config,
+                           std::vector<int64_t> block_offsets)
     : impl_(std::make_unique<Impl>(comm, params, config, std::move(block_offsets))) {
   Impl& m = *impl_;
   LOOM_CHECK(params.values().defined());
@@ -31,13 +30,13 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const opt
   }
   m.zero->allocate(m);
   if (config.deterministic) m.exact = Tensor::zeros({kLimbs * params.numel()}, DType::kI64);
-  m.optimizer = optim::make_optimizer(optimizer, m.zero->update_spec(m));
 }
 
 DataParallel::~DataParallel() = default;
 
 int DataParallel::rank() const { return impl_->me; }
 int DataParallel::size() const { return impl_->n; }
+ParamSet& DataParallel::params() const { return impl_->params; }
 
 void DataParallel::sync_params() {
   Impl& m = *impl_;
@@ -94,24 +93,29 @@ void DataParallel::sum_tied_gradients() {
     comm::all_reduce(*g.tied, {.output = m.params.grads().data<float>() + g.tied_begin, .count = n, .dtype = DType::kF32});
 }
 
-double DataParallel::finish_step(double lr, double max_norm, double loss_scale) {
+Tensor DataParallel::finish_sums() {
   Impl& m = *impl_;
   LOOM_CHECK(m.last_micro && m.next_unit == m.units.size());  // end_micro_step() of the last micro-step ran
   const Tensor g = m.zero->grads(m);
   for (Unit& u : m.units) m.uc.complete_reduce(u, m.params.grads(), m.exact, g);
   m.zero->after_sums(m);
-  if (loss_scale != 1) {  // a power of two: the division is exact, and keeps an overflow infinite
-    LOOM_CHECK(optim::is_power_of_two(loss_scale));
-    const auto inv = static_cast<float>(1 / loss_scale);
-    float* d = g.data<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) d[i] *= inv;
-  }
-  const double norm = m.grad_norm_and_clip(max_norm);
-  if (!std::isfinite(norm)) return norm;  // every rank of the group sees the same norm
-  m.optimizer->step(lr);
-  m.zero->after_update(m);
-  return norm;
+  return g;
 }
+
+optim::UpdateSpec DataParallel::update_spec() const { return impl_->zero->update_spec(*impl_); }
+void DataParallel::after_update() { impl_->zero->after_update(*impl_); }
+bool DataParallel::sums_sharded() const { return impl_->zero->scatters_gradients(); }
+
+void DataParallel::for_each_counted(const std::function<void(const float*, int64_t)>& fn) const {
+  const Impl& m = *impl_;
+  m.for_each_counted(m.zero->grads(m), !m.zero->scatters_gradients(), fn);
+}
+
+bool DataParallel::unsummable() const { return impl_->unsummable >= 0; }
+void DataParallel::sum_over_replicas(int64_t* data, size_t count, const char* what) { impl_->uc.sum_i64(data, count, what); }
+void DataParallel::sum_over_replicas(double* data, size_t count, const char* what) { impl_->uc.sum_f64(data, count, what); }
+const StageGroups& DataParallel::stage_groups() const { return impl_->stage_groups; }
+bool DataParallel::deterministic() const { return impl_->config.deterministic; }
 
 DataParallel::Gradients DataParallel::finish_gradients() {
   Impl& m = *impl_;

@@ -1,6 +1,6 @@
 // DataParallel's state (private to src/parallel): the units gradients are summed in, the
-// ZeRO stage (chosen once: ZeroStage, zero_stage.cc), the exact sums of deterministic mode,
-// and the gradient norm. data_parallel.cc runs the step protocol over it;
+// ZeRO stage (chosen once: ZeroStage, zero_stage.cc) and the exact sums of deterministic
+// mode. data_parallel.cc runs the step protocol over it;
 // data_parallel_state.cc says what a rank holds and saves.
 #pragma once
 
@@ -75,7 +75,7 @@ class ZeroStage {
   virtual void begin_step(DataParallelImpl& m);
   // The block hook's stage part, after the step protocol's own.
   virtual void on_block(DataParallelImpl&, int /*block*/, BlockPhase) {}
-  // finish_step, once every sum has arrived: what goes back before the update.
+  // finish_sums, once every sum has arrived: what goes back before the update.
   virtual void after_sums(DataParallelImpl&) {}
   // The gradients this rank's update reads (whole, or its parts in order).
   virtual Tensor grads(const DataParallelImpl& m) const;
@@ -106,7 +106,6 @@ struct DataParallelImpl {
   int64_t shard_numel = 0;  // elements of this rank's parts (ZeRO 1-3)
   Tensor exact;             // deterministic: kLimbs int64 per gradient element
   int64_t unsummable = -1;  // deterministic: this step's first flat element exact sums cannot hold
-  std::unique_ptr<optim::Optimizer> optimizer;
   UnitComm uc;
 
   bool last_micro = false;
@@ -194,41 +193,6 @@ struct DataParallelImpl {
       Unit& u = launch_order(next_unit++);
       on_final(u, u.begin >= launch_from);
     }
-  }
-
-  double grad_norm_and_clip(double max_norm) {
-    const bool full = !zero->scatters_gradients();
-    Tensor g = zero->grads(*this);
-    comm::Communicator* stages = stage_groups.stages;
-    double norm = 0;
-    if (config.deterministic) {
-      // The squares' limbs, then how many ranks met a gradient the exact sums cannot hold:
-      // any makes the norm NaN on every rank of the group and every stage.
-      int64_t acc[kSquareLimbs + 1] = {};
-      for_each_counted(g, full, [&](const float* x, int64_t n) { exact_accumulate_squares(x, n, acc); });
-      acc[kSquareLimbs] = unsummable >= 0 ? 1 : 0;
-      if (!full) uc.sum_i64(acc, kSquareLimbs + 1, "all-reduce gradient norm");
-      else if (n > 1) uc.sum_i64(acc + kSquareLimbs, 1, "all-reduce unsummable gradients");
-      if (stages) comm::all_reduce(*stages, {.output = acc, .count = kSquareLimbs + 1, .dtype = DType::kI64});
-      if (acc[kSquareLimbs] > 0) return std::numeric_limits<double>::quiet_NaN();
-      norm = std::sqrt(exact_decode_squares(acc));
-    } else if (full && !stages) {
-      return optim::clip_grad_norm(params, max_norm);  // the single-process computation
-    } else {
-      double sq = 0;
-      for_each_counted(g, full, [&](const float* d, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(d[i]) * d[i];
-      });
-      if (!full) uc.sum_f64(&sq, 1, "all-reduce gradient norm");
-      if (stages) comm::all_reduce(*stages, {.output = &sq, .count = 1, .dtype = DType::kF64});
-      norm = std::sqrt(sq);
-    }
-    if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
-      const auto coef = static_cast<float>(max_norm / (norm + 1e-6));  // as optim::clip_grad_norm
-      float* d = g.data<float>();
-      for (int64_t i = 0; i < g.numel(); ++i) d[i] *= coef;
-    }
-    return norm;
   }
 };
 

@@ -14,6 +14,7 @@
 #include "loom_testing.h"
 #include "loom/data/data.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/optimizer_step.h"
 #include "loom/nn/gpt.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
@@ -38,7 +39,7 @@ struct Run {
   DataParallelConfig dp;
   double grad_clip = 1.0;
   DType precision = DType::kF32;  // mixed precision (nn::Gpt::set_precision)
-  double loss_scale = 1;          // fp16's: backward on the loss times this, finish_step divides
+  double loss_scale = 1;          // fp16's: backward on the loss times this, the update divides
 };
 
 struct Result {
@@ -51,7 +52,8 @@ Result train_rank(comm::Communicator& comm, const Run& run) {
   nn::Gpt gpt(kModel);
   gpt.init(comm.rank() == 0 ? 1234 : 99);  // sync_params must make the others equal
   gpt.set_precision(run.precision);
-  DataParallel dp(comm, gpt.params(), {.weight_decay = 0.1}, run.dp, gpt.block_offsets());
+  DataParallel dp(comm, gpt.params(), run.dp, gpt.block_offsets());
+  OptimizerStep dp_update(dp, {.weight_decay = 0.1});
   gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   dp.sync_params();
   const int64_t t = kModel.seq_len, n = comm.size();
@@ -79,7 +81,7 @@ Result train_rank(comm::Communicator& comm, const Run& run) {
       dp.end_micro_step();
     }
     r.losses.push_back(dp.mean_loss(micro));
-    r.norms.push_back(dp.finish_step(optim::lr_at(sched, step), run.grad_clip, run.loss_scale));
+    r.norms.push_back(dp_update.step(optim::lr_at(sched, step), run.grad_clip, run.loss_scale));
   }
   dp.materialize_params();
   const float* w = gpt.params().values().data<float>();
@@ -214,17 +216,19 @@ TEST(DataParallel, StateBytesMatchTheZeroFormulas) {
       ps.add("a.bias", {1000}, ParamKind::kBias);
       ps.add("b.weight", {1000, 999}, ParamKind::kWeight);
       ps.allocate();
-      DataParallel dp(c, ps, {}, {.zero = zero, .bucket_mb = 2}, {0, ps.numel()});
+      DataParallel dp(c, ps, {.zero = zero, .bucket_mb = 2}, {0, ps.numel()});
+      OptimizerStep dp_update(dp, {});
       dp.sync_params();
       dp.begin_step();
       dp.begin_micro_step(true);
       float* g = ps.grads().data<float>();
       for (int64_t i = 0; i < ps.numel(); ++i) g[i] = 1e-3f * static_cast<float>(i % 13);
       dp.end_micro_step();
-      dp.finish_step(1e-3, 1.0);
+      dp_update.step(1e-3, 1.0);
       const double p = static_cast<double>(ps.numel());
       const double want = zero == 0 ? 16 * p : zero == 1 ? 8 * p + 8 * p / n : zero == 2 ? 4 * p + 12 * p / n : 16 * p / n;
-      const StateBytes b = dp.state_bytes();
+      StateBytes b = dp.state_bytes();
+      b.optimizer = dp_update.state_bytes();
       EXPECT_NEAR(static_cast<double>(b.total()), want, 0.05 * want)
           << "zero " << zero << ": params " << b.params << " grads " << b.grads << " optimizer " << b.optimizer;
       if (zero >= 2) {
@@ -248,7 +252,8 @@ TEST(DataParallel, Zero3GathersEachBlockJustBeforeUseAndFreesItAfter) {
     gpt.init(c.rank() == 0 ? 1234 : 99);
     want.init(1234);
     const std::vector<int64_t> off = gpt.block_offsets();
-    DataParallel dp(c, gpt.params(), {}, {.zero = 3, .bucket_mb = 0.05}, off);
+    DataParallel dp(c, gpt.params(), {.zero = 3, .bucket_mb = 0.05}, off);
+    OptimizerStep dp_update(dp, {});
     dp.sync_params();
     const Tensor& values = gpt.params().values();
     const int64_t block_bytes = (off[1] - off[0]) * 4, rest_bytes = (gpt.params().numel() - (off[4] - off[0])) * 4;
@@ -277,7 +282,7 @@ TEST(DataParallel, Zero3GathersEachBlockJustBeforeUseAndFreesItAfter) {
     gpt.forward(x, y, ctx);
     gpt.backward(ctx, 0.5);
     dp.end_micro_step();
-    dp.finish_step(1e-3, 1.0);
+    dp_update.step(1e-3, 1.0);
     EXPECT_EQ(entered, 8);
     EXPECT_LE(peak, bound) << "gathered blocks were not freed after use";
     EXPECT_GT(peak, rest_bytes + block_bytes / 2);
@@ -293,7 +298,8 @@ TEST(DataParallel, SyncParamsMakesRanksEqualAndOptimizerStateRoundTrips) {
   comm::testing::run_ranks(3, {}, [&](comm::Communicator& c) {
     nn::Gpt gpt(kModel);
     gpt.init(c.rank() + 1);
-    DataParallel dp(c, gpt.params(), {}, {.zero = 1, .bucket_mb = kBucketMb}, gpt.block_offsets());
+    DataParallel dp(c, gpt.params(), {.zero = 1, .bucket_mb = kBucketMb}, gpt.block_offsets());
+    OptimizerStep dp_update(dp, {});
     dp.sync_params();
     nn::Gpt ref(kModel);
     ref.init(1);
@@ -301,12 +307,12 @@ TEST(DataParallel, SyncParamsMakesRanksEqualAndOptimizerStateRoundTrips) {
     // Each rank fills what it keeps, in place, with a value of the flat index: gathered,
     // the whole layout holds every value in its place.
     auto value = [](const std::string& name, int64_t i) { return static_cast<float>(i % 977) * (name == "exp_avg" ? 1 : -1); };
-    optim::RangeState kept = dp.kept_optimizer_state();
+    optim::RangeState kept = dp_update.kept_state();
     for (auto& [name, views] : kept.buffers)
       for (size_t r = 0; r < views.size(); ++r)
         for (int64_t i = 0; i < views[r].numel(); ++i) views[r].data<float>()[i] = value(name, kept.ranges[r].first + i);
-    dp.set_optimizer_steps(7);
-    optim::FlatState back = dp.gather_optimizer_state();
+    dp_update.set_steps(7);
+    optim::FlatState back = dp_update.gather_state();
     EXPECT_EQ(back.steps, 7);
     for (const auto& [name, t] : back.buffers)
       for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<float>()[i], value(name, i)) << name << " " << i;
@@ -324,8 +330,9 @@ TEST(DataParallel, ANonFiniteGradientOnOneRankStopsTheStepOnEveryRank) {
       comm::testing::run_ranks(2, {.timeout = std::chrono::milliseconds(60000)}, [&](comm::Communicator& comm) {
         nn::Gpt gpt(kModel);
         gpt.init(1234);
-        DataParallel dp(comm, gpt.params(), {}, {.zero = zero, .bucket_mb = kBucketMb, .deterministic = deterministic},
+        DataParallel dp(comm, gpt.params(), {.zero = zero, .bucket_mb = kBucketMb, .deterministic = deterministic},
                         gpt.block_offsets());
+        OptimizerStep dp_update(dp, {});
         const ParamInfo* poisoned = nullptr;
         for (const ParamInfo& p : gpt.params().infos())
           if (p.name == "transformer.h.1.mlp.c_proj.weight") poisoned = &p;
@@ -351,7 +358,7 @@ TEST(DataParallel, ANonFiniteGradientOnOneRankStopsTheStepOnEveryRank) {
         gpt.forward(x, y, ctx);
         gpt.backward(ctx, 0.5);
         dp.end_micro_step();
-        EXPECT_TRUE(std::isnan(dp.finish_step(1e-3, 1.0))) << "rank " << comm.rank();
+        EXPECT_TRUE(std::isnan(dp_update.step(1e-3, 1.0))) << "rank " << comm.rank();
         EXPECT_EQ(dp.first_nonfinite_gradient(), poisoned->name) << "rank " << comm.rank();
         dp.materialize_params();
         EXPECT_EQ(0, std::memcmp(before.data(), gpt.params().values().data<float>(), before.size() * sizeof(float)))

@@ -48,7 +48,8 @@ class MeshStep final : public Parallelized {
         world(w),
         config(c),
         piped(me.pp > 1),
-        dp(me.split() ? *me.dp : w, m.params(), c.optimizer, c.dp, m.block_offsets()),
+        dp(me.split() ? *me.dp : w, m.params(), c.dp, m.block_offsets()),
+        update(dp, c.optimizer),
         scaler(c.loss_scale),
         ctx(m.make_ctx()) {}
   ~MeshStep() override {
@@ -58,13 +59,19 @@ class MeshStep final : public Parallelized {
   StepResult step(int64_t step, const MicroBatches& batch, double lr) override;
   EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch) override;
   void sync_params() override { dp.sync_params(); }
-  RankShare share(checkpoint::PieceArena* arena) const override { return rank_share(mesh, model.params(), dp, arena); }
-  size_t share_bytes() const override { return parallel::share_bytes(mesh, model.params(), dp); }
+  RankShare share(checkpoint::PieceArena* arena) const override {
+    return rank_share(mesh, model.params(), dp, update, arena);
+  }
+  size_t share_bytes() const override { return parallel::share_bytes(mesh, model.params(), dp, update); }
   void load_optimizer(checkpoint::Checkpoint& ck) override;
   optim::LossScaler& loss_scaler() override { return scaler; }
   void set_tracer(StepTracer* tracer) override;
   void set_loss_targets(LossTargets targets) override;
-  StateBytes state_bytes() const override { return dp.state_bytes(); }
+  StateBytes state_bytes() const override {
+    StateBytes b = dp.state_bytes();
+    b.optimizer = update.state_bytes();
+    return b;
+  }
   int replica() const override { return dp.rank(); }
 
   nn::Model& model;
@@ -73,6 +80,7 @@ class MeshStep final : public Parallelized {
   StepConfig config;
   bool piped;
   DataParallel dp;
+  OptimizerStep update;  // the optimizer over what dp says this rank updates; the norm; clipping
   // Pipeline stages: the executor runs the schedule's list and brackets each backward
   // piece for DataParallel; without a pipeline the model's block hooks report to it.
   std::unique_ptr<Pipeline> pipe;
@@ -131,9 +139,9 @@ StepResult MeshStep::step(int64_t step, const MicroBatches& batch, double lr) {
 
 void MeshStep::finish(StepResult& r, int64_t step, double lr) {
   if (tracer) tracer->push("optimizer step");
-  r.grad_norm = dp.finish_step(lr, config.grad_clip, r.loss_scale);
+  r.grad_norm = update.step(lr, config.grad_clip, r.loss_scale);
   if (tracer) tracer->pop();
-  // fp16: gradients that overflowed skip the step (finish_step updated nothing) and halve
+  // fp16: gradients that overflowed skip the step (nothing was updated) and halve
   // the scale; a finite loss with overflowing gradients at the smallest scale stops.
   const bool fp16 = config.fp16;
   r.skipped = fp16 && std::isfinite(r.loss) && !std::isfinite(r.grad_norm);
@@ -197,9 +205,9 @@ EvalResult MeshStep::evaluate(const data::Examples& val, int64_t max_items, int6
 }
 
 void MeshStep::load_optimizer(checkpoint::Checkpoint& ck) {
-  optim::RangeState st = dp.kept_optimizer_state();  // in place, only what this rank keeps
+  optim::RangeState st = update.kept_state();  // in place, only what this rank keeps
   ck.load_optimizer(model.params(), st);
-  dp.set_optimizer_steps(st.steps);
+  update.set_steps(st.steps);
 }
 
 void MeshStep::set_tracer(StepTracer* tracer) {

@@ -11,6 +11,7 @@
 
 #include "loom/data/data.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/optimizer_step.h"
 #include "loom/nn/gpt.h"
 #include "loom/parallel/param_server.h"
 #include "loom/comm/rendezvous.h"
@@ -92,7 +93,8 @@ struct Replica {
   nn::Gpt gpt{kModel};
   comm::HashStore store;
   std::unique_ptr<comm::Communicator> self = comm::Communicator::create(store, 0, 1, kComm);
-  DataParallel dp{*self, gpt.params(), {.weight_decay = 0.1}, {.deterministic = true}, gpt.block_offsets()};
+  DataParallel dp{*self, gpt.params(), {.deterministic = true}, gpt.block_offsets()};
+  OptimizerStep dp_update{dp, {.weight_decay = 0.1}};  // one process's update (workers push instead)
   data::Sampler sampler{(static_cast<int64_t>(tokens().size()) - 1) / kModel.seq_len, 5};
   nn::GptCtx ctx;
 
@@ -127,7 +129,7 @@ Result one_process() {
   for (int step = 0; step < kSteps; ++step) {
     std::vector<double> micro = r.micro_steps(step, 0, 1);
     out.losses.push_back(r.dp.mean_loss(micro));
-    out.norms.push_back(r.dp.finish_step(optim::lr_at(kSchedule, step), 1.0));
+    out.norms.push_back(r.dp_update.step(optim::lr_at(kSchedule, step), 1.0));
   }
   const float* w = r.gpt.params().values().data<float>();
   out.weights.assign(w, w + r.gpt.params().numel());

@@ -9,6 +9,7 @@
 #include "../comm/comm_testing.h"
 #include "loom/data/data.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/optimizer_step.h"
 #include "loom/nn/gpt.h"
 #include "loom/parallel/pipeline.h"
 #include "loom/core/rng.h"
@@ -72,7 +73,8 @@ Result reference(bool deterministic, DType precision = DType::kF32) {
     nn::Gpt gpt(kModel);
     gpt.init(1234);
     gpt.set_precision(precision);
-    DataParallel dp(c, gpt.params(), {.weight_decay = 0.1}, {.deterministic = deterministic}, gpt.block_offsets());
+    DataParallel dp(c, gpt.params(), {.deterministic = deterministic}, gpt.block_offsets());
+    OptimizerStep dp_update(dp, {.weight_decay = 0.1});
     gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
     nn::GptCtx ctx;
     data::Sampler order = sampler();
@@ -87,7 +89,7 @@ Result reference(bool deterministic, DType precision = DType::kF32) {
         dp.end_micro_step();
       }
       r.losses.push_back(dp.mean_loss(micro));
-      r.norms.push_back(dp.finish_step(optim::lr_at(kSched, step), 1.0));
+      r.norms.push_back(dp_update.step(optim::lr_at(kSched, step), 1.0));
     }
     keep_weights(gpt, r);
   });
@@ -109,8 +111,9 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
 
   // Each block's gradients summed over the replicas as soon as the stage's last piece of
   // its chunk has computed them, as parallelize() does.
-  DataParallel dp(*dp_comm, gpt.params(), {.weight_decay = 0.1}, {.zero = run.zero, .deterministic = run.deterministic},
+  DataParallel dp(*dp_comm, gpt.params(), {.zero = run.zero, .deterministic = run.deterministic},
                   gpt.block_offsets());
+  OptimizerStep dp_update(dp, {.weight_decay = 0.1});
   gpt.hooks().add([&](int block, BlockPhase phase) { dp.on_block(block, phase); });
   StageGroups groups{.stages = pp_comm.get(), .tied = tied.get()};
   const int wte = gpt.params().find("transformer.wte.weight");
@@ -140,7 +143,7 @@ void train_rank(comm::Communicator& world, const Layout& run, std::vector<Result
     dp.begin_micro_step(true);
     dp.end_micro_step();
     r.losses.push_back(dp.mean_loss(micro));
-    r.norms.push_back(dp.finish_step(optim::lr_at(kSched, step), 1.0));
+    r.norms.push_back(dp_update.step(optim::lr_at(kSched, step), 1.0));
   }
   // The last step action by action (what the simulator replays) adds up to its totals.
   const PipelineStats& ps = pipe.stats();

@@ -23,8 +23,8 @@ class PsWorkerStep final : public Parallelized {
         // The gradient sums over this worker's micro-batches and, with a host reduce, over
         // its host's workers (an all-reduce over shared memory, overlapped with backward);
         // exact limbs in deterministic mode.
-        dp_(local_, model.params(), config.optimizer,
-            {.bucket_mb = config.dp.bucket_mb, .deterministic = config.dp.deterministic}, model.block_offsets()),
+        dp_(local_, model.params(), {.bucket_mb = config.dp.bucket_mb, .deterministic = config.dp.deterministic},
+            model.block_offsets()),
         scaler_(config.loss_scale),
         ctx_(model.make_ctx()) {
     hook_ = model.hooks().add([this](int block, BlockPhase phase) { dp_.on_block(block, phase); });

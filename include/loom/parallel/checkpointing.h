@@ -16,6 +16,7 @@
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/comm/comm.h"
 #include "loom/parallel/data_parallel.h"
+#include "loom/parallel/optimizer_step.h"
 #include "loom/parallel/mesh.h"
 
 namespace loom::parallel {
@@ -30,10 +31,11 @@ struct RankShare {
   int64_t optimizer_steps = 0;
   int64_t bytes() const;  // of every piece's data
 };
-RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp,
+// `update`: the optimizer over what `dp` says this rank updates.
+RankShare rank_share(const Mesh& mesh, const ParamSet& params, const DataParallel& dp, const OptimizerStep& update,
                      checkpoint::PieceArena* arena);
 // The bytes of that share.
-size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp);
+size_t share_bytes(const Mesh& mesh, const ParamSet& params, const DataParallel& dp, const OptimizerStep& update);
 
 // Writes checkpoint root/step_<step> from every rank's share. Collective over `world`;
 // rank 0 writes the index and the state ({state} plus format, version, step and the

@@ -17,6 +17,7 @@
 //           parameter buffer when the model enters the block (forward and backward), the
 //           next block's gather already in flight, and their pages are given back to the
 //           OS when it leaves.
+// What each rank then updates, with the optimizer, is OptimizerStep's (optimizer_step.h).
 // Deterministic mode sums gradients exactly (parallel/exact_sum.h), so losses and weights
 // are bitwise equal to one process accumulating the same micro-batches, for any world size.
 //
@@ -84,21 +85,23 @@ class DataParallel {
   // block_offsets: the model's blocks (block b owns [block_offsets[b], block_offsets[b+1]),
   // see loom/core/params.h); a model without blocks passes {0, params.numel()}. The model's
   // block hook must call on_block. REQUIRES: params allocated, f32; comm outlives this.
-  DataParallel(comm::Communicator& comm, ParamSet& params, const optim::OptimizerConfig& optimizer,
-               const DataParallelConfig& config, std::vector<int64_t> block_offsets);
+  DataParallel(comm::Communicator& comm, ParamSet& params, const DataParallelConfig& config,
+               std::vector<int64_t> block_offsets);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
   int rank() const;
   int size() const;
+  ParamSet& params() const;
 
   // Broadcasts rank 0's parameters, then checks that every rank holds the same bits
   // (a fingerprint compare); ZeRO 3 then keeps only this rank's parts. Collective.
   void sync_params();
 
   // One optimizer step: begin_step(); per micro-step begin_micro_step(last), forward and
-  // backward (whose block hook calls on_block), end_micro_step(); then finish_step().
+  // backward (whose block hook calls on_block), end_micro_step(); then finish_sums() and
+  // the update (OptimizerStep::step, which ends with after_update()).
   // A pipeline stage's micro-steps are its backward pieces: the last piece of each chunk (a
   // range of blocks) is `last`, and its end_micro_step(from_block) says that the gradients
   // from that block up are final (-1: all of them, the embeddings too), so that their sums
@@ -115,12 +118,31 @@ class DataParallel {
   // micro-step's end_micro_step(). Until then no unit holding any of them starts its sum.
   void sum_tied_gradients();
 
-  // Waits for the gradient sums, divides them by loss_scale (fp16's dynamic loss scaling,
-  // loom/optim/loss_scale.h: a power of two, so exactly), clips them to max_norm (0: no
-  // clipping), updates the parameters at lr and, for ZeRO 1-2, all-gathers them. Returns the
-  // global gradient norm before clipping. A norm that is not finite (an overflow) leaves
-  // the parameters and the optimizer state as they were (no update, the step not counted).
-  double finish_step(double lr, double max_norm, double loss_scale = 1);
+  // Waits for the gradient sums and gives back what the ZeRO stage keeps no more (ZeRO 2-3:
+  // the full gradient buffer's pages; ZeRO 3: every gathered block). Returns this rank's
+  // summed gradients, what its update reads: the whole buffer (ZeRO 0-1) or its parts in
+  // order (2-3). Valid until the next begin_step().
+  Tensor finish_sums();
+  // What this rank updates: its flat ranges, and where their values, gradients and state
+  // live (for the optimizer, built once over it).
+  optim::UpdateSpec update_spec() const;
+  // After the update: the updated parameters to every rank that needs them (ZeRO 1-2
+  // all-gather them; ZeRO 3 gathers each block when it is next used). Collective.
+  void after_update();
+
+  // The gradient norm's parts (OptimizerStep). Whether this rank's summed gradients are its
+  // parts only (ZeRO 2-3: the squares are then summed over the replicas).
+  bool sums_sharded() const;
+  // Calls fn(pointer, count) over this rank's summed gradients, leaving out the flat ranges
+  // another rank of the stage groups counts (StageGroups::skip).
+  void for_each_counted(const std::function<void(const float*, int64_t)>& fn) const;
+  // Deterministic mode: whether this step met a gradient the exact sums cannot hold.
+  bool unsummable() const;
+  // Sums over the replicas (the step's communication figures count them). Collective.
+  void sum_over_replicas(int64_t* data, size_t count, const char* what);
+  void sum_over_replicas(double* data, size_t count, const char* what);
+  const StageGroups& stage_groups() const;
+  bool deterministic() const;
   // Parameter-server workers (loom/parallel/param_server.h), in place of finish_step: waits for the
   // gradient sums over the group and hands them over without updating anything. In
   // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and
@@ -131,7 +153,7 @@ class DataParallel {
     bool unsummable = false;
   };
   Gradients finish_gradients();
-  // After finish_step: the name of the parameter holding the first gradient element that is
+  // After the update (OptimizerStep::step): the name of the parameter holding the first gradient element that is
   // not finite, in flat order over this group's ranks; "" when every one is finite.
   // Collective over the group (every rank gets the name).
   std::string first_nonfinite_gradient();
@@ -148,31 +170,30 @@ class DataParallel {
   CommStats take_stats();
   // Called on the training thread for every collective as it completes; empty: off.
   void set_comm_observer(std::function<void(const CommSpan&)> observer);
-  // Resident bytes of parameters, gradients and optimizer state (between steps: what ZeRO
-  // promises; during backward ZeRO 2-3 also hold the gradients not yet summed, and ZeRO 3
-  // the gathered blocks).
+  // Resident bytes of parameters and gradients (between steps: what ZeRO promises; during
+  // backward ZeRO 2-3 also hold the gradients not yet summed, and ZeRO 3 the gathered
+  // blocks). The optimizer's are OptimizerStep's.
   StateBytes state_bytes() const;
-  int64_t optimizer_steps() const;
 
-  // Collective: every rank gets the full-layout optimizer state.
-  optim::FlatState gather_optimizer_state();
   // The flat ranges this rank owns, ascending: its part of every unit. ZeRO 1-3 keep
   // optimizer state for these only; at ZeRO 0 the same split shares checkpoint writing
   // among the replicas.
   std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  // Where each owned range's optimizer state sits in a buffer over update_spec()'s
+  // state_numel elements (ZeRO 1-3: its offset in the shard; ZeRO 0: its flat offset),
+  // in the order of owned_ranges().
+  std::vector<int64_t> owned_state_offsets() const;
+  // Whether the optimizer state is this rank's parts only (ZeRO 1-3).
+  bool shards_state() const;
+  // Collective: `full` (the whole layout) from every rank's `own` (over update_spec()'s
+  // state elements, this rank's parts in order).
+  void gather_parts(const Tensor& full, const Tensor& own, const char* what);
   // This rank's parameters over owned_ranges(): views of its masters (ZeRO 3: its shard, so
   // that a checkpoint is written without gathering the model), valid until the next step.
   std::vector<Tensor> owned_values() const;
   // ZeRO 3: gives back the blocks a forward outside a step (an evaluation) gathered through
   // the block hook. Nothing at stages 0-2, or after materialize_params().
   void release_gathered();
-  // This rank's optimizer state over owned_ranges(): views into the optimizer's own buffers.
-  // Valid until the next step.
-  optim::RangeState owned_optimizer_state() const;
-  // Views of all the optimizer state this rank keeps (ZeRO 0: the whole layout; else
-  // owned_ranges()), to load a checkpoint into in place; then set_optimizer_steps.
-  optim::RangeState kept_optimizer_state() const;
-  void set_optimizer_steps(int64_t steps);
 
  private:
   using Impl = detail::DataParallelImpl;

@@ -22,6 +22,7 @@
 #include "loom/data/examples.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/parallel/mesh.h"
+#include "loom/parallel/optimizer_step.h"
 #include "loom/nn/model.h"
 #include "loom/optim/optim.h"
 #include "loom/parallel/param_server.h"
