@@ -4,8 +4,9 @@
 // norm and the step's communication figures; evaluate(), the checkpoint share and the
 // optimizer state for a resume come from the same object. Inside: the data-parallel
 // gradient sums and ZeRO (DataParallel), the pipeline executor over the model's block
-// ranges, the tensor-parallel seam the model was built with, the optimizer update, fp16's
-// loss scaling and the gradient norm over the stages and pieces.
+// ranges, the tensor-parallel seam the model was built with, and the update (OptimizerStep:
+// the optimizer, fp16's loss scaling and the gradient norm over the stages and pieces).
+// A parameter-server worker's step is the same interface (parallelize_ps_worker).
 //
 // Thread-safety: one thread (the training thread) drives a Parallelized.
 #pragma once
