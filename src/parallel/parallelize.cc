@@ -5,6 +5,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/log.h"
+#include "parallel/micro_steps.h"
 
 namespace loom::parallel {
 
@@ -109,17 +110,7 @@ std::vector<double> MeshStep::micro_steps(const MicroBatches& batch, double scal
     if (tracer) tracer->pop();
     return losses;
   }
-  for (int64_t m = 0; m < config.accum; ++m) {
-    if (tracer) tracer->push(cat("micro-step ", m));
-    dp.begin_micro_step(m == config.accum - 1);
-    const data::Batch b = batch(m);
-    if (loss_targets) loss_targets(b.inputs, model.loss_ctx(*ctx));
-    losses.push_back(model.forward(b.inputs, b.targets, *ctx));
-    model.backward(*ctx, scale);
-    dp.end_micro_step();
-    if (tracer) tracer->pop();
-  }
-  return losses;
+  return whole_model_micro_steps(model, *ctx, dp, config.accum, batch, scale, loss_targets, tracer);
 }
 
 StepResult MeshStep::step(int64_t step, const MicroBatches& batch, double lr) {
@@ -232,6 +223,23 @@ void MeshStep::set_loss_targets(LossTargets targets) {
 }
 
 }  // namespace
+
+std::vector<double> whole_model_micro_steps(nn::Model& model, nn::ModelCtx& ctx, DataParallel& dp, int64_t accum,
+                                            const Parallelized::MicroBatches& batch, double scale,
+                                            const LossTargets& targets, StepTracer* tracer) {
+  std::vector<double> losses;
+  for (int64_t m = 0; m < accum; ++m) {
+    if (tracer) tracer->push(cat("micro-step ", m));
+    dp.begin_micro_step(m == accum - 1);
+    const data::Batch b = batch(m);
+    if (targets) targets(b.inputs, model.loss_ctx(ctx));
+    losses.push_back(model.forward(b.inputs, b.targets, ctx));
+    model.backward(ctx, scale);
+    dp.end_micro_step();
+    if (tracer) tracer->pop();
+  }
+  return losses;
+}
 
 std::unique_ptr<Parallelized> parallelize(nn::Model& model, Mesh& mesh, comm::Communicator& world,
                                           const StepConfig& config) {

@@ -7,6 +7,7 @@
 
 #include "loom/core/error.h"
 #include "loom/parallel/parallelize.h"
+#include "parallel/micro_steps.h"
 
 namespace loom::parallel {
 namespace {
@@ -89,17 +90,8 @@ StepResult PsWorkerStep::step(int64_t step, const MicroBatches& batch, double /*
   // is its own update, the mean over this worker's items.
   const double scale = 1.0 / static_cast<double>(config_.accum * (sync ? job_.workers() : 1));
   dp_.begin_step();
-  std::vector<double> losses;
-  for (int64_t m = 0; m < config_.accum; ++m) {
-    if (tracer_) tracer_->push(cat("micro-step ", m));
-    dp_.begin_micro_step(m == config_.accum - 1);
-    const data::Batch b = batch(m);
-    if (loss_targets_) loss_targets_(b.inputs, model_.loss_ctx(*ctx_));
-    losses.push_back(model_.forward(b.inputs, b.targets, *ctx_));
-    model_.backward(*ctx_, scale);
-    dp_.end_micro_step();
-    if (tracer_) tracer_->pop();
-  }
+  std::vector<double> losses =
+      whole_model_micro_steps(model_, *ctx_, dp_, config_.accum, batch, scale, loss_targets_, tracer_);
   const DataParallel::Gradients g = dp_.finish_gradients();
   StepResult r;
   const int64_t local_bytes = local_.size() > 1 ? dp_.take_stats().bytes : 0;  // one rank's "all-reduce" moves nothing
