@@ -12,8 +12,8 @@
 #include "loom/core/host.h"
 #include "loom/core/log.h"
 #include "loom/checkpoint/outputs.h"
-#include "train_run.h"
 #include "loom/serve/prune.h"
+#include "train_run.h"
 #include "train_watch.h"
 
 namespace loom::app {

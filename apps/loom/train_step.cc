@@ -9,8 +9,8 @@
 #include "loom/core/error.h"
 #include "loom/core/host.h"
 #include "loom/core/log.h"
-#include "train_run.h"
 #include "loom/serve/prune.h"
+#include "train_run.h"
 #include "train_watch.h"
 
 namespace loom::app {
@@ -61,13 +61,14 @@ std::array<bool, 3> TrainRun::agree(int64_t done, double busy_ms, obs::JsonLine&
   return flags;
 }
 
-// One optimizer step and what follows it: the metrics line, an evaluation, a checkpoint.
-// A RuntimeError (a dead peer, a stall, a loss that is not finite) names the step and the
-// rank's place, and points to this rank's flight recorder.
 bool TrainRun::goes_on(int64_t step) const {
   return ps_ ? !pm_->run_over() : step < steps_ && end_step_ == steps_;
 }
 
+// One optimizer step and what follows it: the metrics line, an evaluation, a checkpoint.
+// A RuntimeError (a dead peer, a stall, a loss that is not finite) names the step and the
+// rank's place, and points to this rank's flight recorder. (A parameter-server worker's:
+// train_ps.cc.)
 void TrainRun::step(int64_t step) {
   if (ps_) return ps_step(step);
   try {
