@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -205,18 +206,26 @@ TEST_F(RunIntegrity, DivergedRunStopsAndKeepsItsLastFiniteCheckpoint) {
                            "The run stops before updating", "is intact"})
     EXPECT_NE(r.err.find(part), std::string::npos) << part << " in " << r.err;
   EXPECT_EQ(r.err.find("the loss is not finite"), std::string::npos) << r.err;
-  std::vector<std::string> kept;
+  // checkpoint.keep = 1 keeps the last step saved, which the error names; when its weights
+  // had already gone non-finite (a loss can stay finite a step longer), also the newest
+  // finite one, which is what training can resume from.
+  std::map<int64_t, bool> kept;  // step -> its state.json's "finite"
   for (const auto& e : fs::directory_iterator(p("runs/d/checkpoints")))
-    if (e.is_directory()) kept.push_back(e.path().filename().string());
-  ASSERT_EQ(kept.size(), 1u);
-  EXPECT_NE(r.err.find(kept[0] + ", is intact"), std::string::npos) << r.err;
-  const json state = json::parse(read_file(p("runs/d/checkpoints/" + kept[0] + "/state.json")));
-  EXPECT_TRUE(state.at("finite").get<bool>());
+    if (e.is_directory()) {
+      const json state = json::parse(read_file(e.path().string() + "/state.json"));
+      kept[state.at("step").get<int64_t>()] = state.at("finite").get<bool>();
+    }
+  ASSERT_FALSE(kept.empty());
+  ASSERT_LE(kept.size(), 2u);
+  const auto last = std::prev(kept.end());
+  EXPECT_NE(r.err.find(cat("step_", last->first, ", is intact")), std::string::npos) << r.err;
+  EXPECT_EQ(kept.size() == 2, !last->second) << "kept " << kept.size() << " checkpoint(s)";
+  EXPECT_TRUE(kept.begin()->second) << "the newest finite checkpoint was pruned";
   // The metrics stop at the step before: no line for the step that stopped.
   const std::string metrics = read_file(p("runs/d/metrics.jsonl"));
   const int64_t stopped = std::stoll(r.err.substr(r.err.find(" at step ") + 9));
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), stopped - 1);
-  r = loom(cat("eval --checkpoint ", p("runs/d/checkpoints/" + kept[0]), " --data ", p("val.bin")));
+  r = loom(cat("eval --checkpoint ", p(cat("runs/d/checkpoints/step_", kept.begin()->first)), " --data ", p("val.bin")));
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
