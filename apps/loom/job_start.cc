@@ -1,6 +1,7 @@
 #include "job_start.h"
 
 #include <csignal>
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -32,6 +33,30 @@ bool terminate_requested() { return g_terminate != 0; }
 bool resize_requested() { return g_resize != 0; }
 
 namespace {
+
+// An elastic launcher's word to this rank (launch::ElasticGeneration), from the LOOM_ELASTIC_*
+// variables it set; nullopt outside an elastic job. InputError when malformed.
+std::optional<launch::ElasticGeneration> elastic_generation_from_environment() {
+  const char* g = std::getenv("LOOM_ELASTIC_GENERATION");
+  if (g == nullptr) return std::nullopt;
+  launch::ElasticGeneration e;
+  auto number = [](const char* name, const char* v) {
+    size_t used = 0;
+    int64_t n = -1;
+    try {
+      n = std::stoll(v ? v : "", &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (v == nullptr || used == 0 || v[used] != '\0' || n < 0)
+      throw InputError(cat(name, " = \"", v ? printable(v) : "", "\": expected a count (set by loom launch)"));
+    return n;
+  };
+  e.generation = number("LOOM_ELASTIC_GENERATION", g);
+  e.since_unix_ms = number("LOOM_ELASTIC_SINCE_MS", std::getenv("LOOM_ELASTIC_SINCE_MS"));
+  if (const char* r = std::getenv("LOOM_ELASTIC_REASON")) e.reason = r;
+  return e;
+}
 
 // `loom train CFG --ps-join HOST:PORT`: one more worker for the running async or ssp job
 // whose store is at HOST:PORT; the config is resolved for the job's world, read from the store.
@@ -73,7 +98,7 @@ JobStart start_job(const TrainArgs& a) {
   env = comm::launch_env_from_environment();
   // Under an elastic launcher, every generation after the first continues the run from its
   // latest checkpoint (or afresh when there is none yet), whatever the flags say.
-  job.elastic = launch::elastic_generation_from_environment();
+  job.elastic = elastic_generation_from_environment();
   const std::optional<launch::ElasticGeneration>& elastic = job.elastic;
   job.restarted = elastic && elastic->generation > 0;
   if (elastic) {  // at once: the launcher may ask while this rank is still starting

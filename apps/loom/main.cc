@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "config.h"
 #include "loom/checkpoint/outputs.h"
+#include "loom/comm/rendezvous.h"
 #include "loom/data/data.h"
 #include "loom/core/error.h"
 #include "loom/core/host.h"
@@ -363,6 +364,8 @@ int run(int argc, char** argv) {
     // Their defaults mean "not given"; given, each must be a count.
     if (l->count("--max-restarts") > 0) loom::check_flag_range("--max-restarts", launch.max_restarts, 0, 1 << 20);
     if (l->count("--local") > 0) loom::check_flag_range("--local", launch.local, 1, 1 << 20);
+    launch.secret = loom::comm::launch_env_from_environment().secret;
+    if (const char* id = std::getenv("LOOM_JOB_ID")) launch.job_id = id;
     return loom::app::run_launch(launch);
   }
   if (pl->parsed()) return loom::app::run_plan(plan);

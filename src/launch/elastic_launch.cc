@@ -68,7 +68,7 @@ struct Job {
 Job job_at(const LaunchArgs& a, bool coordinator) {
   Job j;
   std::tie(j.host, j.port) = parse_master(a.master);
-  j.secret = comm::launch_env_from_environment().secret;
+  j.secret = a.secret;
   j.joinable = !j.secret.empty();
   if (j.secret.empty()) {
     if (!coordinator) throw InputError("loom launch --join: needs the job's LOOM_SECRET_FILE (mode 600)");
@@ -76,15 +76,12 @@ Job job_at(const LaunchArgs& a, bool coordinator) {
   }
   if (!coordinator && j.port == 0) throw InputError("loom launch --join: needs --master HOST:PORT of the coordinator");
   j.secret_file = make_secret_file(j.secret);
+  // Unless given: neither the address (a coordinator may bind port 0) nor anything else a
+  // joiner might name differently; the job is the secret's.
+  j.job_id = a.job_id.empty() ? comm::tagged_job_id("elastic", j.secret) : a.job_id;
   return j;
 }
 
-// Neither the address (a coordinator may bind port 0) nor anything else a joiner might
-// name differently: the job is the secret's.
-std::string job_id_of(const Job& j) {
-  if (const char* given = std::getenv("LOOM_JOB_ID")) return given;
-  return comm::tagged_job_id("elastic", j.secret);
-}
 
 RankGroupSpec group_spec(const LaunchArgs& a, const Job& j, const json& plan, int first, int count, int group_rank) {
   return {.command = a.command, .first_rank = first, .count = count, .world = plan.at("world").get<int>(),
@@ -112,7 +109,6 @@ class Coordinator {
   Coordinator(const LaunchArgs& a, int min_ranks, int max_ranks)
       : a_(a), min_(min_ranks), max_(max_ranks), job_(job_at(a, true)) {
     const int local = a.local > 0 ? a.local : max_;
-    job_.job_id = job_id_of(job_);
     control_server_ = std::make_unique<comm::TcpStoreServer>(
         comm::TcpStoreConfig{.host = job_.host, .port = job_.port, .secret = job_.secret, .job_id = job_.job_id});
     job_.port = control_server_->port();
@@ -357,7 +353,6 @@ class Coordinator {
 
 int run_joiner(const LaunchArgs& a) {
   Job job = job_at(a, false);
-  job.job_id = job_id_of(job);
   const int local = a.local > 0 ? a.local : 1;
   comm::TcpStore control({.host = job.host, .port = job.port, .secret = job.secret, .job_id = job.job_id},
                          Clock::now() + std::chrono::seconds(60));
@@ -422,28 +417,6 @@ int run_joiner(const LaunchArgs& a) {
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::optional<ElasticGeneration> elastic_generation_from_environment() {
-  const char* g = std::getenv("LOOM_ELASTIC_GENERATION");
-  if (g == nullptr) return std::nullopt;
-  ElasticGeneration e;
-  auto number = [](const char* name, const char* v) {
-    size_t used = 0;
-    int64_t n = -1;
-    try {
-      n = std::stoll(v ? v : "", &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (v == nullptr || used == 0 || v[used] != '\0' || n < 0)
-      throw InputError(cat(name, " = \"", v ? printable(v) : "", "\": expected a count (set by loom launch)"));
-    return n;
-  };
-  e.generation = number("LOOM_ELASTIC_GENERATION", g);
-  e.since_unix_ms = number("LOOM_ELASTIC_SINCE_MS", std::getenv("LOOM_ELASTIC_SINCE_MS"));
-  if (const char* r = std::getenv("LOOM_ELASTIC_REASON")) e.reason = r;
-  return e;
 }
 
 int run_elastic_launch(const LaunchArgs& a) {

@@ -63,14 +63,13 @@ int run_launch(const LaunchArgs& a) {
     throw InputError("loom launch: --nnodes > 1 needs --master HOST:PORT with a fixed port");
 
   // The per-job secret: given (multi-node jobs must share one), or generated here.
-  comm::LaunchEnv given = comm::launch_env_from_environment();
-  std::string secret = given.secret;
+  std::string secret = a.secret;
   if (secret.empty()) {
     if (a.nnodes > 1)
       throw InputError("loom launch: --nnodes > 1 needs the same LOOM_SECRET_FILE (mode 600) on every node");
     secret = comm::generate_secret();
   }
-  std::string job_id = std::getenv("LOOM_JOB_ID") ? std::getenv("LOOM_JOB_ID")
+  std::string job_id = !a.job_id.empty() ? a.job_id
                        : a.nnodes > 1 ? comm::tagged_job_id(cat("job-", host, "-", port), secret)
                                       : cat("job-", comm::generate_secret().substr(0, 16));
   const SecretFile secret_file = make_secret_file(secret);

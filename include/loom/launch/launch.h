@@ -22,6 +22,9 @@ struct LaunchArgs {
   int local = 0;          // ranks this launcher runs; 0: MAX (1 with --join)
   bool join = false;
   std::vector<std::string> command;
+  // From the launcher's own environment, which the command line reads: the job's secret
+  // (LOOM_SECRET_FILE; empty: generated, single-node jobs only) and LOOM_JOB_ID (empty: derived).
+  std::string secret, job_id;
 };
 // Runs this node's ranks of the job (an elastic job: run_elastic_launch). Returns the
 // launcher's exit code.
@@ -51,7 +54,5 @@ struct ElasticGeneration {
 };
 // Milliseconds since the Unix epoch (the clock LOOM_ELASTIC_SINCE_MS is on).
 int64_t unix_ms();
-// Read from the environment; nullopt outside an elastic job. InputError when malformed.
-std::optional<ElasticGeneration> elastic_generation_from_environment();
 
 }  // namespace loom::launch
