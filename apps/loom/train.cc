@@ -232,13 +232,17 @@ void TrainRun::log_stage_state(const parallel::StateBytes& mem) {
 
 // Collective: the time this rank's training stopped for the save (with async, the copy of
 // its share; otherwise the whole write).
+json TrainRun::checkpoint_state(int64_t step) const {
+  const json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", t_.job.seed},
+                    {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
+                    {"data_epoch", step * global_batch_ / w_.train->size()}};
+  return {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
+}
+
 double TrainRun::save(int64_t step, bool loss_finite) {
   const auto t0 = std::chrono::steady_clock::now();
   begin_memory_phase();
-  json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", t_.job.seed},
-              {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
-              {"data_epoch", step * global_batch_ / w_.train->size()}};
-  json state = {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
+  json state = checkpoint_state(step);
   if (t_.parallel.step.fp16)
     state["loss_scale"] = {{"scale", pm_->loss_scaler().scale()}, {"clean_steps", pm_->loss_scaler().clean_steps()}};
   const std::string dir =

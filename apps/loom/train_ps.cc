@@ -19,7 +19,6 @@
 
 namespace loom::app {
 namespace fs = std::filesystem;
-using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -156,12 +155,9 @@ int TrainRun::serve() {
     ParamSet& params = w_.model->params();
     const std::vector<int64_t> bounds = ps_->bounds(params.numel());
     auto save = [&](int64_t step) {
-      json rng = {{"generator", "xoshiro256** (splitmix64-seeded)"}, {"seed", t_.job.seed},
-                  {"streams", {{"init", 1}, {"data_epoch_e", "1000 + e"}}},
-                  {"data_epoch", step * global_batch_ / w_.train->size()}};
-      json state = {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
       return parallel::save_checkpoint(group, parallel::ps_server_share(params, server, bounds[s], bounds[s + 1]),
-                                       t_.checkpoint.root, step, state, layout_, {.keep = t_.checkpoint.keep});
+                                       t_.checkpoint.root, step, checkpoint_state(step), layout_,
+                                       {.keep = t_.checkpoint.keep});
     };
     const bool sync = ps_->mode() == parallel::PsMode::kSync;
     auto last = Clock::now();

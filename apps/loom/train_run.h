@@ -62,6 +62,9 @@ class TrainRun {
   void log_start();
   void log_stage_state(const parallel::StateBytes& mem);
   std::array<bool, 3> agree(int64_t done, double busy_ms, obs::JsonLine& line);
+  // A checkpoint's state.json of `step` (data cursor, generators, model, config); save() adds
+  // fp16's loss scale.
+  nlohmann::json checkpoint_state(int64_t step) const;
   double save(int64_t step, bool loss_finite);
   void saved(const std::optional<std::string>& dir);
   void print_summary() const;
