@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes the seed files of the file-format fuzz targets into fuzz/corpus/<target>/, from
 # real files Loom writes: a tiny GPT's and a tiny MLP's checkpoints (model, optimizer,
-# index.json, state.json, latest), a token file from `loom data prepare`, the first images
+# index.json, state.json, latest), a token file from `loom data prepare`, a trained
+# tokenizer, the first images
 # of Fashion-MNIST's test set, and the configs under configs/. The seeds are committed; run
 # this again (after ./build.sh) when a format changes.
 set -euo pipefail
@@ -10,7 +11,7 @@ loom=build/release/loom
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 c=fuzz/corpus
-mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/idx $c/config
+mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/tokenizer $c/idx $c/config
 
 # Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each,
 # and the GPT on two tensor-parallel ranks (an index whose tensors have several shards).
@@ -41,6 +42,12 @@ printf 'The quick brown fox jumps over the lazy dog.\nPack my box with five doze
 $loom data prepare "text:$tmp/text.txt" --out "$tmp/tokens.bin" >/dev/null
 cp "$tmp/tokens.bin" $c/tokens/train
 cp "$tmp/tokens_val.bin" $c/tokens/val
+
+# Tokenizer: a BPE of 300 ids trained on one fortunes file (mode byte 0: encoder.json, a
+# NUL, vocab.bpe), and text with accents, spaces and invalid UTF-8 (mode byte 1).
+$loom tokenizer train text:/usr/share/games/fortunes/linux --vocab-size 300 --out "$tmp/tok" >/dev/null
+(printf '\x00'; cat "$tmp/tok/encoder.json"; printf '\x00'; cat "$tmp/tok/vocab.bpe") >$c/tokenizer/vocab300
+printf '\x01Hello world, it'"'"'s me.\n\xff\xfe caf\xc3\xa9   x' >$c/tokenizer/text
 
 # IDX: the first 3 test images and labels, gzipped and plain; each seed is a 4-byte
 # little-endian image-file length, the image file, then the label file (fuzz/idx_fuzz.cc).

@@ -3,7 +3,7 @@
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
 //   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
-//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint <- serve;  comm <- launch;  serve, comm <- bench
+//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint, data <- serve;  comm <- launch;  serve, comm <- bench
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -50,9 +50,9 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"obs", {"obs", "core"}},
     {"comm", {"comm", "core"}},
     {"parallel", {"parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
-    {"serve", {"serve", "nn", "checkpoint", "optim", "kernels", "core"}},
+    {"serve", {"serve", "nn", "checkpoint", "data", "optim", "kernels", "core"}},
     {"launch", {"launch", "comm", "core"}},
-    {"bench", {"bench", "serve", "comm", "nn", "checkpoint", "optim", "kernels", "core"}},
+    {"bench", {"bench", "serve", "comm", "nn", "checkpoint", "data", "optim", "kernels", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

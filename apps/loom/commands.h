@@ -25,7 +25,7 @@ struct TrainArgs {
 int run_train(const TrainArgs& a);
 
 struct SampleArgs {
-  std::string checkpoint, config, prompt;
+  std::string checkpoint, config, prompt, tokenizer;  // tokenizer "": the checkpoint's
   std::vector<std::string> overrides;
   int64_t tokens = 256, top_k = 40, seed = 1, lines = 0;
   double temperature = 0.8, top_p = 1.0;
@@ -43,7 +43,7 @@ struct ServeArgs : serve::ServerOptions {
 int run_serve(const ServeArgs& a);
 
 struct EvalArgs {
-  std::string checkpoint, data, config;
+  std::string checkpoint, data, config, tokenizer;
   std::vector<std::string> overrides;
   int64_t batch = 8;
   std::string quantize = "none";  // none | int8
@@ -75,6 +75,26 @@ struct CkptArgs {
 };
 // `loom ckpt`: check, describe or export a checkpoint (docs/formats.md).
 int run_ckpt(const CkptArgs& a);
+
+struct TokenizerArgs {
+  std::string action;                // train | encode | decode
+  std::vector<std::string> sources;  // train: text:PATH...
+  std::string tokenizer = "bytes";   // encode, decode: a tokenizer spec (data::Tokenizer::load)
+  std::string file = "-";            // encode, decode: the input ("-": standard input)
+  std::string out;                   // train: the directory for encoder.json and vocab.bpe
+  int64_t vocab_size = 4096, min_frequency = 2, repeat = 1;
+  bool stats = false;  // encode: print bytes, ids and MB/s (JSON, stderr) instead of the ids
+};
+// `loom tokenizer`: train a byte-level BPE, or encode and decode with any tokenizer.
+int run_tokenizer(const TokenizerArgs& a);
+
+struct DataPrepareArgs {
+  std::vector<std::string> sources;
+  std::string out, tokenizer = "bytes";
+  double val_fraction = 0.1;
+};
+// `loom data prepare`: text files into a token file and its validation file.
+int run_data_prepare(const DataPrepareArgs& a);
 
 struct BenchTrainArgs {
   std::string preset = "gpt-mini";

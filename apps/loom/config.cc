@@ -44,6 +44,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"model.hidden", int64_t{512}},
       {"data.train", std::string("")},
       {"data.val", std::string("")},
+      {"data.tokenizer", std::string("bytes")},  // what made the token files: kept with the run and its checkpoints
       {"training.steps", int64_t{100}},
       {"training.global_batch", int64_t{8}},
       {"training.micro_batch", int64_t{8}},

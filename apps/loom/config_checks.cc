@@ -198,6 +198,9 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");
+  if (s("model.preset") == "mlp" && s("data.tokenizer") != "bytes")
+    throw InputError(cat(where("data.tokenizer"), " = \"", printable(s("data.tokenizer")),
+                         "\": the mlp model reads images, not text; expected \"bytes\" (the default)"));
 }
 
 }  // namespace loom::app

@@ -32,6 +32,7 @@ struct TrainConfig {
   } model;
   struct Data {
     std::string train, val;  // val "" for none
+    std::string tokenizer = "bytes";  // a data::Tokenizer spec
   } data;
   struct Training {
     int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;

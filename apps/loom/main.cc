@@ -76,7 +76,9 @@ int run(int argc, char** argv) {
   auto* s = app.add_subcommand("sample", "Generate text from a GPT checkpoint or safetensors file");
   s->add_option("--checkpoint", sample.checkpoint, "Step directory, checkpoint root, run directory or .safetensors")->required();
   s->add_option("--config", sample.config, "Config for the model shape of a bare safetensors file (n_head)");
-  s->add_option("--prompt", sample.prompt, "Text to continue");
+  s->add_option("--prompt", sample.prompt, "Text to continue (token ids separated by spaces for a model without a tokenizer)");
+  s->add_option("--tokenizer", sample.tokenizer,
+                "Tokenizer for the prompt and output (gpt2:DIR, hf:tokenizer.json, DIR, bytes); default: the checkpoint's");
   s->add_option("--tokens", sample.tokens, "Tokens to generate")->capture_default_str();
   s->add_option("--lines", sample.lines, "Stop after this many generated lines (0: no limit)")->capture_default_str();
   s->add_option("--temperature", sample.temperature, "Softmax temperature")->capture_default_str();
@@ -94,6 +96,9 @@ int run(int argc, char** argv) {
   auto* v = app.add_subcommand("serve", "OpenAI-style completions server for GPT checkpoints (docs/serving.md)");
   v->add_option("--model", serve.models, "NAME=PATH: a step directory, checkpoint root, run directory or .safetensors; "
                                          "repeat for more models")->required();
+  v->add_option("--tokenizer", serve.tokenizers,
+                "NAME=SPEC: the tokenizer of model NAME (gpt2:DIR, hf:tokenizer.json, DIR, bytes) in place of its "
+                "checkpoint's; repeat for more models");
   v->add_option("--host", serve.host, "Address to listen on (other than loopback: needs an API key)")->capture_default_str();
   v->add_option("--port", serve.port, "Port (0: any free port, printed)")->capture_default_str();
   v->add_option("--api-key", serve.api_key, "Require 'Authorization: Bearer KEY' (or set LOOM_API_KEY)");
@@ -142,7 +147,8 @@ int run(int argc, char** argv) {
   loom::app::EvalArgs eval;
   auto* e = app.add_subcommand("eval", "Mean next-token loss of a GPT over every full window of a token file");
   e->add_option("--checkpoint", eval.checkpoint, "Step directory, checkpoint root or .safetensors")->required();
-  e->add_option("--data", eval.data, "Token file (llm.c format)")->required();
+  e->add_option("--data", eval.data, "Token file (llm.c format), or text:PATH read through the model's tokenizer")->required();
+  e->add_option("--tokenizer", eval.tokenizer, "Tokenizer for text:PATH (default: the checkpoint's)");
   e->add_option("--config", eval.config, "Config for the model shape of a bare safetensors file (n_head)");
   e->add_option("--batch", eval.batch, "Windows per forward pass")->capture_default_str();
   e->add_option("--quantize", eval.quantize, "none, or int8: compute with int8 weights quantized at load")
@@ -183,13 +189,33 @@ int run(int argc, char** argv) {
 
   auto* d = app.add_subcommand("data", "Prepare datasets");
   d->require_subcommand(1);
-  std::vector<std::string> sources;
-  std::string out;
-  double val_fraction = 0.1;
-  auto* dp = d->add_subcommand("prepare", "Tokenize text (byte-level) into llm.c token files: OUT and OUT_val");
-  dp->add_option("sources", sources, "text:PATH (a file or a directory of text files), one or more")->required();
-  dp->add_option("--out", out, "Training token file; the validation file gets _val before .bin")->required();
-  dp->add_option("--val-fraction", val_fraction, "Share of each file held out for validation")->capture_default_str();
+  loom::app::DataPrepareArgs prepare;
+  auto* dp = d->add_subcommand("prepare", "Tokenize text into llm.c token files: OUT and OUT_val");
+  dp->add_option("sources", prepare.sources, "text:PATH (a file or a directory of text files), one or more")->required();
+  dp->add_option("--out", prepare.out, "Training token file; the validation file gets _val before .bin")->required();
+  dp->add_option("--val-fraction", prepare.val_fraction, "Share of each file held out for validation")->capture_default_str();
+  dp->add_option("--tokenizer", prepare.tokenizer,
+                 "bytes, gpt2:DIR, hf:tokenizer.json, or a directory from loom tokenizer train")
+      ->capture_default_str();
+
+  loom::app::TokenizerArgs tok;
+  auto* tk = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode and decode text (docs/data.md)");
+  tk->require_subcommand(1);
+  auto* tkt = tk->add_subcommand("train", "Train a byte-level BPE (GPT-2's kind) on text; writes OUT/encoder.json and OUT/vocab.bpe");
+  tkt->add_option("sources", tok.sources, "text:PATH (a file or a directory of text files), one or more")->required();
+  tkt->add_option("--vocab-size", tok.vocab_size, "Ids in all: 256 bytes, the merges and <|endoftext|>")->capture_default_str();
+  tkt->add_option("--min-frequency", tok.min_frequency, "A pair seen fewer times is never merged")->capture_default_str();
+  tkt->add_option("--out", tok.out, "Directory to write the tokenizer into (new, or without a tokenizer)")->required();
+  auto* tke = tk->add_subcommand("encode", "Print the ids of FILE's text, separated by spaces");
+  auto* tkd = tk->add_subcommand("decode", "Print the text of the ids in FILE (separated by whitespace)");
+  for (auto* sub : {tke, tkd}) {
+    sub->add_option("--tokenizer", tok.tokenizer, "bytes, gpt2:DIR, hf:tokenizer.json, or a directory from loom tokenizer train")
+        ->required();
+    sub->add_option("file", tok.file, "Input file (-: standard input)")->capture_default_str();
+  }
+  tke->add_flag("--stats", tok.stats, "Print bytes, ids, seconds and MB/s as JSON on stderr instead of the ids");
+  tke->add_option("--repeat", tok.repeat, "Encode this many times, each with an empty cache; --stats gives the fastest")
+      ->capture_default_str();
 
   auto* b = app.add_subcommand("bench", "Benchmarks (see bench/ and docs/perf.md)");
   b->require_subcommand(1);
@@ -338,17 +364,12 @@ int run(int argc, char** argv) {
     eval.overrides = overrides_of(*e);
     return loom::app::run_eval(eval);
   }
-  if (dp->parsed()) {
-    std::vector<std::string> inputs;
-    for (const std::string& s : sources) inputs.push_back(s.starts_with("text:") ? s.substr(5) : s);
-    loom::checkpoint::check_output_file("--out", out, inputs);
-    loom::checkpoint::check_output_file("--out (its validation file)", loom::data::val_path_for(out), inputs);
-    auto r = loom::data::prepare_text(sources, out, val_fraction);
-    std::printf("prepared %lld files: %s (%lld tokens), %s (%lld tokens)\n", static_cast<long long>(r.files),
-                r.train_path.c_str(), static_cast<long long>(r.train_tokens), r.val_path.c_str(),
-                static_cast<long long>(r.val_tokens));
-    return 0;
-  }
+  if (dp->parsed()) return loom::app::run_data_prepare(prepare);
+  for (auto* sub : {tkt, tke, tkd})
+    if (sub->parsed()) {
+      tok.action = sub->get_name();
+      return loom::app::run_tokenizer(tok);
+    }
   for (auto* sub : {ckv, cki, cke})
     if (sub->parsed()) {
       ckpt.action = sub->get_name();

@@ -168,6 +168,7 @@ void TrainRun::open_outputs() {
   if (lead_) {
     fs::create_directories(fs::path(t_.job.run) / "logs");
     write_file_atomic((fs::path(t_.job.run) / "config.toml").string(), t_.toml);
+    if (w_.tokenizer) w_.tokenizer->save((fs::path(t_.job.run) / "tokenizer").string());
     const int64_t reached = resume_ || job_.restarted ? checkpoint::truncate_metrics(metrics_path, start_step_) : 0;
     metrics_.emplace(metrics_path);
     if (job_.restarted)
@@ -239,6 +240,15 @@ json TrainRun::checkpoint_state(int64_t step) const {
   return {{"data_cursor", step * global_batch_}, {"rng", rng}, {"model", w_.model_json()}, {"config", t_.toml}};
 }
 
+checkpoint::SaveOptions TrainRun::save_options(bool loss_finite) const {
+  checkpoint::SaveOptions o{.keep = t_.checkpoint.keep, .loss_finite = loss_finite};
+  if (w_.tokenizer) {  // written by whichever rank commits
+    const auto [encoder, merges] = w_.tokenizer->files();
+    o.files = {{"tokenizer/encoder.json", encoder}, {"tokenizer/vocab.bpe", merges}};
+  }
+  return o;
+}
+
 double TrainRun::save(int64_t step, bool loss_finite) {
   const auto t0 = std::chrono::steady_clock::now();
   begin_memory_phase();
@@ -248,7 +258,7 @@ double TrainRun::save(int64_t step, bool loss_finite) {
   const std::string dir =
       saver_->save([&](checkpoint::PieceArena* arena) { return pm_->share(arena); },
                    {.root = t_.checkpoint.root, .step = step, .state = state, .layout = layout_,
-                    .options = {.keep = t_.checkpoint.keep, .loss_finite = loss_finite}});
+                    .options = save_options(loss_finite)});
   last_save_ = std::chrono::steady_clock::now();
   peaks_.ckpt = phase_peak_resident_mb();
   if (!loss_finite)  // prune keeps the newest finite checkpoint whatever checkpoint.keep says

@@ -157,7 +157,7 @@ int TrainRun::serve() {
     auto save = [&](int64_t step) {
       return parallel::save_checkpoint(group, parallel::ps_server_share(params, server, bounds[s], bounds[s + 1]),
                                        t_.checkpoint.root, step, checkpoint_state(step), layout_,
-                                       {.keep = t_.checkpoint.keep});
+                                       save_options(true));
     };
     const bool sync = ps_->mode() == parallel::PsMode::kSync;
     auto last = Clock::now();

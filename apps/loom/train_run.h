@@ -65,6 +65,8 @@ class TrainRun {
   // A checkpoint's state.json of `step` (data cursor, generators, model, config); save() adds
   // fp16's loss scale.
   nlohmann::json checkpoint_state(int64_t step) const;
+  // checkpoint.keep, and the files kept beside the shards (the tokenizer's).
+  checkpoint::SaveOptions save_options(bool loss_finite) const;
   double save(int64_t step, bool loss_finite);
   void saved(const std::optional<std::string>& dir);
   void print_summary() const;

@@ -37,6 +37,13 @@ Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::S
   const nn::GptConfig& cfg = t.model.gpt;
   Workload w;
   auto gpt = std::make_unique<nn::Gpt>(cfg, DType::kF32, part, tp);
+  if (t.data.tokenizer != "bytes") {
+    w.tokenizer = std::make_unique<data::Tokenizer>(data::Tokenizer::load(t.data.tokenizer));
+    if (w.tokenizer->vocab_size() > cfg.vocab_size)
+      throw InputError(cat("data.tokenizer = \"", printable(t.data.tokenizer), "\" has ", w.tokenizer->vocab_size(),
+                           " ids, but model.vocab_size = ", cfg.vocab_size, ": expected at least ",
+                           w.tokenizer->vocab_size()));
+  }
   w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len);
   if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len);
   w.eval_batch = t.training.micro_batch;

@@ -11,6 +11,7 @@
 
 #include "config_train.h"
 #include "loom/data/examples.h"
+#include "loom/data/tokenizer.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/model.h"
 #include "loom/serve/teacher.h"
@@ -23,6 +24,9 @@ struct Workload {
   std::unique_ptr<data::Examples> val;  // null without validation data
   std::unique_ptr<serve::Teacher> teacher;     // [training] teacher, on the ranks that compute a loss
   int64_t eval_batch = 1;               // examples per validation batch
+  // The tokenizer that made the token files (data.tokenizer): kept with the run and its
+  // checkpoints. Null for bytes and for models that read no text.
+  std::unique_ptr<data::Tokenizer> tokenizer;
   // The model's kind and shape, saved in checkpoints so sample/eval can rebuild it.
   nlohmann::json model_json() const;
 };

@@ -349,10 +349,24 @@ int64_t Checkpoint::bytes_read() const {
   return bytes;
 }
 
+std::optional<std::string> Checkpoint::extra_file(const std::string& name) const {
+  const auto it = impl_->index.files.find(name);
+  if (it == impl_->index.files.end() || !is_extra_file(name, impl_->index.version)) return std::nullopt;
+  const std::string path = impl_->file_path(name);
+  std::string bytes = read_file(path, static_cast<size_t>(it->second.bytes));
+  if (static_cast<int64_t>(bytes.size()) != it->second.bytes || sha256_hex(bytes) != it->second.sha256)
+    throw InputError(cat(path, ": SHA-256 mismatch with index.json: the checkpoint is corrupt"));
+  return bytes;
+}
+
 int64_t Checkpoint::verify_all() const {
   int64_t bytes = 0;
   for (const auto& [name, f] : impl_->index.files) {
-    if (name != "state.json") impl_->open_file(name);
+    if (is_extra_file(name, impl_->index.version)) {
+      extra_file(name);
+    } else if (name != "state.json") {
+      impl_->open_file(name);
+    }
     bytes += f.bytes;
   }
   return bytes;

@@ -161,6 +161,26 @@ TEST_F(CheckpointTest, CorruptionAndShapeMismatchAreNamed) {
   expect_input_error([&] { Checkpoint::open(path("nowhere")); }, {"nowhere", "no such checkpoint"});
 }
 
+TEST_F(CheckpointTest, ExtraFilesAreIndexedAndVerified) {
+  nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 4, .vocab_size = 5};
+  nn::Gpt a(cfg);
+  const std::string dir = save(path("t"), 3, a.params(), nullptr, {},
+                               {.files = {{"tokenizer/encoder.json", "{\"a\": 0}"}, {"tokenizer/vocab.bpe", "#version: 0.2\n"}}});
+  Checkpoint c = Checkpoint::open(dir);
+  EXPECT_EQ(c.extra_file("tokenizer/encoder.json"), "{\"a\": 0}");
+  EXPECT_EQ(c.extra_file("tokenizer/vocab.bpe"), "#version: 0.2\n");
+  EXPECT_EQ(c.extra_file("state.json"), std::nullopt) << "only kExtraFiles";
+  EXPECT_EQ(Checkpoint::open(save(path("u"), 1, a.params(), nullptr, {})).extra_file("tokenizer/vocab.bpe"), std::nullopt);
+  EXPECT_GT(c.verify_all(), 0);
+  {
+    std::fstream f(dir + "/tokenizer/vocab.bpe", std::ios::in | std::ios::out | std::ios::binary);
+    f.put('!');
+  }
+  expect_input_error([&] { Checkpoint::open(dir).extra_file("tokenizer/vocab.bpe"); },
+                     {"tokenizer/vocab.bpe", "SHA-256 mismatch with index.json"});
+  expect_input_error([&] { Checkpoint::open(dir).verify_all(); }, {"tokenizer/vocab.bpe", "SHA-256 mismatch"});
+}
+
 TEST_F(CheckpointTest, BareHuggingFaceFileWithoutPrefixLoads) {
   nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 8, .seq_len = 4, .vocab_size = 5};
   nn::Gpt a(cfg);

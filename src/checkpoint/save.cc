@@ -227,6 +227,12 @@ std::string commit(const std::string& root, int64_t step, const std::vector<json
     write_file_atomic((tmp_dir / file).string(), text);
     return json{{"bytes", text.size()}, {"sha256", sha256_hex(text)}};
   };
+  for (const auto& [name, bytes] : options.files) {
+    LOOM_CHECK(is_extra_file(name, kFormatVersion));
+    fs::create_directories((tmp_dir / name).parent_path());
+    files[name] = write_text(name, bytes);
+    fsync_dir((tmp_dir / name).parent_path().string());
+  }
   json st = state;
   st["format"] = "loom-checkpoint";
   st["version"] = kFormatVersion;

@@ -45,6 +45,11 @@ void check_model(const JsonFields& m) {
 
 }  // namespace
 
+bool is_extra_file(const std::string& name, int version) {
+  return version >= 2 && std::find_if(std::begin(kExtraFiles), std::end(kExtraFiles),
+                                      [&](const char* f) { return name == f; }) != std::end(kExtraFiles);
+}
+
 std::optional<Part> shard_file_part(const std::string& name, int version) {
   if (version == 1) {
     if (name == "model.safetensors") return Part::kModel;
@@ -120,10 +125,11 @@ Index parse_index(const json& j, const std::string& path) {
   const JsonFields files = top.object("files");
   for (auto it = files.value().begin(); it != files.value().end(); ++it) {
     const std::string& name = it.key();
-    if (name != "state.json" && !shard_file_part(name, index.version))
+    if (name != "state.json" && !shard_file_part(name, index.version) && !is_extra_file(name, index.version))
       throw InputError(cat(files.field(name), ": unknown file; expected state.json and ",
                            index.version == 1 ? "model.safetensors and optimizer.safetensors"
-                                              : "model-<rank>.safetensors and optimizer-<rank>.safetensors files"));
+                                              : "model-<rank>.safetensors and optimizer-<rank>.safetensors files "
+                                                "(and tokenizer/encoder.json, tokenizer/vocab.bpe)"));
     const JsonFields f = files.object(name);
     IndexedFile entry{.bytes = f.integer("bytes", 0, int64_t{1} << 50), .sha256 = f.string("sha256", 64)};
     if (!is_sha256_hex(entry.sha256))

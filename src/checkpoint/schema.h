@@ -52,6 +52,8 @@ Index parse_index(const nlohmann::json& index, const std::string& path);
 void check_tiling(const IndexedTensor& t, const std::string& path);
 // Whether `name` may be a file of a checkpoint of this format version, and of which part.
 std::optional<Part> shard_file_part(const std::string& name, int version);
+// One of kExtraFiles (version 2 and later).
+bool is_extra_file(const std::string& name, int version);
 State parse_state(const nlohmann::json& state, const std::string& path);
 
 // `latest` holds one line: the name of a step directory, step_N.

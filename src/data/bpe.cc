@@ -190,22 +190,17 @@ std::vector<int32_t> specials_of(const std::vector<std::string>& tokens,
   return specials;
 }
 
-nlohmann::json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path, size_t{1} << 30);
+nlohmann::json parse_json_text(std::string_view text, const std::string& where) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw InputError(cat(path, ": not valid JSON (", e.what(), ")"));
+    throw InputError(cat(where, ": not valid JSON (", e.what(), ")"));
   }
 }
 
-std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir) {
-  const std::string enc = (fs::path(dir) / "encoder.json").string(), bpe = (fs::path(dir) / "vocab.bpe").string();
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw InputError(cat(dir, ": not a directory (a tokenizer directory holds encoder.json and vocab.bpe)"));
-  std::vector<std::string> tokens = tokens_of(parse_json_file(enc), enc);
-  const std::string text = read_file(bpe, size_t{1} << 30);
+std::shared_ptr<const Tokenizer::Vocab> parse_gpt2(std::string_view encoder_json, std::string_view text,
+                                                   const std::string& enc, const std::string& bpe) {
+  std::vector<std::string> tokens = tokens_of(parse_json_text(encoder_json, enc), enc);
   MergeReader reader(tokens);
   std::vector<std::pair<int32_t, int32_t>> merges;
   size_t line_no = 0;
@@ -228,8 +223,16 @@ std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir) {
   return finish_vocab(std::move(tokens), merges, specials, cat(enc, " and ", bpe));
 }
 
+std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir) {
+  const std::string enc = (fs::path(dir) / "encoder.json").string(), bpe = (fs::path(dir) / "vocab.bpe").string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw InputError(cat(dir, ": not a directory (a tokenizer directory holds encoder.json and vocab.bpe)"));
+  return parse_gpt2(read_file(enc, size_t{1} << 30), read_file(bpe, size_t{1} << 30), enc, bpe);
+}
+
 std::shared_ptr<const Tokenizer::Vocab> load_hf(const std::string& path) {
-  const nlohmann::json j = parse_json_file(path);
+  const nlohmann::json j = parse_json_text(read_file(path, size_t{1} << 30), path);
   auto fail = [&](const std::string& what) { return InputError(cat(path, ": ", what)); };
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("expected a tokenizer.json with a \"model\" object");
   const auto& m = j["model"];
@@ -517,12 +520,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) {
   return out;
 }
 
-bool Tokenizer::save(const std::string& dir) const {
-  if (!vocab_) return false;
+Tokenizer Tokenizer::parse_gpt2_files(std::string_view encoder_json, std::string_view vocab_bpe,
+                                      const std::string& where, std::string spec) {
+  return from_vocab(parse_gpt2(encoder_json, vocab_bpe, where + "/encoder.json", where + "/vocab.bpe"), std::move(spec));
+}
+
+std::pair<std::string, std::string> Tokenizer::files() const {
+  LOOM_CHECK(vocab_ != nullptr);
   const Vocab& v = *vocab_;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw RuntimeError(cat(dir, ": cannot create the tokenizer directory (", ec.message(), ")"));
   nlohmann::ordered_json enc = nlohmann::ordered_json::object();
   std::vector<bool> special(v.tokens.size(), false);
   for (int32_t s : v.specials) special[s] = true;
@@ -530,7 +535,16 @@ bool Tokenizer::save(const std::string& dir) const {
     enc[special[id] ? v.tokens[id] : bytes_to_vocab_text(v.tokens[id])] = id;
   std::string merges = "#version: 0.2\n";
   for (const auto& [a, b] : v.merges) merges += bytes_to_vocab_text(v.tokens[a]) + " " + bytes_to_vocab_text(v.tokens[b]) + "\n";
-  write_file_atomic((fs::path(dir) / "encoder.json").string(), enc.dump());
+  return {enc.dump(), merges};
+}
+
+bool Tokenizer::save(const std::string& dir) const {
+  if (!vocab_) return false;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw RuntimeError(cat(dir, ": cannot create the tokenizer directory (", ec.message(), ")"));
+  const auto [encoder, merges] = files();
+  write_file_atomic((fs::path(dir) / "encoder.json").string(), encoder);
   write_file_atomic((fs::path(dir) / "vocab.bpe").string(), merges);
   return true;
 }

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "loom/data/data.h"
+#include "loom/data/tokenizer.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/rng.h"
@@ -110,25 +111,46 @@ std::vector<fs::path> source_files(const std::string& source) {
 }
 }  // namespace
 
-PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out,
-                           double val_fraction) {
-  if (sources.empty()) throw InputError("data prepare: expected at least one text:PATH source");
-  if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-    throw InputError(cat("data prepare: --val-fraction ", val_fraction, ": expected [0, 1)"));
-  PrepareResult r{.train_path = out, .val_path = val_path_for(out)};
-  std::vector<uint16_t> train, val;
+std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources) {
+  if (sources.empty()) throw InputError("expected at least one text:PATH source");
+  std::vector<TextFile> out;
   std::set<fs::path> seen;
   for (const std::string& source : sources) {
     for (const fs::path& f : source_files(source)) {
       if (!seen.insert(fs::canonical(f)).second) continue;  // e.g. cookie.u8 -> cookie
       std::string text = read_file(f.string());
       if (looks_binary(text)) continue;
-      auto toks = byte_tokenize(text);
-      auto split = static_cast<size_t>(static_cast<double>(toks.size()) * (1.0 - val_fraction));
-      train.insert(train.end(), toks.begin(), toks.begin() + static_cast<ptrdiff_t>(split));
-      val.insert(val.end(), toks.begin() + static_cast<ptrdiff_t>(split), toks.end());
-      ++r.files;
+      out.push_back({f.string(), std::move(text)});
     }
+  }
+  return out;
+}
+
+PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out, double val_fraction,
+                           Tokenizer tokenizer) {
+  if (sources.empty()) throw InputError("data prepare: expected at least one text:PATH source");
+  if (!(val_fraction >= 0.0 && val_fraction < 1.0))
+    throw InputError(cat("data prepare: --val-fraction ", val_fraction, ": expected [0, 1)"));
+  if (tokenizer.vocab_size() > 65536)
+    throw InputError(cat("data prepare: tokenizer ", tokenizer.spec(), " has ", tokenizer.vocab_size(),
+                         " ids; token files hold uint16 ids (at most 65536)"));
+  PrepareResult r{.train_path = out, .val_path = val_path_for(out)};
+  std::vector<uint16_t> train, val;
+  std::vector<int32_t> ids;
+  for (const TextFile& file : read_text_sources(sources)) {
+    // The split falls on a byte offset, moved to the start of a line so no word is cut.
+    auto split = static_cast<size_t>(static_cast<double>(file.text.size()) * (1.0 - val_fraction));
+    if (split < file.text.size()) {
+      const size_t line = file.text.rfind('\n', split);
+      split = line == std::string::npos || tokenizer.is_bytes() ? split : line + 1;
+    }
+    for (auto [part, into] : {std::pair{std::string_view(file.text).substr(0, split), &train},
+                              std::pair{std::string_view(file.text).substr(split), &val}}) {
+      ids.clear();
+      tokenizer.encode(part, ids);
+      for (int32_t id : ids) into->push_back(static_cast<uint16_t>(id));
+    }
+    ++r.files;
   }
   if (train.empty()) throw InputError("data prepare: the sources hold no text");
   fs::path parent = fs::path(out).parent_path();

@@ -274,7 +274,11 @@ Batcher::Made Batcher::advance(Sequence& s, const float* logits) {
   const Clock::time_point now = Clock::now();
   Made made{.first = s.made == 1, .seconds = std::chrono::duration<double>(now - s.last).count()};
   s.last = now;
-  s.out += s.request.text ? std::string(1, static_cast<char>(token)) : cat(s.made > 1 ? " " : "", token);
+  if (s.request.tokenizer) {
+    s.out += s.request.tokenizer->token_bytes(token);
+  } else {
+    s.out += cat(s.made > 1 ? " " : "", token);
+  }
   size_t ready = s.out.size();
   std::string finish;
   for (const std::string& stop : s.request.stop) {
@@ -290,7 +294,7 @@ Batcher::Made Batcher::advance(Sequence& s, const float* logits) {
       }
   }
   if (finish.empty() && s.made >= s.request.max_tokens) finish = "length", ready = s.out.size();
-  if (s.request.text && finish != "length") ready = whole_characters(s.out, ready);
+  if (s.request.tokenizer && finish != "length") ready = whole_characters(s.out, ready);
   Generation::Event e{.piece = s.out.substr(s.sent, ready - s.sent), .done = !finish.empty(), .finish = finish};
   s.sent = ready;
   {

@@ -11,8 +11,7 @@ namespace loom::serve {
 
 using nlohmann::json;
 
-CompletionRequest parse_completion_request(std::string_view body,
-                                           const std::function<int64_t(const std::string&)>& vocab_of,
+CompletionRequest parse_completion_request(std::string_view body, const std::function<ModelText(const std::string&)>& model_of,
                                            int64_t max_tokens_cap) {
   json j;
   try {
@@ -28,15 +27,20 @@ CompletionRequest parse_completion_request(std::string_view body,
   CompletionRequest c;
   if (!j.contains("model") || !j["model"].is_string()) throw Refusal{400, "\"model\": expected a model name (GET /v1/models)"};
   c.model = j["model"].get<std::string>();
-  const int64_t vocab = vocab_of(c.model);
+  const ModelText model = model_of(c.model);
+  const int64_t vocab = model.vocab;
   if (vocab < 1) throw Refusal{404, cat("\"model\": no model named \"", printable(c.model), "\"")};
-  c.generation.text = vocab <= 256;
+  c.generation.tokenizer = model.tokenizer;
   const json& p = j.contains("prompt") ? j["prompt"] : json("");
   if (p.is_string()) {
-    if (!c.generation.text)
+    if (!model.tokenizer)
       throw Refusal{400, cat("\"prompt\": model \"", printable(c.model), "\" has a vocabulary of ", vocab,
                              " tokens and no tokenizer here; expected an array of token ids")};
-    for (unsigned char ch : p.get<std::string>()) c.generation.prompt.push_back(ch);
+    data::Tokenizer t = *model.tokenizer;  // its own piece cache
+    // An empty prompt starts a document: <|endoftext|>, or a newline for bytes.
+    const std::string text = p.get<std::string>();
+    c.generation.prompt = text.empty() && t.end_of_text() >= 0 ? std::vector<int32_t>{t.end_of_text()}
+                                                               : t.encode(text.empty() ? std::string("\n") : text);
   } else if (p.is_array()) {
     for (const json& t : p) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
@@ -46,7 +50,7 @@ CompletionRequest parse_completion_request(std::string_view body,
   } else {
     throw Refusal{400, "\"prompt\": expected a string or an array of token ids"};
   }
-  if (c.generation.prompt.empty()) c.generation.prompt.push_back(c.generation.text ? '\n' : static_cast<int32_t>(vocab - 1));
+  if (c.generation.prompt.empty()) c.generation.prompt.push_back(static_cast<int32_t>(vocab - 1));
   auto number = [&](const char* key, double lo, double hi, double fallback) {
     if (!j.contains(key)) return fallback;
     if (!j[key].is_number() || !(j[key].get<double>() >= lo && j[key].get<double>() <= hi))
@@ -64,7 +68,7 @@ CompletionRequest parse_completion_request(std::string_view body,
   if (j.contains("n") && j["n"] != 1) throw Refusal{400, "\"n\": only 1 completion per request"};
   if (j.contains("stream") && !j["stream"].is_boolean()) throw Refusal{400, "\"stream\": expected true or false"};
   c.stream = j.value("stream", false);
-  if (j.contains("stop") && !c.generation.text) throw Refusal{400, "\"stop\": stop sequences are text; this model generates token ids"};
+  if (j.contains("stop") && !c.generation.tokenizer) throw Refusal{400, "\"stop\": stop sequences are text; this model generates token ids"};
   if (j.contains("stop")) {
     const json& s = j["stop"];
     const json list = s.is_array() ? s : json::array({s});

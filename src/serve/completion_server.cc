@@ -274,7 +274,7 @@ class CompletionServer {
           [&](const std::string& name) {
             const auto route = routes_.find(name);
             served = route == routes_.end() ? name : route->second->pick();
-            return cache_.has(served) ? cache_.vocab_size(served) : int64_t{-1};
+            return cache_.has(served) ? ModelText{cache_.vocab_size(served), cache_.tokenizer(served)} : ModelText{-1, nullptr};
           },
           args_.max_tokens);
       return complete(cache_.get(served), std::move(c));
@@ -436,7 +436,15 @@ int run_completion_server(const ServerOptions& a, int64_t n_head, int threads, c
     const std::string name = spec.substr(0, eq);
     for (const auto& s : specs)
       if (s.name == name) throw InputError(cat("--model ", printable(spec), ": the name ", name, " is given twice"));
-    specs.push_back({name, spec.substr(eq + 1)});
+    specs.push_back({name, spec.substr(eq + 1), ""});
+  }
+  for (const std::string& spec : a.tokenizers) {
+    const size_t eq = spec.find('=');
+    if (eq == 0 || eq == std::string::npos || eq + 1 == spec.size())
+      throw InputError(cat("--tokenizer ", printable(spec), ": expected NAME=SPEC (e.g. gpt2=gpt2:DIR)"));
+    const auto it = std::find_if(specs.begin(), specs.end(), [&](const auto& s) { return s.name == spec.substr(0, eq); });
+    if (it == specs.end()) throw InputError(cat("--tokenizer ", printable(spec), ": no model named ", printable(spec.substr(0, eq)), " (--model NAME=PATH)"));
+    it->tokenizer = spec.substr(eq + 1);
   }
   std::vector<std::unique_ptr<Route>> routes;
   for (const std::string& spec : a.routes) routes.push_back(std::make_unique<Route>(spec));

@@ -2,6 +2,7 @@
 // (include/loom/serve/gpt_loading.h), with int8 weights where a checkpoint holds them.
 #include "loom/serve/gpt_loading.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -33,6 +34,36 @@ std::set<int64_t> block_ids(const checkpoint::Checkpoint& ck) {
 
 
 }  // namespace
+
+std::optional<data::Tokenizer> model_tokenizer(const checkpoint::Checkpoint& ck, const std::string& spec, int64_t vocab) {
+  std::optional<data::Tokenizer> t;
+  std::string from = spec;
+  if (!spec.empty()) {
+    t = data::Tokenizer::load(spec);
+  } else if (auto enc = ck.extra_file("tokenizer/encoder.json"); enc) {
+    const auto bpe = ck.extra_file("tokenizer/vocab.bpe");
+    if (!bpe) throw InputError(cat(index_of(ck), ": lists tokenizer/encoder.json but not tokenizer/vocab.bpe"));
+    const std::string dir = (std::filesystem::path(ck.path()) / "tokenizer").string();
+    t = data::Tokenizer::parse_gpt2_files(*enc, *bpe, dir, dir);
+    from = dir;
+  } else if (vocab <= 256) {
+    t = data::Tokenizer::bytes();
+    from = "bytes";
+  }
+  if (t && t->vocab_size() > vocab)
+    throw InputError(cat("tokenizer ", printable(from), " has ", t->vocab_size(), " ids, but the model's vocabulary is ",
+                         vocab, " (", index_of(ck), ")"));
+  return t;
+}
+
+std::vector<uint8_t> newlines_per_token(const data::Tokenizer& t) {
+  std::vector<uint8_t> n(static_cast<size_t>(t.vocab_size()));
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    const std::string_view b = t.token_bytes(id);
+    n[id] = static_cast<uint8_t>(std::min<ptrdiff_t>(255, std::count(b.begin(), b.end(), '\n')));
+  }
+  return n;
+}
 
 std::string index_of(const checkpoint::Checkpoint& ck) {
   return ck.format_version() == 0 ? ck.path() : (std::filesystem::path(ck.path()) / "index.json").string();

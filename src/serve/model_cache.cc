@@ -13,6 +13,7 @@ struct ModelCache::Entry {
   nn::GptConfig shape;
   int64_t bytes = 0;  // its weights, as it computes with them
   bool int8 = false;
+  std::shared_ptr<const data::Tokenizer> tokenizer;  // null: the model reads and writes ids
   std::shared_ptr<Model> model;  // null: not loaded
   bool loading = false;
   uint64_t used = 0;  // clock_ at its last request
@@ -32,6 +33,7 @@ ModelCache::ModelCache(const std::vector<Spec>& specs, int64_t n_head, int64_t m
     e->spec = s;
     const auto ck = checkpoint::Checkpoint::open(s.path);
     e->shape = gpt_shape_of(ck, n_head);
+    if (auto t = model_tokenizer(ck, s.tokenizer, e->shape.vocab_size)) e->tokenizer = std::make_shared<data::Tokenizer>(*t);
     e->int8 = int8 || holds_int8(ck);
     e->bytes = gpt_weight_bytes(e->shape, e->int8);
     entries_[s.name] = std::move(e);
@@ -58,6 +60,10 @@ std::vector<std::string> ModelCache::names() const {
 }
 
 int64_t ModelCache::vocab_size(const std::string& name) const { return entries_.at(name)->shape.vocab_size; }
+
+std::shared_ptr<const data::Tokenizer> ModelCache::tokenizer(const std::string& name) const {
+  return entries_.at(name)->tokenizer;
+}
 
 std::shared_ptr<Model> ModelCache::load(Entry& e, std::unique_lock<std::mutex>& lock) {
   e.loading = true;

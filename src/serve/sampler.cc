@@ -62,10 +62,9 @@ int32_t Sampler::pick(const float* logits, const SamplingParams& p, Rng& rng) {
   return order_[keep - 1];
 }
 
-void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int64_t lines, const SamplingParams& params,
-              Rng& rng, bool kv_cache) {
+void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int64_t lines,
+              std::span<const uint8_t> newlines_in, const SamplingParams& params, Rng& rng, bool kv_cache) {
   const int64_t vocab = gpt.config().vocab_size, window = gpt.config().seq_len;
-  const bool bytes = vocab <= 256;
   nn::GptCtx ctx;
   nn::KvCache cache = gpt.make_cache();
   Arena arena;
@@ -85,7 +84,8 @@ void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int
   int64_t seen = 0;
   for (int64_t n = 0; n < tokens; ++n) {
     seq.push_back(sampler.pick(next_logits(), params, rng));
-    if (bytes && seq.back() == '\n' && lines > 0 && ++seen >= lines) break;
+    if (lines > 0 && static_cast<size_t>(seq.back()) < newlines_in.size() && (seen += newlines_in[seq.back()]) >= lines)
+      break;
   }
 }
 

@@ -40,7 +40,13 @@ struct SaveOptions {
   // `latest` names and any newer one are never removed (docs/formats.md, "Pruning").
   int keep = 0;
   bool loss_finite = true;  // the loss of the step saved; state.json "finite" also checks the weights
+  // Files kept in the step directory beside the shards, by name (one of kExtraFiles), each
+  // listed in the index with its size and SHA-256: the run's tokenizer.
+  std::map<std::string, std::string> files;
 };
+
+// The names a step directory may hold besides state.json and the shards.
+inline constexpr const char* kExtraFiles[] = {"tokenizer/encoder.json", "tokenizer/vocab.bpe"};
 
 // ---- Writing: every rank write_shard()s into temp_dir(), then the lead commit()s. ----
 
@@ -130,6 +136,9 @@ class Checkpoint {
   std::optional<TensorInfo> find(const std::string& name) const;
   // Files and bytes: {file name: bytes}, as the index lists them (a bare file: itself).
   std::map<std::string, int64_t> files() const;
+  // One of kExtraFiles, read and verified against the index; nullopt when the checkpoint
+  // has none of that name. InputError on a size or hash that differs.
+  std::optional<std::string> extra_file(const std::string& name) const;
 
   // "" when every weight and optimizer value read so far is finite; else one line naming
   // the first tensor holding NaN or Inf, how many it holds, and how many other tensors do.

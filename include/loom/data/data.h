@@ -16,6 +16,8 @@
 
 namespace loom::data {
 
+class Tokenizer;
+
 constexpr int32_t kTokenMagic = 20240520;
 constexpr int32_t kTokenVersion = 1;
 constexpr int kTokenHeaderWords = 256;
@@ -34,12 +36,19 @@ struct PrepareResult {
   int64_t train_tokens = 0, val_tokens = 0, files = 0;
 };
 
-// Tokenizes every source ("text:PATH"; PATH a file or a directory, whose regular text files
-// are taken in name order, skipping binary files and duplicates reached through links) and
-// writes `out` (training) and `out` with "_val" before ".bin" (validation). The last
-// val_fraction of each file goes to validation.
+// The text files of every source ("text:PATH"; PATH a file or a directory, whose regular
+// files are taken in name order), skipping binary files and duplicates reached through
+// links; InputError naming a source that does not exist.
+struct TextFile {
+  std::string path, text;
+};
+std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources);
+
+// Tokenizes every source's files with `tokenizer` and writes `out` (training) and `out`
+// with "_val" before ".bin" (validation). The last val_fraction of each file goes to
+// validation (from the start of a line, for a tokenizer other than bytes).
 PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out,
-                           double val_fraction);
+                           double val_fraction, Tokenizer tokenizer);
 // "data/x.bin" -> "data/x_val.bin"
 std::string val_path_for(const std::string& out);
 

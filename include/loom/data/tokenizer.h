@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom::data {
@@ -48,6 +49,12 @@ class Tokenizer {
   // Writes encoder.json and vocab.bpe into `dir` (created), atomically per file. A bytes
   // tokenizer writes nothing and returns false.
   bool save(const std::string& dir) const;
+  // The text of encoder.json and vocab.bpe as save() writes them. REQUIRES: !is_bytes().
+  std::pair<std::string, std::string> files() const;
+  // A BPE tokenizer from those two files' text (read from elsewhere, e.g. a checkpoint);
+  // `where` names their directory in errors.
+  static Tokenizer parse_gpt2_files(std::string_view encoder_json, std::string_view vocab_bpe, const std::string& where,
+                                    std::string spec);
 
   Tokenizer(const Tokenizer& o);  // shares the vocabulary, not the cache
   Tokenizer& operator=(const Tokenizer& o);

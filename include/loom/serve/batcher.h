@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "loom/data/tokenizer.h"
 #include "loom/nn/gpt.h"
 #include "loom/serve/prefix_cache.h"
 #include "loom/serve/sampler.h"
@@ -29,7 +30,9 @@ struct GenerationRequest {
   SamplingParams sampling;
   uint64_t seed = 0;
   std::vector<std::string> stop;  // text models only
-  bool text = true;  // a byte-level model: output is text, else token ids separated by spaces
+  // The model's tokenizer: output is the tokens' text. Null: the model has none, and the
+  // output is token ids separated by spaces.
+  std::shared_ptr<const data::Tokenizer> tokenizer;
 };
 
 // One request's output as it becomes final: text is held back while it may begin a stop

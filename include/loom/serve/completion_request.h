@@ -23,9 +23,16 @@ struct CompletionRequest {
   bool stream = false;
 };
 
-// body: the request's JSON (bounded: 1 MiB, depth 3); vocab_of: a model name's vocabulary
-// size, or < 1 when there is no such model. Throws Refusal.
-CompletionRequest parse_completion_request(std::string_view body, const std::function<int64_t(const std::string&)>& vocab_of,
+// What a model reads and writes: its vocabulary size (< 1: no such model) and its
+// tokenizer (null: none; prompts are then arrays of ids and the output ids).
+struct ModelText {
+  int64_t vocab = 0;
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+};
+
+// body: the request's JSON (bounded: 1 MiB, depth 3); model_of: what a model name reads and
+// writes. A string prompt goes through the model's tokenizer. Throws Refusal.
+CompletionRequest parse_completion_request(std::string_view body, const std::function<ModelText(const std::string&)>& model_of,
                                            int64_t max_tokens_cap);
 
 }  // namespace loom::serve

@@ -14,6 +14,7 @@ namespace loom::serve {
 // The server's flags (each documented by `loom serve --help`), checked by the caller.
 struct ServerOptions {
   std::vector<std::string> models;  // NAME=PATH
+  std::vector<std::string> tokenizers;  // NAME=SPEC: a model's tokenizer, in place of its checkpoint's
   std::string host = "127.0.0.1", api_key;
   int64_t port = 8000, max_tokens = 4096;
   int64_t max_body_kb = 1024;  // the largest request body kept; a larger one is answered 413

@@ -7,9 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/checkpoint/checkpoint.h"
+#include "loom/data/tokenizer.h"
 #include "loom/nn/gpt.h"
 
 namespace loom::serve {
@@ -32,6 +35,14 @@ std::unique_ptr<nn::Gpt> load_gpt(const checkpoint::Checkpoint& ck, int64_t n_he
 // load_gpt for decoding: f32 weights go into panels (Gpt::use_panels: the same bits, faster
 // few-row products).
 std::unique_ptr<nn::Gpt> load_gpt_for_decoding(const checkpoint::Checkpoint& ck, int64_t n_head, bool int8);
+
+// The tokenizer a model's text goes through: `spec` when given (--tokenizer), else the
+// one the checkpoint keeps (tokenizer/encoder.json and vocab.bpe, verified), else bytes for
+// a vocabulary of at most 256; nullopt when none is known (the model then reads and writes
+// token ids). InputError when the tokenizer has more ids than the model's vocabulary.
+std::optional<data::Tokenizer> model_tokenizer(const checkpoint::Checkpoint& ck, const std::string& spec, int64_t vocab);
+// How many newlines each id's bytes hold (what --lines counts).
+std::vector<uint8_t> newlines_per_token(const data::Tokenizer& t);
 
 // Whether a checkpoint holds int8 weights (written by loom quantize).
 bool holds_int8(const checkpoint::Checkpoint& ck);

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/tokenizer.h"
 #include "loom/nn/gpt.h"
 #include "loom/serve/batcher.h"
 
@@ -38,6 +39,7 @@ class ModelCache {
  public:
   struct Spec {
     std::string name, path;
+    std::string tokenizer;  // a data::Tokenizer spec; "": the checkpoint's (serve::model_tokenizer)
   };
   using MakeBatcher = std::function<std::unique_ptr<Batcher>(const nn::Gpt&)>;
   // Opens every checkpoint now (a bad path or index is an InputError naming it), and loads
@@ -50,6 +52,8 @@ class ModelCache {
   bool has(const std::string& name) const;
   std::vector<std::string> names() const;
   int64_t vocab_size(const std::string& name) const;  // REQUIRES: has(name)
+  // Its tokenizer; null when it has none. REQUIRES: has(name)
+  std::shared_ptr<const data::Tokenizer> tokenizer(const std::string& name) const;
   // The model, loaded (now, if it was not: evicting the least recently used models that
   // serve no request to stay within the budget). Throws ModelUnavailable when its
   // checkpoint fails to load or it cannot have room. REQUIRES: has(name).

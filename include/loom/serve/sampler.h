@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "loom/core/rng.h"
@@ -30,13 +31,14 @@ class Sampler {
 };
 
 // `loom sample`'s generation: up to `tokens` tokens after `seq` (the prompt, extended in
-// place), each drawn by `params` from the next position's logits; with byte-level tokens
-// (vocab <= 256) it stops after `lines` newlines when lines > 0. With the key/value cache
+// place), each drawn by `params` from the next position's logits; it stops after `lines`
+// newlines when lines > 0, counting newlines_in[id] for each token drawn (a tokenizer's:
+// none when empty). With the key/value cache
 // each token is one position's forward; when the window is full the cache starts again from
 // the last half window (absolute positions: the cached keys cannot slide), so every token
 // sees between seq_len / 2 and seq_len tokens before it. Without it (kv_cache false) the
 // whole window runs again for each token: the reference the cache is tested against.
-void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int64_t lines, const SamplingParams& params,
-              Rng& rng, bool kv_cache);
+void generate(const nn::Gpt& gpt, std::vector<int32_t>& seq, int64_t tokens, int64_t lines,
+              std::span<const uint8_t> newlines_in, const SamplingParams& params, Rng& rng, bool kv_cache);
 
 }  // namespace loom::serve

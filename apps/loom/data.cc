@@ -1,0 +1,140 @@
+// `loom data prepare` and `loom tokenizer train|encode|decode` (docs/data.md).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <iterator>
+
+#include "commands.h"
+#include "loom/checkpoint/outputs.h"
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/data/data.h"
+#include "loom/data/tokenizer.h"
+
+namespace loom::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The paths that "text:PATH" sources read.
+std::vector<std::string> source_paths(const std::vector<std::string>& sources) {
+  std::vector<std::string> paths;
+  for (const std::string& s : sources) paths.push_back(s.starts_with("text:") ? s.substr(5) : s);
+  return paths;
+}
+
+// FILE's bytes, or standard input's for "-".
+std::string read_input(const std::string& file) {
+  if (file != "-") return read_file(file);
+  return {std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+}
+
+void write_stdout(std::string_view bytes) {
+  if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size() || std::fflush(stdout) != 0)
+    throw RuntimeError("writing to standard output failed");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int train(const TokenizerArgs& a) {
+  check_flag_range("--vocab-size", a.vocab_size, 257, int64_t{1} << 24);
+  check_flag_range("--min-frequency", a.min_frequency, 1, int64_t{1} << 40);
+  for (const char* f : {"encoder.json", "vocab.bpe"}) {
+    const fs::path p = fs::path(a.out) / f;
+    checkpoint::check_output_file("--out", p.string(), source_paths(a.sources));
+    if (std::error_code ec; fs::exists(p, ec))
+      throw InputError(cat("--out ", printable(a.out), " already holds a tokenizer (", f,
+                           "); choose another directory or remove it first"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> texts;
+  for (data::TextFile& f : data::read_text_sources(a.sources)) texts.push_back(std::move(f.text));
+  if (texts.empty()) throw InputError("tokenizer train: the sources hold no text");
+  const data::TrainBpeResult r = data::train_bpe(texts, {.vocab_size = a.vocab_size, .min_frequency = a.min_frequency});
+  r.tokenizer.save(a.out);
+  std::printf("trained %lld merges on %zu files (%.1f MB, %lld pieces, %lld distinct) in %.1f s: %s (vocabulary %lld, "
+              "<|endoftext|> = %d)\n",
+              static_cast<long long>(r.merges), texts.size(), static_cast<double>(r.bytes) / 1e6,
+              static_cast<long long>(r.pieces), static_cast<long long>(r.distinct_pieces), seconds_since(t0),
+              printable(a.out).c_str(), static_cast<long long>(r.tokenizer.vocab_size()), r.tokenizer.end_of_text());
+  return 0;
+}
+
+int encode(const TokenizerArgs& a) {
+  check_flag_range("--repeat", a.repeat, 1, 1000);
+  data::Tokenizer t = data::Tokenizer::load(a.tokenizer);
+  const std::string text = read_input(a.file);
+  std::vector<int32_t> ids;
+  double best = 0;
+  for (int64_t r = 0; r < a.repeat; ++r) {
+    ids.clear();
+    data::Tokenizer fresh = t;  // each repeat starts with an empty piece cache
+    const auto t0 = std::chrono::steady_clock::now();
+    fresh.encode(text, ids);
+    const double s = seconds_since(t0);
+    best = r == 0 ? s : std::min(best, s);
+  }
+  if (a.stats) {
+    std::fprintf(stderr, "{\"bytes\": %zu, \"ids\": %zu, \"seconds\": %.6f, \"mb_per_s\": %.3f}\n", text.size(),
+                 ids.size(), best, best > 0 ? static_cast<double>(text.size()) / best / 1e6 : 0.0);
+    return 0;
+  }
+  std::string out;
+  out.reserve(ids.size() * 6);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) out.push_back(' ');
+    out += std::to_string(ids[i]);
+  }
+  out.push_back('\n');
+  write_stdout(out);
+  return 0;
+}
+
+int decode(const TokenizerArgs& a) {
+  data::Tokenizer t = data::Tokenizer::load(a.tokenizer);
+  const std::string text = read_input(a.file);
+  const std::string where = a.file == "-" ? "standard input" : a.file;
+  std::vector<int32_t> ids;
+  for (size_t at = 0, n = 1; at < text.size(); ++n) {
+    while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+    if (at == text.size()) break;
+    size_t end = at;
+    while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
+    const std::string word = text.substr(at, end - at);
+    char* stop = nullptr;
+    const long long id = std::strtoll(word.c_str(), &stop, 10);
+    if (stop != word.c_str() + word.size() || word.size() > 12 || id < 0 || id >= t.vocab_size())
+      throw InputError(cat(where, ": id ", n, " is \"", printable(word.substr(0, 40)), "\", expected an integer 0 to ",
+                           t.vocab_size() - 1, " (the vocabulary of ", t.spec(), ")"));
+    ids.push_back(static_cast<int32_t>(id));
+    at = end;
+  }
+  write_stdout(t.decode(ids));
+  return 0;
+}
+
+}  // namespace
+
+int run_tokenizer(const TokenizerArgs& a) {
+  if (a.action == "train") return train(a);
+  if (a.action == "encode") return encode(a);
+  return decode(a);
+}
+
+int run_data_prepare(const DataPrepareArgs& a) {
+  const std::vector<std::string> inputs = source_paths(a.sources);
+  checkpoint::check_output_file("--out", a.out, inputs);
+  checkpoint::check_output_file("--out (its validation file)", data::val_path_for(a.out), inputs);
+  const auto t0 = std::chrono::steady_clock::now();
+  const data::PrepareResult r = data::prepare_text(a.sources, a.out, a.val_fraction, data::Tokenizer::load(a.tokenizer));
+  std::printf("prepared %lld files with tokenizer %s in %.1f s: %s (%lld tokens), %s (%lld tokens)\n",
+              static_cast<long long>(r.files), printable(a.tokenizer).c_str(), seconds_since(t0),
+              printable(r.train_path).c_str(), static_cast<long long>(r.train_tokens), printable(r.val_path).c_str(),
+              static_cast<long long>(r.val_tokens));
+  return 0;
+}
+
+}  // namespace loom::app
