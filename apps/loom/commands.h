@@ -92,6 +92,7 @@ struct DataPrepareArgs {
   std::vector<std::string> sources;
   std::string out, tokenizer = "bytes";
   double val_fraction = 0.1;
+  int64_t shard_tokens = 100'000'000, threads = 0;
 };
 // `loom data prepare`: text files into a token file and its validation file.
 int run_data_prepare(const DataPrepareArgs& a);

@@ -45,6 +45,8 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"data.train", std::string("")},
       {"data.val", std::string("")},
       {"data.tokenizer", std::string("bytes")},  // what made the token files: kept with the run and its checkpoints
+      {"data.verify", std::string("hash")},      // a manifest's shards: "hash" (SHA-256 at start, rank 0) or "size"
+      {"data.prefetch", int64_t{4}},             // micro-batches made ahead by a reader thread; 0: none
       {"training.steps", int64_t{100}},
       {"training.global_batch", int64_t{8}},
       {"training.micro_batch", int64_t{8}},

@@ -198,6 +198,10 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))
     throw InputError(cat(where("job.name"), " = \"", s("job.name"), "\": expected a plain directory name"));
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");
+  if (s("data.verify") != "hash" && s("data.verify") != "size")
+    throw InputError(cat(where("data.verify"), " = \"", printable(s("data.verify")), "\": expected \"hash\" or \"size\""));
+  if (i("data.prefetch") < 0 || i("data.prefetch") > 1024)
+    throw InputError(cat(where("data.prefetch"), " = ", i("data.prefetch"), ": expected micro-batches in [0, 1024] (0: none)"));
   if (s("model.preset") == "mlp" && s("data.tokenizer") != "bytes")
     throw InputError(cat(where("data.tokenizer"), " = \"", printable(s("data.tokenizer")),
                          "\": the mlp model reads images, not text; expected \"bytes\" (the default)"));

@@ -70,7 +70,8 @@ TrainConfig train_config(const Config& c, int local_ranks) {
            .log_every = c.i("job.log_every"), .mem_limit_mb = c.f("job.mem_limit_mb")};
   t.model = {.kind = model_kind(c), .preset = c.s("model.preset"), .gpt = gpt_config(c), .hidden = c.i("model.hidden"),
              .n_hidden = c.i("model.n_layer"), .classes = c.i("model.vocab_size")};
-  t.data = {.train = c.s("data.train"), .val = c.s("data.val"), .tokenizer = c.s("data.tokenizer")};
+  t.data = {.train = c.s("data.train"), .val = c.s("data.val"), .tokenizer = c.s("data.tokenizer"),
+            .hash_shards = c.s("data.verify") == "hash", .prefetch = c.i("data.prefetch")};
   t.training = {.steps = c.i("training.steps"), .global_batch = c.i("training.global_batch"),
                 .micro_batch = c.i("training.micro_batch"), .eval_every = c.i("training.eval_every"),
                 .eval_steps = c.i("training.eval_steps"), .recompute = nn::recompute_named(c.s("training.recompute")),

@@ -33,6 +33,8 @@ struct TrainConfig {
   struct Data {
     std::string train, val;  // val "" for none
     std::string tokenizer = "bytes";  // a data::Tokenizer spec
+    bool hash_shards = true;  // data.verify = "hash": a manifest's shards are hashed at start (rank 0)
+    int64_t prefetch = 4;     // micro-batches made ahead on a reader thread (0: made in the step)
   } data;
   struct Training {
     int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;

@@ -126,14 +126,26 @@ int run_tokenizer(const TokenizerArgs& a) {
 
 int run_data_prepare(const DataPrepareArgs& a) {
   const std::vector<std::string> inputs = source_paths(a.sources);
-  checkpoint::check_output_file("--out", a.out, inputs);
-  checkpoint::check_output_file("--out (its validation file)", data::val_path_for(a.out), inputs);
-  const auto t0 = std::chrono::steady_clock::now();
-  const data::PrepareResult r = data::prepare_text(a.sources, a.out, a.val_fraction, data::Tokenizer::load(a.tokenizer));
-  std::printf("prepared %lld files with tokenizer %s in %.1f s: %s (%lld tokens), %s (%lld tokens)\n",
-              static_cast<long long>(r.files), printable(a.tokenizer).c_str(), seconds_since(t0),
-              printable(r.train_path).c_str(), static_cast<long long>(r.train_tokens), printable(r.val_path).c_str(),
-              static_cast<long long>(r.val_tokens));
+  if (a.out.ends_with(".bin")) {
+    checkpoint::check_output_file("--out", a.out, inputs);
+    checkpoint::check_output_file("--out (its validation file)", data::val_path_for(a.out), inputs);
+  } else {  // a directory of shards: its manifests are checked as files (prepare refuses existing ones)
+    checkpoint::check_output_file("--out", (fs::path(a.out) / "train.json").string(), inputs);
+  }
+  check_flag_range("--shard-tokens", a.shard_tokens, 1, INT32_MAX);
+  check_flag_range("--threads", a.threads, 0, 1024);
+  const data::PrepareResult r =
+      data::prepare_text({.sources = a.sources, .out = a.out, .val_fraction = a.val_fraction, .shard_tokens = a.shard_tokens,
+                          .threads = static_cast<int>(a.threads), .progress = true},
+                         data::Tokenizer::load(a.tokenizer));
+  auto split = [](const std::string& path, int64_t tokens, int64_t shards) {
+    if (path.empty()) return std::string("no validation tokens");
+    return cat(printable(path), " (", tokens, " tokens", shards > 0 ? cat(" in ", shards, " shards") : std::string(), ")");
+  };
+  std::printf("prepared %lld files (%.1f MB) with tokenizer %s in %.1f s (%.1f MB/s): %s, %s\n",
+              static_cast<long long>(r.files), static_cast<double>(r.bytes) / 1e6, printable(a.tokenizer).c_str(),
+              r.seconds, static_cast<double>(r.bytes) / 1e6 / std::max(r.seconds, 1e-9),
+              split(r.train_path, r.train_tokens, r.train_shards).c_str(), split(r.val_path, r.val_tokens, r.val_shards).c_str());
   return 0;
 }
 

@@ -190,9 +190,14 @@ int run(int argc, char** argv) {
   auto* d = app.add_subcommand("data", "Prepare datasets");
   d->require_subcommand(1);
   loom::app::DataPrepareArgs prepare;
-  auto* dp = d->add_subcommand("prepare", "Tokenize text into llm.c token files: OUT and OUT_val");
-  dp->add_option("sources", prepare.sources, "text:PATH (a file or a directory of text files), one or more")->required();
-  dp->add_option("--out", prepare.out, "Training token file; the validation file gets _val before .bin")->required();
+  auto* dp = d->add_subcommand("prepare", "Tokenize text into llm.c token files (OUT.bin and OUT_val.bin) or a sharded dataset (docs/data.md)");
+  dp->add_option("sources", prepare.sources,
+                 "text:PATH (a file, a directory of text files, a glob) or jsonl:PATH[:FIELD], one or more")->required();
+  dp->add_option("--out", prepare.out,
+                 "A .bin token file (the validation file gets _val before .bin), or a directory for shards with "
+                 "train.json and val.json manifests")->required();
+  dp->add_option("--shard-tokens", prepare.shard_tokens, "Tokens per shard (a directory --out)")->capture_default_str();
+  dp->add_option("--threads", prepare.threads, "Encoding threads (0: the cores available)")->capture_default_str();
   dp->add_option("--val-fraction", prepare.val_fraction, "Share of each file held out for validation")->capture_default_str();
   dp->add_option("--tokenizer", prepare.tokenizer,
                  "bytes, gpt2:DIR, hf:tokenizer.json, or a directory from loom tokenizer train")

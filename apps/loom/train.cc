@@ -51,12 +51,12 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
 void TrainRun::build_model() {
   if (t_.parallel.ps.servers > 0) {  // whole on every rank; a worker pulls the servers' parameters
     const bool server = job_.ps_join_world == 0 && env_.rank < t_.parallel.ps.servers;
-    w_ = make_workload(t_, {}, {}, /*init=*/!(server && resume_));
+    w_ = make_workload(t_, {}, {}, /*init=*/!(server && resume_), /*lead=*/env_.rank == 0);
     return;
   }
   mesh_ = parallel::Mesh::at(t_.parallel.layout, env_.rank);
   w_ = make_workload(t_, parallel::mesh_part(t_.model.gpt.n_layer, mesh_), mesh_.shard(t_.parallel.sequence_parallel),
-                     /*init=*/!resume_);
+                     /*init=*/!resume_, /*lead=*/env_.rank == 0);
 }
 
 // Rank 0 writes the run directory and claims it once the config, data and model are known
@@ -177,7 +177,15 @@ void TrainRun::open_outputs() {
                    " on ", world_->size(), " rank(s); ", std::max<int64_t>(reached - start_step_, 0),
                    " step(s) lost (the metrics had reached step ", reached, ")"));
   }
-  sampler_.emplace(w_.train->size(), t_.job.seed);
+  sampler_.emplace(w_.train->size(), t_.job.seed, w_.train->order());
+  if (t_.data.prefetch > 0 && !ps_) {
+    const int64_t micro = per_rank_ / micro_batch_;
+    prefetch_sampler_.emplace(w_.train->size(), t_.job.seed, w_.train->order());
+    prefetcher_.emplace(*w_.train, [this, micro](int64_t n) {
+      std::lock_guard lock(prefetch_mu_);
+      return items_of(*prefetch_sampler_, n / micro, n % micro);
+    }, start_step_ * micro, static_cast<int>(t_.data.prefetch));
+  }
   progress_.emplace(steps_, t_.job.log_every, a_.quiet || !lead_);
   tokens_per_step_ = static_cast<double>(global_batch_ * w_.train->tokens_per_example());
   if (ps_) {

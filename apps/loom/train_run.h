@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "loom/obs/straggler.h"
 #include "loom/obs/trace.h"
 #include "loom/checkpoint/run_dir.h"
+#include "loom/data/prefetch.h"
 #include "workload.h"
 
 namespace loom::app {
@@ -105,6 +107,14 @@ class TrainRun {
   std::optional<parallel::StepTracer> tracer_;
   std::optional<obs::MetricsFile> metrics_;
   std::optional<data::Sampler> sampler_;
+  // data.prefetch > 0 (not parameter servers): micro-batch n = step * micro-batches + m is
+  // made ahead from a sampler of its own (its items function runs on the reader's thread
+  // and, for a batch asked out of order, on the step's: prefetch_mu_ keeps them apart).
+  std::mutex prefetch_mu_;
+  std::optional<data::Sampler> prefetch_sampler_;
+  std::optional<data::Prefetcher> prefetcher_;
+  // This micro-batch's items, from the step's own sampler.
+  std::vector<int64_t> items_of(data::Sampler& sampler, int64_t step, int64_t m) const;
   std::optional<obs::Progress> progress_;
   std::optional<parallel::CheckpointSaver> saver_;
   std::optional<obs::StragglerWatch> stragglers_;

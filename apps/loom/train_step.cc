@@ -83,6 +83,16 @@ void TrainRun::step(int64_t step) {
   }
 }
 
+// This replica's shard of the global batch: items [replica * per_rank, (replica + 1) *
+// per_rank), micro-batch m of them.
+std::vector<int64_t> TrainRun::items_of(data::Sampler& sampler, int64_t step, int64_t m) const {
+  const int replica = pm_->replica();
+  std::vector<int64_t> items(static_cast<size_t>(micro_batch_));
+  for (int64_t i = 0; i < micro_batch_; ++i)
+    items[i] = sampler.item(step * global_batch_ + replica * per_rank_ + m * micro_batch_ + i);
+  return items;
+}
+
 void TrainRun::train_step(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t done = step + 1;
@@ -93,14 +103,16 @@ void TrainRun::train_step(int64_t step) {
     tracer_->push(cat("step ", done));
     pm_->set_tracer(&*tracer_);
   }
-  // This replica's shard of the global batch: items [replica * per_rank, (replica + 1) * per_rank).
-  const int replica = pm_->replica();
   const double lr = optim::lr_at(t_.schedule, step);
+  double data_wait_ms = 0;  // the step's waits for its batches
   const parallel::StepResult r = pm_->step(done, [&](int64_t m) {
-    std::vector<int64_t> items(static_cast<size_t>(micro_batch_));
-    for (int64_t i = 0; i < micro_batch_; ++i)
-      items[i] = sampler_->item(step * global_batch_ + replica * per_rank_ + m * micro_batch_ + i);
-    return w_.train->batch(items);
+    if (tracing) tracer_->push("data wait");
+    const auto t_data = std::chrono::steady_clock::now();
+    data::Batch b = prefetcher_ ? prefetcher_->take(step * (per_rank_ / micro_batch_) + m, nullptr)
+                                : w_.train->batch(items_of(*sampler_, step, m));
+    data_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_data).count();
+    if (tracing) tracer_->pop();
+    return b;
   }, lr);
   // A loss or gradient norm that is not finite stops the run at this step, before any
   // update or checkpoint.
@@ -133,7 +145,7 @@ void TrainRun::train_step(int64_t step) {
       .add("tokens_per_s", tokens_per_step_ / step_s).add("mem_peak_mb", peak_resident_mb())
       .add("comm_ms", r.comm.comm_ms).add("exposed_comm_ms", r.comm.exposed_ms).add("comm_bytes", r.comm.bytes)
       .add("mem_params_mb", mb(mem.params)).add("mem_grads_mb", mb(mem.grads))
-      .add("mem_optimizer_mb", mb(mem.optimizer));
+      .add("mem_optimizer_mb", mb(mem.optimizer)).add("data_wait_ms", data_wait_ms);
   if (t_.parallel.step.fp16) line.add("loss_scale", r.loss_scale).add("skipped", static_cast<int64_t>(r.skipped));
   // This rank's compute: its step less its waits for the others.
   double busy_ms = step_s * 1e3 - r.comm.exposed_ms;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/data/data.h"
+#include "loom/data/dataset.h"
 #include "loom/core/error.h"
 #include "loom/nn/mlp.h"
 
@@ -24,8 +25,24 @@ nlohmann::json Workload::model_json() const {
 
 namespace {
 
-// A token file's windows of t tokens, checked against the vocabulary and for one window.
-std::unique_ptr<data::TokenWindows> windows(const std::string& path, int64_t vocab, int64_t t) {
+// A dataset's windows of t tokens: a manifest's shards, checked against it (their SHA-256
+// too when `hash`), or one token file's, checked against the vocabulary; at least one window.
+std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, int64_t t, bool hash) {
+  if (data::is_manifest(path)) {
+    data::Manifest m = data::read_manifest(path);
+    if (m.vocab_size > vocab)
+      throw InputError(cat(path, ": vocab_size = ", m.vocab_size, " (its tokenizer's ids), but model.vocab_size = ", vocab,
+                           ": expected at least ", m.vocab_size));
+    for (const data::ShardInfo& s : m.shards) {
+      if (s.path.empty())
+        throw InputError(cat(path, ": shard ", printable(s.location), " is remote; remote shards are not read yet"));
+      data::check_shard(s, path, hash);
+    }
+    auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab);
+    if (w->size() < 1)
+      throw InputError(cat(path, ": ", w->manifest().tokens, " tokens, no shard holds model.seq_len + 1 = ", t + 1));
+    return w;
+  }
   std::vector<uint16_t> tokens = data::read_tokens(path);
   check_vocab(tokens, vocab, path);
   if (static_cast<int64_t>(tokens.size()) < t + 1)
@@ -33,7 +50,7 @@ std::unique_ptr<data::TokenWindows> windows(const std::string& path, int64_t voc
   return std::make_unique<data::TokenWindows>(std::move(tokens), t);
 }
 
-Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init) {
+Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init, bool lead) {
   const nn::GptConfig& cfg = t.model.gpt;
   Workload w;
   auto gpt = std::make_unique<nn::Gpt>(cfg, DType::kF32, part, tp);
@@ -44,8 +61,8 @@ Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::S
                            " ids, but model.vocab_size = ", cfg.vocab_size, ": expected at least ",
                            w.tokenizer->vocab_size()));
   }
-  w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len);
-  if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len);
+  w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len, lead && t.data.hash_shards);
+  if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len, lead && t.data.hash_shards);
   w.eval_batch = t.training.micro_batch;
   if (init) gpt->init(t.job.seed);
   gpt->set_recompute(t.training.recompute);
@@ -89,9 +106,9 @@ Workload mlp_workload(const TrainConfig& t, bool init) {
 
 }  // namespace
 
-Workload make_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init) {
+Workload make_workload(const TrainConfig& t, const nn::GptPart& part, const nn::Shard& tp, bool init, bool lead) {
   if (t.model.kind == "mlp") return mlp_workload(t, init);
-  return gpt_workload(t, part, tp, init);
+  return gpt_workload(t, part, tp, init, lead);
 }
 
 }  // namespace loom::app

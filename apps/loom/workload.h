@@ -35,7 +35,10 @@ struct Workload {
 // part of a GPT that `part` names (a pipeline stage), split over `tp` (its tensor-parallel
 // piece; the serial model when tp.parts = 1). `init`: false leaves the weights zero, for a
 // caller that loads every one of them (a resume), sparing the random initialization.
-Workload make_workload(const TrainConfig& t, const nn::GptPart& part = {}, const nn::Shard& tp = {}, bool init = true);
+// `lead`: this process hashes a manifest's shards (data.verify = "hash"), before the run
+// directory is written; the others check their sizes and headers.
+Workload make_workload(const TrainConfig& t, const nn::GptPart& part = {}, const nn::Shard& tp = {}, bool init = true,
+                       bool lead = true);
 
 // Checks every token is below the vocabulary size; InputError naming the file otherwise.
 void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path);

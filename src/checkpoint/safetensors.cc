@@ -1,7 +1,5 @@
 #include "loom/checkpoint/safetensors.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -189,28 +187,6 @@ WrittenFile write_safetensors(const std::string& path,
 
 namespace {
 // SHA-256 over bytes given in parts (OpenSSL).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free) {
-    LOOM_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1);
-  }
-  void add(std::string_view p) { LOOM_CHECK(EVP_DigestUpdate(ctx_.get(), p.data(), p.size()) == 1); }
-  std::string hex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    LOOM_CHECK(EVP_DigestFinal_ex(ctx_.get(), md, &len) == 1);
-    static const char* kHex = "0123456789abcdef";
-    std::string s;
-    for (unsigned int i = 0; i < len; ++i) {
-      s.push_back(kHex[md[i] >> 4]);
-      s.push_back(kHex[md[i] & 15]);
-    }
-    return s;
-  }
-
- private:
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
-};
 }  // namespace
 
 WrittenFile write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
@@ -246,13 +222,7 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<TensorS
   return {head.size() + offset, sha.hex()};
 }
 
-std::string sha256_hex(const std::vector<std::string_view>& parts) {
-  Sha256 sha;
-  for (std::string_view p : parts) sha.add(p);
-  return sha.hex();
-}
 
-std::string sha256_hex(std::string_view bytes) { return sha256_hex(std::vector<std::string_view>{bytes}); }
 
 
 }  // namespace loom

@@ -85,7 +85,7 @@ TEST_F(DataTest, PrepareSplitsEachFileAndSkipsBinaryAndLinks) {
   write("src/b", std::string(50, 'b'));
   write("src/b.dat", std::string("\0\1\2", 3));
   fs::create_symlink(dir_ / "src/b", dir_ / "src/b.u8");
-  auto r = prepare_text({"text:" + path("src")}, path("out/fortunes.bin"), 0.1, Tokenizer::bytes());
+  auto r = prepare_text({.sources = {"text:" + path("src")}, .out = path("out/fortunes.bin"), .val_fraction = 0.1}, Tokenizer::bytes());
   EXPECT_EQ(r.files, 2);
   EXPECT_EQ(r.val_path, path("out/fortunes_val.bin"));
   auto train = read_tokens(r.train_path), val = read_tokens(r.val_path);
@@ -93,8 +93,8 @@ TEST_F(DataTest, PrepareSplitsEachFileAndSkipsBinaryAndLinks) {
   EXPECT_EQ(val.size(), 10u + 5u);
   EXPECT_EQ(train[0], 'a');
   EXPECT_EQ(val.back(), 'b');
-  expect_input_error([&] { prepare_text({"text:" + path("nope")}, path("x.bin"), 0.1, Tokenizer::bytes()); }, {"nope", "no such"});
-  expect_input_error([&] { prepare_text({"csv:" + path("src")}, path("x.bin"), 0.1, Tokenizer::bytes()); }, {"text:PATH"});
+  expect_input_error([&] { prepare_text({.sources = {"text:" + path("nope")}, .out = path("x.bin")}, Tokenizer::bytes()); }, {"nope", "no such"});
+  expect_input_error([&] { prepare_text({.sources = {"csv:" + path("src")}, .out = path("x.bin")}, Tokenizer::bytes()); }, {"text:PATH"});
 }
 
 std::string idx(uint32_t magic, std::vector<uint32_t> dims, size_t data_bytes) {

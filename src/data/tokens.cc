@@ -4,7 +4,6 @@
 #include <set>
 
 #include "loom/data/data.h"
-#include "loom/data/tokenizer.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/rng.h"
@@ -90,84 +89,44 @@ std::string val_path_for(const std::string& out) {
   return (p.parent_path() / (stem + "_val.bin")).string();
 }
 
-namespace {
-bool looks_binary(const std::string& bytes) {
-  return std::memchr(bytes.data(), '\0', std::min<size_t>(bytes.size(), 4096)) != nullptr;
-}
-
-// The files a "text:PATH" source names, in a stable order.
-std::vector<fs::path> source_files(const std::string& source) {
-  if (!source.starts_with("text:"))
-    throw InputError(cat("data source \"", source, "\": expected text:PATH"));
-  fs::path p(source.substr(5));
-  std::error_code ec;
-  if (!fs::exists(p, ec)) throw InputError(cat(p.string(), ": no such file or directory (", source, ")"));
-  if (!fs::is_directory(p, ec)) return {p};
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(p, ec))
-    if (e.is_regular_file()) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
-}  // namespace
-
-std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources) {
-  if (sources.empty()) throw InputError("expected at least one text:PATH source");
-  std::vector<TextFile> out;
-  std::set<fs::path> seen;
-  for (const std::string& source : sources) {
-    for (const fs::path& f : source_files(source)) {
-      if (!seen.insert(fs::canonical(f)).second) continue;  // e.g. cookie.u8 -> cookie
-      std::string text = read_file(f.string());
-      if (looks_binary(text)) continue;
-      out.push_back({f.string(), std::move(text)});
-    }
-  }
-  return out;
-}
-
-PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out, double val_fraction,
-                           Tokenizer tokenizer) {
-  if (sources.empty()) throw InputError("data prepare: expected at least one text:PATH source");
-  if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-    throw InputError(cat("data prepare: --val-fraction ", val_fraction, ": expected [0, 1)"));
-  if (tokenizer.vocab_size() > 65536)
-    throw InputError(cat("data prepare: tokenizer ", tokenizer.spec(), " has ", tokenizer.vocab_size(),
-                         " ids; token files hold uint16 ids (at most 65536)"));
-  PrepareResult r{.train_path = out, .val_path = val_path_for(out)};
-  std::vector<uint16_t> train, val;
-  std::vector<int32_t> ids;
-  for (const TextFile& file : read_text_sources(sources)) {
-    // The split falls on a byte offset, moved to the start of a line so no word is cut.
-    auto split = static_cast<size_t>(static_cast<double>(file.text.size()) * (1.0 - val_fraction));
-    if (split < file.text.size()) {
-      const size_t line = file.text.rfind('\n', split);
-      split = line == std::string::npos || tokenizer.is_bytes() ? split : line + 1;
-    }
-    for (auto [part, into] : {std::pair{std::string_view(file.text).substr(0, split), &train},
-                              std::pair{std::string_view(file.text).substr(split), &val}}) {
-      ids.clear();
-      tokenizer.encode(part, ids);
-      for (int32_t id : ids) into->push_back(static_cast<uint16_t>(id));
-    }
-    ++r.files;
-  }
-  if (train.empty()) throw InputError("data prepare: the sources hold no text");
-  fs::path parent = fs::path(out).parent_path();
-  if (!parent.empty()) fs::create_directories(parent);
-  write_tokens(r.train_path, train);
-  write_tokens(r.val_path, val);
-  r.train_tokens = static_cast<int64_t>(train.size());
-  r.val_tokens = static_cast<int64_t>(val.size());
-  return r;
-}
-
-Sampler::Sampler(int64_t items, uint64_t seed) : items_(items), seed_(seed) {
+Sampler::Sampler(int64_t items, uint64_t seed, Order order) : items_(items), seed_(seed), order_(order) {
   LOOM_CHECK(items > 0);
 }
 
+namespace {
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Index i of [0, n) permuted by a 4-round Feistel network keyed by (seed, epoch) over
+// [0, 4^half) >= n, applied again while the result is out of range (cycle walking: a
+// permutation of [0, n), at most 4 rounds on average).
+int64_t feistel(int64_t i, int64_t n, uint64_t seed, int64_t epoch) {
+  int half = 1;
+  while ((int64_t{1} << (2 * half)) < n) ++half;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  uint64_t keys[4];
+  for (int r = 0; r < 4; ++r) keys[r] = mix64(seed ^ mix64(static_cast<uint64_t>(epoch) * 4 + static_cast<uint64_t>(r) + 1));
+  auto x = static_cast<uint64_t>(i);
+  do {
+    uint64_t l = x >> half, rr = x & mask;
+    for (uint64_t key : keys) {
+      const uint64_t f = mix64(rr ^ key) & mask;
+      const uint64_t next_l = rr;
+      rr = l ^ f;
+      l = next_l;
+    }
+    x = (l << half) | rr;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
+}  // namespace
+
 int64_t Sampler::item(int64_t global_index) {
   const int64_t epoch = global_index / items_;
+  if (order_ == Order::kFeistel) return feistel(global_index % items_, items_, seed_, epoch);
   if (epoch != epoch_) {
     perm_.resize(items_);
     for (int64_t i = 0; i < items_; ++i) perm_[i] = i;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loom/core/fileio.h"
+#include "loom/core/sha256.h"  // sha256_hex: the hashes write_safetensors returns and indexes record
 #include "loom/core/tensor.h"
 
 namespace loom {
@@ -82,9 +83,5 @@ struct TensorSpec {
 WrittenFile write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors,
                               const std::function<std::string_view(size_t)>& bytes_of,
                               const std::map<std::string, std::string>& metadata = {});
-
-// Hex SHA-256 of bytes (OpenSSL), or of parts one after another.
-std::string sha256_hex(std::string_view bytes);
-std::string sha256_hex(const std::vector<std::string_view>& parts);
 
 }  // namespace loom

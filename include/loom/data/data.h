@@ -31,24 +31,37 @@ void write_tokens(const std::string& path, std::span<const uint16_t> tokens);
 std::vector<uint16_t> byte_tokenize(std::string_view text);
 std::string byte_detokenize(std::span<const int32_t> tokens);
 
+struct PrepareOptions {
+  // text:PATH (a file, a directory's files, a glob; each file one document) or
+  // jsonl:PATH[:FIELD] (each line's string FIELD, "text" by default, one document).
+  std::vector<std::string> sources;
+  // Ends in .bin: one llm.c token file and its _val.bin. Otherwise a directory of shards,
+  // train-NNNNNN.bin and val-NNNNNN.bin, with the manifests train.json and val.json.
+  std::string out;
+  double val_fraction = 0.1;
+  int64_t shard_tokens = 100'000'000;
+  int threads = 0;        // encoding threads; 0: the cores this process may use
+  bool progress = false;  // a progress line on stderr (when it is a terminal)
+};
 struct PrepareResult {
-  std::string train_path, val_path;
-  int64_t train_tokens = 0, val_tokens = 0, files = 0;
+  std::string train_path, val_path;  // token files, or manifests (val_path "" when validation is empty)
+  int64_t train_tokens = 0, val_tokens = 0, files = 0, bytes = 0, train_shards = 0, val_shards = 0;
+  double seconds = 0;
 };
 
-// The text files of every source ("text:PATH"; PATH a file or a directory, whose regular
-// files are taken in name order), skipping binary files and duplicates reached through
-// links; InputError naming a source that does not exist.
+// The documents of every source (PrepareOptions::sources) in order: a text file's whole
+// text, or a JSONL line's field (path "FILE:LINE"); binary files and second paths to one
+// file are skipped. InputError naming a source that does not exist or a bad JSONL line.
 struct TextFile {
   std::string path, text;
 };
 std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources);
 
-// Tokenizes every source's files with `tokenizer` and writes `out` (training) and `out`
-// with "_val" before ".bin" (validation). The last val_fraction of each file goes to
-// validation (from the start of a line, for a tokenizer other than bytes).
-PrepareResult prepare_text(const std::vector<std::string>& sources, const std::string& out,
-                           double val_fraction, Tokenizer tokenizer);
+// Encodes the sources' documents with `tokenizer` on several threads, in order, each
+// ending with <|endoftext|> where the tokenizer has one, and writes the training and
+// validation splits (docs/data.md): a text file's last val_fraction (from the start of a
+// line for a tokenizer other than bytes), one JSONL document in about 1 / val_fraction.
+PrepareResult prepare_text(const PrepareOptions& options, const Tokenizer& tokenizer);
 // "data/x.bin" -> "data/x_val.bin"
 std::string val_path_for(const std::string& out);
 
@@ -72,19 +85,26 @@ ImageSet parse_idx(const std::string& images_path, const std::string& images, co
 ImageSet load_fashion_mnist(const std::string& dir, bool train);
 constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
+// How a Sampler permutes an epoch: kPermutation shuffles a table of every item (Fisher-Yates,
+// 8 bytes per item: a token file's windows, images); kFeistel computes the permuted index
+// (a 4-round Feistel network over the next power of four, walked back into range), with
+// no table, for datasets of any size (sharded datasets).
+enum class Order : uint8_t { kPermutation, kFeistel };
+
 // Orders `items` examples: epoch e is a seeded random permutation of all of them, and
 // global example index g (counted from the start of training) maps to
 // permutation_{g / items}[g % items]. The cursor is just g, so resuming and sharding
 // across ranks need no saved state beyond the step.
 class Sampler {
  public:
-  Sampler(int64_t items, uint64_t seed);
+  Sampler(int64_t items, uint64_t seed, Order order = Order::kPermutation);
   int64_t item(int64_t global_index);
   int64_t items() const { return items_; }
 
  private:
   int64_t items_;
   uint64_t seed_;
+  Order order_;
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
 };

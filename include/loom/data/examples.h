@@ -27,6 +27,8 @@ class Examples {
   virtual int64_t tokens_per_example() const = 0;  // what a throughput figure counts (1 for an image)
   // REQUIRES: every item in [0, size()).
   virtual Batch batch(std::span<const int64_t> items) const = 0;
+  // How a Sampler should permute them.
+  virtual Order order() const { return Order::kPermutation; }
 };
 
 // Window w of a token file: inputs tokens[wT, wT + T), targets tokens[wT + 1, wT + T + 1), as

@@ -1,0 +1,214 @@
+// Sharded token datasets: the manifest, the shards' checks, and windows read from mapped
+// shards (include/loom/data/dataset.h, docs/data.md).
+#include "loom/data/dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.h"
+#include "loom/core/fileio.h"
+#include "loom/core/sha256.h"
+#include "loom/data/data.h"
+
+namespace loom::data {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kHeaderBytes = kTokenHeaderWords * sizeof(int32_t);
+constexpr int64_t kMaxShardTokens = INT32_MAX;  // llm.c's header counts in an int32
+
+bool is_url(const std::string& s) { return s.starts_with("http://") || s.starts_with("https://"); }
+
+bool is_hex64(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+bool is_manifest(const std::string& path) { return path.ends_with(".json"); }
+
+Manifest read_manifest(const std::string& path) {
+  const std::string text = read_file(path, size_t{1} << 31);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(cat(path, ": not valid JSON (", e.what(), ")"));
+  }
+  auto fail = [&](const std::string& field, const std::string& what) {
+    return InputError(cat(path, ": ", field, ": ", what));
+  };
+  if (!j.is_object()) throw InputError(cat(path, ": expected a JSON object (a loom-dataset manifest)"));
+  if (j.value("format", "") != "loom-dataset")
+    throw fail("format", "expected \"loom-dataset\" (a manifest written by loom data prepare, docs/data.md)");
+  if (!j.contains("version") || j["version"] != 1) throw fail("version", "expected 1");
+  Manifest m{.path = path};
+  auto integer = [&](const json& o, const std::string& key, const std::string& field, int64_t lo, int64_t hi) {
+    if (!o.contains(key) || !o[key].is_number_integer() || o[key].get<int64_t>() < lo || o[key].get<int64_t>() > hi)
+      throw fail(field, cat("expected an integer in [", lo, ", ", hi, "]"));
+    return o[key].get<int64_t>();
+  };
+  if (j.contains("vocab_size")) m.vocab_size = integer(j, "vocab_size", "vocab_size", 1, int64_t{1} << 32);
+  if (j.contains("end_of_text")) m.end_of_text = static_cast<int32_t>(integer(j, "end_of_text", "end_of_text", 0, INT32_MAX));
+  if (j.contains("tokenizer")) {
+    if (!j["tokenizer"].is_string()) throw fail("tokenizer", "expected a string");
+    m.tokenizer = j["tokenizer"].get<std::string>();
+  }
+  if (!j.contains("shards") || !j["shards"].is_array() || j["shards"].empty())
+    throw fail("shards", "expected a non-empty array of shards");
+  if (static_cast<int64_t>(j["shards"].size()) > kMaxShards)
+    throw fail("shards", cat(j["shards"].size(), " shards, expected at most ", kMaxShards));
+  const fs::path dir = fs::path(path).parent_path();
+  m.shards.reserve(j["shards"].size());
+  for (size_t i = 0; i < j["shards"].size(); ++i) {
+    const json& s = j["shards"][i];
+    const std::string field = cat("shards[", i, "]");
+    if (!s.is_object()) throw fail(field, "expected an object {path or url, tokens, dtype, sha256}");
+    ShardInfo info;
+    if (s.contains("url") == s.contains("path")) throw fail(field, "expected one of \"path\" and \"url\"");
+    const std::string key = s.contains("url") ? "url" : "path";
+    if (!s[key].is_string() || s[key].get<std::string>().empty()) throw fail(cat(field, ".", key), "expected a string");
+    info.location = s[key].get<std::string>();
+    if (key == "url" && !is_url(info.location)) throw fail(cat(field, ".url"), "expected an http:// or https:// URL");
+    if (key == "path") info.path = (fs::path(info.location).is_absolute() ? fs::path(info.location) : dir / info.location).string();
+    info.tokens = integer(s, "tokens", cat(field, ".tokens"), 0, kMaxShardTokens);
+    const std::string dtype = s.contains("dtype") && s["dtype"].is_string() ? s["dtype"].get<std::string>() : "";
+    if (dtype != "uint16" && dtype != "uint32") throw fail(cat(field, ".dtype"), "expected \"uint16\" or \"uint32\"");
+    info.dtype_bytes = dtype == "uint16" ? 2 : 4;
+    info.sha256 = s.contains("sha256") && s["sha256"].is_string() ? s["sha256"].get<std::string>() : "";
+    if (!is_hex64(info.sha256)) throw fail(cat(field, ".sha256"), "expected 64 lowercase hex digits");
+    m.tokens += info.tokens;
+    m.shards.push_back(std::move(info));
+  }
+  return m;
+}
+
+std::string manifest_json(const Manifest& m) {
+  json shards = json::array();
+  for (const ShardInfo& s : m.shards)
+    shards.push_back({{is_url(s.location) ? "url" : "path", s.location},
+                      {"tokens", s.tokens},
+                      {"dtype", s.dtype_bytes == 2 ? "uint16" : "uint32"},
+                      {"sha256", s.sha256}});
+  json j = {{"format", "loom-dataset"}, {"version", 1}, {"tokens", m.tokens}};
+  if (!m.tokenizer.empty()) j["tokenizer"] = m.tokenizer;
+  if (m.vocab_size > 0) j["vocab_size"] = m.vocab_size;
+  if (m.end_of_text >= 0) j["end_of_text"] = m.end_of_text;
+  j["shards"] = std::move(shards);
+  return j.dump(1) + "\n";
+}
+
+void check_shard(const ShardInfo& s, const std::string& manifest, bool hash) {
+  const std::string where = cat(s.path, " (", manifest, ")");
+  const FileHead head = read_file_head(s.path, kHeaderBytes);
+  if (static_cast<int64_t>(head.size) != s.bytes())
+    throw InputError(cat(where, ": ", head.size, " bytes, but the manifest says ", s.tokens, " ",
+                         s.dtype_bytes == 2 ? "uint16" : "uint32", " tokens (", s.bytes(), " bytes)"));
+  int32_t h[3];
+  std::memcpy(h, head.bytes.data(), sizeof h);
+  const int version = s.dtype_bytes == 2 ? 1 : 2;
+  if (h[0] != kTokenMagic || h[1] != version || h[2] != s.tokens)
+    throw InputError(cat(where, ": header (magic ", h[0], ", version ", h[1], ", count ", h[2],
+                         ") disagrees with the manifest (magic ", kTokenMagic, ", version ", version, ", count ", s.tokens, ")"));
+  if (!hash) return;
+  const std::string got = sha256_file(s.path);
+  if (got != s.sha256)
+    throw InputError(cat(where, ": SHA-256 ", got, ", but the manifest says ", s.sha256, ": the shard is not the one listed"));
+}
+
+// ---- ShardedWindows ------------------------------------------------------------------------
+
+struct ShardedWindows::Mapped {
+  void* map = nullptr;
+  size_t size = 0;
+  ~Mapped() {
+    if (map != nullptr) ::munmap(map, size);
+  }
+};
+
+ShardedWindows::ShardedWindows(Manifest m, int64_t t, int64_t vocab) : m_(std::move(m)), t_(t), vocab_(vocab) {
+  LOOM_CHECK(t > 0);
+  first_window_.reserve(m_.shards.size() + 1);
+  for (const ShardInfo& s : m_.shards) {
+    first_window_.push_back(windows_);
+    windows_ += s.tokens > 0 ? (s.tokens - 1) / t_ : 0;
+  }
+  first_window_.push_back(windows_);
+  mapped_.resize(m_.shards.size());
+}
+
+ShardedWindows::~ShardedWindows() = default;
+
+int64_t ShardedWindows::shards_mapped() const {
+  std::lock_guard lock(mu_);
+  return std::count_if(mapped_.begin(), mapped_.end(), [](const auto& p) { return p != nullptr; });
+}
+
+const uint8_t* ShardedWindows::shard_tokens(size_t s) const {
+  std::lock_guard lock(mu_);
+  if (!mapped_[s]) {
+    const ShardInfo& info = m_.shards[s];
+    const int fd = ::open(info.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw InputError(cat(info.path, " (", m_.path, "): cannot open (", std::strerror(errno), ")"));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size != info.bytes()) {
+      ::close(fd);
+      throw InputError(cat(info.path, " (", m_.path, "): ", st.st_size, " bytes, but the manifest says ", info.bytes(),
+                           ": the shard changed since it was checked"));
+    }
+    void* p = ::mmap(nullptr, static_cast<size_t>(info.bytes()), PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) throw RuntimeError(cat("mmap(", info.path, ") failed: ", std::strerror(err)));
+    ::madvise(p, static_cast<size_t>(info.bytes()), MADV_RANDOM);  // windows are drawn anywhere: no read-ahead
+    auto mapped = std::make_unique<Mapped>();
+    mapped->map = p;
+    mapped->size = static_cast<size_t>(info.bytes());
+    mapped_[s] = std::move(mapped);
+  }
+  return static_cast<const uint8_t*>(mapped_[s]->map) + kHeaderBytes;
+}
+
+Batch ShardedWindows::batch(std::span<const int64_t> windows) const {
+  const auto b = static_cast<int64_t>(windows.size());
+  Batch out{Tensor::zeros({b, t_}, DType::kI32), Tensor::zeros({b, t_}, DType::kI32)};
+  int32_t* x = out.inputs.data<int32_t>();
+  int32_t* y = out.targets.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t w = windows[static_cast<size_t>(i)];
+    LOOM_CHECK(w >= 0 && w < windows_);
+    const auto s = static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1);
+    const ShardInfo& info = m_.shards[s];
+    const int64_t offset = (w - first_window_[s]) * t_;
+    const uint8_t* base = shard_tokens(s) + offset * info.dtype_bytes;
+    for (int64_t j = 0; j <= t_; ++j) {
+      uint32_t id;
+      if (info.dtype_bytes == 2) {
+        uint16_t v;
+        std::memcpy(&v, base + j * 2, 2);
+        id = v;
+      } else {
+        std::memcpy(&id, base + j * 4, 4);
+      }
+      if (static_cast<int64_t>(id) >= vocab_)
+        throw InputError(cat(info.path, " (", m_.path, "): token ", offset + j, " is id ", id,
+                             ", outside the model's vocabulary (model.vocab_size = ", vocab_, ")"));
+      if (j < t_) x[i * t_ + j] = static_cast<int32_t>(id);
+      if (j > 0) y[i * t_ + j - 1] = static_cast<int32_t>(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace loom::data
