@@ -16,6 +16,7 @@ pkgs=(
   python3 python3-numpy python3-torch          # golden fixtures and the PyTorch peer only
   python3-onnx                                 # checks the ONNX export (tests/onnx_export_test.cc)
   libicu-dev                                   # Unicode classes for GPT-2's pre-tokenization
+  libcurl4-openssl-dev nginx                   # remote dataset shards, and the HTTP server their tests start
 )
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)

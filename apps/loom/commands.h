@@ -97,6 +97,15 @@ struct DataPrepareArgs {
 // `loom data prepare`: text files into a token file and its validation file.
 int run_data_prepare(const DataPrepareArgs& a);
 
+struct DataFetchArgs {
+  std::string manifest, cache_dir;  // cache_dir "": data::default_cache_dir()
+  double cache_mb = 10240;
+  int64_t retries = 5;
+};
+// `loom data fetch`: every shard of a manifest checked, remote ones downloaded into the
+// cache first (a cache warmed before a job starts).
+int run_data_fetch(const DataFetchArgs& a);
+
 struct BenchTrainArgs {
   std::string preset = "gpt-mini";
   std::vector<int64_t> threads = {1, 2};

@@ -47,6 +47,9 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"data.tokenizer", std::string("bytes")},  // what made the token files: kept with the run and its checkpoints
       {"data.verify", std::string("hash")},      // a manifest's shards: "hash" (SHA-256 at start, rank 0) or "size"
       {"data.prefetch", int64_t{4}},             // micro-batches made ahead by a reader thread; 0: none
+      {"data.cache_dir", std::string("")},       // remote shards' cache; "": $LOOM_CACHE_DIR or ~/.cache/loom/shards
+      {"data.cache_mb", 10240.0},                // its size bound (least recently used shards go first)
+      {"data.fetch_retries", int64_t{5}},        // a remote shard's attempts after a failed one (0.5 s, 1 s, 2 s, ...)
       {"training.steps", int64_t{100}},
       {"training.global_batch", int64_t{8}},
       {"training.micro_batch", int64_t{8}},

@@ -35,6 +35,9 @@ struct TrainConfig {
     std::string tokenizer = "bytes";  // a data::Tokenizer spec
     bool hash_shards = true;  // data.verify = "hash": a manifest's shards are hashed at start (rank 0)
     int64_t prefetch = 4;     // micro-batches made ahead on a reader thread (0: made in the step)
+    std::string cache_dir;    // remote shards' cache ("": data::default_cache_dir())
+    double cache_mb = 10240;  // its size bound
+    int64_t fetch_retries = 5;
   } data;
   struct Training {
     int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;

@@ -4,12 +4,15 @@
 #include <filesystem>
 #include <iostream>
 #include <iterator>
+#include <optional>
 
 #include "commands.h"
 #include "loom/checkpoint/outputs.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/data/data.h"
+#include "loom/data/dataset.h"
+#include "loom/data/shard_cache.h"
 #include "loom/data/tokenizer.h"
 
 namespace loom::app {
@@ -122,6 +125,36 @@ int run_tokenizer(const TokenizerArgs& a) {
   if (a.action == "train") return train(a);
   if (a.action == "encode") return encode(a);
   return decode(a);
+}
+
+int run_data_fetch(const DataFetchArgs& a) {
+  if (!(a.cache_mb > 0 && a.cache_mb <= 1e9)) throw InputError(cat("--cache-mb ", a.cache_mb, ": expected MiB in (0, 1e9]"));
+  check_flag_range("--retries", a.retries, 0, 100);
+  const auto t0 = std::chrono::steady_clock::now();
+  const data::Manifest m = data::read_manifest(a.manifest);
+  std::optional<data::ShardCache> cache;
+  int64_t fetched = 0, bytes = 0;
+  for (const data::ShardInfo& s : m.shards) {
+    if (!s.path.empty()) {
+      data::check_shard(s, a.manifest, /*hash=*/true);
+      continue;
+    }
+    if (!cache)
+      cache.emplace(data::CacheOptions{.dir = a.cache_dir.empty() ? data::default_cache_dir() : a.cache_dir,
+                                       .max_bytes = static_cast<int64_t>(a.cache_mb * 1024 * 1024),
+                                       .retries = static_cast<int>(a.retries)});
+    cache->fetch(s, a.manifest);
+    ++fetched;
+    bytes += s.bytes();
+  }
+  std::printf("%s: %zu shards, %lld tokens, checked", printable(a.manifest).c_str(), m.shards.size(),
+              static_cast<long long>(m.tokens));
+  if (cache)
+    std::printf("; %lld remote shards (%.1f MB) in the cache %s (%.1f MB now) in %.1f s", static_cast<long long>(fetched),
+                static_cast<double>(bytes) / 1e6, printable(cache->options().dir).c_str(),
+                static_cast<double>(cache->bytes()) / 1e6, seconds_since(t0));
+  std::printf("\n");
+  return 0;
 }
 
 int run_data_prepare(const DataPrepareArgs& a) {

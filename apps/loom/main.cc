@@ -203,6 +203,14 @@ int run(int argc, char** argv) {
                  "bytes, gpt2:DIR, hf:tokenizer.json, or a directory from loom tokenizer train")
       ->capture_default_str();
 
+  loom::app::DataFetchArgs fetch;
+  auto* df = d->add_subcommand("fetch", "Check a dataset's shards against its manifest, downloading remote ones into the cache");
+  df->add_option("manifest", fetch.manifest, "A dataset manifest (.json)")->required();
+  df->add_option("--cache-dir", fetch.cache_dir, "Cache directory (default: $LOOM_CACHE_DIR or ~/.cache/loom/shards)");
+  df->add_option("--cache-mb", fetch.cache_mb, "The cache's size bound in MiB")->capture_default_str();
+  df->add_option("--retries", fetch.retries, "Attempts after a failed one, each after twice the pause (0.5 s first)")
+      ->capture_default_str();
+
   loom::app::TokenizerArgs tok;
   auto* tk = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode and decode text (docs/data.md)");
   tk->require_subcommand(1);
@@ -370,6 +378,7 @@ int run(int argc, char** argv) {
     return loom::app::run_eval(eval);
   }
   if (dp->parsed()) return loom::app::run_data_prepare(prepare);
+  if (df->parsed()) return loom::app::run_data_fetch(fetch);
   for (auto* sub : {tkt, tke, tkd})
     if (sub->parsed()) {
       tok.action = sub->get_name();

@@ -4,6 +4,7 @@
 
 #include "loom/data/data.h"
 #include "loom/data/dataset.h"
+#include "loom/data/shard_cache.h"
 #include "loom/core/error.h"
 #include "loom/nn/mlp.h"
 
@@ -27,18 +28,27 @@ namespace {
 
 // A dataset's windows of t tokens: a manifest's shards, checked against it (their SHA-256
 // too when `hash`), or one token file's, checked against the vocabulary; at least one window.
-std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, int64_t t, bool hash) {
+std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, int64_t t, bool hash,
+                                        const TrainConfig::Data& d) {
   if (data::is_manifest(path)) {
     data::Manifest m = data::read_manifest(path);
     if (m.vocab_size > vocab)
       throw InputError(cat(path, ": vocab_size = ", m.vocab_size, " (its tokenizer's ids), but model.vocab_size = ", vocab,
                            ": expected at least ", m.vocab_size));
+    bool remote = false;
     for (const data::ShardInfo& s : m.shards) {
-      if (s.path.empty())
-        throw InputError(cat(path, ": shard ", printable(s.location), " is remote; remote shards are not read yet"));
+      if (s.path.empty()) {
+        remote = true;  // checked against the manifest as it is fetched
+        continue;
+      }
       data::check_shard(s, path, hash);
     }
-    auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab);
+    std::shared_ptr<data::ShardCache> cache;
+    if (remote)
+      cache = std::make_shared<data::ShardCache>(data::CacheOptions{
+          .dir = d.cache_dir.empty() ? data::default_cache_dir() : d.cache_dir,
+          .max_bytes = static_cast<int64_t>(d.cache_mb * 1024 * 1024), .retries = static_cast<int>(d.fetch_retries)});
+    auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab, std::move(cache));
     if (w->size() < 1)
       throw InputError(cat(path, ": ", w->manifest().tokens, " tokens, no shard holds model.seq_len + 1 = ", t + 1));
     return w;
@@ -61,8 +71,9 @@ Workload gpt_workload(const TrainConfig& t, const nn::GptPart& part, const nn::S
                            " ids, but model.vocab_size = ", cfg.vocab_size, ": expected at least ",
                            w.tokenizer->vocab_size()));
   }
-  w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len, lead && t.data.hash_shards);
-  if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len, lead && t.data.hash_shards);
+  const bool hash = lead && t.data.hash_shards;
+  w.train = windows(t.data.train, cfg.vocab_size, cfg.seq_len, hash, t.data);
+  if (!t.data.val.empty()) w.val = windows(t.data.val, cfg.vocab_size, cfg.seq_len, hash, t.data);
   w.eval_batch = t.training.micro_batch;
   if (init) gpt->init(t.job.seed);
   gpt->set_recompute(t.training.recompute);

@@ -17,6 +17,7 @@
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/sha256.h"
+#include "loom/data/shard_cache.h"
 #include "loom/data/data.h"
 
 namespace loom::data {
@@ -132,20 +133,28 @@ void check_shard(const ShardInfo& s, const std::string& manifest, bool hash) {
 struct ShardedWindows::Mapped {
   void* map = nullptr;
   size_t size = 0;
+  const uint8_t* tokens() const { return static_cast<const uint8_t*>(map) + kHeaderBytes; }
   ~Mapped() {
     if (map != nullptr) ::munmap(map, size);
   }
 };
 
-ShardedWindows::ShardedWindows(Manifest m, int64_t t, int64_t vocab) : m_(std::move(m)), t_(t), vocab_(vocab) {
+ShardedWindows::ShardedWindows(Manifest m, int64_t t, int64_t vocab, std::shared_ptr<ShardCache> cache)
+    : m_(std::move(m)), t_(t), vocab_(vocab), cache_(std::move(cache)) {
   LOOM_CHECK(t > 0);
   first_window_.reserve(m_.shards.size() + 1);
+  int64_t largest = 1;
   for (const ShardInfo& s : m_.shards) {
     first_window_.push_back(windows_);
     windows_ += s.tokens > 0 ? (s.tokens - 1) / t_ : 0;
+    if (s.path.empty()) {
+      LOOM_CHECK(cache_ != nullptr);
+      largest = std::max(largest, s.bytes());
+    }
   }
   first_window_.push_back(windows_);
   mapped_.resize(m_.shards.size());
+  if (cache_) max_remote_mapped_ = static_cast<size_t>(std::max<int64_t>(2, cache_->options().max_bytes / largest / 2));
 }
 
 ShardedWindows::~ShardedWindows() = default;
@@ -155,29 +164,46 @@ int64_t ShardedWindows::shards_mapped() const {
   return std::count_if(mapped_.begin(), mapped_.end(), [](const auto& p) { return p != nullptr; });
 }
 
-const uint8_t* ShardedWindows::shard_tokens(size_t s) const {
+std::shared_ptr<const ShardedWindows::Mapped> ShardedWindows::shard(size_t s) const {
   std::lock_guard lock(mu_);
-  if (!mapped_[s]) {
-    const ShardInfo& info = m_.shards[s];
-    const int fd = ::open(info.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw InputError(cat(info.path, " (", m_.path, "): cannot open (", std::strerror(errno), ")"));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || st.st_size != info.bytes()) {
-      ::close(fd);
-      throw InputError(cat(info.path, " (", m_.path, "): ", st.st_size, " bytes, but the manifest says ", info.bytes(),
-                           ": the shard changed since it was checked"));
-    }
-    void* p = ::mmap(nullptr, static_cast<size_t>(info.bytes()), PROT_READ, MAP_SHARED, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) throw RuntimeError(cat("mmap(", info.path, ") failed: ", std::strerror(err)));
-    ::madvise(p, static_cast<size_t>(info.bytes()), MADV_RANDOM);  // windows are drawn anywhere: no read-ahead
-    auto mapped = std::make_unique<Mapped>();
-    mapped->map = p;
-    mapped->size = static_cast<size_t>(info.bytes());
-    mapped_[s] = std::move(mapped);
+  const ShardInfo& info = m_.shards[s];
+  const bool remote = info.path.empty();
+  if (remote) {  // most recently used last
+    std::erase(remote_mapped_, s);
+    remote_mapped_.push_back(s);
   }
-  return static_cast<const uint8_t*>(mapped_[s]->map) + kHeaderBytes;
+  if (mapped_[s]) return mapped_[s];
+  int fd = -1;
+  std::string path = info.path;
+  for (int attempt = 0; fd < 0 && attempt < 2; ++attempt) {
+    if (remote) path = cache_->fetch(info, m_.path);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && !(remote && errno == ENOENT))  // a cached copy evicted meanwhile is fetched again
+      throw InputError(cat(path, " (", m_.path, "): cannot open (", std::strerror(errno), ")"));
+  }
+  if (fd < 0) throw RuntimeError(cat(path, " (", m_.path, "): removed from the cache as soon as it was fetched"));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size != info.bytes()) {
+    ::close(fd);
+    throw InputError(cat(path, " (", m_.path, "): ", st.st_size, " bytes, but the manifest says ", info.bytes(),
+                         ": the shard changed since it was checked"));
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(info.bytes()), PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw RuntimeError(cat("mmap(", path, ") failed: ", std::strerror(err)));
+  ::madvise(p, static_cast<size_t>(info.bytes()), MADV_RANDOM);  // windows are drawn anywhere: no read-ahead
+  auto mapped = std::make_shared<Mapped>();
+  mapped->map = p;
+  mapped->size = static_cast<size_t>(info.bytes());
+  mapped_[s] = mapped;
+  // Remote shards beyond what the cache can hold are let go (a batch still reading one
+  // keeps it until it is done), so the cache's disk space is not held by old mappings.
+  while (remote && remote_mapped_.size() > max_remote_mapped_) {
+    mapped_[remote_mapped_.front()].reset();
+    remote_mapped_.erase(remote_mapped_.begin());
+  }
+  return mapped;
 }
 
 Batch ShardedWindows::batch(std::span<const int64_t> windows) const {
@@ -191,7 +217,8 @@ Batch ShardedWindows::batch(std::span<const int64_t> windows) const {
     const auto s = static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin() - 1);
     const ShardInfo& info = m_.shards[s];
     const int64_t offset = (w - first_window_[s]) * t_;
-    const uint8_t* base = shard_tokens(s) + offset * info.dtype_bytes;
+    const std::shared_ptr<const Mapped> held = shard(s);
+    const uint8_t* base = held->tokens() + offset * info.dtype_bytes;
     for (int64_t j = 0; j <= t_; ++j) {
       uint32_t id;
       if (info.dtype_bytes == 2) {
@@ -202,7 +229,7 @@ Batch ShardedWindows::batch(std::span<const int64_t> windows) const {
         std::memcpy(&id, base + j * 4, 4);
       }
       if (static_cast<int64_t>(id) >= vocab_)
-        throw InputError(cat(info.path, " (", m_.path, "): token ", offset + j, " is id ", id,
+        throw InputError(cat(info.path.empty() ? redact_url(info.location) : info.path, " (", m_.path, "): token ", offset + j, " is id ", id,
                              ", outside the model's vocabulary (model.vocab_size = ", vocab_, ")"));
       if (j < t_) x[i * t_ + j] = static_cast<int32_t>(id);
       if (j > 0) y[i * t_ + j - 1] = static_cast<int32_t>(id);

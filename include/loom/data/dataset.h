@@ -55,9 +55,15 @@ void check_shard(const ShardInfo& s, const std::string& manifest, bool hash);
 // tokens[kT + 1, kT + T + 1) for each k with kT + T < count, as llm.c's loader; windows are
 // numbered shard after shard. Token ids at or above `vocab` in a window are an InputError
 // naming the shard and the offset (checked as batches are made).
+class ShardCache;
+
 class ShardedWindows : public Examples {
  public:
-  ShardedWindows(Manifest m, int64_t t, int64_t vocab);
+  // `cache`: where remote shards (those without a path) are fetched to; it must be given
+  // when the manifest lists any. A remote shard is fetched when a batch first needs it (on
+  // the prefetcher's thread when there is one: ahead of use), and at most about half the
+  // cache's worth of remote shards stay mapped.
+  ShardedWindows(Manifest m, int64_t t, int64_t vocab, std::shared_ptr<ShardCache> cache = nullptr);
   ~ShardedWindows() override;
   int64_t size() const override { return windows_; }
   int64_t tokens_per_example() const override { return t_; }
@@ -69,12 +75,16 @@ class ShardedWindows : public Examples {
 
  private:
   struct Mapped;
-  const uint8_t* shard_tokens(size_t s) const;
+  // Shard s mapped (fetched first when remote); the caller's reference keeps it mapped.
+  std::shared_ptr<const Mapped> shard(size_t s) const;
   Manifest m_;
   int64_t t_, vocab_, windows_ = 0;
   std::vector<int64_t> first_window_;  // per shard, and the total last
+  std::shared_ptr<ShardCache> cache_;
+  size_t max_remote_mapped_ = 0;
   mutable std::mutex mu_;
-  mutable std::vector<std::unique_ptr<Mapped>> mapped_;
+  mutable std::vector<std::shared_ptr<const Mapped>> mapped_;
+  mutable std::vector<size_t> remote_mapped_;  // remote shards mapped, least recently used first
 };
 
 }  // namespace loom::data
