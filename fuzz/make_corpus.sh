@@ -11,7 +11,7 @@ loom=build/release/loom
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 c=fuzz/corpus
-mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/tokenizer $c/idx $c/config
+mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/tokenizer $c/manifest $c/idx $c/config
 
 # Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each,
 # and the GPT on two tensor-parallel ranks (an index whose tensors have several shards).
@@ -48,6 +48,21 @@ cp "$tmp/tokens_val.bin" $c/tokens/val
 $loom tokenizer train text:/usr/share/games/fortunes/linux --vocab-size 300 --out "$tmp/tok" >/dev/null
 (printf '\x00'; cat "$tmp/tok/encoder.json"; printf '\x00'; cat "$tmp/tok/vocab.bpe") >$c/tokenizer/vocab300
 printf '\x01Hello world, it'"'"'s me.\n\xff\xfe caf\xc3\xa9   x' >$c/tokenizer/text
+# The same vocabulary as a Hugging Face tokenizer.json (mode byte 2).
+python3 - "$tmp/tok" $c/tokenizer/hf300 <<'PY'
+import json, sys
+enc = json.load(open(sys.argv[1] + "/encoder.json"))
+merges = [l for l in open(sys.argv[1] + "/vocab.bpe").read().split("\n") if l and not l.startswith("#version")]
+j = {"version": "1.0", "added_tokens": [{"id": enc["<|endoftext|>"], "content": "<|endoftext|>", "special": True}],
+     "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+     "model": {"type": "BPE", "vocab": enc, "merges": merges}}
+open(sys.argv[2], "wb").write(b"\x02" + json.dumps(j).encode())
+PY
+# Manifests: one of a sharded dataset prepare writes, one naming a remote shard.
+$loom data prepare text:/usr/share/games/fortunes/linux --out "$tmp/ds" --shard-tokens 3000 >/dev/null
+cp "$tmp/ds/train.json" $c/manifest/fortunes
+printf '{"format": "loom-dataset", "version": 1, "shards": [{"url": "https://example.invalid/a.bin", "tokens": 5, "dtype": "uint32", "sha256": "%s"}]}' \
+  "$(printf 'a%.0s' $(seq 64))" >$c/manifest/remote
 
 # IDX: the first 3 test images and labels, gzipped and plain; each seed is a 4-byte
 # little-endian image-file length, the image file, then the label file (fuzz/idx_fuzz.cc).

@@ -1,8 +1,9 @@
 // libFuzzer target: the tokenizer, both what it reads and what it encodes. The first byte
 // picks the mode:
-//   even  the rest is encoder.json, a NUL, then vocab.bpe (as `gpt2:DIR` and a run's
-//         checkpoint hand them over). Properties: no crash; an InputError names the file;
-//         a vocabulary that loads round-trips text made of its own tokens' bytes.
+//   0 mod 4  the rest is encoder.json, a NUL, then vocab.bpe (as `gpt2:DIR` and a run's
+//            checkpoint hand them over); 2 mod 4: a Hugging Face tokenizer.json.
+//            Properties: no crash; an InputError names the file; a vocabulary that loads
+//            round-trips text made of its own tokens' bytes.
 //   odd   the rest is text for a small trained BPE. Properties: GPT-2's pre-tokenization
 //         cuts it into non-empty pieces that join back to it, and decode(encode(text)) is
 //         the text, whatever its bytes (invalid UTF-8 included).
@@ -37,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t nul = rest.find('\0');
   const std::string_view encoder = rest.substr(0, nul), merges = nul == std::string_view::npos ? "" : rest.substr(nul + 1);
   try {
-    data::Tokenizer t = data::Tokenizer::parse_gpt2_files(encoder, merges, "fuzz/tok", "fuzz");
+    data::Tokenizer t = data[0] % 4 == 2 ? data::Tokenizer::parse_hf_json(rest, "fuzz/tok/tokenizer.json")
+                                         : data::Tokenizer::parse_gpt2_files(encoder, merges, "fuzz/tok", "fuzz");
     std::string text;
     for (int32_t id = 0; id < t.vocab_size() && id < 64; ++id) text += t.token_bytes(id);
     if (t.decode(t.encode(text)) != text) fuzz::finding("a loaded vocabulary that does not round-trip", text);

@@ -230,6 +230,21 @@ TEST_F(Remote, AShardCorruptedOnTheServerIsRefusedAndNotKept) {
     EXPECT_FALSE(e.path().filename().string().starts_with(manifest_.shards[1].sha256 + ".bin")) << e.path();
 }
 
+TEST_F(Remote, ACacheOnAFullDiskIsNamed) {
+  fs::create_directories(p("full"));
+  if (testing::run_command(cat("mount -t tmpfs -o size=64k tmpfs ", p("full"), " 2>&1")).code != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  struct Unmount {
+    std::string at;
+    ~Unmount() { testing::run_command(cat("umount ", at)); }
+  } unmount{p("full")};
+  const Result r = loom(cat("data fetch ", p("remote.json"), " --cache-dir ", p("full")));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(cat("loom: error: the shard cache ", p("full"), " has ")), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train-000000.bin"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 TEST_F(Remote, ACacheSmallerThanTheDatasetEvictsAndTrainingGoesOn) {
   ASSERT_GE(manifest_.shards.size(), 4u);
   const int64_t shard = manifest_.shards[0].bytes();

@@ -132,13 +132,11 @@ int run_data_fetch(const DataFetchArgs& a) {
   check_flag_range("--retries", a.retries, 0, 100);
   const auto t0 = std::chrono::steady_clock::now();
   const data::Manifest m = data::read_manifest(a.manifest);
+  data::check_local_shards(m, /*hash=*/true);
   std::optional<data::ShardCache> cache;
   int64_t fetched = 0, bytes = 0;
   for (const data::ShardInfo& s : m.shards) {
-    if (!s.path.empty()) {
-      data::check_shard(s, a.manifest, /*hash=*/true);
-      continue;
-    }
+    if (!s.path.empty()) continue;
     if (!cache)
       cache.emplace(data::CacheOptions{.dir = a.cache_dir.empty() ? data::default_cache_dir() : a.cache_dir,
                                        .max_bytes = static_cast<int64_t>(a.cache_mb * 1024 * 1024),

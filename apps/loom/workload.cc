@@ -35,14 +35,7 @@ std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, 
     if (m.vocab_size > vocab)
       throw InputError(cat(path, ": vocab_size = ", m.vocab_size, " (its tokenizer's ids), but model.vocab_size = ", vocab,
                            ": expected at least ", m.vocab_size));
-    bool remote = false;
-    for (const data::ShardInfo& s : m.shards) {
-      if (s.path.empty()) {
-        remote = true;  // checked against the manifest as it is fetched
-        continue;
-      }
-      data::check_shard(s, path, hash);
-    }
+    const bool remote = data::check_local_shards(m, hash);  // remote ones as they are fetched
     std::shared_ptr<data::ShardCache> cache;
     if (remote)
       cache = std::make_shared<data::ShardCache>(data::CacheOptions{

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
+
 #include "bpe_vocab.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
@@ -177,16 +179,27 @@ struct MergeReader {
 };
 
 // Tokens that are neither a byte nor made by a merge are special (matched literally).
+// Tokens that are neither a byte nor made by a merge must be special tokens: named in
+// `declared` (tokenizer.json's added_tokens) or written <|...|> (GPT-2's <|endoftext|>).
+// Any other is an InputError: the merges file does not make it (one cut short, say).
 std::vector<int32_t> specials_of(const std::vector<std::string>& tokens,
-                                 const std::vector<std::pair<int32_t, int32_t>>& merges) {
+                                 const std::vector<std::pair<int32_t, int32_t>>& merges, const std::string& where,
+                                 const std::vector<int32_t>& declared = {}) {
   std::vector<bool> made(tokens.size(), false);
   std::unordered_map<std::string_view, int32_t> ids;
   for (size_t i = 0; i < tokens.size(); ++i) ids.emplace(tokens[i], static_cast<int32_t>(i));
   for (const auto& [a, b] : merges)
     if (const auto it = ids.find(tokens[a] + tokens[b]); it != ids.end()) made[it->second] = true;
   std::vector<int32_t> specials;
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i].size() > 1 && !made[i]) specials.push_back(static_cast<int32_t>(i));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i].size() <= 1 || made[i]) continue;
+    const bool named = std::find(declared.begin(), declared.end(), static_cast<int32_t>(i)) != declared.end();
+    if (!named && !(tokens[i].starts_with("<|") && tokens[i].ends_with("|>")))
+      throw InputError(cat(where, ": token \"", printable(bytes_to_vocab_text(tokens[i]).substr(0, 40)), "\" (id ", i,
+                           ") is not a byte, no merge makes it, and it is not a special token <|...|>: the merges are "
+                           "incomplete"));
+    specials.push_back(static_cast<int32_t>(i));
+  }
   return specials;
 }
 
@@ -219,7 +232,7 @@ std::shared_ptr<const Tokenizer::Vocab> parse_gpt2(std::string_view encoder_json
                            printable(line.substr(0, 80)), "\""));
     merges.push_back(reader.pair(line.substr(0, space), line.substr(space + 1), cat(bpe, ":", line_no)));
   }
-  const std::vector<int32_t> specials = specials_of(tokens, merges);
+  const std::vector<int32_t> specials = specials_of(tokens, merges, cat(enc, " and ", bpe));
   return finish_vocab(std::move(tokens), merges, specials, cat(enc, " and ", bpe));
 }
 
@@ -231,19 +244,19 @@ std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir) {
   return parse_gpt2(read_file(enc, size_t{1} << 30), read_file(bpe, size_t{1} << 30), enc, bpe);
 }
 
-std::shared_ptr<const Tokenizer::Vocab> load_hf(const std::string& path) {
-  const nlohmann::json j = parse_json_text(read_file(path, size_t{1} << 30), path);
+std::shared_ptr<const Tokenizer::Vocab> parse_hf(std::string_view text, const std::string& path) {
+  const nlohmann::json j = parse_json_text(text, path);
   auto fail = [&](const std::string& what) { return InputError(cat(path, ": ", what)); };
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) throw fail("expected a tokenizer.json with a \"model\" object");
   const auto& m = j["model"];
-  if (m.value("type", "") != "BPE")
-    throw fail(cat("model type \"", printable(m.value("type", "")), "\": only byte-level BPE (GPT-2's kind) is supported"));
+  if (string_or_empty(m, "type") != "BPE")
+    throw fail(cat("model type \"", printable(string_or_empty(m, "type")), "\": only byte-level BPE (GPT-2's kind) is supported"));
   const auto is_byte_level = [](const nlohmann::json& p) {
     if (!p.is_object()) return false;
-    if (p.value("type", "") == "ByteLevel") return true;
-    if (p.value("type", "") != "Sequence" || !p.contains("pretokenizers") || !p["pretokenizers"].is_array()) return false;
+    if (string_or_empty(p, "type") == "ByteLevel") return true;
+    if (string_or_empty(p, "type") != "Sequence" || !p.contains("pretokenizers") || !p["pretokenizers"].is_array()) return false;
     for (const auto& q : p["pretokenizers"])
-      if (q.is_object() && q.value("type", "") == "ByteLevel") return true;
+      if (q.is_object() && string_or_empty(q, "type") == "ByteLevel") return true;
     return false;
   };
   if (!j.contains("pre_tokenizer") || !is_byte_level(j["pre_tokenizer"]))
@@ -268,7 +281,7 @@ std::shared_ptr<const Tokenizer::Vocab> load_hf(const std::string& path) {
       throw InputError(cat(where, ": expected \"A B\" or [\"A\", \"B\"]"));
     }
   }
-  std::vector<int32_t> specials = specials_of(tokens, merges);
+  std::vector<int32_t> added;
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (const auto& a : j["added_tokens"]) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
@@ -278,9 +291,12 @@ std::shared_ptr<const Tokenizer::Vocab> load_hf(const std::string& path) {
       if (id < 0 || id >= static_cast<int64_t>(tokens.size()))
         throw fail(cat("added_tokens: id ", id, " is outside model.vocab (", tokens.size(), " tokens)"));
       tokens[id] = a["content"].get<std::string>();
-      if (std::find(specials.begin(), specials.end(), id) == specials.end()) specials.push_back(static_cast<int32_t>(id));
+      added.push_back(static_cast<int32_t>(id));
     }
   }
+  std::vector<int32_t> specials = specials_of(tokens, merges, path, added);
+  for (int32_t id : added)
+    if (std::find(specials.begin(), specials.end(), id) == specials.end()) specials.push_back(id);
   return finish_vocab(std::move(tokens), merges, specials, path);
 }
 
@@ -314,7 +330,7 @@ Tokenizer Tokenizer::load(const std::string& spec) {
   Tokenizer t;
   if (spec == "bytes") return t;
   if (spec.starts_with("hf:")) {
-    t.vocab_ = load_hf(spec.substr(3));
+    t.vocab_ = parse_hf(read_file(spec.substr(3), size_t{1} << 30), spec.substr(3));
   } else if (spec.starts_with("gpt2:")) {
     t.vocab_ = load_gpt2_dir(spec.substr(5));
   } else if (std::error_code ec; fs::is_directory(spec, ec)) {
@@ -523,6 +539,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) {
 Tokenizer Tokenizer::parse_gpt2_files(std::string_view encoder_json, std::string_view vocab_bpe,
                                       const std::string& where, std::string spec) {
   return from_vocab(parse_gpt2(encoder_json, vocab_bpe, where + "/encoder.json", where + "/vocab.bpe"), std::move(spec));
+}
+
+Tokenizer Tokenizer::parse_hf_json(std::string_view tokenizer_json, const std::string& where) {
+  return from_vocab(parse_hf(tokenizer_json, where), "hf:" + where);
 }
 
 std::pair<std::string, std::string> Tokenizer::files() const {

@@ -11,8 +11,12 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
+
+#include "json_text.h"
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
@@ -39,42 +43,24 @@ bool is_hex64(const std::string& s) {
 
 bool is_manifest(const std::string& path) { return path.ends_with(".json"); }
 
-Manifest read_manifest(const std::string& path) {
-  const std::string text = read_file(path, size_t{1} << 31);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InputError(cat(path, ": not valid JSON (", e.what(), ")"));
-  }
+Manifest read_manifest(const std::string& path) { return parse_manifest(path, read_file(path, size_t{1} << 31)); }
+
+Manifest parse_manifest(const std::string& path, std::string_view text) {
+  Manifest m{.path = path};
   auto fail = [&](const std::string& field, const std::string& what) {
     return InputError(cat(path, ": ", field, ": ", what));
   };
-  if (!j.is_object()) throw InputError(cat(path, ": expected a JSON object (a loom-dataset manifest)"));
-  if (j.value("format", "") != "loom-dataset")
-    throw fail("format", "expected \"loom-dataset\" (a manifest written by loom data prepare, docs/data.md)");
-  if (!j.contains("version") || j["version"] != 1) throw fail("version", "expected 1");
-  Manifest m{.path = path};
   auto integer = [&](const json& o, const std::string& key, const std::string& field, int64_t lo, int64_t hi) {
     if (!o.contains(key) || !o[key].is_number_integer() || o[key].get<int64_t>() < lo || o[key].get<int64_t>() > hi)
       throw fail(field, cat("expected an integer in [", lo, ", ", hi, "]"));
     return o[key].get<int64_t>();
   };
-  if (j.contains("vocab_size")) m.vocab_size = integer(j, "vocab_size", "vocab_size", 1, int64_t{1} << 32);
-  if (j.contains("end_of_text")) m.end_of_text = static_cast<int32_t>(integer(j, "end_of_text", "end_of_text", 0, INT32_MAX));
-  if (j.contains("tokenizer")) {
-    if (!j["tokenizer"].is_string()) throw fail("tokenizer", "expected a string");
-    m.tokenizer = j["tokenizer"].get<std::string>();
-  }
-  if (!j.contains("shards") || !j["shards"].is_array() || j["shards"].empty())
-    throw fail("shards", "expected a non-empty array of shards");
-  if (static_cast<int64_t>(j["shards"].size()) > kMaxShards)
-    throw fail("shards", cat(j["shards"].size(), " shards, expected at most ", kMaxShards));
   const fs::path dir = fs::path(path).parent_path();
-  m.shards.reserve(j["shards"].size());
-  for (size_t i = 0; i < j["shards"].size(); ++i) {
-    const json& s = j["shards"][i];
-    const std::string field = cat("shards[", i, "]");
+  // Each shard is checked and kept as it is parsed, and dropped from the document: a
+  // manifest of millions of shards costs their ShardInfo, not a JSON tree of them.
+  auto shard = [&](const json& s) {
+    const std::string field = cat("shards[", m.shards.size(), "]");
+    if (static_cast<int64_t>(m.shards.size()) >= kMaxShards) throw fail("shards", cat("expected at most ", kMaxShards, " shards"));
     if (!s.is_object()) throw fail(field, "expected an object {path or url, tokens, dtype, sha256}");
     ShardInfo info;
     if (s.contains("url") == s.contains("path")) throw fail(field, "expected one of \"path\" and \"url\"");
@@ -91,7 +77,42 @@ Manifest read_manifest(const std::string& path) {
     if (!is_hex64(info.sha256)) throw fail(cat(field, ".sha256"), "expected 64 lowercase hex digits");
     m.tokens += info.tokens;
     m.shards.push_back(std::move(info));
+  };
+  std::string top_key;
+  std::set<std::string> top_keys, shard_keys;  // a key given twice is refused, not the last one taken
+  json j;
+  try {
+    j = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::key && (depth == 1 || (depth == 3 && top_key == "shards"))) {
+        const std::string key = parsed.get<std::string>();
+        if (!(depth == 1 ? top_keys : shard_keys).insert(key).second)
+          throw fail(depth == 1 ? key : cat("shards[", m.shards.size(), "].", key), "given twice");
+        if (depth == 1) top_key = key;
+      }
+      if (depth == 2 && top_key == "shards" && event == json::parse_event_t::object_start) shard_keys.clear();
+      if (depth == 2 && top_key == "shards" &&
+          (event == json::parse_event_t::object_end || event == json::parse_event_t::value ||
+           event == json::parse_event_t::array_end)) {
+        shard(parsed);
+        return false;
+      }
+      return true;
+    });
+  } catch (const json::exception& e) {
+    throw InputError(cat(path, ": not valid JSON (", e.what(), ")"));
   }
+  if (!j.is_object()) throw InputError(cat(path, ": expected a JSON object (a loom-dataset manifest)"));
+  if (string_or_empty(j, "format") != "loom-dataset")
+    throw fail("format", "expected \"loom-dataset\" (a manifest written by loom data prepare, docs/data.md)");
+  if (!j.contains("version") || j["version"] != 1) throw fail("version", "expected 1");
+  if (j.contains("vocab_size")) m.vocab_size = integer(j, "vocab_size", "vocab_size", 1, int64_t{1} << 32);
+  if (j.contains("end_of_text")) m.end_of_text = static_cast<int32_t>(integer(j, "end_of_text", "end_of_text", 0, INT32_MAX));
+  if (j.contains("tokenizer")) {
+    if (!j["tokenizer"].is_string()) throw fail("tokenizer", "expected a string");
+    m.tokenizer = j["tokenizer"].get<std::string>();
+  }
+  if (!j.contains("shards") || !j["shards"].is_array() || m.shards.empty())
+    throw fail("shards", "expected a non-empty array of shards");
   return m;
 }
 
@@ -126,6 +147,19 @@ void check_shard(const ShardInfo& s, const std::string& manifest, bool hash) {
   const std::string got = sha256_file(s.path);
   if (got != s.sha256)
     throw InputError(cat(where, ": SHA-256 ", got, ", but the manifest says ", s.sha256, ": the shard is not the one listed"));
+}
+
+bool check_local_shards(const Manifest& m, bool hash) {
+  bool remote = false;
+  std::set<std::tuple<std::string, int64_t, int, std::string>> seen;
+  for (const ShardInfo& s : m.shards) {
+    if (s.path.empty()) {
+      remote = true;
+      continue;
+    }
+    if (seen.emplace(s.path, s.tokens, s.dtype_bytes, s.sha256).second) check_shard(s, m.path, hash);
+  }
+  return remote;
 }
 
 // ---- ShardedWindows ------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,6 +197,9 @@ void ShardCache::download(const ShardInfo& s, const std::string& part, const std
     curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &status);
     const int64_t have = size_of(part);
     if (rc == CURLE_OK && have == s.bytes()) return;
+    if (t.write_errno == ENOSPC || t.write_errno == EDQUOT)
+      throw InputError(cat("the shard cache ", o_.dir, " is full (", std::strerror(t.write_errno), ") while writing ", where,
+                           ": free space there, or set data.cache_dir (loom data fetch: --cache-dir) elsewhere"));
     if (t.write_errno != 0) throw RuntimeError(cat(part, ": writing the download failed (", std::strerror(t.write_errno), ")"));
     if (rc == CURLE_OK && have > s.bytes())
       throw InputError(cat(where, ": the server sent ", have, " bytes, but the manifest says ", s.bytes()));
@@ -232,6 +236,15 @@ std::string ShardCache::fetch(const ShardInfo& s, const std::string& manifest) {
   }
   make_room(s.bytes(), name);
   const std::string part = path + ".part";
+  // The disk must hold what is left to download (a full disk is named now, not mid-transfer).
+  struct statvfs fsinfo {};
+  if (::statvfs(o_.dir.c_str(), &fsinfo) == 0) {
+    const auto free_bytes = static_cast<int64_t>(fsinfo.f_bavail) * static_cast<int64_t>(fsinfo.f_frsize);
+    const int64_t needed = s.bytes() - std::max<int64_t>(0, size_of(part));
+    if (free_bytes < needed)
+      throw InputError(cat("the shard cache ", o_.dir, " has ", free_bytes, " bytes free, but ", where, " needs ", needed,
+                           " more: free space there, or set data.cache_dir (loom data fetch: --cache-dir) elsewhere"));
+  }
   download(s, part, where);
   const std::string got = sha256_file(part);
   if (got != s.sha256) {

@@ -158,18 +158,25 @@ TEST_F(TokenizerFiles, BadVocabularyFilesAreNamedWithWhatWasExpected) {
   expect_input_error([&] { Tokenizer::load(with("d", "{\"a\": 0, \"b\": 1}", "")); }, {"lacks the token for byte"});
   expect_input_error([&] { Tokenizer::load(with("e", enc, "#version: 0.2\na b c\n")); },
                      {"vocab.bpe:2: expected a merge \"A B\""});
-  expect_input_error([&] { Tokenizer::load(with("f", enc, "#version: 0.2\nx y\n")); },
-                     {"vocab.bpe: merge 1 (\"x\" + \"y\") makes a token the vocabulary lacks"});
+  expect_input_error([&] { Tokenizer::load(with("f", enc, bpe + "x y\n")); },
+                     {"vocab.bpe: merge 3 (\"x\" + \"y\") makes a token the vocabulary lacks"});
   expect_input_error([&] { Tokenizer::load(with("g", enc, "#version: 0.2\nab\n")); },
                      {"vocab.bpe:2: expected a merge \"A B\" (two tokens and one space), got \"ab\""});
   expect_input_error([&] { Tokenizer::load(with("h", enc, "#version: 0.2\n\xc4\xa0x \xe2\x82\xacy\n")); },
                      {"vocab.bpe:2: merge", "names a token"});
-  // A token neither a byte nor made by a merge is special: it matches literally.
+  // A token neither a byte nor made by a merge is special when written <|...|>: it matches
+  // literally. Any other such token means the merges are incomplete (vocab.bpe cut short).
   nlohmann::json j = nlohmann::json::parse(enc);
-  const int64_t euro = static_cast<int64_t>(j.size());
-  j["\xe2\x82\xac"] = euro;
+  const int64_t extra = static_cast<int64_t>(j.size());
+  j["<|im_start|>"] = extra;
   Tokenizer t = Tokenizer::load(with("i", j.dump(), bpe));
-  EXPECT_EQ(t.encode("a\xe2\x82\xac"), (std::vector<int32_t>{t.encode("a")[0], static_cast<int32_t>(euro)}));
+  EXPECT_EQ(t.encode("a<|im_start|>"), (std::vector<int32_t>{t.encode("a")[0], static_cast<int32_t>(extra)}));
+  j.erase("<|im_start|>");
+  j["\xe2\x82\xac"] = extra;
+  expect_input_error([&] { Tokenizer::load(with("j", j.dump(), bpe)); },
+                     {"encoder.json and", "is not a byte, no merge makes it, and it is not a special token <|...|>"});
+  const std::string cut = bpe.substr(0, bpe.rfind('\n', bpe.size() - 2) + 1);  // the last merge gone
+  expect_input_error([&] { Tokenizer::load(with("k", enc, cut)); }, {"no merge makes it", "the merges are incomplete"});
 
   write("t.json", "{\"model\": {\"type\": \"WordPiece\"}}");
   expect_input_error([&] { Tokenizer::load("hf:" + path("t.json")); }, {"only byte-level BPE"});

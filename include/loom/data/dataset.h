@@ -13,6 +13,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/data/examples.h"
@@ -41,6 +42,9 @@ struct Manifest {
 // than kMaxShards; InputError naming the file and the field.
 inline constexpr int64_t kMaxShards = int64_t{1} << 24;
 Manifest read_manifest(const std::string& path);
+// The same from the manifest's text, read from `path` (relative shard paths resolve
+// against its directory).
+Manifest parse_manifest(const std::string& path, std::string_view text);
 // The manifest's JSON text, shard locations as given.
 std::string manifest_json(const Manifest& m);
 // Whether `path` names a manifest (ends in .json) rather than one token file.
@@ -50,6 +54,9 @@ bool is_manifest(const std::string& path);
 // (InputError naming the shard and what the manifest says otherwise); with `hash`, its
 // SHA-256 too (read through once).
 void check_shard(const ShardInfo& s, const std::string& manifest, bool hash);
+// check_shard for each local shard of `m` (remote ones are checked as they are fetched),
+// once per distinct (path, size, header, hash). Returns whether any shard is remote.
+bool check_local_shards(const Manifest& m, bool hash);
 
 // Windows of T tokens: window w of shard s is inputs tokens[kT, kT + T) and targets
 // tokens[kT + 1, kT + T + 1) for each k with kT + T < count, as llm.c's loader; windows are

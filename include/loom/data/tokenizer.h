@@ -55,6 +55,8 @@ class Tokenizer {
   // `where` names their directory in errors.
   static Tokenizer parse_gpt2_files(std::string_view encoder_json, std::string_view vocab_bpe, const std::string& where,
                                     std::string spec);
+  // A Hugging Face tokenizer.json's text, read from `where`.
+  static Tokenizer parse_hf_json(std::string_view tokenizer_json, const std::string& where);
 
   Tokenizer(const Tokenizer& o);  // shares the vocabulary, not the cache
   Tokenizer& operator=(const Tokenizer& o);
