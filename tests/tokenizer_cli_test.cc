@@ -104,6 +104,24 @@ TEST_F(Cli, ARunKeepsItsTokenizerAndSampleAndEvalSpeakIt) {
   r = loom(cat("sample --checkpoint ", p("runs/r"), " --tokens 4 --prompt Th --tokenizer bytes"));
   EXPECT_EQ(r.code, 0) << r.err;
 
+  // Exported weights take the tokenizer along as a Hugging Face tokenizer.json, which reads
+  // back to the same ids; pruned and quantized checkpoints keep it.
+  fs::create_directories(p("hf"));
+  r = loom(cat("ckpt export ", p("runs/r"), " --out ", p("hf/model.safetensors")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("tokenizer.json: the run's tokenizer (vocabulary 300)"), std::string::npos) << r.out;
+  write(p("probe.txt"), "The lazy fox jumps.\n");
+  const Result via_hf = loom(cat("tokenizer encode --tokenizer hf:", p("hf/tokenizer.json"), " ", p("probe.txt")));
+  const Result via_run = loom(cat("tokenizer encode --tokenizer ", p("runs/r/tokenizer"), " ", p("probe.txt")));
+  ASSERT_EQ(via_hf.code, 0) << via_hf.err;
+  EXPECT_EQ(via_hf.out, via_run.out);
+  ASSERT_EQ(loom(cat("prune --checkpoint ", p("runs/r"), " --sparsity 0.5 --out ", p("pruned"))).code, 0);
+  ASSERT_EQ(loom(cat("quantize --checkpoint ", p("runs/r"), " --out ", p("q8"))).code, 0);
+  for (const char* dir : {"pruned/step_0", "q8/step_0"})
+    EXPECT_EQ(read_file(p(cat(dir, "/tokenizer/vocab.bpe"))), read_file(p("tok/vocab.bpe"))) << dir;
+  r = loom(cat("sample --checkpoint ", p("q8"), " --tokens 4 --prompt \"The quick\""));
+  EXPECT_TRUE(r.out.starts_with("The quick")) << r.out << r.err;
+
   // A tokenizer file changed in the checkpoint is found before it is used.
   {
     std::ofstream f(p("runs/r/checkpoints/step_3/tokenizer/vocab.bpe"), std::ios::app);

@@ -2,6 +2,8 @@
 // every hash and the index, describe a checkpoint, and write its weights as one safetensors
 // file with Hugging Face names, whatever layout wrote them.
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include "commands.h"
 #include "infer.h"
@@ -9,6 +11,8 @@
 #include "loom/core/error.h"
 #include "loom/checkpoint/outputs.h"
 #include "loom/core/log.h"
+#include "loom/core/fileio.h"
+#include "loom/data/tokenizer.h"
 
 namespace loom::app {
 namespace {
@@ -68,14 +72,30 @@ int export_weights(const checkpoint::Checkpoint& ck, const std::string& out) {
 }  // namespace
 
 int run_ckpt(const CkptArgs& a) {
-  if (a.action == "export") checkpoint::check_output_file("--out", a.out, {a.path});
+  const std::string tokenizer_out = (std::filesystem::path(a.out).parent_path() / "tokenizer.json").string();
+  if (a.action == "export") {
+    checkpoint::check_output_file("--out", a.out, {a.path});
+    checkpoint::check_output_file("--out (the tokenizer.json beside it)", tokenizer_out, {a.path});
+  }
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(a.path);
   if (a.action == "verify") return verify(ck);
   if (a.action == "inspect") return inspect(ck);
-  if (a.action == "export" && a.format == "onnx") return export_onnx(ck, inference_config("", a.overrides).i("model.n_head"), a.out);
-  if (a.action == "export" && a.format != "safetensors")
+  if (a.action == "export" && a.format != "safetensors" && a.format != "onnx")
     throw InputError(cat("loom ckpt export --format ", a.format, ": expected safetensors or onnx"));
-  if (a.action == "export") return export_weights(ck, a.out);
+  if (a.action == "export") {
+    // The tokenizer, read and verified before anything is written.
+    std::optional<data::Tokenizer> t;
+    if (const auto enc = ck.extra_file("tokenizer/encoder.json"), bpe = ck.extra_file("tokenizer/vocab.bpe"); enc && bpe)
+      t = data::Tokenizer::parse_gpt2_files(*enc, *bpe, ck.path() + "/tokenizer", "");
+    const int rc = a.format == "onnx" ? export_onnx(ck, inference_config("", a.overrides).i("model.n_head"), a.out)
+                                      : export_weights(ck, a.out);
+    if (rc == 0 && t) {  // a run's tokenizer goes with its weights, as a Hugging Face tokenizer.json
+      write_file_atomic(tokenizer_out, t->hf_json());
+      std::printf("wrote %s: the run's tokenizer (vocabulary %lld)\n", printable(tokenizer_out).c_str(),
+                  static_cast<long long>(t->vocab_size()));
+    }
+    return rc;
+  }
   throw InputError(cat("loom ckpt ", a.action, ": expected verify, inspect or export"));
 }
 

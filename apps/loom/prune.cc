@@ -27,7 +27,7 @@ int run_prune(const PruneArgs& a) {
       {"model", {{"kind", "gpt"}, {"n_layer", g.n_layer}, {"n_head", g.n_head}, {"d_model", g.d_model},
                  {"seq_len", g.seq_len}, {"vocab_size", g.vocab_size}}},
       {"pruned", {{"from", ck.path()}, {"sparsity", a.sparsity}, {"structured", a.structured}}}};
-  const std::string dir = checkpoint::save(a.out, 0, gpt->params(), nullptr, state);
+  const std::string dir = checkpoint::save(a.out, 0, gpt->params(), nullptr, state, {.files = ck.extra_files()});
   std::printf("pruned %s: %lld of %lld linear weights removed (%.1f%%; %lld are zero in all), %s; wrote %s\n",
               a.structured == "none" ? "by magnitude" : cat("by ", a.structured).c_str(), static_cast<long long>(zeroed),
               static_cast<long long>(total), 100.0 * static_cast<double>(zeroed) / static_cast<double>(total),

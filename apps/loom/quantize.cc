@@ -61,7 +61,8 @@ int run_quantize(const QuantizeArgs& a) {
   checkpoint::begin_save(a.out, 0);
   const std::string tmp = checkpoint::temp_dir(a.out, 0);
   const nlohmann::json record = checkpoint::write_shard(tmp, "model-00000.safetensors", pieces, checkpoint::Part::kModel, 0);
-  const std::string dir = checkpoint::commit(a.out, 0, {record}, state, {{"world", 1}}, std::nullopt);
+  const std::string dir =
+      checkpoint::commit(a.out, 0, {record}, state, {{"world", 1}}, std::nullopt, {.files = ck.extra_files()});
   gpt->use_int8(weights);
   std::printf("quantized %zu weights to int8 (per output channel): weights %.2f MiB -> %.2f MiB (%.2fx smaller); wrote %s\n",
               weights.size(), static_cast<double>(f32_bytes) / (1 << 20), static_cast<double>(gpt->weight_bytes()) / (1 << 20),

@@ -359,6 +359,13 @@ std::optional<std::string> Checkpoint::extra_file(const std::string& name) const
   return bytes;
 }
 
+std::map<std::string, std::string> Checkpoint::extra_files() const {
+  std::map<std::string, std::string> out;
+  for (const char* name : kExtraFiles)
+    if (auto bytes = extra_file(name)) out.emplace(name, std::move(*bytes));
+  return out;
+}
+
 int64_t Checkpoint::verify_all() const {
   int64_t bytes = 0;
   for (const auto& [name, f] : impl_->index.files) {

@@ -545,6 +545,30 @@ Tokenizer Tokenizer::parse_hf_json(std::string_view tokenizer_json, const std::s
   return from_vocab(parse_hf(tokenizer_json, where), "hf:" + where);
 }
 
+std::string Tokenizer::hf_json() const {
+  LOOM_CHECK(vocab_ != nullptr);
+  const Vocab& v = *vocab_;
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object(), merges = nlohmann::ordered_json::array(),
+                         added = nlohmann::ordered_json::array();
+  std::vector<bool> special(v.tokens.size(), false);
+  for (int32_t s : v.specials) {
+    special[s] = true;
+    added.push_back({{"id", s}, {"content", v.tokens[s]}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", true}});
+  }
+  for (size_t id = 0; id < v.tokens.size(); ++id) vocab[special[id] ? v.tokens[id] : bytes_to_vocab_text(v.tokens[id])] = id;
+  for (const auto& [a, b] : v.merges) merges.push_back(bytes_to_vocab_text(v.tokens[a]) + " " + bytes_to_vocab_text(v.tokens[b]));
+  const nlohmann::ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                                             {"use_regex", true}};
+  const nlohmann::ordered_json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added}, {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level}, {"post_processor", byte_level}, {"decoder", byte_level},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
+                 {"merges", merges}}}};
+  return j.dump(2);
+}
+
 std::pair<std::string, std::string> Tokenizer::files() const {
   LOOM_CHECK(vocab_ != nullptr);
   const Vocab& v = *vocab_;

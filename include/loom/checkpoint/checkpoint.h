@@ -139,6 +139,9 @@ class Checkpoint {
   // One of kExtraFiles, read and verified against the index; nullopt when the checkpoint
   // has none of that name. InputError on a size or hash that differs.
   std::optional<std::string> extra_file(const std::string& name) const;
+  // Every kExtraFiles file it holds, read and verified: what a checkpoint made from this one
+  // (pruned, quantized) keeps (SaveOptions::files).
+  std::map<std::string, std::string> extra_files() const;
 
   // "" when every weight and optimizer value read so far is finite; else one line naming
   // the first tensor holding NaN or Inf, how many it holds, and how many other tensors do.

@@ -55,6 +55,9 @@ class Tokenizer {
   // `where` names their directory in errors.
   static Tokenizer parse_gpt2_files(std::string_view encoder_json, std::string_view vocab_bpe, const std::string& where,
                                     std::string spec);
+  // This BPE as a Hugging Face tokenizer.json of GPT-2's kind (ByteLevel pre-tokenizer and
+  // decoder, the merges as "A B", special tokens as added_tokens). REQUIRES: !is_bytes().
+  std::string hf_json() const;
   // A Hugging Face tokenizer.json's text, read from `where`.
   static Tokenizer parse_hf_json(std::string_view tokenizer_json, const std::string& where);
 
