@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job speaks words (issue 43, item 2): run.sh's job as run.sh runs it (a BPE of
 # 4,096 ids trained on the fortunes, their token files, configs/gpt-mini-bpe.toml on 2
-# data-parallel ranks for its 400 steps), then `loom sample` as run.sh calls it, at three
+# data-parallel ranks for its 400 steps), then `loom sample` as run.sh calls it, at six
 # seeds; at least 70% of the sampled words (whitespace-separated pieces holding a letter)
 # must be words of the training text (tools/word_share.sh). Everything goes to a scratch
 # directory; the repository's data/ and runs/ are not touched. About 5 minutes on 2 cores.
@@ -20,7 +20,7 @@ $LOOM launch -n 2 -- $LOOM train "$SRC/configs/gpt-mini-bpe.toml" --quiet --job.
   --data.train="$tmp/fortunes_bpe.bin" --data.val="$tmp/fortunes_bpe_val.bin" --data.tokenizer="$tmp/bpe" \
   >"$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; fail "training"; }
 grep "val_loss" "$tmp/train.out" | tail -1
-for seed in 1 2 3; do
+for seed in 1 2 3 4 5 6; do
   $LOOM sample --checkpoint "$tmp/runs/main" --tokens 600 --lines 8 --temperature 0.8 --seed $seed >>"$tmp/sample.txt" ||
     fail "sample --seed $seed"
 done

@@ -18,6 +18,9 @@ if [ ! -x "$root/usr/bin/g++-13" ]; then
   chroot "$root" /bin/bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -f install -y -qq >/dev/null &&
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev libopenblas0-openmp libopenblas-openmp-dev libomp-dev >/dev/null"
 fi
+# Libraries added since the chroot was made (the tokenizer's ICU, the remote shards' libcurl).
+chroot "$root" /bin/bash -c "dpkg -s libicu-dev libcurl4-openssl-dev >/dev/null 2>&1 ||
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libicu-dev libcurl4-openssl-dev >/dev/null)"
 rm -rf "$root/src/loom" && mkdir -p "$root/src/loom"
 git archive HEAD | tar -x -C "$root/src/loom"
 # Debian 13's gtest and toml++ are built by GCC 14: link against the system libstdc++, which

@@ -93,6 +93,7 @@ struct DataPrepareArgs {
   std::string out, tokenizer = "bytes";
   double val_fraction = 0.1;
   int64_t shard_tokens = 100'000'000, threads = 0;
+  bool sharded = false;  // --shard-tokens given
 };
 // `loom data prepare`: text files into a token file and its validation file.
 int run_data_prepare(const DataPrepareArgs& a);

@@ -157,7 +157,8 @@ int run_data_fetch(const DataFetchArgs& a) {
 
 int run_data_prepare(const DataPrepareArgs& a) {
   const std::vector<std::string> inputs = source_paths(a.sources);
-  if (a.out.ends_with(".bin")) {
+  const bool sharded = a.sharded || a.out.ends_with('/') || fs::is_directory(a.out);
+  if (!sharded) {
     checkpoint::check_output_file("--out", a.out, inputs);
     checkpoint::check_output_file("--out (its validation file)", data::val_path_for(a.out), inputs);
   } else {  // a directory of shards: its manifests are checked as files (prepare refuses existing ones)
@@ -166,7 +167,8 @@ int run_data_prepare(const DataPrepareArgs& a) {
   check_flag_range("--shard-tokens", a.shard_tokens, 1, INT32_MAX);
   check_flag_range("--threads", a.threads, 0, 1024);
   const data::PrepareResult r =
-      data::prepare_text({.sources = a.sources, .out = a.out, .val_fraction = a.val_fraction, .shard_tokens = a.shard_tokens,
+      data::prepare_text({.sources = a.sources, .out = a.out, .val_fraction = a.val_fraction, .sharded = sharded,
+                          .shard_tokens = a.shard_tokens,
                           .threads = static_cast<int>(a.threads), .progress = true},
                          data::Tokenizer::load(a.tokenizer));
   auto split = [](const std::string& path, int64_t tokens, int64_t shards) {

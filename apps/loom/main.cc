@@ -76,7 +76,8 @@ int run(int argc, char** argv) {
   auto* s = app.add_subcommand("sample", "Generate text from a GPT checkpoint or safetensors file");
   s->add_option("--checkpoint", sample.checkpoint, "Step directory, checkpoint root, run directory or .safetensors")->required();
   s->add_option("--config", sample.config, "Config for the model shape of a bare safetensors file (n_head)");
-  s->add_option("--prompt", sample.prompt, "Text to continue (token ids separated by spaces for a model without a tokenizer)");
+  s->add_option("--prompt", sample.prompt,
+                "Text to continue (empty: a newline; token ids separated by spaces for a model without a tokenizer)");
   s->add_option("--tokenizer", sample.tokenizer,
                 "Tokenizer for the prompt and output (gpt2:DIR, hf:tokenizer.json, DIR, bytes); default: the checkpoint's");
   s->add_option("--tokens", sample.tokens, "Tokens to generate")->capture_default_str();
@@ -194,9 +195,11 @@ int run(int argc, char** argv) {
   dp->add_option("sources", prepare.sources,
                  "text:PATH (a file, a directory of text files, a glob) or jsonl:PATH[:FIELD], one or more")->required();
   dp->add_option("--out", prepare.out,
-                 "A .bin token file (the validation file gets _val before .bin), or a directory for shards with "
-                 "train.json and val.json manifests")->required();
-  dp->add_option("--shard-tokens", prepare.shard_tokens, "Tokens per shard (a directory --out)")->capture_default_str();
+                 "A token file (the validation file gets _val before .bin), or with --shard-tokens (or a directory: an "
+                 "existing one, or a path ending in /) a directory of shards with train.json and val.json manifests")
+      ->required();
+  dp->add_option("--shard-tokens", prepare.shard_tokens, "Write a sharded dataset into --out, this many tokens per shard")
+      ->capture_default_str();
   dp->add_option("--threads", prepare.threads, "Encoding threads (0: the cores available)")->capture_default_str();
   dp->add_option("--val-fraction", prepare.val_fraction, "Share of each file held out for validation")->capture_default_str();
   dp->add_option("--tokenizer", prepare.tokenizer,
@@ -377,7 +380,10 @@ int run(int argc, char** argv) {
     eval.overrides = overrides_of(*e);
     return loom::app::run_eval(eval);
   }
-  if (dp->parsed()) return loom::app::run_data_prepare(prepare);
+  if (dp->parsed()) {
+    prepare.sharded = dp->count("--shard-tokens") > 0;
+    return loom::app::run_data_prepare(prepare);
+  }
   if (df->parsed()) return loom::app::run_data_fetch(fetch);
   for (auto* sub : {tkt, tke, tkd})
     if (sub->parsed()) {

@@ -45,7 +45,7 @@ TEST_F(DatasetTest, PrepareWritesShardsAndManifestsThatMatchTheOneFileOutput) {
   const Tokenizer bytes = Tokenizer::bytes();
   const PrepareResult one = prepare_text({.sources = {"text:" + path("src")}, .out = path("one.bin"), .val_fraction = 0.1}, bytes);
   const PrepareResult many = prepare_text(
-      {.sources = {"text:" + path("src")}, .out = path("ds"), .val_fraction = 0.1, .shard_tokens = 5000, .threads = 2}, bytes);
+      {.sources = {"text:" + path("src")}, .out = path("ds"), .val_fraction = 0.1, .sharded = true, .shard_tokens = 5000, .threads = 2}, bytes);
   EXPECT_EQ(many.train_path, path("ds/train.json"));
   EXPECT_EQ(many.train_tokens, one.train_tokens);
   EXPECT_EQ(many.val_tokens, one.val_tokens);
@@ -63,13 +63,13 @@ TEST_F(DatasetTest, PrepareWritesShardsAndManifestsThatMatchTheOneFileOutput) {
   }
   EXPECT_EQ(joined, read_tokens(one.train_path));
   // A second prepare into the same directory is refused; nothing is written over.
-  expect_input_error([&] { prepare_text({.sources = {"text:" + path("src")}, .out = path("ds")}, bytes); },
+  expect_input_error([&] { prepare_text({.sources = {"text:" + path("src")}, .out = path("ds"), .sharded = true}, bytes); },
                      {"already holds a dataset (train.json)"});
 }
 
 TEST_F(DatasetTest, ShardsThatDisagreeWithTheManifestAreNamed) {
   write_corpus();
-  prepare_text({.sources = {"text:" + path("src")}, .out = path("ds"), .shard_tokens = 4000}, Tokenizer::bytes());
+  prepare_text({.sources = {"text:" + path("src")}, .out = path("ds"), .sharded = true, .shard_tokens = 4000}, Tokenizer::bytes());
   const Manifest m = read_manifest(path("ds/train.json"));
   const ShardInfo& s = m.shards[1];
   {  // a byte changed: the size and header agree, the hash does not
@@ -110,7 +110,7 @@ TEST_F(DatasetTest, ShardsThatDisagreeWithTheManifestAreNamed) {
 
 TEST_F(DatasetTest, WindowsRunShardAfterShardAndCheckTheVocabulary) {
   write_corpus();
-  prepare_text({.sources = {"text:" + path("src")}, .out = path("ds"), .shard_tokens = 3000}, Tokenizer::bytes());
+  prepare_text({.sources = {"text:" + path("src")}, .out = path("ds"), .sharded = true, .shard_tokens = 3000}, Tokenizer::bytes());
   const Manifest m = read_manifest(path("ds/train.json"));
   const int64_t t = 64;
   ShardedWindows w(m, t, 256);

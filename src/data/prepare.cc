@@ -281,10 +281,10 @@ std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources)
 PrepareResult prepare_text(const PrepareOptions& o, const Tokenizer& tokenizer) {
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0))
     throw InputError(cat("data prepare: --val-fraction ", o.val_fraction, ": expected [0, 1)"));
-  const bool one_file = o.out.ends_with(".bin");
+  const bool one_file = !o.sharded;
   if (one_file && tokenizer.vocab_size() > 65536)
     throw InputError(cat("data prepare: tokenizer ", tokenizer.spec(), " has ", tokenizer.vocab_size(),
-                         " ids; a .bin token file holds uint16 ids (at most 65536): give --out a directory for uint32 shards"));
+                         " ids; a token file holds uint16 ids (at most 65536): write uint32 shards with --shard-tokens"));
   if (!one_file && o.shard_tokens < 1)
     throw InputError(cat("data prepare: --shard-tokens ", o.shard_tokens, ": expected a positive count"));
   const auto t0 = std::chrono::steady_clock::now();

@@ -35,10 +35,12 @@ struct PrepareOptions {
   // text:PATH (a file, a directory's files, a glob; each file one document) or
   // jsonl:PATH[:FIELD] (each line's string FIELD, "text" by default, one document).
   std::vector<std::string> sources;
-  // Ends in .bin: one llm.c token file and its _val.bin. Otherwise a directory of shards,
-  // train-NNNNNN.bin and val-NNNNNN.bin, with the manifests train.json and val.json.
+  // One llm.c token file (and its validation file, _val before .bin); with `sharded`, a
+  // directory of shards, train-NNNNNN.bin and val-NNNNNN.bin, with the manifests
+  // train.json and val.json.
   std::string out;
   double val_fraction = 0.1;
+  bool sharded = false;
   int64_t shard_tokens = 100'000'000;
   int threads = 0;        // encoding threads; 0: the cores this process may use
   bool progress = false;  // a progress line on stderr (when it is a terminal)
