@@ -34,6 +34,11 @@ std::shared_ptr<const Tokenizer::Vocab> finish_vocab(std::vector<std::string> to
                                                      const std::vector<std::pair<int32_t, int32_t>>& merges,
                                                      const std::vector<int32_t>& specials, const std::string& where);
 
+// A vocabulary from a directory's encoder.json and vocab.bpe, or from a tokenizer.json's
+// text read from `path` (bpe_files.cc); InputError naming the file and what was expected.
+std::shared_ptr<const Tokenizer::Vocab> load_gpt2_dir(const std::string& dir);
+std::shared_ptr<const Tokenizer::Vocab> parse_hf(std::string_view text, const std::string& path);
+
 // GPT-2's printable alphabet for bytes (bytes_to_unicode) and back; false when `text`
 // holds a character outside it.
 std::string bytes_to_vocab_text(std::string_view bytes);
