@@ -159,6 +159,30 @@ struct Encoded {
   std::vector<int32_t> train, val;
 };
 
+// Calls f(text, line number, document number) for each line of a JSONL work's text that is
+// not blank: its field's string. InputError naming FILE:LINE for a line that is not such an
+// object.
+template <typename F>
+void for_each_jsonl_document(const Work& w, F&& f) {
+  int64_t line_no = w.first_line, doc = w.first_document;
+  for (size_t at = 0; at < w.text.size(); ++line_no, ++doc) {
+    const size_t end = w.text.find('\n', at);
+    const std::string_view line(w.text.data() + at, end - at);
+    at = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // a blank line
+    const std::string where = cat(w.input->path.string(), ":", line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& ex) {
+      throw InputError(cat(printable(where), ": not a JSON object (", ex.what(), ")"));
+    }
+    if (!j.is_object() || !j.contains(w.input->field) || !j[w.input->field].is_string())
+      throw InputError(cat(printable(where), ": expected a JSON object with a string field \"", printable(w.input->field), "\""));
+    f(j[w.input->field].get_ref<const std::string&>(), where, doc);
+  }
+}
+
 // One piece of work's ids. A text file's last val_fraction goes to validation (from the
 // start of a line for a tokenizer other than bytes); each document ends with
 // <|endoftext|> where the tokenizer has one.
@@ -179,22 +203,9 @@ Encoded encode(Tokenizer& t, const Work& w, double val_fraction) {
     document(std::string_view(w.text).substr(split), e.val);
     return e;
   }
-  int64_t line_no = w.first_line, doc = w.first_document;
-  for (size_t at = 0; at < w.text.size(); ++line_no, ++doc) {
-    const size_t end = w.text.find('\n', at);
-    const std::string_view line(w.text.data() + at, end - at);
-    at = end + 1;
-    const std::string where = cat(w.input->path.string(), ":", line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& ex) {
-      throw InputError(cat(printable(where), ": not a JSON object (", ex.what(), ")"));
-    }
-    if (!j.is_object() || !j.contains(w.input->field) || !j[w.input->field].is_string())
-      throw InputError(cat(printable(where), ": expected a JSON object with a string field \"", printable(w.input->field), "\""));
-    document(j[w.input->field].get_ref<const std::string&>(), to_validation(doc, val_fraction) ? e.val : e.train);
-  }
+  for_each_jsonl_document(w, [&](const std::string& text, const std::string&, int64_t doc) {
+    document(text, to_validation(doc, val_fraction) ? e.val : e.train);
+  });
   return e;
 }
 
@@ -259,21 +270,9 @@ std::vector<TextFile> read_text_sources(const std::vector<std::string>& sources)
       out.push_back({w.input->path.string(), std::move(w.text)});
       continue;
     }
-    int64_t line_no = w.first_line;
-    for (size_t at = 0; at < w.text.size(); ++line_no) {
-      const size_t end = w.text.find('\n', at);
-      const std::string where = cat(w.input->path.string(), ":", line_no);
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(std::string_view(w.text.data() + at, end - at));
-      } catch (const nlohmann::json::exception& ex) {
-        throw InputError(cat(printable(where), ": not a JSON object (", ex.what(), ")"));
-      }
-      at = end + 1;
-      if (!j.is_object() || !j.contains(w.input->field) || !j[w.input->field].is_string())
-        throw InputError(cat(printable(where), ": expected a JSON object with a string field \"", printable(w.input->field), "\""));
-      out.push_back({where, j[w.input->field].get<std::string>()});
-    }
+    for_each_jsonl_document(w, [&](const std::string& text, const std::string& where, int64_t) {
+      out.push_back({where, text});
+    });
   }
   return out;
 }
