@@ -113,7 +113,7 @@ class TrainRun {
   std::mutex prefetch_mu_;
   std::optional<data::Sampler> prefetch_sampler_;
   std::optional<data::Prefetcher> prefetcher_;
-  // This micro-batch's items, from the step's own sampler.
+  // Micro-batch m of step `step`: this replica's items, drawn from `sampler`.
   std::vector<int64_t> items_of(data::Sampler& sampler, int64_t step, int64_t m) const;
   std::optional<obs::Progress> progress_;
   std::optional<parallel::CheckpointSaver> saver_;
