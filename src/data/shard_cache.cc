@@ -150,9 +150,9 @@ void ShardCache::make_room(int64_t need, const std::string& keep) {
   std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) { return a.mtime_ns < b.mtime_ns; });
   for (const Entry& f : files) {
     if (total + need <= o_.max_bytes) break;
-    // A rank reading it keeps its mapping; the space returns when it lets go.
+    // A rank reading it keeps its mapping; the space returns when it lets go. Its empty lock
+    // file stays: removing it could give two processes waiting for it two different locks.
     if (::unlink(f.path.c_str()) == 0) total -= f.bytes;
-    ::unlink((f.path.substr(0, f.path.size() - 4) + ".lock").c_str());
   }
 }
 
