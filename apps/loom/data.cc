@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "commands.h"
+#include "workload.h"
 #include "loom/checkpoint/outputs.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
@@ -138,7 +139,7 @@ int run_data_fetch(const DataFetchArgs& a) {
   for (const data::ShardInfo& s : m.shards) {
     if (!s.path.empty()) continue;
     if (!cache)
-      cache.emplace(data::CacheOptions{.dir = a.cache_dir.empty() ? data::default_cache_dir() : a.cache_dir,
+      cache.emplace(data::CacheOptions{.dir = a.cache_dir.empty() ? default_cache_dir() : a.cache_dir,
                                        .max_bytes = static_cast<int64_t>(a.cache_mb * 1024 * 1024),
                                        .retries = static_cast<int>(a.retries)});
     cache->fetch(s, a.manifest);

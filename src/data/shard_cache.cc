@@ -26,13 +26,6 @@
 namespace loom::data {
 namespace fs = std::filesystem;
 
-std::string default_cache_dir() {
-  if (const char* d = std::getenv("LOOM_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return (fs::path(x) / "loom" / "shards").string();
-  const char* home = std::getenv("HOME");
-  return (fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "loom" / "shards").string();
-}
-
 std::string redact_url(const std::string& url) {
   const size_t scheme = url.find("://");
   if (scheme == std::string::npos) return url;

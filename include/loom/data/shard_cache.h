@@ -17,16 +17,12 @@
 namespace loom::data {
 
 struct CacheOptions {
-  std::string dir;             // created if absent
+  std::string dir;             // created if absent (apps/loom picks the default: docs/data.md)
   int64_t max_bytes = int64_t{10} << 30;
   int retries = 5;             // attempts after the first, each after a doubled pause
   double first_backoff_s = 0.5;
   double stall_s = 30;         // a transfer slower than 1 byte/s for this long is broken
 };
-
-// The default cache directory: $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom/shards, else
-// ~/.cache/loom/shards.
-std::string default_cache_dir();
 
 // `url` with any user and password replaced by "***".
 std::string redact_url(const std::string& url);
