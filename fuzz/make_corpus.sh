@@ -11,7 +11,7 @@ loom=build/release/loom
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 c=fuzz/corpus
-mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/tokenizer $c/manifest $c/idx $c/config
+mkdir -p $c/safetensors $c/checkpoint $c/tokens $c/tokenizer $c/manifest $c/doc_index $c/idx $c/config
 
 # Checkpoints: one GPT (vocab 256, width 4) and one MLP (one hidden layer of 2), 2 steps each,
 # and the GPT on two tensor-parallel ranks (an index whose tensors have several shards).
@@ -63,6 +63,15 @@ $loom data prepare text:/usr/share/games/fortunes/linux --out "$tmp/ds" --shard-
 cp "$tmp/ds/train.json" $c/manifest/fortunes
 printf '{"format": "loom-dataset", "version": 1, "shards": [{"url": "https://example.invalid/a.bin", "tokens": 5, "dtype": "uint32", "sha256": "%s"}]}' \
   "$(printf 'a%.0s' $(seq 64))" >$c/manifest/remote
+# Document indexes: a shard's 4-byte token count, then its index (fuzz/doc_index_fuzz.cc).
+$loom data prepare text:/usr/share/games/fortunes --out "$tmp/dsi" --shard-tokens 1000000 >/dev/null
+python3 - "$tmp/dsi" $c/doc_index <<'PY'
+import json, struct, sys
+m = json.load(open(sys.argv[1] + "/train.json"))
+for i, s in enumerate(m["shards"][:3]):
+    index = open(sys.argv[1] + "/" + s["path"] + ".idx", "rb").read()
+    open(f"{sys.argv[2]}/shard{i}", "wb").write(struct.pack("<I", s["tokens"]) + index)
+PY
 
 # IDX: the first 3 test images and labels, gzipped and plain; each seed is a 4-byte
 # little-endian image-file length, the image file, then the label file (fuzz/idx_fuzz.cc).

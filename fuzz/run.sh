@@ -12,9 +12,9 @@ seconds=${1:-20}
 shift || true
 # Each target's largest input: its seeds fit, with room to grow.
 declare -A max_len=([store]=4096 [handshake]=4096 [frame]=4096 [safetensors]=32768 [checkpoint]=32768
-                    [tokens]=4096 [tokenizer]=16384 [manifest]=8192 [idx]=8192 [config]=8192 [completion]=4096)
+                    [tokens]=4096 [tokenizer]=16384 [manifest]=8192 [doc_index]=8192 [idx]=8192 [config]=8192 [completion]=4096)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(store handshake frame safetensors checkpoint tokens tokenizer manifest idx config completion)
+[ ${#targets[@]} -gt 0 ] || targets=(store handshake frame safetensors checkpoint tokens tokenizer manifest doc_index idx config completion)
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz --target "${targets[@]/%/_fuzz}"
 for target in "${targets[@]}"; do

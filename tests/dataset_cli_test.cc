@@ -1,7 +1,8 @@
 // Sharded datasets as a user meets them (docs/data.md): `loom data prepare --out DIR` writes
 // shards and manifests; training on a manifest resumes on another layout at exactly the
 // next window; a shard that disagrees with its manifest is refused before the run
-// directory is touched; the step's data wait is in metrics.jsonl.
+// directory is touched; the step's data wait is in metrics.jsonl; document windows
+// (data.windows = "documents") resume the same way.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -30,6 +31,7 @@ class Dataset : public Cli {
     ASSERT_EQ(r.code, 0) << r.err;
     ASSERT_NE(r.out.find("shards"), std::string::npos) << r.out;
     data_ = cat(" --data.train=", p("ds/train.json"), " --data.val=", p("ds/val.json"));
+    det_ = cat(" --quiet --parallel.deterministic=true", data_);
   }
   // Each metrics line up to its tokens field, with its val_loss: what must be equal bitwise.
   std::vector<std::string> losses(const std::string& run) const {
@@ -42,30 +44,49 @@ class Dataset : public Cli {
     }
     return out;
   }
-  std::string data_;
+  // A run of 6 steps (job "one"), and the same on two data-parallel ranks for 3 steps and
+  // one process from step 3 (job "cut"): the same losses and weights, bit for bit.
+  void expect_resume_on_another_layout(const std::string& flags) {
+    const std::string det = det_ + flags;
+    ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
+    Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det, " --job.name=cut"));
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    fs::remove_all(p("runs/cut/checkpoints/step_6"));
+    write(p("runs/cut/checkpoints/latest"), "step_3\n");
+    r = loom(cat("train ", p("nano.toml"), det, " --job.name=cut --resume"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto one = losses("one");
+    ASSERT_EQ(one.size(), 6u);
+    EXPECT_EQ(one, losses("cut"));
+    EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kModel),
+              logical(p("runs/cut/checkpoints/step_6"), checkpoint::Part::kModel));
+  }
+  std::string data_, det_;
 };
 
 TEST_F(Dataset, AManifestRunResumesOnAnotherLayoutAtTheNextWindow) {
   const data::Manifest m = data::read_manifest(p("ds/train.json"));
   EXPECT_GE(m.shards.size(), 3u);
-  const std::string det = cat(" --quiet --parallel.deterministic=true", data_);
-  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
-  // Two data-parallel ranks for 3 steps, then one process from step 3.
-  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det, " --job.name=cut"));
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
-  fs::remove_all(p("runs/cut/checkpoints/step_6"));
-  write(p("runs/cut/checkpoints/latest"), "step_3\n");
-  r = loom(cat("train ", p("nano.toml"), det, " --job.name=cut --resume"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto one = losses("one");
-  ASSERT_EQ(one.size(), 6u);
-  EXPECT_EQ(one, losses("cut"));
-  EXPECT_EQ(logical(p("runs/one/checkpoints/step_6"), checkpoint::Part::kModel),
-            logical(p("runs/cut/checkpoints/step_6"), checkpoint::Part::kModel));
+  expect_resume_on_another_layout(" --data.windows=tokens");
   // The same run without prefetch: the same bits; every step says how long it waited.
-  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=sync --data.prefetch=0")).code, 0);
-  EXPECT_EQ(one, losses("sync"));
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det_, " --job.name=sync --data.prefetch=0")).code, 0);
+  EXPECT_EQ(losses("one"), losses("sync"));
   EXPECT_NE(read_file(p("runs/one/metrics.jsonl")).find("\"data_wait_ms\": "), std::string::npos);
+}
+
+TEST_F(Dataset, DocumentWindowsResumeOnAnotherLayoutToo) {
+  expect_resume_on_another_layout(" --data.windows=documents");
+  ASSERT_EQ(loom(cat("train ", p("nano.toml"), det_, " --job.name=tokens")).code, 0);
+  EXPECT_NE(losses("one"), losses("tokens")) << "document windows are other windows";
+  // One token file has no index; an unknown mode is named.
+  const std::string one_file = cat(" --data.train=", p("ds/train-000000.bin"), " --data.val=");
+  Result r = loom(cat("train ", p("nano.toml"), det_, one_file, " --job.name=f --data.windows=documents"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("train-000000.bin: one token file has no document index"), std::string::npos) << r.err;
+  r = loom(cat("train ", p("nano.toml"), det_, " --job.name=f --data.windows=lines"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("= \"lines\": expected \"tokens\" or \"documents\""), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(p("runs/f")));
 }
 
 TEST_F(Dataset, AShardThatDisagreesWithItsManifestIsRefusedBeforeTheRunDirectory) {

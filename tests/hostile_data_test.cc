@@ -1,6 +1,7 @@
 // Hostile input for datasets and tokenizers (issue 43, item 6; the harness and what every
 // run must hold: tests/support/hostile_fixture.h): a dataset manifest's fields, a shard's
-// bytes (its header, its tokens: the SHA-256 rank 0 checks), a manifest of 10^6 shards,
+// bytes (its header, its tokens: the SHA-256 rank 0 checks), its document index, a
+// manifest of 10^6 shards,
 // and a tokenizer's encoder.json and vocab.bpe. Each variant is made in a fresh copy of a
 // run holding a dataset and a tokenizer; `loom train` on the dataset and `loom data fetch`
 // on its manifest, or `loom tokenizer encode` and `loom data prepare` with the tokenizer,
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "hostile_fixture.h"
+#include "loom/core/sha256.h"
+#include "loom/data/dataset.h"
 
 namespace loom {
 namespace {
@@ -75,6 +78,36 @@ TEST_F(HostileData, ManifestsAndShards) {
                    write(root + "/ds/train.json", m.dump());
                  }});
   run_all(all, [&](const std::string& run, const std::string&) { return dataset_commands(run); },
+          [](const std::string& run) { return run; });
+}
+
+// A shard's document index (data.windows = "documents"): its bytes (every flip changes
+// the SHA-256 the manifest lists), the file gone, and an index whose manifest entry was
+// rewritten to match it but whose offsets leave the shard.
+TEST_F(HostileData, DocumentIndexes) {
+  const std::string index = "ds/train-000000.bin.idx";
+  const auto size = static_cast<size_t>(fs::file_size(p("runs/base/" + index)));
+  std::vector<Variant> all = byte_variants("index", index, {4, 8, 12, 1024, size - 2}, 0, size, 40, /*flips_must_fail=*/true);
+  all.push_back({"index", "the index removed", [=](const std::string& root) { fs::remove(root + "/" + index); }});
+  const json manifest = json::parse(read_file(p("runs/base/ds/train.json")));
+  all.push_back({"index", "offsets past the shard's end, the manifest rehashed to match", [=](const std::string& root) {
+                   std::string bytes = read_file(root + "/" + index);
+                   const int32_t header[3] = {data::kIndexMagic, 1, 2};
+                   const uint32_t starts[2] = {0, 1u << 30};
+                   bytes.replace(0, sizeof header, reinterpret_cast<const char*>(header), sizeof header);
+                   bytes.resize(1024);
+                   bytes.append(reinterpret_cast<const char*>(starts), sizeof starts);
+                   write(root + "/" + index, bytes);
+                   json m = manifest;
+                   m["shards"][0]["documents"] = 2;
+                   m["shards"][0]["index_sha256"] = sha256_hex(bytes);
+                   write(root + "/ds/train.json", m.dump());
+                 }});
+  run_all(all, [&](const std::string& run, const std::string&) {
+            std::vector<std::string> commands = dataset_commands(run);
+            commands[0] += " --data.windows=documents";
+            return commands;
+          },
           [](const std::string& run) { return run; });
 }
 

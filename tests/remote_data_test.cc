@@ -178,14 +178,22 @@ TEST_F(Remote, ColdThenWarmWithOneDownloadPerShardPerHost) {
   r = loom(train + " --job.name=warm");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(requests().size(), cold.size());
-  // `loom data fetch` fills the cache with the rest; then every shard is there.
+  // `loom data fetch` fills the cache with the rest and the shards' document indexes; then
+  // every shard and index is there, and document windows train without a request.
   r = loom(cat("data fetch ", p("remote.json"), " --cache-dir ", p("cache")));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(cached_bytes(p("cache")), [&] {
-    int64_t n = 0;
-    for (const auto& s : manifest_.shards) n += s.bytes();
-    return n;
-  }());
+  std::map<std::string, int64_t> files;  // by content: shards with one document share one index
+  for (const auto& s : manifest_.shards) {
+    files[s.sha256] = s.bytes();
+    files[s.index_sha256] = s.index().bytes();
+  }
+  int64_t all = 0;
+  for (const auto& [sha, bytes] : files) all += bytes;
+  EXPECT_EQ(cached_bytes(p("cache")), all);
+  const size_t fetched = requests().size();
+  r = loom(train + " --job.name=documents --data.windows=documents");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(requests().size(), fetched);
 }
 
 TEST_F(Remote, AServerKilledMidShardIsResumedOrNamed) {

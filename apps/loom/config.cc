@@ -46,6 +46,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"data.val", std::string("")},
       {"data.tokenizer", std::string("bytes")},  // what made the token files: kept with the run and its checkpoints
       {"data.verify", std::string("hash")},      // a manifest's shards: "hash" (SHA-256 at start, rank 0) or "size"
+      {"data.windows", std::string("tokens")},   // where windows start: "tokens" (every seq_len) or "documents"
       {"data.prefetch", int64_t{4}},             // micro-batches made ahead by a reader thread; 0: none
       {"data.cache_dir", std::string("")},       // remote shards' cache; "": $LOOM_CACHE_DIR or ~/.cache/loom/shards
       {"data.cache_mb", 10240.0},                // its size bound (least recently used shards go first)

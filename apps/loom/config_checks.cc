@@ -200,6 +200,8 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
   if (s("data.train").empty()) throw InputError("data.train: expected a token file or \"fashion-mnist\"");
   if (s("data.verify") != "hash" && s("data.verify") != "size")
     throw InputError(cat(where("data.verify"), " = \"", printable(s("data.verify")), "\": expected \"hash\" or \"size\""));
+  if (s("data.windows") != "tokens" && s("data.windows") != "documents")
+    throw InputError(cat(where("data.windows"), " = \"", printable(s("data.windows")), "\": expected \"tokens\" or \"documents\""));
   if (!(f("data.cache_mb") > 0 && f("data.cache_mb") <= 1e9))
     throw InputError(cat(where("data.cache_mb"), " = ", f("data.cache_mb"), ": expected MiB in (0, 1e9]"));
   if (i("data.fetch_retries") < 0 || i("data.fetch_retries") > 100)

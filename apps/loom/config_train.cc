@@ -71,7 +71,8 @@ TrainConfig train_config(const Config& c, int local_ranks) {
   t.model = {.kind = model_kind(c), .preset = c.s("model.preset"), .gpt = gpt_config(c), .hidden = c.i("model.hidden"),
              .n_hidden = c.i("model.n_layer"), .classes = c.i("model.vocab_size")};
   t.data = {.train = c.s("data.train"), .val = c.s("data.val"), .tokenizer = c.s("data.tokenizer"),
-            .hash_shards = c.s("data.verify") == "hash", .prefetch = c.i("data.prefetch"),
+            .hash_shards = c.s("data.verify") == "hash", .document_windows = c.s("data.windows") == "documents",
+            .prefetch = c.i("data.prefetch"),
             .cache_dir = c.s("data.cache_dir"), .cache_mb = c.f("data.cache_mb"), .fetch_retries = c.i("data.fetch_retries")};
   t.training = {.steps = c.i("training.steps"), .global_batch = c.i("training.global_batch"),
                 .micro_batch = c.i("training.micro_batch"), .eval_every = c.i("training.eval_every"),

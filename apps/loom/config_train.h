@@ -34,6 +34,7 @@ struct TrainConfig {
     std::string train, val;  // val "" for none
     std::string tokenizer = "bytes";  // a data::Tokenizer spec
     bool hash_shards = true;  // data.verify = "hash": a manifest's shards are hashed at start (rank 0)
+    bool document_windows = false;  // data.windows = "documents": windows start at documents (a manifest's indexes)
     int64_t prefetch = 4;     // micro-batches made ahead on a reader thread (0: made in the step)
     std::string cache_dir;    // remote shards' cache ("": data::default_cache_dir())
     double cache_mb = 10240;  // its size bound

@@ -1,4 +1,5 @@
 // `loom data prepare` and `loom tokenizer train|encode|decode` (docs/data.md).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -133,7 +134,10 @@ int run_data_fetch(const DataFetchArgs& a) {
   check_flag_range("--retries", a.retries, 0, 100);
   const auto t0 = std::chrono::steady_clock::now();
   const data::Manifest m = data::read_manifest(a.manifest);
-  data::check_local_shards(m, /*hash=*/true);
+  // A dataset whose shards all have document indexes (as prepare writes) has them checked
+  // and fetched too, so document windows can start from the cache alone.
+  const bool indexed = std::all_of(m.shards.begin(), m.shards.end(), [](const data::ShardInfo& s) { return s.documents >= 0; });
+  data::check_local_shards(m, /*hash=*/true, indexed);
   std::optional<data::ShardCache> cache;
   int64_t fetched = 0, bytes = 0;
   for (const data::ShardInfo& s : m.shards) {
@@ -145,6 +149,10 @@ int run_data_fetch(const DataFetchArgs& a) {
     cache->fetch(s, a.manifest);
     ++fetched;
     bytes += s.bytes();
+    if (indexed) {
+      data::check_index(s, cache->fetch(s.index(), a.manifest), a.manifest);
+      bytes += s.index().bytes();
+    }
   }
   std::printf("%s: %zu shards, %lld tokens, checked", printable(a.manifest).c_str(), m.shards.size(),
               static_cast<long long>(m.tokens));

@@ -45,17 +45,21 @@ std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, 
     if (m.vocab_size > vocab)
       throw InputError(cat(path, ": vocab_size = ", m.vocab_size, " (its tokenizer's ids), but model.vocab_size = ", vocab,
                            ": expected at least ", m.vocab_size));
-    const bool remote = data::check_local_shards(m, hash);  // remote ones as they are fetched
+    const bool remote = data::check_local_shards(m, hash, d.document_windows);  // remote ones as they are fetched
     std::shared_ptr<data::ShardCache> cache;
     if (remote)
       cache = std::make_shared<data::ShardCache>(data::CacheOptions{
           .dir = d.cache_dir.empty() ? default_cache_dir() : d.cache_dir,
           .max_bytes = static_cast<int64_t>(d.cache_mb * 1024 * 1024), .retries = static_cast<int>(d.fetch_retries)});
-    auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab, std::move(cache));
+    auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab, std::move(cache),
+                                                    d.document_windows ? data::Windows::kDocuments : data::Windows::kTokens);
     if (w->size() < 1)
       throw InputError(cat(path, ": ", w->manifest().tokens, " tokens, no shard holds model.seq_len + 1 = ", t + 1));
     return w;
   }
+  if (d.document_windows)
+    throw InputError(cat(path, ": one token file has no document index; data.windows = \"documents\" reads a manifest's ",
+                         "(loom data prepare --shard-tokens N writes one)"));
   std::vector<uint16_t> tokens = data::read_tokens(path);
   check_vocab(tokens, vocab, path);
   if (static_cast<int64_t>(tokens.size()) < t + 1)

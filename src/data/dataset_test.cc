@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -130,6 +131,109 @@ TEST_F(DatasetTest, WindowsRunShardAfterShardAndCheckTheVocabulary) {
   EXPECT_EQ(w.shards_mapped(), 2);
   ShardedWindows small(m, t, 100);  // the corpus holds ids up to 'x' = 120
   expect_input_error([&] { small.batch(std::vector<int64_t>{0}); }, {"train-000000.bin", "outside the model's vocabulary (model.vocab_size = 100)"});
+}
+
+TEST_F(DatasetTest, DocumentWindowsStartAtEachDocumentAndGoOnThroughLongOnes) {
+  // 2,000 JSONL documents of 1-80 bytes, one in eight of 100-300 (longer than a window),
+  // bytes tokenizer: the token stream is the documents' bytes one after another.
+  std::string jsonl;
+  std::vector<int64_t> starts;  // each document's first token in the whole stream
+  int64_t at = 0;
+  uint32_t x = 12345;
+  for (int d = 0; d < 2000; ++d) {
+    x = x * 1664525u + 1013904223u;
+    const int64_t len = (x >> 8) % 8 == 0 ? 100 + (x >> 12) % 201 : 1 + (x >> 12) % 80;
+    std::string text = cat("d", d, ":");
+    while (static_cast<int64_t>(text.size()) < len) text += static_cast<char>('a' + text.size() % 26);
+    text.resize(static_cast<size_t>(len));
+    jsonl += cat("{\"text\": \"", text, "\"}\n");
+    starts.push_back(at);
+    at += len;
+  }
+  write("docs.jsonl", jsonl);
+  prepare_text({.sources = {"jsonl:" + path("docs.jsonl")}, .out = path("ds"), .val_fraction = 0, .sharded = true,
+                .shard_tokens = 20000}, Tokenizer::bytes());
+  const Manifest m = read_manifest(path("ds/train.json"));
+  ASSERT_GE(m.shards.size(), 4u);
+  ASSERT_EQ(m.tokens, at);
+  EXPECT_TRUE(check_local_shards(m, /*hash=*/true, /*indexes=*/true) == false);
+  EXPECT_NE(manifest_json(m).find("\"index_sha256\""), std::string::npos);
+  // The reference: each shard's segment starts (0 and every document starting in it), a
+  // window at start + kT while inside the segment and T + 1 tokens fit in the shard.
+  const int64_t t = 32;
+  std::vector<std::pair<size_t, int64_t>> expected;  // (shard, offset), in order
+  int64_t first = 0, docs = 0;
+  for (size_t s = 0; s < m.shards.size(); ++s) {
+    const int64_t n = m.shards[s].tokens;
+    std::vector<int64_t> seg = {0};
+    for (int64_t g : starts)
+      if (g > first && g < first + n) seg.push_back(g - first);
+    EXPECT_EQ(m.shards[s].documents, static_cast<int64_t>(seg.size())) << "shard " << s;
+    docs += static_cast<int64_t>(seg.size());
+    for (size_t i = 0; i < seg.size(); ++i) {
+      const int64_t end = i + 1 < seg.size() ? seg[i + 1] : n;
+      for (int64_t o = seg[i]; o < end && o + t < n; o += t) expected.emplace_back(s, o);
+    }
+    first += n;
+  }
+  EXPECT_GT(m.shards[0].documents, 128) << "a shard of several 64-document blocks";
+  EXPECT_GE(docs, 2000);
+  EXPECT_LE(docs, 2000 + static_cast<int64_t>(m.shards.size()) - 1) << "every document, and a carried-over start per shard";
+  ShardedWindows w(m, t, 256, nullptr, Windows::kDocuments);
+  ASSERT_EQ(w.size(), static_cast<int64_t>(expected.size()));
+  std::vector<int64_t> all(expected.size());
+  std::iota(all.begin(), all.end(), 0);
+  const Batch b = w.batch(all);
+  std::vector<std::vector<uint16_t>> shard_tokens;
+  for (const ShardInfo& s : m.shards) shard_tokens.push_back(read_tokens(s.path));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& [s, o] = expected[i];
+    for (int64_t j = 0; j < t; ++j) {
+      ASSERT_EQ(b.inputs.data<int32_t>()[static_cast<int64_t>(i) * t + j], shard_tokens[s][static_cast<size_t>(o + j)]) << "window " << i;
+      ASSERT_EQ(b.targets.data<int32_t>()[static_cast<int64_t>(i) * t + j], shard_tokens[s][static_cast<size_t>(o + j + 1)]) << "window " << i;
+    }
+  }
+  // Every document with room for a window begins one, and its first token is the 'd' of "d<k>:".
+  int64_t began = 0;
+  for (size_t i = 0; i < expected.size(); ++i) began += b.inputs.data<int32_t>()[static_cast<int64_t>(i) * t] == 'd';
+  EXPECT_GE(began, 1990);
+
+  // A manifest without indexes cannot make document windows; a broken index is named.
+  Manifest bare = m;
+  for (ShardInfo& s : bare.shards) s.documents = -1;
+  write("bare.json", manifest_json(bare));
+  const Manifest bare_read = read_manifest(path("bare.json"));
+  expect_input_error([&] { ShardedWindows(bare_read, t, 256, nullptr, Windows::kDocuments); },
+                     {"bare.json: shards[0] (", "has no document index"});
+  expect_input_error([&] { check_local_shards(bare_read, false, true); }, {"has no document index"});
+  EXPECT_NO_THROW(ShardedWindows(bare_read, t, 256));
+  const std::string idx = m.shards[1].path + ".idx";
+  {  // document 2 moved before document 1
+    std::fstream f(idx, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024 + 2 * 4);
+    const uint32_t one = 1;
+    f.write(reinterpret_cast<const char*>(&one), 4);
+  }
+  expect_input_error([&] { check_local_shards(m, true, true); }, {"train-000001.bin.idx", "SHA-256"});
+  expect_input_error([&] { ShardedWindows(m, t, 256, nullptr, Windows::kDocuments); },
+                     {"train-000001.bin.idx", "document 1 starts at token", "expected offsets strictly increasing from 0"});
+  {  // document 1 at 0 as well: an empty document 0
+    std::fstream f(idx, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024 + 1 * 4);
+    const uint32_t zero = 0;
+    f.write(reinterpret_cast<const char*>(&zero), 4);
+  }
+  expect_input_error([&] { ShardedWindows(m, t, 256, nullptr, Windows::kDocuments); },
+                     {"train-000001.bin.idx", "document 0 starts at token 0, the next at 0"});
+  ::truncate(idx.c_str(), 1030);
+  expect_input_error([&] { ShardedWindows(m, t, 256, nullptr, Windows::kDocuments); },
+                     {"train-000001.bin.idx", "1030 bytes, but the manifest says", "documents"});
+  write("m.json", cat(R"({"format": "loom-dataset", "version": 1, "shards": [{"path": "a.bin", "tokens": 5, "dtype": "uint16", "sha256": ")",
+                      std::string(64, 'a'), R"(", "documents": 2}]})"));
+  expect_input_error([&] { read_manifest(path("m.json")); }, {"shards[0]: expected both of \"documents\" and \"index_sha256\""});
+  write("m.json", cat(R"({"format": "loom-dataset", "version": 1, "shards": [{"path": "a.bin", "tokens": 5, "dtype": "uint16", "sha256": ")",
+                      std::string(64, 'a'), R"(", "documents": 6, "index_sha256": ")", std::string(64, 'b'), R"("}]})"));
+  expect_input_error([&] { read_manifest(path("m.json")); }, {"shards[0].documents: expected an integer in [1, 5]"});
 }
 
 TEST_F(DatasetTest, MoreThanTwoToTheThirtyTwoTokensInSparseShards) {

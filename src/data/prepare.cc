@@ -157,6 +157,7 @@ bool to_validation(int64_t document, double fraction) {
 
 struct Encoded {
   std::vector<int32_t> train, val;
+  std::vector<int64_t> train_docs, val_docs;  // where each document starts in train and val
 };
 
 // Calls f(text, line number, document number) for each line of a JSONL work's text that is
@@ -189,9 +190,11 @@ void for_each_jsonl_document(const Work& w, F&& f) {
 Encoded encode(Tokenizer& t, const Work& w, double val_fraction) {
   Encoded e;
   const int32_t eot = t.end_of_text();
-  auto document = [&](std::string_view text, std::vector<int32_t>& into) {
+  auto document = [&](std::string_view text, std::vector<int32_t>& into, std::vector<int64_t>& starts) {
+    if (text.empty()) return;
+    starts.push_back(static_cast<int64_t>(into.size()));
     t.encode(text, into);
-    if (eot >= 0 && !text.empty()) into.push_back(eot);
+    if (eot >= 0) into.push_back(eot);
   };
   if (!w.input->jsonl) {
     auto split = static_cast<size_t>(static_cast<double>(w.text.size()) * (1.0 - val_fraction));
@@ -199,24 +202,34 @@ Encoded encode(Tokenizer& t, const Work& w, double val_fraction) {
       const size_t line = w.text.rfind('\n', split);
       split = line == std::string::npos ? split : line + 1;
     }
-    document(std::string_view(w.text).substr(0, split), e.train);
-    document(std::string_view(w.text).substr(split), e.val);
+    document(std::string_view(w.text).substr(0, split), e.train, e.train_docs);
+    document(std::string_view(w.text).substr(split), e.val, e.val_docs);
     return e;
   }
   for_each_jsonl_document(w, [&](const std::string& text, const std::string&, int64_t doc) {
-    document(text, to_validation(doc, val_fraction) ? e.val : e.train);
+    if (to_validation(doc, val_fraction))
+      document(text, e.val, e.val_docs);
+    else
+      document(text, e.train, e.train_docs);
   });
   return e;
 }
 
 // One split's tokens into llm.c files: shards of `shard_tokens` (the last shorter) named
-// PREFIX-NNNNNN.bin in `dir`, or everything into one file.
+// PREFIX-NNNNNN.bin in `dir`, each with its document index PREFIX-NNNNNN.bin.idx.
 class TokenSink {
  public:
   TokenSink(std::string dir, std::string prefix, int64_t shard_tokens, int dtype_bytes)
       : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), dtype_bytes_(dtype_bytes) {}
-  void add(std::span<const int32_t> ids) {
-    for (int32_t id : ids) {
+  // `starts`: where documents start in `ids`, in order.
+  void add(std::span<const int32_t> ids, std::span<const int64_t> starts) {
+    size_t next = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int32_t id = ids[i];
+      if (next < starts.size() && starts[next] == static_cast<int64_t>(i)) {
+        doc_starts_.push_back(static_cast<uint32_t>(buf_.size() / static_cast<size_t>(dtype_bytes_)));
+        ++next;
+      }
       if (dtype_bytes_ == 2) {
         const auto v = static_cast<uint16_t>(id);
         buf_.append(reinterpret_cast<const char*>(&v), 2);
@@ -247,14 +260,24 @@ class TokenSink {
     std::snprintf(name_buf, sizeof name_buf, "%s-%06zu.bin", prefix_.c_str(), shards_.size());
     const std::string name = name_buf;
     write_file_atomic((fs::path(dir_) / name).string(), std::vector<std::string_view>{head, buf_});
+    // The index: 0 first even when a document from the shard before goes on there.
+    if (doc_starts_.empty() || doc_starts_.front() != 0) doc_starts_.insert(doc_starts_.begin(), 0);
+    int32_t index_header[kTokenHeaderWords] = {kIndexMagic, 1, static_cast<int32_t>(doc_starts_.size())};
+    const std::vector<std::string_view> index = {
+        std::string_view(reinterpret_cast<const char*>(index_header), sizeof index_header),
+        std::string_view(reinterpret_cast<const char*>(doc_starts_.data()), doc_starts_.size() * sizeof(uint32_t))};
+    write_file_atomic((fs::path(dir_) / (name + ".idx")).string(), index);
     shards_.push_back({.location = name, .path = (fs::path(dir_) / name).string(), .tokens = count,
-                       .dtype_bytes = dtype_bytes_, .sha256 = sha256_hex(std::vector<std::string_view>{head, buf_})});
+                       .dtype_bytes = dtype_bytes_, .sha256 = sha256_hex(std::vector<std::string_view>{head, buf_}),
+                       .documents = static_cast<int64_t>(doc_starts_.size()), .index_sha256 = sha256_hex(index)});
     buf_.clear();
+    doc_starts_.clear();
   }
   std::string dir_, prefix_;
   int64_t shard_tokens_;
   int dtype_bytes_;
   std::string buf_;
+  std::vector<uint32_t> doc_starts_;  // documents starting in the shard being filled
   std::vector<ShardInfo> shards_;
   int64_t tokens_ = 0;
 };
@@ -342,8 +365,8 @@ PrepareResult prepare_text(const PrepareOptions& o, const Tokenizer& tokenizer) 
         whole_train.insert(whole_train.end(), e.train.begin(), e.train.end());
         whole_val.insert(whole_val.end(), e.val.begin(), e.val.end());
       } else {
-        train.add(e.train);
-        val.add(e.val);
+        train.add(e.train, e.train_docs);
+        val.add(e.val, e.val_docs);
       }
     }
     r.bytes += static_cast<int64_t>(bytes);
