@@ -3,8 +3,8 @@
 # of 4,096 ids on Debian's fortunes, prepares the fortunes as token files with it, trains
 # gpt-mini on them for a few minutes with data parallelism on 2 local ranks (LOOM_RANKS=N
 # for another count), prints the scaling figures, sampled text with the share of its words
-# found in the training text, and the run directory. Extra arguments go to `loom train`
-# (e.g. ./run.sh --training.steps=100).
+# found in the training text, the run's HTML report (`loom report`) and the run directory.
+# Extra arguments go to `loom train` (e.g. ./run.sh --training.steps=100).
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/setup.sh
@@ -25,4 +25,5 @@ echo "Sampled text:"
 $LOOM sample --checkpoint "runs/$name" --tokens 600 --lines 8 --temperature 0.8 | tee "runs/$name/sample.txt"
 echo "words found in the training text: $(tools/word_share.sh "runs/$name/sample.txt" $text)"
 echo
+$LOOM report "runs/$name"
 echo "run directory: runs/$name"

@@ -17,6 +17,7 @@ pkgs=(
   python3-onnx                                 # checks the ONNX export (tests/onnx_export_test.cc)
   libicu-dev                                   # Unicode classes for GPT-2's pre-tokenization
   libcurl4-openssl-dev nginx                   # remote dataset shards, and the HTTP server their tests start
+  chromium                                     # renders `loom report`'s page in its test (headless)
 )
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)

@@ -107,6 +107,14 @@ struct DataFetchArgs {
 // cache first (a cache warmed before a job starts).
 int run_data_fetch(const DataFetchArgs& a);
 
+struct ReportArgs {
+  std::vector<std::string> runs;  // run directories
+  std::string out;                // "": RUN/report.html for one run, report.html for several
+  double price_per_hour = 0, peak_gflops = 0;
+};
+// `loom report`: one self-contained HTML page about the runs (docs/observability.md).
+int run_report(const ReportArgs& a);
+
 struct BenchTrainArgs {
   std::string preset = "gpt-mini";
   std::vector<int64_t> threads = {1, 2};

@@ -214,6 +214,14 @@ int run(int argc, char** argv) {
   df->add_option("--retries", fetch.retries, "Attempts after a failed one, each after twice the pause (0.5 s first)")
       ->capture_default_str();
 
+  loom::app::ReportArgs report;
+  auto* rp = app.add_subcommand("report", "Write one HTML page about runs: losses, throughput, MFU, time split, memory, "
+                                          "restarts, checkpoints, cost, scaling (docs/observability.md)");
+  rp->add_option("runs", report.runs, "Run directories (runs/NAME), one or more")->required();
+  rp->add_option("--out", report.out, "The HTML file (default: RUN/report.html for one run, report.html for several)");
+  rp->add_option("--price-per-hour", report.price_per_hour, "Price of one rank (a GPU, a socket) per hour: cost per step and per 1M tokens");
+  rp->add_option("--peak-gflops", report.peak_gflops, "Peak GFLOP/s of one rank (loom bench gemm measures it): MFU");
+
   loom::app::TokenizerArgs tok;
   auto* tk = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode and decode text (docs/data.md)");
   tk->require_subcommand(1);
@@ -385,6 +393,7 @@ int run(int argc, char** argv) {
     return loom::app::run_data_prepare(prepare);
   }
   if (df->parsed()) return loom::app::run_data_fetch(fetch);
+  if (rp->parsed()) return loom::app::run_report(report);
   for (auto* sub : {tkt, tke, tkd})
     if (sub->parsed()) {
       tok.action = sub->get_name();

@@ -170,7 +170,9 @@ void TrainRun::open_outputs() {
     write_file_atomic((fs::path(t_.job.run) / "config.toml").string(), t_.toml);
     if (w_.tokenizer) w_.tokenizer->save((fs::path(t_.job.run) / "tokenizer").string());
     const int64_t reached = resume_ || job_.restarted ? checkpoint::truncate_metrics(metrics_path, start_step_) : 0;
+    steps_lost_ = std::max<int64_t>(reached - start_step_, 0);
     metrics_.emplace(metrics_path);
+    events_.emplace((fs::path(t_.job.run) / "events.jsonl").string());
     if (job_.restarted)
       log_info(cat("elastic generation ", job_.elastic->generation, " (", job_.elastic->reason, "): ",
                    resume_ ? cat("resumed from step ", start_step_) : std::string("no checkpoint yet, started afresh"),
@@ -194,6 +196,7 @@ void TrainRun::open_outputs() {
                {"ps_mode", t_.parallel.ps.mode}, {"dp", ps_->workers()}, {"tp", 1}, {"pp", 1}, {"zero", 0}};
     install_fault_hook(t_.debug.fault_at, rank());
     delay_ms_ = step_delay_ms(t_.debug.delay_ms, rank());
+    write_start_event();
     return;
   }
   log_start();
@@ -207,6 +210,32 @@ void TrainRun::open_outputs() {
   install_terminate_handler();
   delay_ms_ = step_delay_ms(t_.debug.delay_ms, env_.rank);
   stragglers_.emplace(world_->size());
+  write_start_event();
+}
+
+// events.jsonl (docs/formats.md): what `loom report` and a reader of the run need beyond the
+// steps: each start of the run (fresh, resumed, an elastic generation), its world and what
+// a token costs.
+void TrainRun::write_start_event() {
+  if (!events_) return;
+  const auto unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  obs::JsonLine e;
+  e.add_string("event", "start").add("time", unix_s).add("step", start_step_).add("steps", steps_);
+  e.add_string("how", job_.restarted ? "elastic restart" : resume_ ? "resumed" : "fresh").add("steps_lost", steps_lost_);
+  e.add("world", static_cast<int64_t>(layout_.value("world", 1))).add("dp", static_cast<int64_t>(layout_.value("dp", 1)));
+  e.add("tp", static_cast<int64_t>(layout_.value("tp", 1))).add("pp", static_cast<int64_t>(layout_.value("pp", 1)));
+  e.add("threads", static_cast<int64_t>(t_.job.threads)).add_string("precision", t_.training.precision_name);
+  e.add_json("model", w_.model_json().dump());
+  e.add("parameters", w_.model->params().numel());
+  // Model FLOPs of training (forward and backward, recompute not counted) per token.
+  e.add("train_flops_per_token", 3.0 * w_.model->forward_flops_per_example() / static_cast<double>(w_.train->tokens_per_example()));
+  events_->write(e);
+}
+
+void TrainRun::write_end_event() {
+  if (!events_) return;
+  const auto unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  events_->write(obs::JsonLine().add_string("event", "end").add("time", unix_s).add("step", end_step_).add("exit", static_cast<int64_t>(exit_code_)));
 }
 
 void TrainRun::log_start() {

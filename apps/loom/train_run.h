@@ -72,6 +72,8 @@ class TrainRun {
   double save(int64_t step, bool loss_finite);
   void saved(const std::optional<std::string>& dir);
   void print_summary() const;
+  void write_start_event();
+  void write_end_event();
   // Parameter servers (train_ps.cc).
   void join_ps();
   void ps_step(int64_t step);
@@ -106,6 +108,8 @@ class TrainRun {
   std::optional<obs::Trace> trace_;
   std::optional<parallel::StepTracer> tracer_;
   std::optional<obs::MetricsFile> metrics_;
+  std::optional<obs::MetricsFile> events_;  // rank 0's events.jsonl
+  int64_t steps_lost_ = 0;  // since the checkpoint this start resumed from
   std::optional<data::Sampler> sampler_;
   // data.prefetch > 0 (not parameter servers): micro-batch n = step * micro-batches + m is
   // made ahead from a sampler of its own (its items function runs on the reader's thread

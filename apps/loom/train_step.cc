@@ -246,6 +246,7 @@ int TrainRun::finish() {
   }
   if (lead_) print_summary();
   if (lead_) std::printf("run directory: %s\n", printable(t_.job.run).c_str());
+  write_end_event();
   return exit_code_;
 }
 

@@ -42,6 +42,12 @@ JsonLine& JsonLine::add(const std::string& k, int64_t v) {
   return *this;
 }
 
+JsonLine& JsonLine::add_json(const std::string& k, const std::string& json_text) {
+  key(k);
+  body_ += json_text;
+  return *this;
+}
+
 JsonLine& JsonLine::add_string(const std::string& k, const std::string& v) {
   key(k);
   body_ += "\"";

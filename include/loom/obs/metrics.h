@@ -24,6 +24,7 @@ class JsonLine {
   JsonLine& add(const std::string& key, int64_t v);
   JsonLine& add(const std::string& key, const std::vector<double>& v);  // a JSON array
   JsonLine& add_string(const std::string& key, const std::string& v);
+  JsonLine& add_json(const std::string& key, const std::string& json_text);  // a value already JSON
   std::string str() const { return body_ + "}"; }
 
  private:
