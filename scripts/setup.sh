@@ -18,6 +18,7 @@ pkgs=(
   libicu-dev                                   # Unicode classes for GPT-2's pre-tokenization
   libcurl4-openssl-dev nginx                   # remote dataset shards, and the HTTP server their tests start
   chromium                                     # renders `loom report`'s page in its test (headless)
+  prometheus                                   # scrapes a training run's /metrics in its test (and promtool lints it)
 )
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)

@@ -28,7 +28,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"},         {"loom/optim/optim.h", "optim"},
     {"loom/optim/loss_scale.h", "optim"},    {"loom/data/data.h", "data"}, {"loom/data/examples.h", "data"}, {"loom/data/tokenizer.h", "data"}, {"loom/data/dataset.h", "data"}, {"loom/data/prefetch.h", "data"}, {"loom/data/shard_cache.h", "data"},           {"loom/checkpoint/bounded_json.h", "checkpoint"},
     {"loom/checkpoint/checkpoint.h", "checkpoint"}, {"loom/checkpoint/json_fields.h", "checkpoint"}, {"loom/checkpoint/safetensors.h", "checkpoint"},
-    {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/checkpoint/outputs.h", "checkpoint"}, {"loom/checkpoint/run_dir.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/report.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},
+    {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/checkpoint/outputs.h", "checkpoint"}, {"loom/checkpoint/run_dir.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/report.h", "obs"}, {"loom/obs/exporter.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},
     {"loom/comm/comm.h", "comm"},           {"loom/comm/rendezvous.h", "comm"},     {"loom/parallel/data_parallel.h", "parallel"},
     {"loom/parallel/param_server.h", "parallel"}, {"loom/parallel/ps_job.h", "parallel"}, {"loom/parallel/optimizer_step.h", "parallel"}, {"loom/parallel/pipeline.h", "parallel"}, {"loom/parallel/schedule.h", "parallel"},
     {"loom/parallel/tensor_parallel.h", "parallel"}, {"loom/parallel/comm_span.h", "parallel"}, {"loom/parallel/mesh.h", "parallel"}, {"loom/parallel/checkpointing.h", "parallel"},

@@ -5,15 +5,8 @@
 // range request; without a server, one line naming the shard and URL), a shard corrupted
 // on the server (refused, nothing kept), a cache smaller than the dataset (eviction, and
 // training goes on), and credentials in a URL never printed.
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -23,10 +16,9 @@
 #include <thread>
 
 #include "cli_fixture.h"
+#include "processes.h"
 #include "loom/core/fileio.h"
 #include "loom/data/dataset.h"
-
-extern char** environ;
 
 namespace loom {
 namespace {
@@ -34,49 +26,9 @@ namespace fs = std::filesystem;
 
 constexpr const char* kNginx = "/usr/sbin/nginx";
 
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
-
-bool accepts(int port) {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(s);
-  return ok;
-}
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<std::string> argv = args;
-  std::vector<char*> raw;
-  for (auto& a : argv) raw.push_back(a.data());
-  raw.push_back(nullptr);
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&files, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, raw[0], &files, nullptr, raw.data(), environ);
-  posix_spawn_file_actions_destroy(&files);
-  return rc == 0 ? pid : -1;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using testing::accepts;
+using testing::spawn;
+using testing::wait_exit;
 
 class Remote : public Cli {
  protected:

@@ -102,6 +102,10 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"checkpoint.every_s", 0.0},
       {"checkpoint.grace_s", 20.0},
       {"profile.trace_steps", std::string("")},
+      {"metrics.port", int64_t{0}},              // Prometheus /metrics while training (rank 0); 0: none
+      {"metrics.host", std::string("127.0.0.1")},  // where it listens; another address needs LOOM_API_KEY
+      {"metrics.every_rank", false},             // every rank serves, on metrics.port + its local rank
+      {"metrics.peak_gflops", 0.0},              // one rank's peak: loom_train_mfu against it (0: not exported)
       // Failures and slowness on demand, for tests and benchmarks (apps/loom/train_watch.h).
       {"debug.fault_at", std::string("")},
       {"debug.delay_ms", std::string("")},

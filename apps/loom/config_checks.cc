@@ -1,6 +1,7 @@
 // Config::resolve's checks (apps/loom/config.cc): ranges, the world, values, modes and the
 // rest, in that order, each refusing the first problem with an InputError naming the key.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 
 #include "config.h"
@@ -12,6 +13,8 @@
 
 namespace loom::app {
 namespace {
+
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
 // Checks shared by the parts of resolve(): each throws InputError naming the key as given.
 struct Checks {
@@ -193,6 +196,13 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
   } catch (const InputError& e) {
     throw InputError(cat(where("profile.trace_steps"), " = ", e.what()));
   }
+  if (i("metrics.port") < 0 || i("metrics.port") > 65535)
+    throw InputError(cat(where("metrics.port"), " = ", i("metrics.port"), ": expected a TCP port in [1, 65535] (0: no metrics server)"));
+  if (!(f("metrics.peak_gflops") >= 0 && f("metrics.peak_gflops") <= 1e9))
+    throw InputError(cat(where("metrics.peak_gflops"), " = ", f("metrics.peak_gflops"), ": expected GFLOP/s per rank in [0, 1e9]"));
+  if (i("metrics.port") > 0 && !is_loopback(s("metrics.host")) && std::getenv("LOOM_API_KEY") == nullptr)
+    throw InputError(cat(where("metrics.host"), " = \"", printable(s("metrics.host")),
+                         "\": metrics reachable from other hosts need an API key (LOOM_API_KEY)"));
   if (i("debug.jitter_ms") < 0 || i("debug.jitter_ms") > 1000000)
     throw InputError(cat(where("debug.jitter_ms"), " = ", i("debug.jitter_ms"), ": expected milliseconds in [0, 1e6] (0: off)"));
   if (s("job.name").empty() || s("job.name").find('/') != std::string::npos || s("job.name").starts_with("."))

@@ -100,6 +100,9 @@ TrainConfig train_config(const Config& c, int local_ranks) {
                   .grace_s = c.f("checkpoint.grace_s"),
                   .async = c.b("checkpoint.async")};
   t.profile = {.trace_steps = c.s("profile.trace_steps"), .steps = obs::parse_steps(c.s("profile.trace_steps"))};
+  t.metrics = {.port = static_cast<int>(c.i("metrics.port")), .host = c.s("metrics.host"),
+               .api_key = std::getenv("LOOM_API_KEY") != nullptr ? std::getenv("LOOM_API_KEY") : "",
+               .every_rank = c.b("metrics.every_rank"), .peak_gflops = c.f("metrics.peak_gflops")};
   t.debug = {.fault_at = c.s("debug.fault_at"), .delay_ms = c.s("debug.delay_ms"), .jitter_ms = c.i("debug.jitter_ms")};
   t.toml = c.to_toml();
   t.layout = layout_line(c);

@@ -78,6 +78,12 @@ struct TrainConfig {
     std::string trace_steps;      // as given, for messages
     std::vector<int64_t> steps;   // parsed, ascending
   } profile;
+  struct Metrics {
+    int port = 0;  // 0: no /metrics server
+    std::string host = "127.0.0.1", api_key;  // api_key: LOOM_API_KEY
+    bool every_rank = false;
+    double peak_gflops = 0;
+  } metrics;
   struct Debug {
     std::string fault_at, delay_ms;
     int64_t jitter_ms = 0;

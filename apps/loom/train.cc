@@ -5,6 +5,7 @@
 // books: metrics, evaluation, checkpoints, signals, traces (docs/architecture.md walks a step).
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 
 #include "commands.h"
 #include "loom/core/error.h"
@@ -63,6 +64,13 @@ void TrainRun::build_model() {
 // good and before any checkpoint is read: a second job, or a --resume of a running one, is
 // refused here naming the holder.
 void TrainRun::claim_run_dir() {
+  // The metrics server listens before anything is written: a port in use is refused first.
+  if (t_.metrics.port > 0 && (lead_ || t_.metrics.every_rank)) {
+    exporter_.emplace(obs::ExporterOptions{.host = t_.metrics.host,
+                                           .port = t_.metrics.port + (t_.metrics.every_rank ? env_.local_rank : 0),
+                                           .api_key = t_.metrics.api_key, .rank = rank(), .peak_gflops = t_.metrics.peak_gflops});
+    log_info(cat("metrics: http://", t_.metrics.host, ":", exporter_->port(), "/metrics (Prometheus)"));
+  }
   if (!lead_) return;
   const bool own_ckpt_dir = t_.checkpoint.own_dir;
   if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(t_.checkpoint.root))
@@ -217,19 +225,34 @@ void TrainRun::open_outputs() {
 // steps: each start of the run (fresh, resumed, an elastic generation), its world and what
 // a token costs.
 void TrainRun::write_start_event() {
+  // Model FLOPs of training (forward and backward, recompute not counted) per token.
+  const double flops_per_token =
+      3.0 * w_.model->forward_flops_per_example() / static_cast<double>(w_.train->tokens_per_example());
+  const auto world = static_cast<int64_t>(layout_.value("world", 1));
+  if (exporter_ && !events_) exporter_->set_run(flops_per_token, world, 0, 0);
   if (!events_) return;
   const auto unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   obs::JsonLine e;
   e.add_string("event", "start").add("time", unix_s).add("step", start_step_).add("steps", steps_);
   e.add_string("how", job_.restarted ? "elastic restart" : resume_ ? "resumed" : "fresh").add("steps_lost", steps_lost_);
-  e.add("world", static_cast<int64_t>(layout_.value("world", 1))).add("dp", static_cast<int64_t>(layout_.value("dp", 1)));
+  e.add("world", world).add("dp", static_cast<int64_t>(layout_.value("dp", 1)));
   e.add("tp", static_cast<int64_t>(layout_.value("tp", 1))).add("pp", static_cast<int64_t>(layout_.value("pp", 1)));
   e.add("threads", static_cast<int64_t>(t_.job.threads)).add_string("precision", t_.training.precision_name);
   e.add_json("model", w_.model_json().dump());
   e.add("parameters", w_.model->params().numel());
-  // Model FLOPs of training (forward and backward, recompute not counted) per token.
-  e.add("train_flops_per_token", 3.0 * w_.model->forward_flops_per_example() / static_cast<double>(w_.train->tokens_per_example()));
+  e.add("train_flops_per_token", flops_per_token);
   events_->write(e);
+  if (!exporter_) return;
+  // The run's restarts and steps lost so far: every start but a fresh one, from the file.
+  int64_t restarts = 0, lost = 0;
+  std::istringstream in(read_file((fs::path(t_.job.run) / "events.jsonl").string()));
+  for (std::string l; std::getline(in, l);) {
+    const json j = json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || j.value("event", "") != "start") continue;
+    restarts += j.value("how", "") != "fresh";
+    lost += j.value("steps_lost", int64_t{0});
+  }
+  exporter_->set_run(flops_per_token, world, restarts, lost);
 }
 
 void TrainRun::write_end_event() {

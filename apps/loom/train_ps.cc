@@ -197,6 +197,7 @@ int TrainRun::serve() {
                    parallel::evaluate(*w_.model, *w_.val, t_.training.eval_steps * micro_batch_, w_.eval_batch).loss);
       }
       if (metrics_) metrics_->write(line);
+      if (exporter_) exporter_->observe(line.str());
       progress_->update(st.step, st.loss, tokens_per_step_ / step_s, ema_step_s_);
       if (sync && every > 0 && st.step % every == 0 && st.step < steps_) {
         last_checkpoint_ = save(st.step);

@@ -20,6 +20,7 @@
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/parallel/checkpointing.h"
 #include "loom/data/data.h"
+#include "loom/obs/exporter.h"
 #include "loom/obs/metrics.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/ps_job.h"
@@ -109,6 +110,7 @@ class TrainRun {
   std::optional<parallel::StepTracer> tracer_;
   std::optional<obs::MetricsFile> metrics_;
   std::optional<obs::MetricsFile> events_;  // rank 0's events.jsonl
+  std::optional<obs::TrainingExporter> exporter_;  // metrics.port: /metrics while training
   int64_t steps_lost_ = 0;  // since the checkpoint this start resumed from
   std::optional<data::Sampler> sampler_;
   // data.prefetch > 0 (not parameter servers): micro-batch n = step * micro-batches + m is

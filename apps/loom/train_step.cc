@@ -197,6 +197,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
                  " s after the previous generation ended"));
   }
   if (metrics_) metrics_->write(line);
+  if (exporter_) exporter_->observe(line.str());
   progress_->update(done, loss, tokens_per_step_ / step_s, ema_step_s_);
   const bool saving = (every > 0 && done % every == 0) || done == steps_ || flags[1] || stop;
   if (saving) {
