@@ -146,7 +146,7 @@ TEST_F(Serve, UnderLoadAndAbuseEveryClientGetsItsAnswerAndNothingLeaks) {
   EXPECT_EQ(gauge("loom_queue_depth"), 0);
   EXPECT_EQ(gauge("loom_kv_caches_in_use"), 0) << "a key/value cache stayed held";
   EXPECT_EQ(gauge("loom_kv_pages_in_use"), 0) << "key/value pages stayed held";
-  EXPECT_EQ(gauge("loom_kv_pages_total"), 16 * 4) << "a full batch of 64-position windows in 16-position pages";
+  EXPECT_EQ(gauge("loom_kv_pages_capacity"), 16 * 4) << "a full batch of 64-position windows in 16-position pages";
   EXPECT_EQ(client().Get("/health")->status, 200);
 }
 

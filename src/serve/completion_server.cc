@@ -165,7 +165,7 @@ class CompletionServer {
         {"loom_requests_running", "Requests in the running batch", "gauge"},
         {"loom_kv_caches_in_use", "Key/value caches held by running requests", "gauge"},
         {"loom_kv_pages_in_use", "Key/value cache pages held", "gauge"},
-        {"loom_kv_pages_total", "Key/value cache pages of the model's budget", "gauge"},
+        {"loom_kv_pages_capacity", "Key/value cache pages of the model's budget", "gauge"},
         {"loom_prefix_cache_hits_total", "Requests that began with a kept prompt's keys and values", "counter"},
         {"loom_prefix_cache_tokens_total", "Prompt tokens whose keys and values were reused, not computed", "counter"},
         {"loom_prefix_cache_bytes", "Kept prompts' keys and values", "gauge"}};
