@@ -19,6 +19,7 @@ pkgs=(
   libcurl4-openssl-dev nginx                   # remote dataset shards, and the HTTP server their tests start
   chromium                                     # renders `loom report`'s page in its test (headless)
   prometheus                                   # scrapes a training run's /metrics in its test (and promtool lints it)
+  slurm-wlm munge                              # tests/slurm_test.sh: slurmctld and two slurmd on loopback
 )
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)

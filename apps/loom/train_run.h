@@ -136,6 +136,7 @@ class TrainRun {
   } peaks_;  // this rank's peak resident memory in each phase (loom/core/host.h)
   int64_t delay_ms_ = 0;
   int exit_code_ = 0;
+  bool stopped_on_sigterm_ = false;  // SIGTERM stopped the run before its last step, after a save
   std::chrono::steady_clock::time_point last_save_;
   std::optional<std::chrono::steady_clock::time_point> terminate_seen_;
 };

@@ -218,6 +218,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - *terminate_seen_).count();
     log_info(cat("SIGTERM: saved step ", done, " of ", steps_, " (", last_checkpoint_, ") ", took,
                  " s after the signal; stopping. `loom train ... --resume` continues from it"));
+    stopped_on_sigterm_ = true;
     if (took > t_.checkpoint.grace_s)
       log_warn(cat("the save after SIGTERM took ", took, " s, over checkpoint.grace_s = ", t_.checkpoint.grace_s,
                    " s: the job may be killed before it ends next time"));
@@ -246,6 +247,10 @@ int TrainRun::finish() {
                   full.loss);
   }
   if (lead_) print_summary();
+  // On standard output, --quiet or not: what a batch script decides on (requeue or not).
+  if (lead_ && stopped_on_sigterm_)
+    std::printf("stopped on SIGTERM after step %lld of %lld, saved in %s: --resume continues\n", static_cast<long long>(end_step_),
+                static_cast<long long>(steps_), printable(last_checkpoint_).c_str());
   if (lead_) std::printf("run directory: %s\n", printable(t_.job.run).c_str());
   write_end_event();
   return exit_code_;

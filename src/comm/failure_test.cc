@@ -287,6 +287,58 @@ TEST(Rendezvous, SchedulerJobIdsCarryATagFromTheSecret) {
   EXPECT_EQ(tagged_job_id("slurm-4711", ""), "slurm-4711");
 }
 
+// Slurm's lists, as srun and sbatch set them: the first host of a node list, and this node's
+// tasks from the compressed tasks-per-node form; what is not one is named.
+TEST(Rendezvous, SlurmNodeListsAndTasksPerNode) {
+  EXPECT_EQ(first_slurm_host("L", "node[01-04,07],gpu5"), "node01");
+  EXPECT_EQ(first_slurm_host("L", "n[1-2]"), "n1");
+  EXPECT_EQ(first_slurm_host("L", "gpu5,node[01-04]"), "gpu5");
+  EXPECT_EQ(first_slurm_host("L", "rack[3-4]-node[07,09]"), "rack3-node07");
+  EXPECT_EQ(first_slurm_host("L", "login.cluster-1"), "login.cluster-1");
+  for (const char* bad : {"node[01-04", "node]1[", "node[a-b]", "no de", "[", "", "n[1[2]]"}) {
+    try {
+      first_slurm_host("SLURM_JOB_NODELIST", bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(cat("SLURM_JOB_NODELIST='", bad, "': not a Slurm node list")), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(slurm_tasks_on_node("T", "2(x2)", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("T", "2(x2)", 1), 2);
+  EXPECT_EQ(slurm_tasks_on_node("T", "2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("T", "4", 0), 4);
+  EXPECT_EQ(slurm_tasks_on_node("T", "3,1(x2),2", 3), 2);
+  for (const auto& [bad, node] : std::vector<std::pair<std::string, int>>{{"2(x2)", 2}, {"2(x", 0}, {"x2", 0}, {"0", 0}, {"2(y3)", 0}, {"", 0}, {"2,,1", 1}}) {
+    try {
+      slurm_tasks_on_node("SLURM_TASKS_PER_NODE", bad, node);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(cat("SLURM_TASKS_PER_NODE='", bad, "'")), std::string::npos) << e.what();
+    }
+  }
+  // The environment srun gives a task, without --ntasks-per-node: the local size is its
+  // node's count, not 1.
+  for (const auto& [k, v] : std::vector<std::pair<const char*, const char*>>{
+           {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "5"}, {"SLURM_STEP_NUM_TASKS", "5"}, {"SLURM_LOCALID", "0"},
+           {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "3,2"}, {"SLURM_TASKS_PER_NODE", "3,2"},
+           {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_STEP_NODELIST", "n[1-2]"}, {"SLURM_JOB_ID", "4711"}})
+    ::setenv(k, v, 1);
+  ::unsetenv("SLURM_NTASKS_PER_NODE");
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.source, "slurm");
+  EXPECT_EQ(e.size, 5);
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.local_rank, 0);
+  EXPECT_EQ(e.master_addr, "n1");
+  EXPECT_EQ(e.master_port, 20000 + 4711);
+  ::setenv("SLURM_STEP_NODELIST", "n[1-", 1);
+  EXPECT_THROW(launch_env_from_environment(), InputError);
+  for (const char* k : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE",
+                        "SLURM_TASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_ID"})
+    ::unsetenv(k);
+}
+
 // Placement the environment states is read where the environment is read (the launch
 // boundary), never inside the transports: LOOM_HOST_ID and LOOM_SHM_SINGLE_COPY.
 TEST(Rendezvous, PlacementFromTheEnvironmentIsReadAtTheBoundary) {

@@ -144,6 +144,12 @@ struct LaunchEnv {
 // `base` unchanged when there is no secret.
 std::string tagged_job_id(const std::string& base, const std::string& secret);
 
+// Slurm's variables (docs/launch.md, "Slurm"). The first host of a node list ("node[01-04,07],gpu5"
+// -> "node01"); and the tasks on node `node` of a tasks-per-node list ("2(x3),1": 2 on
+// nodes 0-2, 1 on node 3). InputError naming `var` and its value when it is not one.
+std::string first_slurm_host(const std::string& var, const std::string& list);
+int slurm_tasks_on_node(const std::string& var, const std::string& counts, int node);
+
 // Reads, in order of precedence: torchrun / PyTorchJob (RANK, WORLD_SIZE, ...), OpenMPI
 // (OMPI_COMM_WORLD_*), Slurm (SLURM_PROCID, ...). InputError naming the variable when a
 // value is malformed or out of range, or when a secret file is readable by others.

@@ -2,6 +2,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -32,15 +34,66 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   return out;
 }
 
-// "node[01-04,07],gpu5" -> "node01": the first host of a Slurm node list.
-std::string first_slurm_host(const std::string& list) {
-  size_t br = list.find('['), comma = list.find(',');
-  if (br == std::string::npos || (comma != std::string::npos && comma < br))
-    return list.substr(0, comma);
-  size_t end = list.find_first_of("-,]", br + 1);
-  if (end == std::string::npos) throw InputError(cat("SLURM_JOB_NODELIST='", list, "' is malformed"));
-  return list.substr(0, br) + list.substr(br + 1, end - br - 1);
+}  // namespace
+
+std::string first_slurm_host(const std::string& var, const std::string& list) {
+  auto bad = [&](const std::string& why) {
+    return InputError(cat(var, "='", printable(list), "': not a Slurm node list (", why,
+                          "; expected names and ranges such as node[01-04,07],gpu5)"));
+  };
+  std::string host;
+  bool in_range = false, first_in_range = true;
+  for (char c : list) {
+    if (c == ',' && !in_range) break;  // the first host of the list
+    if (c == '[') {
+      if (in_range) throw bad("a '[' inside brackets");
+      in_range = first_in_range = true;
+    } else if (c == ']') {
+      if (!in_range) throw bad("a ']' without its '['");
+      in_range = false;
+    } else if (in_range) {
+      if (c == '-' || c == ',') first_in_range = false;  // the range's first number is taken
+      else if (!std::isdigit(static_cast<unsigned char>(c))) throw bad("a range holds digits, '-' and ','");
+      else if (first_in_range) host += c;
+    } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_') {
+      host += c;
+    } else {
+      throw bad(cat("the character '", printable(std::string(1, c)), "'"));
+    }
+  }
+  if (in_range) throw bad("a '[' without its ']'");
+  if (host.empty()) throw bad("no host");
+  return host;
 }
+
+int slurm_tasks_on_node(const std::string& var, const std::string& counts, int node) {
+  auto bad = [&](const std::string& why) {
+    return InputError(cat(var, "='", printable(counts), "': ", why, " (expected tasks per node such as 2(x3),1)"));
+  };
+  int seen = 0;
+  for (size_t at = 0; at <= counts.size();) {
+    size_t end = counts.find(',', at);
+    if (end == std::string::npos) end = counts.size();
+    const std::string item = counts.substr(at, end - at);
+    at = end + 1;
+    int tasks = 0, repeat = 1;
+    const char* p = item.data();
+    const char* const stop = item.data() + item.size();
+    auto [q, ec] = std::from_chars(p, stop, tasks);
+    if (ec != std::errc() || tasks < 1) throw bad(cat("'", printable(item), "' is not a task count"));
+    if (q != stop) {
+      auto [r, ec2] = std::string_view(q, static_cast<size_t>(stop - q)).starts_with("(x") ? std::from_chars(q + 2, stop, repeat)
+                                                                                          : std::from_chars_result{q, std::errc::invalid_argument};
+      if (ec2 != std::errc() || repeat < 1 || r + 1 != stop || *r != ')') throw bad(cat("'", printable(item), "' is not N or N(xM)"));
+    }
+    if (node < seen + repeat) return tasks;
+    seen += repeat;
+    if (end == counts.size()) break;
+  }
+  throw bad(cat("it counts ", seen, " node(s), but SLURM_NODEID is ", node));
+}
+
+namespace {
 
 std::string read_secret_file(const std::string& path) {
   struct stat st{};
@@ -88,12 +141,24 @@ LaunchEnv launch_env_from_environment() {
       e.job_id_from_scheduler = true;
     }
   } else if (env("SLURM_PROCID")) {
+    // A job step's own variables (srun inside an allocation) first, then the job's: the
+    // tasks per node in Slurm's compressed form ("2(x3),1"), this node's entry by
+    // SLURM_NODEID, whatever flags the job was given (SLURM_NTASKS_PER_NODE exists only
+    // with --ntasks-per-node).
     e.source = "slurm";
-    e.size = env_int("SLURM_NTASKS", 1, 1 << 20, 1);
+    const char* size_var = env("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+    e.size = env_int(size_var, 1, 1 << 20, 1);
     e.rank = env_int("SLURM_PROCID", 0, e.size - 1, 0);
-    e.local_rank = env_int("SLURM_LOCALID", 0, e.size - 1, 0);
-    e.local_size = env_int("SLURM_NTASKS_PER_NODE", 1, e.size, 1);
-    if (const char* nodes = env("SLURM_JOB_NODELIST")) e.master_addr = first_slurm_host(nodes);
+    const char* per_node_var = env("SLURM_STEP_TASKS_PER_NODE") ? "SLURM_STEP_TASKS_PER_NODE"
+                               : env("SLURM_TASKS_PER_NODE")    ? "SLURM_TASKS_PER_NODE"
+                                                                : nullptr;
+    if (per_node_var)
+      e.local_size = std::min(e.size, slurm_tasks_on_node(per_node_var, env(per_node_var), env_int("SLURM_NODEID", 0, 1 << 20, 0)));
+    else
+      e.local_size = env_int("SLURM_NTASKS_PER_NODE", 1, e.size, 1);
+    e.local_rank = env_int("SLURM_LOCALID", 0, e.local_size - 1, 0);
+    const char* list_var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+    if (const char* nodes = env(list_var)) e.master_addr = first_slurm_host(list_var, nodes);
     int job = env_int("SLURM_JOB_ID", 0, 0x7fffffff, 0);
     if (!env("LOOM_JOB_ID")) {
       e.job_id = cat("slurm-", job);
