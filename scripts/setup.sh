@@ -20,6 +20,7 @@ pkgs=(
   chromium                                     # renders `loom report`'s page in its test (headless)
   prometheus                                   # scrapes a training run's /metrics in its test (and promtool lints it)
   slurm-wlm munge                              # tests/slurm_test.sh: slurmctld and two slurmd on loopback
+  python3-yaml                                 # tests/k8s_pods.py reads the Kubernetes manifests
 )
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)

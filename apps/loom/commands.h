@@ -16,6 +16,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;  // --section.key=value
   bool resume = false;
   bool restart = false;  // an existing run directory is moved aside and the run starts afresh
+  bool resume_if_saved = false;  // resume when the run has a checkpoint, else start (a scheduler's restart)
   bool quiet = false;  // no progress; the run summary still prints
   bool dry_run = false;  // check the config and print the memory plan; load and write nothing
   bool allow_nonfinite = false;  // resume from a checkpoint holding NaN or Inf

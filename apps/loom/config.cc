@@ -101,6 +101,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"checkpoint.async", false},
       {"checkpoint.every_s", 0.0},
       {"checkpoint.grace_s", 20.0},
+      {"checkpoint.sigterm_exit_code", int64_t{0}},  // exit status after SIGTERM stopped the run with a checkpoint
       {"profile.trace_steps", std::string("")},
       {"metrics.port", int64_t{0}},              // Prometheus /metrics while training (rank 0); 0: none
       {"metrics.host", std::string("127.0.0.1")},  // where it listens; another address needs LOOM_API_KEY

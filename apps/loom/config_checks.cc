@@ -177,6 +177,8 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
   if (!(f("comm.timeout_s") > 0)) throw InputError(cat(where("comm.timeout_s"), " = ", f("comm.timeout_s"), ": expected > 0"));
   if (!(f("checkpoint.every_s") >= 0 && f("checkpoint.every_s") < 1e9))
     throw InputError(cat(where("checkpoint.every_s"), " = ", f("checkpoint.every_s"), ": expected seconds in [0, 1e9) (0: off)"));
+  if (i("checkpoint.sigterm_exit_code") < 0 || i("checkpoint.sigterm_exit_code") > 255)
+    throw InputError(cat(where("checkpoint.sigterm_exit_code"), " = ", i("checkpoint.sigterm_exit_code"), ": expected an exit status in [0, 255]"));
   if (!(f("checkpoint.grace_s") > 0 && f("checkpoint.grace_s") < 1e6))
     throw InputError(cat(where("checkpoint.grace_s"), " = ", f("checkpoint.grace_s"), ": expected seconds in (0, 1e6)"));
   if (b("parallel.deterministic") && s("comm.grad_dtype") != "f32")

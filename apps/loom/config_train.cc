@@ -98,7 +98,8 @@ TrainConfig train_config(const Config& c, int local_ranks) {
                   .every = c.i("checkpoint.every"),
                   .every_s = c.f("checkpoint.every_s"),
                   .grace_s = c.f("checkpoint.grace_s"),
-                  .async = c.b("checkpoint.async")};
+                  .async = c.b("checkpoint.async"),
+                  .sigterm_exit_code = static_cast<int>(c.i("checkpoint.sigterm_exit_code"))};
   t.profile = {.trace_steps = c.s("profile.trace_steps"), .steps = obs::parse_steps(c.s("profile.trace_steps"))};
   t.metrics = {.port = static_cast<int>(c.i("metrics.port")), .host = c.s("metrics.host"),
                .api_key = std::getenv("LOOM_API_KEY") != nullptr ? std::getenv("LOOM_API_KEY") : "",

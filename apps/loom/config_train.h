@@ -73,6 +73,7 @@ struct TrainConfig {
     int64_t every = 0;
     double every_s = 0, grace_s = 0;
     bool async = false;
+    int sigterm_exit_code = 0;  // the exit status after a SIGTERM stop with a checkpoint
   } checkpoint;
   struct Profile {
     std::string trace_steps;      // as given, for messages

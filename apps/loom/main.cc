@@ -56,6 +56,9 @@ int run(int argc, char** argv) {
   auto* t = app.add_subcommand("train", "Train a model in this process (see configs/ for presets)");
   t->add_option("config", train.config, "TOML config file")->required();
   t->add_flag("--resume", train.resume, "Continue the run in the run directory from its latest checkpoint");
+  t->add_flag("--resume-if-saved", train.resume_if_saved,
+              "Resume when the run has a checkpoint, else start it (in place when its directory exists): for a scheduler "
+              "that restarts the same command (Kubernetes)");
   t->add_flag("--restart", train.restart,
               "Start afresh under an existing job name: the old run directory is kept aside as NAME.old-TIME");
   t->add_flag("--quiet", train.quiet, "No progress output");

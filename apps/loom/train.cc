@@ -27,13 +27,18 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
       t_(job.tc),
       job_(job),
       lead_(job.env.rank == 0 && job.ps_join_world == 0),
-      resume_(a.resume || (job.restarted && checkpoint::latest_step_dir(t_.checkpoint.root))),
+      // An elastic generation, or --resume-if-saved, resumes when the run has a checkpoint.
+      in_place_(job.restarted || (a.resume_if_saved && fs::exists(job.tc.job.run))),
+      resume_(a.resume || (in_place_ && checkpoint::latest_step_dir(t_.checkpoint.root))),
       steps_(job.tc.training.steps),
       global_batch_(job.tc.training.global_batch),
       micro_batch_(job.tc.training.micro_batch),
       per_rank_(global_batch_ / job.tc.parallel.layout.dp),
       end_step_(steps_) {
-  if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
+  if (int(a.resume) + int(a.restart) + int(a.resume_if_saved) > 1)
+    throw InputError("--resume, --resume-if-saved and --restart: expected one of them");
+  if (a.resume_if_saved && !a.init_from.empty())
+    throw InputError("--resume-if-saved and --init-from: expected one of them");
   if (t_.parallel.ps.servers > 0 && !a.init_from.empty())
     throw InputError("--init-from with parallel.ps_servers > 0: the servers start from the config's initialization or "
                      "--resume; expected no --init-from");
@@ -76,7 +81,7 @@ void TrainRun::claim_run_dir() {
   if (a_.restart && !job_.restarted && own_ckpt_dir && checkpoint::latest_step_dir(t_.checkpoint.root))
     throw InputError(cat(t_.checkpoint.root, ": checkpoint.dir holds the old run's checkpoints, which --restart would mix with "
                          "the new run's; move it or set another checkpoint.dir"));
-  run_dir_.emplace(checkpoint::RunDirectory::claim(t_.job.run, resume_ || job_.restarted ? checkpoint::RunDirectory::Mode::kResume
+  run_dir_.emplace(checkpoint::RunDirectory::claim(t_.job.run, resume_ || in_place_ ? checkpoint::RunDirectory::Mode::kResume
                                              : a_.restart ? checkpoint::RunDirectory::Mode::kRestart
                                                           : checkpoint::RunDirectory::Mode::kFresh,
                                        own_ckpt_dir ? t_.checkpoint.root : ""));
@@ -177,7 +182,7 @@ void TrainRun::open_outputs() {
     fs::create_directories(fs::path(t_.job.run) / "logs");
     write_file_atomic((fs::path(t_.job.run) / "config.toml").string(), t_.toml);
     if (w_.tokenizer) w_.tokenizer->save((fs::path(t_.job.run) / "tokenizer").string());
-    const int64_t reached = resume_ || job_.restarted ? checkpoint::truncate_metrics(metrics_path, start_step_) : 0;
+    const int64_t reached = resume_ || in_place_ ? checkpoint::truncate_metrics(metrics_path, start_step_) : 0;
     steps_lost_ = std::max<int64_t>(reached - start_step_, 0);
     metrics_.emplace(metrics_path);
     events_.emplace((fs::path(t_.job.run) / "events.jsonl").string());

@@ -88,6 +88,7 @@ class TrainRun {
   const TrainConfig& t_;
   JobStart& job_;
   const bool lead_;  // writes the run directory, metrics and checkpoints
+  const bool in_place_;  // an existing run directory goes on (an elastic generation, --resume-if-saved)
   const bool resume_;
   const int64_t steps_, global_batch_, micro_batch_, per_rank_;
 

@@ -219,6 +219,7 @@ void TrainRun::after_step(int64_t done, double loss, double step_s, double busy_
     log_info(cat("SIGTERM: saved step ", done, " of ", steps_, " (", last_checkpoint_, ") ", took,
                  " s after the signal; stopping. `loom train ... --resume` continues from it"));
     stopped_on_sigterm_ = true;
+    exit_code_ = t_.checkpoint.sigterm_exit_code;
     if (took > t_.checkpoint.grace_s)
       log_warn(cat("the save after SIGTERM took ", took, " s, over checkpoint.grace_s = ", t_.checkpoint.grace_s,
                    " s: the job may be killed before it ends next time"));
