@@ -10,6 +10,7 @@
 #      losses of an uninterrupted run;
 #   3. one task SIGKILLed: the job ends failed, the survivors name rank 2, srun names the
 #      task, and no process of the job is left.
+# Before the daemons, a node list Loom cannot read is checked to be one line and exit 2.
 # Every daemon is stopped by its PID at the end. Exit 77 (ctest: skipped) with the reason
 # when Slurm or munge is not installed or the daemons cannot start here.
 # Usage: slurm_test.sh LOOM SOURCE_DIR
@@ -18,25 +19,57 @@ LOOM=$1 SRC=$2
 
 skip() { echo "SKIPPED: $*"; exit 77; }
 fail() { echo "FAILED: $*"; exit 1; }
-[ "$(id -u)" = 0 ] || skip "slurmd runs jobs as their user only as root (running as uid $(id -u))"
-for tool in munged mungekey slurmctld slurmd sbatch squeue scancel scontrol; do
-  command -v $tool >/dev/null || skip "$tool is not installed (scripts/setup.sh installs slurm-wlm and munge)"
-done
 
 TMP=$(mktemp -d /tmp/loom-slurm.XXXXXX)
 chmod 755 "$TMP"
 PIDS=()
 cleanup() {
   # A job a failed check left running is cancelled (its tasks end) before the daemons stop.
-  if [ -n "${SLURM_CONF:-}" ] && [ -n "$(squeue -h 2>/dev/null)" ]; then
-    scancel --quiet --full $(squeue -h -o %i 2>/dev/null) 2>/dev/null
-    for i in $(seq 1 40); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.25; done
+  # Only this test's cluster (OUR_CONF), never one the environment names.
+  if [ -n "${OUR_CONF:-}" ] && [ -n "$(SLURM_CONF=$OUR_CONF squeue -h 2>/dev/null)" ]; then
+    SLURM_CONF=$OUR_CONF scancel --quiet --full $(SLURM_CONF=$OUR_CONF squeue -h -o %i 2>/dev/null) 2>/dev/null
+    for i in $(seq 1 40); do [ -z "$(SLURM_CONF=$OUR_CONF squeue -h 2>/dev/null)" ] && break; sleep 0.25; done
   fi
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+
+# A small corpus and config (one thread a rank: 4 ranks on 2 cores).
+for i in $(seq 1 400); do echo "The quick brown fox $i jumps over the lazy dog."; done >"$TMP/text.txt"
+"$LOOM" data prepare "text:$TMP/text.txt" --out "$TMP/train.bin" >/dev/null || fail "data prepare"
+cat >"$TMP/nano.toml" <<EOF
+[job]
+run_dir = "$TMP/runs"
+threads = 1
+[model]
+preset = "gpt-nano"
+[data]
+train = "$TMP/train.bin"
+val = "$TMP/train_val.bin"
+[training]
+global_batch = 4
+micro_batch = 1
+eval_every = 0
+[checkpoint]
+every = 0
+[parallel]
+deterministic = true
+EOF
+# Before any daemon: a node list Loom cannot read is one line naming it, exit 2, nothing written.
+out=$(env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-' "$LOOM" train "$TMP/nano.toml" --job.name=bad 2>&1)
+code=$?
+[ "$code" = 2 ] || fail "a malformed SLURM_JOB_NODELIST exited $code: $out"
+[ "$out" = "loom: error: SLURM_JOB_NODELIST='n[1-': not a Slurm node list (a '[' without its ']'; expected names and ranges such as node[01-04,07],gpu5)" ] ||
+  fail "not the one line expected: $out"
+[ ! -e "$TMP/runs/bad" ] || fail "a run directory was written"
+echo "0. SLURM_JOB_NODELIST='n[1-': one line, exit 2, nothing written"
+
+[ "$(id -u)" = 0 ] || skip "slurmd runs jobs as their user only as root (running as uid $(id -u))"
+for tool in munged mungekey slurmctld slurmd sbatch squeue scancel scontrol; do
+  command -v $tool >/dev/null || skip "$tool is not installed (scripts/setup.sh installs slurm-wlm and munge)"
+done
 
 # Ports from this shell's pid, so two runs at once do not meet.
 base=$((21000 + ($$ % 400) * 4))
@@ -80,6 +113,7 @@ NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$((base + 2)) CPUs=2 Stat
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 EOF
 export SLURM_CONF=$TMP/slurm.conf
+OUR_CONF=$SLURM_CONF
 slurmctld -D -c >"$TMP/slurmctld.out" 2>&1 &
 PIDS+=($!)
 slurmd -D -N n1 >"$TMP/slurmd-n1.out" 2>&1 &
@@ -94,33 +128,16 @@ done
   skip "the Slurm daemons did not come up: $(tail -3 "$TMP/slurmctld.log" "$TMP/slurmd-n1.log" 2>/dev/null | tr '\n' ' ')"
 echo "slurm: slurmctld and slurmd n1, n2 on 127.0.0.1:$base-$((base + 2))"
 
-# A small corpus and config (one thread a rank: 4 ranks on 2 cores).
-for i in $(seq 1 400); do echo "The quick brown fox $i jumps over the lazy dog."; done >"$TMP/text.txt"
-"$LOOM" data prepare "text:$TMP/text.txt" --out "$TMP/train.bin" >/dev/null || fail "data prepare"
-cat >"$TMP/nano.toml" <<EOF
-[job]
-run_dir = "$TMP/runs"
-threads = 1
-[model]
-preset = "gpt-nano"
-[data]
-train = "$TMP/train.bin"
-val = "$TMP/train_val.bin"
-[training]
-global_batch = 4
-micro_batch = 1
-eval_every = 0
-[checkpoint]
-every = 0
-[parallel]
-deterministic = true
-EOF
 losses() { cut -d, -f1-2 "$1"; }  # {"step": N, "loss": X, one line per step
-# The job's state, "" once it has left the queue.
-state() { squeue -h -j "$1" -o %T 2>/dev/null; }
-wait_gone() {
-  for i in $(seq 1 "$2"); do [ -z "$(state "$1")" ] && return 0; sleep 0.5; done
-  fail "job $1 still queued after $(($2 / 2)) s: $(state "$1"); $(cat "$TMP/job-$1.out")"
+# The job's state as slurmctld has it (PENDING, RUNNING, COMPLETED, FAILED, ...); "" when
+# it cannot say (a busy controller: the caller asks again).
+state() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+wait_done() {  # wait_done JOB HALF_SECONDS: until the job has ended
+  for i in $(seq 1 "$2"); do
+    case "$(state "$1")" in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 0 ;; esac
+    sleep 0.5
+  done
+  fail "job $1 not done after $(($2 / 2)) s: $(state "$1"); $(cat "$TMP/job-$1.out"); $(tail -5 "$TMP/slurmctld.log")"
 }
 submit() {  # submit NAME STEPS [sbatch options...]: the job id
   local name=$1 steps=$2
@@ -163,8 +180,9 @@ for i in $(seq 1 120); do
 done
 grep -q "requeueing job $job to resume" "$TMP/job-$job.out" || fail "job $job was not requeued: $(cat "$TMP/job-$job.out")"
 scontrol update JobId="$job" StartTime=now || fail "scontrol update StartTime"  # Slurm holds a requeued job 2 minutes
-wait_gone "$job" 120
-grep -q "start 2: .*--resume" "$TMP/job-$job.out" || fail "job $job's second start did not resume: $(cat "$TMP/job-$job.out")"
+wait_done "$job" 120
+grep -q "start 2: .*--resume" "$TMP/job-$job.out" ||
+  fail "job $job's second start did not resume: $(cat "$TMP/job-$job.out"); $(scontrol show job "$job"); $(tail -20 "$TMP/slurmctld.log")"
 grep -q '"how": "resumed", "steps_lost": 0' "$TMP/runs/pre/events.jsonl" || fail "no resume without loss: $(cat "$TMP/runs/pre/events.jsonl")"
 [ "$(losses "$TMP/runs/pre/metrics.jsonl")" = "$(losses "$TMP/runs/ref/metrics.jsonl")" ] ||
   fail "the preempted job's 60 losses differ from an uninterrupted run's"
@@ -188,7 +206,7 @@ job_pids() {  # the processes whose environment says SLURM_JOB_ID=$1 (and, given
 victim=$(job_pids "$job" 2)
 [ -n "$victim" ] || fail "no loom process with SLURM_PROCID=2 in job $job"
 kill -KILL $victim
-wait_gone "$job" 60
+wait_done "$job" 60
 grep -q "rank 2 died" "$TMP/job-$job.out" || fail "the survivors did not name rank 2: $(cat "$TMP/job-$job.out")"
 grep -q "task 2: Killed" "$TMP/job-$job.out" || fail "srun did not name task 2: $(cat "$TMP/job-$job.out")"
 scontrol show job "$job" | grep -q "JobState=FAILED" || fail "job $job is not FAILED: $(scontrol show job "$job" | grep JobState)"
