@@ -33,30 +33,10 @@ python3 "$SRC/tests/k8s_pods.py" "$ROOT" <"$TMP/manifests.yaml" >"$TMP/pods.json
 # The Secret's file (0400, as defaultMode gives it) and the ConfigMap's train.toml.
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ROOT/secret/secret"
 chmod 400 "$ROOT/secret/secret"
-for i in $(seq 1 400); do echo "The quick brown fox $i jumps over the lazy dog."; done >"$TMP/text.txt"
-"$LOOM" data prepare "text:$TMP/text.txt" --out "$TMP/train.bin" >/dev/null || fail "data prepare"
-config() {  # config NAME STEPS
-  cat >"$ROOT/config/train.toml" <<EOF
-[job]
-name = "$1"
-threads = 1
-[model]
-preset = "gpt-nano"
-[data]
-train = "$TMP/train.bin"
-val = "$TMP/train_val.bin"
-[training]
-steps = $2
-global_batch = 4
-micro_batch = 1
-eval_every = 0
-[checkpoint]
-every = 0
-[parallel]
-deterministic = true
-[debug]
-delay_ms = "0:100"
-EOF
+source "$SRC/tests/support/nano_job.sh"
+nano_corpus "$TMP" "$LOOM" || fail "data prepare"
+config() {  # config NAME STEPS: the ConfigMap's train.toml
+  nano_config "$ROOT/config/train.toml" "$TMP" "name = \"$1\"" "steps = $2" $'[debug]\ndelay_ms = "0:100"'
 }
 # Every pod at once, each with its environment and nothing else (PATH aside).
 start_pods() {

@@ -37,26 +37,10 @@ cleanup() {
 trap cleanup EXIT
 
 # A small corpus and config (one thread a rank: 4 ranks on 2 cores).
-for i in $(seq 1 400); do echo "The quick brown fox $i jumps over the lazy dog."; done >"$TMP/text.txt"
-"$LOOM" data prepare "text:$TMP/text.txt" --out "$TMP/train.bin" >/dev/null || fail "data prepare"
-cat >"$TMP/nano.toml" <<EOF
-[job]
-run_dir = "$TMP/runs"
-threads = 1
-[model]
-preset = "gpt-nano"
-[data]
-train = "$TMP/train.bin"
-val = "$TMP/train_val.bin"
-[training]
-global_batch = 4
-micro_batch = 1
-eval_every = 0
-[checkpoint]
-every = 0
-[parallel]
-deterministic = true
-EOF
+source "$SRC/tests/support/nano_job.sh"
+nano_corpus "$TMP" "$LOOM" || fail "data prepare"
+nano_config "$TMP/nano.toml" "$TMP" "run_dir = \"$TMP/runs\"" ""
+
 # Before any daemon: a node list Loom cannot read is one line naming it, exit 2, nothing written.
 out=$(env SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_JOB_ID=7 SLURM_JOB_NODELIST='n[1-' "$LOOM" train "$TMP/nano.toml" --job.name=bad 2>&1)
 code=$?
@@ -179,7 +163,9 @@ for i in $(seq 1 120); do
   sleep 0.25
 done
 grep -q "requeueing job $job to resume" "$TMP/job-$job.out" || fail "job $job was not requeued: $(cat "$TMP/job-$job.out")"
-scontrol update JobId="$job" StartTime=now || fail "scontrol update StartTime"  # Slurm holds a requeued job 2 minutes
+# Slurm holds a requeued job 2 minutes; a start within the same second as the requeue is
+# refused ("Job credential revoked"), so 3 s from now.
+scontrol update JobId="$job" StartTime=now+3 || fail "scontrol update StartTime"
 wait_done "$job" 120
 grep -q "start 2: .*--resume" "$TMP/job-$job.out" ||
   fail "job $job's second start did not resume: $(cat "$TMP/job-$job.out"); $(scontrol show job "$job"); $(tail -20 "$TMP/slurmctld.log")"
