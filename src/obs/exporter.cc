@@ -2,7 +2,9 @@
 #include "loom/obs/exporter.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
+#include <chrono>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -26,12 +28,21 @@ TrainingExporter::TrainingExporter(ExporterOptions o) : o_(std::move(o)), server
     }
     res.set_content(text(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, which lets a second job bind
+  // the same port and take half of the scrapes.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const int port = o_.port > 0 ? (http.bind_to_port(o_.host, o_.port) ? o_.port : -1) : http.bind_to_any_port(o_.host);
   if (port <= 0)
     throw InputError(cat("metrics.port = ", o_.port, ": cannot listen on ", o_.host, ":", o_.port,
                          " (in use by another process, or not an address of this host)"));
   port_ = port;
   thread_ = std::thread([this] { server_->http.listen_after_bind(); });
+  // Running before the constructor returns: a stop() that came first would be lost and the
+  // listening thread never end.
+  while (!server_->http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 TrainingExporter::~TrainingExporter() {
