@@ -35,8 +35,9 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
       micro_batch_(job.tc.training.micro_batch),
       per_rank_(global_batch_ / job.tc.parallel.layout.dp),
       end_step_(steps_) {
-  if (int(a.resume) + int(a.restart) + int(a.resume_if_saved) > 1)
-    throw InputError("--resume, --resume-if-saved and --restart: expected one of them");
+  if (a.resume && a.restart) throw InputError("--resume and --restart: expected one of them");
+  if (a.resume_if_saved && (a.resume || a.restart))
+    throw InputError("--resume-if-saved with --resume or --restart: expected one of them (it resumes when there is a checkpoint)");
   if (a.resume_if_saved && !a.init_from.empty())
     throw InputError("--resume-if-saved and --init-from: expected one of them");
   if (t_.parallel.ps.servers > 0 && !a.init_from.empty())
