@@ -156,7 +156,8 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
   for (const Series& s : series)
     for (const auto& p : s.points) x0 = std::min(x0, p.first), x1 = std::max(x1, p.first);
   if (x1 == x0) x0 -= 1, x1 += 1;
-  const auto [y0, y1] = y_range(series, from_zero);
+  const std::pair<double, double> range = y_range(series, from_zero);
+  const double y0 = range.first, y1 = range.second;  // (not a structured binding: lambdas below capture them)
   const Frame f{x0, x1, y0, y1};
   const double top = legend_top(series.size());
   std::vector<std::pair<double, std::string>> xt;
@@ -185,7 +186,8 @@ std::string bars(const std::string& title, const std::string& xlabel, const std:
   int64_t n = 0;
   for (const Series& s : series)
     for (const auto& p : s.points) n = std::max(n, static_cast<int64_t>(p.first) + 1);
-  const auto [y0, y1] = y_range(series, true);
+  const std::pair<double, double> range = y_range(series, true);
+  const double y0 = range.first, y1 = range.second;
   const Frame f{-0.5, static_cast<double>(n) - 0.5, y0, y1};
   const double top = legend_top(series.size());
   std::vector<std::pair<double, std::string>> xt;
