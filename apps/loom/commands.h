@@ -108,6 +108,10 @@ struct DataFetchArgs {
 // cache first (a cache warmed before a job starts).
 int run_data_fetch(const DataFetchArgs& a);
 
+// Whether `host` is this machine's loopback (127.0.0.1, localhost, ::1): a server anywhere
+// else needs an API key (loom serve, metrics.port).
+bool loopback(const std::string& host);
+
 struct ReportArgs {
   std::vector<std::string> runs;  // run directories
   std::string out;                // "": RUN/report.html for one run, report.html for several

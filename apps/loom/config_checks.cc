@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cmath>
 
+#include "commands.h"
 #include "config.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
@@ -13,8 +14,6 @@
 
 namespace loom::app {
 namespace {
-
-bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
 // Checks shared by the parts of resolve(): each throws InputError naming the key as given.
 struct Checks {
@@ -202,7 +201,7 @@ void Config::check_rest(const std::string& kind, const Where& where) const {
     throw InputError(cat(where("metrics.port"), " = ", i("metrics.port"), ": expected a TCP port in [1, 65535] (0: no metrics server)"));
   if (!(f("metrics.peak_gflops") >= 0 && f("metrics.peak_gflops") <= 1e9))
     throw InputError(cat(where("metrics.peak_gflops"), " = ", f("metrics.peak_gflops"), ": expected GFLOP/s per rank in [0, 1e9]"));
-  if (i("metrics.port") > 0 && !is_loopback(s("metrics.host")) && std::getenv("LOOM_API_KEY") == nullptr)
+  if (i("metrics.port") > 0 && !loopback(s("metrics.host")) && std::getenv("LOOM_API_KEY") == nullptr)
     throw InputError(cat(where("metrics.host"), " = \"", printable(s("metrics.host")),
                          "\": metrics reachable from other hosts need an API key (LOOM_API_KEY)"));
   if (i("debug.jitter_ms") < 0 || i("debug.jitter_ms") > 1000000)

@@ -9,11 +9,8 @@
 #include "loom/serve/completion_server.h"
 
 namespace loom::app {
-namespace {
 
 bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
-
-}  // namespace
 
 int run_serve(const ServeArgs& a) {
   if (a.models.empty()) throw InputError("serve: expected at least one --model NAME=PATH");
