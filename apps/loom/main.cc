@@ -262,8 +262,8 @@ int run(int argc, char** argv) {
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
   std::string gemm_path = "auto";
-  bg->add_option("--path", gemm_path, "Loom's micro-kernel: auto, avx512, avx2, generic")
-      ->check(CLI::IsMember({"auto", "avx512", "avx2", "generic"}))->capture_default_str();
+  bg->add_option("--path", gemm_path, "Loom's micro-kernels: auto, avx512_bf16, avx512, avx2, generic")
+      ->check(CLI::IsMember({"auto", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
 
   loom::app::BenchDecodeArgs bench_decode;
   auto* bd = b->add_subcommand("decode", "Batched decoding (Gpt::decode_batch, as loom serve runs it): tokens/s per batch size");

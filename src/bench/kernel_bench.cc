@@ -26,8 +26,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Best-of sgemm GFLOP/s for C (m, n) = op(A) (m, k) op(B) (k, n) on the current backend.
-double sgemm_gflops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int reps) {
+// Best-of GFLOP/s for C (m, n) = op(A) (m, k) op(B) (k, n) on the current backend: f32
+// products (sgemm), or 16-bit ones (format kBF16 or kF16: gemm_half).
+double sgemm_gflops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int reps, DType format = DType::kF32) {
   std::vector<float> a(m * k), b(k * n), c(m * n, 0.0f);
   Rng r(7);
   for (auto& x : a) x = static_cast<float>(r.normal());
@@ -35,7 +36,10 @@ double sgemm_gflops(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int reps)
   double best = 0;
   for (int i = 0; i < reps; ++i) {
     double t0 = now_s();
-    kernels::gemm<float>(ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, false, c.data(), n);
+    if (format == DType::kF32)
+      kernels::gemm<float>(ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, false, c.data(), n);
+    else
+      kernels::gemm_half(format, ta, tb, m, n, k, a.data(), ta ? m : k, b.data(), tb ? k : n, false, c.data(), n);
     double dt = now_s() - t0;
     best = std::max(best, 2.0 * m * n * k / dt / 1e9);
   }
@@ -133,17 +137,24 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::vector<GemmMo
     const int th = static_cast<int>(t);
     set_compute_threads(th);
     const double peak = kernels::fma_peak_gflops(path, th);
-    std::printf("\n# %d thread(s): FMA peak %.1f GFLOP/s (%s, measured now)\n", th, peak, kernels::gemm_path_name(path));
-    std::printf("%-28s %2s %6s %6s %6s %9s %9s %7s %9s\n", "shape", "op", "M", "N", "K", "loom", "openblas", "ratio", "%peak");
+    // bf16 products on the active path, against the vdpbf16ps peak where the path has it.
+    const bool dot = path == kernels::GemmPath::kAvx512Bf16;
+    const double bf16_peak = dot ? kernels::bf16_peak_gflops(th) : peak;
+    std::printf("\n# %d thread(s): FMA peak %.1f GFLOP/s (%s, measured now); bf16 peak %.1f GFLOP/s (%s)\n", th, peak,
+                kernels::gemm_path_name(path), bf16_peak, dot ? "vdpbf16ps, measured now" : "the FMA's");
+    std::printf("%-28s %2s %6s %6s %6s %9s %9s %7s %9s %9s %9s %7s\n", "shape", "op", "M", "N", "K", "loom", "openblas",
+                "ratio", "%peak", "bf16", "%peak", "x f32");
     for (const GemmShape& s : shapes) {
       const int reps = 2.0 * s.m * s.n * s.k > 2e10 ? 3 : 5;
       kernels::set_gemm_backend(kernels::GemmBackend::kOpenBlas);
       const double blas = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
       kernels::set_gemm_backend(kernels::GemmBackend::kLoom);
       const double loom = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps);
-      std::printf("%-28s %c%c %6lld %6lld %6lld %9.1f %9.1f %6.2fx %8.1f%%\n", s.name.c_str(), s.ta ? 'T' : 'N', s.tb ? 'T' : 'N',
-                  static_cast<long long>(s.m), static_cast<long long>(s.n), static_cast<long long>(s.k), loom, blas, loom / blas,
-                  100.0 * loom / peak);
+      const double half = sgemm_gflops(s.ta, s.tb, s.m, s.n, s.k, reps, DType::kBF16);
+      std::printf("%-28s %c%c %6lld %6lld %6lld %9.1f %9.1f %6.2fx %8.1f%% %9.1f %8.1f%% %6.2fx\n", s.name.c_str(),
+                  s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', static_cast<long long>(s.m), static_cast<long long>(s.n),
+                  static_cast<long long>(s.k), loom, blas, loom / blas, 100.0 * loom / peak, half, 100.0 * half / bf16_peak,
+                  half / loom);
       std::fflush(stdout);
     }
     // Fewer passes over memory (issue 12, item 3): the same product with its GELU.

@@ -5,11 +5,64 @@
 // Thread-safety: reentrant; large arrays use the OpenMP pool (kernels/parallel.h).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "loom/core/dtype.h"
 
 namespace loom::kernels {
+
+// bf16: the upper half of the f32 bits, rounded to nearest even; a NaN keeps its sign and
+// becomes quiet. Branch-free, so the loops vectorize.
+inline uint16_t bf16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
+}
+
+// f16, as loom/core/dtype.h's f32_to_f16 and f16_to_f32 but with selects in place of branches
+// (plain C++: not every compiler Loom builds with has _Float16). A value below f16's
+// smallest normal, 2^-14, is rounded to a multiple of 2^-24 by adding 0.5, whose f32 ulp
+// is 2^-24; the sum's low bits are then the f16 bits (1024 when it rounds up to 2^-14, the
+// smallest normal's bits).
+inline uint16_t f16_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // rebias 127 -> 15, round
+  const uint32_t small = std::bit_cast<uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3f000000u;
+  const uint32_t h = a > 0x7f800000u ? 0x7e00u : a >= 0x477ff000u ? 0x7c00u : a < 0x38800000u ? small : normal;
+  return static_cast<uint16_t>(sign | h);
+}
+
+// Exact: a normal's exponent rebiased (15 -> 127), infinity and NaN kept, a subnormal's
+// mantissa times 2^-24, as (0.5 + m 2^-24) - 0.5 (0.5's ulp is 2^-24, as above). Each case
+// is computed and one selected, so the loops vectorize.
+inline float f16_value(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  const uint32_t sub = std::bit_cast<uint32_t>(std::bit_cast<float>(0x3f000000u | m) - 0.5f);
+  const uint32_t normal = ((e + 112u) << 23) | (m << 13), special = 0x7f800000u | (m << 13);
+  uint32_t bits = normal;
+  bits = e == 31 ? special : bits;
+  bits = e == 0 ? sub : bits;
+  return std::bit_cast<float>(sign | bits);
+}
+
+// f32 x with its subnormals flushed to zero (keeping the sign): what an x86 core does to a
+// value it reads under DAZ, or writes under FTZ.
+inline float flush_subnormal(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return (u & 0x7f800000u) == 0 ? std::bit_cast<float>(u & 0x80000000u) : x;
+}
+
+// The bf16 bits a 16-bit product multiplies for f32 x (docs/numerics.md, "16-bit
+// products"): x's bf16 rounding, as bf16_bits, but a subnormal x is read as zero, as
+// vcvtneps2bf16 and vdpbf16ps read it.
+inline uint16_t bf16_operand_bits(float x) { return bf16_bits(flush_subnormal(x)); }
+// The same value as an f32 (exact).
+inline float bf16_operand(float x) { return std::bit_cast<float>(static_cast<uint32_t>(bf16_operand_bits(x)) << 16); }
+// What an f16 product multiplies: x rounded to f16 (subnormals of f16 kept), as an f32.
+inline float f16_operand(float x) { return f16_value(f16_bits(x)); }
 
 // x[i] = the bf16 or f16 value nearest x[i] (format kBF16 or kF16), in place; kF32 leaves x.
 void round_to(DType format, float* x, int64_t n);

@@ -4,6 +4,7 @@
 #include "kernels/gemm/gemm.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/skinny.h"
+#include "kernels/precision.h"
 #include "loom/core/error.h"
 
 namespace loom::kernels {
@@ -66,49 +68,71 @@ struct Operand {
   bool trans;
 };
 
+// What a packed f32 or f64 sliver holds for a value of the operand: the value itself, or
+// the value a 16-bit product multiplies (gemm_half on the f32 kernels).
+struct AsIs {
+  template <typename T>
+  static T value(T x) { return x; }
+};
+struct AsBf16 {
+  static float value(float x) { return bf16_operand(x); }
+};
+struct AsF16 {
+  static float value(float x) { return f16_operand(x); }
+};
+
 // A full sliver of MR rows of an untransposed A, column by column: the MR values of one
 // column are read side by side and written together. Row by row, the writes fell MR values
 // apart; this order took packing A from 28% to 11% of a 2048 x 256 x 1024 NT product's time
 // (the input gradient of gpt-mini's fc), and from 5% to 2% of a square 2048 one.
-template <int MR, typename T>
+template <int MR, typename Cvt, typename T>
 void pack_a_columns(const T* src, int64_t ld, int64_t kc, T* out) {
   for (int64_t q = 0; q < kc; ++q, out += MR) {
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) out[r] = src[r * ld + q];
+    for (int r = 0; r < MR; ++r) out[r] = Cvt::value(src[r * ld + q]);
+  }
+}
+
+// `count` values of src into out, as Cvt packs them.
+template <typename Cvt, typename T>
+void copy_as(const T* src, int64_t count, T* out) {
+  if constexpr (std::is_same_v<Cvt, AsIs>) {
+    std::memcpy(out, src, count * sizeof(T));
+  } else {
+    for (int64_t i = 0; i < count; ++i) out[i] = Cvt::value(src[i]);
   }
 }
 
 // out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
-template <typename T>
+template <typename Cvt, typename T>
 void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
   if (!a.trans && rows == mr) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
     const T* src = a.p + i0 * a.ld + p0;
-    if (mr == 12) return pack_a_columns<12>(src, a.ld, kc, out);
-    if (mr == 6) return pack_a_columns<6>(src, a.ld, kc, out);
-    if (mr == 4) return pack_a_columns<4>(src, a.ld, kc, out);
+    if (mr == 12) return pack_a_columns<12, Cvt>(src, a.ld, kc, out);
+    if (mr == 6) return pack_a_columns<6, Cvt>(src, a.ld, kc, out);
+    if (mr == 4) return pack_a_columns<4, Cvt>(src, a.ld, kc, out);
   }
   if (!a.trans) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = a.p + (i0 + r) * a.ld + p0;
-      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = src[q];
+      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = Cvt::value(src[q]);
     }
   } else {
-    for (int64_t q = 0; q < kc; ++q)
-      std::memcpy(out + q * mr, a.p + (p0 + q) * a.ld + i0, rows * sizeof(T));
+    for (int64_t q = 0; q < kc; ++q) copy_as<Cvt>(a.p + (p0 + q) * a.ld + i0, rows, out + q * mr);
   }
   if (rows < mr)
     for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
 }
 
 // NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major, zero-padded.
-template <typename T>
+template <typename Cvt, typename T>
 void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
   for (int64_t s = 0; s * nr < cols; ++s) {
     T* dst = out + s * kc * nr;
     const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
     if (!b.trans) {
       for (int64_t q = 0; q < kc; ++q) {
-        std::memcpy(dst + q * nr, b.p + (p0 + q) * b.ld + js, width * sizeof(T));
+        copy_as<Cvt>(b.p + (p0 + q) * b.ld + js, width, dst + q * nr);
         std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
       }
     } else {
@@ -118,7 +142,7 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
         const int64_t depth = std::min<int64_t>(32, kc - q0);
         for (int64_t j = 0; j < width; ++j) {
           const T* src = b.p + (js + j) * b.ld + p0 + q0;
-          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = src[q];
+          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = Cvt::value(src[q]);
         }
       }
       if (width < nr)
@@ -127,11 +151,116 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
   }
 }
 
+// Packed pairs for vdpbf16ps (microkernel.h): op(X)'s values k = p and p + 1 as one
+// uint32_t, p in the upper half (multiplied first). An odd last k is paired with -0 in A and
+// +0 in B: their product, -0, leaves every accumulator as it is (x + -0 = x, for x = -0 too).
+inline uint32_t bf16_pair(float first, float second) {
+  return static_cast<uint32_t>(bf16_operand_bits(first)) << 16 | bf16_operand_bits(second);
+}
+constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
+
+// out[q * mr + r] = the pair (op(A)(i0 + r, p0 + 2q), op(A)(i0 + r, p0 + 2q + 1)); rows
+// past `rows` zero.
+void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) {
+  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
+  if (!a.trans) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = a.p + (i0 + r) * a.ld + p0;
+      for (int64_t q = 0; q < pairs; ++q) out[q * mr + r] = bf16_pair(src[2 * q], src[2 * q + 1]);
+      if (kc & 1) out[pairs * mr + r] = static_cast<uint32_t>(bf16_operand_bits(src[kc - 1])) << 16 | kPadA;
+    }
+  } else {
+    for (int64_t q = 0; q < pairs; ++q) {
+      const float* first = a.p + (p0 + 2 * q) * a.ld + i0;
+      for (int64_t r = 0; r < rows; ++r) out[q * mr + r] = bf16_pair(first[r], first[r + a.ld]);
+    }
+    if (kc & 1) {
+      const float* last = a.p + (p0 + kc - 1) * a.ld + i0;
+      for (int64_t r = 0; r < rows; ++r) out[pairs * mr + r] = static_cast<uint32_t>(bf16_operand_bits(last[r])) << 16 | kPadA;
+    }
+  }
+  if (rows < mr)
+    for (int64_t q = 0; q < depth; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, 0u);
+}
+
+// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols) as pairs, each depth x nr.
+void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
+  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
+  for (int64_t s = 0; s * nr < cols; ++s) {
+    uint32_t* dst = out + s * depth * nr;
+    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
+    if (!b.trans) {
+      for (int64_t q = 0; q < pairs; ++q) {
+        const float* first = b.p + (p0 + 2 * q) * b.ld + js;
+        for (int64_t j = 0; j < width; ++j) dst[q * nr + j] = bf16_pair(first[j], first[j + b.ld]);
+      }
+      if (kc & 1) {
+        const float* last = b.p + (p0 + kc - 1) * b.ld + js;
+        for (int64_t j = 0; j < width; ++j) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(last[j])) << 16 | kPadB;
+      }
+    } else {
+      for (int64_t j = 0; j < width; ++j) {
+        const float* src = b.p + (js + j) * b.ld + p0;
+        for (int64_t q = 0; q < pairs; ++q) dst[q * nr + j] = bf16_pair(src[2 * q], src[2 * q + 1]);
+        if (kc & 1) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(src[kc - 1])) << 16 | kPadB;
+      }
+    }
+    if (width < nr)
+      for (int64_t q = 0; q < depth; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, 0u);
+  }
+}
+
+// MXCSR's flush-to-zero and denormals-are-zero bits set on this thread while it lives: the
+// f32 SIMD kernels then compute bf16 products as vdpbf16ps does (microkernel.h).
+class FlushSubnormals {
+ public:
+  explicit FlushSubnormals(bool on) : saved_(_mm_getcsr()), on_(on) {
+    if (on_) _mm_setcsr(saved_ | 0x8040u);
+  }
+  ~FlushSubnormals() {
+    if (on_) _mm_setcsr(saved_);
+  }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  unsigned saved_;
+  bool on_;
+};
+
+// How a product's operands are packed: plain (f32, f64), converted to 16-bit values in f32
+// slivers (Cvt: AsBf16, AsF16), or as bf16 pairs; `flush` sets MXCSR's FTZ and DAZ while
+// the kernel runs.
+template <typename Cvt, typename T>
+struct PlainPacking {
+  using P = T;
+  static constexpr int kStep = 1;  // values of k per packed step
+  bool flush = false;
+  void a(const Operand<T>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) const {
+    pack_a<Cvt>(x, i0, rows, p0, kc, mr, out);
+  }
+  void b(const Operand<T>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
+    pack_b<Cvt>(x, p0, kc, j0, cols, nr, out);
+  }
+};
+struct PairPacking {
+  using P = uint32_t;
+  static constexpr int kStep = 2;
+  bool flush = false;
+  void a(const Operand<float>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) const {
+    pack_a_pairs(x, i0, rows, p0, kc, mr, out);
+  }
+  void b(const Operand<float>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) const {
+    pack_b_pairs(x, p0, kc, j0, cols, nr, out);
+  }
+};
+
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
 // block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
 // panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
-template <typename T>
-void run_tile(const MicroKernel<T>& mk,
+template <typename Packing, typename T>
+void run_tile(const MicroKernel<typename Packing::P, T>& mk,
+              const Packing& packing,
               const Operand<T>& a,
               const Operand<T>& b,
               int64_t k,
@@ -143,43 +272,113 @@ void run_tile(const MicroKernel<T>& mk,
               int64_t j0,
               int64_t cols,
               const GemmEpilogue& epilogue) {
+  using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
-  T* packed_a = scratch<T>(0, mk.kc * round_up(rows, mr));
-  T* packed_b = scratch<T>(1, mk.kc * round_up(std::min(cols, mk.nc), nr));
+  const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
+  P* packed_a = scratch<P>(0, depth_of(mk.kc) * round_up(rows, mr));
+  P* packed_b = scratch<P>(1, depth_of(mk.kc) * round_up(std::min(cols, mk.nc), nr));
   alignas(64) T edge[32 * 32];  // one partial MR x NR block (every kernel has MR, NR <= 32)
-  for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
-    const int64_t kc = std::min(mk.kc, k - p0);
-    const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
-    for (int64_t ir = 0; ir < rows; ir += mr)
-      pack_a(a, i0 + ir, std::min<int64_t>(mr, rows - ir), p0, kc, mr, packed_a + ir * kc);
-    for (int64_t jc = 0; jc < cols; jc += mk.nc) {
-      const int64_t panel = std::min(mk.nc, cols - jc);
-      pack_b(b, p0, kc, j0 + jc, panel, nr, packed_b);
-      for (int64_t ir = 0; ir < rows; ir += mr) {
-        const int64_t h = std::min<int64_t>(mr, rows - ir);
-        const T* pa = packed_a + ir * kc;
-        for (int64_t jr = 0; jr < panel; jr += nr) {
-          const int64_t w = std::min<int64_t>(nr, panel - jr);
-          const T* pb = packed_b + jr * kc;
-          T* ct = c + (i0 + ir) * ldc + j0 + jc + jr;
-          if (h == mr && w == nr) {
-            mk.fn(kc, pa, pb, ct, ldc, acc);
-            continue;
+  {
+    const FlushSubnormals flush(packing.flush);
+    for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
+      const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
+      const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
+      for (int64_t ir = 0; ir < rows; ir += mr)
+        packing.a(a, i0 + ir, std::min<int64_t>(mr, rows - ir), p0, kc, mr, packed_a + ir * depth);
+      for (int64_t jc = 0; jc < cols; jc += mk.nc) {
+        const int64_t panel = std::min(mk.nc, cols - jc);
+        packing.b(b, p0, kc, j0 + jc, panel, nr, packed_b);
+        for (int64_t ir = 0; ir < rows; ir += mr) {
+          const int64_t h = std::min<int64_t>(mr, rows - ir);
+          const P* pa = packed_a + ir * depth;
+          for (int64_t jr = 0; jr < panel; jr += nr) {
+            const int64_t w = std::min<int64_t>(nr, panel - jr);
+            const P* pb = packed_b + jr * depth;
+            T* ct = c + (i0 + ir) * ldc + j0 + jc + jr;
+            if (h == mr && w == nr) {
+              mk.fn(depth, pa, pb, ct, ldc, acc);
+              continue;
+            }
+            // Partial block: run the full kernel on a copy; padded lanes are discarded.
+            if (acc)
+              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * ldc, w * sizeof(T));
+            mk.fn(depth, pa, pb, edge, nr, acc);
+            for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(T));
           }
-          // Partial block: run the full kernel on a copy; padded lanes are discarded.
-          if (acc)
-            for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * ldc, w * sizeof(T));
-          mk.fn(kc, pa, pb, edge, nr, acc);
-          for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(T));
         }
       }
     }
   }
-  if (epilogue) epilogue(i0, rows, j0, cols);  // every element of the tile is final
+  if (epilogue) epilogue(i0, rows, j0, cols);  // every element of the tile is final, MXCSR restored
+}
+
+// Whether a product of m x n x k runs on the OpenMP pool, and on how many threads. Inside
+// any parallel region (omp_get_level, unlike omp_in_parallel, counts a team of one too) a
+// product runs on its caller's thread, and one thread never enters a parallel construct:
+// even a team of one costs a microsecond, a sixth of a 64 x 64 x 64 product.
+int product_threads(int64_t m, int64_t n, int64_t k) {
+  const bool parallel = omp_get_level() == 0 && m * n * k >= kParallelMinWork;
+  return parallel ? omp_get_max_threads() : 1;
+}
+
+// k == 0 (or an empty C): C kept (accumulate) or zeroed, then the epilogue. True when the
+// product is done.
+template <typename T>
+bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
+  if (m == 0 || n == 0) return true;
+  if (k != 0) return false;
+  if (!accumulate)
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+  if (epilogue) epilogue(0, m, 0, n);
+  return true;
 }
 
 // Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
 // threads; no split touches k, so the bits do not depend on the thread count.
+template <typename Packing, typename T>
+void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
+                 const Packing& packing,
+                 int threads,
+                 const Operand<T>& oa,
+                 const Operand<T>& ob,
+                 int64_t m,
+                 int64_t n,
+                 int64_t k,
+                 bool accumulate,
+                 T* c,
+                 int64_t ldc,
+                 const GemmEpilogue& epilogue) {
+  // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
+  // every column (A is then packed once per KC block). With several threads the tile count
+  // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
+  // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
+  // 2 MR rows and NR columns.
+  int64_t tm = ceil_div(m, n > mk.nc || ob.trans ? mk.mc_wide : mk.mc), tn = 1;
+  while (threads > 1 && (tm * tn) % threads != 0) {
+    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
+    if (rows_ok && (n <= m || !cols_ok)) {
+      ++tm;
+    } else if (cols_ok) {
+      ++tn;
+    } else {
+      break;
+    }
+  }
+  const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
+  const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
+  const auto tile = [&](int64_t t) {
+    const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
+    run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue);
+  };
+  if (threads == 1) {
+    for (int64_t t = 0; t < tiles; ++t) tile(t);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t) tile(t);
+}
+
+// An f32 or f64 product on a plain kernel: a few rows without packing (skinny.h), else packed.
 template <typename T>
 void gemm_loom(const MicroKernel<T>& mk,
                bool trans_a,
@@ -195,18 +394,8 @@ void gemm_loom(const MicroKernel<T>& mk,
                T* c,
                int64_t ldc,
                const GemmEpilogue& epilogue) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
-    if (epilogue) epilogue(0, m, 0, n);
-    return;
-  }
-  // Inside any parallel region (omp_get_level, unlike omp_in_parallel, counts a team of
-  // one too) a product runs on its caller's thread, and one thread never enters a parallel
-  // construct: even a team of one costs a microsecond, a sixth of a 64 x 64 x 64 product.
-  const bool parallel = omp_get_level() == 0 && m * n * k >= kParallelMinWork;
-  const int threads = parallel ? omp_get_max_threads() : 1;
+  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue)) return;
+  const int threads = product_threads(m, n, k);
   if (m <= gemm_detail::kSkinnyRows && !trans_a) {  // a few rows: no packing (skinny.h)
     const int64_t chunk = round_up(ceil_div(n, threads), 16);
     const auto block = [&](int64_t j0) {
@@ -222,39 +411,14 @@ void gemm_loom(const MicroKernel<T>& mk,
     for (int64_t j0 = 0; j0 < n; j0 += chunk) block(j0);
     return;
   }
-  const Operand<T> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
-  // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
-  // every column (A is then packed once per KC block). With several threads the tile count
-  // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
-  // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
-  // 2 MR rows and NR columns.
-  int64_t tm = ceil_div(m, n > mk.nc || trans_b ? mk.mc_wide : mk.mc), tn = 1;
-  while (threads > 1 && (tm * tn) % threads != 0) {
-    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
-    if (rows_ok && (n <= m || !cols_ok)) {
-      ++tm;
-    } else if (cols_ok) {
-      ++tn;
-    } else {
-      break;
-    }
-  }
-  const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
-  const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
-  const auto tile = [&](int64_t t) {
-    const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
-    run_tile(mk, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue);
-  };
-  if (threads == 1) {
-    for (int64_t t = 0; t < tiles; ++t) tile(t);
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tiles; ++t) tile(t);
+  gemm_packed(mk, PlainPacking<AsIs, T>{}, threads, Operand<T>{a, lda, trans_a}, Operand<T>{b, ldb, trans_b}, m, n, k,
+              accumulate, c, ldc, epilogue);
 }
 
+// The f32 kernel of a path (AVX512_BF16's f32 products are AVX-512F's).
 const MicroKernel<float>& kernel_for(GemmPath path) {
   switch (path == GemmPath::kAuto ? gemm_best_path() : path) {
+    case GemmPath::kAvx512Bf16:
     case GemmPath::kAvx512:
       return gemm_detail::kAvx512Kernel;
     case GemmPath::kAvx2:
@@ -268,6 +432,10 @@ bool cpu_has_avx512() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f");  // libgcc also checks the OS saves zmm state
 }
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -277,6 +445,8 @@ bool cpu_has_avx2() {
 
 bool gemm_path_supported(GemmPath path) {
   switch (path) {
+    case GemmPath::kAvx512Bf16:
+      return cpu_has_avx512_bf16();
     case GemmPath::kAvx512:
       return cpu_has_avx512();
     case GemmPath::kAvx2:
@@ -287,7 +457,8 @@ bool gemm_path_supported(GemmPath path) {
 }
 
 GemmPath gemm_best_path() {
-  static const GemmPath best = cpu_has_avx512() ? GemmPath::kAvx512
+  static const GemmPath best = cpu_has_avx512_bf16() ? GemmPath::kAvx512Bf16
+                               : cpu_has_avx512()    ? GemmPath::kAvx512
                                : cpu_has_avx2() ? GemmPath::kAvx2
                                                 : GemmPath::kGeneric;
   return best;
@@ -296,6 +467,7 @@ GemmPath gemm_best_path() {
 namespace {
 // Each path's name, as job.gemm_path spells it.
 constexpr std::pair<GemmPath, const char*> kPathNames[] = {{GemmPath::kAuto, "auto"},
+                                                           {GemmPath::kAvx512Bf16, "avx512_bf16"},
                                                            {GemmPath::kAvx512, "avx512"},
                                                            {GemmPath::kAvx2, "avx2"},
                                                            {GemmPath::kGeneric, "generic"}};
@@ -311,12 +483,12 @@ const char* gemm_path_name(GemmPath path) {
 GemmPath gemm_path_named(const std::string& name) {
   for (const auto& [p, n] : kPathNames)
     if (name == n) return p;
-  throw InputError(cat("gemm path \"", name, "\": expected one of auto, avx512, avx2, generic"));
+  throw InputError(cat("gemm path \"", name, "\": expected one of auto, avx512_bf16, avx512, avx2, generic"));
 }
 
 std::vector<GemmPath> gemm_supported_paths() {
   std::vector<GemmPath> paths;
-  for (GemmPath p : {GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
+  for (GemmPath p : {GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
     if (gemm_path_supported(p)) paths.push_back(p);
   return paths;
 }
@@ -324,7 +496,9 @@ std::vector<GemmPath> gemm_supported_paths() {
 void set_gemm_path(GemmPath path) {
   if (!gemm_path_supported(path))
     throw InputError(cat("gemm path '", gemm_path_name(path), "' needs ",
-                         path == GemmPath::kAvx512 ? "AVX-512F" : "AVX2 and FMA",
+                         path == GemmPath::kAvx512Bf16 ? "AVX512_BF16"
+                         : path == GemmPath::kAvx512   ? "AVX-512F"
+                                                       : "AVX2 and FMA",
                          ", which this CPU does not report"));
   g_path = path;
 }
@@ -348,20 +522,126 @@ void gemm_f32(GemmPath path,
   gemm_loom(kernel_for(path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, {});
 }
 
-double fma_peak_gflops(GemmPath path, int threads, double seconds) {
+namespace {
+
+const MicroKernel<float> kGenericBf16 = {"generic", 4, 16, 256, 240, 256, 240,
+                                         gemm_detail::microkernel_generic_ftz<4, 16>,
+                                         gemm_detail::fma_loop_generic};
+
+// A 16-bit product on a path (microkernel.h, docs/numerics.md "16-bit products").
+void gemm_half_loom(GemmPath path,
+                    DType format,
+                    bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    const float* a,
+                    int64_t lda,
+                    const float* b,
+                    int64_t ldb,
+                    bool accumulate,
+                    float* c,
+                    int64_t ldc,
+                    const GemmEpilogue& epilogue) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   LOOM_CHECK(gemm_path_supported(path));
-  const MicroKernel<float>& mk = kernel_for(path);
+  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue)) return;
+  const int threads = product_threads(m, n, k);
+  const Operand<float> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
+  if (path == GemmPath::kAuto) path = gemm_best_path();
+  if (format == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
+    gemm_packed(kernel_for(path), PlainPacking<AsF16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+  } else if (path == GemmPath::kAvx512Bf16) {
+    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+  } else if (path == GemmPath::kGeneric) {
+    gemm_packed(kGenericBf16, PlainPacking<AsBf16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+  } else {
+    gemm_packed(kernel_for(path), PlainPacking<AsBf16, float>{true}, threads, oa, ob, m, n, k, accumulate, c, ldc,
+                epilogue);
+  }
+}
+
+// Rounded copies of op(A) and op(B)'s matrices for OpenBLAS, which has no 16-bit products
+// here: its sgemm on the values a 16-bit product multiplies.
+std::vector<float> rounded(DType format, const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * ld));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[i * ld + j] = format == DType::kBF16 ? bf16_operand(x[i * ld + j]) : f16_operand(x[i * ld + j]);
+  return out;
+}
+
+}  // namespace
+
+void gemm_half(DType format,
+               bool trans_a,
+               bool trans_b,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               const float* a,
+               int64_t lda,
+               const float* b,
+               int64_t ldb,
+               bool accumulate,
+               float* c,
+               int64_t ldc,
+               const GemmEpilogue& epilogue) {
+  if (g_backend == GemmBackend::kOpenBlas) {
+    if (m == 0 || n == 0) return;
+    const std::vector<float> ra = rounded(format, a, trans_a ? k : m, trans_a ? m : k, lda);
+    const std::vector<float> rb = rounded(format, b, trans_b ? n : k, trans_b ? k : n, ldb);
+    gemm<float>(trans_a, trans_b, m, n, k, ra.data(), lda, rb.data(), ldb, accumulate, c, ldc, epilogue);
+    return;
+  }
+  gemm_half_loom(g_path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+}
+
+void gemm_half_on(GemmPath path,
+                  DType format,
+                  bool trans_a,
+                  bool trans_b,
+                  int64_t m,
+                  int64_t n,
+                  int64_t k,
+                  const float* a,
+                  int64_t lda,
+                  const float* b,
+                  int64_t ldb,
+                  bool accumulate,
+                  float* c,
+                  int64_t ldc) {
+  gemm_half_loom(path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, {});
+}
+
+namespace {
+
+// GFLOP/s of `threads` threads running a kernel's register-only peak loop for `seconds`.
+double peak_gflops(double (*loop)(int64_t, float*), int threads, double seconds) {
   float sink = 0;
   int64_t iters = 1 << 20;
   for (;;) {
     const double t0 = omp_get_wtime();
     double flops = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : flops, sink)
-    flops += mk.fma_loop(iters, &sink);
+    flops += loop(iters, &sink);
     const double dt = omp_get_wtime() - t0;
     if (dt >= seconds) return sink == 12345.0f ? 0 : flops / dt / 1e9;  // keeps sink live
     iters = static_cast<int64_t>(static_cast<double>(iters) * std::min(8.0, 1.2 * seconds / std::max(dt, 1e-6)));
   }
+}
+
+}  // namespace
+
+double fma_peak_gflops(GemmPath path, int threads, double seconds) {
+  LOOM_CHECK(gemm_path_supported(path));
+  return peak_gflops(kernel_for(path).fma_loop, threads, seconds);
+}
+
+double bf16_peak_gflops(int threads, double seconds) {
+  LOOM_CHECK(gemm_path_supported(GemmPath::kAvx512Bf16));
+  return peak_gflops(gemm_detail::kAvx512Bf16Kernel.fma_loop, threads, seconds);
 }
 
 namespace {

@@ -24,11 +24,15 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.h"
+
 namespace loom::kernels {
 
-// Which micro-kernel computes f32 products. kAuto picks the widest this CPU supports
-// (CPUID, checked at run time: one binary runs on both). f64 always uses the generic one.
-enum class GemmPath { kAuto, kAvx512, kAvx2, kGeneric };
+// Which micro-kernels compute products. kAuto picks the widest this CPU supports (CPUID,
+// checked at run time: one binary runs on every x86-64). f64 always uses the generic one.
+// kAvx512Bf16 computes bf16 products with vdpbf16ps and f32 ones as kAvx512 does; the
+// other paths compute bf16 products on their f32 kernels with the same bits (gemm_half).
+enum class GemmPath { kAuto, kAvx512Bf16, kAvx512, kAvx2, kGeneric };
 
 // Who computes products: Loom's GEMM, or OpenBLAS (kept for comparison and as a second
 // oracle; its bits depend on the kernels it picks for the CPU and on the thread count).
@@ -74,6 +78,43 @@ void gemm_f32(GemmPath path,
               float* c,
               int64_t ldc);
 
+// C (m, n) = [C +] op(A) @ op(B) on 16-bit operands (format kBF16 or kF16), then
+// `epilogue` over C; the arguments as gemm's. Each value of A and B is read as the format
+// holds it (bf16_operand or f16_operand, kernels/precision.h: round to nearest even; bf16
+// reads a subnormal as zero), and each element of C is one chain of f32 fused multiply-adds
+// over k in order from C or +0, as gemm's. bf16 chains follow vdpbf16ps: a subnormal C is
+// read as zero and every subnormal result written as zero. Every path and thread count
+// gives the same bits, those of reference::gemm_half (docs/numerics.md, "16-bit products").
+void gemm_half(DType format,
+               bool trans_a,
+               bool trans_b,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               const float* a,
+               int64_t lda,
+               const float* b,
+               int64_t ldb,
+               bool accumulate,
+               float* c,
+               int64_t ldc,
+               const GemmEpilogue& epilogue = {});
+// gemm_half on a chosen path. REQUIRES: the CPU supports it.
+void gemm_half_on(GemmPath path,
+                  DType format,
+                  bool trans_a,
+                  bool trans_b,
+                  int64_t m,
+                  int64_t n,
+                  int64_t k,
+                  const float* a,
+                  int64_t lda,
+                  const float* b,
+                  int64_t ldb,
+                  bool accumulate,
+                  float* c,
+                  int64_t ldc);
+
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of
 // 32 floats in turn (zeros past n), so a product reads each sliver as one stream; 64-byte
@@ -109,6 +150,8 @@ std::vector<GemmPath> gemm_supported_paths();
 // The core's FMA peak (GFLOP/s) on a path's instruction set at `threads` threads: register-
 // only FMA chains timed for at least `seconds`. For benchmarks (loom bench gemm).
 double fma_peak_gflops(GemmPath path, int threads, double seconds = 0.2);
+// The same for vdpbf16ps (each 32 multiply-adds). REQUIRES: gemm_path_supported(kAvx512Bf16).
+double bf16_peak_gflops(int threads, double seconds = 0.2);
 
 // Process-wide selection. set_gemm_path throws loom::Error (naming the path and the CPU's
 // missing feature) when the CPU does not support it.

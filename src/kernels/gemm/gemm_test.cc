@@ -5,13 +5,18 @@
 #include "kernels/gemm/gemm.h"
 
 #include <gtest/gtest.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
+#include "kernels/gemm/microkernel.h"
+#include "kernels/precision.h"
 #include "kernels/reference/reference.h"
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
@@ -188,8 +193,166 @@ TEST(Gemm, AgreesWithOpenBlas) {
   }
 }
 
+// 16-bit products (gemm_half): every path equals reference::gemm_half bit for bit, bf16 and
+// f16, on the shapes above; the AVX512_BF16 path's vdpbf16ps, the f32 SIMD kernels under
+// MXCSR's FTZ and DAZ, and the generic kernel's explicit flushes all give one chain.
+std::vector<float> run_half(GemmPath path, DType format, const Problem<float>& p, bool accumulate) {
+  std::vector<float> c = p.c0;
+  gemm_half_on(path, format, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, c.data(),
+               p.ldc);
+  return c;
+}
+std::vector<float> reference_half(DType format, const Problem<float>& p, bool accumulate) {
+  std::vector<float> c = p.c0;
+  reference::gemm_half(format, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, c.data(),
+                       p.ldc);
+  return c;
+}
+
+TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
+  for (GemmPath path : gemm_supported_paths())
+    for (DType format : {DType::kBF16, DType::kF16}) {
+      uint64_t seed = 1000;
+      for (auto [m, n, k] : kShapes)
+        for (int t = 0; t < 4; ++t)
+          for (bool accumulate : {false, true}) {
+            const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 3, seed += 3);
+            EXPECT_TRUE(same_bits(run_half(path, format, p, accumulate), reference_half(format, p, accumulate)))
+                << gemm_path_name(path) << " " << dtype_name(format) << " m=" << m << " n=" << n << " k=" << k
+                << " trans_a=" << p.ta << " trans_b=" << p.tb << " accumulate=" << accumulate;
+          }
+    }
+}
+
+// Values where the flushing shows: operands near 2^-64 (products below f32's smallest
+// normal, 2^-126), f32 subnormals, signed zeros, C near 2^-126, and ordinary values that
+// cancel; NaN and infinity are left out (their payloads are not part of the contract).
+std::vector<float> edge_values(int64_t count, uint64_t seed, bool accumulator) {
+  Rng r(seed);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v) {
+    const double u = r.uniform(), sign = r.uniform() < 0.5 ? -1.0 : 1.0, mantissa = 1.0 + r.uniform();
+    int e = 0;
+    if (accumulator) {
+      e = u < 0.6 ? -130 + static_cast<int>(r.uniform() * 10) : static_cast<int>(r.uniform() * 6) - 3;
+    } else if (u < 0.5) {
+      e = -72 + static_cast<int>(r.uniform() * 16);
+    } else if (u < 0.7) {
+      e = static_cast<int>(r.uniform() * 6) - 3;
+    } else if (u < 0.8) {
+      e = -140 + static_cast<int>(r.uniform() * 8);  // an f32 subnormal
+    } else if (u < 0.9) {
+      x = static_cast<float>(sign * 0.0);
+      continue;
+    } else {
+      e = -127 + static_cast<int>(r.uniform() * 6);
+    }
+    x = static_cast<float>(sign * std::ldexp(mantissa, e));
+  }
+  return v;
+}
+
+TEST(GemmHalf, SubnormalsAreFlushedAsVdpbf16psFlushesThem) {
+  int64_t flushed = 0;
+  for (GemmPath path : gemm_supported_paths()) {
+    uint64_t seed = 77;
+    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12, 32, 9}, {13, 40, 64}, {30, 70, 31}})
+      for (int t = 0; t < 4; ++t) {
+        Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
+        p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
+        p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
+        p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+        const std::vector<float> want = reference_half(DType::kBF16, p, true);
+        EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, true), want))
+            << gemm_path_name(path) << " m=" << m << " n=" << n << " k=" << k << " t=" << t;
+        // The inputs do reach the flushing: some results differ from IEEE's chain.
+        std::vector<float> ieee = p.c0;
+        std::vector<float> ra = p.a, rb = p.b;
+        for (float& x : ra) x = bf16_operand(x);
+        for (float& x : rb) x = bf16_operand(x);
+        reference::gemm(p.ta, p.tb, m, n, k, ra.data(), p.lda, rb.data(), p.ldb, true, ieee.data(), p.ldc);
+        for (size_t i = 0; i < want.size(); ++i) flushed += std::memcmp(&want[i], &ieee[i], sizeof(float)) != 0;
+      }
+  }
+  EXPECT_GT(flushed, 100);
+}
+
+// The contract's basis: vdpbf16ps is, per lane, two fused multiply-adds in turn (the upper
+// pair first), with subnormal inputs read and results written as zero. The AVX512_BF16
+// micro-kernel on random bit patterns of every exponent against that emulation; a NaN
+// (an infinity's product with zero, or infinities of both signs) only has to be a NaN.
+TEST(GemmHalf, Vdpbf16psIsTwoFlushedFmas) {
+  if (!gemm_path_supported(GemmPath::kAvx512Bf16)) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const auto& mk = gemm_detail::kAvx512Bf16Kernel;
+  Rng r(5);
+  const auto bits = [&](bool wide) {
+    // exponents anywhere but 255 (no NaN or infinity in), often the lowest ones
+    const uint32_t e = r.uniform() < 0.3 ? static_cast<uint32_t>(r.uniform() * 4) : static_cast<uint32_t>(r.uniform() * 255);
+    const uint32_t mantissa = static_cast<uint32_t>(r.uniform() * (wide ? 8388608.0f : 128.0f));
+    const uint32_t sign = r.uniform() < 0.5 ? 1u : 0u;
+    return wide ? sign << 31 | e << 23 | mantissa : sign << 15 | e << 7 | mantissa;
+  };
+  const auto value = [](uint32_t half) { return flush_subnormal(std::bit_cast<float>(half << 16)); };
+  std::vector<uint32_t> a(12 * 3);  // broadcast, so unaligned is fine; B is loaded aligned
+  std::vector<float> c(12 * 32), got(12 * 32);
+  int64_t mismatches = 0, lanes = 0;
+  for (int round = 0; round < 3000; ++round) {
+    const int depth = 1 + round % 3;
+    for (auto& x : a) x = bits(false) << 16 | bits(false);
+    for (auto& x : c) x = std::bit_cast<float>(bits(true));
+    alignas(64) uint32_t pb[32 * 3];
+    for (int i = 0; i < 32 * depth; ++i) pb[i] = bits(false) << 16 | bits(false);
+    got = c;
+    mk.fn(depth, a.data(), pb, got.data(), 32, true);
+    for (int row = 0; row < 12; ++row)
+      for (int j = 0; j < 32; ++j) {
+        float acc = flush_subnormal(c[row * 32 + j]);
+        for (int q = 0; q < depth; ++q) {
+          const uint32_t x = a[q * 12 + row], y = pb[q * 32 + j];
+          acc = flush_subnormal(std::fma(value(x >> 16), value(y >> 16), acc));
+          acc = flush_subnormal(std::fma(value(x & 0xffffu), value(y & 0xffffu), acc));
+        }
+        const float hw = got[row * 32 + j];
+        ++lanes;
+        mismatches += !(std::isnan(acc) ? std::isnan(hw) : std::memcmp(&acc, &hw, sizeof(float)) == 0);
+      }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << lanes << " lanes";
+}
+
+TEST(GemmHalf, BitsDoNotDependOnThreadCount) {
+  const int saved = omp_get_max_threads();
+  for (GemmPath path : gemm_supported_paths())
+    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{256, 768, 301}, {1000, 7, 300}}) {
+      const Problem<float> p(true, false, m, n, k, 1, 8);
+      omp_set_num_threads(1);
+      const std::vector<float> one = run_half(path, DType::kBF16, p, true);
+      for (int threads : {2, 3}) {
+        omp_set_num_threads(threads);
+        EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, true), one))
+            << gemm_path_name(path) << " threads=" << threads << " m=" << m << " n=" << n;
+      }
+    }
+  omp_set_num_threads(saved);
+}
+
+// The process-wide entry point and the OpenBLAS backend (sgemm on the rounded values,
+// another order: a tolerance), and MXCSR left as it was on the calling thread.
+TEST(GemmHalf, TheBackendsAgreeAndMxcsrIsRestored) {
+  const Problem<float> p(false, true, 64, 96, 200, 2, 31);
+  const unsigned before = _mm_getcsr();
+  std::vector<float> loom = p.c0, blas = p.c0;
+  gemm_half(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, false, loom.data(), p.ldc);
+  EXPECT_EQ(_mm_getcsr(), before);
+  EXPECT_TRUE(same_bits(loom, reference_half(DType::kBF16, p, false)));
+  set_gemm_backend(GemmBackend::kOpenBlas);
+  gemm_half(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, false, blas.data(), p.ldc);
+  set_gemm_backend(GemmBackend::kLoom);
+  for (size_t i = 0; i < loom.size(); ++i) EXPECT_NEAR(loom[i], blas[i], 1e-4f * std::max(1.0f, std::abs(loom[i])));
+}
+
 TEST(Gemm, UnsupportedPathIsRefusedByName) {
-  for (GemmPath path : {GemmPath::kAvx512, GemmPath::kAvx2}) {
+  for (GemmPath path : {GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2}) {
     if (gemm_path_supported(path)) continue;
     try {
       set_gemm_path(path);

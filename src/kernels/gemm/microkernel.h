@@ -7,32 +7,42 @@
 // as one fused multiply-add per p, in order p = 0, 1, ..., starting from C (accumulate) or
 // +0. a is an MR-row sliver of op(A) packed p-major, b a NR-column sliver of op(B) packed
 // p-major; both are zero-padded past the matrix edge.
+//
+// bf16 products (gemm_half) use the same shape on packed pairs of k (kAvx512Bf16Kernel):
+// a[q * MR + r] and b[q * NR + j] each hold two bf16 values, k = 2q in the upper half and
+// 2q + 1 in the lower, and one vdpbf16ps step multiplies and adds the upper pair first,
+// then the lower: the same chain of fused multiply-adds over k in order, with subnormals
+// read and written as zero (docs/numerics.md, "16-bit products").
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+
+#include "kernels/precision.h"
 
 namespace loom::kernels::gemm_detail {
 
 // Below this many multiply-adds a product runs on one thread: waking the pool costs more.
 constexpr int64_t kParallelMinWork = int64_t{1} << 18;
 
-template <typename T>
-using MicroKernelFn =
-    void (*)(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate);
+// P: what the packed slivers hold (T, or pairs of bf16 in a uint32_t); T: C's elements.
+// `depth` counts packed steps: k values, or pairs of them.
+template <typename P, typename T = P>
+using MicroKernelFn = void (*)(int64_t depth, const P* a, const P* b, T* c, int64_t ldc, bool accumulate);
 
-template <typename T>
+template <typename P, typename T = P>
 struct MicroKernel {
   const char* name;
   int mr, nr;
-  int64_t kc, mc, nc;  // blocking: depth, tile rows, packed B panel width
+  int64_t kc, mc, nc;  // blocking: depth (in k values; even for pairs), tile rows, packed B panel width
   // Tile rows when packing op(B) costs most: it is wider than one panel, or transposed.
   // Each row tile packs all of op(B) again, so there fewer, taller tiles can pay even
   // though a tile's packed A outgrows L2.
   int64_t mc_wide;
-  MicroKernelFn<T> fn;
-  // The core's FMA peak on this instruction set, for benchmarks: runs `iters` rounds of
-  // independent register-only FMA chains and returns the flops done (result kept in *sink).
+  MicroKernelFn<P, T> fn;
+  // The core's peak on this kernel's instruction (FMA, or vdpbf16ps), for benchmarks: runs
+  // `iters` rounds of independent register-only chains and returns the flops done (result
+  // kept in *sink).
   double (*fma_loop)(int64_t iters, float* sink);
 };
 
@@ -46,6 +56,21 @@ void microkernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, 
   for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+// The generic kernel of bf16 products: each multiply-add's result is flushed to zero when
+// subnormal, and C read as zero when subnormal (the SIMD kernels get the same from MXCSR's
+// FTZ and DAZ bits, vdpbf16ps by definition). The packed operands are flushed already.
+template <int MR, int NR>
+void microkernel_generic_ftz(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+  float acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) acc[r][j] = accumulate ? flush_subnormal(c[r * ldc + j]) : 0.0f;
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = flush_subnormal(std::fma(a[r], b[j], acc[r][j]));
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
 }
@@ -70,6 +95,8 @@ using PanelBlockFn = void (*)(int64_t m, int64_t k, const float* a, int64_t lda,
 // called only after CPUID says the CPU has them.
 extern const MicroKernel<float> kAvx512Kernel;
 extern const MicroKernel<float> kAvx2Kernel;
+// In microkernel_bf16.cc (AVX512_BF16): bf16 pairs, f32 accumulators.
+extern const MicroKernel<uint32_t, float> kAvx512Bf16Kernel;
 extern const PanelBlockFn kAvx512PanelBlock;
 extern const PanelBlockFn kAvx2PanelBlock;
 

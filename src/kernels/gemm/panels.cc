@@ -35,6 +35,7 @@ void panel_block_generic(int64_t m, int64_t k, const float* a, int64_t lda, cons
 
 gemm_detail::PanelBlockFn block_for(GemmPath path) {
   switch (path) {
+    case GemmPath::kAvx512Bf16:
     case GemmPath::kAvx512:
       return gemm_detail::kAvx512PanelBlock;
     case GemmPath::kAvx2:

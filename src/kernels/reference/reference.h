@@ -14,6 +14,7 @@
 
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
+#include "kernels/precision.h"
 
 namespace loom::kernels::reference {
 
@@ -30,6 +31,25 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
         const T x = trans_a ? a[p * lda + i] : a[i * lda + p];
         const T y = trans_b ? b[j * ldb + p] : b[p * ldb + j];
         acc = std::fma(x, y, acc);
+      }
+      c[i * ldc + j] = acc;
+    }
+}
+
+// The 16-bit product (kernels/gemm/gemm.h, gemm_half): the chain above on the values the
+// format holds. For bf16, vdpbf16ps's rules: operands and C read with subnormals as zero,
+// each multiply-add's result written with subnormals as zero (k == 0 leaves C).
+inline void gemm_half(DType format, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  const bool bf16 = format == DType::kBF16;
+  const auto operand = [&](float x) { return bf16 ? bf16_operand(x) : f16_operand(x); };
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = accumulate ? c[i * ldc + j] : 0.0f;
+      for (int64_t p = 0; p < k; ++p) {
+        const float x = operand(trans_a ? a[p * lda + i] : a[i * lda + p]);
+        const float y = operand(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+        acc = bf16 ? flush_subnormal(std::fma(x, y, flush_subnormal(acc))) : std::fma(x, y, acc);
       }
       c[i * ldc + j] = acc;
     }
