@@ -17,10 +17,12 @@ enum class WeightLayout { kKM, kMK };
 
 // out (N, M) = inp (N, K) @ weight + bias (M). bias may be null. gelu_out (N, M), when not
 // null: gelu(out), fused: computed on each tile of out as the GEMM finishes it, while it is
-// in cache (the same bits as gelu_forward over out after).
+// in cache (the same bits as gelu_forward over out after). `operands` kBF16 or kF16 (f32
+// only): the products read inp and weight as that format holds them (gemm_half), with the
+// weight rounded as it is packed, so no rounded copy of it is made.
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout, T* gelu_out = nullptr);
+                    int64_t m, WeightLayout layout, T* gelu_out = nullptr, DType operands = DType::kF32);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.
@@ -30,9 +32,10 @@ void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weig
 // dinp (N, K) = dout @ weight^T (overwritten; skipped when null);
 // dweight += inp^T @ dout in the weight's layout (skipped when null); dbias (M) += column sums
 // of dout (skipped when null). Zero-bubble pipelines call it twice, dinp first and the rest
-// later: the same bits as one call. Sums are in a fixed order, so results are deterministic run to run.
+// later: the same bits as one call. Sums are in a fixed order, so results are deterministic
+// run to run. `operands` as matmul_forward's (dbias sums dout's values as they are).
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t n, int64_t k, int64_t m, WeightLayout layout);
+                     int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands = DType::kF32);
 
 }  // namespace loom::kernels

@@ -248,12 +248,6 @@ Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
   return out;
 }
 
-Tensor Gpt::head_weight() const {
-  if (precision_ == DType::kF32) return wte_.table.value();
-  scratch_.reset();  // between blocks: nothing of a block is left in it
-  return mixed::rounded_copy(wte_.table.value(), precision_, scratch_);
-}
-
 void Gpt::head_product(const Tensor& out, const Tensor& x) const {
   const int64_t c = config_.d_model, v = wte_.rows, rows = x.numel() / c;
   if (wte_.int8 != nullptr) {
@@ -265,8 +259,9 @@ void Gpt::head_product(const Tensor& out, const Tensor& x) const {
     return;
   }
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(out.data<T>(), x.data<T>(), head_weight().data<T>(),
-                                        static_cast<const T*>(nullptr), rows, c, v, k::WeightLayout::kMK));
+                      k::matmul_forward(out.data<T>(), x.data<T>(), wte_.table.value().data<T>(),
+                                        static_cast<const T*>(nullptr), rows, c, v, k::WeightLayout::kMK,
+                                        static_cast<T*>(nullptr), precision_));
   mixed::round_values(out, precision_);
 }
 
@@ -317,8 +312,8 @@ Tensor Gpt::backward_head(ModelCtx& model_ctx, double scale, bool defer_weights)
   Tensor dh = (sequence ? tp_.seam->staging() : ctx.arena).alloc(ctx.head.x.shape(), ctx.dlogits.dtype());
   LOOM_DISPATCH_FLOAT(dh.dtype(), T,
                       k::matmul_backward(dh.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                         ctx.dlogits.data<T>(), ctx.head.x.data<T>(), head_weight().data<T>(),
-                                         dh.numel() / c, c, v, k::WeightLayout::kMK));
+                                         ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
+                                         dh.numel() / c, c, v, k::WeightLayout::kMK, precision_));
   mixed::round_values(dh, precision_);
   // Vocab-parallel: every piece's columns' share of dh summed, while this piece computes
   // its rows of the tied weight's gradient.
@@ -394,7 +389,7 @@ void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const ModelCtx& mo
     LOOM_DISPATCH_FLOAT(ctx.dlogits.dtype(), T,
                         k::matmul_backward(static_cast<T*>(nullptr), wte_.table.grad().data<T>(), static_cast<T*>(nullptr),
                                            ctx.dlogits.data<T>(), ctx.head.x.data<T>(), wte_.table.value().data<T>(),
-                                           ctx.head.x.numel() / c, c, v, k::WeightLayout::kMK));
+                                           ctx.head.x.numel() / c, c, v, k::WeightLayout::kMK, precision_));
   }
   for (int64_t l = hi; l-- > lo;) blocks_[l].backward_weight(ctx.blocks[l]);
 }

@@ -64,23 +64,21 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     // Mixed precision (forward_blocks_mixed): the arena keeps the input and each block's
     // output in 16 bits and the last output in f32; a block keeps 16-bit copies of its
     // tensors (attn.y once) and f32 copies of its statistics; backward adds one f32 d(input).
-    // The workspace holds one block in f32 with its four weights rounded (in forward, and
-    // again in backward), the kept tensors loaded back, or the head's rounded weight.
+    // The workspace holds one block in f32 and the kept tensors loaded back (the products
+    // round the weights as they pack them: no copies).
     auto h = [](double elements) { return std::ceil(elements * 2 / 64) * 64; };
-    const double weights = a(3 * c * p) + a(p * c) + a(4 * c * p) + a(4 * p * c);
     const double keep = 4 * a(r) + a(lse) + 3 * h(r * c) + h(n * p) + 2 * h(4 * n * p) + h(3 * n * p) + h(r * c);
     const double loaded = 4 * a(r * c) + a(n * p) + 2 * a(4 * n * p) + a(3 * n * p);
-    const double forward = a(r * c) + block_fwd + weights;
+    const double forward = a(r * c) + block_fwd;
     out.arena = h(r * c) + a(r * c) + (with_backward ? a(r * c) : 0);
     if (ends.embeddings) out.workspace = 2 * a(r * c);  // wte's and wpe's outputs, summed
     if (recompute == Recompute::kFull) {
       out.arena += l * h(r * c);
-      if (blocks > 0) out.workspace = std::max(out.workspace, forward + (with_backward ? block_bwd + weights : 0));
+      if (blocks > 0) out.workspace = std::max(out.workspace, forward + (with_backward ? block_bwd : 0));
     } else {
       out.arena += l * keep;
-      if (blocks > 0) out.workspace = std::max({out.workspace, forward, with_backward ? loaded + block_bwd + weights : 0});
+      if (blocks > 0) out.workspace = std::max({out.workspace, forward, with_backward ? loaded + block_bwd : 0});
     }
-    if (ends.head) out.workspace = std::max(out.workspace, a(static_cast<double>(g.vocab_size / tp) * c));
   } else if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));
   } else {  // each block keeps its output (and, in backward, its d(input)); the workspace one block

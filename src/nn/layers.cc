@@ -76,10 +76,6 @@ Tensor scatter_rows(const Shard& shard, const Tensor& whole, Arena& arena) {
 }
 }  // namespace
 
-Tensor Linear::product_weight(Arena& arena) const {
-  return precision == DType::kF32 ? weight.value() : mixed::rounded_copy(weight.value(), precision, arena);
-}
-
 Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   shard.seam->staging().reset();
   ctx.x = x;  // column: this part's rows (gathered again in backward); row: every row
@@ -88,11 +84,10 @@ Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) c
   // Column: every row of this part's columns; row: this part's share of every row, summed
   // over the parts and scattered by rows, then the replicated bias.
   Tensor y = split == TpSplit::kColumn ? arena.alloc({n, out}, x.dtype()) : shard.seam->staging().alloc({n, out}, x.dtype());
-  const Tensor w = product_weight(shard.seam->staging());
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::matmul_forward(y.data<T>(), input.data<T>(), w.data<T>(),
+                      k::matmul_forward(y.data<T>(), input.data<T>(), weight.value().data<T>(),
                                         bias.defined() && split == TpSplit::kColumn ? bias.value().data<T>() : nullptr, n,
-                                        in, out, k::WeightLayout::kKM));
+                                        in, out, k::WeightLayout::kKM, static_cast<T*>(nullptr), precision));
   if (split == TpSplit::kColumn) {
     round_values(y, precision);
     return y;
@@ -113,11 +108,10 @@ Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena)
   const Tensor dout = column ? dy : gather_rows(shard, dy);
   const int64_t n = dout.numel() / out;
   Tensor dx = column ? shard.seam->staging().alloc({n, in}, dy.dtype()) : arena.alloc(ctx.x.shape(), dy.dtype());
-  const Tensor w = product_weight(shard.seam->staging());
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::matmul_backward(dx.data<T>(), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, dout.data<T>(), x.data<T>(),
-                                         w.data<T>(), n, in, out, k::WeightLayout::kKM));
+                                         weight.value().data<T>(), n, in, out, k::WeightLayout::kKM, precision));
   if (column) dx = scatter_rows(shard, dx, arena);
   round_values(dx, precision);
   return dx;
@@ -140,10 +134,10 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
     return y;
   }
   const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
-  const Tensor w = product_weight(arena);
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-    k::matmul_forward(y.data<T>(), x.data<T>(), w.data<T>(), bias.defined() && !row ? bias.value().data<T>() : nullptr, n,
-                      in, out, k::WeightLayout::kKM);
+    k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
+                      bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM,
+                      static_cast<T*>(nullptr), precision);
   });
   if (row) {
     shard.seam->sum(y);
@@ -193,7 +187,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   }
   Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
   const int64_t n = dy.numel() / out;
-  const Tensor w = need_dx ? product_weight(arena) : weight.value();
+  const Tensor& w = weight.value();
   ctx.dy = dy;
   if (need_dx && split == TpSplit::kColumn) {
     // Every part's share of dx summed; the sum travels while this part computes its weight
@@ -201,7 +195,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
                                            dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
-                                           k::WeightLayout::kKM));
+                                           k::WeightLayout::kKM, precision));
     std::unique_ptr<Seam::Pending> sum = shard.seam->start_sum(dx);
     if (!defer_weights) backward_weight(ctx);
     sum->wait();
@@ -211,7 +205,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
                                            defer_weights ? nullptr : weight.grad().data<T>(),
                                            bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
                                            dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
-                                           k::WeightLayout::kKM));
+                                           k::WeightLayout::kKM, precision));
   }
   if (!defer_weights) ctx.dy = Tensor();
   if (need_dx) round_values(dx, precision);
@@ -225,7 +219,7 @@ void Linear::backward_weight(const LinearCtx& ctx) const {
                       k::matmul_backward(static_cast<T*>(nullptr), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, ctx.dy.data<T>(),
                                          ctx.x.data<T>(), weight.value().data<T>(), ctx.dy.numel() / out, in, out,
-                                         k::WeightLayout::kKM));
+                                         k::WeightLayout::kKM, precision));
 }
 
 LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_, Shard shard_) : c(c_), shard(shard_) {

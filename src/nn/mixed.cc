@@ -11,13 +11,6 @@ void round_values(const Tensor& t, DType format) {
   if (format != DType::kF32) k::round_to(format, t.data<float>(), t.numel());
 }
 
-Tensor rounded_copy(const Tensor& x, DType format, Arena& arena) {
-  LOOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous());
-  Tensor out = arena.alloc(x.shape(), DType::kF32);
-  k::round_copy(format, out.data<float>(), x.data<float>(), x.numel());
-  return out;
-}
-
 Tensor to_half(const Tensor& x, DType format, Arena& arena) {
   LOOM_CHECK(x.dtype() == DType::kF32);
   Tensor out = arena.alloc(x.shape(), format);

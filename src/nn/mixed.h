@@ -11,8 +11,6 @@ namespace loom::nn::mixed {
 
 // t's values rounded to `format` in place (kF32: left as they are). REQUIRES: t f32.
 void round_values(const Tensor& t, DType format);
-// An f32 copy of x in arena with its values rounded to `format` (a weight for a product).
-Tensor rounded_copy(const Tensor& x, DType format, Arena& arena);
 
 // A 16-bit (format kBF16 or kF16) copy of f32 x in arena, rounded to nearest even.
 Tensor to_half(const Tensor& x, DType format, Arena& arena);

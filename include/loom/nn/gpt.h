@@ -180,7 +180,6 @@ class Gpt : public Model {
   // forward_blocks and backward_blocks under mixed precision.
   Tensor forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx& ctx) const;
   Tensor backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptCtx& ctx) const;
-  Tensor head_weight() const;  // wte, or under mixed precision its rounded copy in the workspace
   Tensor sequence_rows(const Tensor& rows) const;         // this piece's rows under sequence parallelism, else all
   BlockCtx block_ctx(const GptCtx& ctx) const;            // a block's context, told the micro-batch's shape
   Tensor logits(const Tensor& h, GptCtx& ctx) const;      // the tied head: h @ wte^T

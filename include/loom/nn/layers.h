@@ -73,6 +73,9 @@ class Linear {
   const kernels::PanelMatrix* panels = nullptr;
   Shard shard;
   TpSplit split = TpSplit::kNone;
+  // Mixed precision: the products read the input and the weight as this format holds
+  // them (kernels::gemm_half; the weight is rounded as it is packed), and the output and
+  // input gradient are rounded to it.
   DType precision = DType::kF32;
 
  private:
@@ -81,9 +84,6 @@ class Linear {
   // gives this part's rows (m, out).
   Tensor forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   Tensor backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena) const;
-  // The weight the products use: `weight` itself, or under mixed precision a copy in arena
-  // rounded to the format.
-  Tensor product_weight(Arena& arena) const;
 };
 
 struct LayerNormCtx {

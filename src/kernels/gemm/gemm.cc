@@ -68,71 +68,49 @@ struct Operand {
   bool trans;
 };
 
-// What a packed f32 or f64 sliver holds for a value of the operand: the value itself, or
-// the value a 16-bit product multiplies (gemm_half on the f32 kernels).
-struct AsIs {
-  template <typename T>
-  static T value(T x) { return x; }
-};
-struct AsBf16 {
-  static float value(float x) { return bf16_operand(x); }
-};
-struct AsF16 {
-  static float value(float x) { return f16_operand(x); }
-};
-
 // A full sliver of MR rows of an untransposed A, column by column: the MR values of one
 // column are read side by side and written together. Row by row, the writes fell MR values
 // apart; this order took packing A from 28% to 11% of a 2048 x 256 x 1024 NT product's time
 // (the input gradient of gpt-mini's fc), and from 5% to 2% of a square 2048 one.
-template <int MR, typename Cvt, typename T>
+template <int MR, typename T>
 void pack_a_columns(const T* src, int64_t ld, int64_t kc, T* out) {
   for (int64_t q = 0; q < kc; ++q, out += MR) {
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) out[r] = Cvt::value(src[r * ld + q]);
-  }
-}
-
-// `count` values of src into out, as Cvt packs them.
-template <typename Cvt, typename T>
-void copy_as(const T* src, int64_t count, T* out) {
-  if constexpr (std::is_same_v<Cvt, AsIs>) {
-    std::memcpy(out, src, count * sizeof(T));
-  } else {
-    for (int64_t i = 0; i < count; ++i) out[i] = Cvt::value(src[i]);
+    for (int r = 0; r < MR; ++r) out[r] = src[r * ld + q];
   }
 }
 
 // out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
-template <typename Cvt, typename T>
+template <typename T>
 void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
   if (!a.trans && rows == mr) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
     const T* src = a.p + i0 * a.ld + p0;
-    if (mr == 12) return pack_a_columns<12, Cvt>(src, a.ld, kc, out);
-    if (mr == 6) return pack_a_columns<6, Cvt>(src, a.ld, kc, out);
-    if (mr == 4) return pack_a_columns<4, Cvt>(src, a.ld, kc, out);
+    if (mr == 12) return pack_a_columns<12>(src, a.ld, kc, out);
+    if (mr == 6) return pack_a_columns<6>(src, a.ld, kc, out);
+    if (mr == 4) return pack_a_columns<4>(src, a.ld, kc, out);
   }
   if (!a.trans) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = a.p + (i0 + r) * a.ld + p0;
-      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = Cvt::value(src[q]);
+      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = src[q];
     }
   } else {
-    for (int64_t q = 0; q < kc; ++q) copy_as<Cvt>(a.p + (p0 + q) * a.ld + i0, rows, out + q * mr);
+    for (int64_t q = 0; q < kc; ++q)
+      std::memcpy(out + q * mr, a.p + (p0 + q) * a.ld + i0, rows * sizeof(T));
   }
   if (rows < mr)
     for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
 }
 
 // NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major, zero-padded.
-template <typename Cvt, typename T>
+template <typename T>
 void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
   for (int64_t s = 0; s * nr < cols; ++s) {
     T* dst = out + s * kc * nr;
     const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
     if (!b.trans) {
       for (int64_t q = 0; q < kc; ++q) {
-        copy_as<Cvt>(b.p + (p0 + q) * b.ld + js, width, dst + q * nr);
+        std::memcpy(dst + q * nr, b.p + (p0 + q) * b.ld + js, width * sizeof(T));
         std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
       }
     } else {
@@ -142,7 +120,7 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
         const int64_t depth = std::min<int64_t>(32, kc - q0);
         for (int64_t j = 0; j < width; ++j) {
           const T* src = b.p + (js + j) * b.ld + p0 + q0;
-          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = Cvt::value(src[q]);
+          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = src[q];
         }
       }
       if (width < nr)
@@ -152,27 +130,22 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
 }
 
 // Packed pairs for vdpbf16ps (microkernel.h): op(X)'s values k = p and p + 1 as one
-// uint32_t, p in the upper half (multiplied first). An odd last k is paired with -0 in A and
-// +0 in B: their product, -0, leaves every accumulator as it is (x + -0 = x, for x = -0 too).
-inline uint32_t bf16_pair(float first, float second) {
-  return static_cast<uint32_t>(bf16_operand_bits(first)) << 16 | bf16_operand_bits(second);
-}
+// uint32_t, p in the upper half (multiplied first), converted by the AVX512_BF16 packers.
+// An odd last k is paired with -0 in A and +0 in B: their product, -0, leaves every
+// accumulator as it is (x + -0 = x, for x = -0 too).
 constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
 
 // out[q * mr + r] = the pair (op(A)(i0 + r, p0 + 2q), op(A)(i0 + r, p0 + 2q + 1)); rows
 // past `rows` zero.
 void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) {
+  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   if (!a.trans) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = a.p + (i0 + r) * a.ld + p0;
-      for (int64_t q = 0; q < pairs; ++q) out[q * mr + r] = bf16_pair(src[2 * q], src[2 * q + 1]);
-      if (kc & 1) out[pairs * mr + r] = static_cast<uint32_t>(bf16_operand_bits(src[kc - 1])) << 16 | kPadA;
-    }
+    for (int64_t r = 0; r < rows; ++r) pack.row(a.p + (i0 + r) * a.ld + p0, kc, kPadA, out + r, mr);
   } else {
     for (int64_t q = 0; q < pairs; ++q) {
       const float* first = a.p + (p0 + 2 * q) * a.ld + i0;
-      for (int64_t r = 0; r < rows; ++r) out[q * mr + r] = bf16_pair(first[r], first[r + a.ld]);
+      pack.rows(first, first + a.ld, rows, out + q * mr);
     }
     if (kc & 1) {
       const float* last = a.p + (p0 + kc - 1) * a.ld + i0;
@@ -185,6 +158,7 @@ void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0,
 
 // NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols) as pairs, each depth x nr.
 void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
+  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   for (int64_t s = 0; s * nr < cols; ++s) {
     uint32_t* dst = out + s * depth * nr;
@@ -192,18 +166,14 @@ void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, i
     if (!b.trans) {
       for (int64_t q = 0; q < pairs; ++q) {
         const float* first = b.p + (p0 + 2 * q) * b.ld + js;
-        for (int64_t j = 0; j < width; ++j) dst[q * nr + j] = bf16_pair(first[j], first[j + b.ld]);
+        pack.rows(first, first + b.ld, width, dst + q * nr);
       }
       if (kc & 1) {
         const float* last = b.p + (p0 + kc - 1) * b.ld + js;
         for (int64_t j = 0; j < width; ++j) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(last[j])) << 16 | kPadB;
       }
     } else {
-      for (int64_t j = 0; j < width; ++j) {
-        const float* src = b.p + (js + j) * b.ld + p0;
-        for (int64_t q = 0; q < pairs; ++q) dst[q * nr + j] = bf16_pair(src[2 * q], src[2 * q + 1]);
-        if (kc & 1) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(src[kc - 1])) << 16 | kPadB;
-      }
+      for (int64_t j = 0; j < width; ++j) pack.row(b.p + (js + j) * b.ld + p0, kc, kPadB, dst + j, nr);
     }
     if (width < nr)
       for (int64_t q = 0; q < depth; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, 0u);
@@ -228,6 +198,25 @@ class FlushSubnormals {
   bool on_;
 };
 
+// What an f32 or f64 sliver holds for a value of the operand: the value itself, or the value
+// a 16-bit product multiplies (gemm_half on the f32 kernels).
+struct AsIs {};
+struct AsBf16 {
+  static float value(float x) { return bf16_operand(x); }
+};
+struct AsF16 {
+  static float value(float x) { return f16_operand(x); }
+};
+
+// `count` packed values converted in place: one pass over the sliver just written, while
+// it is in cache, in a loop the compiler vectorizes (converting as each value was packed,
+// at scattered places, cost fp16 a third of gpt-mini's step).
+template <typename Cvt, typename T>
+void convert(T* x, int64_t count) {
+  if constexpr (!std::is_same_v<Cvt, AsIs>)
+    for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
+}
+
 // How a product's operands are packed: plain (f32, f64), converted to 16-bit values in f32
 // slivers (Cvt: AsBf16, AsF16), or as bf16 pairs; `flush` sets MXCSR's FTZ and DAZ while
 // the kernel runs.
@@ -237,10 +226,12 @@ struct PlainPacking {
   static constexpr int kStep = 1;  // values of k per packed step
   bool flush = false;
   void a(const Operand<T>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) const {
-    pack_a<Cvt>(x, i0, rows, p0, kc, mr, out);
+    pack_a(x, i0, rows, p0, kc, mr, out);
+    convert<Cvt>(out, kc * mr);
   }
   void b(const Operand<T>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
-    pack_b<Cvt>(x, p0, kc, j0, cols, nr, out);
+    pack_b(x, p0, kc, j0, cols, nr, out);
+    convert<Cvt>(out, (cols + nr - 1) / nr * kc * nr);
   }
 };
 struct PairPacking {

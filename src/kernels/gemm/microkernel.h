@@ -97,6 +97,17 @@ extern const MicroKernel<float> kAvx512Kernel;
 extern const MicroKernel<float> kAvx2Kernel;
 // In microkernel_bf16.cc (AVX512_BF16): bf16 pairs, f32 accumulators.
 extern const MicroKernel<uint32_t, float> kAvx512Bf16Kernel;
+
+// Packing pairs with the same instructions (vcvtne2ps2bf16), each pair's value k in the
+// upper half (microkernel.h's layout); every value rounded as bf16_operand_bits rounds it.
+struct PairPackers {
+  // out[i] = (first[i], second[i]) for i < count: two rows of op(X) side by side.
+  void (*rows)(const float* first, const float* second, int64_t count, uint32_t* out);
+  // out[q * stride] = (x[2q], x[2q + 1]) for q < ceil(values / 2): adjacent values; an odd
+  // last value is paired with `pad` (its lower half).
+  void (*row)(const float* x, int64_t values, uint32_t pad, uint32_t* out, int64_t stride);
+};
+extern const PairPackers kAvx512Bf16Packers;
 extern const PanelBlockFn kAvx512PanelBlock;
 extern const PanelBlockFn kAvx2PanelBlock;
 

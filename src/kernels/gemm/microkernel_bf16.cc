@@ -10,6 +10,8 @@
 // zero and subnormal results written as zero; MXCSR is neither read nor written.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/gemm/microkernel.h"
 
 namespace loom::kernels::gemm_detail {
@@ -63,7 +65,52 @@ double bf16_dot_loop(int64_t iters, float* sink) {
   return 4.0 * 16 * kChains * static_cast<double>(iters);
 }
 
+// 16 pairs from two vectors of firsts and seconds: vcvtne2ps2bf16 rounds both (to nearest
+// even, a subnormal read as zero, a NaN made quiet: bf16_operand_bits exactly) into
+// seconds' words then firsts'; vpermw interleaves them, the first in each upper half.
+inline __m512i pairs_of(__m512 firsts, __m512 seconds) {
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(firsts, seconds);
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                                         5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, both);
+}
+
+// 16 pairs of adjacent values x[2i], x[2i + 1] (32 floats from x, `mask`ed): rounded in
+// place, then each dword's halves swapped so the first value is in the upper one.
+inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
+  const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask), x);
+  const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask >> 16), x + 16);
+  // (vprold by 16 would do, but GCC 12 warns of the undefined operand its intrinsic passes)
+  const __m512i swap = _mm512_set_epi16(30, 31, 28, 29, 26, 27, 24, 25, 22, 23, 20, 21, 18, 19, 16, 17, 14, 15, 12, 13,
+                                        10, 11, 8, 9, 6, 7, 4, 5, 2, 3, 0, 1);
+  return _mm512_permutexvar_epi16(swap, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+void rows_to_pairs(const float* first, const float* second, int64_t count, uint32_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16)
+    _mm512_storeu_si512(out + i, pairs_of(_mm512_loadu_ps(first + i), _mm512_loadu_ps(second + i)));
+  if (i < count) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (count - i)) - 1);
+    _mm512_mask_storeu_epi32(out + i, m, pairs_of(_mm512_maskz_loadu_ps(m, first + i), _mm512_maskz_loadu_ps(m, second + i)));
+  }
+}
+
+void row_to_pairs(const float* x, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
+  alignas(64) uint32_t buf[16];
+  for (int64_t v = 0; v < values; v += 32) {
+    const int64_t n = std::min<int64_t>(32, values - v), pairs = (n + 1) / 2;
+    const __mmask32 mask = n == 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << n) - 1);
+    _mm512_store_si512(buf, adjacent_pairs(x + v, mask));
+    if (n & 1) buf[pairs - 1] = (buf[pairs - 1] & 0xffff0000u) | pad;
+    uint32_t* dst = out + (v / 2) * stride;
+    for (int64_t q = 0; q < pairs; ++q) dst[q * stride] = buf[q];
+  }
+}
+
 }  // namespace
+
+const PairPackers kAvx512Bf16Packers = {rows_to_pairs, row_to_pairs};
 
 // Blocking as the f32 AVX-512 kernel's in k values; a 12 x 512 sliver of pairs is 12 KiB
 // and 512 x 256 of packed B 256 KiB, half the f32 kernel's bytes.
