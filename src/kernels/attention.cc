@@ -9,7 +9,7 @@
 
 #include "kernels/fast_math.h"
 #include "kernels/fixed_sum.h"
-#include "kernels/matmul.h"
+#include "kernels/gemm/gemm.h"
 
 namespace loom::kernels {
 namespace {
@@ -32,14 +32,15 @@ struct Head {
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
 // each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,
-// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch.
+// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. `operands`:
+// as attention_forward's.
 template <typename T>
-void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s) {
+void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType operands) {
   const int64_t ld = 3 * c, rows = r1 - r0;
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
     const int64_t cols = std::min(r1, c0 + kCols) - c0;
-    gemm<T>(false, true, rows, cols, hs, hd.q + r0 * ld, ld, hd.k + c0 * ld, ld, false, s, kCols);
+    gemm_as<T>(operands, false, true, rows, cols, hs, hd.q + r0 * ld, ld, hd.k + c0 * ld, ld, false, s, kCols);
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
@@ -64,7 +65,7 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
       }
       m[i] = m_new;
     }
-    gemm<T>(false, false, rows, hs, cols, s, kCols, hd.v + c0 * ld, ld, c0 != 0, hd.y + r0 * c, c);
+    gemm_as<T>(operands, false, false, rows, hs, cols, s, kCols, hd.v + c0 * ld, ld, c0 != 0, hd.y + r0 * c, c);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const T inv = T(1) / l[i];
@@ -80,7 +81,7 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
 // Later row blocks have more columns, so they go first, and threads take tasks as they free
 // up; which thread computes a block does not change its bits.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands) {
   const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
@@ -91,7 +92,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
       const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
       const T* q = qkv + bi * t * ld + h * hs;
       const Head<T> hd{q, q + c, q + 2 * c, out + bi * t * c + h * hs, lse + bh * t};
-      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data());
+      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data(), operands);
     }
   }
 }
@@ -104,7 +105,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
 // the three sums, run over up to kCols rows per GEMM. No (T, T) matrix exists.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
-                        int64_t c, int64_t nh) {
+                        int64_t c, int64_t nh, DType operands) {
   const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
@@ -130,7 +131,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
         const int64_t cols = std::min(t, c0 + kRows) - c0;
         for (int64_t r0 = c0; r0 < t; r0 += kCols) {
           const int64_t rows = std::min(t, r0 + kCols) - r0;
-          gemm<T>(false, true, rows, cols, hs, q + r0 * ld, ld, k + c0 * ld, ld, false, p.data(), kRows);
+          gemm_as<T>(operands, false, true, rows, cols, hs, q + r0 * ld, ld, k + c0 * ld, ld, false, p.data(), kRows);
           for (int64_t i = 0; i < rows; ++i) {
             T* row = p.data() + i * kRows;
             const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // >= 1: r0 >= c0
@@ -139,8 +140,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             for (int64_t j = 0; j < valid; ++j) row[j] = fast_exp(row[j] * scale - li);
             std::fill(row + valid, row + cols, T(0));
           }
-          gemm<T>(true, false, cols, hs, rows, p.data(), kRows, dy + r0 * c, c, true, dv + c0 * ld, ld);
-          gemm<T>(false, true, rows, cols, hs, dy + r0 * c, c, v + c0 * ld, ld, false, ds.data(), kRows);
+          gemm_as<T>(operands, true, false, cols, hs, rows, p.data(), kRows, dy + r0 * c, c, true, dv + c0 * ld, ld);
+          gemm_as<T>(operands, false, true, rows, cols, hs, dy + r0 * c, c, v + c0 * ld, ld, false, ds.data(), kRows);
           for (int64_t i = 0; i < rows; ++i) {
             const T* prow = p.data() + i * kRows;
             T* row = ds.data() + i * kRows;
@@ -150,19 +151,19 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
             for (int64_t j = 0; j < valid; ++j) row[j] = prow[j] * (row[j] - di) * scale;
             std::fill(row + valid, row + cols, T(0));
           }
-          gemm<T>(false, false, rows, hs, cols, ds.data(), kRows, k + c0 * ld, ld, true, dq + r0 * ld, ld);
-          gemm<T>(true, false, cols, hs, rows, ds.data(), kRows, q + r0 * ld, ld, true, dk + c0 * ld, ld);
+          gemm_as<T>(operands, false, false, rows, hs, cols, ds.data(), kRows, k + c0 * ld, ld, true, dq + r0 * ld, ld);
+          gemm_as<T>(operands, true, false, cols, hs, rows, ds.data(), kRows, q + r0 * ld, ld, true, dk + c0 * ld, ld);
         }
       }
     }
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t);
-template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t);
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, DType);
+template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t, DType);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, DType);
 template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int64_t,
-                                         int64_t, int64_t, int64_t);
+                                         int64_t, int64_t, int64_t, DType);
 
 }  // namespace loom::kernels

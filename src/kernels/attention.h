@@ -5,18 +5,24 @@
 
 #include <cstdint>
 
+#include "loom/core/dtype.h"
+
 namespace loom::kernels {
 
 // out (B, T, C): softmax(q k^T / sqrt(HS), causal) v per head, by blocks with an online
 // softmax: no (T, T) score matrix exists, only a 64 x 64 block per thread. lse (B, NH, T)
-// receives each row's log-sum-exp of its scaled scores, which backward needs.
+// receives each row's log-sum-exp of its scaled scores, which backward needs. `operands`
+// kBF16 or kF16 (f32 only): every product reads its operands as that format holds them
+// (gemm_half), so the probabilities are rounded before they multiply v (and, in backward,
+// the score gradients before they multiply q and k); the softmax stays f32.
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh);
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
+                       DType operands = DType::kF32);
 // dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
 // probabilities are recomputed block by block.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
-                        int64_t c, int64_t nh);
+                        int64_t c, int64_t nh, DType operands = DType::kF32);
 
 // Incremental decoding with a key/value cache (docs/serving.md): n new tokens at positions
 // past..past+n-1 of one sequence. q: their query rows (n, C) with row stride ldq (the q

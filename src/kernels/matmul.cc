@@ -1,11 +1,9 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/parallel.h"
 #include "kernels/pointwise.h"
-#include "loom/core/error.h"
 
 namespace loom::kernels {
 
@@ -22,19 +20,6 @@ GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_
   };
 }
 
-// One product of a layer: gemm, or gemm_half for 16-bit operands (f32 only).
-template <typename T>
-void product(DType operands, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-             int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue = {}) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (operands != DType::kF32)
-      return gemm_half(operands, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
-  } else {
-    LOOM_CHECK(operands == DType::kF32);  // kF32: the values as they are
-  }
-  gemm<T>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
-}
-
 }  // namespace
 
 template <typename T>
@@ -43,9 +28,9 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
   const bool has_bias = bias != nullptr;
   const GemmEpilogue epilogue = start_forward(out, bias, n, m, gelu_out);
   if (layout == WeightLayout::kKM)
-    product<T>(operands, false, false, n, m, k, inp, k, weight, m, has_bias, out, m, epilogue);
+    gemm_as<T>(operands, false, false, n, m, k, inp, k, weight, m, has_bias, out, m, epilogue);
   else
-    product<T>(operands, false, true, n, m, k, inp, k, weight, k, has_bias, out, m, epilogue);
+    gemm_as<T>(operands, false, true, n, m, k, inp, k, weight, k, has_bias, out, m, epilogue);
 }
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
@@ -58,11 +43,11 @@ template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands) {
   if (layout == WeightLayout::kKM) {
-    if (dinp != nullptr) product<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k);
-    if (dweight != nullptr) product<T>(operands, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+    if (dinp != nullptr) gemm_as<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k);
+    if (dweight != nullptr) gemm_as<T>(operands, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
   } else {
-    if (dinp != nullptr) product<T>(operands, false, false, n, k, m, dout, m, weight, k, false, dinp, k);
-    if (dweight != nullptr) product<T>(operands, true, false, m, k, n, dout, m, inp, k, true, dweight, k);
+    if (dinp != nullptr) gemm_as<T>(operands, false, false, n, k, m, dout, m, weight, k, false, dinp, k);
+    if (dweight != nullptr) gemm_as<T>(operands, true, false, m, k, n, dout, m, inp, k, true, dweight, k);
   }
   if (dbias != nullptr) {
     // Columns split across threads; each column summed over rows in order: deterministic

@@ -38,7 +38,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   ctx.y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
                       k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
-                                           n_head));
+                                           n_head, product_operands()));
   round_values(ctx.y, precision);
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
@@ -49,7 +49,7 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena&
   Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
-                                            ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head));
+                                            ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands()));
   round_values(dqkv, precision);
   return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
 }

@@ -198,6 +198,12 @@ class CausalSelfAttention {
   Linear c_attn, c_proj;
   int64_t c = 0, n_head = 0;  // this part's width (n_head x head size) and heads
   DType precision = DType::kF32;  // of the heads' output and of d(qkv)
+
+ private:
+  // What the attention's products read: bf16 values under bf16 (vdpbf16ps where the CPU
+  // has it: the probabilities and score gradients rounded first), f32 otherwise. f16 has no
+  // product instruction here, so rounding them would only cost (docs/numerics.md).
+  DType product_operands() const { return precision == DType::kBF16 ? precision : DType::kF32; }
 };
 
 struct MlpCtx {

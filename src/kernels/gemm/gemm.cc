@@ -666,6 +666,22 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
   }
 }
 
+template <typename T>
+void gemm_as(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+             const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (operands != DType::kF32)
+      return gemm_half(operands, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+  } else {
+    LOOM_CHECK(operands == DType::kF32);
+  }
+  gemm<T>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+}
+
+template void gemm_as<float>(DType, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                             int64_t, bool, float*, int64_t, const GemmEpilogue&);
+template void gemm_as<double>(DType, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
+                              int64_t, bool, double*, int64_t, const GemmEpilogue&);
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
                           int64_t, bool, float*, int64_t, const GemmEpilogue&);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,

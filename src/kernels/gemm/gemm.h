@@ -99,6 +99,24 @@ void gemm_half(DType format,
                float* c,
                int64_t ldc,
                const GemmEpilogue& epilogue = {});
+// gemm (operands kF32: the values as they are) or gemm_half (operands kBF16 or kF16; T
+// float only): a layer's product in its precision.
+template <typename T>
+void gemm_as(DType operands,
+             bool trans_a,
+             bool trans_b,
+             int64_t m,
+             int64_t n,
+             int64_t k,
+             const T* a,
+             int64_t lda,
+             const T* b,
+             int64_t ldb,
+             bool accumulate,
+             T* c,
+             int64_t ldc,
+             const GemmEpilogue& epilogue = {});
+
 // gemm_half on a chosen path. REQUIRES: the CPU supports it.
 void gemm_half_on(GemmPath path,
                   DType format,
