@@ -141,7 +141,8 @@ void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0,
   const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   if (!a.trans) {
-    for (int64_t r = 0; r < rows; ++r) pack.row(a.p + (i0 + r) * a.ld + p0, kc, kPadA, out + r, mr);
+    for (int64_t r = 0; r < rows; r += 16)
+      pack.block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(16, rows - r)), kc, kPadA, out + r, mr);
   } else {
     for (int64_t q = 0; q < pairs; ++q) {
       const float* first = a.p + (p0 + 2 * q) * a.ld + i0;
@@ -173,7 +174,9 @@ void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, i
         for (int64_t j = 0; j < width; ++j) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(last[j])) << 16 | kPadB;
       }
     } else {
-      for (int64_t j = 0; j < width; ++j) pack.row(b.p + (js + j) * b.ld + p0, kc, kPadB, dst + j, nr);
+      for (int64_t j = 0; j < width; j += 16)
+        pack.block(b.p + (js + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, width - j)), kc, kPadB, dst + j,
+                   nr);
     }
     if (width < nr)
       for (int64_t q = 0; q < depth; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, 0u);

@@ -103,9 +103,10 @@ extern const MicroKernel<uint32_t, float> kAvx512Bf16Kernel;
 struct PairPackers {
   // out[i] = (first[i], second[i]) for i < count: two rows of op(X) side by side.
   void (*rows)(const float* first, const float* second, int64_t count, uint32_t* out);
-  // out[q * stride] = (x[2q], x[2q + 1]) for q < ceil(values / 2): adjacent values; an odd
-  // last value is paired with `pad` (its lower half).
-  void (*row)(const float* x, int64_t values, uint32_t pad, uint32_t* out, int64_t stride);
+  // out[q * stride + r] = (x[r * ld + 2q], x[r * ld + 2q + 1]) for r < rows (<= 16) and
+  // q < ceil(values / 2): adjacent values of each row; an odd last value is paired with
+  // `pad` (its lower half).
+  void (*block)(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride);
 };
 extern const PairPackers kAvx512Bf16Packers;
 extern const PanelBlockFn kAvx512PanelBlock;
