@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel training throughput, Loom vs PyTorch DDP (gloo), side by side in one run:
 # gpt-mini (n_layer 4, n_head 4, d_model 256, seq 256, vocab 256), micro-batch 8 per rank,
-# fp32 AdamW, NP processes x 1 thread each (../shared/peers/torch_gpt.py --ddp NP). Loom's
+# fp32 AdamW, NP processes x 1 thread each (bench/peers/torch_gpt.py --ddp NP). Loom's
 # figure is the median step time of steps 4..N of `loom launch -n NP -- loom train`
 # (metrics.jsonl), PyTorch's the median of its timed steps; tokens/s = NP x 8 x 256 / step.
 # Also prints Loom's exposed communication share. Usage: bench/dp_vs_ddp.sh [NP] [STEPS]
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
 steps=${2:-13}
-peers=${LOOM_PEERS:-../shared/peers}
+
 source bench/common.sh
 
 $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
@@ -27,7 +27,7 @@ PY
 )
 read -r loom_tps loom_step loom_comm loom_exposed loom_share <<< "$loom_line"
 echo "loom   ${np}x1: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms (${loom_share}% of the step)"
-torch_out=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --ddp "$np" --steps $((steps - 3)) --warmup 3)
+torch_out=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/peers/torch_gpt.py --ddp "$np" --steps $((steps - 3)) --warmup 3)
 echo "$torch_out"
 torch_tps=$(echo "$torch_out" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
 printf "ratio Loom/PyTorch DDP, %s x 1 thread: %.2fx\n" "$np" "$(echo "$loom_tps / $torch_tps" | bc -l)"

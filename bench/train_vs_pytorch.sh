@@ -1,38 +1,60 @@
 #!/usr/bin/env bash
-# Training throughput, Loom vs PyTorch, side by side in one run on the same model:
-# gpt-mini (n_layer 4, n_head 4, d_model 256, seq 256, vocab 256), micro-batch 8, fp32,
-# AdamW, random tokens, at 1 and 2 threads. PyTorch runs in its best configuration
-# (../shared/peers/README.md): 1 thread with OPENBLAS_NUM_THREADS=1; 2 threads with the
-# OpenMP build of OpenBLAS sharing torch's OpenMP pool. Prints Loom/PyTorch ratios. Then
-# the same for one gpt2-124m step (micro-batch 1, seq 1024; 3 timed steps after 1 warm-up;
-# SKIP_GPT2=1 skips it: it takes a few minutes).
-# Usage: bench/train_vs_pytorch.sh [PEERS_DIR]   (default ../shared/peers)
+# Training throughput, Loom vs PyTorch, side by side in one run on the same model, each in
+# fp32 and bf16 (PyTorch: torch.autocast), and each side's best precision against the
+# other's: gpt-mini (n_layer 4, n_head 4, d_model 256, seq 256, vocab 256, micro-batch 8)
+# at 1 thread and at every core; then gpt2-124m (micro-batch 1, seq 1024; 3 timed steps
+# after 1 warm-up; SKIP_GPT2=1 skips it: it takes several minutes). The peer is
+# bench/peers/torch_gpt.py on /usr/bin/python3's torch (or PYTHON=...), in its best
+# configuration: 1 thread with OPENBLAS_NUM_THREADS=1; more threads with the OpenMP build of
+# OpenBLAS sharing torch's OpenMP pool, where Debian has it.
+# Usage: bench/train_vs_pytorch.sh [THREADS ...]   (default: 1 and every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-peers=${1:-../shared/peers}
 loom=build/release/loom
+python=${PYTHON:-/usr/bin/python3}
 [ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
+threads=("$@")
+[ ${#threads[@]} -gt 0 ] || threads=(1 "$(nproc)")
 ob_omp=/usr/lib/x86_64-linux-gnu/openblas-openmp
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 
-echo "## Loom"
-$loom bench train --threads 1 2 --steps 10 --warmup 3 | tee /tmp/loom_bench_train.txt
-echo "## PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
-t1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$peers/torch_gpt.py" --threads 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-t2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 "$peers/torch_gpt.py" --threads 2 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-l1=$(awk '$1 == "none" && $2 == "fp32" && $3 == 1 {print $5}' /tmp/loom_bench_train.txt)
-l2=$(awk '$1 == "none" && $2 == "fp32" && $3 == 2 {print $5}' /tmp/loom_bench_train.txt)
-echo "## Ratio (Loom tokens/s / PyTorch tokens/s)"
-printf "threads 1: %s / %s = %.2fx\n" "$l1" "$t1" "$(echo "$l1 / $t1" | bc -l)"
-printf "threads 2: %s / %s = %.2fx\n" "$l2" "$t2" "$(echo "$l2 / $t2" | bc -l)"
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $("$python" -c 'import torch; print("torch", torch.__version__)')"
+"$python" -c 'import torch; print("# torch CPU capability:", torch.backends.cpu.get_cpu_capability())' 2>/dev/null || true
+
+# peer PRESET THREADS PRECISION MICRO_BATCH STEPS WARMUP: PyTorch's tokens/s
+peer() {
+  local env=(OPENBLAS_NUM_THREADS=1)
+  [ "$2" -gt 1 ] && [ -d $ob_omp ] && env=(LD_LIBRARY_PATH=$ob_omp)
+  env "${env[@]}" "$python" bench/peers/torch_gpt.py --preset "$1" --threads "$2" --precision "$3" \
+    --micro-batch "$4" --steps "$5" --warmup "$6" | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p'
+}
+# loom_tps FILE THREADS PRECISION: Loom's tokens/s from a `loom bench train` table
+loom_tps() { awk -v t="$2" -v p="$3" '$1 == "none" && $2 == p && $3 == t {print $5}' "$1"; }
+
+# compare PRESET MICRO_BATCH STEPS WARMUP
+compare() {
+  local preset=$1 mb=$2 steps=$3 warmup=$4
+  echo "## $preset, micro-batch $mb: Loom"
+  $loom bench train --preset "$preset" --micro-batch "$mb" --threads "${threads[@]}" --precision fp32 bf16 \
+    --steps "$steps" --warmup "$warmup" | tee "$out/loom.txt"
+  echo "## $preset: PyTorch"
+  echo "| threads | Loom fp32 | Loom bf16 | PyTorch fp32 | PyTorch bf16 | best vs best | bf16 vs bf16 | fp32 vs fp32 |" > "$out/table.md"
+  echo "|---|---|---|---|---|---|---|---|" >> "$out/table.md"
+  for t in "${threads[@]}"; do
+    local p32 p16 l32 l16
+    p32=$(peer "$preset" "$t" fp32 "$mb" "$steps" "$warmup")
+    p16=$(peer "$preset" "$t" bf16 "$mb" "$steps" "$warmup")
+    l32=$(loom_tps "$out/loom.txt" "$t" fp32)
+    l16=$(loom_tps "$out/loom.txt" "$t" bf16)
+    awk -v t="$t" -v l32="$l32" -v l16="$l16" -v p32="$p32" -v p16="$p16" 'BEGIN {
+      lb = l32 > l16 ? l32 : l16; pb = p32 > p16 ? p32 : p16
+      printf "| %s | %s | %s | %s | %s | %.2fx | %.2fx | %.2fx |\n", t, l32, l16, p32, p16, lb / pb, l16 / p16, l32 / p32 }' >> "$out/table.md"
+  done
+  echo "## $preset: Loom / PyTorch, tokens/s"
+  cat "$out/table.md"
+}
+
+compare gpt-mini 8 10 3
 [ "${SKIP_GPT2:-0}" = 1 ] && exit 0
-
-echo "## gpt2-124m, micro-batch 1 x seq 1024: Loom"
-$loom bench train --preset gpt2-124m --micro-batch 1 --threads 1 2 --steps 3 --warmup 1 | tee /tmp/loom_bench_gpt2.txt
-echo "## gpt2-124m: PyTorch"
-p1=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 1 3 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-p2=$(LD_LIBRARY_PATH=$ob_omp /usr/bin/python3 bench/torch_gpt2_step.py "$peers" 2 3 1 | tee -a /dev/stderr | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
-g1=$(awk '$1 == "none" && $2 == "fp32" && $3 == 1 {print $5}' /tmp/loom_bench_gpt2.txt)
-g2=$(awk '$1 == "none" && $2 == "fp32" && $3 == 2 {print $5}' /tmp/loom_bench_gpt2.txt)
-echo "## gpt2-124m ratio (Loom tokens/s / PyTorch tokens/s)"
-printf "threads 1: %s / %s = %.2fx\n" "$g1" "$p1" "$(echo "$g1 / $p1" | bc -l)"
-printf "threads 2: %s / %s = %.2fx\n" "$g2" "$p2" "$(echo "$g2 / $p2" | bc -l)"
+compare gpt2-124m 1 3 1
