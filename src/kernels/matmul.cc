@@ -1,22 +1,32 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/parallel.h"
 #include "kernels/pointwise.h"
+#include "kernels/precision.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 
 namespace {
 
 // Before a forward product: with a bias, each output's chain of multiply-adds starts from
-// it (copied into out); returns the epilogue that writes gelu(out) tile by tile, or none.
+// it (copied into out); returns the epilogue that works on each tile of out as it is done
+// (rounds it to round_out, then writes gelu(out) rounded likewise), or none.
 template <typename T>
-GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_out) {
+GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_out, DType round_out) {
   if (bias != nullptr) parallel_for(n, n * m, [&](int64_t i) { std::copy(bias, bias + m, out + i * m); });
-  if (gelu_out == nullptr) return {};
+  if (gelu_out == nullptr && round_out == DType::kF32) return {};
   return [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    for (int64_t i = i0; i < i0 + rows; ++i) gelu_forward_serial(gelu_out + i * m + j0, out + i * m + j0, cols);
+    for (int64_t i = i0; i < i0 + rows; ++i) {
+      T* y = out + i * m + j0;
+      if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, cols);
+      if (gelu_out == nullptr) continue;
+      gelu_forward_serial(gelu_out + i * m + j0, y, cols);
+      if constexpr (std::is_same_v<T, float>) round_serial(round_out, gelu_out + i * m + j0, cols);
+    }
   };
 }
 
@@ -24,9 +34,10 @@ GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_
 
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout, T* gelu_out, DType operands) {
+                    int64_t m, WeightLayout layout, T* gelu_out, DType operands, DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
   const bool has_bias = bias != nullptr;
-  const GemmEpilogue epilogue = start_forward(out, bias, n, m, gelu_out);
+  const GemmEpilogue epilogue = start_forward(out, bias, n, m, gelu_out, round_out);
   if (layout == WeightLayout::kKM)
     gemm_as<T>(operands, false, false, n, m, k, inp, k, weight, m, has_bias, out, m, epilogue);
   else
@@ -35,7 +46,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
                            float* gelu_out) {
-  const GemmEpilogue epilogue = start_forward(out, bias, n, weight.n, gelu_out);
+  const GemmEpilogue epilogue = start_forward(out, bias, n, weight.n, gelu_out, DType::kF32);
   gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, weight.n, epilogue);
 }
 
@@ -67,9 +78,9 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, WeightLayout, float*, DType);
+                                    int64_t, int64_t, WeightLayout, float*, DType, DType);
 template void matmul_forward<double>(double*, const double*, const double*, const double*,
-                                     int64_t, int64_t, int64_t, WeightLayout, double*, DType);
+                                     int64_t, int64_t, int64_t, WeightLayout, double*, DType, DType);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*,
                                      const float*, int64_t, int64_t, int64_t, WeightLayout, DType);
 template void matmul_backward<double>(double*, double*, double*, const double*, const double*,

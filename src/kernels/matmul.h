@@ -19,10 +19,13 @@ enum class WeightLayout { kKM, kMK };
 // null: gelu(out), fused: computed on each tile of out as the GEMM finishes it, while it is
 // in cache (the same bits as gelu_forward over out after). `operands` kBF16 or kF16 (f32
 // only): the products read inp and weight as that format holds them (gemm_half), with the
-// weight rounded as it is packed, so no rounded copy of it is made.
+// weight rounded as it is packed, so no rounded copy of it is made. `round_out` kBF16 or
+// kF16 (f32 only): out is rounded to it tile by tile, and gelu_out is the GELU of the
+// rounded out, rounded too (the bits of round_to over out, gelu_forward, round_to after).
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout, T* gelu_out = nullptr, DType operands = DType::kF32);
+                    int64_t m, WeightLayout layout, T* gelu_out = nullptr, DType operands = DType::kF32,
+                    DType round_out = DType::kF32);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.

@@ -133,23 +133,26 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
     k::matmul_forward_panels(y.data<float>(), x.data<float>(), *panels, bias.defined() ? bias.value().data<float>() : nullptr, n);
     return y;
   }
-  const bool row = split == TpSplit::kRow;  // the bias waits for the parts' sum
+  // The bias, and the rounding of mixed precision, wait for a row split's sum; otherwise the
+  // product's epilogue rounds each tile while it is in cache.
+  const bool row = split == TpSplit::kRow;
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
                       bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM,
-                      static_cast<T*>(nullptr), precision);
+                      static_cast<T*>(nullptr), precision, row ? DType::kF32 : precision);
   });
   if (row) {
     shard.seam->sum(y);
     if (bias.defined()) add_bias(y, bias.value());
+    round_values(y, precision);
   }
-  round_values(y, precision);
   return y;
 }
 
 std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
-  // Mixed precision: GELU of the rounded output, so not fused.
-  if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split()) || precision != DType::kF32) {
+  // Mixed precision: the epilogue rounds the output, takes the GELU of the rounded values and
+  // rounds that too.
+  if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split())) {
     Tensor y = forward(x, ctx, arena);
     Tensor g = arena.alloc(y.shape(), y.dtype());
     LOOM_DISPATCH_FLOAT(y.dtype(), T, k::gelu_forward(g.data<T>(), y.data<T>(), y.numel()));
@@ -161,20 +164,20 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   Tensor g = arena.alloc(y.shape(), x.dtype());
   if (int8 != nullptr) {
-    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
     k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr,
                            x.numel() / in, g.data<float>());
     return {y, g};
   }
   if (panels != nullptr) {
-    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32);
+    LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
     k::matmul_forward_panels(y.data<float>(), x.data<float>(), *panels, bias.defined() ? bias.value().data<float>() : nullptr,
                              x.numel() / in, g.data<float>());
     return {y, g};
   }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(), bias.defined() ? bias.value().data<T>() : nullptr,
-                      x.numel() / in, in, out, k::WeightLayout::kKM, g.data<T>());
+                      x.numel() / in, in, out, k::WeightLayout::kKM, g.data<T>(), precision, precision);
   });
   return {y, g};
 }
