@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -50,6 +51,9 @@ TEST(Exporter, StepsObservedWhileScrapedShowTheLatest) {
     if (step == 101) l.add("ckpt_stall_ms", 20.0);
     e.observe(l.str());
   }
+  // The 200 observes take a few milliseconds; on a loaded machine no scrape may have ended
+  // by then (the suite saw it once): the clients go on until one has, for at most 10 s.
+  for (int i = 0; i < 1000 && good.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   done = true;
   for (auto& t : clients) t.join();
   EXPECT_GT(good.load(), 0);
