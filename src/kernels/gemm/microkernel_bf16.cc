@@ -10,7 +10,9 @@
 // zero and subnormal results written as zero; MXCSR is neither read nor written.
 // GCC 12's AVX-512 intrinsics pass an undefined vector as the masked-off operand, then warn
 // that it may be used uninitialized (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
