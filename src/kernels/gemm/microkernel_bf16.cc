@@ -8,11 +8,6 @@
 // Bf16Products.TheInstructionIsTwoFlushedFmas): per f32 lane, acc = fma(upper pair, acc),
 // then acc = fma(lower pair, acc), each rounded to nearest even, subnormal inputs read as
 // zero and subnormal results written as zero; MXCSR is neither read nor written.
-// GCC 12's AVX-512 intrinsics pass an undefined vector as the masked-off operand, then warn
-// that it may be used uninitialized (GCC bug 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <immintrin.h>
 
 #include <algorithm>
