@@ -22,10 +22,11 @@ GemmEpilogue start_forward(T* out, const T* bias, int64_t n, int64_t m, T* gelu_
   return [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* y = out + i * m + j0;
-      if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, cols);
-      if (gelu_out == nullptr) continue;
-      gelu_forward_serial(gelu_out + i * m + j0, y, cols);
-      if constexpr (std::is_same_v<T, float>) round_serial(round_out, gelu_out + i * m + j0, cols);
+      T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
+      if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
+      if (g == nullptr) continue;
+      gelu_forward_serial(g, y, cols);
+      if constexpr (std::is_same_v<T, float>) round_serial(round_out, g, g, cols);
     }
   };
 }

@@ -4,20 +4,14 @@
 #include "loom/core/error.h"
 
 namespace loom::kernels {
+
 void round_to(DType format, float* x, int64_t n) {
   if (format != DType::kF32) round_copy(format, x, x, n);
 }
 
 void round_copy(DType format, float* out, const float* x, int64_t n) {
   LOOM_CHECK(format == DType::kF32 || format == DType::kBF16 || format == DType::kF16);
-  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-    if (format == DType::kBF16)
-      for (int64_t i = lo; i < hi; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
-    else if (format == DType::kF16)
-      for (int64_t i = lo; i < hi; ++i) out[i] = f16_value(f16_bits(x[i]));
-    else
-      for (int64_t i = lo; i < hi; ++i) out[i] = x[i];
-  });
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) { round_serial(format, out + lo, x + lo, hi - lo); });
 }
 
 void store_half(DType format, uint16_t* out, const float* x, int64_t n) {

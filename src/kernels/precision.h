@@ -64,12 +64,15 @@ inline float bf16_operand(float x) { return std::bit_cast<float>(static_cast<uin
 // What an f16 product multiplies: x rounded to f16 (subnormals of f16 kept), as an f32.
 inline float f16_operand(float x) { return f16_value(f16_bits(x)); }
 
-// x[i] rounded as round_to rounds it, on the calling thread (an epilogue's tile).
-inline void round_serial(DType format, float* x, int64_t n) {
+// out[i] = x[i] rounded as round_to rounds it (kF32: copied, nothing done in place), on the
+// calling thread: round_copy's body, and an epilogue's tile. out may be x.
+inline void round_serial(DType format, float* out, const float* x, int64_t n) {
   if (format == DType::kBF16)
-    for (int64_t i = 0; i < n; ++i) x[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
+    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_bits(x[i])) << 16);
   else if (format == DType::kF16)
-    for (int64_t i = 0; i < n; ++i) x[i] = f16_value(f16_bits(x[i]));
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_value(f16_bits(x[i]));
+  else if (out != x)
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i];
 }
 
 // x[i] = the bf16 or f16 value nearest x[i] (format kBF16 or kF16), in place; kF32 leaves x.

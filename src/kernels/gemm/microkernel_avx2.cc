@@ -13,6 +13,8 @@ namespace {
 
 struct Ymm {
   using Reg = __m256;
+  using Packed = float;
+  using Operand = Reg;
   static constexpr int kLanes = 8;
   static Reg load(const float* p) { return _mm256_load_ps(p); }
   static Reg loadu(const float* p) { return _mm256_loadu_ps(p); }

@@ -13,6 +13,8 @@ namespace {
 
 struct Zmm {
   using Reg = __m512;
+  using Packed = float;
+  using Operand = Reg;
   static constexpr int kLanes = 16;
   static Reg load(const float* p) { return _mm512_load_ps(p); }
   static Reg loadu(const float* p) { return _mm512_loadu_ps(p); }

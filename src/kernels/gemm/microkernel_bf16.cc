@@ -5,7 +5,7 @@
 // CMakeLists.txt) and only ever called after CPUID reports AVX512_BF16.
 //
 // vdpbf16ps (Intel SDM; measured on AMD Zen 4 against an emulation, kernels_test
-// Bf16Products.TheInstructionIsTwoFlushedFmas): per f32 lane, acc = fma(upper pair, acc),
+// GemmHalf.Vdpbf16psIsTwoFlushedFmas): per f32 lane, acc = fma(upper pair, acc),
 // then acc = fma(lower pair, acc), each rounded to nearest even, subnormal inputs read as
 // zero and subnormal results written as zero; MXCSR is neither read nor written.
 #include <immintrin.h>
@@ -13,38 +13,25 @@
 #include <algorithm>
 
 #include "kernels/gemm/microkernel.h"
+#include "kernels/gemm/microkernel_simd.h"
 
 namespace loom::kernels::gemm_detail {
 namespace {
 
-template <int MR>
-void bf16_kernel(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, bool accumulate) {
-  __m512 lo[MR], hi[MR];
-  if (accumulate) {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      lo[r] = _mm512_loadu_ps(c + r * ldc);
-      hi[r] = _mm512_loadu_ps(c + r * ldc + 16);
-    }
-  } else {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
-  }
-  for (int64_t q = 0; q < depth; ++q, a += MR, b += 32) {
-    const __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512bh ar = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r]));
-      lo[r] = _mm512_dpbf16_ps(lo[r], ar, b0);
-      hi[r] = _mm512_dpbf16_ps(hi[r], ar, b1);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    _mm512_storeu_ps(c + r * ldc, lo[r]);
-    _mm512_storeu_ps(c + r * ldc + 16, hi[r]);
-  }
-}
+// simd_kernel's traits for bf16 pairs: B's 16 pairs a vector, A's pair broadcast, and
+// vdpbf16ps as the multiply-add (C's accumulators stay f32).
+struct Bf16Pairs {
+  using Reg = __m512;
+  using Packed = uint32_t;
+  using Operand = __m512bh;
+  static constexpr int kLanes = 16;
+  static Operand load(const uint32_t* p) { return (__m512bh)_mm512_load_si512(p); }
+  static Operand broadcast(const uint32_t* p) { return (__m512bh)_mm512_set1_epi32(static_cast<int>(*p)); }
+  static Reg loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg fma(Operand a, Operand b, Reg c) { return _mm512_dpbf16_ps(c, a, b); }
+};
 
 // The core's vdpbf16ps peak: 16 independent register-only chains (latency 6 on Zen 4, two
 // a cycle where the core has two units); 64 flops per instruction.
@@ -147,6 +134,6 @@ const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs};
 // one Zen 4 core against KC = 512: the gpt-mini shapes with k of 768 to 2048 went from
 // 66-74% to 72-83% of the vdpbf16ps peak (loom bench gemm).
 const MicroKernel<uint32_t, float> kAvx512Bf16Kernel = {"avx512_bf16", 12, 32, 1024, 1032, 256, 1032,
-                                                         bf16_kernel<12>, bf16_dot_loop};
+                                                         simd_kernel<Bf16Pairs, 12>, bf16_dot_loop};
 
 }  // namespace loom::kernels::gemm_detail

@@ -3,9 +3,11 @@
 // struct V (vector type, lane count, load/store/broadcast/fma) in its own anonymous
 // namespace and instantiates these under its compile flags. Internal to src/kernels/gemm/.
 //
-// simd_kernel<V, MR> computes MR rows x 2 vectors of C in 2 MR accumulators: per step of k,
-// two aligned loads of packed B and MR broadcasts of packed A feed 2 MR FMAs, each lane one
-// output element's chain in k order (microkernel.h).
+// simd_kernel<V, MR> computes MR rows x 2 vectors of C in 2 MR accumulators: per packed
+// step, two aligned loads of packed B and MR broadcasts of packed A feed 2 MR FMAs, each lane
+// one output element's chain in k order (microkernel.h). V::Packed is what a packed sliver
+// holds (float; or a pair of bf16, whose V::fma is vdpbf16ps: two steps of k at once),
+// V::Operand the vector of it, V::Reg the f32 accumulator.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +15,8 @@
 namespace loom::kernels::gemm_detail {
 
 template <typename V, int MR>
-void simd_kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::Packed* b, float* c, int64_t ldc,
+                 bool accumulate) {
   constexpr int kW = V::kLanes;
   typename V::Reg lo[MR], hi[MR];
   if (accumulate) {
@@ -26,11 +29,11 @@ void simd_kernel(int64_t kc, const float* a, const float* b, float* c, int64_t l
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) lo[r] = hi[r] = V::zero();
   }
-  for (int64_t p = 0; p < kc; ++p, a += MR, b += 2 * kW) {
-    const typename V::Reg b0 = V::load(b), b1 = V::load(b + kW);
+  for (int64_t p = 0; p < depth; ++p, a += MR, b += 2 * kW) {
+    const typename V::Operand b0 = V::load(b), b1 = V::load(b + kW);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const typename V::Reg ar = V::broadcast(a + r);
+      const typename V::Operand ar = V::broadcast(a + r);
       lo[r] = V::fma(ar, b0, lo[r]);
       hi[r] = V::fma(ar, b1, hi[r]);
     }
