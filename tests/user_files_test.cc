@@ -170,6 +170,7 @@ TEST_F(Cli, EveryNumericFlagTakesZeroNegativeHugeAndNonFiniteValues) {
       {bench_comm, "--reps", true, ""},
       {bench_comm, "--warmup", true, "z"},
       {bench_comm, "--iters", true, "z"},  // 0 calibrates
+      {bench_comm, "--min-iters", true, ""},
       {bench_comm, "--factor", false, ""},
       {bench_comm, "--shm-slot", true, ""},
       {serve, "--port", true, "z"},  // taken ones end at the missing model (exit 2, naming it)

@@ -306,6 +306,7 @@ int run(int argc, char** argv) {
   bc->add_option("--sizes", bench_comm.sizes, "Sizes in bytes: MIN:MAX (times --factor) or a list 8,4K,4M")->capture_default_str();
   bc->add_option("--factor", bench_comm.factor, "Step between sizes for MIN:MAX (nccl-tests -f)")->capture_default_str();
   bc->add_option("--iters", bench_comm.iters, "Calls per rep; 0 calibrates to ~0.1 s (nccl-tests -n)")->capture_default_str();
+  bc->add_option("--min-iters", bench_comm.min_iters, "Calibrated calls per rep never fewer")->capture_default_str();
   bc->add_option("--warmup", bench_comm.warmup, "Untimed calls first; 20 at least for <= 1 MiB (nccl-tests -w)")->capture_default_str();
   bc->add_option("--reps", bench_comm.reps, "Timed reps; the median is reported")->capture_default_str();
   bc->add_option("--dtype", bench_comm.dtype, "f32 f64 bf16 f16 i32 i64 u8")->capture_default_str();

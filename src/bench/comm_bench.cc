@@ -1,8 +1,9 @@
 // loom bench comm: nccl-tests style collective benchmark, run under `loom launch -n N`
-// (or mpirun / torchrun). Timing follows ../shared/peers exactly so ratios are fair:
-// per (op, size) one checked call, 20 warm-up calls for <= 1 MiB, iterations calibrated
-// to ~0.1 s per rep, 5 reps (3 for >= 64 MiB), per-rep time averaged over ranks, median
-// reported. Sizes follow nccl-tests: all_reduce / broadcast = buffer bytes, all_gather =
+// (or mpirun / torchrun). Timing is the peers' (bench/peers/mpi_coll.c, gloo_coll.cc)
+// exactly, so ratios are fair: per (op, size) one checked call, 20 warm-up calls for <= 1
+// MiB, iterations calibrated to ~0.1 s per rep (at least --min-iters), --reps reps (5),
+// per-rep time averaged over ranks, the median reported with the reps' spread (slowest
+// minus fastest, in % of the median). Sizes follow nccl-tests: all_reduce / broadcast = buffer bytes, all_gather =
 // gathered bytes, reduce_scatter = input bytes.
 #include <algorithm>
 #include <cstdio>
@@ -148,6 +149,7 @@ int run_bench_comm(const BenchCommArgs& a) {
   check_flag_range("--reps", a.reps, 1, 1 << 20);
   check_flag_range("--warmup", a.warmup, 0, 1 << 20);
   check_flag_range("--iters", a.iters, 0, 1 << 24);
+  check_flag_range("--min-iters", a.min_iters, 1, 1 << 24);
 
   LaunchEnv env = launch_env_from_environment();
   std::unique_ptr<TcpStoreServer> server;
@@ -170,8 +172,8 @@ int run_bench_comm(const BenchCommArgs& a) {
   for (size_t k = 0; k < ops.size(); ++k) {
     const Op op = ops[k];
     if (c.rank() == 0) {
-      std::printf("# %s\n# %12s %12s %5s %12s %11s %11s %6s %5s\n", a.ops[k].c_str(), "size",
-                  "count", "type", "time_us", "algbw_GBps", "busbw_GBps", "iters", "check");
+      std::printf("# %s\n# %12s %12s %5s %12s %11s %11s %6s %5s %7s\n", a.ops[k].c_str(), "size", "count", "type",
+                  "time_us", "algbw_GBps", "busbw_GBps", "iters", "check", "spread%");
     }
     for (size_t size : sizes) {
       size_t elems = std::max<size_t>(size / es, 1);
@@ -189,10 +191,10 @@ int run_bench_comm(const BenchCommArgs& a) {
       int warm = bytes <= (1u << 20) ? std::max(a.warmup, 20) : a.warmup;
       for (int i = 0; i < warm; ++i) b.run1();
       double per_call = all_max(c, (now_s() - t0) / std::max(warm, 1));
-      int iters = a.iters > 0 ? a.iters : std::clamp(static_cast<int>(0.1 / std::max(per_call, 1e-9)), 1, 2000);
-      int reps = bytes >= (64u << 20) ? std::min(a.reps, 3) : a.reps;
+      const int iters = a.iters > 0 ? a.iters
+                                    : std::max(a.min_iters, std::min(2000, static_cast<int>(0.1 / std::max(per_call, 1e-9))));
       std::vector<double> times;
-      for (int r = 0; r < reps; ++r) {
+      for (int r = 0; r < a.reps; ++r) {
         barrier(c);
         double s = now_s();
         for (int i = 0; i < iters; ++i) b.run1();
@@ -204,8 +206,9 @@ int run_bench_comm(const BenchCommArgs& a) {
       double t = times[times.size() / 2];
       double algbw = static_cast<double>(bytes) / t / 1e9;
       if (c.rank() == 0) {
-        std::printf("  %12zu %12zu %5s %12.2f %11.3f %11.3f %6d %5s\n", bytes, per_rank, a.dtype.c_str(), t * 1e6,
-                    algbw, algbw * bus_factor(op, n), iters, ok_all ? "ok" : "WRONG");
+        std::printf("  %12zu %12zu %5s %12.2f %11.3f %11.3f %6d %5s %7.1f\n", bytes, per_rank, a.dtype.c_str(), t * 1e6,
+                    algbw, algbw * bus_factor(op, n), iters, ok_all ? "ok" : "WRONG",
+                    100.0 * (times.back() - times.front()) / t);
         std::fflush(stdout);
       }
     }

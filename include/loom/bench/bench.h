@@ -21,7 +21,8 @@ struct BenchCommArgs {
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
   std::string sizes = "8:256M";
   double factor = 2;  // size step (nccl-tests -f)
-  int iters = 0;      // 0: calibrate to ~0.1 s per rep (as ../shared/peers)
+  int iters = 0;      // 0: calibrate to ~0.1 s per rep (as bench/peers)
+  int min_iters = 1;  // calibrated calls per rep never fewer
   int warmup = 5;
   int reps = 5;
   std::string dtype = "f32";
