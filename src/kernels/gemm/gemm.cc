@@ -144,10 +144,7 @@ void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0,
     for (int64_t r = 0; r < rows; r += 16)
       pack.block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(16, rows - r)), kc, kPadA, out + r, mr);
   } else {
-    for (int64_t q = 0; q < pairs; ++q) {
-      const float* first = a.p + (p0 + 2 * q) * a.ld + i0;
-      pack.rows(first, first + a.ld, rows, out + q * mr);
-    }
+    pack.rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr);
     if (kc & 1) {
       const float* last = a.p + (p0 + kc - 1) * a.ld + i0;
       for (int64_t r = 0; r < rows; ++r) out[pairs * mr + r] = static_cast<uint32_t>(bf16_operand_bits(last[r])) << 16 | kPadA;
@@ -165,10 +162,7 @@ void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, i
     uint32_t* dst = out + s * depth * nr;
     const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
     if (!b.trans) {
-      for (int64_t q = 0; q < pairs; ++q) {
-        const float* first = b.p + (p0 + 2 * q) * b.ld + js;
-        pack.rows(first, first + b.ld, width, dst + q * nr);
-      }
+      pack.rows(b.p + p0 * b.ld + js, b.ld, width, pairs, dst, nr);
       if (kc & 1) {
         const float* last = b.p + (p0 + kc - 1) * b.ld + js;
         for (int64_t j = 0; j < width; ++j) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(last[j])) << 16 | kPadB;

@@ -101,8 +101,9 @@ extern const MicroKernel<uint32_t, float> kAvx512Bf16Kernel;
 // Packing pairs with the same instructions (vcvtne2ps2bf16), each pair's value k in the
 // upper half (microkernel.h's layout); every value rounded as bf16_operand_bits rounds it.
 struct PairPackers {
-  // out[i] = (first[i], second[i]) for i < count: two rows of op(X) side by side.
-  void (*rows)(const float* first, const float* second, int64_t count, uint32_t* out);
+  // out[q * stride + i] = (x[2q * ld + i], x[(2q + 1) * ld + i]) for i < count and
+  // q < pairs: rows of op(X) paired two by two.
+  void (*rows)(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t stride);
   // out[q * stride + r] = (x[r * ld + 2q], x[r * ld + 2q + 1]) for r < rows (<= 16) and
   // q < ceil(values / 2): adjacent values of each row; an odd last value is paired with
   // `pad` (its lower half).

@@ -70,13 +70,15 @@ inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
   return _mm512_rol_epi32((__m512i)_mm512_cvtne2ps_pbh(hi, lo), 16);
 }
 
-void rows_to_pairs(const float* first, const float* second, int64_t count, uint32_t* out) {
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16)
-    _mm512_storeu_si512(out + i, pairs_of(_mm512_loadu_ps(first + i), _mm512_loadu_ps(second + i)));
-  if (i < count) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (count - i)) - 1);
-    _mm512_mask_storeu_epi32(out + i, m, pairs_of(_mm512_maskz_loadu_ps(m, first + i), _mm512_maskz_loadu_ps(m, second + i)));
+void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t stride) {
+  const int64_t full = count / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (count - full)) - 1);
+  for (int64_t q = 0; q < pairs; ++q, x += 2 * ld, out += stride) {
+    for (int64_t i = 0; i < full; i += 16)
+      _mm512_storeu_si512(out + i, pairs_of(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + ld + i)));
+    if (tail != 0)
+      _mm512_mask_storeu_epi32(out + full, tail,
+                               pairs_of(_mm512_maskz_loadu_ps(tail, x + full), _mm512_maskz_loadu_ps(tail, x + ld + full)));
   }
 }
 
