@@ -48,6 +48,14 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   return bench::run_bench_gemm(threads, models);
 }
 
+int run_bench_gpu(const gpu::BenchGpuArgs& a) {
+  Config c;
+  c.set("model.preset", a.preset);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  return gpu::run_bench_gpu(gpt_config(c), a);
+}
+
 int run_bench_decode(const BenchDecodeArgs& a) {
   Config c;
   c.set("model.preset", a.preset);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "loom/bench/bench.h"
+#include "loom/gpu/gpu.h"
 #include "loom/launch/launch.h"
 #include "loom/serve/completion_server.h"
 
@@ -130,6 +131,8 @@ struct BenchTrainArgs {
 };
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
+// `loom bench gpu`: resolves the preset and runs loom/gpu/gpu.h's benchmark.
+int run_bench_gpu(const gpu::BenchGpuArgs& a);
 
 // loom/bench/bench.h's; run_bench_decode resolves the preset and calls bench::'s.
 using bench::BenchCommArgs, bench::BenchDecodeArgs, bench::BenchServeArgs, bench::run_bench_comm, bench::run_bench_serve;

@@ -258,6 +258,14 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   bt->add_option("--precision", bench_train.precision, "Precisions: fp32 bf16 fp16 (mixed precision)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  loom::gpu::BenchGpuArgs bench_gpu{.preset = "gpt2-124m"};
+  auto* bgpu = b->add_subcommand("gpu", "GPT training on a CUDA GPU (bf16): tokens/s, MFU against the measured cuBLAS bf16 peak, memory");
+  bgpu->add_option("--preset", bench_gpu.preset, "Model preset")->capture_default_str();
+  bgpu->add_option("--micro-batch", bench_gpu.micro_batch, "Sequences per step")->capture_default_str();
+  bgpu->add_option("--steps", bench_gpu.steps, "Timed steps (median reported)")->capture_default_str();
+  bgpu->add_option("--warmup", bench_gpu.warmup, "Untimed steps first")->capture_default_str();
+  bgpu->add_option("--device", bench_gpu.device, "CUDA device")->capture_default_str();
+  bgpu->add_option("--peak-tflops", bench_gpu.peak_tflops, "Use this bf16 peak instead of measuring it");
   std::vector<int64_t> gemm_threads = {1, 2};
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
@@ -411,6 +419,7 @@ int run(int argc, char** argv) {
     }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
+  if (bgpu->parsed()) return loom::app::run_bench_gpu(bench_gpu);
   if (bd->parsed()) return loom::app::run_bench_decode(bench_decode);
   if (bs->parsed()) return loom::app::run_bench_serve(bench_serve);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);

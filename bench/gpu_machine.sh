@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One prepared run on the GPU machine (docs/gpu.md, ../shared/gpu-machine/README.md): builds
+# Loom there with the carried kit (.devkit, made here by pack.sh) and CUDA, runs the `gpu`
+# tests, then the GPT-2 124M step on the GPU beside PyTorch (eager and torch.compile, bf16,
+# the same batch), then the CPU figures docs/perf.md keeps per CPU (gpt-mini at 1 and all
+# cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
+# summary.txt has the figures, build.txt and gpu_test.txt the logs.
+#
+#   bench/gpu_machine.sh [gpu|cpu|all]     (default all)
+#
+# Each step has its own time limit, so that one that hangs leaves the others' figures.
+set -u
+what=${1:-all}
+OUT=${OUT:-/tmp/loom-gpu}
+mkdir -p "$OUT"
+S=$OUT/summary.txt
+say() { echo "== $*" | tee -a "$S"; }
+run() {  # run LIMIT_S CMD...: output to the summary, a failure noted and passed over
+  local limit=$1; shift
+  say "$*"
+  timeout "$limit" "$@" 2>&1 | tee -a "$S" | tail -40
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] || say "exit $rc"
+}
+
+say "$(date -u) $(hostname)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee -a "$S"
+lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$S"
+grep -o -w -E "avx512_bf16|avx512_fp16|amx_bf16|amx_tile" /proc/cpuinfo | sort -u | tr '\n' ' ' | tee -a "$S"
+nvcc --version | tail -2 | tee -a "$S"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$S"
+
+B=/tmp/loom-gpu-build
+say "build"
+if ! CMAKE_ARGS="-DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_WERROR=OFF -DLOOM_BUILD_BENCH=OFF" \
+    timeout 400 .devkit/build.sh . $B loom gpu_test >"$OUT/build.txt" 2>&1; then
+  tail -60 "$OUT/build.txt"
+  say "build failed"
+  exit 1
+fi
+grep -c "warning:" "$OUT/build.txt" | sed 's/^/compiler warnings: /' | tee -a "$S"
+export LD_LIBRARY_PATH=/opt/devkit/usr/lib/x86_64-linux-gnu:/opt/devkit/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+if [ "$what" != cpu ]; then
+  say "gpu tests"
+  OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
+  echo "gpu_test exit $?" | tee -a "$S"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
+  run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5
+  run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
+  peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa
+        --vocab 50304 --steps 20 --warmup 5)
+  run 180 "${peer[@]}"
+fi
+if [ "$what" != gpu ]; then
+  cores=$(nproc)
+  run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2
+  for th in 1 "$cores"; do
+    for p in fp32 bf16; do
+      run 120 python3 bench/peers/torch_gpt.py --preset gpt-mini --threads "$th" --precision "$p" --steps 8 --warmup 2
+    done
+  done
+fi
+if [ "$what" != cpu ]; then
+  run 300 "${peer[@]}" --compile
+fi
+say "done $(date -u)"

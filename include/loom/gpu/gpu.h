@@ -1,0 +1,98 @@
+// Loom on an NVIDIA GPU (docs/gpu.md): what the build and the machine have, and a GPT
+// trainer that runs a whole training step on one GPU: bf16 activations and products with
+// f32 master weights, gradients and accumulation; cuBLAS for the products, Loom's own
+// kernels for the rest (src/gpu/kernels.h). Its parameters have the CPU model's flat layout
+// (loom/core/params.h), so checkpoints and initialisation are the CPU's.
+//
+// Without a CUDA build (LOOM_CUDA off or no CUDA compiler), compiled() is false,
+// device_count() is 0 and GptTrainer's constructor throws InputError saying so.
+// Thread-safety: one thread drives a trainer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "loom/core/params.h"
+#include "loom/nn/gpt.h"
+#include "loom/optim/optim.h"
+
+namespace loom::gpu {
+
+bool compiled();
+// CUDA devices this process sees; 0 without a CUDA build, a driver or a device.
+int device_count();
+// "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"; "" when there is no such device.
+std::string device_description(int device);
+
+// The device memory a trainer's caching allocator holds: in_use by live buffers, reserved
+// from CUDA (in use + cached for reuse), the peaks of both, how many buffers were asked
+// for and how many of those the cache served.
+struct MemoryStats {
+  int64_t in_use = 0, reserved = 0, peak_in_use = 0, peak_reserved = 0;
+  int64_t allocations = 0, cache_hits = 0;
+};
+
+// The best of a few timed bf16 products n x n x n (f32 accumulation, cuBLAS) on `device`,
+// in TFLOP/s: the peak MFU is measured against, measured on the spot.
+double bf16_gemm_tflops(int device, int64_t n = 8192);
+
+struct GptTrainerConfig {
+  int64_t micro_batch = 8;
+  int64_t seq_len = 0;  // tokens per sequence; 0: the model's seq_len
+  optim::OptimizerConfig optimizer;  // AdamW only
+  double max_grad_norm = 1.0;        // 0: no clipping
+  int device = 0;
+};
+
+class GptTrainer {
+ public:
+  // Copies the model's parameters (its current values) to the device. REQUIRES: an f32
+  // model, whole (no pipeline part, no tensor parallelism). Throws InputError for a shape
+  // the GPU kernels do not take (head size other than 32 or 64, d_model over 4096) or an
+  // optimizer other than AdamW; RuntimeError when the device cannot be used; the out-of-
+  // memory error names the buffer and the bytes asked.
+  GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config);
+  ~GptTrainer();
+  GptTrainer(const GptTrainer&) = delete;
+  GptTrainer& operator=(const GptTrainer&) = delete;
+
+  // Forward and backward of one micro-batch: tokens and targets (micro_batch, seq_len) i32,
+  // ids < vocab_size. Gradients add to the ones already there, scaled by `scale` (1 /
+  // accumulation steps). Returns the micro-batch's mean loss.
+  double forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets, double scale = 1.0);
+  // Clips the gradients to max_grad_norm (PyTorch's clip_grad_norm_) and applies AdamW at
+  // learning rate lr, then zeroes the gradients. Returns the gradient norm before clipping.
+  double step(double lr);
+  int64_t steps() const;
+
+  // Parameters, gradients and AdamW's moments to and from host buffers of the model's
+  // flat layout (ParamSet::values / grads; exp_avg and exp_avg_sq of params.numel()).
+  void copy_params_to(const ParamSet& params) const;
+  void copy_grads_to(const ParamSet& params) const;
+  void copy_params_from(const ParamSet& params);
+  void copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
+
+  MemoryStats memory() const;
+  // Waits for every queued kernel (for timing).
+  void synchronize() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `loom bench gpu`: GptTrainer's steps on random tokens, timed after warmup (each step
+// forward, backward, clipping and AdamW, ended by its loss reaching the host), with
+// tokens/s, model TFLOP/s and MFU against bf16_gemm_tflops, and the allocator's peaks.
+struct BenchGpuArgs {
+  std::string preset;  // for the table
+  int64_t micro_batch = 16;
+  int64_t steps = 20, warmup = 5;
+  int device = 0;
+  double peak_tflops = 0;  // 0: measure it
+};
+int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
+
+}  // namespace loom::gpu

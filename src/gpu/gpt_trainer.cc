@@ -1,0 +1,405 @@
+// The GPT trainer on one GPU (loom/gpu/gpu.h): the CPU model's step (nn::Gpt under bf16
+// mixed precision, docs/numerics.md) with cuBLAS products and Loom's kernels.
+//
+// Row-major tensors meet column-major cuBLAS as their transposes: a row-major (N, M)
+// matrix is a column-major (M, N) one with the same leading dimension, so out = x @ w
+// (x (N, K), w (K, M), Hugging Face's layout) is cuBLAS's out^T = w^T x^T with neither
+// operand transposed, m = M, n = N, k = K.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "gpu/device.h"
+#include "gpu/kernels.h"
+#include "loom/core/error.h"
+#include "loom/gpu/gpu.h"
+
+namespace loom::gpu {
+namespace {
+
+using kern::bf16;
+
+struct LinearOffsets {
+  int64_t weight = 0, bias = 0;
+};
+struct NormOffsets {
+  int64_t weight = 0, bias = 0;
+};
+struct BlockOffsets {
+  NormOffsets ln_1, ln_2;
+  LinearOffsets c_attn, attn_proj, c_fc, mlp_proj;
+};
+
+// What one micro-batch's forward keeps for its backward, per block.
+struct BlockActs {
+  DeviceBuffer x;                 // (N, C) the block's input
+  DeviceBuffer ln_1, mean_1, rstd_1;  // (N, C) bf16, (N) f32 twice
+  DeviceBuffer qkv;               // (N, 3C)
+  DeviceBuffer att, lse;          // (N, C), (B, NH, T) f32
+  DeviceBuffer mid;               // (N, C) x + attention
+  DeviceBuffer ln_2, mean_2, rstd_2;
+  DeviceBuffer h, g;              // (N, 4C) before and after GELU
+};
+
+}  // namespace
+
+struct GptTrainer::Impl {
+  nn::GptConfig cfg;
+  GptTrainerConfig tc;
+  int64_t b = 0, t = 0, n = 0, c = 0, nh = 0, v = 0, ldv = 0, numel = 0;
+  int64_t wte = 0, wpe = 0;
+  NormOffsets ln_f;
+  std::vector<BlockOffsets> blocks;
+  std::vector<kern::AdamChunk> chunks;
+  int64_t steps = 0;
+
+  DeviceAllocator alloc;
+  Stream compute, copy;
+  cublasHandle_t blas = nullptr;
+  DeviceBuffer params, grads, exp_avg, exp_avg_sq, params_bf16, chunk_table, reduce_scratch, results;
+  DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
+  PinnedBuffer host_ids, host_csr, host_results;
+
+  ~Impl() {
+    if (blas != nullptr) cublasDestroy(blas);
+  }
+
+  float* p32(int64_t off) const { return params.as<float>() + off; }
+  float* g32(int64_t off) const { return grads.as<float>() + off; }
+  const bf16* p16(int64_t off) const { return params_bf16.as<bf16>() + off; }
+  cudaStream_t s() const { return compute.get(); }
+  DeviceBuffer buf(int64_t elements, size_t elem_bytes, const char* what) {
+    return DeviceBuffer(alloc, static_cast<size_t>(elements) * elem_bytes, what);
+  }
+
+  // out (m x n, column-major, ldc) = op(a) op(b) (+ out when accumulate); a, b bf16.
+  void gemm(bool ta, bool tb, int64_t m, int64_t nn, int64_t k, const bf16* a, int64_t lda, const bf16* bm,
+            int64_t ldb, void* out, bool out_f32, int64_t ldc, bool accumulate) const {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    check(cublasGemmEx(blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(nn), int(k),
+                       &alpha, a, CUDA_R_16BF, int(lda), bm, CUDA_R_16BF, int(ldb), &beta, out,
+                       out_f32 ? CUDA_R_32F : CUDA_R_16BF, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+  // acc (N, M) f32 = x (N, K) @ w (K, M)
+  void linear(float* acc, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m) const {
+    gemm(false, false, m, n, k, p16(w.weight), m, x, k, acc, true, m, false);
+  }
+  // dx (N, K) bf16 = dy (N, M) @ w^T; dw (K, M) += x^T @ dy; db (M) += column sums of dy.
+  void linear_backward(bf16* dx, const bf16* dy, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m,
+                       float* parts) const {
+    gemm(true, false, k, n, m, p16(w.weight), m, dy, m, dx, false, k, false);
+    gemm(false, true, m, k, n, dy, m, x, k, g32(w.weight), true, m, true);
+    kern::column_sums(parts, dy, n, m, s());
+    kern::add_partials(g32(w.bias), parts, kern::column_sum_parts(n), m, s());
+  }
+  void norm_backward(bf16* dx, const bf16* dy, const bf16* x, const DeviceBuffer& mean, const DeviceBuffer& rstd,
+                     const NormOffsets& w, const bf16* dres, float* parts) const {
+    const int64_t p = kern::layernorm_partials(n);
+    kern::layernorm_backward(dx, parts, parts + p * c, dy, x, mean.as<float>(), rstd.as<float>(), p32(w.weight), dres,
+                             n, c, s());
+    kern::add_partials(g32(w.weight), parts, p, c, s());
+    kern::add_partials(g32(w.bias), parts + p * c, p, c, s());
+  }
+
+  static std::unique_ptr<Impl> open(const nn::Gpt& model, const GptTrainerConfig& config);
+  double forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale);
+  void upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt);
+};
+
+namespace {
+
+int64_t offset_of(const ParamSet& ps, const std::string& name) {
+  const int i = ps.find(name);
+  LOOM_CHECK(i >= 0);
+  return ps.infos()[static_cast<size_t>(i)].offset;
+}
+
+LinearOffsets linear_at(const ParamSet& ps, const std::string& prefix) {
+  return {offset_of(ps, prefix + ".weight"), offset_of(ps, prefix + ".bias")};
+}
+
+NormOffsets norm_at(const ParamSet& ps, const std::string& prefix) {
+  return {offset_of(ps, prefix + ".weight"), offset_of(ps, prefix + ".bias")};
+}
+
+}  // namespace
+
+// Checks what the GPU kernels take, then selects the device, before Impl's streams and
+// handles are made on it.
+std::unique_ptr<GptTrainer::Impl> GptTrainer::Impl::open(const nn::Gpt& model, const GptTrainerConfig& config) {
+  const nn::GptConfig& g = model.config();
+  LOOM_CHECK(model.params().dtype() == DType::kF32 && model.part().all_blocks && model.part().embeddings &&
+             model.part().head);
+  if (config.optimizer.kind != "adamw")
+    throw InputError(cat("optimizer.kind = \"", config.optimizer.kind, "\": the GPU trainer runs adamw only"));
+  if (!kern::attention_head_size_supported(g.d_model / g.n_head))
+    throw InputError(cat("model: head size d_model / n_head = ", g.d_model / g.n_head,
+                         ": the GPU attention takes head sizes 32 and 64"));
+  if (g.d_model > 4096) throw InputError(cat("model.d_model = ", g.d_model, ": the GPU LayerNorm takes at most 4096"));
+  if (device_count() <= config.device)
+    throw RuntimeError(cat("no CUDA device ", config.device, " (", device_count(), " visible; docs/gpu.md)"));
+  check(cudaSetDevice(config.device), "cudaSetDevice");
+  return std::make_unique<GptTrainer::Impl>();
+}
+
+GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : impl_(Impl::open(model, config)) {
+  Impl& m = *impl_;
+  const nn::GptConfig& g = model.config();
+  const ParamSet& ps = model.params();
+  m.cfg = g;
+  m.tc = config;
+  m.b = config.micro_batch;
+  m.t = config.seq_len > 0 ? config.seq_len : g.seq_len;
+  LOOM_CHECK(m.b >= 1 && m.t >= 1 && m.t <= g.seq_len);
+  m.n = m.b * m.t;
+  m.c = g.d_model;
+  m.nh = g.n_head;
+  m.v = g.vocab_size;
+  m.ldv = (m.v + 63) / 64 * 64;  // logits rows aligned for the tensor cores
+  m.numel = ps.numel();
+  m.wte = offset_of(ps, "transformer.wte.weight");
+  m.wpe = offset_of(ps, "transformer.wpe.weight");
+  m.ln_f = norm_at(ps, "transformer.ln_f");
+  for (int64_t l = 0; l < g.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l);
+    m.blocks.push_back({norm_at(ps, p + ".ln_1"), norm_at(ps, p + ".ln_2"), linear_at(ps, p + ".attn.c_attn"),
+                        linear_at(ps, p + ".attn.c_proj"), linear_at(ps, p + ".mlp.c_fc"),
+                        linear_at(ps, p + ".mlp.c_proj")});
+  }
+  const optim::DecayPolicy& decay = config.optimizer.decay;
+  for (const ParamInfo& info : ps.infos())
+    for (int64_t i = 0; i < info.numel; i += kern::kAdamChunk)
+      m.chunks.push_back({info.offset + i, static_cast<int32_t>(std::min<int64_t>(kern::kAdamChunk, info.numel - i)),
+                          decay.decays(info.kind) ? 1 : 0});
+
+  check(cublasCreate(&m.blas), "cublasCreate");
+  check(cublasSetStream(m.blas, m.s()), "cublasSetStream");
+  m.params = m.buf(m.numel, 4, "parameters");
+  m.grads = m.buf(m.numel, 4, "gradients");
+  m.exp_avg = m.buf(m.numel, 4, "AdamW exp_avg");
+  m.exp_avg_sq = m.buf(m.numel, 4, "AdamW exp_avg_sq");
+  m.params_bf16 = m.buf(m.numel, 2, "bf16 parameters");
+  m.chunk_table = m.buf(static_cast<int64_t>(m.chunks.size()), sizeof(kern::AdamChunk), "AdamW chunks");
+  m.reduce_scratch = m.buf(kern::kReduceBlocks, 8, "reduction scratch");
+  m.results = m.buf(2, 8, "results");
+  m.tokens = m.buf(m.n, 4, "tokens");
+  m.targets = m.buf(m.n, 4, "targets");
+  m.wte_rows = m.buf(m.n, 4, "token rows");
+  m.wte_starts = m.buf(m.n + 1, 4, "token row starts");
+  m.wte_ids = m.buf(m.n, 4, "token ids");
+  m.host_ids = PinnedBuffer(static_cast<size_t>(2 * m.n) * 4);
+  m.host_csr = PinnedBuffer(static_cast<size_t>(3 * m.n + 1) * 4);
+  m.host_results = PinnedBuffer(16);
+  check(cudaMemcpyAsync(m.chunk_table.as<void>(), m.chunks.data(), m.chunks.size() * sizeof(kern::AdamChunk),
+                        cudaMemcpyHostToDevice, m.s()),
+        "cudaMemcpyAsync");
+  check(cudaMemsetAsync(m.grads.as<void>(), 0, m.grads.bytes(), m.s()), "cudaMemsetAsync");
+  check(cudaMemsetAsync(m.exp_avg.as<void>(), 0, m.exp_avg.bytes(), m.s()), "cudaMemsetAsync");
+  check(cudaMemsetAsync(m.exp_avg_sq.as<void>(), 0, m.exp_avg_sq.bytes(), m.s()), "cudaMemsetAsync");
+  copy_params_from(ps);
+}
+
+GptTrainer::~GptTrainer() = default;
+
+// Tokens and targets to the device on the copy stream (through pinned memory), with the
+// rows of each distinct token id for the embedding's backward (sorted on the host, so that
+// the device adds each id's rows in one block, in order, without atomics).
+void GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt) {
+  LOOM_CHECK_EQ(static_cast<int64_t>(tok.size()), n);
+  LOOM_CHECK_EQ(static_cast<int64_t>(tgt.size()), n);
+  int32_t* ids = host_ids.as<int32_t>();
+  std::copy(tok.begin(), tok.end(), ids);
+  std::copy(tgt.begin(), tgt.end(), ids + n);
+  int32_t* rows = host_csr.as<int32_t>();
+  int32_t* starts = rows + n;
+  int32_t* distinct = starts + n + 1;
+  std::iota(rows, rows + n, 0);
+  std::stable_sort(rows, rows + n, [&](int32_t a, int32_t bb) { return tok[size_t(a)] < tok[size_t(bb)]; });
+  int64_t n_ids = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (i == 0 || tok[size_t(rows[i])] != tok[size_t(rows[i - 1])]) {
+      starts[n_ids] = static_cast<int32_t>(i);
+      distinct[n_ids++] = tok[size_t(rows[i])];
+    }
+  starts[n_ids] = static_cast<int32_t>(n);
+  cudaStream_t cs = copy.get();
+  check(cudaMemcpyAsync(tokens.as<void>(), ids, size_t(n) * 4, cudaMemcpyHostToDevice, cs), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(targets.as<void>(), ids + n, size_t(n) * 4, cudaMemcpyHostToDevice, cs), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(wte_rows.as<void>(), rows, size_t(n) * 4, cudaMemcpyHostToDevice, cs), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(wte_starts.as<void>(), starts, size_t(n_ids + 1) * 4, cudaMemcpyHostToDevice, cs),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(wte_ids.as<void>(), distinct, size_t(n_ids) * 4, cudaMemcpyHostToDevice, cs),
+        "cudaMemcpyAsync");
+  copy.signal(compute);
+  host_results.as<int64_t>()[1] = n_ids;
+}
+
+double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale) {
+  upload_batch(tok, tgt);
+  const int64_t n_ids = host_results.as<int64_t>()[1];
+  const int64_t n_layer = cfg.n_layer, c3 = 3 * c, c4 = 4 * c;
+  std::vector<BlockActs> acts(static_cast<size_t>(n_layer));
+  DeviceBuffer acc = buf(n * c4, 4, "product accumulator (N, 4C)");
+  DeviceBuffer x = buf(n * c, 2, "embedding output");
+  kern::embedding_forward(x.as<bf16>(), tokens.as<int32_t>(), p32(wte), p32(wpe), n, t, c, s());
+  for (int64_t l = 0; l < n_layer; ++l) {
+    BlockActs& a = acts[size_t(l)];
+    const BlockOffsets& w = blocks[size_t(l)];
+    a.x = std::move(x);
+    a.ln_1 = buf(n * c, 2, "ln_1");
+    a.mean_1 = buf(n, 4, "ln_1 mean");
+    a.rstd_1 = buf(n, 4, "ln_1 rstd");
+    kern::layernorm_forward(a.ln_1.as<bf16>(), a.mean_1.as<float>(), a.rstd_1.as<float>(), a.x.as<bf16>(),
+                            p32(w.ln_1.weight), p32(w.ln_1.bias), n, c, s());
+    a.qkv = buf(n * c3, 2, "qkv");
+    linear(acc.as<float>(), a.ln_1.as<bf16>(), w.c_attn, c, c3);
+    kern::bias_forward(a.qkv.as<bf16>(), acc.as<float>(), p32(w.c_attn.bias), n, c3, s());
+    a.att = buf(n * c, 2, "attention output");
+    a.lse = buf(n * nh, 4, "attention log-sum-exp");
+    kern::attention_forward(a.att.as<bf16>(), a.lse.as<float>(), a.qkv.as<bf16>(), b, t, c, nh, s());
+    a.mid = buf(n * c, 2, "residual after attention");
+    linear(acc.as<float>(), a.att.as<bf16>(), w.attn_proj, c, c);
+    kern::bias_residual_forward(a.mid.as<bf16>(), acc.as<float>(), p32(w.attn_proj.bias), a.x.as<bf16>(), n, c, s());
+    a.ln_2 = buf(n * c, 2, "ln_2");
+    a.mean_2 = buf(n, 4, "ln_2 mean");
+    a.rstd_2 = buf(n, 4, "ln_2 rstd");
+    kern::layernorm_forward(a.ln_2.as<bf16>(), a.mean_2.as<float>(), a.rstd_2.as<float>(), a.mid.as<bf16>(),
+                            p32(w.ln_2.weight), p32(w.ln_2.bias), n, c, s());
+    a.h = buf(n * c4, 2, "fc output");
+    a.g = buf(n * c4, 2, "GELU output");
+    linear(acc.as<float>(), a.ln_2.as<bf16>(), w.c_fc, c, c4);
+    kern::bias_gelu_forward(a.h.as<bf16>(), a.g.as<bf16>(), acc.as<float>(), p32(w.c_fc.bias), n, c4, s());
+    x = buf(n * c, 2, "block output");
+    linear(acc.as<float>(), a.g.as<bf16>(), w.mlp_proj, c4, c);
+    kern::bias_residual_forward(x.as<bf16>(), acc.as<float>(), p32(w.mlp_proj.bias), a.mid.as<bf16>(), n, c, s());
+  }
+  acc.reset();
+  // ln_f, the tied head, the loss and its gradient (over the logits, in place)
+  DeviceBuffer lnf = buf(n * c, 2, "ln_f");
+  DeviceBuffer mean_f = buf(n, 4, "ln_f mean"), rstd_f = buf(n, 4, "ln_f rstd");
+  kern::layernorm_forward(lnf.as<bf16>(), mean_f.as<float>(), rstd_f.as<float>(), x.as<bf16>(), p32(ln_f.weight),
+                          p32(ln_f.bias), n, c, s());
+  DeviceBuffer logits = buf(n * ldv, 2, "logits (N, V)");
+  gemm(true, false, v, n, c, p16(wte), c, lnf.as<bf16>(), c, logits.as<bf16>(), false, ldv, false);
+  DeviceBuffer losses = buf(n, 4, "losses");
+  kern::cross_entropy(losses.as<float>(), logits.as<bf16>(), targets.as<int32_t>(), n, v, ldv,
+                      static_cast<float>(scale / static_cast<double>(n)), s());
+  kern::reduce_sum(results.as<double>(), losses.as<float>(), n, false, reduce_scratch.as<double>(), s());
+  check(cudaMemcpyAsync(host_results.as<double>(), results.as<double>(), 8, cudaMemcpyDeviceToHost, s()),
+        "cudaMemcpyAsync");
+  losses.reset();
+
+  const int64_t parts_rows = std::max(kern::column_sum_parts(n), 2 * kern::layernorm_partials(n));
+  DeviceBuffer parts = buf(parts_rows * c4, 4, "partial sums");
+  DeviceBuffer dlnf = buf(n * c, 2, "ln_f gradient");
+  gemm(false, false, c, n, v, p16(wte), c, logits.as<bf16>(), ldv, dlnf.as<bf16>(), false, c, false);
+  gemm(false, true, c, v, n, lnf.as<bf16>(), c, logits.as<bf16>(), ldv, g32(wte), true, c, true);
+  logits.reset();
+  DeviceBuffer dx = buf(n * c, 2, "residual gradient");
+  norm_backward(dx.as<bf16>(), dlnf.as<bf16>(), x.as<bf16>(), mean_f, rstd_f, ln_f, nullptr, parts.as<float>());
+  lnf.reset();
+  x.reset();
+  DeviceBuffer dwide = buf(n * c4, 2, "gradient (N, 4C)");
+  DeviceBuffer dnarrow = buf(n * c, 2, "gradient (N, C)");
+  DeviceBuffer dmid = buf(n * c, 2, "residual gradient after attention");
+  DeviceBuffer dpre = buf(n * nh, 4, "attention dpre");
+  for (int64_t l = n_layer - 1; l >= 0; --l) {
+    BlockActs& a = acts[size_t(l)];
+    const BlockOffsets& w = blocks[size_t(l)];
+    // MLP: dx is the gradient of the block's output
+    linear_backward(dwide.as<bf16>(), dx.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, parts.as<float>());
+    kern::gelu_backward(dwide.as<bf16>(), a.h.as<bf16>(), dwide.as<bf16>(), n * c4, s());
+    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_2.as<bf16>(), w.c_fc, c, c4, parts.as<float>());
+    norm_backward(dmid.as<bf16>(), dnarrow.as<bf16>(), a.mid.as<bf16>(), a.mean_2, a.rstd_2, w.ln_2, dx.as<bf16>(),
+                  parts.as<float>());
+    // attention: dmid is the gradient of x + attention
+    linear_backward(dnarrow.as<bf16>(), dmid.as<bf16>(), a.att.as<bf16>(), w.attn_proj, c, c, parts.as<float>());
+    kern::attention_backward(dwide.as<bf16>(), dpre.as<float>(), dnarrow.as<bf16>(), a.qkv.as<bf16>(),
+                             a.att.as<bf16>(), a.lse.as<float>(), b, t, c, nh, s());
+    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_1.as<bf16>(), w.c_attn, c, c3, parts.as<float>());
+    norm_backward(dx.as<bf16>(), dnarrow.as<bf16>(), a.x.as<bf16>(), a.mean_1, a.rstd_1, w.ln_1, dmid.as<bf16>(),
+                  parts.as<float>());
+    a = BlockActs{};
+  }
+  kern::wpe_backward(g32(wpe), dx.as<bf16>(), b, t, c, s());
+  kern::wte_backward(g32(wte), dx.as<bf16>(), wte_rows.as<int32_t>(), wte_starts.as<int32_t>(), wte_ids.as<int32_t>(),
+                     n_ids, c, s());
+  compute.synchronize();
+  return host_results.as<double>()[0] / static_cast<double>(n);
+}
+
+double GptTrainer::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets, double scale) {
+  return impl_->forward_backward(tokens, targets, scale);
+}
+
+double GptTrainer::step(double lr) {
+  Impl& m = *impl_;
+  kern::reduce_sum(m.results.as<double>(), m.grads.as<float>(), m.numel, true, m.reduce_scratch.as<double>(), m.s());
+  check(cudaMemcpyAsync(m.host_results.as<double>(), m.results.as<double>(), 8, cudaMemcpyDeviceToHost, m.s()),
+        "cudaMemcpyAsync");
+  m.compute.synchronize();
+  const double norm = std::sqrt(m.host_results.as<double>()[0]);
+  const double max_norm = m.tc.max_grad_norm;
+  const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+  ++m.steps;
+  const optim::OptimizerConfig& o = m.tc.optimizer;
+  const kern::AdamArgs args{.lr = float(lr),
+                            .beta1 = float(o.beta1),
+                            .beta2 = float(o.beta2),
+                            .eps = float(o.eps),
+                            .weight_decay = float(o.weight_decay),
+                            .bias1 = float(1.0 - std::pow(o.beta1, double(m.steps))),
+                            .bias2_sqrt = float(std::sqrt(1.0 - std::pow(o.beta2, double(m.steps)))),
+                            .grad_scale = float(clip)};
+  kern::adamw(m.params.as<float>(), m.grads.as<float>(), m.exp_avg.as<float>(), m.exp_avg_sq.as<float>(),
+              m.params_bf16.as<bf16>(), m.chunk_table.as<kern::AdamChunk>(), int64_t(m.chunks.size()), args, m.s());
+  check(cudaMemsetAsync(m.grads.as<void>(), 0, m.grads.bytes(), m.s()), "cudaMemsetAsync");
+  return norm;
+}
+
+int64_t GptTrainer::steps() const { return impl_->steps; }
+
+namespace {
+
+void to_host(void* dst, const DeviceBuffer& src, size_t bytes, cudaStream_t s) {
+  check(cudaMemcpyAsync(dst, src.as<void>(), bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+}  // namespace
+
+void GptTrainer::copy_params_to(const ParamSet& params) const {
+  LOOM_CHECK_EQ(params.numel(), impl_->numel);
+  to_host(params.values().data<float>(), impl_->params, size_t(impl_->numel) * 4, impl_->s());
+}
+
+void GptTrainer::copy_grads_to(const ParamSet& params) const {
+  LOOM_CHECK_EQ(params.numel(), impl_->numel);
+  to_host(params.grads().data<float>(), impl_->grads, size_t(impl_->numel) * 4, impl_->s());
+}
+
+void GptTrainer::copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {
+  LOOM_CHECK_EQ(exp_avg.numel(), impl_->numel);
+  LOOM_CHECK_EQ(exp_avg_sq.numel(), impl_->numel);
+  to_host(exp_avg.data<float>(), impl_->exp_avg, size_t(impl_->numel) * 4, impl_->s());
+  to_host(exp_avg_sq.data<float>(), impl_->exp_avg_sq, size_t(impl_->numel) * 4, impl_->s());
+}
+
+void GptTrainer::copy_params_from(const ParamSet& params) {
+  Impl& m = *impl_;
+  LOOM_CHECK_EQ(params.numel(), m.numel);
+  m.compute.synchronize();  // no queued update still writes the parameters
+  check(cudaMemcpy(m.params.as<void>(), params.values().data<float>(), size_t(m.numel) * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  kern::cast_to_bf16(m.params_bf16.as<bf16>(), m.params.as<float>(), m.numel, m.s());
+  m.compute.synchronize();
+}
+
+MemoryStats GptTrainer::memory() const { return impl_->alloc.stats(); }
+
+void GptTrainer::synchronize() const { impl_->compute.synchronize(); }
+
+}  // namespace loom::gpu

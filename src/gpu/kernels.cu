@@ -1,0 +1,357 @@
+// Loom's CUDA kernels for a GPT step, except attention (attention.cu). kernels.h says what
+// each computes; the comments here say how. Reductions add in orders fixed by the shapes.
+#include <cuda_bf16.h>
+
+#include "gpu/kernels.h"
+
+namespace loom::gpu::kern {
+namespace {
+
+using nvbf = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr float kLayerNormEps = 1e-5f;  // as PyTorch's and GPT-2's default, and the CPU's
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+__device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
+__device__ __forceinline__ bf16 to_bf(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_bf(float v) { return to_f(to_bf(v)); }
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+// The sum of v over the block's threads, in a fixed order (warp shuffles, then the warps'
+// sums by the first warp). `shared` holds kThreads / 32 floats; every thread gets the sum.
+__device__ float block_sum(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared may still be read by the previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float s = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+__device__ float block_max(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float s = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : -INFINITY;
+  for (int o = 16; o > 0; o >>= 1) s = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, o));
+  return s;
+}
+
+__device__ __forceinline__ float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+__global__ void cast_kernel(bf16* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = to_bf(in[i]);
+}
+
+__global__ void widen_kernel(float* out, const bf16* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = to_f(in[i]);
+}
+
+__global__ void embedding_kernel(bf16* x, const int32_t* tokens, const float* wte, const float* wpe, int64_t n,
+                                 int64_t t, int64_t c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * c; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = i / c, col = i % c;
+    x[i] = to_bf(wte[tokens[row] * c + col] + wpe[(row % t) * c + col]);
+  }
+}
+
+__global__ void wpe_backward_kernel(float* dwpe, const bf16* dx, int64_t b, int64_t t, int64_t c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < t * c; i += int64_t{gridDim.x} * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t s_b = 0; s_b < b; ++s_b) s += to_f(dx[s_b * t * c + i]);
+    dwpe[i] += s;
+  }
+}
+
+__global__ void wte_backward_kernel(float* dwte, const bf16* dx, const int32_t* rows, const int32_t* starts,
+                                    const int32_t* ids, int64_t c) {
+  const int64_t id = blockIdx.x;
+  for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
+    float s = 0.0f;
+    for (int32_t r = starts[id]; r < starts[id + 1]; ++r) s += to_f(dx[int64_t{rows[r]} * c + col]);
+    dwte[int64_t{ids[id]} * c + col] += s;
+  }
+}
+
+// One warp per row: the mean, then the variance about it (two passes over the row, which
+// is in L1 after the first).
+__global__ void layernorm_forward_kernel(bf16* out, float* mean, float* rstd, const bf16* x, const float* w,
+                                         const float* b, int64_t n, int64_t c) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= n) return;
+  const bf16* xr = x + row * c;
+  float s = 0.0f;
+  for (int64_t i = lane; i < c; i += 32) s += to_f(xr[i]);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float mu = s / static_cast<float>(c);
+  float q = 0.0f;
+  for (int64_t i = lane; i < c; i += 32) {
+    const float d = to_f(xr[i]) - mu;
+    q += d * d;
+  }
+  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+  const float rs = 1.0f / sqrtf(q / static_cast<float>(c) + kLayerNormEps);
+  for (int64_t i = lane; i < c; i += 32) out[row * c + i] = to_bf((to_f(xr[i]) - mu) * rs * w[i] + b[i]);
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+constexpr int kLnCols = 4096 / kThreads;  // columns a thread owns in layernorm_backward
+
+// A block takes kLnRows rows; each thread owns columns tid, tid + 256, ..., and keeps its
+// columns' weight and bias gradient sums over the block's rows in registers.
+__global__ void layernorm_backward_kernel(bf16* dx, float* dw_part, float* db_part, const bf16* dy, const bf16* x,
+                                          const float* mean, const float* rstd, const float* w, const bf16* dres,
+                                          int64_t n, int64_t c) {
+  __shared__ float shared[kThreads / 32];
+  float dw[kLnCols], db[kLnCols];
+  for (int k = 0; k < kLnCols; ++k) dw[k] = db[k] = 0.0f;
+  const int64_t first = blockIdx.x * kLnRows;
+  for (int64_t row = first; row < first + kLnRows && row < n; ++row) {
+    const float mu = mean[row], rs = rstd[row];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int k = 0; k < kLnCols; ++k) {
+      const int64_t col = threadIdx.x + int64_t{k} * kThreads;
+      if (col >= c) break;
+      const float g = to_f(dy[row * c + col]);
+      const float xhat = (to_f(x[row * c + col]) - mu) * rs;
+      const float gw = g * w[col];
+      s1 += gw;
+      s2 += gw * xhat;
+      dw[k] += g * xhat;
+      db[k] += g;
+    }
+    s1 = block_sum(s1, shared) / static_cast<float>(c);
+    s2 = block_sum(s2, shared) / static_cast<float>(c);
+    for (int k = 0; k < kLnCols; ++k) {
+      const int64_t col = threadIdx.x + int64_t{k} * kThreads;
+      if (col >= c) break;
+      const float g = to_f(dy[row * c + col]);
+      const float xhat = (to_f(x[row * c + col]) - mu) * rs;
+      float v = rs * (g * w[col] - s1 - xhat * s2);
+      if (dres != nullptr) v += to_f(dres[row * c + col]);
+      dx[row * c + col] = to_bf(v);
+    }
+  }
+  for (int k = 0; k < kLnCols; ++k) {
+    const int64_t col = threadIdx.x + int64_t{k} * kThreads;
+    if (col >= c) break;
+    dw_part[blockIdx.x * c + col] = dw[k];
+    db_part[blockIdx.x * c + col] = db[k];
+  }
+}
+
+__global__ void add_partials_kernel(float* dst, const float* parts, int64_t p, int64_t m) {
+  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (col >= m) return;
+  float s = 0.0f;
+  for (int64_t i = 0; i < p; ++i) s += parts[i * m + col];
+  dst[col] += s;
+}
+
+__global__ void column_sums_kernel(float* parts, const bf16* y, int64_t n, int64_t m) {
+  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (col >= m) return;
+  const int64_t first = blockIdx.y * kColRows;
+  float s = 0.0f;
+  for (int64_t r = first; r < first + kColRows && r < n; ++r) s += to_f(y[r * m + col]);
+  parts[blockIdx.y * m + col] = s;
+}
+
+__global__ void bias_kernel(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = to_bf(acc[i] + bias[i % m]);
+}
+
+__global__ void bias_residual_kernel(bf16* out, const float* acc, const float* bias, const bf16* residual, int64_t n,
+                                     int64_t m) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = to_bf(to_f(residual[i]) + round_bf(acc[i] + bias[i % m]));
+}
+
+__global__ void bias_gelu_kernel(bf16* h, bf16* g, const float* acc, const float* bias, int64_t n, int64_t m) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x) {
+    const float hv = round_bf(acc[i] + bias[i % m]);
+    h[i] = to_bf(hv);
+    g[i] = to_bf(gelu(hv));
+  }
+}
+
+__global__ void gelu_backward_kernel(bf16* dh, const bf16* h, const bf16* dg, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_f(h[i]);
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    const float th = tanhf(u);
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dh[i] = to_bf((0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * to_f(dg[i]));
+  }
+}
+
+// One block per row: its largest logit, the sum of exponentials, then the gradient in place.
+__global__ void cross_entropy_kernel(float* losses, bf16* logits, const int32_t* targets, int64_t v, int64_t ldv,
+                                     float dscale) {
+  __shared__ float shared[kThreads / 32];
+  bf16* row = logits + blockIdx.x * ldv;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) mx = fmaxf(mx, to_f(row[i]));
+  mx = block_max(mx, shared);
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) s += expf(to_f(row[i]) - mx);
+  s = block_sum(s, shared);
+  const float lse = mx + logf(s);
+  const int32_t target = targets[blockIdx.x];
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_f(row[target]);
+  __syncthreads();  // the target's logit is read before any thread overwrites it
+  for (int64_t i = threadIdx.x; i < ldv; i += blockDim.x) {
+    const float d = i < v ? (expf(to_f(row[i]) - lse) - (i == target ? 1.0f : 0.0f)) * dscale : 0.0f;
+    row[i] = to_bf(d);
+  }
+}
+
+__device__ double block_sum_double(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void reduce_partial_kernel(double* scratch, const float* x, int64_t n, bool square) {
+  __shared__ double shared[kThreads];
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = x[i];
+    s += square ? v * v : v;
+  }
+  const double total = block_sum_double(s, shared);
+  if (threadIdx.x == 0) scratch[blockIdx.x] = total;
+}
+
+__global__ void reduce_final_kernel(double* out, const double* scratch, int parts) {
+  __shared__ double shared[kThreads];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) s += scratch[i];
+  const double total = block_sum_double(s, shared);
+  if (threadIdx.x == 0) out[0] = total;
+}
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16* p_bf16, const AdamChunk* chunks,
+                             AdamArgs a) {
+  const AdamChunk ch = chunks[blockIdx.x];
+  const float decay = ch.decay ? 1.0f - a.lr * a.weight_decay : 1.0f;
+  const float step = a.lr / a.bias1;
+  for (int64_t i = ch.begin + threadIdx.x; i < ch.begin + ch.len; i += blockDim.x) {
+    const float grad = g[i] * a.grad_scale;
+    const float mi = m[i] + (grad - m[i]) * (1.0f - a.beta1);
+    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * grad * grad;
+    const float pi = p[i] * decay - step * mi / (sqrtf(vi) / a.bias2_sqrt + a.eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    p_bf16[i] = to_bf(pi);
+  }
+}
+
+}  // namespace
+
+void cast_to_bf16(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
+  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
+}
+
+void widen_bf16(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
+  widen_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, in, n);
+}
+
+void embedding_forward(bf16* x, const int32_t* tokens, const float* wte, const float* wpe, int64_t n, int64_t t,
+                       int64_t c, cudaStream_t stream) {
+  embedding_kernel<<<blocks_for(n * c), kThreads, 0, stream>>>(x, tokens, wte, wpe, n, t, c);
+}
+
+void wpe_backward(float* dwpe, const bf16* dx, int64_t b, int64_t t, int64_t c, cudaStream_t stream) {
+  wpe_backward_kernel<<<blocks_for(t * c), kThreads, 0, stream>>>(dwpe, dx, b, t, c);
+}
+
+void wte_backward(float* dwte, const bf16* dx, const int32_t* rows, const int32_t* starts, const int32_t* ids,
+                  int64_t n_ids, int64_t c, cudaStream_t stream) {
+  if (n_ids == 0) return;
+  wte_backward_kernel<<<static_cast<unsigned>(n_ids), kThreads, 0, stream>>>(dwte, dx, rows, starts, ids, c);
+}
+
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const float* w, const float* b, int64_t n,
+                       int64_t c, cudaStream_t stream) {
+  const int64_t rows_per_block = kThreads / 32;
+  layernorm_forward_kernel<<<static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block), kThreads, 0, stream>>>(
+      out, mean, rstd, x, w, b, n, c);
+}
+
+void layernorm_backward(bf16* dx, float* dw_part, float* db_part, const bf16* dy, const bf16* x, const float* mean,
+                        const float* rstd, const float* w, const bf16* dres, int64_t n, int64_t c,
+                        cudaStream_t stream) {
+  layernorm_backward_kernel<<<static_cast<unsigned>(layernorm_partials(n)), kThreads, 0, stream>>>(
+      dx, dw_part, db_part, dy, x, mean, rstd, w, dres, n, c);
+}
+
+void add_partials(float* dst, const float* parts, int64_t p, int64_t m, cudaStream_t stream) {
+  add_partials_kernel<<<static_cast<unsigned>((m + kThreads - 1) / kThreads), kThreads, 0, stream>>>(dst, parts, p, m);
+}
+
+void column_sums(float* parts, const bf16* y, int64_t n, int64_t m, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((m + kThreads - 1) / kThreads), static_cast<unsigned>(column_sum_parts(n)));
+  column_sums_kernel<<<grid, kThreads, 0, stream>>>(parts, y, n, m);
+}
+
+void bias_forward(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {
+  bias_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(out, acc, bias, n, m);
+}
+
+void bias_residual_forward(bf16* out, const float* acc, const float* bias, const bf16* residual, int64_t n, int64_t m,
+                           cudaStream_t stream) {
+  bias_residual_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(out, acc, bias, residual, n, m);
+}
+
+void bias_gelu_forward(bf16* h, bf16* g, const float* acc, const float* bias, int64_t n, int64_t m,
+                       cudaStream_t stream) {
+  bias_gelu_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(h, g, acc, bias, n, m);
+}
+
+void gelu_backward(bf16* dh, const bf16* h, const bf16* dg, int64_t n, cudaStream_t stream) {
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dh, h, dg, n);
+}
+
+void cross_entropy(float* losses, bf16* logits, const int32_t* targets, int64_t n, int64_t v, int64_t ldv,
+                   float dscale, cudaStream_t stream) {
+  if (n == 0) return;
+  cross_entropy_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(losses, logits, targets, v, ldv, dscale);
+}
+
+void reduce_sum(double* out, const float* x, int64_t n, bool square, double* scratch, cudaStream_t stream) {
+  reduce_partial_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(scratch, x, n, square);
+  reduce_final_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kReduceBlocks);
+}
+
+void adamw(float* p, const float* g, float* m, float* v, bf16* p_bf16, const AdamChunk* chunks, int64_t n_chunks,
+           const AdamArgs& args, cudaStream_t stream) {
+  if (n_chunks == 0) return;
+  adamw_kernel<<<static_cast<unsigned>(n_chunks), kThreads, 0, stream>>>(p, g, m, v, p_bf16, chunks, args);
+}
+
+}  // namespace loom::gpu::kern
