@@ -6,11 +6,12 @@
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [gpu|cpu|all]     (default all)
+#   bench/gpu_machine.sh [STEP...]    steps: tests bench peer cpu compile (default: all of them)
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
-what=${1:-all}
+steps=" ${*:-tests bench peer cpu compile} "
+want() { [[ $steps == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
@@ -41,18 +42,20 @@ fi
 grep -c "warning:" "$OUT/build.txt" | sed 's/^/compiler warnings: /' | tee -a "$S"
 export LD_LIBRARY_PATH=/opt/devkit/usr/lib/x86_64-linux-gnu:/opt/devkit/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-if [ "$what" != cpu ]; then
+if want tests; then
   say "gpu tests"
   OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
   echo "gpu_test exit $?" | tee -a "$S"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
-  run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5
-  run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
-  peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa
-        --vocab 50304 --steps 20 --warmup 5)
-  run 180 "${peer[@]}"
 fi
-if [ "$what" != gpu ]; then
+if want bench; then
+  run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
+  run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
+fi
+peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa
+      --vocab 50304 --steps 20 --warmup 5)
+want peer && run 180 "${peer[@]}"
+if want cpu; then
   cores=$(nproc)
   run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2
   for th in 1 "$cores"; do
@@ -61,7 +64,5 @@ if [ "$what" != gpu ]; then
     done
   done
 fi
-if [ "$what" != cpu ]; then
-  run 300 "${peer[@]}" --compile
-fi
+want compile && run 300 "${peer[@]}" --compile
 say "done $(date -u)"

@@ -266,6 +266,7 @@ int run(int argc, char** argv) {
   bgpu->add_option("--warmup", bench_gpu.warmup, "Untimed steps first")->capture_default_str();
   bgpu->add_option("--device", bench_gpu.device, "CUDA device")->capture_default_str();
   bgpu->add_option("--peak-tflops", bench_gpu.peak_tflops, "Use this bf16 peak instead of measuring it");
+  bgpu->add_flag("--profile", bench_gpu.profile, "Also the device time of each phase of the step (CUDA events)");
   std::vector<int64_t> gemm_threads = {1, 2};
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();

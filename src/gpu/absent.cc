@@ -38,5 +38,6 @@ void GptTrainer::copy_params_from(const ParamSet&) { unreachable(); }
 void GptTrainer::copy_moments_to(const Tensor&, const Tensor&) const { unreachable(); }
 MemoryStats GptTrainer::memory() const { unreachable(); }
 void GptTrainer::synchronize() const { unreachable(); }
+std::vector<std::pair<std::string, double>> GptTrainer::phase_ms() { unreachable(); }
 
 }  // namespace loom::gpu

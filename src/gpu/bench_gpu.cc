@@ -19,6 +19,7 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
   GptTrainerConfig tc;
   tc.micro_batch = a.micro_batch;
   tc.device = a.device;
+  tc.profile = a.profile;
   GptTrainer trainer(model, tc);  // InputError in a build without CUDA
   const double peak = a.peak_tflops > 0 ? a.peak_tflops : bf16_gemm_tflops(a.device);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
@@ -41,6 +42,7 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
     trainer.step(3e-4);
     trainer.synchronize();
     if (s == 0) first_loss = loss;
+    if (s + 1 == a.warmup) trainer.phase_ms();  // the timed steps' phases only
     if (s >= a.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(times.begin(), times.end());
@@ -55,6 +57,14 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
   std::printf("%10.2f %12.2f %12.0f %10.1f %10.1f %7.1f%% %10.2f GiB %10.2f GiB %8.4f->%.4f\n", step * 1e3,
               times.front() * 1e3, tps, tflops, peak, 100.0 * tflops / peak, double(mem.peak_in_use) / gib,
               double(mem.peak_reserved) / gib, first_loss, loss);
+  if (a.profile) {
+    const auto phases = trainer.phase_ms();
+    double total = 0;
+    for (const auto& [name, ms] : phases) total += ms;
+    std::printf("# device time per step by phase (ms, %% of %.2f ms)\n", total / double(a.steps));
+    for (const auto& [name, ms] : phases)
+      std::printf("%24s %9.2f %6.1f%%\n", name.c_str(), ms / double(a.steps), 100.0 * ms / total);
+  }
   std::fflush(stdout);
   return 0;
 }

@@ -176,4 +176,39 @@ void Stream::signal(const Stream& other) const {
 
 void Stream::synchronize() const { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
+PhaseTimer::~PhaseTimer() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+void PhaseTimer::mark(const char* phase, cudaStream_t stream) {
+  if (!on_) return;
+  if (used_ == events_.size()) {
+    events_.emplace_back();
+    check(cudaEventCreate(&events_.back()), "cudaEventCreate");
+  }
+  check(cudaEventRecord(events_[used_++], stream), "cudaEventRecord");
+  names_.push_back(phase);
+}
+
+void PhaseTimer::collect() {
+  if (!on_) return;
+  for (size_t i = 1; i < used_; ++i) {
+    check(cudaEventSynchronize(events_[i]), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "cudaEventElapsedTime");
+    const std::string name = names_[i - 1];
+    auto it = std::find_if(totals_.begin(), totals_.end(), [&](const auto& t) { return t.first == name; });
+    if (it == totals_.end()) it = totals_.insert(totals_.end(), {name, 0.0});
+    it->second += ms;
+  }
+  used_ = 0;
+  names_.clear();
+}
+
+std::vector<std::pair<std::string, double>> PhaseTimer::take() {
+  std::vector<std::pair<std::string, double>> out;
+  out.swap(totals_);
+  return out;
+}
+
 }  // namespace loom::gpu

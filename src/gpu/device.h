@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "loom/gpu/gpu.h"
 
@@ -109,6 +111,30 @@ class Stream {
  private:
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;
+};
+
+// Times named phases of the work queued on one stream with CUDA events (`loom bench gpu
+// --profile`, docs/gpu.md): mark(name) begins phase `name` where the previous phase ends;
+// collect(), once the stream has done that work, adds each phase's time to its total. Off,
+// both do nothing.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(bool on) : on_(on) {}
+  ~PhaseTimer();
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+  void enable(bool on) { on_ = on; }
+  void mark(const char* phase, cudaStream_t stream);
+  void collect();
+  // Milliseconds by phase since the last take, in the order the phases first ran.
+  std::vector<std::pair<std::string, double>> take();
+
+ private:
+  bool on_;
+  std::vector<cudaEvent_t> events_;  // a pool; the first `used_` recorded since the last collect
+  std::vector<const char*> names_;
+  size_t used_ = 0;
+  std::vector<std::pair<std::string, double>> totals_;
 };
 
 }  // namespace loom::gpu

@@ -57,6 +57,7 @@ struct GptTrainer::Impl {
 
   DeviceAllocator alloc;
   Stream compute, copy;
+  PhaseTimer timer{false};
   cublasHandle_t blas = nullptr;
   DeviceBuffer params, grads, exp_avg, exp_avg_sq, params_bf16, chunk_table, reduce_scratch, results;
   DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
@@ -70,6 +71,7 @@ struct GptTrainer::Impl {
   float* g32(int64_t off) const { return grads.as<float>() + off; }
   const bf16* p16(int64_t off) const { return params_bf16.as<bf16>() + off; }
   cudaStream_t s() const { return compute.get(); }
+  void mark(const char* phase) { timer.mark(phase, s()); }
   DeviceBuffer buf(int64_t elements, size_t elem_bytes, const char* what) {
     return DeviceBuffer(alloc, static_cast<size_t>(elements) * elem_bytes, what);
   }
@@ -84,19 +86,24 @@ struct GptTrainer::Impl {
           "cublasGemmEx");
   }
   // acc (N, M) f32 = x (N, K) @ w (K, M)
-  void linear(float* acc, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m) const {
+  void linear(float* acc, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m) {
+    mark("linear forward");
     gemm(false, false, m, n, k, p16(w.weight), m, x, k, acc, true, m, false);
   }
   // dx (N, K) bf16 = dy (N, M) @ w^T; dw (K, M) += x^T @ dy; db (M) += column sums of dy.
   void linear_backward(bf16* dx, const bf16* dy, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m,
-                       float* parts) const {
+                       float* parts) {
+    mark("linear backward dx");
     gemm(true, false, k, n, m, p16(w.weight), m, dy, m, dx, false, k, false);
+    mark("linear backward dw");
     gemm(false, true, m, k, n, dy, m, x, k, g32(w.weight), true, m, true);
+    mark("bias gradients");
     kern::column_sums(parts, dy, n, m, s());
     kern::add_partials(g32(w.bias), parts, kern::column_sum_parts(n), m, s());
   }
   void norm_backward(bf16* dx, const bf16* dy, const bf16* x, const DeviceBuffer& mean, const DeviceBuffer& rstd,
-                     const NormOffsets& w, const bf16* dres, float* parts) const {
+                     const NormOffsets& w, const bf16* dres, float* parts) {
+    mark("layernorm backward");
     const int64_t p = kern::layernorm_partials(n);
     kern::layernorm_backward(dx, parts, parts + p * c, dy, x, mean.as<float>(), rstd.as<float>(), p32(w.weight), dres,
                              n, c, s());
@@ -151,6 +158,7 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
   const ParamSet& ps = model.params();
   m.cfg = g;
   m.tc = config;
+  m.timer.enable(config.profile);
   m.b = config.micro_batch;
   m.t = config.seq_len > 0 ? config.seq_len : g.seq_len;
   LOOM_CHECK(m.b >= 1 && m.t >= 1 && m.t <= g.seq_len);
@@ -244,6 +252,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   std::vector<BlockActs> acts(static_cast<size_t>(n_layer));
   DeviceBuffer acc = buf(n * c4, 4, "product accumulator (N, 4C)");
   DeviceBuffer x = buf(n * c, 2, "embedding output");
+  mark("embedding");
   kern::embedding_forward(x.as<bf16>(), tokens.as<int32_t>(), p32(wte), p32(wpe), n, t, c, s());
   for (int64_t l = 0; l < n_layer; ++l) {
     BlockActs& a = acts[size_t(l)];
@@ -252,39 +261,49 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     a.ln_1 = buf(n * c, 2, "ln_1");
     a.mean_1 = buf(n, 4, "ln_1 mean");
     a.rstd_1 = buf(n, 4, "ln_1 rstd");
+    mark("layernorm");
     kern::layernorm_forward(a.ln_1.as<bf16>(), a.mean_1.as<float>(), a.rstd_1.as<float>(), a.x.as<bf16>(),
                             p32(w.ln_1.weight), p32(w.ln_1.bias), n, c, s());
     a.qkv = buf(n * c3, 2, "qkv");
     linear(acc.as<float>(), a.ln_1.as<bf16>(), w.c_attn, c, c3);
+    mark("bias, residual, GELU");
     kern::bias_forward(a.qkv.as<bf16>(), acc.as<float>(), p32(w.c_attn.bias), n, c3, s());
     a.att = buf(n * c, 2, "attention output");
     a.lse = buf(n * nh, 4, "attention log-sum-exp");
+    mark("attention forward");
     kern::attention_forward(a.att.as<bf16>(), a.lse.as<float>(), a.qkv.as<bf16>(), b, t, c, nh, s());
     a.mid = buf(n * c, 2, "residual after attention");
     linear(acc.as<float>(), a.att.as<bf16>(), w.attn_proj, c, c);
+    mark("bias, residual, GELU");
     kern::bias_residual_forward(a.mid.as<bf16>(), acc.as<float>(), p32(w.attn_proj.bias), a.x.as<bf16>(), n, c, s());
     a.ln_2 = buf(n * c, 2, "ln_2");
     a.mean_2 = buf(n, 4, "ln_2 mean");
     a.rstd_2 = buf(n, 4, "ln_2 rstd");
+    mark("layernorm");
     kern::layernorm_forward(a.ln_2.as<bf16>(), a.mean_2.as<float>(), a.rstd_2.as<float>(), a.mid.as<bf16>(),
                             p32(w.ln_2.weight), p32(w.ln_2.bias), n, c, s());
     a.h = buf(n * c4, 2, "fc output");
     a.g = buf(n * c4, 2, "GELU output");
     linear(acc.as<float>(), a.ln_2.as<bf16>(), w.c_fc, c, c4);
+    mark("bias, residual, GELU");
     kern::bias_gelu_forward(a.h.as<bf16>(), a.g.as<bf16>(), acc.as<float>(), p32(w.c_fc.bias), n, c4, s());
     x = buf(n * c, 2, "block output");
     linear(acc.as<float>(), a.g.as<bf16>(), w.mlp_proj, c4, c);
+    mark("bias, residual, GELU");
     kern::bias_residual_forward(x.as<bf16>(), acc.as<float>(), p32(w.mlp_proj.bias), a.mid.as<bf16>(), n, c, s());
   }
   acc.reset();
   // ln_f, the tied head, the loss and its gradient (over the logits, in place)
   DeviceBuffer lnf = buf(n * c, 2, "ln_f");
   DeviceBuffer mean_f = buf(n, 4, "ln_f mean"), rstd_f = buf(n, 4, "ln_f rstd");
+  mark("layernorm");
   kern::layernorm_forward(lnf.as<bf16>(), mean_f.as<float>(), rstd_f.as<float>(), x.as<bf16>(), p32(ln_f.weight),
                           p32(ln_f.bias), n, c, s());
   DeviceBuffer logits = buf(n * ldv, 2, "logits (N, V)");
+  mark("head forward");
   gemm(true, false, v, n, c, p16(wte), c, lnf.as<bf16>(), c, logits.as<bf16>(), false, ldv, false);
   DeviceBuffer losses = buf(n, 4, "losses");
+  mark("cross-entropy");
   kern::cross_entropy(losses.as<float>(), logits.as<bf16>(), targets.as<int32_t>(), n, v, ldv,
                       static_cast<float>(scale / static_cast<double>(n)), s());
   kern::reduce_sum(results.as<double>(), losses.as<float>(), n, false, reduce_scratch.as<double>(), s());
@@ -295,6 +314,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   const int64_t parts_rows = std::max(kern::column_sum_parts(n), 2 * kern::layernorm_partials(n));
   DeviceBuffer parts = buf(parts_rows * c4, 4, "partial sums");
   DeviceBuffer dlnf = buf(n * c, 2, "ln_f gradient");
+  mark("head backward");
   gemm(false, false, c, n, v, p16(wte), c, logits.as<bf16>(), ldv, dlnf.as<bf16>(), false, c, false);
   gemm(false, true, c, v, n, lnf.as<bf16>(), c, logits.as<bf16>(), ldv, g32(wte), true, c, true);
   logits.reset();
@@ -311,12 +331,14 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     const BlockOffsets& w = blocks[size_t(l)];
     // MLP: dx is the gradient of the block's output
     linear_backward(dwide.as<bf16>(), dx.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, parts.as<float>());
+    mark("GELU backward");
     kern::gelu_backward(dwide.as<bf16>(), a.h.as<bf16>(), dwide.as<bf16>(), n * c4, s());
     linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_2.as<bf16>(), w.c_fc, c, c4, parts.as<float>());
     norm_backward(dmid.as<bf16>(), dnarrow.as<bf16>(), a.mid.as<bf16>(), a.mean_2, a.rstd_2, w.ln_2, dx.as<bf16>(),
                   parts.as<float>());
     // attention: dmid is the gradient of x + attention
     linear_backward(dnarrow.as<bf16>(), dmid.as<bf16>(), a.att.as<bf16>(), w.attn_proj, c, c, parts.as<float>());
+    mark("attention backward");
     kern::attention_backward(dwide.as<bf16>(), dpre.as<float>(), dnarrow.as<bf16>(), a.qkv.as<bf16>(),
                              a.att.as<bf16>(), a.lse.as<float>(), b, t, c, nh, s());
     linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_1.as<bf16>(), w.c_attn, c, c3, parts.as<float>());
@@ -324,10 +346,13 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
                   parts.as<float>());
     a = BlockActs{};
   }
+  mark("embedding backward");
   kern::wpe_backward(g32(wpe), dx.as<bf16>(), b, t, c, s());
   kern::wte_backward(g32(wte), dx.as<bf16>(), wte_rows.as<int32_t>(), wte_starts.as<int32_t>(), wte_ids.as<int32_t>(),
                      n_ids, c, s());
+  mark("end");
   compute.synchronize();
+  timer.collect();
   return host_results.as<double>()[0] / static_cast<double>(n);
 }
 
@@ -337,6 +362,7 @@ double GptTrainer::forward_backward(std::span<const int32_t> tokens, std::span<c
 
 double GptTrainer::step(double lr) {
   Impl& m = *impl_;
+  m.mark("gradient norm");
   kern::reduce_sum(m.results.as<double>(), m.grads.as<float>(), m.numel, true, m.reduce_scratch.as<double>(), m.s());
   check(cudaMemcpyAsync(m.host_results.as<double>(), m.results.as<double>(), 8, cudaMemcpyDeviceToHost, m.s()),
         "cudaMemcpyAsync");
@@ -354,9 +380,15 @@ double GptTrainer::step(double lr) {
                             .bias1 = float(1.0 - std::pow(o.beta1, double(m.steps))),
                             .bias2_sqrt = float(std::sqrt(1.0 - std::pow(o.beta2, double(m.steps)))),
                             .grad_scale = float(clip)};
+  m.mark("AdamW");
   kern::adamw(m.params.as<float>(), m.grads.as<float>(), m.exp_avg.as<float>(), m.exp_avg_sq.as<float>(),
               m.params_bf16.as<bf16>(), m.chunk_table.as<kern::AdamChunk>(), int64_t(m.chunks.size()), args, m.s());
   check(cudaMemsetAsync(m.grads.as<void>(), 0, m.grads.bytes(), m.s()), "cudaMemsetAsync");
+  m.mark("end");
+  if (m.tc.profile) {
+    m.compute.synchronize();
+    m.timer.collect();
+  }
   return norm;
 }
 
@@ -397,6 +429,8 @@ void GptTrainer::copy_params_from(const ParamSet& params) {
   kern::cast_to_bf16(m.params_bf16.as<bf16>(), m.params.as<float>(), m.numel, m.s());
   m.compute.synchronize();
 }
+
+std::vector<std::pair<std::string, double>> GptTrainer::phase_ms() { return impl_->timer.take(); }
 
 MemoryStats GptTrainer::memory() const { return impl_->alloc.stats(); }
 

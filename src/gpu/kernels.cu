@@ -22,6 +22,8 @@ int blocks_for(int64_t n) {
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
 }
 
+int row_blocks(int64_t n) { return static_cast<int>(n < 65535 * 16 ? (n > 0 ? n : 1) : 65535 * 16); }
+
 // The sum of v over the block's threads, in a fixed order (warp shuffles, then the warps'
 // sums by the first warp). `shared` holds kThreads / 32 floats; every thread gets the sum.
 __device__ float block_sum(float v, float* shared) {
@@ -171,27 +173,38 @@ __global__ void column_sums_kernel(float* parts, const bf16* y, int64_t n, int64
   if (col >= m) return;
   const int64_t first = blockIdx.y * kColRows;
   float s = 0.0f;
+#pragma unroll 8
   for (int64_t r = first; r < first + kColRows && r < n; ++r) s += to_f(y[r * m + col]);
   parts[blockIdx.y * m + col] = s;
 }
 
+// The epilogues take a row per block (grid-stride over rows), threads over its columns:
+// no division per element to find the bias.
 __global__ void bias_kernel(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = to_bf(acc[i] + bias[i % m]);
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t col = threadIdx.x; col < m; col += blockDim.x) {
+      const int64_t i = row * m + col;
+      out[i] = to_bf(acc[i] + bias[col]);
+    }
 }
 
 __global__ void bias_residual_kernel(bf16* out, const float* acc, const float* bias, const bf16* residual, int64_t n,
                                      int64_t m) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = to_bf(to_f(residual[i]) + round_bf(acc[i] + bias[i % m]));
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t col = threadIdx.x; col < m; col += blockDim.x) {
+      const int64_t i = row * m + col;
+      out[i] = to_bf(to_f(residual[i]) + round_bf(acc[i] + bias[col]));
+    }
 }
 
 __global__ void bias_gelu_kernel(bf16* h, bf16* g, const float* acc, const float* bias, int64_t n, int64_t m) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * m; i += int64_t{gridDim.x} * blockDim.x) {
-    const float hv = round_bf(acc[i] + bias[i % m]);
-    h[i] = to_bf(hv);
-    g[i] = to_bf(gelu(hv));
-  }
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t col = threadIdx.x; col < m; col += blockDim.x) {
+      const int64_t i = row * m + col;
+      const float hv = round_bf(acc[i] + bias[col]);
+      h[i] = to_bf(hv);
+      g[i] = to_bf(gelu(hv));
+    }
 }
 
 __global__ void gelu_backward_kernel(bf16* dh, const bf16* h, const bf16* dg, int64_t n) {
@@ -320,17 +333,17 @@ void column_sums(float* parts, const bf16* y, int64_t n, int64_t m, cudaStream_t
 }
 
 void bias_forward(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {
-  bias_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(out, acc, bias, n, m);
+  bias_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, n, m);
 }
 
 void bias_residual_forward(bf16* out, const float* acc, const float* bias, const bf16* residual, int64_t n, int64_t m,
                            cudaStream_t stream) {
-  bias_residual_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(out, acc, bias, residual, n, m);
+  bias_residual_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, residual, n, m);
 }
 
 void bias_gelu_forward(bf16* h, bf16* g, const float* acc, const float* bias, int64_t n, int64_t m,
                        cudaStream_t stream) {
-  bias_gelu_kernel<<<blocks_for(n * m), kThreads, 0, stream>>>(h, g, acc, bias, n, m);
+  bias_gelu_kernel<<<row_blocks(n), kThreads, 0, stream>>>(h, g, acc, bias, n, m);
 }
 
 void gelu_backward(bf16* dh, const bf16* h, const bf16* dg, int64_t n, cudaStream_t stream) {

@@ -13,6 +13,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "loom/core/params.h"
 #include "loom/nn/gpt.h"
@@ -44,6 +46,7 @@ struct GptTrainerConfig {
   optim::OptimizerConfig optimizer;  // AdamW only
   double max_grad_norm = 1.0;        // 0: no clipping
   int device = 0;
+  bool profile = false;  // time the step's phases (phase_ms); costs a wait per call
 };
 
 class GptTrainer {
@@ -75,6 +78,10 @@ class GptTrainer {
   void copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
 
   MemoryStats memory() const;
+  // With config.profile: milliseconds of device time by phase (embedding, each kind of
+  // kernel, products forward and backward, optimizer) since the last call, in the order
+  // the phases first ran.
+  std::vector<std::pair<std::string, double>> phase_ms();
   // Waits for every queued kernel (for timing).
   void synchronize() const;
 
@@ -92,6 +99,7 @@ struct BenchGpuArgs {
   int64_t steps = 20, warmup = 5;
   int device = 0;
   double peak_tflops = 0;  // 0: measure it
+  bool profile = false;     // also the device time of each phase of a step
 };
 int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
 
