@@ -6,11 +6,11 @@
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [STEP...]    steps: tests bench peer cpu compile (default: all of them)
+#   bench/gpu_machine.sh [STEP...]    steps: tests bench peer cpu compile gemm (default: all)
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
-steps=" ${*:-tests bench peer cpu compile} "
+steps=" ${*:-tests bench peer cpu compile gemm} "
 want() { [[ $steps == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
@@ -65,4 +65,5 @@ if want cpu; then
   done
 fi
 want compile && run 300 "${peer[@]}" --compile
+want gemm && run 120 $B/loom bench gemm --threads 1
 say "done $(date -u)"

@@ -22,6 +22,14 @@ namespace wmma = nvcuda::wmma;
 constexpr int kRows = 64;     // queries (or keys) a block takes
 constexpr int kWarps = 4;     // each takes 16 of them
 constexpr int kThreads = kWarps * 32;
+// Row strides in shared memory, padded past a multiple of 128 bytes so that the rows a
+// fragment load or a lane reads fall in different banks.
+constexpr int kLdS = kRows + 4;  // (rows, 64) f32 scores
+constexpr int kLdP = kRows + 8;  // (rows, 64) bf16 probabilities
+template <int HS>
+constexpr int kLdT = HS + 8;  // (64, HS) bf16 tiles of q, k, v, dy
+template <int HS>
+constexpr int kLdO = HS + 4;  // (rows, HS) f32 output
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, nvbf, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, nvbf, wmma::row_major>;
@@ -29,17 +37,20 @@ using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, nvbf, wmma::col_majo
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 // rows [r0, r0 + 64) of one head's HS columns at `col` of qkv-like rows `ld` apart into
-// tile (64, HS); rows at or past T read as 0.
+// tile (64, HS) at stride kLdT, 16 bytes a load; rows at or past T read as 0.
 template <int HS>
 __device__ void load_tile(nvbf* tile, const nvbf* base, int64_t ld, int64_t col, int r0, int t) {
-  for (int i = threadIdx.x; i < kRows * HS; i += kThreads) {
-    const int r = i / HS, d = i % HS;
-    tile[i] = r0 + r < t ? base[int64_t{r0 + r} * ld + col + d] : __float2bfloat16(0.0f);
+  constexpr int kVecs = HS / 8;
+  for (int i = threadIdx.x; i < kRows * kVecs; i += kThreads) {
+    const int r = i / kVecs, d = (i % kVecs) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < t) v = *reinterpret_cast<const uint4*>(base + int64_t{r0 + r} * ld + col + d);
+    *reinterpret_cast<uint4*>(tile + r * kLdT<HS> + d) = v;
   }
 }
 
-// out (16, 64) f32 at ld 64 = a (16, HS) rows of a tile times b (64, HS)^T, b's rows as
-// columns: the scores of 16 rows against a block of 64.
+// out (16, 64) f32 at stride kLdS = a (16, HS) rows of a tile times b (64, HS)^T, b's rows
+// as columns: the scores of 16 rows against a block of 64.
 template <int HS>
 __device__ void product_abt(float* out, const nvbf* a, const nvbf* b) {
   for (int n = 0; n < kRows / 16; ++n) {
@@ -48,57 +59,59 @@ __device__ void product_abt(float* out, const nvbf* a, const nvbf* b) {
     for (int kk = 0; kk < HS / 16; ++kk) {
       FragA fa;
       FragBCol fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, HS);
-      wmma::load_matrix_sync(fb, b + n * 16 * HS + kk * 16, HS);
+      wmma::load_matrix_sync(fa, a + kk * 16, kLdT<HS>);
+      wmma::load_matrix_sync(fb, b + n * 16 * kLdT<HS> + kk * 16, kLdT<HS>);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(out + n * 16, acc, kRows, wmma::mem_row_major);
+    wmma::store_matrix_sync(out + n * 16, acc, kLdS, wmma::mem_row_major);
   }
 }
 
-// acc[n] (16, 16 each; 16 x HS in all) += a (16, 64) at ld 64 times b (64, HS).
+// acc[n] (16, 16 each; 16 x HS in all) += a (16, 64) at stride kLdP times b (64, HS), a tile.
 template <int HS>
 __device__ void product_ab_add(FragAcc* acc, const nvbf* a, const nvbf* b) {
   for (int n = 0; n < HS / 16; ++n)
     for (int kk = 0; kk < kRows / 16; ++kk) {
       FragA fa;
       FragBRow fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kRows);
-      wmma::load_matrix_sync(fb, b + kk * 16 * HS + n * 16, HS);
+      wmma::load_matrix_sync(fa, a + kk * 16, kLdP);
+      wmma::load_matrix_sync(fb, b + kk * 16 * kLdT<HS> + n * 16, kLdT<HS>);
       wmma::mma_sync(acc[n], fa, fb, acc[n]);
     }
 }
 
-// Writes 16 rows of HS f32 fragments (through `stage`, 16 x HS floats of this warp) as bf16
-// to rows r0.. of dst (rows ld apart, at column col); rows at or past T are skipped.
+// Writes 16 rows of HS f32 fragments (through `stage`, 16 x kLdO floats of this warp) as
+// bf16 to rows r0.. of dst (rows ld apart, at column col); rows at or past T are skipped.
 template <int HS>
 __device__ void store_rows(nvbf* dst, int64_t ld, int64_t col, int r0, int t, FragAcc* acc, float* stage) {
-  for (int n = 0; n < HS / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], HS, wmma::mem_row_major);
+  for (int n = 0; n < HS / 16; ++n) wmma::store_matrix_sync(stage + n * 16, acc[n], kLdO<HS>, wmma::mem_row_major);
   __syncwarp();
   const int lane = threadIdx.x % 32;
   for (int i = lane; i < 16 * HS; i += 32) {
     const int r = i / HS, d = i % HS;
-    if (r0 + r < t) dst[int64_t{r0 + r} * ld + col + d] = __float2bfloat16_rn(stage[i]);
+    if (r0 + r < t) dst[int64_t{r0 + r} * ld + col + d] = __float2bfloat16_rn(stage[r * kLdO<HS> + d]);
   }
 }
 
 template <int HS>
 constexpr size_t forward_smem() {
-  return 3 * kRows * HS * sizeof(nvbf) + kRows * kRows * (sizeof(float) + sizeof(nvbf)) + kRows * HS * sizeof(float) +
-         2 * kRows * sizeof(float);
+  return 3 * kRows * kLdT<HS> * sizeof(nvbf) + kRows * kLdS * sizeof(float) + kRows * kLdP * sizeof(nvbf) +
+         kRows * kLdO<HS> * sizeof(float) + 2 * kRows * sizeof(float);
 }
 
+// The online softmax of one block of scores, a row per pair of lanes: lane 2r + h of a
+// warp takes row r of its 16 and the columns 2j + h, so no row waits on a chain of shuffles.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(nvbf* y, float* lse, const nvbf* qkv, int t, int c, int nh, float scale) {
   extern __shared__ __align__(128) unsigned char smem[];
   nvbf* qs = reinterpret_cast<nvbf*>(smem);
-  nvbf* ks = qs + kRows * HS;
-  nvbf* vs = ks + kRows * HS;
-  float* ss = reinterpret_cast<float*>(vs + kRows * HS);  // (64, 64) scores
-  nvbf* ps = reinterpret_cast<nvbf*>(ss + kRows * kRows);  // (64, 64) probabilities
-  float* os = reinterpret_cast<float*>(ps + kRows * kRows);  // (64, HS) output so far
-  float* row_m = os + kRows * HS;
+  nvbf* ks = qs + kRows * kLdT<HS>;
+  nvbf* vs = ks + kRows * kLdT<HS>;
+  float* ss = reinterpret_cast<float*>(vs + kRows * kLdT<HS>);  // (64, 64) scores
+  nvbf* ps = reinterpret_cast<nvbf*>(ss + kRows * kLdS);         // (64, 64) probabilities
+  float* os = reinterpret_cast<float*>(ps + kRows * kLdP);       // (64, HS) output so far
+  float* row_m = os + kRows * kLdO<HS>;
   float* row_l = row_m + kRows;
 
   const int qb = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
@@ -106,9 +119,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ld = 3 * int64_t{c};
   const nvbf* base = qkv + int64_t{b} * t * ld;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int my_row = warp * 16 + lane / 2, half = lane % 2, tq = q0 + my_row;
 
   load_tile<HS>(qs, base, ld, int64_t{h} * HS, q0, t);
-  for (int i = threadIdx.x; i < kRows * HS; i += kThreads) os[i] = 0.0f;
+  for (int i = threadIdx.x; i < kRows * kLdO<HS>; i += kThreads) os[i] = 0.0f;
   for (int i = threadIdx.x; i < kRows; i += kThreads) {
     row_m[i] = -INFINITY;
     row_l[i] = 0.0f;
@@ -119,49 +133,49 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
     load_tile<HS>(vs, base, ld, 2 * int64_t{c} + h * HS, k0, t);
     __syncthreads();
-    product_abt<HS>(ss + warp * 16 * kRows, qs + warp * 16 * HS, ks);
+    product_abt<HS>(ss + warp * 16 * kLdS, qs + warp * 16 * kLdT<HS>, ks);
     __syncwarp();
-    for (int r = 0; r < 16; ++r) {
-      const int row = warp * 16 + r, tq = q0 + row;
-      float s[2];
-      for (int j = 0; j < 2; ++j) {
-        const int key = k0 + lane + 32 * j;
-        s[j] = key <= tq && key < t ? ss[row * kRows + lane + 32 * j] * scale : -INFINITY;
-      }
-      float mx = fmaxf(s[0], s[1]);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      // key k0 <= q0 <= tq is always allowed, so mx is finite
-      const float m_old = row_m[row];
-      const float m_new = fmaxf(m_old, mx);
-      const float p0 = __expf(s[0] - m_new), p1 = __expf(s[1] - m_new);
-      float sum = p0 + p1;
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float alpha = __expf(m_old - m_new);
-      ps[row * kRows + lane] = __float2bfloat16_rn(p0);
-      ps[row * kRows + lane + 32] = __float2bfloat16_rn(p1);
-      for (int d = lane; d < HS; d += 32) os[row * HS + d] *= alpha;
-      __syncwarp();  // every lane has read row_m before lane 0 writes it
-      if (lane == 0) {
-        row_m[row] = m_new;
-        row_l[row] = row_l[row] * alpha + sum;
-      }
+    float sv[kRows / 2];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kRows / 2; ++j) {
+      const int col = 2 * j + half, key = k0 + col;
+      sv[j] = key <= tq && key < t ? ss[my_row * kLdS + col] * scale : -INFINITY;
+      mx = fmaxf(mx, sv[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    // key k0 <= q0 <= tq is always allowed, so mx is finite
+    const float m_old = row_m[my_row];
+    const float m_new = fmaxf(m_old, mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRows / 2; ++j) {
+      const float p = __expf(sv[j] - m_new);
+      sum += p;
+      ps[my_row * kLdP + 2 * j + half] = __float2bfloat16_rn(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    const float alpha = __expf(m_old - m_new);
+    for (int d = half; d < HS; d += 2) os[my_row * kLdO<HS> + d] *= alpha;
+    __syncwarp();  // both lanes of the row have read row_m before it is written
+    if (half == 0) {
+      row_m[my_row] = m_new;
+      row_l[my_row] = row_l[my_row] * alpha + sum;
     }
     __syncwarp();
     FragAcc acc[HS / 16];
     for (int n = 0; n < HS / 16; ++n)
-      wmma::load_matrix_sync(acc[n], os + warp * 16 * HS + n * 16, HS, wmma::mem_row_major);
-    product_ab_add<HS>(acc, ps + warp * 16 * kRows, vs);
+      wmma::load_matrix_sync(acc[n], os + warp * 16 * kLdO<HS> + n * 16, kLdO<HS>, wmma::mem_row_major);
+    product_ab_add<HS>(acc, ps + warp * 16 * kLdP, vs);
     for (int n = 0; n < HS / 16; ++n)
-      wmma::store_matrix_sync(os + warp * 16 * HS + n * 16, acc[n], HS, wmma::mem_row_major);
+      wmma::store_matrix_sync(os + warp * 16 * kLdO<HS> + n * 16, acc[n], kLdO<HS>, wmma::mem_row_major);
   }
   __syncwarp();
-  for (int r = 0; r < 16; ++r) {
-    const int row = warp * 16 + r, tq = q0 + row;
-    if (tq >= t) break;
-    const float inv = 1.0f / row_l[row];
+  if (tq < t) {
+    const float inv = 1.0f / row_l[my_row];
     nvbf* out = y + (int64_t{b} * t + tq) * c + int64_t{h} * HS;
-    for (int d = lane; d < HS; d += 32) out[d] = __float2bfloat16_rn(os[row * HS + d] * inv);
-    if (lane == 0) lse[int64_t{bh} * t + tq] = row_m[row] + logf(row_l[row]);
+    for (int d = half; d < HS; d += 2) out[d] = __float2bfloat16_rn(os[my_row * kLdO<HS> + d] * inv);
+    if (half == 0) lse[int64_t{bh} * t + tq] = row_m[my_row] + logf(row_l[my_row]);
   }
 }
 
@@ -185,14 +199,14 @@ template <int HS>
 constexpr size_t backward_smem() {
   // four (64, HS) tiles; per warp scores and their gradient (16, 64) f32 and bf16 each;
   // lse and dpre of 64 rows
-  return 4 * kRows * HS * sizeof(nvbf) + kWarps * 16 * kRows * 2 * (sizeof(float) + sizeof(nvbf)) +
+  return 4 * kRows * kLdT<HS> * sizeof(nvbf) + kWarps * 16 * 2 * (kLdS * sizeof(float) + kLdP * sizeof(nvbf)) +
          2 * kRows * sizeof(float);
 }
 
 struct BackwardSmem {
   nvbf *t0, *t1, *t2, *t3;  // the four tiles
-  float *s, *dp;            // this warp's (16, 64) f32
-  nvbf *p, *ds;             // this warp's (16, 64) bf16
+  float *s, *dp;            // this warp's (16, 64) f32, stride kLdS
+  nvbf *p, *ds;             // this warp's (16, 64) bf16, stride kLdP
   float *lse, *dpre;        // (64)
 };
 
@@ -201,16 +215,16 @@ __device__ BackwardSmem backward_smem_parts(unsigned char* smem) {
   BackwardSmem m;
   const int warp = threadIdx.x / 32;
   m.t0 = reinterpret_cast<nvbf*>(smem);
-  m.t1 = m.t0 + kRows * HS;
-  m.t2 = m.t1 + kRows * HS;
-  m.t3 = m.t2 + kRows * HS;
-  float* f = reinterpret_cast<float*>(m.t3 + kRows * HS);
-  m.s = f + warp * 16 * kRows;
-  m.dp = f + (kWarps + warp) * 16 * kRows;
-  nvbf* hb = reinterpret_cast<nvbf*>(f + 2 * kWarps * 16 * kRows);
-  m.p = hb + warp * 16 * kRows;
-  m.ds = hb + (kWarps + warp) * 16 * kRows;
-  m.lse = reinterpret_cast<float*>(hb + 2 * kWarps * 16 * kRows);
+  m.t1 = m.t0 + kRows * kLdT<HS>;
+  m.t2 = m.t1 + kRows * kLdT<HS>;
+  m.t3 = m.t2 + kRows * kLdT<HS>;
+  float* f = reinterpret_cast<float*>(m.t3 + kRows * kLdT<HS>);
+  m.s = f + warp * 16 * kLdS;
+  m.dp = f + (kWarps + warp) * 16 * kLdS;
+  nvbf* hb = reinterpret_cast<nvbf*>(f + 2 * kWarps * 16 * kLdS);
+  m.p = hb + warp * 16 * kLdP;
+  m.ds = hb + (kWarps + warp) * 16 * kLdP;
+  m.lse = reinterpret_cast<float*>(hb + 2 * kWarps * 16 * kLdP);
   m.dpre = m.lse + kRows;
   return m;
 }
@@ -255,16 +269,15 @@ __global__ void __launch_bounds__(kThreads)
     load_row_stats(m.lse, m.dpre, lse_h, dpre_h, q0, t);
     __syncthreads();
     // s^T (16 keys, 64 queries) = k q^T; dp^T = v dy^T
-    product_abt<HS>(m.s, ks + warp * 16 * HS, qs);
-    product_abt<HS>(m.dp, vs + warp * 16 * HS, dos);
+    product_abt<HS>(m.s, ks + warp * 16 * kLdT<HS>, qs);
+    product_abt<HS>(m.dp, vs + warp * 16 * kLdT<HS>, dos);
     __syncwarp();
     for (int i = lane; i < 16 * kRows; i += 32) {
       const int r = i / kRows, qc = i % kRows;
       const int key = k0 + warp * 16 + r, q = q0 + qc;
-      const float p = key <= q && q < t && key < t ? __expf(m.s[i] * scale - m.lse[qc]) : 0.0f;
-      const nvbf pb = __float2bfloat16_rn(p);
-      m.p[i] = pb;
-      m.ds[i] = __float2bfloat16_rn(p * (m.dp[i] - m.dpre[qc]) * scale);
+      const float p = key <= q && q < t && key < t ? __expf(m.s[r * kLdS + qc] * scale - m.lse[qc]) : 0.0f;
+      m.p[r * kLdP + qc] = __float2bfloat16_rn(p);
+      m.ds[r * kLdP + qc] = __float2bfloat16_rn(p * (m.dp[r * kLdS + qc] - m.dpre[qc]) * scale);
     }
     __syncwarp();
     product_ab_add<HS>(dv, m.p, dos);
@@ -300,14 +313,14 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
     load_tile<HS>(vs, base, ld, 2 * int64_t{c} + h * HS, k0, t);
     __syncthreads();
-    product_abt<HS>(m.s, qs + warp * 16 * HS, ks);
-    product_abt<HS>(m.dp, dos + warp * 16 * HS, vs);
+    product_abt<HS>(m.s, qs + warp * 16 * kLdT<HS>, ks);
+    product_abt<HS>(m.dp, dos + warp * 16 * kLdT<HS>, vs);
     __syncwarp();
     for (int i = lane; i < 16 * kRows; i += 32) {
       const int r = i / kRows, kc = i % kRows;
       const int row = warp * 16 + r, q = q0 + row, key = k0 + kc;
-      const float p = key <= q && q < t && key < t ? __expf(m.s[i] * scale - m.lse[row]) : 0.0f;
-      m.ds[i] = __float2bfloat16_rn(p * (m.dp[i] - m.dpre[row]) * scale);
+      const float p = key <= q && q < t && key < t ? __expf(m.s[r * kLdS + kc] * scale - m.lse[row]) : 0.0f;
+      m.ds[r * kLdP + kc] = __float2bfloat16_rn(p * (m.dp[r * kLdS + kc] - m.dpre[row]) * scale);
     }
     __syncwarp();
     product_ab_add<HS>(dq, m.ds, ks);

@@ -37,6 +37,24 @@ __device__ float block_sum(float v, float* shared) {
   return s;
 }
 
+// block_sum of two values at once (one pair of barriers for both).
+__device__ float2 block_sum2(float2 v, float2* shared) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float2 s = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : make_float2(0.0f, 0.0f);
+  for (int o = 16; o > 0; o >>= 1) {
+    s.x += __shfl_xor_sync(0xffffffffu, s.x, o);
+    s.y += __shfl_xor_sync(0xffffffffu, s.y, o);
+  }
+  return s;
+}
+
 __device__ float block_max(float v, float* shared) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -122,7 +140,7 @@ constexpr int kLnCols = 4096 / kThreads;  // columns a thread owns in layernorm_
 __global__ void layernorm_backward_kernel(bf16* dx, float* dw_part, float* db_part, const bf16* dy, const bf16* x,
                                           const float* mean, const float* rstd, const float* w, const bf16* dres,
                                           int64_t n, int64_t c) {
-  __shared__ float shared[kThreads / 32];
+  __shared__ float2 shared2[kThreads / 32];
   float dw[kLnCols], db[kLnCols];
   for (int k = 0; k < kLnCols; ++k) dw[k] = db[k] = 0.0f;
   const int64_t first = blockIdx.x * kLnRows;
@@ -140,8 +158,9 @@ __global__ void layernorm_backward_kernel(bf16* dx, float* dw_part, float* db_pa
       dw[k] += g * xhat;
       db[k] += g;
     }
-    s1 = block_sum(s1, shared) / static_cast<float>(c);
-    s2 = block_sum(s2, shared) / static_cast<float>(c);
+    const float2 both = block_sum2(make_float2(s1, s2), shared2);
+    s1 = both.x / static_cast<float>(c);
+    s2 = both.y / static_cast<float>(c);
     for (int k = 0; k < kLnCols; ++k) {
       const int64_t col = threadIdx.x + int64_t{k} * kThreads;
       if (col >= c) break;
@@ -160,12 +179,28 @@ __global__ void layernorm_backward_kernel(bf16* dx, float* dw_part, float* db_pa
   }
 }
 
+// A block per 32 columns, 32 groups of threads down the parts: group g adds parts g, g + 32,
+// ..., then the first group adds the 32 sums in order.
 __global__ void add_partials_kernel(float* dst, const float* parts, int64_t p, int64_t m) {
-  const int64_t col = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (col >= m) return;
+  __shared__ float sums[32][33];
+  const int lane = threadIdx.x % 32, group = threadIdx.x / 32;
+  const int64_t col = blockIdx.x * int64_t{32} + lane;
   float s = 0.0f;
-  for (int64_t i = 0; i < p; ++i) s += parts[i * m + col];
-  dst[col] += s;
+  if (col < m)
+#pragma unroll 4
+    for (int64_t i = group; i < p; i += 32) s += parts[i * m + col];
+  sums[group][lane] = s;
+  __syncthreads();
+  if (group == 0 && col < m) {
+    float total = 0.0f;
+    for (int g = 0; g < 32; ++g) total += sums[g][lane];
+    dst[col] += total;
+  }
+}
+
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] += src[i];
 }
 
 __global__ void column_sums_kernel(float* parts, const bf16* y, int64_t n, int64_t m) {
@@ -324,7 +359,11 @@ void layernorm_backward(bf16* dx, float* dw_part, float* db_part, const bf16* dy
 }
 
 void add_partials(float* dst, const float* parts, int64_t p, int64_t m, cudaStream_t stream) {
-  add_partials_kernel<<<static_cast<unsigned>((m + kThreads - 1) / kThreads), kThreads, 0, stream>>>(dst, parts, p, m);
+  add_partials_kernel<<<static_cast<unsigned>((m + 31) / 32), 1024, 0, stream>>>(dst, parts, p, m);
+}
+
+void add(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n);
 }
 
 void column_sums(float* parts, const bf16* y, int64_t n, int64_t m, cudaStream_t stream) {

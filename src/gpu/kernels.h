@@ -45,6 +45,8 @@ void layernorm_backward(bf16* dx, float* dw_part, float* db_part, const bf16* dy
                         cudaStream_t stream);
 // dst (M) += the sum of parts (P, M) over P, in order.
 void add_partials(float* dst, const float* parts, int64_t p, int64_t m, cudaStream_t stream);
+// dst (n) += src (n).
+void add(float* dst, const float* src, int64_t n, cudaStream_t stream);
 // Row chunks of column_sums: parts (column_sum_parts(N), M).
 constexpr int64_t kColRows = 256;
 inline int64_t column_sum_parts(int64_t n) { return (n + kColRows - 1) / kColRows; }
