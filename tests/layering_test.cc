@@ -36,7 +36,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/serve/completion_request.h", "serve"}, {"loom/serve/http_server.h", "serve"},
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
     {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"}, {"loom/serve/teacher.h", "serve"},
-    {"loom/launch/launch.h", "launch"}, {"loom/bench/bench.h", "bench"}, {"loom/launch/rank_group.h", "launch"},
+    {"loom/launch/launch.h", "launch"}, {"loom/bench/bench.h", "bench"}, {"loom/gpu/gpu.h", "gpu"}, {"loom/launch/rank_group.h", "launch"},
 };
 
 // What each library may include: itself and the libraries below it.
@@ -53,6 +53,7 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"serve", {"serve", "nn", "checkpoint", "data", "optim", "kernels", "core"}},
     {"launch", {"launch", "comm", "core"}},
     {"bench", {"bench", "serve", "comm", "nn", "checkpoint", "data", "optim", "kernels", "core"}},
+    {"gpu", {"gpu", "parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

@@ -35,6 +35,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"job.mem_limit_mb", 0.0},  // per rank: a step ending above it stops the job; 0: none
       {"job.gemm", std::string("loom")},       // who computes matrix products
       {"job.gemm_path", std::string("auto")},  // Loom's GEMM micro-kernel: auto = CPUID
+      {"job.device", std::string("cpu")},      // or "cuda": the step on a GPU (docs/gpu.md)
       {"model.preset", std::string("gpt-mini")},
       {"model.n_layer", int64_t{4}},
       {"model.n_head", int64_t{4}},

@@ -60,6 +60,7 @@ class Config {
   void check_world(int world, int64_t servers, const Where& where) const;
   void check_values(const Where& where) const;
   void check_modes(const std::string& kind, const Where& where) const;
+  void check_cuda(const std::string& kind, const Where& where) const;
   void check_rest(const std::string& kind, const Where& where) const;
 
   std::map<std::string, Value> values_;

@@ -126,6 +126,8 @@ void Config::check_modes(const std::string& kind, const Where& where) const {
     throw InputError(cat(where("job.gemm_path"), " = \"", s("job.gemm_path"), "\": picks a kernel of Loom's GEMM, but ",
                          where("job.gemm"), " = \"", s("job.gemm"), "\"; expected \"auto\""));
   chk.one_of("training.optimizer", {"adamw", "sgd"});
+  chk.one_of("job.device", {"cpu", "cuda"});
+  if (s("job.device") == "cuda") check_cuda(kind, where);
   chk.one_of("training.recompute", {"none", "selective", "full"});
   if (s("training.recompute") != "none" && kind != "gpt")
     throw InputError(cat(where("training.recompute"), " = \"", s("training.recompute"), "\": the ", kind,
@@ -151,6 +153,20 @@ void Config::check_modes(const std::string& kind, const Where& where) const {
   chk.one_of("comm.grad_dtype", {"f32", "bf16"});
   chk.one_of("comm.param_dtype", {"f32", "bf16"});
   chk.one_of("parallel.pp_schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
+}
+
+// job.device = "cuda" (docs/gpu.md): what the GPU trainer runs today.
+void Config::check_cuda(const std::string& kind, const Where& where) const {
+  const std::string at = cat(where("job.device"), " = \"cuda\"");
+  if (kind != "gpt") throw InputError(cat(at, ": the GPU trains the gpt model; the ", kind, " model trains on the CPU"));
+  if (s("training.precision") != "bf16")
+    throw InputError(cat(at, " trains in bf16 mixed precision: expected ", where("training.precision"), " = \"bf16\", not \"",
+                         s("training.precision"), "\""));
+  if (s("training.optimizer") != "adamw")
+    throw InputError(cat(at, " runs AdamW: expected ", where("training.optimizer"), " = \"adamw\""));
+  if (i("parallel.tp") > 1 || i("parallel.pp") > 1 || i("parallel.ps_servers") > 0 || !s("training.teacher").empty())
+    throw InputError(cat(at, " trains one process without tensor, pipeline or parameter-server parallelism or a "
+                         "teacher: expected parallel.tp = 1, parallel.pp = 1, no servers and no training.teacher"));
 }
 
 void Config::check_rest(const std::string& kind, const Where& where) const {

@@ -24,6 +24,7 @@ struct TrainConfig {
     int threads = 1;  // compute threads per rank (job.threads, or this host's share of the cores)
     int64_t log_every = 0;
     double mem_limit_mb = 0;  // 0: none
+    bool cuda = false;        // job.device = "cuda": the step on GPU 0 (docs/gpu.md)
   } job;
   struct Model {
     std::string kind, preset;  // kind: "gpt" or "mlp"

@@ -14,6 +14,7 @@
 #include "loom/core/log.h"
 #include "loom/checkpoint/outputs.h"
 #include "loom/serve/prune.h"
+#include "loom/gpu/gpu.h"
 #include "train_run.h"
 #include "train_watch.h"
 
@@ -46,6 +47,7 @@ TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
   if (a.resume && !a.init_from.empty())
     throw InputError("--resume and --init-from: expected one of them (--resume continues the run's own checkpoints)");
   // Everything that can be wrong with the input is found before anything is written.
+  if (t_.job.cuda) gpu::require_device(0);
   if (!a.init_from.empty()) checkpoint::check_apart("--init-from", a.init_from, "checkpoint.dir", t_.checkpoint.root);
   if (t_.training.keep_zeros && a.init_from.empty() && !resume_)
     throw InputError("training.keep_zeros = true keeps the zeros of the weights training starts from; expected "
@@ -147,7 +149,11 @@ void TrainRun::parallelize() {
       server_, store_);
   check_same_layout(*world_, t_.layout);
   if (mesh_.split()) parallel::split_mesh(*world_, mesh_);
-  pm_ = parallel::parallelize(*w_.model, mesh_, *world_, t_.parallel.step);
+  if (t_.job.cuda && world_->size() > 1)
+    throw InputError(cat("job.device = \"cuda\": a job of one process (this one has ", world_->size(),
+                         "); data parallelism on GPUs is not built yet (docs/gpu.md)"));
+  pm_ = t_.job.cuda ? gpu::parallelize_on_gpu(dynamic_cast<nn::Gpt&>(*w_.model), t_.parallel.step)
+                    : parallel::parallelize(*w_.model, mesh_, *world_, t_.parallel.step);
   if (w_.teacher) {
     const nn::Shard vocab = mesh_.shard(false);
     pm_->set_loss_targets([this, vocab](const Tensor& tokens, nn::CrossEntropyCtx& loss) {

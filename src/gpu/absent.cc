@@ -20,6 +20,7 @@ namespace {
 }  // namespace
 
 double bf16_gemm_tflops(int /*device*/, int64_t /*n*/) { no_cuda(); }
+void require_device(int /*device*/) { no_cuda(); }
 
 struct GptTrainer::Impl {};
 
@@ -36,6 +37,8 @@ void GptTrainer::copy_params_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_grads_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_params_from(const ParamSet&) { unreachable(); }
 void GptTrainer::copy_moments_to(const Tensor&, const Tensor&) const { unreachable(); }
+void GptTrainer::copy_moments_from(const Tensor&, const Tensor&, int64_t) { unreachable(); }
+double GptTrainer::loss(std::span<const int32_t>, std::span<const int32_t>) { unreachable(); }
 MemoryStats GptTrainer::memory() const { unreachable(); }
 void GptTrainer::synchronize() const { unreachable(); }
 std::vector<std::pair<std::string, double>> GptTrainer::phase_ms() { unreachable(); }

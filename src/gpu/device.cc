@@ -44,6 +44,13 @@ int device_count() {
   return n;
 }
 
+void require_device(int device) {
+  const int n = device_count();
+  if (device >= n)
+    throw RuntimeError(cat("job.device = \"cuda\": no CUDA device ", device, " is visible to this process (", n,
+                           " found; CUDA_VISIBLE_DEVICES, the driver and nvidia-smi say why; docs/gpu.md)"));
+}
+
 std::string device_description(int device) {
   cudaDeviceProp p{};
   if (device < 0 || device >= device_count() || cudaGetDeviceProperties(&p, device) != cudaSuccess) return "";

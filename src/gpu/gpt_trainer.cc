@@ -49,6 +49,7 @@ struct GptTrainer::Impl {
   nn::GptConfig cfg;
   GptTrainerConfig tc;
   int64_t b = 0, t = 0, n = 0, c = 0, nh = 0, v = 0, ldv = 0, numel = 0;
+  int64_t max_b = 0;  // micro_batch: what the token buffers hold; b and n are the call's
   int64_t wte = 0, wpe = 0;
   NormOffsets ln_f;
   std::vector<BlockOffsets> blocks;
@@ -113,7 +114,7 @@ struct GptTrainer::Impl {
   }
 
   static std::unique_ptr<Impl> open(const nn::Gpt& model, const GptTrainerConfig& config);
-  double forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale);
+  double forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale, bool backward);
   // wte_padded's first V rows from the bf16 parameters (after every update).
   void refresh_head() const {
     check(cudaMemcpyAsync(wte_padded.as<void>(), p16(wte), size_t(v * c) * 2, cudaMemcpyDeviceToDevice, s()),
@@ -152,8 +153,7 @@ std::unique_ptr<GptTrainer::Impl> GptTrainer::Impl::open(const nn::Gpt& model, c
     throw InputError(cat("model: head size d_model / n_head = ", g.d_model / g.n_head,
                          ": the GPU attention takes head sizes 32 and 64"));
   if (g.d_model > 4096) throw InputError(cat("model.d_model = ", g.d_model, ": the GPU LayerNorm takes at most 4096"));
-  if (device_count() <= config.device)
-    throw RuntimeError(cat("no CUDA device ", config.device, " (", device_count(), " visible; docs/gpu.md)"));
+  require_device(config.device);
   check(cudaSetDevice(config.device), "cudaSetDevice");
   return std::make_unique<GptTrainer::Impl>();
 }
@@ -165,7 +165,7 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
   m.cfg = g;
   m.tc = config;
   m.timer.enable(config.profile);
-  m.b = config.micro_batch;
+  m.b = m.max_b = config.micro_batch;
   m.t = config.seq_len > 0 ? config.seq_len : g.seq_len;
   LOOM_CHECK(m.b >= 1 && m.t >= 1 && m.t <= g.seq_len);
   m.n = m.b * m.t;
@@ -224,8 +224,10 @@ GptTrainer::~GptTrainer() = default;
 // rows of each distinct token id for the embedding's backward (sorted on the host, so that
 // the device adds each id's rows in one block, in order, without atomics).
 void GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt) {
-  LOOM_CHECK_EQ(static_cast<int64_t>(tok.size()), n);
-  LOOM_CHECK_EQ(static_cast<int64_t>(tgt.size()), n);
+  LOOM_CHECK_EQ(tok.size(), tgt.size());
+  LOOM_CHECK(tok.size() % size_t(t) == 0 && tok.size() > 0 && int64_t(tok.size()) <= max_b * t);
+  b = int64_t(tok.size()) / t;
+  n = b * t;
   int32_t* ids = host_ids.as<int32_t>();
   std::copy(tok.begin(), tok.end(), ids);
   std::copy(tgt.begin(), tgt.end(), ids + n);
@@ -253,7 +255,8 @@ void GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<cons
   host_results.as<int64_t>()[1] = n_ids;
 }
 
-double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale) {
+double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale,
+                                          bool backward) {
   upload_batch(tok, tgt);
   const int64_t n_ids = host_results.as<int64_t>()[1];
   const int64_t n_layer = cfg.n_layer, c3 = 3 * c, c4 = 4 * c;
@@ -320,6 +323,12 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   check(cudaMemcpyAsync(host_results.as<double>(), results.as<double>(), 8, cudaMemcpyDeviceToHost, s()),
         "cudaMemcpyAsync");
   losses.reset();
+  if (!backward) {
+    mark("end");
+    compute.synchronize();
+    timer.collect();
+    return host_results.as<double>()[0] / static_cast<double>(n);
+  }
 
   const int64_t parts_rows = std::max(kern::column_sum_parts(n), 2 * kern::layernorm_partials(n));
   DeviceBuffer parts = buf(parts_rows * c4, 4, "partial sums");
@@ -371,7 +380,11 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
 }
 
 double GptTrainer::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets, double scale) {
-  return impl_->forward_backward(tokens, targets, scale);
+  return impl_->forward_backward(tokens, targets, scale, true);
+}
+
+double GptTrainer::loss(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+  return impl_->forward_backward(tokens, targets, 0.0, false);
 }
 
 double GptTrainer::step(double lr) {
@@ -433,6 +446,18 @@ void GptTrainer::copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq
   LOOM_CHECK_EQ(exp_avg_sq.numel(), impl_->numel);
   to_host(exp_avg.data<float>(), impl_->exp_avg, size_t(impl_->numel) * 4, impl_->s());
   to_host(exp_avg_sq.data<float>(), impl_->exp_avg_sq, size_t(impl_->numel) * 4, impl_->s());
+}
+
+void GptTrainer::copy_moments_from(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t steps) {
+  Impl& m = *impl_;
+  LOOM_CHECK_EQ(exp_avg.numel(), m.numel);
+  LOOM_CHECK_EQ(exp_avg_sq.numel(), m.numel);
+  m.compute.synchronize();
+  check(cudaMemcpy(m.exp_avg.as<void>(), exp_avg.data<float>(), size_t(m.numel) * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  check(cudaMemcpy(m.exp_avg_sq.as<void>(), exp_avg_sq.data<float>(), size_t(m.numel) * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  m.steps = steps;
 }
 
 void GptTrainer::copy_params_from(const ParamSet& params) {

@@ -19,12 +19,16 @@
 #include "loom/core/params.h"
 #include "loom/nn/gpt.h"
 #include "loom/optim/optim.h"
+#include "loom/parallel/parallelize.h"
 
 namespace loom::gpu {
 
 bool compiled();
 // CUDA devices this process sees; 0 without a CUDA build, a driver or a device.
 int device_count();
+// Throws, naming job.device, when `device` cannot be trained on: InputError in a build
+// without CUDA, RuntimeError where no such device is visible.
+void require_device(int device);
 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"; "" when there is no such device.
 std::string device_description(int device);
 
@@ -61,10 +65,12 @@ class GptTrainer {
   GptTrainer(const GptTrainer&) = delete;
   GptTrainer& operator=(const GptTrainer&) = delete;
 
-  // Forward and backward of one micro-batch: tokens and targets (micro_batch, seq_len) i32,
-  // ids < vocab_size. Gradients add to the ones already there, scaled by `scale` (1 /
-  // accumulation steps). Returns the micro-batch's mean loss.
+  // Forward and backward of one micro-batch: tokens and targets (b, seq_len) i32 for any
+  // b <= micro_batch, ids < vocab_size. Gradients add to the ones already there, scaled by
+  // `scale` (1 / accumulation steps). Returns the micro-batch's mean loss.
   double forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets, double scale = 1.0);
+  // Forward only (evaluation): the mean loss; the gradients are untouched.
+  double loss(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   // Clips the gradients to max_grad_norm (PyTorch's clip_grad_norm_) and applies AdamW at
   // learning rate lr, then zeroes the gradients. Returns the gradient norm before clipping.
   double step(double lr);
@@ -76,6 +82,8 @@ class GptTrainer {
   void copy_grads_to(const ParamSet& params) const;
   void copy_params_from(const ParamSet& params);
   void copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq) const;
+  // A resume: AdamW's moments and the updates already done.
+  void copy_moments_from(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t steps);
 
   MemoryStats memory() const;
   // With config.profile: milliseconds of device time by phase (embedding, each kind of
@@ -102,5 +110,15 @@ struct BenchGpuArgs {
   bool profile = false;     // also the device time of each phase of a step
 };
 int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
+
+// `loom train` with job.device = "cuda" (docs/gpu.md): the training step of a job of one
+// process on CUDA device `device`, behind the interface every layout's step has, so the
+// trainer's books (metrics, evaluation, checkpoints, resume) are the CPU's: a checkpoint
+// holds the logical tensors and AdamW's moments as a CPU run writes them, and a run moves
+// between CPU and GPU with --resume. `model` keeps the host copy of the weights (what
+// checkpoints read); config.grad_clip, the optimizer and micro_batch are the step's.
+// REQUIRES: a whole f32 GPT, world of one. InputError for what the GPU does not run.
+std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const parallel::StepConfig& config,
+                                                           int device = 0);
 
 }  // namespace loom::gpu

@@ -1,0 +1,132 @@
+// `loom train` on a GPU (loom/gpu/gpu.h, parallelize_on_gpu): GptTrainer behind the
+// Parallelized interface of every layout's step. The host model keeps the weights that
+// checkpoints read: they come back from the device only when a checkpoint is taken (and
+// the moments with them), so a step moves nothing but the tokens and two figures.
+#include <vector>
+
+#include "loom/checkpoint/tensor_pieces.h"
+#include "loom/core/error.h"
+#include "loom/gpu/gpu.h"
+
+namespace loom::gpu {
+namespace {
+
+std::span<const int32_t> ids(const Tensor& x) {
+  LOOM_CHECK(x.dtype() == DType::kI32);
+  return {x.data<int32_t>(), static_cast<size_t>(x.numel())};
+}
+
+class GpuStep : public parallel::Parallelized {
+ public:
+  GpuStep(nn::Gpt& model, const parallel::StepConfig& config, int device)
+      : model_(model), config_(config), trainer_(model, trainer_config(config, model, device)) {}
+
+  parallel::StepResult step(int64_t /*step*/, const MicroBatches& batch, double lr) override {
+    parallel::StepResult r;
+    const double scale = 1.0 / static_cast<double>(config_.accum);
+    for (int64_t m = 0; m < config_.accum; ++m) {
+      const data::Batch b = batch(m);
+      r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale) * scale;
+    }
+    r.grad_norm = trainer_.step(lr);
+    on_host_ = false;
+    return r;
+  }
+
+  // The loss on the device, batch examples at a time (at most micro_batch).
+  parallel::EvalResult evaluate(const data::Examples& val, int64_t max_items, int64_t batch) override {
+    const int64_t items = max_items > 0 ? std::min(max_items, val.size()) : val.size();
+    const int64_t per = std::max<int64_t>(1, std::min(batch, config_.micro_batch));
+    double sum = 0;
+    int64_t tokens = 0;
+    for (int64_t first = 0; first < items; first += per) {
+      std::vector<int64_t> which;
+      for (int64_t i = first; i < std::min(items, first + per); ++i) which.push_back(i);
+      const data::Batch b = val.batch(which);
+      sum += trainer_.loss(ids(b.inputs), ids(b.targets)) * static_cast<double>(b.targets.numel());
+      tokens += b.targets.numel();
+    }
+    return {.loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0, .accuracy = -1, .items = items};
+  }
+
+  // One process: the device gets the host's weights (a resume's, or the initialization).
+  void sync_params() override { trainer_.copy_params_from(model_.params()); }
+
+  parallel::RankShare share(checkpoint::PieceArena* arena) const override {
+    bring_home();
+    const ParamSet& ps = model_.params();
+    const int64_t n = ps.numel();
+    auto pieces = [&](const void* data, const std::string& prefix) {
+      const std::vector<checkpoint::FlatRun> runs = {{0, n, data}};
+      return arena != nullptr ? checkpoint::pieces(ps, runs, prefix, arena) : checkpoint::pieces_in_place(ps, runs, prefix);
+    };
+    if (arena != nullptr) arena->reserve(share_bytes());
+    parallel::RankShare share;
+    share.model = pieces(ps.values().raw(), "");
+    share.optimizer_steps = trainer_.steps();
+    for (const auto& [role, buffer] : {std::pair{"exp_avg", &exp_avg_}, std::pair{"exp_avg_sq", &exp_avg_sq_}})
+      for (checkpoint::Piece& p : pieces(buffer->raw(), std::string(role) + "."))
+        share.optimizer.push_back(std::move(p));
+    return share;
+  }
+  size_t share_bytes() const override { return 3 * static_cast<size_t>(model_.params().numel()) * sizeof(float); }
+
+  void load_optimizer(checkpoint::Checkpoint& ck) override {
+    const int64_t n = model_.params().numel();
+    optim::RangeState st;
+    st.ranges = {{0, n}};
+    st.buffers = {{"exp_avg", {exp_avg_}}, {"exp_avg_sq", {exp_avg_sq_}}};
+    ck.load_optimizer(model_.params(), st);
+    trainer_.copy_moments_from(exp_avg_, exp_avg_sq_, st.steps);
+  }
+
+  optim::LossScaler& loss_scaler() override { return scaler_; }
+  void set_tracer(parallel::StepTracer* /*tracer*/) override {}  // the step is one device call; docs/gpu.md
+  void set_loss_targets(parallel::LossTargets /*targets*/) override {
+    throw InputError("training.teacher: distillation does not run on the GPU yet; expected job.device = \"cpu\"");
+  }
+  parallel::StateBytes state_bytes() const override {
+    // The device's memory is the trainer's (loom bench gpu reports it); the host keeps one
+    // copy of the weights and, after a checkpoint, of the moments.
+    const int64_t n = model_.params().numel() * static_cast<int64_t>(sizeof(float));
+    return {.params = n, .grads = 0, .optimizer = on_host_ ? 2 * n : 0};
+  }
+  int replica() const override { return 0; }
+
+ private:
+  static GptTrainerConfig trainer_config(const parallel::StepConfig& c, const nn::Gpt& model, int device) {
+    GptTrainerConfig tc;
+    tc.micro_batch = c.micro_batch;
+    tc.seq_len = c.t > 0 ? c.t : model.config().seq_len;
+    tc.optimizer = c.optimizer;
+    tc.max_grad_norm = c.grad_clip;
+    tc.device = device;
+    return tc;
+  }
+
+  // The device's weights and moments into the host buffers a checkpoint reads.
+  void bring_home() const {
+    if (on_host_) return;
+    trainer_.copy_params_to(model_.params());
+    trainer_.copy_moments_to(exp_avg_, exp_avg_sq_);
+    on_host_ = true;
+  }
+
+  nn::Gpt& model_;
+  parallel::StepConfig config_;
+  GptTrainer trainer_;
+  optim::LossScaler scaler_;
+  Tensor exp_avg_ = Tensor::zeros({model_.params().numel()}, DType::kF32);
+  Tensor exp_avg_sq_ = Tensor::zeros({model_.params().numel()}, DType::kF32);
+  mutable bool on_host_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const parallel::StepConfig& config,
+                                                           int device) {
+  if (config.fp16) throw InputError("training.precision = \"fp16\": the GPU trains in bf16; expected \"bf16\"");
+  return std::make_unique<GpuStep>(model, config, device);
+}
+
+}  // namespace loom::gpu
