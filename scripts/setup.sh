@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Loom needs from Debian's archive, only the packages that are absent.
 # Idempotent; safe to run on every build. Needs root (or sudo) only when something is missing.
+#   scripts/setup.sh [--cuda]    --cuda: also Debian's CUDA toolkit (11.8, from its non-free
+#                                component, which this enables), so that src/gpu compiles
+#                                where no toolkit is installed; a GPU is not needed to build.
 set -euo pipefail
+cuda=0
+[ "${1:-}" = "--cuda" ] && cuda=1
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas0-openmp          # GEMM; the OpenMP build shares Loom's one thread pool
@@ -22,6 +27,15 @@ pkgs=(
   slurm-wlm munge                              # tests/slurm_test.sh: slurmctld and two slurmd on loopback
   python3-yaml                                 # tests/k8s_pods.py reads the Kubernetes manifests
 )
+if [ $cuda = 1 ] && ! command -v nvcc >/dev/null; then
+  pkgs+=(nvidia-cuda-toolkit)
+  # The toolkit is in Debian's non-free component: enabled in the archive's own entry.
+  src=/etc/apt/sources.list.d/debian.sources
+  if [ -f $src ] && ! grep -q "non-free" $src; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO sed -i 's/^Components: main$/Components: main contrib non-free/' $src
+  fi
+fi
 # Node.js runs the tokenizer's reference (tools/tokref); Debian's when the machine has none.
 command -v npm >/dev/null || pkgs+=(nodejs npm)
 missing=()

@@ -453,6 +453,20 @@ GemmPath gemm_best_path() {
   return best;
 }
 
+// vdpbf16ps does 32 multiply-adds where an FMA does 16, but not at the same rate on every
+// CPU: twice the FMA peak on Zen 4, half of it on the Sapphire Rapids Xeon measured
+// (docs/perf.md). Every path gives a bf16 product the same bits, so auto runs them on
+// whichever is faster here, by the two register-only peaks (20 ms each, once).
+GemmPath gemm_best_half_path() {
+  static const GemmPath best = [] {
+    const GemmPath p = gemm_best_path();
+    if (p != GemmPath::kAvx512Bf16) return p;
+    const double bf16 = bf16_peak_gflops(1, 0.02), fma = fma_peak_gflops(GemmPath::kAvx512, 1, 0.02);
+    return bf16 > 1.25 * fma ? GemmPath::kAvx512Bf16 : GemmPath::kAvx512;
+  }();
+  return best;
+}
+
 namespace {
 // Each path's name, as job.gemm_path spells it.
 constexpr std::pair<GemmPath, const char*> kPathNames[] = {{GemmPath::kAuto, "auto"},
@@ -538,7 +552,7 @@ void gemm_half_loom(GemmPath path,
   if (trivial_product(m, n, k, accumulate, c, ldc, epilogue)) return;
   const int threads = product_threads(m, n, k);
   const Operand<float> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
-  if (path == GemmPath::kAuto) path = gemm_best_path();
+  if (path == GemmPath::kAuto) path = gemm_best_half_path();
   if (format == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
     gemm_packed(kernel_for(path), PlainPacking<AsF16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
   } else if (path == GemmPath::kAvx512Bf16) {

@@ -159,6 +159,10 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, b
 bool gemm_path_supported(GemmPath path);
 // The path kAuto resolves to on this CPU.
 GemmPath gemm_best_path();
+// The path kAuto runs 16-bit products on: gemm_best_path(), except that where AVX512_BF16's
+// vdpbf16ps is not clearly faster than two FMAs (measured once, on first use) its bf16
+// products run on the f32 kernels, which give the same bits (docs/numerics.md).
+GemmPath gemm_best_half_path();
 const char* gemm_path_name(GemmPath path);
 // The path a name (as gemm_path_name writes it) stands for; InputError for any other name.
 GemmPath gemm_path_named(const std::string& name);
