@@ -49,6 +49,13 @@ __device__ void load_tile(nvbf* tile, const nvbf* base, int64_t ld, int64_t col,
   }
 }
 
+// Head h's keys and values of rows [k0, k0 + 64) (qkv rows `ld` apart) into two tiles.
+template <int HS>
+__device__ void load_keys_values(nvbf* ks, nvbf* vs, const nvbf* base, int64_t ld, int c, int h, int k0, int t) {
+  load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
+  load_tile<HS>(vs, base, ld, 2 * int64_t{c} + int64_t{h} * HS, k0, t);
+}
+
 // out (16, 64) f32 at stride kLdS = a (16, HS) rows of a tile times b (64, HS)^T, b's rows
 // as columns: the scores of 16 rows against a block of 64.
 template <int HS>
@@ -130,8 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int kb = 0; kb <= qb; ++kb) {
     const int k0 = kb * kRows;
     __syncthreads();  // the previous block's keys and values are no longer read
-    load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
-    load_tile<HS>(vs, base, ld, 2 * int64_t{c} + h * HS, k0, t);
+    load_keys_values<HS>(ks, vs, base, ld, c, h, k0, t);
     __syncthreads();
     product_abt<HS>(ss + warp * 16 * kLdS, qs + warp * 16 * kLdT<HS>, ks);
     __syncwarp();
@@ -254,8 +260,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* dpre_h = dpre + int64_t{bh} * t;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
-  load_tile<HS>(vs, base, ld, 2 * int64_t{c} + h * HS, k0, t);
+  load_keys_values<HS>(ks, vs, base, ld, c, h, k0, t);
   FragAcc dk[HS / 16], dv[HS / 16];
   for (int n = 0; n < HS / 16; ++n) {
     wmma::fill_fragment(dk[n], 0.0f);
@@ -310,8 +315,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int kb = 0; kb <= qb; ++kb) {
     const int k0 = kb * kRows;
     __syncthreads();
-    load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
-    load_tile<HS>(vs, base, ld, 2 * int64_t{c} + h * HS, k0, t);
+    load_keys_values<HS>(ks, vs, base, ld, c, h, k0, t);
     __syncthreads();
     product_abt<HS>(m.s, qs + warp * 16 * kLdT<HS>, ks);
     product_abt<HS>(m.dp, dos + warp * 16 * kLdT<HS>, vs);

@@ -32,15 +32,20 @@ struct BlockOffsets {
   LinearOffsets c_attn, attn_proj, c_fc, mlp_proj;
 };
 
+// A LayerNorm's output (N, C) bf16, and the mean and rstd (N) f32 its backward needs.
+struct Normed {
+  DeviceBuffer out, mean, rstd;
+};
+
 // What one micro-batch's forward keeps for its backward, per block.
 struct BlockActs {
-  DeviceBuffer x;                 // (N, C) the block's input
-  DeviceBuffer ln_1, mean_1, rstd_1;  // (N, C) bf16, (N) f32 twice
-  DeviceBuffer qkv;               // (N, 3C)
-  DeviceBuffer att, lse;          // (N, C), (B, NH, T) f32
-  DeviceBuffer mid;               // (N, C) x + attention
-  DeviceBuffer ln_2, mean_2, rstd_2;
-  DeviceBuffer h, g;              // (N, 4C) before and after GELU
+  DeviceBuffer x;         // (N, C) the block's input
+  Normed ln_1;
+  DeviceBuffer qkv;       // (N, 3C)
+  DeviceBuffer att, lse;  // (N, C), (B, NH, T) f32
+  DeviceBuffer mid;       // (N, C) x + attention
+  Normed ln_2;
+  DeviceBuffer h, g;      // (N, 4C) before and after GELU
 };
 
 }  // namespace
@@ -103,12 +108,20 @@ struct GptTrainer::Impl {
     kern::column_sums(parts, dy, n, m, s());
     kern::add_partials(g32(w.bias), parts, kern::column_sum_parts(n), m, s());
   }
-  void norm_backward(bf16* dx, const bf16* dy, const bf16* x, const DeviceBuffer& mean, const DeviceBuffer& rstd,
-                     const NormOffsets& w, const bf16* dres, float* parts) {
+  Normed norm_forward(const DeviceBuffer& x, const NormOffsets& w) {
+    Normed y{buf(n * c, 2, "LayerNorm output"), buf(n, 4, "LayerNorm mean"), buf(n, 4, "LayerNorm rstd")};
+    mark("layernorm");
+    kern::layernorm_forward(y.out.as<bf16>(), y.mean.as<float>(), y.rstd.as<float>(), x.as<bf16>(), p32(w.weight),
+                            p32(w.bias), n, c, s());
+    return y;
+  }
+  // dx = LayerNorm'(x)^T dy + dres (dres may be null); the weight and bias gradients added.
+  void norm_backward(bf16* dx, const bf16* dy, const bf16* x, const Normed& y, const NormOffsets& w, const bf16* dres,
+                     float* parts) {
     mark("layernorm backward");
     const int64_t p = kern::layernorm_partials(n);
-    kern::layernorm_backward(dx, parts, parts + p * c, dy, x, mean.as<float>(), rstd.as<float>(), p32(w.weight), dres,
-                             n, c, s());
+    kern::layernorm_backward(dx, parts, parts + p * c, dy, x, y.mean.as<float>(), y.rstd.as<float>(), p32(w.weight),
+                             dres, n, c, s());
     kern::add_partials(g32(w.weight), parts, p, c, s());
     kern::add_partials(g32(w.bias), parts + p * c, p, c, s());
   }
@@ -269,14 +282,9 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     BlockActs& a = acts[size_t(l)];
     const BlockOffsets& w = blocks[size_t(l)];
     a.x = std::move(x);
-    a.ln_1 = buf(n * c, 2, "ln_1");
-    a.mean_1 = buf(n, 4, "ln_1 mean");
-    a.rstd_1 = buf(n, 4, "ln_1 rstd");
-    mark("layernorm");
-    kern::layernorm_forward(a.ln_1.as<bf16>(), a.mean_1.as<float>(), a.rstd_1.as<float>(), a.x.as<bf16>(),
-                            p32(w.ln_1.weight), p32(w.ln_1.bias), n, c, s());
+    a.ln_1 = norm_forward(a.x, w.ln_1);
     a.qkv = buf(n * c3, 2, "qkv");
-    linear(acc.as<float>(), a.ln_1.as<bf16>(), w.c_attn, c, c3);
+    linear(acc.as<float>(), a.ln_1.out.as<bf16>(), w.c_attn, c, c3);
     mark("bias, residual, GELU");
     kern::bias_forward(a.qkv.as<bf16>(), acc.as<float>(), p32(w.c_attn.bias), n, c3, s());
     a.att = buf(n * c, 2, "attention output");
@@ -287,15 +295,10 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     linear(acc.as<float>(), a.att.as<bf16>(), w.attn_proj, c, c);
     mark("bias, residual, GELU");
     kern::bias_residual_forward(a.mid.as<bf16>(), acc.as<float>(), p32(w.attn_proj.bias), a.x.as<bf16>(), n, c, s());
-    a.ln_2 = buf(n * c, 2, "ln_2");
-    a.mean_2 = buf(n, 4, "ln_2 mean");
-    a.rstd_2 = buf(n, 4, "ln_2 rstd");
-    mark("layernorm");
-    kern::layernorm_forward(a.ln_2.as<bf16>(), a.mean_2.as<float>(), a.rstd_2.as<float>(), a.mid.as<bf16>(),
-                            p32(w.ln_2.weight), p32(w.ln_2.bias), n, c, s());
+    a.ln_2 = norm_forward(a.mid, w.ln_2);
     a.h = buf(n * c4, 2, "fc output");
     a.g = buf(n * c4, 2, "GELU output");
-    linear(acc.as<float>(), a.ln_2.as<bf16>(), w.c_fc, c, c4);
+    linear(acc.as<float>(), a.ln_2.out.as<bf16>(), w.c_fc, c, c4);
     mark("bias, residual, GELU");
     kern::bias_gelu_forward(a.h.as<bf16>(), a.g.as<bf16>(), acc.as<float>(), p32(w.c_fc.bias), n, c4, s());
     x = buf(n * c, 2, "block output");
@@ -305,16 +308,12 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   }
   acc.reset();
   // ln_f, the tied head, the loss and its gradient (over the logits, in place)
-  DeviceBuffer lnf = buf(n * c, 2, "ln_f");
-  DeviceBuffer mean_f = buf(n, 4, "ln_f mean"), rstd_f = buf(n, 4, "ln_f rstd");
-  mark("layernorm");
-  kern::layernorm_forward(lnf.as<bf16>(), mean_f.as<float>(), rstd_f.as<float>(), x.as<bf16>(), p32(ln_f.weight),
-                          p32(ln_f.bias), n, c, s());
+  Normed lnf = norm_forward(x, ln_f);
   DeviceBuffer logits = buf(n * ldv, 2, "logits (N, V)");
   mark("head forward");
   // V rounded up to ldv (zero rows of wte_padded): products with every dimension a multiple
   // of 64, which cuBLAS runs 3-4x faster than with GPT-2's odd 50257
-  gemm(true, false, ldv, n, c, wte_padded.as<bf16>(), c, lnf.as<bf16>(), c, logits.as<bf16>(), false, ldv, false);
+  gemm(true, false, ldv, n, c, wte_padded.as<bf16>(), c, lnf.out.as<bf16>(), c, logits.as<bf16>(), false, ldv, false);
   DeviceBuffer losses = buf(n, 4, "losses");
   mark("cross-entropy");
   kern::cross_entropy(losses.as<float>(), logits.as<bf16>(), targets.as<int32_t>(), n, v, ldv,
@@ -337,13 +336,13 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   gemm(false, false, c, n, ldv, wte_padded.as<bf16>(), c, logits.as<bf16>(), ldv, dlnf.as<bf16>(), false, c, false);
   {
     DeviceBuffer dwte = buf(ldv * c, 4, "head weight gradient (ldv, C)");
-    gemm(false, true, c, ldv, n, lnf.as<bf16>(), c, logits.as<bf16>(), ldv, dwte.as<float>(), true, c, false);
+    gemm(false, true, c, ldv, n, lnf.out.as<bf16>(), c, logits.as<bf16>(), ldv, dwte.as<float>(), true, c, false);
     kern::add(g32(wte), dwte.as<float>(), v * c, s());
   }
   logits.reset();
   DeviceBuffer dx = buf(n * c, 2, "residual gradient");
-  norm_backward(dx.as<bf16>(), dlnf.as<bf16>(), x.as<bf16>(), mean_f, rstd_f, ln_f, nullptr, parts.as<float>());
-  lnf.reset();
+  norm_backward(dx.as<bf16>(), dlnf.as<bf16>(), x.as<bf16>(), lnf, ln_f, nullptr, parts.as<float>());
+  lnf = Normed{};
   x.reset();
   DeviceBuffer dwide = buf(n * c4, 2, "gradient (N, 4C)");
   DeviceBuffer dnarrow = buf(n * c, 2, "gradient (N, C)");
@@ -356,16 +355,16 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     linear_backward(dwide.as<bf16>(), dx.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, parts.as<float>());
     mark("GELU backward");
     kern::gelu_backward(dwide.as<bf16>(), a.h.as<bf16>(), dwide.as<bf16>(), n * c4, s());
-    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_2.as<bf16>(), w.c_fc, c, c4, parts.as<float>());
-    norm_backward(dmid.as<bf16>(), dnarrow.as<bf16>(), a.mid.as<bf16>(), a.mean_2, a.rstd_2, w.ln_2, dx.as<bf16>(),
+    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_2.out.as<bf16>(), w.c_fc, c, c4, parts.as<float>());
+    norm_backward(dmid.as<bf16>(), dnarrow.as<bf16>(), a.mid.as<bf16>(), a.ln_2, w.ln_2, dx.as<bf16>(),
                   parts.as<float>());
     // attention: dmid is the gradient of x + attention
     linear_backward(dnarrow.as<bf16>(), dmid.as<bf16>(), a.att.as<bf16>(), w.attn_proj, c, c, parts.as<float>());
     mark("attention backward");
     kern::attention_backward(dwide.as<bf16>(), dpre.as<float>(), dnarrow.as<bf16>(), a.qkv.as<bf16>(),
                              a.att.as<bf16>(), a.lse.as<float>(), b, t, c, nh, s());
-    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_1.as<bf16>(), w.c_attn, c, c3, parts.as<float>());
-    norm_backward(dx.as<bf16>(), dnarrow.as<bf16>(), a.x.as<bf16>(), a.mean_1, a.rstd_1, w.ln_1, dmid.as<bf16>(),
+    linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_1.out.as<bf16>(), w.c_attn, c, c3, parts.as<float>());
+    norm_backward(dx.as<bf16>(), dnarrow.as<bf16>(), a.x.as<bf16>(), a.ln_1, w.ln_1, dmid.as<bf16>(),
                   parts.as<float>());
     a = BlockActs{};
   }
