@@ -1,4 +1,5 @@
 // Device memory, streams and pinned memory (device.h), and what the machine has (gpu.h).
+#include "gpu/cublas.h"
 #include "gpu/device.h"
 
 #include <cuda_runtime.h>
@@ -67,8 +68,8 @@ double bf16_gemm_tflops(int device, int64_t n) {
   check(cudaMemset(b.as<void>(), 0, bytes), "cudaMemset");
   Stream s;
   cublasHandle_t h = nullptr;
-  check(cublasCreate(&h), "cublasCreate");
-  check(cublasSetStream(h, s.get()), "cublasSetStream");
+  check(cublas().create(&h), "cublasCreate");
+  check(cublas().set_stream(h, s.get()), "cublasSetStream");
   cudaEvent_t start = nullptr, stop = nullptr;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
@@ -78,7 +79,7 @@ double bf16_gemm_tflops(int device, int64_t n) {
   for (int round = 0; round < 4; ++round) {  // the first round warms up
     check(cudaEventRecord(start, s.get()), "cudaEventRecord");
     for (int r = 0; r < reps; ++r)
-      check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in, in, in, &alpha, a.as<void>(), CUDA_R_16BF, in, b.as<void>(),
+      check(cublas().gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, in, in, in, &alpha, a.as<void>(), CUDA_R_16BF, in, b.as<void>(),
                          CUDA_R_16BF, in, &beta, c.as<void>(), CUDA_R_16BF, in, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
     check(cudaEventRecord(stop, s.get()), "cudaEventRecord");
@@ -89,7 +90,7 @@ double bf16_gemm_tflops(int device, int64_t n) {
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cublasDestroy(h);
+  cublas().destroy(h);
   return best;
 }
 

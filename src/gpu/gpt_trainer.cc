@@ -11,6 +11,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "gpu/cublas.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
 #include "loom/core/error.h"
@@ -71,7 +72,7 @@ struct GptTrainer::Impl {
   PinnedBuffer host_ids, host_csr, host_results;
 
   ~Impl() {
-    if (blas != nullptr) cublasDestroy(blas);
+    if (blas != nullptr) cublas().destroy(blas);
   }
 
   float* p32(int64_t off) const { return params.as<float>() + off; }
@@ -87,7 +88,7 @@ struct GptTrainer::Impl {
   void gemm(bool ta, bool tb, int64_t m, int64_t nn, int64_t k, const bf16* a, int64_t lda, const bf16* bm,
             int64_t ldb, void* out, bool out_f32, int64_t ldc, bool accumulate) const {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    check(cublasGemmEx(blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(nn), int(k),
+    check(cublas().gemm_ex(blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, int(m), int(nn), int(k),
                        &alpha, a, CUDA_R_16BF, int(lda), bm, CUDA_R_16BF, int(ldb), &beta, out,
                        out_f32 ? CUDA_R_32F : CUDA_R_16BF, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
@@ -202,8 +203,8 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
       m.chunks.push_back({info.offset + i, static_cast<int32_t>(std::min<int64_t>(kern::kAdamChunk, info.numel - i)),
                           decay.decays(info.kind) ? 1 : 0});
 
-  check(cublasCreate(&m.blas), "cublasCreate");
-  check(cublasSetStream(m.blas, m.s()), "cublasSetStream");
+  check(cublas().create(&m.blas), "cublasCreate");
+  check(cublas().set_stream(m.blas, m.s()), "cublasSetStream");
   m.params = m.buf(m.numel, 4, "parameters");
   m.grads = m.buf(m.numel, 4, "gradients");
   m.exp_avg = m.buf(m.numel, 4, "AdamW exp_avg");
