@@ -6,11 +6,11 @@
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [STEP...]    steps: tests bench peer cpu compile gemm (default: all)
+#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm (default: all)
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
-steps=" ${*:-tests bench peer cpu compile gemm} "
+steps=" ${*:-tests cli bench peer cpu compile gemm} "
 want() { [[ $steps == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
@@ -34,7 +34,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 B=/tmp/loom-gpu-build
 say "build"
 if ! CMAKE_ARGS="-DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_WERROR=OFF -DLOOM_BUILD_BENCH=OFF" \
-    timeout 400 .devkit/build.sh . $B loom gpu_test >"$OUT/build.txt" 2>&1; then
+    timeout 400 .devkit/build.sh . $B loom gpu_test gpu_cli_test >"$OUT/build.txt" 2>&1; then
   tail -60 "$OUT/build.txt"
   say "build failed"
   exit 1
@@ -47,6 +47,12 @@ if want tests; then
   OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
   echo "gpu_test exit $?" | tee -a "$S"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
+fi
+if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
+  say "gpu cli tests"
+  OMP_NUM_THREADS=16 timeout 300 $B/tests/gpu_cli_test >"$OUT/gpu_cli_test.txt" 2>&1
+  echo "gpu_cli_test exit $?" | tee -a "$S"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|error" "$OUT/gpu_cli_test.txt" | head -40 | tee -a "$S"
 fi
 if want bench; then
   run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
