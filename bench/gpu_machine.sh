@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared run on the GPU machine (docs/gpu.md, ../shared/gpu-machine/README.md): builds
-# Loom there with the carried kit (.devkit, made here by pack.sh) and CUDA, runs the `gpu`
+# Loom there with the carried kit (.devkit, made here by bench/gpu_kit.sh) and CUDA, runs the `gpu`
 # tests, then the GPT-2 124M step on the GPU beside PyTorch (eager and torch.compile, bf16,
 # the same batch), then the CPU figures docs/perf.md keeps per CPU (gpt-mini at 1 and all
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
