@@ -395,6 +395,7 @@ double GptTrainer::step(double lr) {
         "cudaMemcpyAsync");
   m.compute.synchronize();
   const double norm = std::sqrt(m.host_results.as<double>()[0]);
+  if (!std::isfinite(norm)) return norm;  // nothing updated: the caller stops the run
   const double max_norm = m.tc.max_grad_norm;
   const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
   ++m.steps;

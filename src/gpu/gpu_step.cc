@@ -2,6 +2,7 @@
 // Parallelized interface of every layout's step. The host model keeps the weights that
 // checkpoints read: they come back from the device only when a checkpoint is taken (and
 // the moments with them), so a step moves nothing but the tokens and two figures.
+#include <cmath>
 #include <vector>
 
 #include "loom/checkpoint/tensor_pieces.h"
@@ -28,7 +29,17 @@ class GpuStep : public parallel::Parallelized {
       const data::Batch b = batch(m);
       r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale) * scale;
     }
+    // As the CPU's step: a loss or gradient norm that is not finite updates nothing, and
+    // the trainer stops the run naming it.
+    if (!std::isfinite(r.loss)) {
+      r.nonfinite = "the loss is not finite (on the GPU)";
+      return r;
+    }
     r.grad_norm = trainer_.step(lr);
+    if (!std::isfinite(r.grad_norm)) {
+      r.nonfinite = "the gradient norm is not finite (on the GPU)";
+      return r;
+    }
     on_host_ = false;
     return r;
   }

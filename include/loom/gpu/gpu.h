@@ -72,7 +72,8 @@ class GptTrainer {
   // Forward only (evaluation): the mean loss; the gradients are untouched.
   double loss(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   // Clips the gradients to max_grad_norm (PyTorch's clip_grad_norm_) and applies AdamW at
-  // learning rate lr, then zeroes the gradients. Returns the gradient norm before clipping.
+  // learning rate lr, then zeroes the gradients. Returns the gradient norm before clipping;
+  // a norm that is not finite is returned with nothing updated or zeroed.
   double step(double lr);
   int64_t steps() const;
 
