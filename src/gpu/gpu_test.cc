@@ -1,6 +1,6 @@
-// The GPU trainer against the CPU path (ctest label `gpu`; every test skips, saying why,
-// where no CUDA device is visible): the caching allocator reuses and names what it cannot
-// give; the attention kernels equal the CPU's blocked attention with bf16 products; one
+// The GPU trainer against the CPU path (ctest label `gpu`; every test but the allocator's
+// bins skips, saying why, where no CUDA device is visible): the caching allocator rounds,
+// reuses and names what it cannot give; the attention kernels equal the CPU's blocked attention with bf16 products; one
 // micro-batch's gradients equal the CPU's f32 gradients to bf16's precision, tensor by
 // tensor; 20 steps of gpt-nano and gpt-mini follow the CPU's bf16 loss curve; and two runs
 // on the GPU give the same bits.
@@ -65,6 +65,16 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
     scale = std::max(scale, std::fabs(double(b[i])));
   }
   return scale > 0 ? diff / scale : diff;
+}
+
+// The allocator's bins (no device needed): 512-byte steps under 1 MiB, 2 MiB steps above.
+TEST(GpuMemory, SizesRoundToTheirBins) {
+  EXPECT_EQ(DeviceAllocator::rounded(0), 512u);
+  EXPECT_EQ(DeviceAllocator::rounded(1), 512u);
+  EXPECT_EQ(DeviceAllocator::rounded(513), 1024u);
+  EXPECT_EQ(DeviceAllocator::rounded((1 << 20) - 1), size_t{1} << 20);
+  EXPECT_EQ(DeviceAllocator::rounded(1 << 20), size_t{2} << 20);
+  EXPECT_EQ(DeviceAllocator::rounded((3 << 20) + 1), size_t{4} << 20);
 }
 
 TEST(GpuMemory, TheCacheServesTheNextStepAndTheErrorNamesTheBuffer) {
