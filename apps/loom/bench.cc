@@ -27,6 +27,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// A preset's model shape, as a config naming it resolves it (no data: benchmarks draw tokens).
+nn::GptConfig preset_model(const std::string& preset) {
+  Config c;
+  c.set("model.preset", preset);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  return gpt_config(c);
+}
+
 }  // namespace
 
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
@@ -34,11 +43,8 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   // The shapes of gpt-mini's step (8 x 256 rows) and gpt2-124m's (1024 rows).
   std::vector<bench::GemmModel> models;
   for (const auto& [preset, rows] : {std::pair{"gpt-mini", int64_t{8 * 256}}, std::pair{"gpt2-124m", int64_t{1024}}}) {
-    Config c;
-    c.set("model.preset", std::string(preset));
-    c.set("data.train", std::string("-"));
-    c.resolve();
-    models.push_back({preset, c.i("model.d_model"), c.i("model.vocab_size"), rows});
+    const nn::GptConfig m = preset_model(preset);
+    models.push_back({preset, m.d_model, m.vocab_size, rows});
   }
   Config c;
   c.set("job.gemm_path", path_name);
@@ -48,21 +54,9 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   return bench::run_bench_gemm(threads, models);
 }
 
-int run_bench_gpu(const gpu::BenchGpuArgs& a) {
-  Config c;
-  c.set("model.preset", a.preset);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  return gpu::run_bench_gpu(gpt_config(c), a);
-}
+int run_bench_gpu(const gpu::BenchGpuArgs& a) { return gpu::run_bench_gpu(preset_model(a.preset), a); }
 
-int run_bench_decode(const BenchDecodeArgs& a) {
-  Config c;
-  c.set("model.preset", a.preset);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  return bench::run_bench_decode(a, gpt_config(c));
-}
+int run_bench_decode(const BenchDecodeArgs& a) { return bench::run_bench_decode(a, preset_model(a.preset)); }
 
 int run_bench_train(const BenchTrainArgs& a) {
   check_flag_range("--threads", a.threads, 1, bench::kMaxBenchThreads);
@@ -71,11 +65,7 @@ int run_bench_train(const BenchTrainArgs& a) {
   check_flag_range("--warmup", a.warmup, 0, 1 << 20);
   if (!(a.peak_gflops >= 0 && a.peak_gflops <= 1e9))
     throw InputError(cat("--peak-gflops = ", a.peak_gflops, ": expected a number in [0, 1e9] (0: measure it)"));
-  Config c;
-  c.set("model.preset", a.preset);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  const nn::GptConfig cfg = gpt_config(c);
+  const nn::GptConfig cfg = preset_model(a.preset);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
   std::printf("# loom bench train: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld, AdamW\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),

@@ -134,7 +134,8 @@ struct GptTrainer::Impl {
     check(cudaMemcpyAsync(wte_padded.as<void>(), p16(wte), size_t(v * c) * 2, cudaMemcpyDeviceToDevice, s()),
           "cudaMemcpyAsync");
   }
-  void upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt);
+  // Returns how many distinct token ids the batch holds.
+  int64_t upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt);
 };
 
 namespace {
@@ -222,7 +223,7 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
   m.wte_ids = m.buf(m.n, 4, "token ids");
   m.host_ids = PinnedBuffer(static_cast<size_t>(2 * m.n) * 4);
   m.host_csr = PinnedBuffer(static_cast<size_t>(3 * m.n + 1) * 4);
-  m.host_results = PinnedBuffer(16);
+  m.host_results = PinnedBuffer(8);
   check(cudaMemcpyAsync(m.chunk_table.as<void>(), m.chunks.data(), m.chunks.size() * sizeof(kern::AdamChunk),
                         cudaMemcpyHostToDevice, m.s()),
         "cudaMemcpyAsync");
@@ -237,7 +238,7 @@ GptTrainer::~GptTrainer() = default;
 // Tokens and targets to the device on the copy stream (through pinned memory), with the
 // rows of each distinct token id for the embedding's backward (sorted on the host, so that
 // the device adds each id's rows in one block, in order, without atomics).
-void GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt) {
+int64_t GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<const int32_t> tgt) {
   LOOM_CHECK_EQ(tok.size(), tgt.size());
   LOOM_CHECK(tok.size() % size_t(t) == 0 && tok.size() > 0 && int64_t(tok.size()) <= max_b * t);
   b = int64_t(tok.size()) / t;
@@ -266,13 +267,12 @@ void GptTrainer::Impl::upload_batch(std::span<const int32_t> tok, std::span<cons
   check(cudaMemcpyAsync(wte_ids.as<void>(), distinct, size_t(n_ids) * 4, cudaMemcpyHostToDevice, cs),
         "cudaMemcpyAsync");
   copy.signal(compute);
-  host_results.as<int64_t>()[1] = n_ids;
+  return n_ids;
 }
 
 double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale,
                                           bool backward) {
-  upload_batch(tok, tgt);
-  const int64_t n_ids = host_results.as<int64_t>()[1];
+  const int64_t n_ids = upload_batch(tok, tgt);
   const int64_t n_layer = cfg.n_layer, c3 = 3 * c, c4 = 4 * c;
   std::vector<BlockActs> acts(static_cast<size_t>(n_layer));
   DeviceBuffer acc = buf(n * c4, 4, "product accumulator (N, 4C)");
@@ -323,12 +323,14 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   check(cudaMemcpyAsync(host_results.as<double>(), results.as<double>(), 8, cudaMemcpyDeviceToHost, s()),
         "cudaMemcpyAsync");
   losses.reset();
-  if (!backward) {
+  // The mean loss, once the queued work is done (and the phases timed).
+  const auto finish = [&] {
     mark("end");
     compute.synchronize();
     timer.collect();
     return host_results.as<double>()[0] / static_cast<double>(n);
-  }
+  };
+  if (!backward) return finish();
 
   const int64_t parts_rows = std::max(kern::column_sum_parts(n), 2 * kern::layernorm_partials(n));
   DeviceBuffer parts = buf(parts_rows * c4, 4, "partial sums");
@@ -373,10 +375,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   kern::wpe_backward(g32(wpe), dx.as<bf16>(), b, t, c, s());
   kern::wte_backward(g32(wte), dx.as<bf16>(), wte_rows.as<int32_t>(), wte_starts.as<int32_t>(), wte_ids.as<int32_t>(),
                      n_ids, c, s());
-  mark("end");
-  compute.synchronize();
-  timer.collect();
-  return host_results.as<double>()[0] / static_cast<double>(n);
+  return finish();
 }
 
 double GptTrainer::forward_backward(std::span<const int32_t> tokens, std::span<const int32_t> targets, double scale) {
