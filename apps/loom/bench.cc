@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 
 #include "commands.h"
 #include "config.h"
@@ -20,6 +21,14 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds this process has run (every thread): unlike wall time, it does not grow while a
+// shared machine's hypervisor runs someone else on our cores.
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -71,8 +80,8 @@ int run_bench_train(const BenchTrainArgs& a) {
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
-  std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s\n", "recompute", "precision", "threads", "step_ms",
-              "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib");
+  std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s %10s\n", "recompute", "precision", "threads",
+              "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib", "cpu_ms");
   for (const std::string& mode : a.recompute)
   for (const std::string& precision : a.precision)
   for (int64_t th : a.threads) {
@@ -89,20 +98,23 @@ int run_bench_train(const BenchTrainArgs& a) {
     nn::GptCtx ctx;
     Rng rng(1234);
     Tensor x = Tensor::zeros({b, t}, DType::kI32), y = Tensor::zeros({b, t}, DType::kI32);
-    std::vector<double> times;
+    std::vector<double> times, cpu_times;
     double loss = 0;
     for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
       for (int64_t i = 0; i < b * t; ++i) {  // random tokens, as the PyTorch peer
         x.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
         y.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
       }
-      double t0 = now_s();
+      const double t0 = now_s(), c0 = cpu_s();
       gpt.params().zero_grads();
       loss = gpt.forward(x, y, ctx);
       if (s == 0) kept = ctx.arena.peak_bytes();
       gpt.backward(ctx, 1.0);
       opt->step(3e-4);
-      if (s >= a.warmup) times.push_back(now_s() - t0);
+      if (s >= a.warmup) {
+        times.push_back(now_s() - t0);
+        cpu_times.push_back(cpu_s() - c0);
+      }
     }
     if (a.peak_gflops <= 0) peak = std::max(peak, bench::sgemm_peak_gflops(static_cast<int>(th)));
     const double step = median(times);
@@ -111,10 +123,10 @@ int run_bench_train(const BenchTrainArgs& a) {
     // masked blocks, so this slightly overstates the arithmetic it really does).
     const double gflops = 3.0 * gpt.forward_flops_per_token(t) * tps / 1e9;
     const double mib = 1 << 20;
-    std::printf("%10s %9s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f\n", mode.c_str(),
+    std::printf("%10s %9s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f %10.1f\n", mode.c_str(),
                 precision.c_str(), static_cast<long long>(th), step * 1e3, tps, gflops, peak, 100.0 * gflops / peak, loss,
                 static_cast<double>(kept) / mib,
-                static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib);
+                static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib, median(cpu_times) * 1e3);
     std::fflush(stdout);
   }
   return 0;

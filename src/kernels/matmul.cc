@@ -78,6 +78,11 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   }
 }
 
+void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
+                             int64_t k, int64_t m) {
+  gemm_half_bits_a(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+}
+
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,
                                     int64_t, int64_t, WeightLayout, float*, DType, DType);
 template void matmul_forward<double>(double*, const double*, const double*, const double*,

@@ -41,4 +41,10 @@ template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands = DType::kF32);
 
+// dweight (K, M) += inp^T @ dout (layout kKM) with inp held in 16-bit storage (format kBF16
+// or kF16: its bits, as mixed precision keeps a Linear's input), the products reading dout as
+// `format` holds it: the bits of matmul_backward's dweight on inp's f32 values.
+void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
+                             int64_t k, int64_t m);
+
 }  // namespace loom::kernels

@@ -1,9 +1,11 @@
 #include "kernels/pointwise.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/fast_math.h"
 #include "kernels/parallel.h"
+#include "kernels/precision.h"
 
 namespace loom::kernels {
 namespace {
@@ -14,6 +16,16 @@ template <typename T>
 inline T gelu(T x) {
   const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
   return T(0.5) * x * (T(1) + fast_tanh(u));
+}
+
+// gelu'(x) * dy.
+template <typename T>
+inline T gelu_grad(T x, T dy) {
+  const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+  const T th = fast_tanh(u);
+  const T sech2 = T(1) - th * th;
+  const T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
+  return (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dy;
 }
 
 }  // namespace
@@ -33,13 +45,21 @@ template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
   parallel_chunks(n, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      T x = inp[i];
-      T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-      T th = fast_tanh(u);
-      T sech2 = T(1) - th * th;
-      T du = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
-      dinp[i] = (T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du) * dout[i];
+    for (int64_t i = lo; i < hi; ++i) dinp[i] = gelu_grad(inp[i], dout[i]);
+  });
+}
+
+void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const float* dout, int64_t n,
+                        DType round_out) {
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
+    constexpr int64_t kBlock = 512;  // inp's values converted a block at a time, in L1
+    alignas(64) float x[kBlock];
+    for (int64_t b = lo; b < hi; b += kBlock) {
+      const int64_t len = std::min(kBlock, hi - b);
+      load_half_serial(format, x, inp + b, len);
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) dinp[b + i] = gelu_grad(x[i], dout[b + i]);
+      if (round_out != DType::kF32) round_serial(round_out, dinp + b, dinp + b, len);
     }
   });
 }

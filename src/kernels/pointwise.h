@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "loom/core/dtype.h"
+
 namespace loom::kernels {
 
 // out = gelu(inp) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), n elements.
@@ -16,6 +18,11 @@ void gelu_forward_serial(T* out, const T* inp, int64_t n);
 // dinp = gelu'(inp) * dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+// The same with inp held in 16-bit storage (format kBF16 or kF16: its bits), and dinp rounded
+// to round_out (kBF16 or kF16; kF32: as computed): the bits of load_half, gelu_backward and
+// round_to, in one pass (mixed precision's MLP backward).
+void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const float* dout, int64_t n,
+                        DType round_out);
 
 // out = a + b, n elements; out may alias a or b.
 template <typename T>

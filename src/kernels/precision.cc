@@ -29,15 +29,7 @@ void store_half(DType format, uint16_t* out, const float* x, int64_t n) {
 
 void load_half(DType format, float* out, const uint16_t* in, int64_t n) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
-  if (format == DType::kBF16) {
-    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
-    });
-  } else {
-    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = f16_value(in[i]);
-    });
-  }
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) { load_half_serial(format, out + lo, in + lo, hi - lo); });
 }
 
 }  // namespace loom::kernels

@@ -75,6 +75,14 @@ inline void round_serial(DType format, float* out, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = x[i];
 }
 
+// out[i] = the f32 value of 16-bit in[i] (exact), on the calling thread: load_half's body.
+inline void load_half_serial(DType format, float* out, const uint16_t* in, int64_t n) {
+  if (format == DType::kBF16)
+    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_value(in[i]);
+}
+
 // x[i] = the bf16 or f16 value nearest x[i] (format kBF16 or kF16), in place; kF32 leaves x.
 void round_to(DType format, float* x, int64_t n);
 // out[i] = x[i] rounded as round_to rounds, in one pass (kF32: copied). out may be x.

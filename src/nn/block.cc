@@ -72,8 +72,7 @@ Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
 }
 
 Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
-  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena);
-  round_values(dh, precision);
+  Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena, precision);
   return c_fc.backward(dh, ctx.c_fc, arena, true, defer_weights);
 }
 

@@ -371,7 +371,7 @@ Tensor Gpt::backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptC
       blocks_[l].forward(mixed::to_f32(ctx.blocks[l].input, scratch_), again, scratch_);
       d = blocks_[l].backward(dx, again, scratch_);
     } else {
-      mixed::load_f32(ctx.blocks[l], scratch_);
+      mixed::load_f32(ctx.blocks[l], scratch_, !tp_.sequence_split());
       d = blocks_[l].backward(dx, ctx.blocks[l], scratch_);
     }
     dx.copy_from(d);

@@ -192,16 +192,20 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   const int64_t n = dy.numel() / out;
   const Tensor& w = weight.value();
   ctx.dy = dy;
-  if (need_dx && split == TpSplit::kColumn) {
-    // Every part's share of dx summed; the sum travels while this part computes its weight
-    // gradients (the same bits as one call: each output of the product is computed alone).
+  // Mixed precision keeps some inputs in 16 bits (nn/mixed.h); only backward_weight reads them.
+  const bool x_bits = ctx.x.dtype() != dy.dtype();
+  if (need_dx && (split == TpSplit::kColumn || x_bits)) {
+    // Column: every part's share of dx summed; the sum travels while this part computes its
+    // weight gradients (the same bits as one call: each output of the product is computed alone).
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                           dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
+                                           dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
                                            k::WeightLayout::kKM, precision));
-    std::unique_ptr<Seam::Pending> sum = shard.seam->start_sum(dx);
+    std::unique_ptr<Seam::Pending> sum = split == TpSplit::kColumn ? shard.seam->start_sum(dx) : nullptr;
     if (!defer_weights) backward_weight(ctx);
-    sum->wait();
+    if (sum) sum->wait();
+  } else if (x_bits) {
+    if (!defer_weights) backward_weight(ctx);
   } else {
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(need_dx ? dx.data<T>() : nullptr,
@@ -218,6 +222,16 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
 void Linear::backward_weight(const LinearCtx& ctx) const {
   LOOM_CHECK(ctx.dy.defined());
   LOOM_CHECK(split == TpSplit::kNone || !shard.sequence_split());  // its input is not kept gathered
+  if (ctx.x.dtype() != ctx.dy.dtype()) {  // x kept in 16 bits: the product packs its bits
+    LOOM_CHECK(ctx.dy.dtype() == DType::kF32 && ctx.x.dtype() == precision);
+    const int64_t n = ctx.dy.numel() / out;
+    k::matmul_weight_grad_bits(weight.grad().data<float>(), ctx.dy.data<float>(), ctx.x.data<uint16_t>(), precision, n,
+                               in, out);
+    if (bias.defined())
+      k::matmul_backward<float>(nullptr, nullptr, bias.grad().data<float>(), ctx.dy.data<float>(), nullptr, nullptr, n,
+                                in, out, k::WeightLayout::kKM, precision);
+    return;
+  }
   LOOM_DISPATCH_FLOAT(ctx.dy.dtype(), T,
                       k::matmul_backward(static_cast<T*>(nullptr), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, ctx.dy.data<T>(),
@@ -292,10 +306,17 @@ Tensor Gelu::forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const {
   return y;
 }
 
-Tensor Gelu::backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena) const {
+Tensor Gelu::backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena, DType round_out) const {
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
+  if (ctx.x.dtype() != dy.dtype()) {  // x kept in 16 bits (nn/mixed.h): read as it is, in one pass
+    LOOM_CHECK(dy.dtype() == DType::kF32);
+    k::gelu_backward_bits(dx.data<float>(), ctx.x.data<uint16_t>(), ctx.x.dtype(), dy.data<float>(), dy.numel(),
+                          round_out);
+    return dx;
+  }
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::gelu_backward(dx.data<T>(), ctx.x.data<T>(), dy.data<T>(), dy.numel()));
+  round_values(dx, round_out);
   return dx;
 }
 

@@ -27,32 +27,40 @@ Tensor to_f32(const Tensor& x, Arena& arena) {
 
 namespace {
 
-// Every tensor a block's context keeps for its backward, and whether it is a per-row
-// statistic (kept in f32).
+// How a block's backward reads a tensor its context keeps.
+enum class Kept {
+  kStatistic,  // per-row statistics: kept in f32
+  kF32,        // kept in 16 bits, back to f32 before the backward
+  kBits,       // kept in 16 bits and read as such: a Linear's input (only its weight gradient
+               // reads it, packing the bits) and the GELU's input
+};
+
+// Every tensor a block's context keeps for its backward, and how it is read.
 template <typename F>
 void for_each_kept(BlockCtx& c, F&& f) {
   for (LayerNormCtx* ln : {&c.ln_1, &c.ln_2}) {
-    f(ln->x, false);
-    f(ln->mean, true);
-    f(ln->rstd, true);
+    f(ln->x, Kept::kF32);
+    f(ln->mean, Kept::kStatistic);
+    f(ln->rstd, Kept::kStatistic);
   }
-  for (LinearCtx* lin : {&c.attn.c_attn, &c.attn.c_proj, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, false);
-  f(c.attn.qkv, false);
-  f(c.attn.y, false);
-  f(c.attn.lse, true);
-  f(c.mlp.gelu.x, false);
+  for (LinearCtx* lin : {&c.attn.c_attn, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, Kept::kBits);
+  f(c.attn.c_proj.x, Kept::kF32);  // the attention's output: its backward reads it too
+  f(c.attn.qkv, Kept::kF32);
+  f(c.attn.y, Kept::kF32);
+  f(c.attn.lse, Kept::kStatistic);
+  f(c.mlp.gelu.x, Kept::kBits);
 }
 
 }  // namespace
 
 void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& input_half, Arena& arena) {
   std::map<const void*, Tensor> moved{{input.raw(), input_half}};
-  for_each_kept(ctx, [&](Tensor& t, bool statistic) {
+  for_each_kept(ctx, [&](Tensor& t, Kept kept) {
     if (!t.defined()) return;
     auto [it, fresh] = moved.try_emplace(t.raw());
     LOOM_CHECK(fresh || it->second.numel() == t.numel());  // a tensor kept twice, never a part of one
     if (fresh) {
-      if (statistic) {
+      if (kept == Kept::kStatistic) {
         it->second = arena.alloc(t.shape(), t.dtype());
         it->second.copy_from(t);
       } else {
@@ -63,10 +71,13 @@ void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& i
   });
 }
 
-void load_f32(BlockCtx& ctx, Arena& workspace) {
+void load_f32(BlockCtx& ctx, Arena& workspace, bool linear_bits) {
   std::map<const void*, Tensor> loaded;
-  for_each_kept(ctx, [&](Tensor& t, bool /*statistic*/) {
-    if (!t.defined() || t.dtype() == DType::kF32) return;
+  const auto bits = [&](const Tensor& t, Kept kept) {
+    return kept == Kept::kBits && (linear_bits || &t == &ctx.mlp.gelu.x);
+  };
+  for_each_kept(ctx, [&](Tensor& t, Kept kept) {
+    if (!t.defined() || t.dtype() == DType::kF32 || bits(t, kept)) return;
     auto [it, fresh] = loaded.try_emplace(t.raw());
     if (fresh) it->second = to_f32(t, workspace);
     LOOM_CHECK(it->second.numel() == t.numel());

@@ -116,7 +116,8 @@ struct GeluCtx {
 class Gelu {
  public:
   Tensor forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const;
-  Tensor backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena) const;
+  // dx rounded to round_out (kF32: as computed). ctx.x may be kept in 16 bits (mixed precision).
+  Tensor backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena, DType round_out = DType::kF32) const;
 };
 
 struct EmbeddingCtx {

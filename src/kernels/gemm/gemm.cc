@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -135,46 +136,67 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
 // accumulator as it is (x + -0 = x, for x = -0 too).
 constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
 
-// out[q * mr + r] = the pair (op(A)(i0 + r, p0 + 2q), op(A)(i0 + r, p0 + 2q + 1)); rows
-// past `rows` zero.
+// The pairs of an odd block's last k (row `last` of op(X), values i < count), each with the
+// pad in its lower half, into slivers `width` wide and `sliver` apart at pair index `pairs`.
+void pack_last_k(const float* last, int64_t count, uint32_t pad, int64_t pairs, int64_t width, int64_t sliver,
+                 uint32_t* out) {
+  for (int64_t i = 0; i < count; ++i)
+    out[(i / width) * sliver + pairs * width + i % width] = static_cast<uint32_t>(bf16_operand_bits(last[i])) << 16 | pad;
+}
+
+// Lanes count .. width - 1 of a last partial sliver (depth steps of width) set to zero.
+void zero_sliver_tail(uint32_t* sliver, int64_t count, int64_t width, int64_t depth) {
+  if (count % width == 0) return;
+  uint32_t* s = sliver + (count / width) * width * depth;
+  for (int64_t q = 0; q < depth; ++q) std::fill(s + q * width + count % width, s + (q + 1) * width, 0u);
+}
+
+// A tile's MR-row slivers of op(A) (rows [i0, i0 + rows) x k [p0, p0 + kc)) as pairs, sliver
+// s at out + s * mr * depth: out[q * mr + r] of a sliver = the pair (op(A)(r, p0 + 2q),
+// op(A)(r, p0 + 2q + 1)); rows past the tile zero. A transposed A (a weight gradient's
+// activations) is read a row pair at a time across the whole tile: sliver by sliver, each
+// read took 48 bytes from rows thousands of bytes apart.
 void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) {
   const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   if (!a.trans) {
-    for (int64_t r = 0; r < rows; r += 16)
-      pack.block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(16, rows - r)), kc, kPadA, out + r, mr);
+    for (int64_t r = 0; r < rows; r += mr)  // MR <= 16: one block per sliver
+      pack.block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
+                 out + r * depth, mr);
   } else {
-    pack.rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr);
-    if (kc & 1) {
-      const float* last = a.p + (p0 + kc - 1) * a.ld + i0;
-      for (int64_t r = 0; r < rows; ++r) out[pairs * mr + r] = static_cast<uint32_t>(bf16_operand_bits(last[r])) << 16 | kPadA;
-    }
+    pack.rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, mr * depth);
+    if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, mr * depth, out);
   }
-  if (rows < mr)
-    for (int64_t q = 0; q < depth; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, 0u);
+  zero_sliver_tail(out, rows, mr, depth);
+}
+
+// pack_a_pairs for a transposed A held as bf16 bits (gemm_half_bits_a): the same pairs.
+void pack_a_pairs(const Operand<uint16_t>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) {
+  LOOM_CHECK(a.trans);
+  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
+  gemm_detail::kAvx512Bf16Packers.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, mr * depth);
+  if (kc & 1) {
+    const uint16_t* last = a.p + (p0 + kc - 1) * a.ld + i0;
+    for (int64_t i = 0; i < rows; ++i)
+      out[(i / mr) * mr * depth + pairs * mr + i % mr] =
+          static_cast<uint32_t>(bf16_operand_bits(std::bit_cast<float>(static_cast<uint32_t>(last[i]) << 16))) << 16 | kPadA;
+  }
+  zero_sliver_tail(out, rows, mr, depth);
 }
 
 // NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols) as pairs, each depth x nr.
 void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
   const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
-  for (int64_t s = 0; s * nr < cols; ++s) {
-    uint32_t* dst = out + s * depth * nr;
-    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
-    if (!b.trans) {
-      pack.rows(b.p + p0 * b.ld + js, b.ld, width, pairs, dst, nr);
-      if (kc & 1) {
-        const float* last = b.p + (p0 + kc - 1) * b.ld + js;
-        for (int64_t j = 0; j < width; ++j) dst[pairs * nr + j] = static_cast<uint32_t>(bf16_operand_bits(last[j])) << 16 | kPadB;
-      }
-    } else {
-      for (int64_t j = 0; j < width; j += 16)
-        pack.block(b.p + (js + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, width - j)), kc, kPadB, dst + j,
-                   nr);
-    }
-    if (width < nr)
-      for (int64_t q = 0; q < depth; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, 0u);
+  if (!b.trans) {
+    pack.rows(b.p + p0 * b.ld + j0, b.ld, cols, pairs, out, nr, nr * depth);
+    if (kc & 1) pack_last_k(b.p + (p0 + kc - 1) * b.ld + j0, cols, kPadB, pairs, nr, nr * depth, out);
+  } else {
+    for (int64_t j = 0; j < cols; j += 16)
+      pack.block(b.p + (j0 + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, cols - j)), kc, kPadB,
+                 out + (j / nr) * nr * depth + j % nr, nr);
   }
+  zero_sliver_tail(out, cols, nr, depth);
 }
 
 // MXCSR's flush-to-zero and denormals-are-zero bits set on this thread while it lives: the
@@ -224,8 +246,8 @@ struct PlainPacking {
   static constexpr int kStep = 1;  // values of k per packed step
   bool flush = false;
   void a(const Operand<T>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) const {
-    pack_a(x, i0, rows, p0, kc, mr, out);
-    convert<Cvt>(out, kc * mr);
+    for (int64_t r = 0; r < rows; r += mr) pack_a(x, i0 + r, std::min<int64_t>(mr, rows - r), p0, kc, mr, out + r * kc);
+    convert<Cvt>(out, round_up(rows, mr) * kc);
   }
   void b(const Operand<T>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
     pack_b(x, p0, kc, j0, cols, nr, out);
@@ -236,7 +258,8 @@ struct PairPacking {
   using P = uint32_t;
   static constexpr int kStep = 2;
   bool flush = false;
-  void a(const Operand<float>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) const {
+  template <typename Value>  // float, or uint16_t: bf16 bits
+  void a(const Operand<Value>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out) const {
     pack_a_pairs(x, i0, rows, p0, kc, mr, out);
   }
   void b(const Operand<float>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) const {
@@ -247,10 +270,10 @@ struct PairPacking {
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
 // block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
 // panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
-template <typename Packing, typename T>
+template <typename Packing, typename T, typename OperandA>
 void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               const Packing& packing,
-              const Operand<T>& a,
+              const OperandA& a,
               const Operand<T>& b,
               int64_t k,
               bool accumulate,
@@ -272,8 +295,7 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
     for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
       const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
       const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
-      for (int64_t ir = 0; ir < rows; ir += mr)
-        packing.a(a, i0 + ir, std::min<int64_t>(mr, rows - ir), p0, kc, mr, packed_a + ir * depth);
+      packing.a(a, i0, rows, p0, kc, mr, packed_a);  // every MR-row sliver of the tile, sliver s at s * mr * depth
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
         const int64_t panel = std::min(mk.nc, cols - jc);
         packing.b(b, p0, kc, j0 + jc, panel, nr, packed_b);
@@ -324,11 +346,11 @@ bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int
 
 // Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
 // threads; no split touches k, so the bits do not depend on the thread count.
-template <typename Packing, typename T>
+template <typename Packing, typename T, typename OperandA>
 void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  const Packing& packing,
                  int threads,
-                 const Operand<T>& oa,
+                 const OperandA& oa,
                  const Operand<T>& ob,
                  int64_t m,
                  int64_t n,
@@ -616,6 +638,39 @@ void gemm_half_on(GemmPath path,
                   float* c,
                   int64_t ldc) {
   gemm_half_loom(path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, {});
+}
+
+void gemm_half_bits_a(DType format,
+                      bool trans_a,
+                      bool trans_b,
+                      int64_t m,
+                      int64_t n,
+                      int64_t k,
+                      const uint16_t* a,
+                      int64_t lda,
+                      const float* b,
+                      int64_t ldb,
+                      bool accumulate,
+                      float* c,
+                      int64_t ldc) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
+  if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16 && trans_a) {
+    LOOM_CHECK(gemm_path_supported(path));
+    if (trivial_product(m, n, k, accumulate, c, ldc, {})) return;
+    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k), Operand<uint16_t>{a, lda, true},
+                Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
+    return;
+  }
+  // Elsewhere A's f32 values (exact) go through gemm_half: the same bits.
+  const int64_t rows = trans_a ? k : m, cols = trans_a ? m : k;
+  std::vector<float> values(static_cast<size_t>(rows * lda));
+  if (lda == cols) {
+    load_half(format, values.data(), a, rows * cols);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) load_half(format, values.data() + i * lda, a + i * lda, cols);
+  }
+  gemm_half(format, trans_a, trans_b, m, n, k, values.data(), lda, b, ldb, accumulate, c, ldc);
 }
 
 namespace {

@@ -133,6 +133,24 @@ void gemm_half_on(GemmPath path,
                   float* c,
                   int64_t ldc);
 
+// gemm_half with A held in 16-bit storage: `format`'s bits, as store_half writes them (kernels/
+// precision.h). The bits of gemm_half on A's f32 values, on every path; vdpbf16ps packs a
+// transposed A (a weight gradient's kept activations) straight from the bits, elsewhere A is
+// converted first.
+void gemm_half_bits_a(DType format,
+                      bool trans_a,
+                      bool trans_b,
+                      int64_t m,
+                      int64_t n,
+                      int64_t k,
+                      const uint16_t* a,
+                      int64_t lda,
+                      const float* b,
+                      int64_t ldb,
+                      bool accumulate,
+                      float* c,
+                      int64_t ldc);
+
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of
 // 32 floats in turn (zeros past n), so a product reads each sliver as one stream; 64-byte

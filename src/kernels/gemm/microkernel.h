@@ -101,13 +101,19 @@ extern const MicroKernel<uint32_t, float> kAvx512Bf16Kernel;
 // Packing pairs with the same instructions (vcvtne2ps2bf16), each pair's value k in the
 // upper half (microkernel.h's layout); every value rounded as bf16_operand_bits rounds it.
 struct PairPackers {
-  // out[q * stride + i] = (x[2q * ld + i], x[(2q + 1) * ld + i]) for i < count and
-  // q < pairs: rows of op(X) paired two by two.
-  void (*rows)(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t stride);
+  // out[(i / width) * sliver + q * width + i % width] = (x[2q * ld + i], x[(2q + 1) * ld + i])
+  // for i < count and q < pairs: rows of op(X) paired two by two, into slivers `width` wide
+  // (<= 32) and `sliver` apart. Each pair of rows is read once across every sliver, so the
+  // reads stream along the rows.
+  void (*rows)(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width, int64_t sliver);
   // out[q * stride + r] = (x[r * ld + 2q], x[r * ld + 2q + 1]) for r < rows (<= 16) and
   // q < ceil(values / 2): adjacent values of each row; an odd last value is paired with
   // `pad` (its lower half).
   void (*block)(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride);
+  // rows, from bf16 bits (16-bit storage) instead of f32 values: the same pairs as rows on
+  // the values the bits hold (a subnormal read as zero, a NaN made quiet).
+  void (*bits_rows)(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+                    int64_t sliver);
 };
 extern const PairPackers kAvx512Bf16Packers;
 extern const PanelBlockFn kAvx512PanelBlock;

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/microkernel_simd.h"
@@ -70,16 +71,57 @@ inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
   return _mm512_rol_epi32((__m512i)_mm512_cvtne2ps_pbh(hi, lo), 16);
 }
 
-void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t stride) {
-  const int64_t full = count / 16 * 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (count - full)) - 1);
-  for (int64_t q = 0; q < pairs; ++q, x += 2 * ld, out += stride) {
-    for (int64_t i = 0; i < full; i += 16)
-      _mm512_storeu_si512(out + i, pairs_of(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + ld + i)));
-    if (tail != 0)
-      _mm512_mask_storeu_epi32(out + full, tail,
-                               pairs_of(_mm512_maskz_loadu_ps(tail, x + full), _mm512_maskz_loadu_ps(tail, x + ld + full)));
-  }
+// Row pairs of op(X) into slivers (PairPackers::rows); pair16(row, i, n) gives the pairs of
+// columns i .. i + 15 of the rows `row` and `row + ld` (those below n) and their mask. Each
+// 16 pairs go to the slivers they fall in with one masked store per sliver (two for A's
+// 12-wide slivers): lane j to column (i + j) % width of sliver (i + j) / width.
+template <typename Src, typename Pair16>
+void row_pairs_to_slivers(const Src* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+                          int64_t sliver, Pair16 pair16) {
+  for (int64_t q = 0; q < pairs; ++q, x += 2 * ld)
+    for (int64_t i = 0; i < count; i += 16) {
+      const auto [v, mask] = pair16(x, i, count);
+      const int64_t s = i / width, off = i % width;
+      for (int64_t t = 0; t * width - off < 16; ++t) {
+        const int64_t lo = std::max<int64_t>(0, t * width - off), hi = std::min<int64_t>(16, (t + 1) * width - off);
+        const auto lanes = static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+        // Lane lo lands at column lo + off - t * width = 0 of sliver s + t (t > 0), or at off.
+        uint32_t* base = out + (s + t) * sliver + q * width + off - t * width;
+        _mm512_mask_storeu_epi32(base, lanes & mask, v);
+      }
+    }
+}
+
+inline __mmask16 first(int64_t n, int64_t i) {
+  return n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+}
+
+void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+                   int64_t sliver) {
+  row_pairs_to_slivers(x, ld, count, pairs, out, width, sliver, [ld](const float* row, int64_t i, int64_t n) {
+    const __mmask16 mask = first(n, i);
+    return std::pair{pairs_of(_mm512_maskz_loadu_ps(mask, row + i), _mm512_maskz_loadu_ps(mask, row + ld + i)), mask};
+  });
+}
+
+// 16 bf16 values (zero-extended into dwords) as a product reads them: a subnormal as zero
+// (its sign kept), a NaN made quiet: bf16_operand_bits of their f32 values.
+inline __m512i bf16_operands(__m512i w) {
+  const __m512i exponent = _mm512_and_si512(w, _mm512_set1_epi32(0x7f80));
+  w = _mm512_mask_and_epi32(w, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), w, _mm512_set1_epi32(0x8000));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
+  return _mm512_mask_or_epi32(w, nan, w, _mm512_set1_epi32(0x40));
+}
+
+void bits_rows_to_pairs(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+                        int64_t sliver) {
+  row_pairs_to_slivers(x, ld, count, pairs, out, width, sliver, [ld](const uint16_t* row, int64_t i, int64_t n) {
+    const __mmask16 mask = first(n, i);
+    const auto load = [mask](const uint16_t* p) {  // 16 words zero-extended, the masked-off ones 0
+      return bf16_operands(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(mask, p))));
+    };
+    return std::pair{_mm512_or_si512(_mm512_slli_epi32(load(row + i), 16), load(row + ld + i)), mask};
+  });
 }
 
 // r[0..15] (16 x 16 dwords) transposed in registers: unpacks, then 128-bit shuffles.
@@ -128,7 +170,7 @@ void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32
 
 }  // namespace
 
-const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs};
+const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs, bits_rows_to_pairs};
 
 // The f32 AVX-512 kernel's blocking but twice its depth: bf16 values are half the bytes, so a
 // 12 x 1024 sliver of A (24 KiB) and 1024 x 256 of packed B (512 KiB) take the f32 kernel's
