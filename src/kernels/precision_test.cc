@@ -10,8 +10,10 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/pointwise.h"
 #include "kernels/precision.h"
 #include "loom/core/dtype.h"
+#include "loom/core/rng.h"
 #include "loom/core/threads.h"
 
 namespace loom::kernels {
@@ -78,6 +80,34 @@ TEST(Precision, F16OverflowsToInfinityAndKeepsSubnormals) {
   EXPECT_EQ(v[3], 2 * std::ldexp(1.0f, -24));  // 1e-7 / 2^-24 = 1.68: two subnormal units
   EXPECT_EQ(v[4], std::ldexp(1.0f, -24));      // above half a unit: rounds up to one
   EXPECT_EQ(v[5], 0.0f);                       // below half a unit: vanishes (what loss scaling prevents)
+}
+
+// The GELU backward of mixed precision's MLP reads its input as 16-bit bits and rounds dh in
+// the same pass: the bits of load_half, gelu_backward and round_to one after the other, for
+// lengths across its 512-value blocks and the pool's chunks, on one thread and two.
+TEST(Precision, GeluBackwardOnBitsEqualsLoadGeluRound) {
+  for (int threads : {1, 2}) {
+    set_compute_threads(threads);
+    for (DType format : {DType::kBF16, DType::kF16})
+      for (int64_t n : {int64_t{1}, int64_t{511}, int64_t{513}, int64_t{5000}, int64_t{70001}}) {
+        Rng r(static_cast<uint64_t>(n) * 7 + static_cast<uint64_t>(format));
+        std::vector<float> x(n), dy(n);
+        for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(3 * r.normal()), dy[i] = static_cast<float>(r.normal());
+        std::vector<uint16_t> kept(n);
+        store_half(format, kept.data(), x.data(), n);
+        std::vector<float> values(n), want(n), got(n);
+        load_half(format, values.data(), kept.data(), n);
+        gelu_backward(want.data(), values.data(), dy.data(), n);
+        round_to(format, want.data(), n);
+        gelu_backward_bits(got.data(), kept.data(), format, dy.data(), n, format);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+            << dtype_name(format) << " n=" << n << " threads=" << threads;
+        gelu_backward_bits(got.data(), kept.data(), format, dy.data(), n, DType::kF32);  // not rounded
+        gelu_backward(want.data(), values.data(), dy.data(), n);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0) << dtype_name(format) << " n=" << n;
+      }
+  }
+  set_compute_threads(1);
 }
 
 }  // namespace

@@ -224,6 +224,43 @@ TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
     }
 }
 
+// A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input): the bits of
+// gemm_half on A's f32 values, on every path (vdpbf16ps packs the bits, the others convert
+// them first), transposed A or not, bf16 and f16, with bf16 subnormals among A's bits (read
+// as zero, as the f32 packing reads them), on the shapes above and wide ones whose row pairs
+// cross many 12-row slivers.
+TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
+  auto shapes = kShapes;
+  shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});
+  for (GemmPath path : gemm_supported_paths()) {
+    set_gemm_path(path);
+    for (DType format : {DType::kBF16, DType::kF16}) {
+      uint64_t seed = 5000;
+      for (auto [m, n, k] : shapes)
+        for (int t = 0; t < 4; ++t) {
+          const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 5, seed += 7);
+          std::vector<uint16_t> bits(p.a.size());
+          store_half(format, bits.data(), p.a.data(), static_cast<int64_t>(p.a.size()));
+          if (format == DType::kBF16)
+            for (size_t i = 0; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);  // subnormal
+          std::vector<float> values(p.a.size());
+          load_half(format, values.data(), bits.data(), static_cast<int64_t>(bits.size()));
+          for (bool accumulate : {false, true}) {
+            std::vector<float> want = p.c0, got = p.c0;
+            gemm_half_on(path, format, p.ta, p.tb, m, n, k, values.data(), p.lda, p.b.data(), p.ldb, accumulate,
+                         want.data(), p.ldc);
+            gemm_half_bits_a(format, p.ta, p.tb, m, n, k, bits.data(), p.lda, p.b.data(), p.ldb, accumulate, got.data(),
+                             p.ldc);
+            EXPECT_TRUE(same_bits(got, want)) << gemm_path_name(path) << " " << dtype_name(format) << " m=" << m
+                                              << " n=" << n << " k=" << k << " trans_a=" << p.ta << " trans_b=" << p.tb
+                                              << " accumulate=" << accumulate;
+          }
+        }
+    }
+  }
+  set_gemm_path(GemmPath::kAuto);
+}
+
 // Values where the flushing shows: operands near 2^-64 (products below f32's smallest
 // normal, 2^-126), f32 subnormals, signed zeros, C near 2^-126, and ordinary values that
 // cancel; NaN and infinity are left out (their payloads are not part of the contract).
