@@ -53,12 +53,19 @@ void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weig
 
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands) {
+                     int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands, DType round_dinp) {
+  LOOM_CHECK((round_dinp == DType::kF32 || std::is_same_v<T, float>));
+  GemmEpilogue round;
+  if constexpr (std::is_same_v<T, float>)
+    if (round_dinp != DType::kF32)
+      round = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+        for (int64_t i = i0; i < i0 + rows; ++i) round_serial(round_dinp, dinp + i * k + j0, dinp + i * k + j0, cols);
+      };
   if (layout == WeightLayout::kKM) {
-    if (dinp != nullptr) gemm_as<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k);
+    if (dinp != nullptr) gemm_as<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k, round);
     if (dweight != nullptr) gemm_as<T>(operands, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
   } else {
-    if (dinp != nullptr) gemm_as<T>(operands, false, false, n, k, m, dout, m, weight, k, false, dinp, k);
+    if (dinp != nullptr) gemm_as<T>(operands, false, false, n, k, m, dout, m, weight, k, false, dinp, k, round);
     if (dweight != nullptr) gemm_as<T>(operands, true, false, m, k, n, dout, m, inp, k, true, dweight, k);
   }
   if (dbias != nullptr) {
@@ -88,8 +95,8 @@ template void matmul_forward<float>(float*, const float*, const float*, const fl
 template void matmul_forward<double>(double*, const double*, const double*, const double*,
                                      int64_t, int64_t, int64_t, WeightLayout, double*, DType, DType);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*,
-                                     const float*, int64_t, int64_t, int64_t, WeightLayout, DType);
+                                     const float*, int64_t, int64_t, int64_t, WeightLayout, DType, DType);
 template void matmul_backward<double>(double*, double*, double*, const double*, const double*,
-                                      const double*, int64_t, int64_t, int64_t, WeightLayout, DType);
+                                      const double*, int64_t, int64_t, int64_t, WeightLayout, DType, DType);
 
 }  // namespace loom::kernels

@@ -37,9 +37,12 @@ void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weig
 // of dout (skipped when null). Zero-bubble pipelines call it twice, dinp first and the rest
 // later: the same bits as one call. Sums are in a fixed order, so results are deterministic
 // run to run. `operands` as matmul_forward's (dbias sums dout's values as they are).
+// `round_dinp` kBF16 or kF16 (f32 only): dinp rounded to it tile by tile as the product
+// finishes each (the bits of round_to over dinp after).
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands = DType::kF32);
+                     int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands = DType::kF32,
+                     DType round_dinp = DType::kF32);
 
 // dweight (K, M) += inp^T @ dout (layout kKM) with inp held in 16-bit storage (format kBF16
 // or kF16: its bits, as mixed precision keeps a Linear's input), the products reading dout as

@@ -72,6 +72,14 @@ void add_forward(T* out, const T* a, const T* b, int64_t n) {
   });
 }
 
+void add_round(float* out, const float* a, const float* b, int64_t n, DType format) {
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+    round_serial(format, out + lo, out + lo, hi - lo);
+  });
+}
+
 template void gelu_forward<float>(float*, const float*, int64_t);
 template void gelu_forward<double>(double*, const double*, int64_t);
 template void gelu_forward_serial<float>(float*, const float*, int64_t);

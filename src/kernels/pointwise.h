@@ -27,5 +27,8 @@ void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const fl
 // out = a + b, n elements; out may alias a or b.
 template <typename T>
 void add_forward(T* out, const T* a, const T* b, int64_t n);
+// The same, then rounded to `format` (kBF16 or kF16), in one pass: the bits of add_forward
+// and round_to after.
+void add_round(float* out, const float* a, const float* b, int64_t n, DType format);
 
 }  // namespace loom::kernels

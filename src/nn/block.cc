@@ -91,18 +91,15 @@ Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
   Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
   Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena);
-  add_into(y, h);  // y = h + mlp(ln_2(h))
-  round_values(y, precision);
+  add_into(y, h, precision);  // y = h + mlp(ln_2(h))
   return y;
 }
 
 Tensor Block::backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights) const {
   Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena);
-  add_into(dh, dy);
-  round_values(dh, precision);
+  add_into(dh, dy, precision);
   Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena);
-  add_into(dx, dh);
-  round_values(dx, precision);
+  add_into(dx, dh, precision);
   return dx;
 }
 

@@ -194,14 +194,18 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   ctx.dy = dy;
   // Mixed precision keeps some inputs in 16 bits (nn/mixed.h); only backward_weight reads them.
   const bool x_bits = ctx.x.dtype() != dy.dtype();
-  if (need_dx && (split == TpSplit::kColumn || x_bits)) {
+  // Mixed precision rounds dx in the product's epilogue, tile by tile; a column split's dx
+  // once the parts' shares are summed.
+  const bool summed = split == TpSplit::kColumn;
+  const DType round_dx = summed ? DType::kF32 : precision;
+  if (need_dx && (summed || x_bits)) {
     // Column: every part's share of dx summed; the sum travels while this part computes its
     // weight gradients (the same bits as one call: each output of the product is computed alone).
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
                                            dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
-                                           k::WeightLayout::kKM, precision));
-    std::unique_ptr<Seam::Pending> sum = split == TpSplit::kColumn ? shard.seam->start_sum(dx) : nullptr;
+                                           k::WeightLayout::kKM, precision, round_dx));
+    std::unique_ptr<Seam::Pending> sum = summed ? shard.seam->start_sum(dx) : nullptr;
     if (!defer_weights) backward_weight(ctx);
     if (sum) sum->wait();
   } else if (x_bits) {
@@ -212,10 +216,10 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
                                            defer_weights ? nullptr : weight.grad().data<T>(),
                                            bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
                                            dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
-                                           k::WeightLayout::kKM, precision));
+                                           k::WeightLayout::kKM, precision, round_dx));
   }
   if (!defer_weights) ctx.dy = Tensor();
-  if (need_dx) round_values(dx, precision);
+  if (need_dx && summed) round_values(dx, precision);
   return dx;
 }
 
@@ -259,8 +263,7 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
   // Mixed precision rounds the sum before it is normalized, so the add is not fused.
   const bool fused = residual.defined() && precision == DType::kF32;
   if (residual.defined() && !fused) {
-    add_into(x, residual);
-    round_values(x, precision);
+    add_into(x, residual, precision);
   }
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     if (fused)
