@@ -126,7 +126,8 @@ int run_bench_train(const BenchTrainArgs& a) {
     std::printf("%10s %9s %8lld %12.1f %12.0f %10.1f %12.1f %7.1f%% %10.4f %10.1f %10.1f %10.1f\n", mode.c_str(),
                 precision.c_str(), static_cast<long long>(th), step * 1e3, tps, gflops, peak, 100.0 * gflops / peak, loss,
                 static_cast<double>(kept) / mib,
-                static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib, median(cpu_times) * 1e3);
+                static_cast<double>(ctx.arena.peak_bytes() + gpt.recompute_peak_bytes()) / mib,
+                median(cpu_times) * 1e3);
     std::fflush(stdout);
   }
   return 0;

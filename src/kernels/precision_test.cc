@@ -92,7 +92,10 @@ TEST(Precision, GeluBackwardOnBitsEqualsLoadGeluRound) {
       for (int64_t n : {int64_t{1}, int64_t{511}, int64_t{513}, int64_t{5000}, int64_t{70001}}) {
         Rng r(static_cast<uint64_t>(n) * 7 + static_cast<uint64_t>(format));
         std::vector<float> x(n), dy(n);
-        for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(3 * r.normal()), dy[i] = static_cast<float>(r.normal());
+        for (int64_t i = 0; i < n; ++i) {
+          x[i] = static_cast<float>(3 * r.normal());
+          dy[i] = static_cast<float>(r.normal());
+        }
         std::vector<uint16_t> kept(n);
         store_half(format, kept.data(), x.data(), n);
         std::vector<float> values(n), want(n), got(n);

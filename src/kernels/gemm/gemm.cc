@@ -141,7 +141,8 @@ constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
 void pack_last_k(const float* last, int64_t count, uint32_t pad, int64_t pairs, int64_t width, int64_t sliver,
                  uint32_t* out) {
   for (int64_t i = 0; i < count; ++i)
-    out[(i / width) * sliver + pairs * width + i % width] = static_cast<uint32_t>(bf16_operand_bits(last[i])) << 16 | pad;
+    out[(i / width) * sliver + pairs * width + i % width] =
+        static_cast<uint32_t>(bf16_operand_bits(last[i])) << 16 | pad;
 }
 
 // Lanes count .. width - 1 of a last partial sliver (depth steps of width) set to zero.
@@ -177,9 +178,10 @@ void pack_a_pairs(const Operand<uint16_t>& a, int64_t i0, int64_t rows, int64_t 
   gemm_detail::kAvx512Bf16Packers.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, mr * depth);
   if (kc & 1) {
     const uint16_t* last = a.p + (p0 + kc - 1) * a.ld + i0;
-    for (int64_t i = 0; i < rows; ++i)
-      out[(i / mr) * mr * depth + pairs * mr + i % mr] =
-          static_cast<uint32_t>(bf16_operand_bits(std::bit_cast<float>(static_cast<uint32_t>(last[i]) << 16))) << 16 | kPadA;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float value = std::bit_cast<float>(static_cast<uint32_t>(last[i]) << 16);
+      out[(i / mr) * mr * depth + pairs * mr + i % mr] = static_cast<uint32_t>(bf16_operand_bits(value)) << 16 | kPadA;
+    }
   }
   zero_sliver_tail(out, rows, mr, depth);
 }
@@ -658,8 +660,8 @@ void gemm_half_bits_a(DType format,
   if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16 && trans_a) {
     LOOM_CHECK(gemm_path_supported(path));
     if (trivial_product(m, n, k, accumulate, c, ldc, {})) return;
-    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k), Operand<uint16_t>{a, lda, true},
-                Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
+    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
+                Operand<uint16_t>{a, lda, true}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
     return;
   }
   // Elsewhere A's f32 values (exact) go through gemm_half: the same bits.

@@ -241,8 +241,8 @@ TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
           const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 5, seed += 7);
           std::vector<uint16_t> bits(p.a.size());
           store_half(format, bits.data(), p.a.data(), static_cast<int64_t>(p.a.size()));
-          if (format == DType::kBF16)
-            for (size_t i = 0; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);  // subnormal
+          if (format == DType::kBF16)  // some subnormals: exponent bits zero
+            for (size_t i = 0; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);
           std::vector<float> values(p.a.size());
           load_half(format, values.data(), bits.data(), static_cast<int64_t>(bits.size()));
           for (bool accumulate : {false, true}) {

@@ -109,7 +109,8 @@ void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uin
 inline __m512i bf16_operands(__m512i w) {
   const __m512i exponent = _mm512_and_si512(w, _mm512_set1_epi32(0x7f80));
   w = _mm512_mask_and_epi32(w, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), w, _mm512_set1_epi32(0x8000));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
   return _mm512_mask_or_epi32(w, nan, w, _mm512_set1_epi32(0x40));
 }
 
