@@ -59,7 +59,7 @@ void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const fl
       load_half_serial(format, x, inp + b, len);
 #pragma omp simd
       for (int64_t i = 0; i < len; ++i) dinp[b + i] = gelu_grad(x[i], dout[b + i]);
-      if (round_out != DType::kF32) round_serial(round_out, dinp + b, dinp + b, len);
+      round_serial(round_out, dinp + b, dinp + b, len);  // kF32: nothing
     }
   });
 }

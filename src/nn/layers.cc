@@ -198,18 +198,18 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   // once the parts' shares are summed.
   const bool summed = split == TpSplit::kColumn;
   const DType round_dx = summed ? DType::kF32 : precision;
-  if (need_dx && (summed || x_bits)) {
-    // Column: every part's share of dx summed; the sum travels while this part computes its
-    // weight gradients (the same bits as one call: each output of the product is computed alone).
-    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                        k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                           dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
-                                           k::WeightLayout::kKM, precision, round_dx));
-    std::unique_ptr<Seam::Pending> sum = summed ? shard.seam->start_sum(dx) : nullptr;
+  if (summed || x_bits) {
+    // dx alone, then the weight gradients. Column: every part's share of dx summed, the sum
+    // travelling while this part computes its weight gradients (the same bits as one call:
+    // each output of the product is computed alone).
+    if (need_dx)
+      LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                          k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                                             dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
+                                             k::WeightLayout::kKM, precision, round_dx));
+    std::unique_ptr<Seam::Pending> sum = need_dx && summed ? shard.seam->start_sum(dx) : nullptr;
     if (!defer_weights) backward_weight(ctx);
     if (sum) sum->wait();
-  } else if (x_bits) {
-    if (!defer_weights) backward_weight(ctx);
   } else {
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::matmul_backward(need_dx ? dx.data<T>() : nullptr,

@@ -136,13 +136,18 @@ void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
 // accumulator as it is (x + -0 = x, for x = -0 too).
 constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
 
+// An operand's value: an f32 as it is, bf16 bits as the f32 they hold.
+float operand_value(float x) { return x; }
+float operand_value(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
 // The pairs of an odd block's last k (row `last` of op(X), values i < count), each with the
 // pad in its lower half, into slivers `width` wide and `sliver` apart at pair index `pairs`.
-void pack_last_k(const float* last, int64_t count, uint32_t pad, int64_t pairs, int64_t width, int64_t sliver,
+template <typename Value>
+void pack_last_k(const Value* last, int64_t count, uint32_t pad, int64_t pairs, int64_t width, int64_t sliver,
                  uint32_t* out) {
   for (int64_t i = 0; i < count; ++i)
     out[(i / width) * sliver + pairs * width + i % width] =
-        static_cast<uint32_t>(bf16_operand_bits(last[i])) << 16 | pad;
+        static_cast<uint32_t>(bf16_operand_bits(operand_value(last[i]))) << 16 | pad;
 }
 
 // Lanes count .. width - 1 of a last partial sliver (depth steps of width) set to zero.
@@ -176,13 +181,7 @@ void pack_a_pairs(const Operand<uint16_t>& a, int64_t i0, int64_t rows, int64_t 
   LOOM_CHECK(a.trans);
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   gemm_detail::kAvx512Bf16Packers.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, mr * depth);
-  if (kc & 1) {
-    const uint16_t* last = a.p + (p0 + kc - 1) * a.ld + i0;
-    for (int64_t i = 0; i < rows; ++i) {
-      const float value = std::bit_cast<float>(static_cast<uint32_t>(last[i]) << 16);
-      out[(i / mr) * mr * depth + pairs * mr + i % mr] = static_cast<uint32_t>(bf16_operand_bits(value)) << 16 | kPadA;
-    }
-  }
+  if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, mr * depth, out);
   zero_sliver_tail(out, rows, mr, depth);
 }
 
@@ -664,9 +663,11 @@ void gemm_half_bits_a(DType format,
                 Operand<uint16_t>{a, lda, true}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
     return;
   }
-  // Elsewhere A's f32 values (exact) go through gemm_half: the same bits.
+  // Elsewhere A's f32 values (exact) go through gemm_half: the same bits. The buffer is kept
+  // per thread: a fresh one each product (megabytes) would fault its pages in every step.
   const int64_t rows = trans_a ? k : m, cols = trans_a ? m : k;
-  std::vector<float> values(static_cast<size_t>(rows * lda));
+  thread_local std::vector<float> values;
+  values.resize(static_cast<size_t>(rows * lda));
   if (lda == cols) {
     load_half(format, values.data(), a, rows * cols);
   } else {
