@@ -64,14 +64,14 @@ void place(Communicator::Impl& m, const std::vector<std::string>& ids) {
   if (transport != "auto" && transport != "shm") return;
   Deadline d = Clock::now() + m.config.timeout;
   if (all_local && m.size > 1) {
-    m.window = ShmWindow::create(*m.store, m.name, m.rank, m.size, m.config.shm_slot_bytes, m.config.shm_single_copy, d);
+    m.window = ShmWindow::create(*m.store, m.name, m.rank, m.size, m.config.shm_slot_bytes, d);
     topo.window = m.window.get();
     topo.window->set_check_fingerprints(m.config.check_fingerprints);
     topo.window->set_job_ranks(m.config.job_ranks);
   } else if (local.size() > 1) {
     int local_rank = static_cast<int>(std::find(local.begin(), local.end(), m.rank) - local.begin());
     m.host_window = ShmWindow::create(*m.store, cat(m.name, "/host", local[0]), local_rank,
-                                      static_cast<int>(local.size()), m.config.shm_slot_bytes, m.config.shm_single_copy, d,
+                                      static_cast<int>(local.size()), m.config.shm_slot_bytes, d,
                                       local);
     topo.window = m.host_window.get();
     topo.window->set_check_fingerprints(m.config.check_fingerprints);

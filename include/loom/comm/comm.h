@@ -90,9 +90,6 @@ struct CommConfig {
   std::string bind_address = "127.0.0.1";  // where this rank listens for tcp peers
   bool check_fingerprints = true;          // op mismatch detection
   size_t shm_slot_bytes = 1 << 20;         // shared-memory staging per rank per slot
-  // Ranks on one host copy straight from each other's memory (process_vm_readv) where the
-  // kernel allows it; false: always through the shared window (for comparing the two).
-  bool shm_single_copy = true;
   std::string job_id = "default";          // peers of another job are refused
   std::string secret;  // per-job HMAC key; empty only with loopback and threads
   // Which machine this rank is on, for topology (same id -> same host). Empty: detected

@@ -132,11 +132,9 @@ struct LaunchEnv {
   // id), which anyone can predict: join_world adds a tag derived from the secret.
   bool job_id_from_scheduler = false;
   std::string source;          // "loom launch", "torchrun", "mpirun", "slurm" or "none"
-  // Placement the environment may state (CommConfig's fields of the same names): the host
-  // this rank is on (LOOM_HOST_ID; empty: detected), and whether a host's ranks may copy
-  // from each other's memory (LOOM_SHM_SINGLE_COPY=0 turns it off, for benchmarks).
+  // Placement the environment may state (CommConfig's field of the same name): the host
+  // this rank is on (LOOM_HOST_ID; empty: detected).
   std::string host_id;
-  bool shm_single_copy = true;
 };
 
 // `base` with a tag only holders of `secret` can compute ("<base>-<8 hex digits>"), so

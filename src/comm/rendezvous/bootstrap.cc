@@ -174,11 +174,6 @@ LaunchEnv launch_env_from_environment() {
   e.master_port = env_int("MASTER_PORT", 1, 65535, e.master_port);
   e.store_hosted = env("LOOM_STORE_HOSTED") != nullptr;
   if (const char* h = env("LOOM_HOST_ID")) e.host_id = h;
-  if (const char* s = env("LOOM_SHM_SINGLE_COPY")) {
-    if (std::string(s) != "0" && std::string(s) != "1")
-      throw InputError(cat("LOOM_SHM_SINGLE_COPY=", printable(s), ": expected 0 (off) or 1 (on where the kernel allows)"));
-    e.shm_single_copy = std::string(s) == "1";
-  }
   return e;
 }
 
@@ -193,7 +188,6 @@ std::unique_ptr<Communicator> join_world(const LaunchEnv& e, CommConfig config,
   config.secret = e.secret;
   config.job_id = e.job_id;
   if (config.host_id.empty()) config.host_id = e.host_id;
-  config.shm_single_copy = config.shm_single_copy && e.shm_single_copy;
   // The id every connection of this job claims, once the secret is known.
   auto job_id = [&] { return e.job_id_from_scheduler ? tagged_job_id(e.job_id, config.secret) : e.job_id; };
   Deadline d = Clock::now() + config.timeout;

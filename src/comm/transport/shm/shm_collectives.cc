@@ -19,16 +19,6 @@ namespace loom::comm {
 namespace {
 
 constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces every byte
-// all_gather reads peers' inputs directly (one copy per byte instead of two through the
-// slots) between these totals, when the window allows single copy and every rank has a
-// core. Measured on the 2-core reference machine (docs/perf.md, np=2): about 2x the slot
-// path at 256 KiB, even at 1 MiB, and 0.7x from 2 MiB up (the kernel's read of another
-// process runs at ~11 GB/s, the slot path's cache-sized rounds faster); far worse when
-// ranks outnumber cores (each read waits on a descheduled peer). Broadcast stays on the
-// slots: its pipelined rounds beat one large read at every size measured.
-constexpr size_t kSingleCopyMinBytes = 64 << 10;
-constexpr size_t kSingleCopyMaxBytes = 1 << 20;
-
 // Outputs at least this large are written with streaming stores (write_out).
 constexpr size_t kStreamOutBytes = 32 << 20;
 
@@ -46,7 +36,7 @@ void write_out(size_t total, void* dst, const void* src, size_t n) {
   }
 }
 
-// Starts a round in which this rank's data() holds `bytes` (0: none, or single copy). A
+// Starts a round in which this rank's data() holds `bytes` (0: none). A
 // rank that will post in it (write its slot or post line) first waits until every rank
 // is done with the rounds that last used them; one that only reads need not (broadcast
 // and scatter receivers), since kDone counts every round up to it.
@@ -54,19 +44,6 @@ uint64_t begin_round(OpContext& c, ShmWindow& w, size_t bytes, bool posts = true
   uint64_t round = w.next_round();
   if (posts) w.wait_slot_free(round, bytes, c.t, c.fp, c.timeout);
   return round;
-}
-
-// One single-copy round: this rank publishes `mine`, `body` reads from peers, then every rank waits for every other to finish reading, since
-// the published buffers must not change or vanish before then.
-template <typename Body>
-void single_copy_round(OpContext& c, ShmWindow& w, const void* mine, Body body) {
-  uint64_t round = begin_round(c, w, 0);
-  tsan_release(mine);
-  w.publish(ShmWindow::kPosted, round, &c.fp, mine);
-  body(round);
-  w.publish(ShmWindow::kDone, round);
-  w.wait_all(ShmWindow::kDone, round, c.t, c.fp, c.timeout);
-  tsan_acquire(mine);
 }
 
 // One pointer per rank for reduce_many, on the stack for groups up to kOnStack: a heap
@@ -173,16 +150,6 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
 void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
   const int n = w.size(), me = w.rank();
   const size_t total = block_bytes * n;
-  if (w.single_copy() && !w.oversubscribed() && total >= kSingleCopyMinBytes && total <= kSingleCopyMaxBytes) {
-    return single_copy_round(c, w, in, [&](uint64_t round) {
-      if (out + me * block_bytes != in) copy_bytes(out + me * block_bytes, in, block_bytes);
-      for (int i = 1; i < n; ++i) {  // staggered, so ranks do not all read one peer at once
-        int p = (me + i) % n;
-        w.wait(p, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-        w.read_peer(p, round, 0, out + p * block_bytes, block_bytes);
-      }
-    });
-  }
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m);
     w.fill(w.data(me, round, m), in + off, m);

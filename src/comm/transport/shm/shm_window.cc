@@ -4,12 +4,9 @@
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
-#include <sstream>
 #include <thread>
 
 #include "comm/auth.h"
@@ -20,8 +17,7 @@ namespace loom::comm {
 
 // A rank's control block. Everything a reader of round r needs from its poster sits in
 // one cache line, post[r % kPosts]: the round number it spins on, the fingerprint it
-// checks, and either the single-copy address or, for rounds of at most kInlineBytes, the
-// data itself; a small round then costs each reader one line from the poster's cache.
+// checks, and, for rounds of at most kInlineBytes, the data itself; a small round then costs each reader one line from the poster's cache.
 // The other counters live apart, so writing them does not take the post line away from
 // its readers.
 struct alignas(128) ShmWindow::Control {
@@ -32,10 +28,7 @@ struct alignas(128) ShmWindow::Control {
     uint8_t kind, dtype, op, pad;
     int32_t root;
     uint64_t count, seq;
-    union {
-      uint64_t addr;  // single-copy rounds: the data's address in the publishing process
-      char data[ShmWindow::kInlineBytes];  // rounds of at most kInlineBytes
-    };
+    char data[ShmWindow::kInlineBytes];  // rounds of at most kInlineBytes
   } post[ShmWindow::kPosts];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -45,49 +38,6 @@ namespace {
 
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
 constexpr size_t kHeader = 4096;
-constexpr uint64_t kProbe = 0x45424f5250414d43ull;  // peers read this to test single copy
-
-// Reads n bytes at `remote` in process `pid` (whole, or false on any failure).
-bool read_process(int pid, uint64_t remote, void* dst, size_t n) {
-  if (pid == ::getpid()) {  // ranks as threads of one process
-    const void* src = reinterpret_cast<const void*>(remote);
-    tsan_acquire(src);
-    std::memcpy(dst, src, n);
-    tsan_release(src);
-    return true;
-  }
-  size_t done = 0;
-  while (done < n) {
-    iovec local{static_cast<char*>(dst) + done, n - done};
-    iovec far{reinterpret_cast<void*>(remote + done), n - done};
-    ssize_t got = ::process_vm_readv(pid, &local, 1, &far, 1, 0);
-    if (got <= 0) return false;
-    done += static_cast<size_t>(got);
-  }
-  return true;
-}
-
-// Every rank publishes its pid and the address of kProbe, reads every peer's, and says
-// whether that worked; single copy is on only if it worked for every pair (containers
-// without CAP_SYS_PTRACE, Yama, or other users' processes say no).
-bool agree_single_copy(Store& store, const std::string& name, int rank, int size, bool allowed, Deadline d,
-                       std::vector<int>& pids) {
-  static const volatile uint64_t probe = kProbe;
-  store.set(cat(name, "/cma/", rank), cat(::getpid(), " ", reinterpret_cast<uintptr_t>(&probe)), d);
-  bool ok = true;
-  pids.assign(size, 0);
-  for (int p = 0; p < size; ++p) {
-    std::istringstream in(store.get(cat(name, "/cma/", p), d));
-    uint64_t addr = 0, got = 0;
-    in >> pids[p] >> addr;
-    if (p != rank) ok = ok && read_process(pids[p], addr, &got, sizeof got) && got == kProbe;
-  }
-  ok = ok && allowed;
-  store.set(cat(name, "/cma_ok/", rank), ok ? "1" : "0", d);
-  for (int p = 0; p < size; ++p) ok = store.get(cat(name, "/cma_ok/", p), d) == "1" && ok;
-  return ok;
-}
-
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // fill(): copies below this size stay in cache and always use ordinary stores.
@@ -106,7 +56,7 @@ constexpr double kStreamingPenalty = 1.5;
 }  // namespace
 
 std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& name, int rank,
-                                             int size, size_t slot_bytes, bool single_copy, Deadline d,
+                                             int size, size_t slot_bytes, Deadline d,
                                              std::vector<int> ranks) {
   std::unique_ptr<ShmWindow> w(new ShmWindow);
   w->rank_ = rank;
@@ -121,8 +71,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   w->map_bytes_ = kHeader + control_bytes + kSlots * w->slot_bytes_ * size;
   // Spinning only pays when every rank has a core; oversubscribed, the rank being waited
   // for may need this very core, so yield almost at once.
-  w->oversubscribed_ = size > available_cores();
-  w->spin_limit_ = w->oversubscribed_ ? 8 : 2000;
+  w->spin_limit_ = size > available_cores() ? 8 : 2000;
   std::string key = name + "/shm";
   std::string path;
   int fd = -1;
@@ -154,7 +103,6 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   if (rank == 0) {
     std::memcpy(w->base_, &kSegmentMagic, sizeof kSegmentMagic);  // fresh pages are zero
   }
-  w->single_copy_ = agree_single_copy(store, name, rank, size, single_copy, d, w->pids_);
   // Everyone mapped: the name is no longer needed.
   store.add(name + "/shm_mapped", 1, d);
   if (rank == 0) {
@@ -232,12 +180,11 @@ std::atomic<uint64_t>& ShmWindow::counter(int rank, Counter c, uint64_t round) c
   return control_[rank].counter[c - 1];
 }
 
-void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp, const void* addr) {
+void ShmWindow::publish(Counter c, uint64_t round, const Fingerprint* fp) {
   Control& me = control_[rank_];
   if (fp) {
     LOOM_CHECK(c == kPosted);
     auto& s = me.post[round % kPosts];
-    if (addr) s.addr = reinterpret_cast<uintptr_t>(addr);  // else the data may be inline
     s.kind = static_cast<uint8_t>(fp->kind);
     s.dtype = static_cast<uint8_t>(fp->dtype);
     s.op = static_cast<uint8_t>(fp->op);
@@ -317,21 +264,6 @@ void ShmWindow::wait(int peer, Counter c, uint64_t round, Transport& t, const Fi
   // A rank posts a round only once it is done with every earlier one: wait_slot_free()
   // need not read its kDone counter for those.
   posted_[peer] = std::max(posted_[peer], round);
-}
-
-void ShmWindow::read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const {
-  LOOM_CHECK(single_copy_);
-  if (n == 0) return;
-  uint64_t addr = control_[peer].post[round % kPosts].addr;
-  errno = 0;
-  if (!read_process(pids_[peer], addr + offset, dst, n)) {
-    if (errno == ESRCH)  // "rank N died", as a lost connection says it, so logs need one pattern
-      throw PeerLostError(cat("rank ", job(peer), " died: its process (pid ", pids_[peer], ") is gone"),
-                          ranks_[peer]);
-    throw PeerLostError(cat("rank ", job(peer), " (pid ", pids_[peer], "): reading its memory failed (",
-                            errno ? std::strerror(errno) : "nothing read", ")"),
-                        ranks_[peer]);
-  }
 }
 
 void ShmWindow::wait_all(Counter c, uint64_t round, Transport& t, const Fingerprint& cur,

@@ -21,39 +21,7 @@
 #include "comm/op.h"
 #include "loom/comm/rendezvous.h"
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define LOOM_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define LOOM_TSAN 1
-#endif
-#ifdef LOOM_TSAN
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#endif
-
 namespace loom::comm {
-
-// Ranks as threads of one process map the segment once each, at different addresses, so
-// ThreadSanitizer cannot see that a counter published through one mapping orders memory
-// read through another. Single-copy rounds tell it, keyed by the published buffer's own
-// address (the same in every thread): no-ops outside TSan builds.
-inline void tsan_release(const void* p) {
-#ifdef LOOM_TSAN
-  __tsan_release(const_cast<void*>(p));
-#else
-  (void)p;
-#endif
-}
-inline void tsan_acquire(const void* p) {
-#ifdef LOOM_TSAN
-  __tsan_acquire(const_cast<void*>(p));
-#else
-  (void)p;
-#endif
-}
 
 class Transport;
 
@@ -67,10 +35,8 @@ class ShmWindow {
   // Every rank of a same-host group calls this; rank 0 creates the segment and names it
   // in the store under "<name>/shm". `ranks[i]` is window rank i's rank in the
   // transport that waits pass in (for blame and error text); empty means the same.
-  // `single_copy`: whether ranks may copy from each other's memory where the kernel allows
-  // (CommConfig::shm_single_copy).
   static std::unique_ptr<ShmWindow> create(Store& store, const std::string& name, int rank,
-                                           int size, size_t slot_bytes, bool single_copy, Deadline d,
+                                           int size, size_t slot_bytes, Deadline d,
                                            std::vector<int> ranks = {});
   ~ShmWindow();
 
@@ -88,7 +54,7 @@ class ShmWindow {
   // round r - kSlots is done everywhere.
   static constexpr int kSlots = 2;
   // Post lines per rank (round r posts in line r % kPosts). A round whose data is inline
-  // (or in the poster's own memory, or absent) reuses only its post line, so a poster
+  // (or absent) reuses only its post line, so a poster
   // may run up to kPosts rounds ahead of its slowest reader: a broadcast root that need
   // not wait for receivers every second round, which matters when ranks share cores.
   static constexpr int kPosts = 16;
@@ -105,21 +71,13 @@ class ShmWindow {
   void fill(void* dst, const void* src, size_t n);
   // Which store fill() would use now: 0 ordinary, 1 streaming (tests, benchmarks).
   int fill_mode() const;
-  // Publishes this rank's counter (release). kPosted also records `fp` for the slot and,
-  // for single-copy rounds, `addr`: where in this process peers may read the round's data.
-  void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr, const void* addr = nullptr);
+  // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
+  void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
 
-  // Single copy: whether every rank may read every other rank's memory directly
-  // (process_vm_readv; checked once at create, the same answer on every rank).
-  bool single_copy() const { return single_copy_; }
-  bool oversubscribed() const { return oversubscribed_; }  // more ranks than cores
   // Off: waits skip the fingerprint compare (CommConfig::check_fingerprints).
   void set_check_fingerprints(bool on) { check_fingerprints_ = on; }
   // How errors name ranks: the job rank of each transport rank (CommConfig::job_ranks).
   void set_job_ranks(std::vector<int> job_ranks) { job_ranks_ = std::move(job_ranks); }
-  // Copies `n` bytes from `peer`'s published address for `round`, plus `offset`, to `dst`.
-  // REQUIRES: single_copy(), and peer's kPosted for `round` was waited for.
-  void read_peer(int peer, uint64_t round, size_t offset, void* dst, size_t n) const;
   // Waits until `peer`'s counter reaches `round` (acquire). For kPosted, checks the
   // peer's fingerprint against `cur` (MismatchError naming both calls).
   void wait(int peer, Counter c, uint64_t round, Transport& t, const Fingerprint& cur,
@@ -155,10 +113,7 @@ class ShmWindow {
     const int t = ranks_[window_rank];
     return t < static_cast<int>(job_ranks_.size()) ? job_ranks_[t] : t;
   }
-  std::vector<int> pids_;       // process of each window rank
   std::vector<uint64_t> posted_;  // per rank: the latest round it was seen to post
-  bool single_copy_ = false;
-  bool oversubscribed_ = false;
   bool check_fingerprints_ = true;
   double fill_cost_[2] = {0, 0};  // recent ns per byte of each store kind; 0 = not yet measured
   uint64_t fills_ = 0;            // large fills so far
