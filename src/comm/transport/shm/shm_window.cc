@@ -17,9 +17,9 @@ namespace loom::comm {
 
 // A rank's control block. Everything a reader of round r needs from its poster sits in
 // one cache line, post[r % kPosts]: the round number it spins on, the fingerprint it
-// checks, and, for rounds of at most kInlineBytes, the data itself; a small round then costs each reader one line from the poster's cache.
-// The other counters live apart, so writing them does not take the post line away from
-// its readers.
+// checks, and, for rounds of at most kInlineBytes, the data itself; a small round then
+// costs each reader one line from the poster's cache. The other counters live apart, so
+// writing them does not take the post line away from its readers.
 struct alignas(128) ShmWindow::Control {
   std::atomic<uint64_t> counter[2];  // kReduced, kDone
   uint8_t pad0[128 - 2 * sizeof(std::atomic<uint64_t>)];
