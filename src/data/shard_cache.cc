@@ -2,6 +2,7 @@
 #include "loom/data/shard_cache.h"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -14,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -65,6 +65,50 @@ int64_t size_of(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
 }
 
+// libcurl, opened on the first remote shard (dlopen) rather than linked: linked, it and the
+// 30 libraries it loads (TLS, Kerberos, LDAP, SSH, ...) cost every loom process about 12 ms
+// of its 31 ms start, `loom --help` included, measured; opened here they cost only the
+// processes that download.
+struct Curl {
+  decltype(&curl_global_init) global_init = nullptr;
+  decltype(&curl_easy_init) easy_init = nullptr;
+  decltype(&curl_easy_cleanup) easy_cleanup = nullptr;
+  decltype(&curl_easy_setopt) easy_setopt = nullptr;
+  decltype(&curl_easy_getinfo) easy_getinfo = nullptr;
+  decltype(&curl_easy_perform) easy_perform = nullptr;
+  decltype(&curl_easy_strerror) easy_strerror = nullptr;
+};
+
+template <typename F>
+void resolve(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr) throw RuntimeError(cat("libcurl has no ", name, " (", dlerror(), ")"));
+}
+
+Curl open_curl() {
+  constexpr const char* kSoname = "libcurl.so.4";  // the ABI curl/curl.h describes since 7.16
+  void* lib = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr)
+    throw RuntimeError(cat("remote shards need libcurl, which did not open as ", kSoname, ": ", dlerror(),
+                           " (Debian: apt-get install libcurl4)"));
+  Curl c;
+  resolve(lib, "curl_global_init", c.global_init);
+  resolve(lib, "curl_easy_init", c.easy_init);
+  resolve(lib, "curl_easy_cleanup", c.easy_cleanup);
+  resolve(lib, "curl_easy_setopt", c.easy_setopt);
+  resolve(lib, "curl_easy_getinfo", c.easy_getinfo);
+  resolve(lib, "curl_easy_perform", c.easy_perform);
+  resolve(lib, "curl_easy_strerror", c.easy_strerror);
+  if (c.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) throw RuntimeError("curl_global_init failed");
+  return c;  // the library stays open for the process's life
+}
+
+// The library, opened and initialized once (thread-safe: a function-local static).
+const Curl& curl_lib() {
+  static const Curl c = open_curl();
+  return c;
+}
+
 // One transfer: appends to `fd` from byte `offset` (a range request when > 0).
 struct Transfer {
   int fd;
@@ -79,7 +123,7 @@ size_t write_body(char* data, size_t size, size_t n, void* user) {
   if (!t->checked) {
     t->checked = true;
     long status = 0;
-    curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
+    curl_lib().easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
     if (t->offset > 0 && status == 200) {  // the server ignored the range: start the file again
       if (::ftruncate(t->fd, 0) != 0 || ::lseek(t->fd, 0, SEEK_SET) != 0) {
         t->write_errno = errno;
@@ -100,15 +144,10 @@ size_t write_body(char* data, size_t size, size_t n, void* user) {
   return bytes;
 }
 
-void global_init() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
 }  // namespace
 
 ShardCache::ShardCache(CacheOptions options) : o_(std::move(options)) {
-  global_init();
+  curl_lib();
   std::error_code ec;
   fs::create_directories(o_.dir, ec);
   if (ec || !fs::is_directory(o_.dir, ec))
@@ -167,27 +206,28 @@ void ShardCache::download(const ShardInfo& s, const std::string& part, const std
       offset = 0;
     }
     if (offset == s.bytes()) return;
-    std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), curl_easy_cleanup);
+    const Curl& lib = curl_lib();
+    std::unique_ptr<CURL, void (*)(CURL*)> curl(lib.easy_init(), lib.easy_cleanup);
     if (!curl) throw RuntimeError("curl_easy_init failed");
     Transfer t{.fd = fd.fd, .offset = offset, .curl = curl.get()};
     char error[CURL_ERROR_SIZE] = {};
-    curl_easy_setopt(curl.get(), CURLOPT_URL, s.location.c_str());
-    curl_easy_setopt(curl.get(), CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl.get(), CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_MAXREDIRS, 5L);
-    curl_easy_setopt(curl.get(), CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_FAILONERROR, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_CONNECTTIMEOUT, 10L);
-    curl_easy_setopt(curl.get(), CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(curl.get(), CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max(1.0, o_.stall_s)));
-    curl_easy_setopt(curl.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(offset));
-    curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, write_body);
-    curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(curl.get(), CURLOPT_ERRORBUFFER, error);
-    const CURLcode rc = curl_easy_perform(curl.get());
+    lib.easy_setopt(curl.get(), CURLOPT_URL, s.location.c_str());
+    lib.easy_setopt(curl.get(), CURLOPT_PROTOCOLS_STR, "http,https");
+    lib.easy_setopt(curl.get(), CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    lib.easy_setopt(curl.get(), CURLOPT_FOLLOWLOCATION, 1L);
+    lib.easy_setopt(curl.get(), CURLOPT_MAXREDIRS, 5L);
+    lib.easy_setopt(curl.get(), CURLOPT_NOSIGNAL, 1L);
+    lib.easy_setopt(curl.get(), CURLOPT_FAILONERROR, 1L);
+    lib.easy_setopt(curl.get(), CURLOPT_CONNECTTIMEOUT, 10L);
+    lib.easy_setopt(curl.get(), CURLOPT_LOW_SPEED_LIMIT, 1L);
+    lib.easy_setopt(curl.get(), CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max(1.0, o_.stall_s)));
+    lib.easy_setopt(curl.get(), CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(offset));
+    lib.easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, write_body);
+    lib.easy_setopt(curl.get(), CURLOPT_WRITEDATA, &t);
+    lib.easy_setopt(curl.get(), CURLOPT_ERRORBUFFER, error);
+    const CURLcode rc = lib.easy_perform(curl.get());
     long status = 0;
-    curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &status);
+    lib.easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &status);
     const int64_t have = size_of(part);
     if (rc == CURLE_OK && have == s.bytes()) return;
     if (t.write_errno == ENOSPC || t.write_errno == EDQUOT)
@@ -205,7 +245,7 @@ void ShardCache::download(const ShardInfo& s, const std::string& part, const std
       throw RuntimeError(cat(where, ": HTTP ", status, " (the server does not give it)"));
     // A broken transfer: the bytes so far stay for the next attempt's range request.
     last = rc == CURLE_OK ? cat("the transfer ended at ", have, " of ", s.bytes(), " bytes")
-                          : cat(curl_easy_strerror(rc), error[0] != '\0' ? cat(": ", redact_url(error)) : std::string(),
+                          : cat(lib.easy_strerror(rc), error[0] != '\0' ? cat(": ", redact_url(error)) : std::string(),
                                 status > 0 ? cat(", HTTP ", status) : std::string(), ", ", have, " of ", s.bytes(), " bytes");
   }
   throw RuntimeError(cat(where, ": could not download it in ", o_.retries + 1, " attempts (last: ", last, ")"));
