@@ -204,11 +204,14 @@ void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, i
 // f32 SIMD kernels then compute bf16 products as vdpbf16ps does (microkernel.h).
 class FlushSubnormals {
  public:
-  explicit FlushSubnormals(bool on) : saved_(_mm_getcsr()), on_(on) {
-    if (on_) _mm_setcsr(saved_ | 0x8040u);
-  }
-  ~FlushSubnormals() {
+  explicit FlushSubnormals(bool on) : saved_(_mm_getcsr()), on_(on) { resume(); }
+  ~FlushSubnormals() { suspend(); }
+  // The caller's MXCSR back while code that is not a product runs (an epilogue), then set again.
+  void suspend() const {
     if (on_) _mm_setcsr(saved_);
+  }
+  void resume() const {
+    if (on_) _mm_setcsr(saved_ | 0x8040u);
   }
   FlushSubnormals(const FlushSubnormals&) = delete;
   FlushSubnormals& operator=(const FlushSubnormals&) = delete;
@@ -296,6 +299,7 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
     for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
       const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
       const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
+      const bool last = p0 + kc >= k;         // this block's multiply-adds are each element's last
       packing.a(a, i0, rows, p0, kc, mr, packed_a);  // every MR-row sliver of the tile, sliver s at s * mr * depth
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
         const int64_t panel = std::min(mk.nc, cols - jc);
@@ -317,11 +321,18 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
             mk.fn(depth, pa, pb, edge, nr, acc);
             for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(T));
           }
+          // The sliver's MR rows of this panel are final: the epilogue takes them while they
+          // are in L1 (12 KiB for bf16's 12 x 256), where the whole tile (up to 1032 rows by
+          // every column, megabytes) would have left the cache; with the caller's MXCSR.
+          if (epilogue && last) {
+            flush.suspend();
+            epilogue(i0 + ir, h, j0 + jc, panel);
+            flush.resume();
+          }
         }
       }
     }
   }
-  if (epilogue) epilogue(i0, rows, j0, cols);  // every element of the tile is final, MXCSR restored
 }
 
 // Whether a product of m x n x k runs on the OpenMP pool, and on how many threads. Inside
