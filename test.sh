@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full test suite: installs what is missing, builds (Release, assertions on), runs
-# every ctest test (unit, parity, CLI; about 13 minutes on 2 cores, 2.5 of them the main
+# every ctest test (unit, parity, CLI; about 14 minutes on 2 cores, 3 of them the main
 # job trained whole). Arguments go to ctest, e.g. ./test.sh -L unit, or
 # ./test.sh --preset asan to use a sanitizer build.
 # --machine MEM:CORES runs the suite as on a machine of that size, whatever this one is:
