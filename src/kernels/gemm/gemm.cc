@@ -287,7 +287,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               int64_t rows,
               int64_t j0,
               int64_t cols,
-              const GemmEpilogue& epilogue) {
+              const GemmEpilogue& epilogue,
+              const GemmPrologue& prologue) {
   using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
@@ -298,7 +299,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
     const FlushSubnormals flush(packing.flush);
     for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
       const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
-      const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
+      const bool start = p0 == 0 && prologue;  // the prologue writes each block's start into C
+      const bool acc = accumulate || p0 > 0 || start;  // later blocks continue each element's chain
       const bool last = p0 + kc >= k;         // this block's multiply-adds are each element's last
       packing.a(a, i0, rows, p0, kc, mr, packed_a);  // every MR-row sliver of the tile, sliver s at s * mr * depth
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
@@ -307,6 +309,11 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
         for (int64_t ir = 0; ir < rows; ir += mr) {
           const int64_t h = std::min<int64_t>(mr, rows - ir);
           const P* pa = packed_a + ir * depth;
+          if (start) {  // into L1 just before the kernels read it, with the caller's MXCSR
+            flush.suspend();
+            prologue(i0 + ir, h, j0 + jc, panel);
+            flush.resume();
+          }
           for (int64_t jr = 0; jr < panel; jr += nr) {
             const int64_t w = std::min<int64_t>(nr, panel - jr);
             const P* pb = packed_b + jr * depth;
@@ -344,12 +351,23 @@ int product_threads(int64_t m, int64_t n, int64_t k) {
   return parallel ? omp_get_max_threads() : 1;
 }
 
-// k == 0 (or an empty C): C kept (accumulate) or zeroed, then the epilogue. True when the
-// product is done.
+// Where a product does not run by packed tiles: the prologue over all of C first, which
+// the product then accumulates onto.
+void start_whole(const GemmPrologue& prologue, int64_t m, int64_t n, bool& accumulate) {
+  LOOM_CHECK(!(prologue && accumulate));
+  if (!prologue || m == 0 || n == 0) return;
+  prologue(0, m, 0, n);
+  accumulate = true;
+}
+
+// k == 0 (or an empty C): C kept (accumulate), the prologue's or zeroed, then the epilogue.
+// True when the product is done.
 template <typename T>
-bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
+bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
+                     const GemmPrologue& prologue) {
   if (m == 0 || n == 0) return true;
   if (k != 0) return false;
+  start_whole(prologue, m, n, accumulate);
   if (!accumulate)
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
   if (epilogue) epilogue(0, m, 0, n);
@@ -370,7 +388,9 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  bool accumulate,
                  T* c,
                  int64_t ldc,
-                 const GemmEpilogue& epilogue) {
+                 const GemmEpilogue& epilogue,
+                 const GemmPrologue& prologue = {}) {
+  LOOM_CHECK(!(prologue && accumulate));
   // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
   // every column (A is then packed once per KC block). With several threads the tile count
   // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
@@ -391,7 +411,8 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
   const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
   const auto tile = [&](int64_t t) {
     const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
-    run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue);
+    run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue,
+             prologue);
   };
   if (threads == 1) {
     for (int64_t t = 0; t < tiles; ++t) tile(t);
@@ -416,10 +437,12 @@ void gemm_loom(const MicroKernel<T>& mk,
                bool accumulate,
                T* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue) {
-  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue)) return;
+               const GemmEpilogue& epilogue,
+               const GemmPrologue& prologue = {}) {
+  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
   const int threads = product_threads(m, n, k);
   if (m <= gemm_detail::kSkinnyRows && !trans_a) {  // a few rows: no packing (skinny.h)
+    start_whole(prologue, m, n, accumulate);
     const int64_t chunk = round_up(ceil_div(n, threads), 16);
     const auto block = [&](int64_t j0) {
       const int64_t cols = std::min(chunk, n - j0);
@@ -435,7 +458,7 @@ void gemm_loom(const MicroKernel<T>& mk,
     return;
   }
   gemm_packed(mk, PlainPacking<AsIs, T>{}, threads, Operand<T>{a, lda, trans_a}, Operand<T>{b, ldb, trans_b}, m, n, k,
-              accumulate, c, ldc, epilogue);
+              accumulate, c, ldc, epilogue, prologue);
 }
 
 // The f32 kernel of a path (AVX512_BF16's f32 products are AVX-512F's).
@@ -580,22 +603,26 @@ void gemm_half_loom(GemmPath path,
                     bool accumulate,
                     float* c,
                     int64_t ldc,
-                    const GemmEpilogue& epilogue) {
+                    const GemmEpilogue& epilogue,
+                    const GemmPrologue& prologue = {}) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   LOOM_CHECK(gemm_path_supported(path));
-  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue)) return;
+  if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
   const int threads = product_threads(m, n, k);
   const Operand<float> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
   if (path == GemmPath::kAuto) path = gemm_best_half_path();
   if (format == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
-    gemm_packed(kernel_for(path), PlainPacking<AsF16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+    gemm_packed(kernel_for(path), PlainPacking<AsF16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
+                prologue);
   } else if (path == GemmPath::kAvx512Bf16) {
-    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
+                prologue);
   } else if (path == GemmPath::kGeneric) {
-    gemm_packed(kGenericBf16, PlainPacking<AsBf16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue);
+    gemm_packed(kGenericBf16, PlainPacking<AsBf16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
+                prologue);
   } else {
     gemm_packed(kernel_for(path), PlainPacking<AsBf16, float>{true}, threads, oa, ob, m, n, k, accumulate, c, ldc,
-                epilogue);
+                epilogue, prologue);
   }
 }
 
@@ -624,15 +651,16 @@ void gemm_half(DType format,
                bool accumulate,
                float* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue) {
+               const GemmEpilogue& epilogue,
+               const GemmPrologue& prologue) {
   if (g_backend == GemmBackend::kOpenBlas) {
     if (m == 0 || n == 0) return;
     const std::vector<float> ra = rounded(format, a, trans_a ? k : m, trans_a ? m : k, lda);
     const std::vector<float> rb = rounded(format, b, trans_b ? n : k, trans_b ? k : n, ldb);
-    gemm<float>(trans_a, trans_b, m, n, k, ra.data(), lda, rb.data(), ldb, accumulate, c, ldc, epilogue);
+    gemm<float>(trans_a, trans_b, m, n, k, ra.data(), lda, rb.data(), ldb, accumulate, c, ldc, epilogue, prologue);
     return;
   }
-  gemm_half_loom(g_path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+  gemm_half_loom(g_path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
 }
 
 void gemm_half_on(GemmPath path,
@@ -669,7 +697,7 @@ void gemm_half_bits_a(DType format,
   const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
   if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16 && trans_a) {
     LOOM_CHECK(gemm_path_supported(path));
-    if (trivial_product(m, n, k, accumulate, c, ldc, {})) return;
+    if (trivial_product(m, n, k, accumulate, c, ldc, {}, {})) return;
     gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
                 Operand<uint16_t>{a, lda, true}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
     return;
@@ -734,38 +762,41 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* 
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
+          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
+          const GemmPrologue& prologue) {
   if (g_backend == GemmBackend::kOpenBlas) {
     if (m == 0 || n == 0) return;
+    start_whole(prologue, m, n, accumulate);
     blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
     if (epilogue) epilogue(0, m, 0, n);
   } else if constexpr (std::is_same_v<T, float>) {
     LOOM_CHECK(gemm_path_supported(g_path));
-    gemm_loom(kernel_for(g_path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+    gemm_loom(kernel_for(g_path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
   } else {
-    gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+    gemm_loom(kGenericF64, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
   }
 }
 
 template <typename T>
 void gemm_as(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-             const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue) {
+             const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
+             const GemmPrologue& prologue) {
   if constexpr (std::is_same_v<T, float>) {
     if (operands != DType::kF32)
-      return gemm_half(operands, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+      return gemm_half(operands, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
   } else {
     LOOM_CHECK(operands == DType::kF32);
   }
-  gemm<T>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue);
+  gemm<T>(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
 }
 
 template void gemm_as<float>(DType, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                             int64_t, bool, float*, int64_t, const GemmEpilogue&);
+                             int64_t, bool, float*, int64_t, const GemmEpilogue&, const GemmPrologue&);
 template void gemm_as<double>(DType, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
-                              int64_t, bool, double*, int64_t, const GemmEpilogue&);
+                              int64_t, bool, double*, int64_t, const GemmEpilogue&, const GemmPrologue&);
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                          int64_t, bool, float*, int64_t, const GemmEpilogue&);
+                          int64_t, bool, float*, int64_t, const GemmEpilogue&, const GemmPrologue&);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue&);
+                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue&, const GemmPrologue&);
 
 }  // namespace loom::kernels

@@ -44,7 +44,14 @@ enum class GemmBackend { kLoom, kOpenBlas };
 // are disjoint and cover C.
 using GemmEpilogue = std::function<void(int64_t i0, int64_t rows, int64_t j0, int64_t cols)>;
 
-// C (m, n) = [C +] op(A) @ op(B), then `epilogue` over C. op(A) is A (m, k) with row stride
+// What a caller writes into each block of C before the block's first multiply-add (a bias:
+// each element's chain then starts from it, as with accumulate, and C is not filled in a
+// pass of its own beforehand). The same blocks, on the same threads, as the epilogue's.
+// REQUIRES: accumulate false.
+using GemmPrologue = GemmEpilogue;
+
+// C (m, n) = [C +] op(A) @ op(B), then `epilogue` over C (`prologue`: C = prologue's values
+// + op(A) @ op(B)). op(A) is A (m, k) with row stride
 // lda, or A^T where A is (k, m); likewise op(B) (k, n) is B or B^T of a (n, k) B. k == 0
 // leaves C (accumulate) or zeroes it. REQUIRES: m, n, k >= 0; leading dimensions at least
 // the row length.
@@ -61,7 +68,8 @@ void gemm(bool trans_a,
           bool accumulate,
           T* c,
           int64_t ldc,
-          const GemmEpilogue& epilogue = {});
+          const GemmEpilogue& epilogue = {},
+          const GemmPrologue& prologue = {});
 
 // Loom's GEMM on a chosen f32 path (gemm() uses the one set_gemm_path() chose). REQUIRES: the CPU supports it.
 void gemm_f32(GemmPath path,
@@ -98,7 +106,8 @@ void gemm_half(DType format,
                bool accumulate,
                float* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue = {});
+               const GemmEpilogue& epilogue = {},
+               const GemmPrologue& prologue = {});
 // gemm (operands kF32: the values as they are) or gemm_half (operands kBF16 or kF16; T
 // float only): a layer's product in its precision.
 template <typename T>
@@ -115,7 +124,8 @@ void gemm_as(DType operands,
              bool accumulate,
              T* c,
              int64_t ldc,
-             const GemmEpilogue& epilogue = {});
+             const GemmEpilogue& epilogue = {},
+             const GemmPrologue& prologue = {});
 
 // gemm_half on a chosen path. REQUIRES: the CPU supports it.
 void gemm_half_on(GemmPath path,

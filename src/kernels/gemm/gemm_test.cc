@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -370,6 +371,56 @@ TEST(GemmHalf, BitsDoNotDependOnThreadCount) {
             << gemm_path_name(path) << " threads=" << threads << " m=" << m << " n=" << n;
       }
     }
+  omp_set_num_threads(saved);
+}
+
+// A prologue that writes a bias row into each block gives the bits of C filled with the row
+// beforehand and accumulated onto (what callers did before prologues), writing each element
+// once: every path, f32 and bf16, the few-row path, k == 0, 1 and 3 threads, and OpenBLAS.
+TEST(Gemm, PrologueEqualsAPrefilledC) {
+  const int saved = omp_get_max_threads();
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = kShapes;
+  shapes.insert(shapes.end(), {{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}});
+  const auto check = [&](const char* what, bool half) {
+    uint64_t seed = 500;
+    for (auto [m, n, k] : shapes) {
+      seed += 3;
+      const Problem<float> p(false, (seed & 2) != 0, m, n, k, 2, seed);
+      const std::vector<float> bias = random_matrix<float>(n, seed + 7);
+      std::vector<float> filled = p.c0, hooked = p.c0;
+      for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), filled.begin() + i * p.ldc);
+      std::vector<std::atomic<int>> writes(static_cast<size_t>(m * n));
+      const GemmPrologue prologue = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+        for (int64_t i = i0; i < i0 + rows; ++i)
+          for (int64_t j = j0; j < j0 + cols; ++j) {
+            hooked[i * p.ldc + j] = bias[j];
+            ++writes[i * n + j];
+          }
+      };
+      if (half) {
+        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, filled.data(), p.ldc);
+        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, hooked.data(), p.ldc,
+                  {}, prologue);
+      } else {
+        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, filled.data(), p.ldc);
+        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, hooked.data(), p.ldc, {},
+                    prologue);
+      }
+      EXPECT_TRUE(same_bits(hooked, filled)) << what << " bf16=" << half << " m=" << m << " n=" << n << " k=" << k;
+      EXPECT_TRUE(std::all_of(writes.begin(), writes.end(), [](const std::atomic<int>& w) { return w == 1; }))
+          << what << " m=" << m << " n=" << n << " k=" << k;
+    }
+  };
+  for (GemmPath path : gemm_supported_paths())
+    for (int threads : {1, 3}) {
+      set_gemm_path(path);
+      omp_set_num_threads(threads);
+      for (bool half : {false, true}) check(gemm_path_name(path), half);
+    }
+  set_gemm_path(GemmPath::kAuto);
+  set_gemm_backend(GemmBackend::kOpenBlas);
+  for (bool half : {false, true}) check("openblas", half);
+  set_gemm_backend(GemmBackend::kLoom);
   omp_set_num_threads(saved);
 }
 
