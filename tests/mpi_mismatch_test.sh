@@ -6,10 +6,10 @@
 # Usage: mpi_mismatch_test.sh MPIEXEC COMM_WORKER
 set -uo pipefail
 MPIEXEC=$1 WORKER=$2
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 LOOM_TEST_TRANSPORT=mpi LOOM_TEST_TIMEOUT_MS=5000
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for mode in mismatch skip; do
   start=$(date +%s%3N)
-  out=$(timeout 60 "$MPIEXEC" -np 3 --oversubscribe "$WORKER" "$mode" 2>&1)
+  out=$(timeout 60 "$MPIEXEC" -np 3 --oversubscribe "$WORKER" --transport mpi --timeout-ms 5000 "$mode" 2>&1)
   took=$(($(date +%s%3N) - start))
   n=$(echo "$out" | grep -c "^ERROR MismatchError .*called .* but rank [0-9] called ")
   if [ "$n" -lt 3 ]; then

@@ -95,7 +95,7 @@ sweep sweep_hier_tcp LOOM_TEST_TRANSPORT=tcp LOOM_TEST_ALGORITHM=hierarchical
 
 # 3: blackhole host B's link while every rank loops on all_reduce.
 TIMEOUT_MS=3000
-start_job blackhole LOOM_TEST_TIMEOUT_MS=$TIMEOUT_MS -- "$WORKER" loop 65536
+start_job blackhole -- "$WORKER" --timeout-ms "$TIMEOUT_MS" loop 65536
 for _ in $(seq 300); do
   [ "$(cat "$TMP/blackhole.0" "$TMP/blackhole.1" | grep -c READY)" = 4 ] && break
   sleep 0.1

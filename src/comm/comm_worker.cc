@@ -1,9 +1,10 @@
-// A rank for the multi-process failure tests: joins the world from the environment
-// (like any Loom command under a launcher) and runs one scripted behaviour. On a
-// CommError it prints one line "ERROR <kind> <unix_ms> <message>" and exits 3.
-//   comm_worker loop BYTES        all_reduce BYTES of f32 until something fails
-//   comm_worker mismatch          rank 0 calls all_reduce, every other rank broadcast
-//   comm_worker skip              rank 1 skips the second of three all_reduces
+// A rank for the multi-process failure tests: joins the world from the launcher's
+// environment (like any Loom command) and runs one scripted behaviour. On a CommError it
+// prints one line "ERROR <kind> <unix_ms> <message>" and exits 3.
+//   comm_worker [OPTIONS] loop BYTES [all_gather]  all_reduce (or all_gather) BYTES of f32 until something fails
+//   comm_worker [OPTIONS] mismatch     rank 0 calls all_reduce, every other rank broadcast
+//   comm_worker [OPTIONS] skip         rank 1 skips the second of three all_reduces
+// OPTIONS, each as [comm] sets it (a later one wins): --timeout-ms N, --transport NAME.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,12 +17,24 @@
 using namespace loom::comm;
 
 int main(int argc, char** argv) {
+  CommConfig cfg;
+  int first = 1;  // the mode's index, after the options
+  for (; first + 1 < argc && std::strncmp(argv[first], "--", 2) == 0; first += 2) {
+    if (std::strcmp(argv[first], "--timeout-ms") == 0) {
+      cfg.timeout = milliseconds(std::atoi(argv[first + 1]));
+    } else if (std::strcmp(argv[first], "--transport") == 0) {
+      cfg.transport = argv[first + 1];
+    } else {
+      std::fprintf(stderr, "comm_worker: unknown option %s (expected --timeout-ms N or --transport NAME)\n",
+                   argv[first]);
+      return 2;
+    }
+  }
+  argc -= first - 1;
+  argv += first - 1;
   std::string mode = argc > 1 ? argv[1] : "loop";
   try {
     LaunchEnv env = launch_env_from_environment();
-    CommConfig cfg;
-    if (const char* t = std::getenv("LOOM_TEST_TIMEOUT_MS")) cfg.timeout = milliseconds(std::atoi(t));
-    if (const char* t = std::getenv("LOOM_TEST_TRANSPORT")) cfg.transport = t;
     std::unique_ptr<TcpStoreServer> server;
     std::unique_ptr<Store> store;
     auto comm = join_world(env, cfg, server, store);

@@ -55,7 +55,8 @@ class Job {
     for (auto& r : ranks_) std::remove(r.out_path.c_str());
   }
 
-  // Starts a rank; `env` adds or overrides variables.
+  // Starts a rank with a 1 s collective timeout (args may set another: a later option
+  // wins); `env` adds or overrides variables.
   void start(int rank, int world, std::vector<std::string> args,
              std::vector<std::pair<std::string, std::string>> env = {}) {
     Rank r;
@@ -72,9 +73,9 @@ class Job {
       ::setenv("LOOM_STORE_HOSTED", "1", 1);
       ::setenv("LOOM_SECRET", secret_.c_str(), 1);
       ::setenv("LOOM_JOB_ID", job_.c_str(), 1);
-      ::setenv("LOOM_TEST_TIMEOUT_MS", "1000", 1);
       for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(kWorker.c_str())};
+      std::string timeout_flag = "--timeout-ms", timeout = "1000";
+      std::vector<char*> argv{const_cast<char*>(kWorker.c_str()), timeout_flag.data(), timeout.data()};
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
       ::execv(argv[0], argv.data());
@@ -134,7 +135,7 @@ class Failure : public ::testing::TestWithParam<const char*> {};
 
 // Three ranks run `op` on 256 KiB in a loop over `transport`, well into it on return.
 void start_looping_ranks(Job& job, const char* transport, const char* op = "all_reduce") {
-  for (int r = 0; r < 3; ++r) job.start(r, 3, {"loop", "262144", op}, {{"LOOM_TEST_TRANSPORT", transport}});
+  for (int r = 0; r < 3; ++r) job.start(r, 3, {"--transport", transport, "loop", "262144", op});
   job.wait_ready();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }
@@ -175,7 +176,7 @@ TEST_P(Failure, MismatchedCollectivesNameBothCalls) {
   for (const char* mode : {"mismatch", "skip"}) {
     Job job;
     int64_t start = now_ms();
-    for (int r = 0; r < 3; ++r) job.start(r, 3, {mode}, {{"LOOM_TEST_TRANSPORT", GetParam()}});
+    for (int r = 0; r < 3; ++r) job.start(r, 3, {"--transport", GetParam(), mode});
     job.wait_exit();
     for (int r = 0; r < 3; ++r) {
       ErrorLine e = error_of(job[r].output());
@@ -197,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, Failure, ::testing::Values("shm", "tcp"));
 TEST(Rendezvous, WrongSecretIsRefusedAndNeverActsOnTheJob) {
   Job job;
   int64_t start = now_ms();
-  job.start(0, 2, {"mismatch"}, {{"LOOM_TEST_TIMEOUT_MS", "8000"}});
+  job.start(0, 2, {"--timeout-ms", "8000", "mismatch"});
   job.start(1, 2, {"mismatch"}, {{"LOOM_SECRET", "guess"}});
   job.wait_exit(0);
   ErrorLine bad = error_of(job[1].output());
@@ -244,7 +245,7 @@ TEST(Rendezvous, HandshakeBudgetIsPerAddress) {
 // then rank 1's handshake is accepted and the job runs.
 TEST(Rendezvous, TcpListenerDropsWhoeverLacksTheSecret) {
   Job job;
-  job.start(0, 2, {"mismatch"}, {{"LOOM_TEST_TRANSPORT", "tcp"}, {"LOOM_TEST_TIMEOUT_MS", "20000"}});
+  job.start(0, 2, {"--transport", "tcp", "--timeout-ms", "20000", "mismatch"});
   TcpStore probe({.port = job.server_.port(), .secret = job.secret_, .job_id = job.job_}, Clock::now() + std::chrono::seconds(2));
   std::istringstream info(probe.get("world/peer/0", Clock::now() + std::chrono::seconds(5)));
   std::string host;
@@ -267,7 +268,7 @@ TEST(Rendezvous, TcpListenerDropsWhoeverLacksTheSecret) {
   net::write_all(garbage.get(), http.data(), http.size(), Clock::now() + std::chrono::seconds(2), "rank 0");
   net::Fd silent = net::connect_tcp(host, port, Clock::now() + std::chrono::seconds(2), "rank 0");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all of them queued ahead of rank 1
-  job.start(1, 2, {"mismatch"}, {{"LOOM_TEST_TRANSPORT", "tcp"}, {"LOOM_TEST_TIMEOUT_MS", "20000"}});
+  job.start(1, 2, {"--transport", "tcp", "--timeout-ms", "20000", "mismatch"});
   job.wait_exit();
   for (auto& t : attackers) t.join();
   EXPECT_EQ(refused.load(), 10);
