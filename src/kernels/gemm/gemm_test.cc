@@ -383,7 +383,8 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
   shapes.insert(shapes.end(), {{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}});
   const auto check = [&](const char* what, bool half) {
     uint64_t seed = 500;
-    for (auto [m, n, k] : shapes) {
+    for (const auto& [m0, n0, k0] : shapes) {
+      const int64_t m = m0, n = n0, k = k0;  // variables, not bindings: the prologue captures n
       seed += 3;
       const Problem<float> p(false, (seed & 2) != 0, m, n, k, 2, seed);
       const std::vector<float> bias = random_matrix<float>(n, seed + 7);
