@@ -195,7 +195,7 @@ void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32
     }
     // Plain stores where all 16 lanes may be written: 16 rows, or A's 12-wide slivers, whose
     // lanes past the sliver's width fall on the next pair's, stored next (all but the call's
-    // last pair). Masked stores were most of this loop's time on Zen 5 (perf annotate).
+    // last pair). On Zen 5 this loop's samples gathered after its masked stores (perf annotate).
     uint32_t* dst = out + (v / 2) * stride;
     const bool overlap = stride < 16, final = v + 32 >= values;
     for (int64_t q = 0; q < pairs; ++q) {
