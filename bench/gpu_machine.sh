@@ -46,7 +46,7 @@ if want tests; then
   say "gpu tests"
   OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
   echo "gpu_test exit $?" | tee -a "$S"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0|^attention|^layernorm|^cross-entropy" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
 fi
 if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
   say "gpu cli tests"
@@ -56,6 +56,7 @@ if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --r
 fi
 if want bench; then
   run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
+  run 120 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --attention wmma
   run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
 fi
 peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa

@@ -267,6 +267,9 @@ int run(int argc, char** argv) {
   bgpu->add_option("--device", bench_gpu.device, "CUDA device")->capture_default_str();
   bgpu->add_option("--peak-tflops", bench_gpu.peak_tflops, "Use this bf16 peak instead of measuring it");
   bgpu->add_flag("--profile", bench_gpu.profile, "Also the device time of each phase of the step (CUDA events)");
+  std::string gpu_attention = "mma";
+  bgpu->add_option("--attention", gpu_attention, "The attention's kernels: mma (scores in registers) or wmma")
+      ->check(CLI::IsMember({"mma", "wmma"}))->capture_default_str();
   std::vector<int64_t> gemm_threads = {1, 2};
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
@@ -420,7 +423,10 @@ int run(int argc, char** argv) {
     }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
-  if (bgpu->parsed()) return loom::app::run_bench_gpu(bench_gpu);
+  if (bgpu->parsed()) {
+    bench_gpu.attention = gpu_attention == "mma" ? loom::gpu::GpuAttention::kMma : loom::gpu::GpuAttention::kWmma;
+    return loom::app::run_bench_gpu(bench_gpu);
+  }
   if (bd->parsed()) return loom::app::run_bench_decode(bench_decode);
   if (bs->parsed()) return loom::app::run_bench_serve(bench_serve);
   if (bc->parsed()) return loom::app::run_bench_comm(bench_comm);

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include "gpu/attention_tiles.cuh"
 #include "gpu/kernels.h"
 
 namespace loom::gpu::kern {
@@ -19,15 +20,18 @@ namespace {
 using nvbf = __nv_bfloat16;
 namespace wmma = nvcuda::wmma;
 
-constexpr int kRows = 64;     // queries (or keys) a block takes
-constexpr int kWarps = 4;     // each takes 16 of them
-constexpr int kThreads = kWarps * 32;
+using tiles::kRows;
+using tiles::kThreads;
+using tiles::kWarps;
+using tiles::load_keys_values;
+using tiles::load_row_stats;
+using tiles::load_tile;
 // Row strides in shared memory, padded past a multiple of 128 bytes so that the rows a
 // fragment load or a lane reads fall in different banks.
 constexpr int kLdS = kRows + 4;  // (rows, 64) f32 scores
 constexpr int kLdP = kRows + 8;  // (rows, 64) bf16 probabilities
 template <int HS>
-constexpr int kLdT = HS + 8;  // (64, HS) bf16 tiles of q, k, v, dy
+constexpr int kLdT = tiles::kLd<HS>;  // (64, HS) bf16 tiles of q, k, v, dy
 template <int HS>
 constexpr int kLdO = HS + 4;  // (rows, HS) f32 output
 
@@ -35,26 +39,6 @@ using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, nvbf, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, nvbf, wmma::row_major>;
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, nvbf, wmma::col_major>;
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// rows [r0, r0 + 64) of one head's HS columns at `col` of qkv-like rows `ld` apart into
-// tile (64, HS) at stride kLdT, 16 bytes a load; rows at or past T read as 0.
-template <int HS>
-__device__ void load_tile(nvbf* tile, const nvbf* base, int64_t ld, int64_t col, int r0, int t) {
-  constexpr int kVecs = HS / 8;
-  for (int i = threadIdx.x; i < kRows * kVecs; i += kThreads) {
-    const int r = i / kVecs, d = (i % kVecs) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < t) v = *reinterpret_cast<const uint4*>(base + int64_t{r0 + r} * ld + col + d);
-    *reinterpret_cast<uint4*>(tile + r * kLdT<HS> + d) = v;
-  }
-}
-
-// Head h's keys and values of rows [k0, k0 + 64) (qkv rows `ld` apart) into two tiles.
-template <int HS>
-__device__ void load_keys_values(nvbf* ks, nvbf* vs, const nvbf* base, int64_t ld, int c, int h, int k0, int t) {
-  load_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
-  load_tile<HS>(vs, base, ld, 2 * int64_t{c} + int64_t{h} * HS, k0, t);
-}
 
 // out (16, 64) f32 at stride kLdS = a (16, HS) rows of a tile times b (64, HS)^T, b's rows
 // as columns: the scores of 16 rows against a block of 64.
@@ -235,14 +219,6 @@ __device__ BackwardSmem backward_smem_parts(unsigned char* smem) {
   return m;
 }
 
-// lse and dpre of the 64 query rows from q0 (0 past T).
-__device__ void load_row_stats(float* lse_s, float* dpre_s, const float* lse, const float* dpre, int q0, int t) {
-  for (int i = threadIdx.x; i < kRows; i += kThreads) {
-    lse_s[i] = q0 + i < t ? lse[q0 + i] : 0.0f;
-    dpre_s[i] = q0 + i < t ? dpre[q0 + i] : 0.0f;
-  }
-}
-
 // Per key block: dk and dv, over the query blocks that see it.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
@@ -357,7 +333,8 @@ void backward_hs(nvbf* dqkv, float* dpre, const nvbf* dy, const nvbf* qkv, const
 bool attention_head_size_supported(int64_t hs) { return hs == 32 || hs == 64; }
 
 void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, AttentionKernels kernels) {
+  if (kernels == AttentionKernels::kMma) return attention_forward_mma(y, lse, qkv, b, t, c, nh, stream);
   auto* yy = reinterpret_cast<nvbf*>(y);
   const auto* in = reinterpret_cast<const nvbf*>(qkv);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
@@ -366,13 +343,14 @@ void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t 
 }
 
 void attention_backward(bf16* dqkv, float* dpre, const bf16* dy, const bf16* qkv, const bf16* y, const float* lse,
-                        int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream) {
+                        int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream, AttentionKernels kernels) {
   auto* d = reinterpret_cast<nvbf*>(dqkv);
   const auto* g = reinterpret_cast<const nvbf*>(dy);
   const auto* in = reinterpret_cast<const nvbf*>(qkv);
   const int64_t rows = b * t, warps = rows * nh, per_block = 256 / 32;
   attention_dpre_kernel<<<static_cast<unsigned>((warps + per_block - 1) / per_block), 256, 0, stream>>>(
       dpre, g, reinterpret_cast<const nvbf*>(y), rows, static_cast<int>(t), static_cast<int>(c), static_cast<int>(nh));
+  if (kernels == AttentionKernels::kMma) return attention_backward_mma(dqkv, dpre, dy, qkv, lse, b, t, c, nh, stream);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
   if (c / nh == 32) backward_hs<32>(d, dpre, g, in, lse, ib, it, ic, inh, stream);
   if (c / nh == 64) backward_hs<64>(d, dpre, g, in, lse, ib, it, ic, inh, stream);

@@ -20,14 +20,16 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
   tc.micro_batch = a.micro_batch;
   tc.device = a.device;
   tc.profile = a.profile;
+  tc.attention = a.attention;
   GptTrainer trainer(model, tc);  // InputError in a build without CUDA
   const double peak = a.peak_tflops > 0 ? a.peak_tflops : bf16_gemm_tflops(a.device);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
   std::printf("# loom bench gpu: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld,"
-              " bf16, AdamW, on %s\n",
+              " bf16, AdamW, %s attention, on %s\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
-              static_cast<long long>(b), device_description(a.device).c_str());
+              static_cast<long long>(b), a.attention == GpuAttention::kMma ? "mma" : "wmma",
+              device_description(a.device).c_str());
   Rng rng(1234);
   std::vector<int32_t> x(size_t(b * t)), y(size_t(b * t));
   std::vector<double> times;

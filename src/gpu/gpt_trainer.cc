@@ -127,6 +127,10 @@ struct GptTrainer::Impl {
     kern::add_partials(g32(w.bias), parts + p * c, p, c, s());
   }
 
+  kern::AttentionKernels attention() const {
+    return tc.attention == GpuAttention::kMma ? kern::AttentionKernels::kMma : kern::AttentionKernels::kWmma;
+  }
+
   static std::unique_ptr<Impl> open(const nn::Gpt& model, const GptTrainerConfig& config);
   double forward_backward(std::span<const int32_t> tok, std::span<const int32_t> tgt, double scale, bool backward);
   // wte_padded's first V rows from the bf16 parameters (after every update).
@@ -291,7 +295,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     a.att = buf(n * c, 2, "attention output");
     a.lse = buf(n * nh, 4, "attention log-sum-exp");
     mark("attention forward");
-    kern::attention_forward(a.att.as<bf16>(), a.lse.as<float>(), a.qkv.as<bf16>(), b, t, c, nh, s());
+    kern::attention_forward(a.att.as<bf16>(), a.lse.as<float>(), a.qkv.as<bf16>(), b, t, c, nh, s(), attention());
     a.mid = buf(n * c, 2, "residual after attention");
     linear(acc.as<float>(), a.att.as<bf16>(), w.attn_proj, c, c);
     mark("bias, residual, GELU");
@@ -365,7 +369,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     linear_backward(dnarrow.as<bf16>(), dmid.as<bf16>(), a.att.as<bf16>(), w.attn_proj, c, c, parts.as<float>());
     mark("attention backward");
     kern::attention_backward(dwide.as<bf16>(), dpre.as<float>(), dnarrow.as<bf16>(), a.qkv.as<bf16>(),
-                             a.att.as<bf16>(), a.lse.as<float>(), b, t, c, nh, s());
+                             a.att.as<bf16>(), a.lse.as<float>(), b, t, c, nh, s(), attention());
     linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_1.out.as<bf16>(), w.c_attn, c, c3, parts.as<float>());
     norm_backward(dx.as<bf16>(), dnarrow.as<bf16>(), a.x.as<bf16>(), a.ln_1, w.ln_1, dmid.as<bf16>(),
                   parts.as<float>());

@@ -99,11 +99,13 @@ TEST(GpuMemory, TheCacheServesTheNextStepAndTheErrorNamesTheBuffer) {
 }
 
 // The GPU attention (tensor cores, bf16 probabilities) against the CPU's blocked attention
-// reading its operands as bf16, on a T that is not a multiple of the 64-row blocks.
-// Tolerance: both round the output and the gradients to bf16 (2^-8 relative), and add the
-// products in other orders; 2% of each tensor's largest element holds that with margin.
-void expect_attention_matches_the_cpu(int64_t hs) {
-  const int64_t b = 2, t = 100, nh = 3, c = nh * hs;
+// reading its operands as bf16, on T that are not multiples of the 64-row blocks (one
+// block and a part, three and a part). Tolerance: both round the output and the gradients
+// to bf16 (2^-8 relative), and add the products in other orders; 2% of each tensor's
+// largest element holds that with margin.
+void expect_attention_matches_the_cpu(int64_t hs, int64_t t, kern::AttentionKernels kernels) {
+  const char* name = kernels == kern::AttentionKernels::kMma ? "mma" : "wmma";
+  const int64_t b = 2, nh = 3, c = nh * hs;
   Rng r(static_cast<uint64_t>(hs));
   std::vector<float> qkv(size_t(b * t * 3 * c)), dy(size_t(b * t * c));
   for (float& x : qkv) x = bf16_round(static_cast<float>(r.normal()));
@@ -120,12 +122,16 @@ void expect_attention_matches_the_cpu(int64_t hs) {
   float* d_lse = upload(alloc, keep, std::vector<float>(lse.size()));
   float* d_dpre = upload(alloc, keep, std::vector<float>(lse.size()));
   uint16_t* d_dqkv = upload(alloc, keep, std::vector<uint16_t>(qkv.size()));
-  kern::attention_forward(d_y, d_lse, d_qkv, b, t, c, nh, nullptr);
+  kern::attention_forward(d_y, d_lse, d_qkv, b, t, c, nh, nullptr, kernels);
   // backward from the GPU's own output, as training runs it
-  kern::attention_backward(d_dqkv, d_dpre, d_dy, d_qkv, d_y, d_lse, b, t, c, nh, nullptr);
+  kern::attention_backward(d_dqkv, d_dpre, d_dy, d_qkv, d_y, d_lse, b, t, c, nh, nullptr, kernels);
   check(cudaDeviceSynchronize(), "attention kernels");
-  EXPECT_LT(relative_error(from_bf16(download(d_y, y.size())), y), 0.02) << "y, head size " << hs;
-  EXPECT_LT(relative_error(download(d_lse, lse.size()), lse), 1e-3) << "lse, head size " << hs;
+  const double y_err = relative_error(from_bf16(download(d_y, y.size())), y);
+  const double lse_err = relative_error(download(d_lse, lse.size()), lse);
+  std::printf("attention %s, head size %lld, T %lld: y %.5f, lse %.6f", name, static_cast<long long>(hs),
+              static_cast<long long>(t), y_err, lse_err);
+  EXPECT_LT(y_err, 0.02) << name << " y, head size " << hs << ", T " << t;
+  EXPECT_LT(lse_err, 1e-3) << name << " lse, head size " << hs << ", T " << t;
   const std::vector<float> got = from_bf16(download(d_dqkv, dqkv.size()));
   for (int part = 0; part < 3; ++part) {
     std::vector<float> g, w;
@@ -134,14 +140,136 @@ void expect_attention_matches_the_cpu(int64_t hs) {
         g.push_back(got[size_t(row * 3 * c + part * c + j)]);
         w.push_back(dqkv[size_t(row * 3 * c + part * c + j)]);
       }
-    EXPECT_LT(relative_error(g, w), 0.02) << "d" << "qkv"[part] << ", head size " << hs;
+    const double err = relative_error(g, w);
+    std::printf(", d%c %.5f", "qkv"[part], err);
+    EXPECT_LT(err, 0.02) << name << " d" << "qkv"[part] << ", head size " << hs << ", T " << t;
   }
+  std::printf(" of each tensor's largest element\n");
 }
 
 TEST(GpuAttention, EqualsTheCpuAttentionWithBf16Products) {
   LOOM_NEEDS_GPU();
-  expect_attention_matches_the_cpu(32);
-  expect_attention_matches_the_cpu(64);
+  for (const auto kernels : {kern::AttentionKernels::kMma, kern::AttentionKernels::kWmma})
+    for (const int64_t hs : {32, 64})
+      for (const int64_t t : {100, 230}) expect_attention_matches_the_cpu(hs, t, kernels);
+}
+
+// LayerNorm backward at widths the model tests do not reach (GPT-2's 768, 1,024, and 1,000,
+// which is not a multiple of 8 and takes the scalar kernel), on 70 rows (two blocks and a
+// part), against the formula in double. Tolerance: dx is rounded to bf16 (2^-8 relative);
+// the weight and bias gradients are f32 sums of 70 terms.
+void expect_layernorm_backward_matches(int64_t c) {
+  const int64_t n = 70;
+  Rng r(static_cast<uint64_t>(c));
+  std::vector<float> x(size_t(n * c)), dy(x.size()), dres(x.size()), w(static_cast<size_t>(c)), mean(static_cast<size_t>(n)),
+      rstd(static_cast<size_t>(n));
+  for (float& v : x) v = bf16_round(static_cast<float>(r.normal()));
+  for (float& v : dy) v = bf16_round(static_cast<float>(r.normal()));
+  for (float& v : dres) v = bf16_round(static_cast<float>(r.normal()));
+  for (float& v : w) v = static_cast<float>(1.0 + 0.1 * r.normal());
+  std::vector<double> want_dx(x.size()), want_dw(static_cast<size_t>(c)), want_db(static_cast<size_t>(c));
+  for (int64_t row = 0; row < n; ++row) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < c; ++j) mu += x[size_t(row * c + j)];
+    mu /= double(c);
+    for (int64_t j = 0; j < c; ++j) var += (x[size_t(row * c + j)] - mu) * (x[size_t(row * c + j)] - mu);
+    const double rs = 1.0 / std::sqrt(var / double(c) + 1e-5);
+    mean[size_t(row)] = float(mu);
+    rstd[size_t(row)] = float(rs);
+    double s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < c; ++j) {
+      const size_t i = size_t(row * c + j);
+      const double xh = (x[i] - mu) * rs, gw = double(dy[i]) * w[size_t(j)];
+      s1 += gw;
+      s2 += gw * xh;
+      want_dw[size_t(j)] += dy[i] * xh;
+      want_db[size_t(j)] += dy[i];
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      const size_t i = size_t(row * c + j);
+      const double xh = (x[i] - mu) * rs;
+      want_dx[i] = rs * (double(dy[i]) * w[size_t(j)] - s1 / double(c) - xh * s2 / double(c)) + dres[i];
+    }
+  }
+  DeviceAllocator alloc;
+  std::vector<DeviceBuffer> keep;
+  const int64_t p = kern::layernorm_partials(n);
+  const uint16_t* d_x = upload(alloc, keep, to_bf16(x));
+  const uint16_t* d_dy = upload(alloc, keep, to_bf16(dy));
+  const uint16_t* d_dres = upload(alloc, keep, to_bf16(dres));
+  const float* d_w = upload(alloc, keep, w);
+  const float* d_mean = upload(alloc, keep, mean);
+  const float* d_rstd = upload(alloc, keep, rstd);
+  uint16_t* d_dx = upload(alloc, keep, std::vector<uint16_t>(x.size()));
+  float* d_parts = upload(alloc, keep, std::vector<float>(size_t(2 * p * c)));
+  float* d_dw = upload(alloc, keep, std::vector<float>(size_t(c)));
+  float* d_db = upload(alloc, keep, std::vector<float>(size_t(c)));
+  kern::layernorm_backward(d_dx, d_parts, d_parts + p * c, d_dy, d_x, d_mean, d_rstd, d_w, d_dres, n, c, nullptr);
+  kern::add_partials(d_dw, d_parts, p, c, nullptr);
+  kern::add_partials(d_db, d_parts + p * c, p, c, nullptr);
+  check(cudaDeviceSynchronize(), "layernorm_backward");
+  const auto as_float = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+  const double dx_err = relative_error(from_bf16(download(d_dx, x.size())), as_float(want_dx));
+  const double dw_err = relative_error(download(d_dw, size_t(c)), as_float(want_dw));
+  const double db_err = relative_error(download(d_db, size_t(c)), as_float(want_db));
+  std::printf("layernorm backward, C %lld: dx %.5f, dw %.6f, db %.6f of each tensor's largest element\n",
+              static_cast<long long>(c), dx_err, dw_err, db_err);
+  EXPECT_LT(dx_err, 0.01) << "C " << c;
+  EXPECT_LT(dw_err, 1e-4) << "C " << c;
+  EXPECT_LT(db_err, 1e-4) << "C " << c;
+}
+
+TEST(GpuKernels, LayerNormBackwardEqualsItsFormula) {
+  LOOM_NEEDS_GPU();
+  for (const int64_t c : {768, 1024, 1000}) expect_layernorm_backward_matches(c);
+}
+
+// The loss at GPT-2's vocabulary (50,257 columns in rows of 50,304) and at one that is not
+// a multiple of 8 wide (the scalar kernel), against log-sum-exp and softmax in double.
+void expect_cross_entropy_matches(int64_t v, int64_t ldv) {
+  const int64_t n = 5;
+  const float dscale = 1.0f / float(n);
+  Rng r(static_cast<uint64_t>(v));
+  std::vector<float> logits(size_t(n * ldv), 0.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (int64_t row = 0; row < n; ++row) {
+    for (int64_t j = 0; j < v; ++j) logits[size_t(row * ldv + j)] = bf16_round(static_cast<float>(3.0 * r.normal()));
+    targets[size_t(row)] = static_cast<int32_t>(r.below(uint64_t(v)));
+  }
+  std::vector<float> want_loss(static_cast<size_t>(n)), want_grad(logits.size(), 0.0f);
+  for (int64_t row = 0; row < n; ++row) {
+    double mx = -INFINITY, s = 0;
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, double(logits[size_t(row * ldv + j)]));
+    for (int64_t j = 0; j < v; ++j) s += std::exp(logits[size_t(row * ldv + j)] - mx);
+    const double lse = mx + std::log(s);
+    want_loss[size_t(row)] = float(lse - logits[size_t(row * ldv + targets[size_t(row)])]);
+    for (int64_t j = 0; j < v; ++j)
+      want_grad[size_t(row * ldv + j)] =
+          float((std::exp(logits[size_t(row * ldv + j)] - lse) - (j == targets[size_t(row)] ? 1.0 : 0.0)) * dscale);
+  }
+  DeviceAllocator alloc;
+  std::vector<DeviceBuffer> keep;
+  uint16_t* d_logits = upload(alloc, keep, to_bf16(logits));
+  const int32_t* d_targets = upload(alloc, keep, targets);
+  float* d_losses = upload(alloc, keep, std::vector<float>(size_t(n)));
+  kern::cross_entropy(d_losses, d_logits, d_targets, n, v, ldv, dscale, nullptr);
+  check(cudaDeviceSynchronize(), "cross_entropy");
+  const std::vector<float> loss = download(d_losses, size_t(n));
+  const std::vector<float> grad = from_bf16(download(d_logits, logits.size()));
+  for (int64_t row = 0; row < n; ++row)
+    EXPECT_NEAR(loss[size_t(row)], want_loss[size_t(row)], 1e-4 * std::fabs(want_loss[size_t(row)])) << "row " << row;
+  const double err = relative_error(grad, want_grad);
+  std::printf("cross-entropy, V %lld in rows of %lld: gradient %.5f of its largest element\n",
+              static_cast<long long>(v), static_cast<long long>(ldv), err);
+  EXPECT_LT(err, 0.01) << "V " << v;
+  for (int64_t row = 0; row < n; ++row)
+    for (int64_t j = v; j < ldv; ++j) EXPECT_EQ(grad[size_t(row * ldv + j)], 0.0f) << "padding column " << j;
+}
+
+TEST(GpuKernels, CrossEntropyEqualsLogSumExpAndSoftmax) {
+  LOOM_NEEDS_GPU();
+  expect_cross_entropy_matches(50257, 50304);
+  expect_cross_entropy_matches(301, 301);
 }
 
 GptTrainerConfig trainer_config(int64_t b) {

@@ -17,9 +17,31 @@ __device__ __forceinline__ float to_f(bf16 v) { return __bfloat162float(__ushort
 __device__ __forceinline__ bf16 to_bf(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float round_bf(float v) { return to_f(to_bf(v)); }
 
+// Eight bf16 in 16 bytes, to floats and back (the lower address in the lower half).
+__device__ __forceinline__ void unpack8(float (&f)[8], uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return uint32_t{to_bf(lo)} | (uint32_t{to_bf(hi)} << 16);
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
 int blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<int>(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+// Whether every pointer is 16-byte aligned: the vector kernels' condition, with their shapes'.
+template <typename... P>
+bool aligned16(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
 }
 
 int row_blocks(int64_t n) { return static_cast<int>(n < 65535 * 16 ? (n > 0 ? n : 1) : 65535 * 16); }
@@ -179,6 +201,90 @@ __global__ void layernorm_backward_kernel(bf16* dx, float* dw_part, float* db_pa
   }
 }
 
+// layernorm_backward for C a multiple of 8 up to 8 * 32 * kLnVecs: a block of 4 warps takes
+// kLnRows rows, a warp a row at a time (rows w, w + 4, ...); lane l owns the 8-column
+// vectors l, l + 32, ... of every row, read 16 bytes at a time, and keeps their weight and
+// bias gradient sums in registers; the warps' sums are added in warp order at the end.
+constexpr int kLnWarps = 4;
+constexpr int kLnVecCols = 8 * 32 * 4;  // the widest row it takes: 1024
+template <int kLnVecs>
+__global__ void __launch_bounds__(kLnWarps * 32)
+    layernorm_backward_vec_kernel(bf16* dx, float* dw_part, float* db_part, const bf16* dy, const bf16* x,
+                                  const float* mean, const float* rstd, const float* w, const bf16* dres, int64_t n,
+                                  int c) {
+  __shared__ float red[kLnWarps][8 * 32 * kLnVecs];
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int vecs = c / 8;
+  float wv[kLnVecs][8], dw[kLnVecs][8] = {}, db[kLnVecs][8] = {};
+#pragma unroll
+  for (int j = 0; j < kLnVecs; ++j) {
+    const int vec = lane + 32 * j;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) wv[j][k] = vec < vecs ? w[8 * vec + k] : 0.0f;
+  }
+  const int64_t first = blockIdx.x * kLnRows;
+  for (int64_t row = first + warp; row < first + kLnRows && row < n; row += kLnWarps) {
+    const float mu = mean[row], rs = rstd[row];
+    float g[kLnVecs][8], xh[kLnVecs][8];
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLnVecs; ++j) {
+      const int vec = lane + 32 * j;
+      if (vec < vecs) {
+        unpack8(g[j], reinterpret_cast<const uint4*>(dy + row * c)[vec]);
+        unpack8(xh[j], reinterpret_cast<const uint4*>(x + row * c)[vec]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) g[j][k] = xh[j][k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        xh[j][k] = (xh[j][k] - mu) * rs;
+        const float gw = g[j][k] * wv[j][k];
+        s1 += gw;
+        s2 += gw * xh[j][k];
+        dw[j][k] += g[j][k] * xh[j][k];
+        db[j][k] += g[j][k];
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+      s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+    }
+    s1 /= static_cast<float>(c);
+    s2 /= static_cast<float>(c);
+#pragma unroll
+    for (int j = 0; j < kLnVecs; ++j) {
+      const int vec = lane + 32 * j;
+      if (vec >= vecs) continue;
+      float res[8] = {};
+      if (dres != nullptr) unpack8(res, reinterpret_cast<const uint4*>(dres + row * c)[vec]);
+      float out[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) out[k] = rs * (g[j][k] * wv[j][k] - s1 - xh[j][k] * s2) + res[k];
+      reinterpret_cast<uint4*>(dx + row * c)[vec] = pack8(out);
+    }
+  }
+  // the four warps' sums of each column, in warp order: weight gradients, then bias
+  for (int pass = 0; pass < 2; ++pass) {
+    float* part = pass == 0 ? dw_part : db_part;
+#pragma unroll
+    for (int j = 0; j < kLnVecs; ++j) {
+      const int vec = lane + 32 * j;
+      if (vec >= vecs) continue;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) red[warp][8 * vec + k] = pass == 0 ? dw[j][k] : db[j][k];
+    }
+    __syncthreads();
+    for (int col = static_cast<int>(threadIdx.x); col < c; col += kLnWarps * 32) {
+      float s = 0.0f;
+      for (int k = 0; k < kLnWarps; ++k) s += red[k][col];
+      part[blockIdx.x * int64_t{c} + col] = s;
+    }
+    __syncthreads();
+  }
+}
+
 // A block per 32 columns, 32 groups of threads down the parts: group g adds parts g, g + 32,
 // ..., then the first group adds the 32 sums in order.
 __global__ void add_partials_kernel(float* dst, const float* parts, int64_t p, int64_t m) {
@@ -242,13 +348,66 @@ __global__ void bias_gelu_kernel(bf16* h, bf16* g, const float* acc, const float
     }
 }
 
+// The epilogues for M a multiple of 4: four columns a thread, 16-byte loads of the f32
+// accumulators and bias, 8-byte stores (and loads of the residual).
+__device__ __forceinline__ void unpack4(float (&f)[4], uint2 v) {
+  f[0] = __uint_as_float(v.x << 16);
+  f[1] = __uint_as_float(v.x & 0xffff0000u);
+  f[2] = __uint_as_float(v.y << 16);
+  f[3] = __uint_as_float(v.y & 0xffff0000u);
+}
+__device__ __forceinline__ uint2 pack4(const float (&f)[4]) { return make_uint2(pack2(f[0], f[1]), pack2(f[2], f[3])); }
+
+// kind 0: out = round(acc + b); 1: out = round(residual + round(acc + b)); 2: out (h) =
+// round(acc + b) and g = round(gelu(h)).
+template <int kKind>
+__global__ void epilogue_vec_kernel(bf16* out, bf16* g, const float* acc, const float* bias, const bf16* residual,
+                                    int64_t n, int64_t m) {
+  const int64_t quads = m / 4;
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x)
+    for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+      const int64_t i = row * quads + q;
+      const float4 a = reinterpret_cast<const float4*>(acc)[i];
+      const float4 bb = reinterpret_cast<const float4*>(bias)[q];
+      float h[4] = {round_bf(a.x + bb.x), round_bf(a.y + bb.y), round_bf(a.z + bb.z), round_bf(a.w + bb.w)};
+      if constexpr (kKind == 1) {
+        float r[4];
+        unpack4(r, reinterpret_cast<const uint2*>(residual)[i]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) h[k] += r[k];
+      }
+      reinterpret_cast<uint2*>(out)[i] = pack4(h);
+      if constexpr (kKind == 2) {
+        float gv[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gv[k] = gelu(h[k]);
+        reinterpret_cast<uint2*>(g)[i] = pack4(gv);
+      }
+    }
+}
+
+__device__ __forceinline__ float gelu_grad(float x, float dg) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float th = tanhf(u);
+  const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  return (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * dg;
+}
+
+// gelu_backward for n a multiple of 8: 16 bytes of h and dg a thread.
+__global__ void gelu_backward_vec_kernel(bf16* dh, const bf16* h, const bf16* dg, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n / 8; i += int64_t{gridDim.x} * blockDim.x) {
+    float x[8], d[8];
+    unpack8(x, reinterpret_cast<const uint4*>(h)[i]);
+    unpack8(d, reinterpret_cast<const uint4*>(dg)[i]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[k] = gelu_grad(x[k], d[k]);
+    reinterpret_cast<uint4*>(dh)[i] = pack8(d);
+  }
+}
+
 __global__ void gelu_backward_kernel(bf16* dh, const bf16* h, const bf16* dg, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = to_f(h[i]);
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    const float th = tanhf(u);
-    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dh[i] = to_bf((0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * to_f(dg[i]));
+    dh[i] = to_bf(gelu_grad(to_f(h[i]), to_f(dg[i])));
   }
 }
 
@@ -270,6 +429,71 @@ __global__ void cross_entropy_kernel(float* losses, bf16* logits, const int32_t*
   for (int64_t i = threadIdx.x; i < ldv; i += blockDim.x) {
     const float d = i < v ? (expf(to_f(row[i]) - lse) - (i == target ? 1.0f : 0.0f)) * dscale : 0.0f;
     row[i] = to_bf(d);
+  }
+}
+
+// A running (max, sum of exp(x - max)) merged with another: the log-sum-exp's online form.
+// A side with no element yet (max -inf, sum 0) leaves the other as it is.
+__device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float mx = fmaxf(m, m2);
+  s = s * expf(m - mx) + s2 * expf(m2 - mx);
+  m = mx;
+}
+
+// cross_entropy for rows of a multiple of 8 columns (16-byte aligned): one block per row;
+// each thread keeps an online (max, sum) over its 8-column vectors in one pass, the block
+// merges them in a fixed order (shuffles, then the warps' results in warp order), and a
+// second pass writes the gradient 16 bytes at a time.
+__global__ void cross_entropy_vec_kernel(float* losses, bf16* logits, const int32_t* targets, int64_t v, int64_t ldv,
+                                         float dscale) {
+  __shared__ float shared_m[kThreads / 32], shared_s[kThreads / 32];
+  uint4* row = reinterpret_cast<uint4*>(logits + blockIdx.x * ldv);
+  const int64_t vecs = ldv / 8;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+    float f[8];
+    unpack8(f, row[i]);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) mx = fmaxf(mx, 8 * i + k < v ? f[k] : -INFINITY);
+    if (mx == -INFINITY) continue;
+    float e = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e += 8 * i + k < v ? expf(f[k] - mx) : 0.0f;
+    merge_lse(m, s, mx, e);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge_lse(m, s, m2, s2);
+  }
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  if (lane == 0) {
+    shared_m[warp] = m;
+    shared_s[warp] = s;
+  }
+  __syncthreads();
+  m = shared_m[0];
+  s = shared_s[0];
+  for (int k = 1; k < static_cast<int>(blockDim.x / 32); ++k) merge_lse(m, s, shared_m[k], shared_s[k]);
+  const float lse = m + logf(s);
+  const int32_t target = targets[blockIdx.x];
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_f(logits[blockIdx.x * ldv + target]);
+  __syncthreads();  // the target's logit is read before any thread overwrites it
+  for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
+    float f[8];
+    unpack8(f, row[i]);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int64_t col = 8 * i + k;
+      f[k] = col < v ? (expf(f[k] - lse) - (col == target ? 1.0f : 0.0f)) * dscale : 0.0f;
+    }
+    row[i] = pack8(f);
   }
 }
 
@@ -354,8 +578,19 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const
 void layernorm_backward(bf16* dx, float* dw_part, float* db_part, const bf16* dy, const bf16* x, const float* mean,
                         const float* rstd, const float* w, const bf16* dres, int64_t n, int64_t c,
                         cudaStream_t stream) {
-  layernorm_backward_kernel<<<static_cast<unsigned>(layernorm_partials(n)), kThreads, 0, stream>>>(
-      dx, dw_part, db_part, dy, x, mean, rstd, w, dres, n, c);
+  const auto blocks = static_cast<unsigned>(layernorm_partials(n));
+  if (c % 8 == 0 && c <= kLnVecCols && aligned16(dx, dy, x, dres)) {
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kLnWarps * 32, 0, stream>>>(dx, dw_part, db_part, dy, x, mean, rstd, w, dres, n,
+                                                   static_cast<int>(c));
+    };
+    const int64_t vecs = (c / 8 + 31) / 32;  // a lane's vectors
+    if (vecs == 1) launch(layernorm_backward_vec_kernel<1>);
+    if (vecs == 2) launch(layernorm_backward_vec_kernel<2>);
+    if (vecs == 3) launch(layernorm_backward_vec_kernel<3>);
+    if (vecs == 4) launch(layernorm_backward_vec_kernel<4>);
+  } else
+    layernorm_backward_kernel<<<blocks, kThreads, 0, stream>>>(dx, dw_part, db_part, dy, x, mean, rstd, w, dres, n, c);
 }
 
 void add_partials(float* dst, const float* parts, int64_t p, int64_t m, cudaStream_t stream) {
@@ -372,27 +607,43 @@ void column_sums(float* parts, const bf16* y, int64_t n, int64_t m, cudaStream_t
 }
 
 void bias_forward(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {
-  bias_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, n, m);
+  if (m % 4 == 0 && aligned16(out, acc, bias))
+    epilogue_vec_kernel<0><<<row_blocks(n), kThreads, 0, stream>>>(out, nullptr, acc, bias, nullptr, n, m);
+  else
+    bias_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, n, m);
 }
 
 void bias_residual_forward(bf16* out, const float* acc, const float* bias, const bf16* residual, int64_t n, int64_t m,
                            cudaStream_t stream) {
-  bias_residual_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, residual, n, m);
+  if (m % 4 == 0 && aligned16(out, acc, bias, residual))
+    epilogue_vec_kernel<1><<<row_blocks(n), kThreads, 0, stream>>>(out, nullptr, acc, bias, residual, n, m);
+  else
+    bias_residual_kernel<<<row_blocks(n), kThreads, 0, stream>>>(out, acc, bias, residual, n, m);
 }
 
 void bias_gelu_forward(bf16* h, bf16* g, const float* acc, const float* bias, int64_t n, int64_t m,
                        cudaStream_t stream) {
-  bias_gelu_kernel<<<row_blocks(n), kThreads, 0, stream>>>(h, g, acc, bias, n, m);
+  if (m % 4 == 0 && aligned16(h, g, acc, bias))
+    epilogue_vec_kernel<2><<<row_blocks(n), kThreads, 0, stream>>>(h, g, acc, bias, nullptr, n, m);
+  else
+    bias_gelu_kernel<<<row_blocks(n), kThreads, 0, stream>>>(h, g, acc, bias, n, m);
 }
 
 void gelu_backward(bf16* dh, const bf16* h, const bf16* dg, int64_t n, cudaStream_t stream) {
-  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dh, h, dg, n);
+  if (n % 8 == 0 && aligned16(dh, h, dg))
+    gelu_backward_vec_kernel<<<blocks_for(n / 8), kThreads, 0, stream>>>(dh, h, dg, n);
+  else
+    gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dh, h, dg, n);
 }
 
 void cross_entropy(float* losses, bf16* logits, const int32_t* targets, int64_t n, int64_t v, int64_t ldv,
                    float dscale, cudaStream_t stream) {
   if (n == 0) return;
-  cross_entropy_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(losses, logits, targets, v, ldv, dscale);
+  if (ldv % 8 == 0 && aligned16(logits))
+    cross_entropy_vec_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(losses, logits, targets, v, ldv,
+                                                                                dscale);
+  else
+    cross_entropy_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(losses, logits, targets, v, ldv, dscale);
 }
 
 void reduce_sum(double* out, const float* x, int64_t n, bool square, double* scratch, cudaStream_t stream) {

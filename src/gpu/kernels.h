@@ -97,12 +97,22 @@ void adamw(float* p, const float* g, float* m, float* v, bf16* p_bf16, const Ada
 // (N, 3C) rows [q | k | v] (GPT-2 order) bf16; y (N, C) bf16; lse (B, NH, T) f32 the
 // log-sum-exp of each row's scaled scores. Products on tensor cores (bf16 in, f32
 // accumulation); probabilities rounded to bf16 before they multiply v. REQUIRES: HS 32 or 64.
+// Two implementations of the same roundings: kMma (attention_mma.cu, mma.sync with the
+// scores in registers, FlashAttention-2's layout; sm_80 and later) and kWmma (WMMA
+// fragments through shared memory); they add in other orders.
+enum class AttentionKernels { kMma, kWmma };
 void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                       cudaStream_t stream);
+                       cudaStream_t stream, AttentionKernels kernels = AttentionKernels::kMma);
 // dqkv (N, 3C) from dy (N, C) and the forward's qkv, y and lse; dpre (B, NH, T) f32 scratch
 // (rowsum(dy * y)). Deterministic: one kernel for dk, dv by key blocks, one for dq by query blocks.
 void attention_backward(bf16* dqkv, float* dpre, const bf16* dy, const bf16* qkv, const bf16* y, const float* lse,
-                        int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream);
+                        int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream,
+                        AttentionKernels kernels = AttentionKernels::kMma);
+// attention_mma.cu's launchers (dpre already computed).
+void attention_forward_mma(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
+                           cudaStream_t stream);
+void attention_backward_mma(bf16* dqkv, const float* dpre, const bf16* dy, const bf16* qkv, const float* lse,
+                            int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream);
 bool attention_head_size_supported(int64_t hs);
 
 }  // namespace loom::gpu::kern

@@ -44,6 +44,11 @@ struct MemoryStats {
 // in TFLOP/s: the peak MFU is measured against, measured on the spot.
 double bf16_gemm_tflops(int device, int64_t n = 8192);
 
+// The attention's kernels (docs/gpu.md, "Attention"): kMma keeps the scores in registers
+// (mma.sync, FlashAttention-2's layout), kWmma passes them through shared memory (WMMA);
+// the same roundings, added in other orders.
+enum class GpuAttention { kMma, kWmma };
+
 struct GptTrainerConfig {
   int64_t micro_batch = 8;
   int64_t seq_len = 0;  // tokens per sequence; 0: the model's seq_len
@@ -51,6 +56,7 @@ struct GptTrainerConfig {
   double max_grad_norm = 1.0;        // 0: no clipping
   int device = 0;
   bool profile = false;  // time the step's phases (phase_ms); costs a wait per call
+  GpuAttention attention = GpuAttention::kMma;
 };
 
 class GptTrainer {
@@ -109,6 +115,7 @@ struct BenchGpuArgs {
   int device = 0;
   double peak_tflops = 0;  // 0: measure it
   bool profile = false;     // also the device time of each phase of a step
+  GpuAttention attention = GpuAttention::kMma;
 };
 int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
 
