@@ -165,8 +165,15 @@ void Config::check_cuda(const std::string& kind, const Where& where) const {
   if (s("training.optimizer") != "adamw")
     throw InputError(cat(at, " runs AdamW: expected ", where("training.optimizer"), " = \"adamw\""));
   if (i("parallel.tp") > 1 || i("parallel.pp") > 1 || i("parallel.ps_servers") > 0 || !s("training.teacher").empty())
-    throw InputError(cat(at, " trains one process without tensor, pipeline or parameter-server parallelism or a "
+    throw InputError(cat(at, " trains data parallel only, without tensor, pipeline or parameter-server parallelism or a "
                          "teacher: expected parallel.tp = 1, parallel.pp = 1, no servers and no training.teacher"));
+  if (i("parallel.zero") > 0)
+    throw InputError(cat(at, " keeps the whole optimizer state on every rank (ZeRO on GPUs is not built yet): expected ",
+                         where("parallel.zero"), " = 0, not ", i("parallel.zero")));
+  if (b("parallel.deterministic"))
+    throw InputError(cat(at, ": the same bits on every layout (parallel.deterministic's exact sums) do not hold on the "
+                         "GPU, whose runs repeat bit for bit only on one layout; expected ",
+                         where("parallel.deterministic"), " = false"));
 }
 
 void Config::check_rest(const std::string& kind, const Where& where) const {

@@ -149,10 +149,7 @@ void TrainRun::parallelize() {
       server_, store_);
   check_same_layout(*world_, t_.layout);
   if (mesh_.split()) parallel::split_mesh(*world_, mesh_);
-  if (t_.job.cuda && world_->size() > 1)
-    throw InputError(cat("job.device = \"cuda\": a job of one process (this one has ", world_->size(),
-                         "); data parallelism on GPUs is not built yet (docs/gpu.md)"));
-  pm_ = t_.job.cuda ? gpu::parallelize_on_gpu(dynamic_cast<nn::Gpt&>(*w_.model), t_.parallel.step)
+  pm_ = t_.job.cuda ? gpu::parallelize_on_gpu(dynamic_cast<nn::Gpt&>(*w_.model), t_.parallel.step, *world_)
                     : parallel::parallelize(*w_.model, mesh_, *world_, t_.parallel.step);
   if (w_.teacher) {
     const nn::Shard vocab = mesh_.shard(false);

@@ -33,6 +33,7 @@ GptTrainer::~GptTrainer() = default;
 double GptTrainer::forward_backward(std::span<const int32_t>, std::span<const int32_t>, double) { unreachable(); }
 double GptTrainer::step(double) { unreachable(); }
 int64_t GptTrainer::steps() const { unreachable(); }
+parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator&) { unreachable(); }
 void GptTrainer::copy_params_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_grads_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_params_from(const ParamSet&) { unreachable(); }

@@ -8,12 +8,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 #include "gpu/cublas.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
+#include "loom/comm/comm.h"
 #include "loom/core/error.h"
 #include "loom/gpu/gpu.h"
 
@@ -70,6 +73,7 @@ struct GptTrainer::Impl {
   DeviceBuffer wte_padded;  // (ldv, C) bf16: wte's rows, then zeros, for the head's aligned products
   DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
   PinnedBuffer host_ids, host_csr, host_results;
+  PinnedBuffer host_grads;  // data parallelism's staging (numel floats), made at its first use
 
   ~Impl() {
     if (blas != nullptr) cublas().destroy(blas);
@@ -388,6 +392,35 @@ double GptTrainer::forward_backward(std::span<const int32_t> tokens, std::span<c
 
 double GptTrainer::loss(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
   return impl_->forward_backward(tokens, targets, 0.0, false);
+}
+
+parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator& comm) {
+  Impl& m = *impl_;
+  parallel::CommStats stats;
+  if (comm.size() == 1) return stats;
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  if (m.host_grads.as<void>() == nullptr) m.host_grads = PinnedBuffer(static_cast<size_t>(m.numel) * 4);
+  float* host = m.host_grads.as<float>();
+  float* dev = m.grads.as<float>();
+  m.mark("gradient all-reduce");
+  check(cudaMemcpyAsync(host, dev, size_t(m.numel) * 4, cudaMemcpyDeviceToHost, m.s()), "cudaMemcpyAsync");
+  m.compute.synchronize();
+  constexpr int64_t kChunk = int64_t{4} << 20;  // floats
+  std::vector<std::pair<int64_t, comm::Work>> chunks;
+  for (int64_t first = 0; first < m.numel; first += kChunk) {
+    const int64_t count = std::min(kChunk, m.numel - first);
+    chunks.emplace_back(first, comm::all_reduce_async(comm, {.output = host + first, .count = size_t(count)}));
+    stats.bytes += count * 4;
+  }
+  for (auto& [first, work] : chunks) {
+    work.wait();
+    const int64_t count = std::min(kChunk, m.numel - first);
+    check(cudaMemcpyAsync(dev + first, host + first, size_t(count) * 4, cudaMemcpyHostToDevice, m.s()),
+          "cudaMemcpyAsync");
+  }
+  stats.comm_ms = stats.exposed_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  return stats;
 }
 
 double GptTrainer::step(double lr) {

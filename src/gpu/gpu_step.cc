@@ -2,10 +2,17 @@
 // Parallelized interface of every layout's step. The host model keeps the weights that
 // checkpoints read: they come back from the device only when a checkpoint is taken (and
 // the moments with them), so a step moves nothing but the tokens and two figures.
+// Data parallel over the world's ranks (one GPU each, or several sharing one): every rank
+// keeps the whole model and AdamW's moments; the gradients are summed by
+// GptTrainer::all_reduce_grads, pre-divided by the replicas; a checkpoint takes an equal
+// slice of the flat buffers from each rank.
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "loom/checkpoint/tensor_pieces.h"
+#include "loom/comm/comm.h"
 #include "loom/core/error.h"
 #include "loom/gpu/gpu.h"
 
@@ -19,15 +26,21 @@ std::span<const int32_t> ids(const Tensor& x) {
 
 class GpuStep : public parallel::Parallelized {
  public:
-  GpuStep(nn::Gpt& model, const parallel::StepConfig& config, int device)
-      : model_(model), config_(config), trainer_(model, trainer_config(config, model, device)) {}
+  GpuStep(nn::Gpt& model, const parallel::StepConfig& config, comm::Communicator& world, int device)
+      : model_(model), config_(config), world_(world), trainer_(model, trainer_config(config, model, device)) {}
 
   parallel::StepResult step(int64_t /*step*/, const MicroBatches& batch, double lr) override {
     parallel::StepResult r;
+    const double replicas = world_.size();
     const double scale = 1.0 / static_cast<double>(config_.accum);
     for (int64_t m = 0; m < config_.accum; ++m) {
       const data::Batch b = batch(m);
-      r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale) * scale;
+      r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale / replicas) * scale;
+    }
+    if (world_.size() > 1) {  // the mean over the replicas, of the loss and the gradients
+      r.comm = trainer_.all_reduce_grads(world_);
+      comm::all_reduce(world_, {.output = &r.loss, .count = 1, .dtype = DType::kF64});
+      r.loss /= replicas;
     }
     // As the CPU's step: a loss or gradient norm that is not finite updates nothing, and
     // the trainer stops the run naming it.
@@ -60,15 +73,22 @@ class GpuStep : public parallel::Parallelized {
     return {.loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0, .accuracy = -1, .items = items};
   }
 
-  // One process: the device gets the host's weights (a resume's, or the initialization).
-  void sync_params() override { trainer_.copy_params_from(model_.params()); }
+  // The device gets replica 0's host weights (a resume's, or the initialization).
+  void sync_params() override {
+    if (world_.size() > 1)
+      comm::broadcast(world_, {.buffer = model_.params().values().raw(),
+                               .count = static_cast<size_t>(model_.params().numel()),
+                               .dtype = DType::kF32});
+    trainer_.copy_params_from(model_.params());
+  }
 
   parallel::RankShare share(checkpoint::PieceArena* arena) const override {
     bring_home();
     const ParamSet& ps = model_.params();
-    const int64_t n = ps.numel();
+    const std::pair<int64_t, int64_t> part = slice();
     auto pieces = [&](const void* data, const std::string& prefix) {
-      const std::vector<checkpoint::FlatRun> runs = {{0, n, data}};
+      const std::vector<checkpoint::FlatRun> runs = {
+          {part.first, part.second, static_cast<const float*>(data) + part.first}};
       return arena != nullptr ? checkpoint::pieces(ps, runs, prefix, arena) : checkpoint::pieces_in_place(ps, runs, prefix);
     };
     if (arena != nullptr) arena->reserve(share_bytes());
@@ -80,7 +100,10 @@ class GpuStep : public parallel::Parallelized {
         share.optimizer.push_back(std::move(p));
     return share;
   }
-  size_t share_bytes() const override { return 3 * static_cast<size_t>(model_.params().numel()) * sizeof(float); }
+  size_t share_bytes() const override {
+    const std::pair<int64_t, int64_t> part = slice();
+    return 3 * static_cast<size_t>(part.second - part.first) * sizeof(float);
+  }
 
   void load_optimizer(checkpoint::Checkpoint& ck) override {
     const int64_t n = model_.params().numel();
@@ -102,9 +125,14 @@ class GpuStep : public parallel::Parallelized {
     const int64_t n = model_.params().numel() * static_cast<int64_t>(sizeof(float));
     return {.params = n, .grads = 0, .optimizer = on_host_ ? 2 * n : 0};
   }
-  int replica() const override { return 0; }
+  int replica() const override { return world_.rank(); }
 
  private:
+  // The part [lo, hi) of the flat buffers this rank writes into a checkpoint: equal slices.
+  std::pair<int64_t, int64_t> slice() const {
+    const int64_t n = model_.params().numel(), w = world_.size(), r = world_.rank();
+    return {n * r / w, n * (r + 1) / w};
+  }
   static GptTrainerConfig trainer_config(const parallel::StepConfig& c, const nn::Gpt& model, int device) {
     GptTrainerConfig tc;
     tc.micro_batch = c.micro_batch;
@@ -125,6 +153,7 @@ class GpuStep : public parallel::Parallelized {
 
   nn::Gpt& model_;
   parallel::StepConfig config_;
+  comm::Communicator& world_;
   GptTrainer trainer_;
   optim::LossScaler scaler_;
   Tensor exp_avg_ = Tensor::zeros({model_.params().numel()}, DType::kF32);
@@ -135,9 +164,13 @@ class GpuStep : public parallel::Parallelized {
 }  // namespace
 
 std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const parallel::StepConfig& config,
-                                                           int device) {
+                                                           comm::Communicator& world) {
   if (config.fp16) throw InputError("training.precision = \"fp16\": the GPU trains in bf16; expected \"bf16\"");
-  return std::make_unique<GpuStep>(model, config, device);
+  // One device per rank of a host, in turn: ranks beyond the host's devices share them.
+  const std::vector<int>& local = world.local_ranks();
+  const auto mine = std::find(local.begin(), local.end(), world.rank()) - local.begin();
+  const int devices = device_count();
+  return std::make_unique<GpuStep>(model, config, world, devices > 0 ? static_cast<int>(mine % devices) : 0);
 }
 
 }  // namespace loom::gpu

@@ -21,6 +21,10 @@
 #include "loom/optim/optim.h"
 #include "loom/parallel/parallelize.h"
 
+namespace loom::comm {
+class Communicator;
+}
+
 namespace loom::gpu {
 
 bool compiled();
@@ -82,6 +86,11 @@ class GptTrainer {
   // a norm that is not finite is returned with nothing updated or zeroed.
   double step(double lr);
   int64_t steps() const;
+  // Data parallelism (docs/gpu.md, "Data parallel"): the gradients summed over comm's ranks
+  // through pinned host memory, by Loom's transports: one copy to the host, all_reduce in
+  // 16 MiB chunks, each chunk copied back as soon as its sum is in. Every rank ends with the
+  // same bits. Returns what the exchange took. Collective over comm; nothing for one rank.
+  parallel::CommStats all_reduce_grads(comm::Communicator& comm);
 
   // Parameters, gradients and AdamW's moments to and from host buffers of the model's
   // flat layout (ParamSet::values / grads; exp_avg and exp_avg_sq of params.numel()).
@@ -119,14 +128,16 @@ struct BenchGpuArgs {
 };
 int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
 
-// `loom train` with job.device = "cuda" (docs/gpu.md): the training step of a job of one
-// process on CUDA device `device`, behind the interface every layout's step has, so the
-// trainer's books (metrics, evaluation, checkpoints, resume) are the CPU's: a checkpoint
-// holds the logical tensors and AdamW's moments as a CPU run writes them, and a run moves
-// between CPU and GPU with --resume. `model` keeps the host copy of the weights (what
-// checkpoints read); config.grad_clip, the optimizer and micro_batch are the step's.
-// REQUIRES: a whole f32 GPT, world of one. InputError for what the GPU does not run.
+// `loom train` with job.device = "cuda" (docs/gpu.md): the training step on a GPU behind
+// the interface every layout's step has, so the trainer's books (metrics, evaluation,
+// checkpoints, resume) are the CPU's: a checkpoint holds the logical tensors and AdamW's
+// moments as a CPU run writes them, and a run moves between CPU and GPU, and between
+// layouts, with --resume. Data parallel over `world`'s ranks (the gradients summed through
+// pinned host memory by Loom's transports); rank i of a host takes its device i modulo the
+// host's devices. `model` keeps the host copy of the weights (what checkpoints read);
+// config.grad_clip, the optimizer and micro_batch are the step's. REQUIRES: a whole f32
+// GPT (no tensor or pipeline parallelism). InputError for what the GPU does not run.
 std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const parallel::StepConfig& config,
-                                                           int device = 0);
+                                                           comm::Communicator& world);
 
 }  // namespace loom::gpu
