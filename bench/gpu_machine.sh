@@ -56,7 +56,6 @@ if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --r
 fi
 if want bench; then
   run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
-  run 120 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --attention wmma
   run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
 fi
 peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa

@@ -1,11 +1,18 @@
 // loom/gpu/gpu.h in a build without CUDA (LOOM_CUDA=OFF, or AUTO with no CUDA compiler
 // found): no devices, and a trainer that cannot be made says why.
+#include <algorithm>
+
 #include "loom/core/error.h"
 #include "loom/gpu/gpu.h"
 
 namespace loom::gpu {
 
 bool compiled() { return false; }
+
+std::pair<int64_t, int64_t> zero_shard(int64_t numel, int rank, int ranks) {
+  const int64_t s = (numel + ranks - 1) / ranks;
+  return {std::min(numel, rank * s), std::min(numel, (rank + 1) * s)};
+}
 int device_count() { return 0; }
 std::string device_description(int /*device*/) { return ""; }
 
@@ -31,9 +38,10 @@ GptTrainer::GptTrainer(const nn::Gpt& /*model*/, const GptTrainerConfig& /*confi
 
 GptTrainer::~GptTrainer() = default;
 double GptTrainer::forward_backward(std::span<const int32_t>, std::span<const int32_t>, double) { unreachable(); }
-double GptTrainer::step(double) { unreachable(); }
+double GptTrainer::step(double, comm::Communicator*, parallel::CommStats*) { unreachable(); }
 int64_t GptTrainer::steps() const { unreachable(); }
 parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator&) { unreachable(); }
+parallel::CommStats GptTrainer::reduce_scatter_grads(comm::Communicator&) { unreachable(); }
 void GptTrainer::copy_params_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_grads_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_params_from(const ParamSet&) { unreachable(); }

@@ -3,7 +3,8 @@
 // block of 4 warps takes 64 rows, each warp 16; a warp's scores against 64 keys are the
 // accumulators of its products and become, rounded to bf16, the A operand of the next
 // product without going through shared memory (an m16n8 accumulator pair has the m16k16
-// A fragment's layout). Only the tiles of q, k, v and dy pass through shared memory.
+// A fragment's layout). Only the tiles of q, k, v and dy pass through shared memory, copied
+// there by cp.async a block ahead of the products that read them (two buffers each).
 //
 // The same computation as attention.cu's WMMA kernels, in the same roundings: f32
 // accumulation, probabilities rounded to bf16 before they multiply v, dS rounded to bf16
@@ -142,6 +143,46 @@ __device__ void store_rows(nvbf* dst, int64_t ld, int64_t col, int r0, int t, co
   }
 }
 
+// cp.async (sm_80): 16 bytes (4 for a row statistic) from global to shared memory without
+// passing through registers, so the next block's tiles load while this block's multiply;
+// `valid` false writes zeros (nothing is read, the address is only formed).
+__device__ __forceinline__ void copy_async16(void* dst, const void* src, bool valid) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_async4(void* dst, const void* src, bool valid) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's groups of copies are still in flight.
+template <int N>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// tiles::load_tile's rows, started with cp.async (rows at or past T zero-filled).
+template <int HS>
+__device__ void start_tile(nvbf* tile, const nvbf* base, int64_t ld, int64_t col, int r0, int t) {
+  constexpr int kVecs = HS / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < kRows * kVecs; i += kThreads) {
+    const int r = i / kVecs, d = (i % kVecs) * 8;
+    const bool valid = r0 + r < t;
+    copy_async16(tile + r * tiles::kLd<HS> + d, valid ? base + int64_t{r0 + r} * ld + col + d : base, valid);
+  }
+}
+
+// The loops over blocks double-buffer: turn i starts block i + 1's copies into buffer
+// (i + 1) % 2 (none past the last block), waits for block i's and meets the other warps,
+// multiplies from buffer i % 2, and meets them again before turn i + 1 overwrites it.
+__device__ __forceinline__ void wait_for_current(bool started_next) {
+  if (started_next)
+    wait_copies<1>();
+  else
+    wait_copies<0>();
+  __syncthreads();
+}
+
 // A warp's 16 rows of a (64, HS) tile as A fragments, through shared memory.
 template <int HS>
 __device__ __forceinline__ void rows_to_a(uint32_t (&a)[HS / 16][4], const nvbf* tile, int r0) {
@@ -153,14 +194,20 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(nvbf* y, float* lse, const nvbf* qkv, int t, int c, int nh, float scale) {
   constexpr int LD = tiles::kLd<HS>;
-  __shared__ __align__(128) nvbf qs[kRows * LD], ks[kRows * LD], vs[kRows * LD];
+  __shared__ __align__(128) nvbf qs[kRows * LD], ks[2][kRows * LD], vs[2][kRows * LD];
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // the blocks with the most keys first
   const int bh = static_cast<int>(blockIdx.y), b = bh / nh, h = bh % nh, q0 = qb * kRows;
   const int64_t ld = 3 * int64_t{c};
   const nvbf* base = qkv + int64_t{b} * t * ld;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = lane_id();
   const int row0 = q0 + warp * 16 + lane / 4;  // this lane's rows: row0 and row0 + 8
+  const auto start_keys = [&](int kb) {
+    start_tile<HS>(ks[kb % 2], base, ld, c + int64_t{h} * HS, kb * kRows, t);
+    start_tile<HS>(vs[kb % 2], base, ld, 2 * int64_t{c} + int64_t{h} * HS, kb * kRows, t);
+    commit_copies();
+  };
 
+  start_keys(0);
   tiles::load_tile<HS>(qs, base, ld, int64_t{h} * HS, q0, t);
   __syncthreads();
   uint32_t qf[HS / 16][4];
@@ -169,11 +216,12 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int kb = 0; kb <= qb; ++kb) {
     const int k0 = kb * kRows;
-    __syncthreads();  // the previous block's keys and values are no longer read
-    tiles::load_keys_values<HS>(ks, vs, base, ld, c, h, k0, t);
-    __syncthreads();
+    if (kb < qb) start_keys(kb + 1);
+    wait_for_current(kb < qb);
+    const nvbf* kt = ks[kb % 2];
+    const nvbf* vt = vs[kb % 2];
     float s[kRows / 8][4];
-    product_scores<LD, HS>(s, qf, ks, 0);
+    product_scores<LD, HS>(s, qf, kt, 0);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kRows / 8; ++n)
@@ -211,7 +259,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     uint32_t pf[kRows / 16][4];
     to_a(pf, s);
-    product_rows<LD>(o, pf, vs, 0);
+    product_rows<LD>(o, pf, vt, 0);
+    __syncthreads();  // turn kb + 1 starts overwriting these buffers
   }
   float inv[2];
 #pragma unroll
@@ -232,29 +281,45 @@ __global__ void __launch_bounds__(kThreads)
     dkv_kernel(nvbf* dqkv, const nvbf* dy, const nvbf* qkv, const float* lse, const float* dpre, int t, int c, int nh,
                float scale) {
   constexpr int LD = tiles::kLd<HS>;
-  __shared__ __align__(128) nvbf qs[kRows * LD], dos[kRows * LD];
-  __shared__ float lse_s[kRows], dpre_s[kRows];
+  __shared__ __align__(128) nvbf q_buf[2][kRows * LD], do_buf[2][kRows * LD];
+  __shared__ float lse_buf[2][kRows], dpre_buf[2][kRows];
   const int kb = static_cast<int>(blockIdx.x), bh = static_cast<int>(blockIdx.y), b = bh / nh, h = bh % nh;
   const int k0 = kb * kRows, n_blocks = (t + kRows - 1) / kRows;
   const int64_t ld = 3 * int64_t{c};
   const nvbf* base = qkv + int64_t{b} * t * ld;
   const nvbf* dbase = dy + int64_t{b} * t * c;
+  const float* lse_h = lse + int64_t{bh} * t;
+  const float* dpre_h = dpre + int64_t{bh} * t;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = lane_id();
   const int key0 = k0 + warp * 16 + lane / 4;  // this lane's keys: key0 and key0 + 8
+  const auto start_queries = [&](int qb, int buf) {
+    const int q0 = qb * kRows;
+    start_tile<HS>(q_buf[buf], base, ld, int64_t{h} * HS, q0, t);
+    start_tile<HS>(do_buf[buf], dbase, c, int64_t{h} * HS, q0, t);
+    for (int i = static_cast<int>(threadIdx.x); i < kRows; i += kThreads) {
+      const bool valid = q0 + i < t;  // 0 past T
+      copy_async4(&lse_buf[buf][i], valid ? lse_h + q0 + i : lse_h, valid);
+      copy_async4(&dpre_buf[buf][i], valid ? dpre_h + q0 + i : dpre_h, valid);
+    }
+    commit_copies();
+  };
 
-  tiles::load_keys_values<HS>(qs, dos, base, ld, c, h, k0, t);  // the tiles lent to k and v
+  tiles::load_keys_values<HS>(q_buf[1], do_buf[1], base, ld, c, h, k0, t);  // buffer 1 lent to k and v
   __syncthreads();
   uint32_t kf[HS / 16][4], vf[HS / 16][4];
-  rows_to_a<HS>(kf, qs, warp * 16);
-  rows_to_a<HS>(vf, dos, warp * 16);
+  rows_to_a<HS>(kf, q_buf[1], warp * 16);
+  rows_to_a<HS>(vf, do_buf[1], warp * 16);
+  __syncthreads();  // every warp has its fragments before buffer 1 is overwritten
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  start_queries(kb, 0);
   for (int qb = kb; qb < n_blocks; ++qb) {
-    const int q0 = qb * kRows;
-    __syncthreads();
-    tiles::load_tile<HS>(qs, base, ld, int64_t{h} * HS, q0, t);
-    tiles::load_tile<HS>(dos, dbase, c, int64_t{h} * HS, q0, t);
-    tiles::load_row_stats(lse_s, dpre_s, lse + int64_t{bh} * t, dpre + int64_t{bh} * t, q0, t);
-    __syncthreads();
+    const int q0 = qb * kRows, cur = (qb - kb) % 2;
+    if (qb + 1 < n_blocks) start_queries(qb + 1, 1 - cur);
+    wait_for_current(qb + 1 < n_blocks);
+    const nvbf* qs = q_buf[cur];
+    const nvbf* dos = do_buf[cur];
+    const float* lse_s = lse_buf[cur];
+    const float* dpre_s = dpre_buf[cur];
 #pragma unroll
     for (int c0 = 0; c0 < kRows; c0 += kHalf) {
       // on the diagonal, a warp whose keys all follow these queries has nothing to add
@@ -277,6 +342,7 @@ __global__ void __launch_bounds__(kThreads)
       product_rows<LD>(dv, pf, dos, c0);  // dv += pᵀ dy
       product_rows<LD>(dk, dsf, qs, c0);  // dk += dSᵀ q
     }
+    __syncthreads();  // turn qb + 1 starts overwriting these buffers
   }
   const float one[2] = {1.0f, 1.0f};
   nvbf* out = dqkv + int64_t{b} * t * ld;
@@ -291,20 +357,26 @@ __global__ void __launch_bounds__(kThreads)
     dq_kernel(nvbf* dqkv, const nvbf* dy, const nvbf* qkv, const float* lse, const float* dpre, int t, int c, int nh,
               float scale) {
   constexpr int LD = tiles::kLd<HS>;
-  __shared__ __align__(128) nvbf ks[kRows * LD], vs[kRows * LD];
+  __shared__ __align__(128) nvbf k_buf[2][kRows * LD], v_buf[2][kRows * LD];
   const int qb = static_cast<int>(gridDim.x - 1 - blockIdx.x);  // the blocks with the most keys first
   const int bh = static_cast<int>(blockIdx.y), b = bh / nh, h = bh % nh, q0 = qb * kRows;
   const int64_t ld = 3 * int64_t{c};
   const nvbf* base = qkv + int64_t{b} * t * ld;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = lane_id();
   const int row0 = q0 + warp * 16 + lane / 4;  // this lane's rows: row0 and row0 + 8
+  const auto start_keys = [&](int kb) {
+    start_tile<HS>(k_buf[kb % 2], base, ld, c + int64_t{h} * HS, kb * kRows, t);
+    start_tile<HS>(v_buf[kb % 2], base, ld, 2 * int64_t{c} + int64_t{h} * HS, kb * kRows, t);
+    commit_copies();
+  };
 
-  tiles::load_tile<HS>(ks, base, ld, int64_t{h} * HS, q0, t);  // the tiles lent to q and dy
-  tiles::load_tile<HS>(vs, dy + int64_t{b} * t * c, c, int64_t{h} * HS, q0, t);
+  tiles::load_tile<HS>(k_buf[1], base, ld, int64_t{h} * HS, q0, t);  // buffer 1 lent to q and dy
+  tiles::load_tile<HS>(v_buf[1], dy + int64_t{b} * t * c, c, int64_t{h} * HS, q0, t);
   __syncthreads();
   uint32_t qf[HS / 16][4], dof[HS / 16][4];
-  rows_to_a<HS>(qf, ks, warp * 16);
-  rows_to_a<HS>(dof, vs, warp * 16);
+  rows_to_a<HS>(qf, k_buf[1], warp * 16);
+  rows_to_a<HS>(dof, v_buf[1], warp * 16);
+  __syncthreads();  // every warp has its fragments before buffer 1 is overwritten
   float row_lse[2], row_dpre[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -313,11 +385,13 @@ __global__ void __launch_bounds__(kThreads)
     row_dpre[r] = row < t ? dpre[int64_t{bh} * t + row] : 0.0f;
   }
   float dq[HS / 8][4] = {};
+  start_keys(0);
   for (int kb = 0; kb <= qb; ++kb) {
     const int k0 = kb * kRows;
-    __syncthreads();
-    tiles::load_keys_values<HS>(ks, vs, base, ld, c, h, k0, t);
-    __syncthreads();
+    if (kb < qb) start_keys(kb + 1);
+    wait_for_current(kb < qb);
+    const nvbf* ks = k_buf[kb % 2];
+    const nvbf* vs = v_buf[kb % 2];
 #pragma unroll
     for (int c0 = 0; c0 < kRows; c0 += kHalf) {
       // on the diagonal, a warp whose rows all precede these keys has nothing to add
@@ -337,6 +411,7 @@ __global__ void __launch_bounds__(kThreads)
       to_a(dsf, dp);
       product_rows<LD>(dq, dsf, ks, c0);  // dq += dS k
     }
+    __syncthreads();  // turn kb + 1 starts overwriting these buffers
   }
   const float one[2] = {1.0f, 1.0f};
   store_rows<HS>(dqkv + int64_t{b} * t * ld, ld, int64_t{h} * HS, q0 + warp * 16, t, dq, one);

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpu/cublas.h"
@@ -64,6 +66,7 @@ struct GptTrainer::Impl {
   std::vector<BlockOffsets> blocks;
   std::vector<kern::AdamChunk> chunks;
   int64_t steps = 0;
+  int64_t shard_begin = 0, shard_end = 0;  // what step() updates: all, or a ZeRO shard
 
   DeviceAllocator alloc;
   Stream compute, copy;
@@ -73,7 +76,15 @@ struct GptTrainer::Impl {
   DeviceBuffer wte_padded;  // (ldv, C) bf16: wte's rows, then zeros, for the head's aligned products
   DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
   PinnedBuffer host_ids, host_csr, host_results;
-  PinnedBuffer host_grads;  // data parallelism's staging (numel floats), made at its first use
+  // Data parallelism's staging, made at first use: the gradients (numel floats, padded to
+  // ZeRO's blocks), a reduce-scatter's shard, the gathered weights.
+  PinnedBuffer host_grads, host_shard, host_params;
+
+  int64_t shard_size() const { return (numel + tc.zero_ranks - 1) / tc.zero_ranks; }  // ZeRO's block
+  int64_t padded() const { return shard_size() * tc.zero_ranks; }
+  void stage(PinnedBuffer& b, int64_t floats) {
+    if (b.as<void>() == nullptr) b = PinnedBuffer(static_cast<size_t>(floats) * 4);
+  }
 
   ~Impl() {
     if (blas != nullptr) cublas().destroy(blas);
@@ -206,22 +217,28 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
                         linear_at(ps, p + ".attn.c_proj"), linear_at(ps, p + ".mlp.c_fc"),
                         linear_at(ps, p + ".mlp.c_proj")});
   }
+  LOOM_CHECK(config.zero_ranks >= 1 && config.zero_rank >= 0 && config.zero_rank < config.zero_ranks);
+  std::tie(m.shard_begin, m.shard_end) =
+      config.zero_ranks > 1 ? zero_shard(m.numel, config.zero_rank, config.zero_ranks) : std::pair{int64_t{0}, m.numel};
   const optim::DecayPolicy& decay = config.optimizer.decay;
-  for (const ParamInfo& info : ps.infos())
-    for (int64_t i = 0; i < info.numel; i += kern::kAdamChunk)
-      m.chunks.push_back({info.offset + i, static_cast<int32_t>(std::min<int64_t>(kern::kAdamChunk, info.numel - i)),
+  for (const ParamInfo& info : ps.infos()) {  // AdamW's chunks within the shard
+    const int64_t lo = std::max(info.offset, m.shard_begin), hi = std::min(info.offset + info.numel, m.shard_end);
+    for (int64_t i = lo; i < hi; i += kern::kAdamChunk)
+      m.chunks.push_back({i, static_cast<int32_t>(std::min<int64_t>(kern::kAdamChunk, hi - i)),
                           decay.decays(info.kind) ? 1 : 0});
+  }
 
   check(cublas().create(&m.blas), "cublasCreate");
   check(cublas().set_stream(m.blas, m.s()), "cublasSetStream");
   m.params = m.buf(m.numel, 4, "parameters");
   m.grads = m.buf(m.numel, 4, "gradients");
-  m.exp_avg = m.buf(m.numel, 4, "AdamW exp_avg");
-  m.exp_avg_sq = m.buf(m.numel, 4, "AdamW exp_avg_sq");
+  m.exp_avg = m.buf(m.shard_end - m.shard_begin, 4, "AdamW exp_avg");
+  m.exp_avg_sq = m.buf(m.shard_end - m.shard_begin, 4, "AdamW exp_avg_sq");
   m.params_bf16 = m.buf(m.numel, 2, "bf16 parameters");
   m.wte_padded = m.buf(m.ldv * m.c, 2, "padded bf16 wte");
   check(cudaMemsetAsync(m.wte_padded.as<void>(), 0, m.wte_padded.bytes(), m.s()), "cudaMemsetAsync");
-  m.chunk_table = m.buf(static_cast<int64_t>(m.chunks.size()), sizeof(kern::AdamChunk), "AdamW chunks");
+  m.chunk_table = m.buf(std::max<int64_t>(1, static_cast<int64_t>(m.chunks.size())), sizeof(kern::AdamChunk),
+                        "AdamW chunks");
   m.reduce_scratch = m.buf(kern::kReduceBlocks, 8, "reduction scratch");
   m.results = m.buf(2, 8, "results");
   m.tokens = m.buf(m.n, 4, "tokens");
@@ -394,13 +411,18 @@ double GptTrainer::loss(std::span<const int32_t> tokens, std::span<const int32_t
   return impl_->forward_backward(tokens, targets, 0.0, false);
 }
 
+std::pair<int64_t, int64_t> zero_shard(int64_t numel, int rank, int ranks) {
+  const int64_t s = (numel + ranks - 1) / ranks;
+  return {std::min(numel, rank * s), std::min(numel, (rank + 1) * s)};
+}
+
 parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator& comm) {
   Impl& m = *impl_;
   parallel::CommStats stats;
   if (comm.size() == 1) return stats;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  if (m.host_grads.as<void>() == nullptr) m.host_grads = PinnedBuffer(static_cast<size_t>(m.numel) * 4);
+  m.stage(m.host_grads, m.padded());
   float* host = m.host_grads.as<float>();
   float* dev = m.grads.as<float>();
   m.mark("gradient all-reduce");
@@ -423,14 +445,41 @@ parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator& comm) {
   return stats;
 }
 
-double GptTrainer::step(double lr) {
+parallel::CommStats GptTrainer::reduce_scatter_grads(comm::Communicator& comm) {
   Impl& m = *impl_;
+  LOOM_CHECK_EQ(comm.size(), m.tc.zero_ranks);
+  LOOM_CHECK_EQ(comm.rank(), m.tc.zero_rank);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  m.stage(m.host_grads, m.padded());
+  m.stage(m.host_shard, m.shard_size());
+  float* host = m.host_grads.as<float>();
+  m.mark("gradient reduce-scatter");
+  check(cudaMemcpyAsync(host, m.grads.as<void>(), size_t(m.numel) * 4, cudaMemcpyDeviceToHost, m.s()),
+        "cudaMemcpyAsync");
+  m.compute.synchronize();
+  std::fill(host + m.numel, host + m.padded(), 0.0f);
+  comm::reduce_scatter(comm, {.input = host, .output = m.host_shard.as<float>(), .count = size_t(m.shard_size())});
+  check(cudaMemcpyAsync(m.g32(m.shard_begin), m.host_shard.as<float>(), size_t(m.shard_end - m.shard_begin) * 4,
+                        cudaMemcpyHostToDevice, m.s()),
+        "cudaMemcpyAsync");
+  const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  return {.comm_ms = ms, .exposed_ms = ms, .bytes = m.padded() * 4};
+}
+
+double GptTrainer::step(double lr, comm::Communicator* zero, parallel::CommStats* stats) {
+  Impl& m = *impl_;
+  const bool sharded = m.tc.zero_ranks > 1;
+  LOOM_CHECK(!sharded || (zero != nullptr && zero->size() == m.tc.zero_ranks && zero->rank() == m.tc.zero_rank));
   m.mark("gradient norm");
-  kern::reduce_sum(m.results.as<double>(), m.grads.as<float>(), m.numel, true, m.reduce_scratch.as<double>(), m.s());
+  kern::reduce_sum(m.results.as<double>(), m.g32(m.shard_begin), m.shard_end - m.shard_begin, true,
+                   m.reduce_scratch.as<double>(), m.s());
   check(cudaMemcpyAsync(m.host_results.as<double>(), m.results.as<double>(), 8, cudaMemcpyDeviceToHost, m.s()),
         "cudaMemcpyAsync");
   m.compute.synchronize();
-  const double norm = std::sqrt(m.host_results.as<double>()[0]);
+  double squares = m.host_results.as<double>()[0];
+  if (sharded) comm::all_reduce(*zero, {.output = &squares, .count = 1, .dtype = DType::kF64});
+  const double norm = std::sqrt(squares);
   if (!std::isfinite(norm)) return norm;  // nothing updated: the caller stops the run
   const double max_norm = m.tc.max_grad_norm;
   const double clip = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
@@ -443,10 +492,33 @@ double GptTrainer::step(double lr) {
                             .weight_decay = float(o.weight_decay),
                             .bias1 = float(1.0 - std::pow(o.beta1, double(m.steps))),
                             .bias2_sqrt = float(std::sqrt(1.0 - std::pow(o.beta2, double(m.steps)))),
-                            .grad_scale = float(clip)};
+                            .grad_scale = float(clip),
+                            .state_offset = m.shard_begin};
   m.mark("AdamW");
   kern::adamw(m.params.as<float>(), m.grads.as<float>(), m.exp_avg.as<float>(), m.exp_avg_sq.as<float>(),
               m.params_bf16.as<bf16>(), m.chunk_table.as<kern::AdamChunk>(), int64_t(m.chunks.size()), args, m.s());
+  if (sharded) {  // every shard's new weights to every rank, through pinned memory
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    m.mark("weight all-gather");
+    m.stage(m.host_params, m.padded());
+    float* host = m.host_params.as<float>();
+    const int64_t mine = m.tc.zero_rank * m.shard_size();
+    check(cudaMemcpyAsync(host + mine, m.p32(m.shard_begin), size_t(m.shard_end - m.shard_begin) * 4,
+                          cudaMemcpyDeviceToHost, m.s()),
+          "cudaMemcpyAsync");
+    m.compute.synchronize();
+    comm::all_gather(*zero, {.output = host, .count = size_t(m.shard_size())});
+    check(cudaMemcpyAsync(m.params.as<void>(), host, size_t(m.numel) * 4, cudaMemcpyHostToDevice, m.s()),
+          "cudaMemcpyAsync");
+    kern::cast_to_bf16(m.params_bf16.as<bf16>(), m.params.as<float>(), m.numel, m.s());
+    if (stats != nullptr) {
+      const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+      stats->comm_ms += ms;
+      stats->exposed_ms += ms;
+      stats->bytes += m.padded() * 4;
+    }
+  }
   m.refresh_head();
   check(cudaMemsetAsync(m.grads.as<void>(), 0, m.grads.bytes(), m.s()), "cudaMemsetAsync");
   m.mark("end");
@@ -479,10 +551,12 @@ void GptTrainer::copy_grads_to(const ParamSet& params) const {
 }
 
 void GptTrainer::copy_moments_to(const Tensor& exp_avg, const Tensor& exp_avg_sq) const {
-  LOOM_CHECK_EQ(exp_avg.numel(), impl_->numel);
-  LOOM_CHECK_EQ(exp_avg_sq.numel(), impl_->numel);
-  to_host(exp_avg.data<float>(), impl_->exp_avg, size_t(impl_->numel) * 4, impl_->s());
-  to_host(exp_avg_sq.data<float>(), impl_->exp_avg_sq, size_t(impl_->numel) * 4, impl_->s());
+  const Impl& m = *impl_;
+  LOOM_CHECK_EQ(exp_avg.numel(), m.numel);
+  LOOM_CHECK_EQ(exp_avg_sq.numel(), m.numel);
+  const size_t bytes = size_t(m.shard_end - m.shard_begin) * 4;
+  to_host(exp_avg.data<float>() + m.shard_begin, m.exp_avg, bytes, m.s());
+  to_host(exp_avg_sq.data<float>() + m.shard_begin, m.exp_avg_sq, bytes, m.s());
 }
 
 void GptTrainer::copy_moments_from(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t steps) {
@@ -490,9 +564,10 @@ void GptTrainer::copy_moments_from(const Tensor& exp_avg, const Tensor& exp_avg_
   LOOM_CHECK_EQ(exp_avg.numel(), m.numel);
   LOOM_CHECK_EQ(exp_avg_sq.numel(), m.numel);
   m.compute.synchronize();
-  check(cudaMemcpy(m.exp_avg.as<void>(), exp_avg.data<float>(), size_t(m.numel) * 4, cudaMemcpyHostToDevice),
+  const size_t bytes = size_t(m.shard_end - m.shard_begin) * 4;
+  check(cudaMemcpy(m.exp_avg.as<void>(), exp_avg.data<float>() + m.shard_begin, bytes, cudaMemcpyHostToDevice),
         "cudaMemcpy");
-  check(cudaMemcpy(m.exp_avg_sq.as<void>(), exp_avg_sq.data<float>(), size_t(m.numel) * 4, cudaMemcpyHostToDevice),
+  check(cudaMemcpy(m.exp_avg_sq.as<void>(), exp_avg_sq.data<float>() + m.shard_begin, bytes, cudaMemcpyHostToDevice),
         "cudaMemcpy");
   m.steps = steps;
 }

@@ -3,9 +3,11 @@
 // checkpoints read: they come back from the device only when a checkpoint is taken (and
 // the moments with them), so a step moves nothing but the tokens and two figures.
 // Data parallel over the world's ranks (one GPU each, or several sharing one): every rank
-// keeps the whole model and AdamW's moments; the gradients are summed by
-// GptTrainer::all_reduce_grads, pre-divided by the replicas; a checkpoint takes an equal
-// slice of the flat buffers from each rank.
+// keeps the whole model; the gradients, pre-divided by the replicas, are summed by
+// GptTrainer::all_reduce_grads (ZeRO 1) or reduce_scatter_grads (ZeRO 2). Without ZeRO
+// every rank keeps all of AdamW's moments; with it, its zero_shard's alone, updates that
+// shard and all-gathers the weights. A checkpoint takes each rank's zero_shard of the flat
+// buffers.
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -27,7 +29,7 @@ std::span<const int32_t> ids(const Tensor& x) {
 class GpuStep : public parallel::Parallelized {
  public:
   GpuStep(nn::Gpt& model, const parallel::StepConfig& config, comm::Communicator& world, int device)
-      : model_(model), config_(config), world_(world), trainer_(model, trainer_config(config, model, device)) {}
+      : model_(model), config_(config), world_(world), trainer_(model, trainer_config(config, model, world, device)) {}
 
   parallel::StepResult step(int64_t /*step*/, const MicroBatches& batch, double lr) override {
     parallel::StepResult r;
@@ -38,7 +40,7 @@ class GpuStep : public parallel::Parallelized {
       r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale / replicas) * scale;
     }
     if (world_.size() > 1) {  // the mean over the replicas, of the loss and the gradients
-      r.comm = trainer_.all_reduce_grads(world_);
+      r.comm = config_.dp.zero == 2 ? trainer_.reduce_scatter_grads(world_) : trainer_.all_reduce_grads(world_);
       comm::all_reduce(world_, {.output = &r.loss, .count = 1, .dtype = DType::kF64});
       r.loss /= replicas;
     }
@@ -48,7 +50,7 @@ class GpuStep : public parallel::Parallelized {
       r.nonfinite = "the loss is not finite (on the GPU)";
       return r;
     }
-    r.grad_norm = trainer_.step(lr);
+    r.grad_norm = trainer_.step(lr, sharded() ? &world_ : nullptr, &r.comm);
     if (!std::isfinite(r.grad_norm)) {
       r.nonfinite = "the gradient norm is not finite (on the GPU)";
       return r;
@@ -106,10 +108,12 @@ class GpuStep : public parallel::Parallelized {
   }
 
   void load_optimizer(checkpoint::Checkpoint& ck) override {
-    const int64_t n = model_.params().numel();
+    // every moment, or (ZeRO) the shard's: the trainer reads no other
+    const std::pair<int64_t, int64_t> part = sharded() ? slice() : std::pair{int64_t{0}, model_.params().numel()};
     optim::RangeState st;
-    st.ranges = {{0, n}};
-    st.buffers = {{"exp_avg", {exp_avg_}}, {"exp_avg_sq", {exp_avg_sq_}}};
+    st.ranges = {part};
+    st.buffers = {{"exp_avg", {exp_avg_.slice_rows(part.first, part.second)}},
+                  {"exp_avg_sq", {exp_avg_sq_.slice_rows(part.first, part.second)}}};
     ck.load_optimizer(model_.params(), st);
     trainer_.copy_moments_from(exp_avg_, exp_avg_sq_, st.steps);
   }
@@ -123,18 +127,24 @@ class GpuStep : public parallel::Parallelized {
     // The device's memory is the trainer's (loom bench gpu reports it); the host keeps one
     // copy of the weights and, after a checkpoint, of the moments.
     const int64_t n = model_.params().numel() * static_cast<int64_t>(sizeof(float));
-    return {.params = n, .grads = 0, .optimizer = on_host_ ? 2 * n : 0};
+    const std::pair<int64_t, int64_t> part = slice();
+    const int64_t moments = sharded() ? (part.second - part.first) * static_cast<int64_t>(sizeof(float)) : n;
+    return {.params = n, .grads = 0, .optimizer = on_host_ ? 2 * moments : 0};
   }
   int replica() const override { return world_.rank(); }
 
  private:
-  // The part [lo, hi) of the flat buffers this rank writes into a checkpoint: equal slices.
-  std::pair<int64_t, int64_t> slice() const {
-    const int64_t n = model_.params().numel(), w = world_.size(), r = world_.rank();
-    return {n * r / w, n * (r + 1) / w};
-  }
-  static GptTrainerConfig trainer_config(const parallel::StepConfig& c, const nn::Gpt& model, int device) {
+  // The part [lo, hi) of the flat buffers this rank writes into a checkpoint (and, under
+  // ZeRO, updates).
+  std::pair<int64_t, int64_t> slice() const { return zero_shard(model_.params().numel(), world_.rank(), world_.size()); }
+  bool sharded() const { return config_.dp.zero > 0 && world_.size() > 1; }
+  static GptTrainerConfig trainer_config(const parallel::StepConfig& c, const nn::Gpt& model,
+                                         const comm::Communicator& world, int device) {
     GptTrainerConfig tc;
+    if (c.dp.zero > 0 && world.size() > 1) {
+      tc.zero_rank = world.rank();
+      tc.zero_ranks = world.size();
+    }
     tc.micro_batch = c.micro_batch;
     tc.seq_len = c.t > 0 ? c.t : model.config().seq_len;
     tc.optimizer = c.optimizer;

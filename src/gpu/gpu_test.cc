@@ -273,6 +273,33 @@ TEST(GpuKernels, CrossEntropyEqualsLogSumExpAndSoftmax) {
   expect_cross_entropy_matches(301, 301);
 }
 
+// The bias gradients' column sums at GPT-2's widths (and one not a multiple of 8, the
+// scalar kernel), over 600 rows (two chunks and a part), then added up: against double.
+TEST(GpuKernels, ColumnSumsEqualTheSumsInDouble) {
+  LOOM_NEEDS_GPU();
+  for (const int64_t m : {768, 2304, 3072, 301}) {
+    const int64_t n = 600, parts = kern::column_sum_parts(n);
+    Rng r(static_cast<uint64_t>(m));
+    std::vector<float> y(size_t(n * m));
+    for (float& v : y) v = bf16_round(static_cast<float>(r.normal()));
+    std::vector<float> want(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j) {
+      double s = 0;
+      for (int64_t row = 0; row < n; ++row) s += y[size_t(row * m + j)];
+      want[size_t(j)] = static_cast<float>(s);
+    }
+    DeviceAllocator alloc;
+    std::vector<DeviceBuffer> keep;
+    const uint16_t* d_y = upload(alloc, keep, to_bf16(y));
+    float* d_parts = upload(alloc, keep, std::vector<float>(size_t(parts * m)));
+    float* d_sum = upload(alloc, keep, std::vector<float>(static_cast<size_t>(m)));
+    kern::column_sums(d_parts, d_y, n, m, nullptr);
+    kern::add_partials(d_sum, d_parts, parts, m, nullptr);
+    check(cudaDeviceSynchronize(), "column_sums");
+    EXPECT_LT(relative_error(download(d_sum, static_cast<size_t>(m)), want), 1e-5) << "M " << m;
+  }
+}
+
 GptTrainerConfig trainer_config(int64_t b) {
   GptTrainerConfig tc;
   tc.micro_batch = b;
@@ -453,6 +480,69 @@ TEST(GpuGpt, DataParallelRanksSumTheirGradientsAndAgreeWithOneTrainer) {
     EXPECT_NEAR((rank_losses[0][size_t(s)] + rank_losses[1][size_t(s)]) / 2, one_losses[size_t(s)],
                 1e-3 * one_losses[size_t(s)])
         << "step " << s;
+}
+
+// Two ranks on one GPU for three steps at ZeRO stage `zero` (0: data parallel), without
+// clipping: each rank's final weights and AdamW moments (the shard's under ZeRO, zeros
+// elsewhere).
+struct ReplicaRun {
+  std::vector<std::vector<float>> weights, exp_avg;
+};
+ReplicaRun run_replicas(int zero) {
+  const nn::GptConfig cfg{.n_layer = 2, .n_head = 4, .d_model = 96, .seq_len = 64, .vocab_size = 301};
+  const int64_t half = 2;
+  ReplicaRun out{std::vector<std::vector<float>>(2), std::vector<std::vector<float>>(2)};
+  comm::testing::run_ranks(2, {}, [&](comm::Communicator& world) {
+    const int r = world.rank();
+    nn::Gpt model(cfg);
+    model.init(4);
+    GptTrainerConfig tc = trainer_config(half);
+    tc.max_grad_norm = 0;
+    if (zero > 0) {
+      tc.zero_rank = r;
+      tc.zero_ranks = 2;
+    }
+    GptTrainer gpu(model, tc);
+    for (uint64_t s = 0; s < 3; ++s) {
+      auto [x, y] = testing::random_tokens(half, cfg.seq_len, cfg.vocab_size, 70 + 2 * s + uint64_t(r));
+      gpu.forward_backward({x.data<int32_t>(), size_t(x.numel())}, {y.data<int32_t>(), size_t(y.numel())}, 0.5);
+      if (zero == 2)
+        gpu.reduce_scatter_grads(world);
+      else
+        gpu.all_reduce_grads(world);
+      gpu.step(1e-3, zero > 0 ? &world : nullptr);
+    }
+    gpu.copy_params_to(model.params());
+    out.weights[size_t(r)].assign(model.params().values().data<float>(),
+                                  model.params().values().data<float>() + model.params().numel());
+    Tensor m = Tensor::zeros({model.params().numel()}, DType::kF32), v = Tensor::zeros({model.params().numel()}, DType::kF32);
+    gpu.copy_moments_to(m, v);
+    out.exp_avg[size_t(r)].assign(m.data<float>(), m.data<float>() + m.numel());
+  });
+  return out;
+}
+
+// ZeRO 1 and 2 on one GPU: each rank keeps and updates its shard's moments and all-gathers
+// the weights; both ranks end with the same weights. ZeRO 1 sums the gradients as data
+// parallelism does, and AdamW is elementwise, so its weights equal data parallelism's bit
+// for bit, and the two ranks' moment shards are data parallelism's moments cut in two.
+// ZeRO 2 reduce-scatters instead (the sums may round in another order): within 1e-4.
+TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
+  LOOM_NEEDS_GPU();
+  const ReplicaRun dp = run_replicas(0), z1 = run_replicas(1), z2 = run_replicas(2);
+  const int64_t numel = static_cast<int64_t>(dp.weights[0].size());
+  for (const ReplicaRun* z : {&z1, &z2}) EXPECT_TRUE(z->weights[0] == z->weights[1]) << "the ranks' weights differ";
+  EXPECT_TRUE(z1.weights[0] == dp.weights[0]) << "ZeRO 1 against data parallel";
+  for (int r = 0; r < 2; ++r) {
+    const auto [lo, hi] = zero_shard(numel, r, 2);
+    for (int64_t i = 0; i < numel; ++i) {
+      const float want = i >= lo && i < hi ? dp.exp_avg[0][size_t(i)] : 0.0f;
+      ASSERT_EQ(z1.exp_avg[size_t(r)][size_t(i)], want) << "rank " << r << "'s exp_avg at " << i;
+    }
+  }
+  const double err = relative_error(z2.weights[0], dp.weights[0]);
+  std::printf("ZeRO 2 on one GPU, 2 ranks: weights within %.2e of data parallel's\n", err);
+  EXPECT_LT(err, 1e-4);
 }
 
 }  // namespace

@@ -319,6 +319,35 @@ __global__ void column_sums_kernel(float* parts, const bf16* y, int64_t n, int64
   parts[blockIdx.y * m + col] = s;
 }
 
+// column_sums for M a multiple of 8: a block takes 256 columns (32 vectors of 8) of one
+// chunk of kColRows rows; its 8 warps take 32 rows each, a lane a 16-byte vector a row,
+// and the warps' sums are added in warp order.
+static_assert(kColRows == 8 * 32, "column_sums_vec_kernel: 8 warps of 32 rows");
+__global__ void __launch_bounds__(256) column_sums_vec_kernel(float* parts, const bf16* y, int64_t n, int64_t m) {
+  __shared__ float sums[8][8 * 32];
+  const int lane = static_cast<int>(threadIdx.x % 32), group = static_cast<int>(threadIdx.x / 32);
+  const int64_t vecs = m / 8, vec = blockIdx.x * int64_t{32} + lane;
+  float s[8] = {};
+  if (vec < vecs) {
+    const int64_t first = blockIdx.y * kColRows + group * 32;
+    for (int64_t r = first; r < first + 32 && r < n; ++r) {
+      float f[8];
+      unpack8(f, reinterpret_cast<const uint4*>(y + r * m)[vec]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s[k] += f[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) sums[group][k * 32 + lane] = s[k];
+  __syncthreads();
+  const int local = static_cast<int>(threadIdx.x);  // column blockIdx.x * 256 + local
+  const int64_t col = blockIdx.x * int64_t{256} + local;
+  if (col >= m) return;
+  float total = 0.0f;
+  for (int g = 0; g < 8; ++g) total += sums[g][(local % 8) * 32 + local / 8];
+  parts[blockIdx.y * m + col] = total;
+}
+
 // The epilogues take a row per block (grid-stride over rows), threads over its columns:
 // no division per element to find the bias.
 __global__ void bias_kernel(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m) {
@@ -533,11 +562,12 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16*
   const float step = a.lr / a.bias1;
   for (int64_t i = ch.begin + threadIdx.x; i < ch.begin + ch.len; i += blockDim.x) {
     const float grad = g[i] * a.grad_scale;
-    const float mi = m[i] + (grad - m[i]) * (1.0f - a.beta1);
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * grad * grad;
+    const int64_t j = i - a.state_offset;
+    const float mi = m[j] + (grad - m[j]) * (1.0f - a.beta1);
+    const float vi = a.beta2 * v[j] + (1.0f - a.beta2) * grad * grad;
     const float pi = p[i] * decay - step * mi / (sqrtf(vi) / a.bias2_sqrt + a.eps);
-    m[i] = mi;
-    v[i] = vi;
+    m[j] = mi;
+    v[j] = vi;
     p[i] = pi;
     p_bf16[i] = to_bf(pi);
   }
@@ -602,8 +632,14 @@ void add(float* dst, const float* src, int64_t n, cudaStream_t stream) {
 }
 
 void column_sums(float* parts, const bf16* y, int64_t n, int64_t m, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((m + kThreads - 1) / kThreads), static_cast<unsigned>(column_sum_parts(n)));
-  column_sums_kernel<<<grid, kThreads, 0, stream>>>(parts, y, n, m);
+  const auto chunks = static_cast<unsigned>(column_sum_parts(n));
+  if (m % 8 == 0 && aligned16(y)) {
+    const dim3 grid(static_cast<unsigned>((m + 255) / 256), chunks);
+    column_sums_vec_kernel<<<grid, 256, 0, stream>>>(parts, y, n, m);
+  } else {
+    const dim3 grid(static_cast<unsigned>((m + kThreads - 1) / kThreads), chunks);
+    column_sums_kernel<<<grid, kThreads, 0, stream>>>(parts, y, n, m);
+  }
 }
 
 void bias_forward(bf16* out, const float* acc, const float* bias, int64_t n, int64_t m, cudaStream_t stream) {

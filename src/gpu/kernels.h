@@ -88,6 +88,7 @@ struct AdamArgs {
   float lr, beta1, beta2, eps, weight_decay;
   float bias1, bias2_sqrt;  // 1 - beta1^t and sqrt(1 - beta2^t)
   float grad_scale;
+  int64_t state_offset;  // m and v hold elements [state_offset, ...) of p and g (a ZeRO shard)
 };
 constexpr int32_t kAdamChunk = 8192;
 void adamw(float* p, const float* g, float* m, float* v, bf16* p_bf16, const AdamChunk* chunks, int64_t n_chunks,

@@ -53,6 +53,11 @@ double bf16_gemm_tflops(int device, int64_t n = 8192);
 // the same roundings, added in other orders.
 enum class GpuAttention { kMma, kWmma };
 
+// ZeRO's shard of a flat buffer of `numel` elements for `rank` of `ranks` (docs/gpu.md, "Data
+// parallel"): [rank * s, min(numel, (rank + 1) * s)) with s = ceil(numel / ranks), so that
+// each rank's block of a gather or a scatter is s elements (the last padded with zeros).
+std::pair<int64_t, int64_t> zero_shard(int64_t numel, int rank, int ranks);
+
 struct GptTrainerConfig {
   int64_t micro_batch = 8;
   int64_t seq_len = 0;  // tokens per sequence; 0: the model's seq_len
@@ -61,6 +66,10 @@ struct GptTrainerConfig {
   int device = 0;
   bool profile = false;  // time the step's phases (phase_ms); costs a wait per call
   GpuAttention attention = GpuAttention::kMma;
+  // ZeRO 1 and 2 with zero_ranks > 1: step() updates only zero_shard(numel, zero_rank,
+  // zero_ranks) of the flat buffers, AdamW's moments are kept for that shard alone, and the
+  // updated weights are all-gathered over the communicator step() is given.
+  int zero_rank = 0, zero_ranks = 1;
 };
 
 class GptTrainer {
@@ -83,17 +92,25 @@ class GptTrainer {
   double loss(std::span<const int32_t> tokens, std::span<const int32_t> targets);
   // Clips the gradients to max_grad_norm (PyTorch's clip_grad_norm_) and applies AdamW at
   // learning rate lr, then zeroes the gradients. Returns the gradient norm before clipping;
-  // a norm that is not finite is returned with nothing updated or zeroed.
-  double step(double lr);
+  // a norm that is not finite is returned with nothing updated or zeroed. With ZeRO
+  // (config.zero_ranks > 1) `zero` is the communicator of those ranks: the norm is summed
+  // over their shards, and the shards' new weights are all-gathered (their traffic added
+  // to *stats when given). Collective over `zero` then.
+  double step(double lr, comm::Communicator* zero = nullptr, parallel::CommStats* stats = nullptr);
   int64_t steps() const;
   // Data parallelism (docs/gpu.md, "Data parallel"): the gradients summed over comm's ranks
   // through pinned host memory, by Loom's transports: one copy to the host, all_reduce in
   // 16 MiB chunks, each chunk copied back as soon as its sum is in. Every rank ends with the
   // same bits. Returns what the exchange took. Collective over comm; nothing for one rank.
   parallel::CommStats all_reduce_grads(comm::Communicator& comm);
+  // ZeRO 2: the gradients reduce-scattered over comm's ranks (through pinned memory as
+  // above): this rank's zero_shard receives the sum, the rest of the gradient buffer is left
+  // as it was (step() reads the shard alone). REQUIRES: config.zero_ranks = comm.size().
+  parallel::CommStats reduce_scatter_grads(comm::Communicator& comm);
 
   // Parameters, gradients and AdamW's moments to and from host buffers of the model's
-  // flat layout (ParamSet::values / grads; exp_avg and exp_avg_sq of params.numel()).
+  // flat layout (ParamSet::values / grads; exp_avg and exp_avg_sq of params.numel(), of
+  // which only the ZeRO shard is read or written under ZeRO).
   void copy_params_to(const ParamSet& params) const;
   void copy_grads_to(const ParamSet& params) const;
   void copy_params_from(const ParamSet& params);
