@@ -8,6 +8,7 @@
 namespace loom::gpu {
 
 bool compiled() { return false; }
+bool nccl_compiled() { return false; }
 
 std::pair<int64_t, int64_t> zero_shard(int64_t numel, int rank, int ranks) {
   const int64_t s = (numel + ranks - 1) / ranks;
@@ -41,6 +42,7 @@ double GptTrainer::forward_backward(std::span<const int32_t>, std::span<const in
 double GptTrainer::step(double, comm::Communicator*, parallel::CommStats*) { unreachable(); }
 int64_t GptTrainer::steps() const { unreachable(); }
 parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator&) { unreachable(); }
+parallel::CommStats GptTrainer::all_reduce_grads_nccl(comm::Communicator&) { unreachable(); }
 parallel::CommStats GptTrainer::reduce_scatter_grads(comm::Communicator&) { unreachable(); }
 void GptTrainer::copy_params_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_grads_to(const ParamSet&) const { unreachable(); }

@@ -1,6 +1,7 @@
 // Device memory, streams and pinned memory (device.h), and what the machine has (gpu.h).
 #include "gpu/cublas.h"
 #include "gpu/device.h"
+#include "gpu/nccl.h"
 
 #include <cuda_runtime.h>
 
@@ -35,6 +36,7 @@ void check(cublasStatus_t status, const char* call) {
 }
 
 bool compiled() { return true; }
+bool nccl_compiled() { return NcclGroup::compiled(); }
 
 int device_count() {
   int n = 0;

@@ -16,6 +16,7 @@
 #include "loom/checkpoint/tensor_pieces.h"
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
+#include "loom/core/log.h"
 #include "loom/gpu/gpu.h"
 
 namespace loom::gpu {
@@ -28,8 +29,12 @@ std::span<const int32_t> ids(const Tensor& x) {
 
 class GpuStep : public parallel::Parallelized {
  public:
-  GpuStep(nn::Gpt& model, const parallel::StepConfig& config, comm::Communicator& world, int device)
-      : model_(model), config_(config), world_(world), trainer_(model, trainer_config(config, model, world, device)) {}
+  GpuStep(nn::Gpt& model, const parallel::StepConfig& config, comm::Communicator& world, int device, bool nccl)
+      : model_(model),
+        config_(config),
+        world_(world),
+        trainer_(model, trainer_config(config, model, world, device)),
+        nccl_(nccl) {}
 
   parallel::StepResult step(int64_t /*step*/, const MicroBatches& batch, double lr) override {
     parallel::StepResult r;
@@ -40,7 +45,9 @@ class GpuStep : public parallel::Parallelized {
       r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale / replicas) * scale;
     }
     if (world_.size() > 1) {  // the mean over the replicas, of the loss and the gradients
-      r.comm = config_.dp.zero == 2 ? trainer_.reduce_scatter_grads(world_) : trainer_.all_reduce_grads(world_);
+      r.comm = config_.dp.zero == 2 ? trainer_.reduce_scatter_grads(world_)
+               : nccl_                ? trainer_.all_reduce_grads_nccl(world_)
+                                      : trainer_.all_reduce_grads(world_);
       comm::all_reduce(world_, {.output = &r.loss, .count = 1, .dtype = DType::kF64});
       r.loss /= replicas;
     }
@@ -165,6 +172,7 @@ class GpuStep : public parallel::Parallelized {
   parallel::StepConfig config_;
   comm::Communicator& world_;
   GptTrainer trainer_;
+  const bool nccl_;  // the gradients' all-reduce by NCCL (each rank its own device)
   optim::LossScaler scaler_;
   Tensor exp_avg_ = Tensor::zeros({model_.params().numel()}, DType::kF32);
   Tensor exp_avg_sq_ = Tensor::zeros({model_.params().numel()}, DType::kF32);
@@ -177,10 +185,17 @@ std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const
                                                            comm::Communicator& world) {
   if (config.fp16) throw InputError("training.precision = \"fp16\": the GPU trains in bf16; expected \"bf16\"");
   // One device per rank of a host, in turn: ranks beyond the host's devices share them.
+  // NCCL sums the gradients where every rank has a device of its own (it refuses two ranks
+  // on one) and the whole gradient is summed (not ZeRO 2's reduce-scatter); elsewhere Loom's
+  // transports do, through pinned memory. Every host decides alike, so the ranks agree.
   const std::vector<int>& local = world.local_ranks();
   const auto mine = std::find(local.begin(), local.end(), world.rank()) - local.begin();
   const int devices = device_count();
-  return std::make_unique<GpuStep>(model, config, world, devices > 0 ? static_cast<int>(mine % devices) : 0);
+  int own = static_cast<int>(local.size()) <= devices ? 1 : 0;
+  comm::all_reduce(world, {.output = &own, .count = 1, .dtype = DType::kI32, .op = comm::ReduceOp::kMin});
+  const bool nccl = nccl_compiled() && world.size() > 1 && own == 1 && config.dp.zero != 2;
+  if (nccl && world.rank() == 0) log_info("the gradients' all-reduce goes through NCCL (a device per rank)");
+  return std::make_unique<GpuStep>(model, config, world, devices > 0 ? static_cast<int>(mine % devices) : 0, nccl);
 }
 
 }  // namespace loom::gpu

@@ -482,6 +482,40 @@ TEST(GpuGpt, DataParallelRanksSumTheirGradientsAndAgreeWithOneTrainer) {
         << "step " << s;
 }
 
+// NCCL at world size 1 (one GPU cannot hold two NCCL ranks): the communicator is made from
+// a Loom communicator's rank 0, and its all-reduce of the gradients leaves every bit as it
+// was, as a sum over one rank must; the step after it runs as without it.
+TEST(GpuNccl, OneRankAllReduceLeavesTheGradientsAsTheyWere) {
+  LOOM_NEEDS_GPU();
+  if (!nccl_compiled()) GTEST_SKIP() << "this loom was built without NCCL";
+  const nn::GptConfig cfg{.n_layer = 1, .n_head = 2, .d_model = 64, .seq_len = 32, .vocab_size = 100};
+  comm::testing::run_ranks(1, {}, [&](comm::Communicator& world) {
+    nn::Gpt model(cfg), twin(cfg);
+    model.init(5);
+    twin.init(5);
+    GptTrainer gpu(model, trainer_config(2)), plain(twin, trainer_config(2));
+    auto [x, y] = testing::random_tokens(2, cfg.seq_len, cfg.vocab_size, 9);
+    const std::span<const int32_t> xs(x.data<int32_t>(), size_t(x.numel())), ys(y.data<int32_t>(), size_t(y.numel()));
+    gpu.forward_backward(xs, ys);
+    plain.forward_backward(xs, ys);
+    gpu.copy_grads_to(model.params());
+    const std::vector<float> before(model.params().grads().data<float>(),
+                                    model.params().grads().data<float>() + model.params().numel());
+    const parallel::CommStats st = gpu.all_reduce_grads_nccl(world);
+    EXPECT_EQ(st.bytes, model.params().numel() * 4);
+    gpu.copy_grads_to(model.params());
+    const std::vector<float> after(model.params().grads().data<float>(),
+                                   model.params().grads().data<float>() + model.params().numel());
+    EXPECT_TRUE(before == after);
+    EXPECT_EQ(gpu.step(1e-3), plain.step(1e-3));
+    gpu.copy_params_to(model.params());
+    plain.copy_params_to(twin.params());
+    EXPECT_TRUE(std::equal(model.params().values().data<float>(),
+                           model.params().values().data<float>() + model.params().numel(),
+                           twin.params().values().data<float>()));
+  });
+}
+
 // Two ranks on one GPU for three steps at ZeRO stage `zero` (0: data parallel), without
 // clipping: each rank's final weights and AdamW moments (the shard's under ZeRO, zeros
 // elsewhere).

@@ -28,6 +28,8 @@ class Communicator;
 namespace loom::gpu {
 
 bool compiled();
+// Whether this build has NCCL (docs/gpu.md, "Data parallel"); false without CUDA.
+bool nccl_compiled();
 // CUDA devices this process sees; 0 without a CUDA build, a driver or a device.
 int device_count();
 // Throws, naming job.device, when `device` cannot be trained on: InputError in a build
@@ -103,6 +105,10 @@ class GptTrainer {
   // 16 MiB chunks, each chunk copied back as soon as its sum is in. Every rank ends with the
   // same bits. Returns what the exchange took. Collective over comm; nothing for one rank.
   parallel::CommStats all_reduce_grads(comm::Communicator& comm);
+  // The same sum on the devices by NCCL's all-reduce, over an NCCL communicator made from
+  // comm's ranks at the first call (rank 0's id sent through comm). REQUIRES: each rank on
+  // its own device (NCCL refuses two ranks on one). RuntimeError without NCCL.
+  parallel::CommStats all_reduce_grads_nccl(comm::Communicator& comm);
   // ZeRO 2: the gradients reduce-scattered over comm's ranks (through pinned memory as
   // above): this rank's zero_shard receives the sum, the rest of the gradient buffer is left
   // as it was (step() reads the shard alone). REQUIRES: config.zero_ranks = comm.size().

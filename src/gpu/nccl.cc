@@ -1,0 +1,112 @@
+// NCCL, opened on first use (nccl.h). Without LOOM_HAVE_NCCL (no nccl.h at configure time)
+// only compiled() and the refusal remain.
+#include "gpu/nccl.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "loom/comm/comm.h"
+#include "loom/core/error.h"
+
+#if LOOM_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace loom::gpu {
+
+#if LOOM_HAVE_NCCL
+namespace {
+
+// The entry points Loom calls, with NCCL's own signatures.
+struct Nccl {
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) init_rank = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+};
+
+template <typename F>
+void resolve(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr) throw RuntimeError(cat("NCCL has no ", name, " (", dlerror(), ")"));
+}
+
+// The soname of the NCCL this was compiled against, then the library CMake found.
+Nccl open_nccl() {
+  const std::string soname = cat("libnccl.so.", NCCL_MAJOR);
+  const std::string found = LOOM_NCCL_LIBRARY;
+  void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) lib = dlopen(found.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr)
+    throw RuntimeError(cat("cannot open NCCL as ", soname, " or ", found, ": ", dlerror(),
+                           " (LD_LIBRARY_PATH may need NCCL's lib directory; docs/gpu.md)"));
+  Nccl n;
+  resolve(lib, "ncclGetUniqueId", n.get_unique_id);
+  resolve(lib, "ncclCommInitRank", n.init_rank);
+  resolve(lib, "ncclAllReduce", n.all_reduce);
+  resolve(lib, "ncclCommDestroy", n.destroy);
+  resolve(lib, "ncclGetErrorString", n.error_string);
+  return n;  // the library stays open for the process's life
+}
+
+const Nccl& nccl() {
+  static const Nccl n = open_nccl();
+  return n;
+}
+
+void check(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess) throw RuntimeError(cat(call, " failed: ", nccl().error_string(status)));
+}
+
+}  // namespace
+
+bool NcclGroup::compiled() { return true; }
+
+std::unique_ptr<NcclGroup> NcclGroup::create(comm::Communicator& world) {
+  ncclUniqueId id{};
+  std::string error;
+  if (world.rank() == 0) {  // rank 0 makes the id; a failure goes to every rank as an empty id
+    try {
+      check(nccl().get_unique_id(&id), "ncclGetUniqueId");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  comm::broadcast(world, {.buffer = &id, .count = sizeof id, .dtype = DType::kU8});
+  if (!error.empty()) throw RuntimeError(error);
+  std::unique_ptr<NcclGroup> g(new NcclGroup);
+  ncclComm_t c = nullptr;
+  check(nccl().init_rank(&c, world.size(), id, world.rank()), "ncclCommInitRank");
+  g->comm_ = c;
+  return g;
+}
+
+NcclGroup::~NcclGroup() {
+  if (comm_ != nullptr) nccl().destroy(static_cast<ncclComm_t>(comm_));
+}
+
+void NcclGroup::all_reduce(float* data, int64_t count, cudaStream_t stream) {
+  check(nccl().all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_),
+                          stream),
+        "ncclAllReduce");
+}
+
+#else
+
+bool NcclGroup::compiled() { return false; }
+
+std::unique_ptr<NcclGroup> NcclGroup::create(comm::Communicator& /*world*/) {
+  throw RuntimeError("this loom was built without NCCL (no nccl.h where CMake looked; docs/gpu.md)");
+}
+
+NcclGroup::~NcclGroup() = default;
+
+void NcclGroup::all_reduce(float* /*data*/, int64_t /*count*/, cudaStream_t /*stream*/) {
+  check_failed(__FILE__, __LINE__, "an NcclGroup in a build without NCCL");
+}
+
+#endif
+
+}  // namespace loom::gpu
