@@ -46,7 +46,7 @@ if want tests; then
   say "gpu tests"
   OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
   echo "gpu_test exit $?" | tee -a "$S"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0|^attention|^layernorm|^cross-entropy" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0|^attention|^layernorm|^cross-entropy|^data parallel|^ZeRO" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
 fi
 if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
   say "gpu cli tests"
