@@ -516,14 +516,13 @@ TEST(GpuNccl, OneRankAllReduceLeavesTheGradientsAsTheyWere) {
   });
 }
 
-// Two ranks on one GPU for three steps at ZeRO stage `zero` (0: data parallel), without
-// clipping: each rank's final weights and AdamW moments (the shard's under ZeRO, zeros
-// elsewhere).
+// Two ranks on one GPU for three steps, data parallel or with ZeRO 1, without clipping:
+// each rank's final weights and AdamW moments (the shard's under ZeRO, zeros elsewhere).
 struct ReplicaRun {
   std::vector<std::vector<float>> weights, exp_avg;
 };
-ReplicaRun run_replicas(int zero) {
-  const nn::GptConfig cfg{.n_layer = 2, .n_head = 4, .d_model = 96, .seq_len = 64, .vocab_size = 301};
+ReplicaRun run_replicas(bool zero) {
+  const nn::GptConfig cfg{.n_layer = 2, .n_head = 3, .d_model = 96, .seq_len = 64, .vocab_size = 301};
   const int64_t half = 2;
   ReplicaRun out{std::vector<std::vector<float>>(2), std::vector<std::vector<float>>(2)};
   comm::testing::run_ranks(2, {}, [&](comm::Communicator& world) {
@@ -532,7 +531,7 @@ ReplicaRun run_replicas(int zero) {
     model.init(4);
     GptTrainerConfig tc = trainer_config(half);
     tc.max_grad_norm = 0;
-    if (zero > 0) {
+    if (zero) {
       tc.zero_rank = r;
       tc.zero_ranks = 2;
     }
@@ -540,11 +539,8 @@ ReplicaRun run_replicas(int zero) {
     for (uint64_t s = 0; s < 3; ++s) {
       auto [x, y] = testing::random_tokens(half, cfg.seq_len, cfg.vocab_size, 70 + 2 * s + uint64_t(r));
       gpu.forward_backward({x.data<int32_t>(), size_t(x.numel())}, {y.data<int32_t>(), size_t(y.numel())}, 0.5);
-      if (zero == 2)
-        gpu.reduce_scatter_grads(world);
-      else
-        gpu.all_reduce_grads(world);
-      gpu.step(1e-3, zero > 0 ? &world : nullptr);
+      gpu.all_reduce_grads(world);
+      gpu.step(1e-3, zero ? &world : nullptr);
     }
     gpu.copy_params_to(model.params());
     out.weights[size_t(r)].assign(model.params().values().data<float>(),
@@ -556,16 +552,15 @@ ReplicaRun run_replicas(int zero) {
   return out;
 }
 
-// ZeRO 1 and 2 on one GPU: each rank keeps and updates its shard's moments and all-gathers
-// the weights; both ranks end with the same weights. ZeRO 1 sums the gradients as data
-// parallelism does, and AdamW is elementwise, so its weights equal data parallelism's bit
-// for bit, and the two ranks' moment shards are data parallelism's moments cut in two.
-// ZeRO 2 reduce-scatters instead (the sums may round in another order): within 1e-4.
-TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
+// ZeRO 1 on one GPU: each rank keeps and updates its shard's moments and all-gathers the
+// weights. It sums the gradients as data parallelism does, and AdamW is elementwise, so
+// both ranks' weights equal data parallelism's bit for bit, and the two ranks' moment
+// shards are data parallelism's moments cut in two.
+TEST(GpuGpt, ZeroOneShardsTheMomentsAndEqualsDataParallel) {
   LOOM_NEEDS_GPU();
-  const ReplicaRun dp = run_replicas(0), z1 = run_replicas(1), z2 = run_replicas(2);
+  const ReplicaRun dp = run_replicas(false), z1 = run_replicas(true);
   const int64_t numel = static_cast<int64_t>(dp.weights[0].size());
-  for (const ReplicaRun* z : {&z1, &z2}) EXPECT_TRUE(z->weights[0] == z->weights[1]) << "the ranks' weights differ";
+  EXPECT_TRUE(z1.weights[0] == z1.weights[1]) << "the ranks' weights differ";
   EXPECT_TRUE(z1.weights[0] == dp.weights[0]) << "ZeRO 1 against data parallel";
   for (int r = 0; r < 2; ++r) {
     const auto [lo, hi] = zero_shard(numel, r, 2);
@@ -574,9 +569,6 @@ TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
       ASSERT_EQ(z1.exp_avg[size_t(r)][size_t(i)], want) << "rank " << r << "'s exp_avg at " << i;
     }
   }
-  const double err = relative_error(z2.weights[0], dp.weights[0]);
-  std::printf("ZeRO 2 on one GPU, 2 ranks: weights within %.2e of data parallel's\n", err);
-  EXPECT_LT(err, 1e-4);
 }
 
 }  // namespace
