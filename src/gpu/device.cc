@@ -1,7 +1,7 @@
 // Device memory, streams and pinned memory (device.h), and what the machine has (gpu.h).
 #include "gpu/cublas.h"
 #include "gpu/device.h"
-#include "gpu/nccl.h"
+#include "gpu/nccl/nccl.h"
 
 #include <cuda_runtime.h>
 

@@ -18,7 +18,7 @@
 #include "gpu/cublas.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
-#include "gpu/nccl.h"
+#include "gpu/nccl/nccl.h"
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
 #include "loom/gpu/gpu.h"

@@ -1,7 +1,8 @@
 // NCCL between GPUs (docs/gpu.md, "Data parallel"): a communicator over the ranks of a Loom
 // communicator, each on its own CUDA device, for the gradients' all-reduce on the devices.
-// Built where CMake found nccl.h; the library is opened on first use (dlopen, as cuBLAS:
-// cublas.h says why), so a loom that never trains on several GPUs never loads it.
+// nccl_group.cc where CMake finds NCCL (LOOM_NCCL, AUTO by default), nccl_unavailable.cc
+// otherwise; the library is opened on first use (dlopen, as cuBLAS: cublas.h says why), so
+// a loom that never trains on several GPUs never loads it.
 #pragma once
 
 #include <cuda_runtime_api.h>

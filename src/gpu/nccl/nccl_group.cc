@@ -1,21 +1,15 @@
-// NCCL, opened on first use (nccl.h). Without LOOM_HAVE_NCCL (no nccl.h at configure time)
-// only compiled() and the refusal remain.
-#include "gpu/nccl.h"
+// NCCL, opened on first use (nccl.h); built where CMake found NCCL (LOOM_NCCL).
+#include "gpu/nccl/nccl.h"
 
 #include <dlfcn.h>
+#include <nccl.h>
 
 #include <string>
 
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
 
-#if LOOM_HAVE_NCCL
-#include <nccl.h>
-#endif
-
 namespace loom::gpu {
-
-#if LOOM_HAVE_NCCL
 namespace {
 
 // The entry points Loom calls, with NCCL's own signatures.
@@ -92,21 +86,5 @@ void NcclGroup::all_reduce(float* data, int64_t count, cudaStream_t stream) {
                           stream),
         "ncclAllReduce");
 }
-
-#else
-
-bool NcclGroup::compiled() { return false; }
-
-std::unique_ptr<NcclGroup> NcclGroup::create(comm::Communicator& /*world*/) {
-  throw RuntimeError("this loom was built without NCCL (no nccl.h where CMake looked; docs/gpu.md)");
-}
-
-NcclGroup::~NcclGroup() = default;
-
-void NcclGroup::all_reduce(float* /*data*/, int64_t /*count*/, cudaStream_t /*stream*/) {
-  check_failed(__FILE__, __LINE__, "an NcclGroup in a build without NCCL");
-}
-
-#endif
 
 }  // namespace loom::gpu
