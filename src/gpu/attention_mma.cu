@@ -172,6 +172,14 @@ __device__ void start_tile(nvbf* tile, const nvbf* base, int64_t ld, int64_t col
   }
 }
 
+// Head h's keys and values of rows [k0, k0 + 64) started into two tiles, as one group.
+template <int HS>
+__device__ void start_keys_values(nvbf* ks, nvbf* vs, const nvbf* base, int64_t ld, int c, int h, int k0, int t) {
+  start_tile<HS>(ks, base, ld, c + int64_t{h} * HS, k0, t);
+  start_tile<HS>(vs, base, ld, 2 * int64_t{c} + int64_t{h} * HS, k0, t);
+  commit_copies();
+}
+
 // The loops over blocks double-buffer: turn i starts block i + 1's copies into buffer
 // (i + 1) % 2 (none past the last block), waits for block i's and meets the other warps,
 // multiplies from buffer i % 2, and meets them again before turn i + 1 overwrites it.
@@ -201,11 +209,7 @@ __global__ void __launch_bounds__(kThreads)
   const nvbf* base = qkv + int64_t{b} * t * ld;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = lane_id();
   const int row0 = q0 + warp * 16 + lane / 4;  // this lane's rows: row0 and row0 + 8
-  const auto start_keys = [&](int kb) {
-    start_tile<HS>(ks[kb % 2], base, ld, c + int64_t{h} * HS, kb * kRows, t);
-    start_tile<HS>(vs[kb % 2], base, ld, 2 * int64_t{c} + int64_t{h} * HS, kb * kRows, t);
-    commit_copies();
-  };
+  const auto start_keys = [&](int kb) { start_keys_values<HS>(ks[kb % 2], vs[kb % 2], base, ld, c, h, kb * kRows, t); };
 
   start_keys(0);
   tiles::load_tile<HS>(qs, base, ld, int64_t{h} * HS, q0, t);
@@ -365,9 +369,7 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = static_cast<int>(threadIdx.x / 32), lane = lane_id();
   const int row0 = q0 + warp * 16 + lane / 4;  // this lane's rows: row0 and row0 + 8
   const auto start_keys = [&](int kb) {
-    start_tile<HS>(k_buf[kb % 2], base, ld, c + int64_t{h} * HS, kb * kRows, t);
-    start_tile<HS>(v_buf[kb % 2], base, ld, 2 * int64_t{c} + int64_t{h} * HS, kb * kRows, t);
-    commit_copies();
+    start_keys_values<HS>(k_buf[kb % 2], v_buf[kb % 2], base, ld, c, h, kb * kRows, t);
   };
 
   tiles::load_tile<HS>(k_buf[1], base, ld, int64_t{h} * HS, q0, t);  // buffer 1 lent to q and dy

@@ -1,11 +1,11 @@
 // NCCL, opened on first use (nccl.h); built where CMake found NCCL (LOOM_NCCL).
 #include "gpu/nccl/nccl.h"
 
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <string>
 
+#include "gpu/dl_library.h"
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
 
@@ -21,28 +21,17 @@ struct Nccl {
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
-template <typename F>
-void resolve(void* lib, const char* name, F& fn) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (fn == nullptr) throw RuntimeError(cat("NCCL has no ", name, " (", dlerror(), ")"));
-}
-
 // The soname of the NCCL this was compiled against, then the library CMake found.
 Nccl open_nccl() {
-  const std::string soname = cat("libnccl.so.", NCCL_MAJOR);
-  const std::string found = LOOM_NCCL_LIBRARY;
-  void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) lib = dlopen(found.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr)
-    throw RuntimeError(cat("cannot open NCCL as ", soname, " or ", found, ": ", dlerror(),
-                           " (LD_LIBRARY_PATH may need NCCL's lib directory; docs/gpu.md)"));
+  const DlLibrary lib("NCCL", cat("libnccl.so.", NCCL_MAJOR), LOOM_NCCL_LIBRARY,
+                      "LD_LIBRARY_PATH may need NCCL's lib directory; docs/gpu.md");
   Nccl n;
-  resolve(lib, "ncclGetUniqueId", n.get_unique_id);
-  resolve(lib, "ncclCommInitRank", n.init_rank);
-  resolve(lib, "ncclAllReduce", n.all_reduce);
-  resolve(lib, "ncclCommDestroy", n.destroy);
-  resolve(lib, "ncclGetErrorString", n.error_string);
-  return n;  // the library stays open for the process's life
+  lib.resolve("ncclGetUniqueId", n.get_unique_id);
+  lib.resolve("ncclCommInitRank", n.init_rank);
+  lib.resolve("ncclAllReduce", n.all_reduce);
+  lib.resolve("ncclCommDestroy", n.destroy);
+  lib.resolve("ncclGetErrorString", n.error_string);
+  return n;
 }
 
 const Nccl& nccl() {
