@@ -2,7 +2,6 @@
 #include "loom/data/shard_cache.h"
 
 #include <curl/curl.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -15,9 +14,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "core/dl_library.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/log.h"
@@ -79,26 +81,21 @@ struct Curl {
   decltype(&curl_easy_strerror) easy_strerror = nullptr;
 };
 
-template <typename F>
-void resolve(void* lib, const char* name, F& fn) {
-  fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (fn == nullptr) throw RuntimeError(cat("libcurl has no ", name, " (", dlerror(), ")"));
-}
-
 Curl open_curl() {
-  constexpr const char* kSoname = "libcurl.so.4";  // the ABI curl/curl.h describes since 7.16
-  void* lib = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr)
-    throw RuntimeError(cat("remote shards need libcurl, which did not open as ", kSoname, ": ", dlerror(),
+  const std::string soname = "libcurl.so.4";  // the ABI curl/curl.h describes since 7.16
+  std::string reason;
+  const std::optional<DlLibrary> lib = DlLibrary::open("libcurl", {soname}, &reason);
+  if (!lib)
+    throw RuntimeError(cat("remote shards need libcurl, which did not open as ", soname, ": ", reason,
                            " (Debian: apt-get install libcurl4)"));
   Curl c;
-  resolve(lib, "curl_global_init", c.global_init);
-  resolve(lib, "curl_easy_init", c.easy_init);
-  resolve(lib, "curl_easy_cleanup", c.easy_cleanup);
-  resolve(lib, "curl_easy_setopt", c.easy_setopt);
-  resolve(lib, "curl_easy_getinfo", c.easy_getinfo);
-  resolve(lib, "curl_easy_perform", c.easy_perform);
-  resolve(lib, "curl_easy_strerror", c.easy_strerror);
+  lib->resolve("curl_global_init", c.global_init);
+  lib->resolve("curl_easy_init", c.easy_init);
+  lib->resolve("curl_easy_cleanup", c.easy_cleanup);
+  lib->resolve("curl_easy_setopt", c.easy_setopt);
+  lib->resolve("curl_easy_getinfo", c.easy_getinfo);
+  lib->resolve("curl_easy_perform", c.easy_perform);
+  lib->resolve("curl_easy_strerror", c.easy_strerror);
   if (c.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) throw RuntimeError("curl_global_init failed");
   return c;  // the library stays open for the process's life
 }

@@ -1,22 +1,27 @@
 // cuBLAS opened on first use (cublas.h).
 #include "gpu/cublas.h"
 
+#include <optional>
 #include <string>
 
-#include "gpu/dl_library.h"
+#include "core/dl_library.h"
 
 namespace loom::gpu {
 namespace {
 
 Cublas open_cublas() {
   const std::string soname = cat("libcublas.so.", CUBLAS_VER_MAJOR);
-  const DlLibrary lib("cuBLAS", soname, cat(LOOM_CUDA_LIBRARY_DIR, "/", soname),
-                      "LD_LIBRARY_PATH may need the CUDA toolkit's lib directory; docs/gpu.md");
+  const std::string toolkit = cat(LOOM_CUDA_LIBRARY_DIR, "/", soname);
+  std::string reason;
+  const std::optional<DlLibrary> lib = DlLibrary::open("cuBLAS", {soname, toolkit}, &reason);
+  if (!lib)
+    throw RuntimeError(cat("cannot open cuBLAS as ", soname, " or ", toolkit, ": ", reason,
+                           " (LD_LIBRARY_PATH may need the CUDA toolkit's lib directory; docs/gpu.md)"));
   Cublas c;
-  lib.resolve("cublasCreate_v2", c.create);
-  lib.resolve("cublasDestroy_v2", c.destroy);
-  lib.resolve("cublasSetStream_v2", c.set_stream);
-  lib.resolve("cublasGemmEx", c.gemm_ex);
+  lib->resolve("cublasCreate_v2", c.create);
+  lib->resolve("cublasDestroy_v2", c.destroy);
+  lib->resolve("cublasSetStream_v2", c.set_stream);
+  lib->resolve("cublasGemmEx", c.gemm_ex);
   return c;
 }
 

@@ -3,9 +3,10 @@
 
 #include <nccl.h>
 
+#include <optional>
 #include <string>
 
-#include "gpu/dl_library.h"
+#include "core/dl_library.h"
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
 
@@ -23,14 +24,18 @@ struct Nccl {
 
 // The soname of the NCCL this was compiled against, then the library CMake found.
 Nccl open_nccl() {
-  const DlLibrary lib("NCCL", cat("libnccl.so.", NCCL_MAJOR), LOOM_NCCL_LIBRARY,
-                      "LD_LIBRARY_PATH may need NCCL's lib directory; docs/gpu.md");
+  const std::string soname = cat("libnccl.so.", NCCL_MAJOR), found = LOOM_NCCL_LIBRARY;
+  std::string reason;
+  const std::optional<DlLibrary> lib = DlLibrary::open("NCCL", {soname, found}, &reason);
+  if (!lib)
+    throw RuntimeError(cat("cannot open NCCL as ", soname, " or ", found, ": ", reason,
+                           " (LD_LIBRARY_PATH may need NCCL's lib directory; docs/gpu.md)"));
   Nccl n;
-  lib.resolve("ncclGetUniqueId", n.get_unique_id);
-  lib.resolve("ncclCommInitRank", n.init_rank);
-  lib.resolve("ncclAllReduce", n.all_reduce);
-  lib.resolve("ncclCommDestroy", n.destroy);
-  lib.resolve("ncclGetErrorString", n.error_string);
+  lib->resolve("ncclGetUniqueId", n.get_unique_id);
+  lib->resolve("ncclCommInitRank", n.init_rank);
+  lib->resolve("ncclAllReduce", n.all_reduce);
+  lib->resolve("ncclCommDestroy", n.destroy);
+  lib->resolve("ncclGetErrorString", n.error_string);
   return n;
 }
 
