@@ -34,10 +34,14 @@ ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType 
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* y = out + i * m + j0;
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
-      if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
-      if (g == nullptr) continue;
-      gelu_forward_serial(g, y, cols);
-      if constexpr (std::is_same_v<T, float>) round_serial(round_out, g, g, cols);
+      if constexpr (std::is_same_v<T, float>) {
+        round_serial(round_out, y, y, cols);
+        if (g != nullptr && round_out != DType::kF32) {
+          gelu_forward_half(round_out, g, y, cols);
+          continue;
+        }
+      }
+      if (g != nullptr) gelu_forward_serial(g, y, cols);
     }
   };
   return hooks;

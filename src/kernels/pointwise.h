@@ -15,6 +15,10 @@ void gelu_forward(T* out, const T* inp, int64_t n);
 // element is computed as gelu_forward computes it: the same bits.
 template <typename T>
 void gelu_forward_serial(T* out, const T* inp, int64_t n);
+// out = inp's GELU rounded to `format` (kBF16 or kF16), on the calling thread, where inp
+// holds values of that format (rounded already): the bits of gelu_forward_serial and
+// round_to, read from a table of the format's 65,536 values (a GEMM epilogue's GELU).
+void gelu_forward_half(DType format, float* out, const float* inp, int64_t n);
 // dinp = gelu'(inp) * dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
