@@ -16,26 +16,31 @@ namespace {
 // each output's chain of multiply-adds starts from it (in the block's cache lines, just
 // before the kernel reads them: filling out in a pass of its own was 3% of a bf16 gpt-mini
 // step); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
-// likewise. Either may be none.
+// likewise (or, with gelu_bits, into 16-bit storage: round_out's bits). Either may be none.
 struct ForwardHooks {
   GemmPrologue prologue;
   GemmEpilogue epilogue;
 };
 
 template <typename T>
-ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType round_out) {
+ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType round_out,
+                           uint16_t* gelu_bits = nullptr) {
   ForwardHooks hooks;
   if (bias != nullptr)
     hooks.prologue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
       for (int64_t i = i0; i < i0 + rows; ++i) std::copy(bias + j0, bias + j0 + cols, out + i * m + j0);
     };
-  if (gelu_out == nullptr && round_out == DType::kF32) return hooks;
+  if (gelu_out == nullptr && gelu_bits == nullptr && round_out == DType::kF32) return hooks;
   hooks.epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* y = out + i * m + j0;
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
       if constexpr (std::is_same_v<T, float>) {
         round_serial(round_out, y, y, cols);
+        if (gelu_bits != nullptr) {
+          gelu_forward_half_bits(round_out, gelu_bits + i * m + j0, y, cols);
+          continue;
+        }
         if (g != nullptr && round_out != DType::kF32) {
           gelu_forward_half(round_out, g, y, cols);
           continue;
@@ -58,6 +63,19 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
     gemm_as<T>(operands, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
   else
     gemm_as<T>(operands, false, true, n, m, k, inp, k, weight, k, false, out, m, hooks.epilogue, hooks.prologue);
+}
+
+void matmul_forward_bits(float* out, const uint16_t* inp, DType format, const float* weight, const float* bias,
+                         int64_t n, int64_t k, int64_t m, DType round_out) {
+  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), round_out);
+  gemm_half_bits_a(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
+}
+
+void matmul_forward_gelu_bits(float* out, uint16_t* gelu_bits, const float* inp, const float* weight,
+                              const float* bias, int64_t n, int64_t k, int64_t m, DType format) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits);
+  gemm_half(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
 }
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,

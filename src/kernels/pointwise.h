@@ -19,6 +19,8 @@ void gelu_forward_serial(T* out, const T* inp, int64_t n);
 // holds values of that format (rounded already): the bits of gelu_forward_serial and
 // round_to, read from a table of the format's 65,536 values (a GEMM epilogue's GELU).
 void gelu_forward_half(DType format, float* out, const float* inp, int64_t n);
+// The same results in the format's bits (as store_half writes them).
+void gelu_forward_half_bits(DType format, uint16_t* out, const float* inp, int64_t n);
 // dinp = gelu'(inp) * dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);

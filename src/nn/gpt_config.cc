@@ -67,11 +67,13 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     // The workspace holds one block in f32 and the kept tensors loaded back (the products
     // round the weights as they pack them: no copies), but for the GELU's input and the
     // inputs of c_attn, c_fc and the MLP's c_proj, which backward reads in 16 bits
-    // (nn/mixed.h; with sequence parallelism those three are loaded).
+    // (nn/mixed.h; with sequence parallelism those three are loaded). Unsplit, c_fc writes
+    // the GELU's output in 16 bits, in the workspace too (nn::Linear::forward_gelu).
     auto h = [](double elements) { return std::ceil(elements * 2 / 64) * 64; };
     const double keep = 4 * a(r) + a(lse) + 3 * h(r * c) + h(n * p) + 2 * h(4 * n * p) + h(3 * n * p) + h(r * c);
     const double loaded = 2 * a(r * c) + a(n * p) + a(3 * n * p) + (sp ? 2 * a(r * c) + a(4 * n * p) : 0);
-    const double forward = a(r * c) + block_fwd;
+    const double gelu_bits = tp == 1 ? a(4 * n * p) - h(4 * n * p) : 0;
+    const double forward = a(r * c) + block_fwd - gelu_bits;
     out.arena = h(r * c) + a(r * c) + (with_backward ? a(r * c) : 0);
     if (ends.embeddings) out.workspace = 2 * a(r * c);  // wte's and wpe's outputs, summed
     if (recompute == Recompute::kFull) {

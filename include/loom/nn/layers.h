@@ -50,11 +50,14 @@ class Linear {
   // in, out: the logical sizes; the parameters hold this part's piece.
   Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true, Shard shard = {},
          TpSplit split = TpSplit::kNone, int groups = 1);
-  Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;  // (N, in) -> (N, out)
+  // (N, in) -> (N, out); x f32, or (mixed precision, unsplit) 16-bit bits of the precision.
+  Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   // The same, and gelu of the output fused into the matrix product (computed on each tile
   // as it is finished, allocated after the output): {y, gelu(y)}, the same bits as
   // Gelu::forward on y. Falls back to two passes where the output is not final in the
-  // product (a row-parallel piece, sequence parallelism).
+  // product (a row-parallel piece, sequence parallelism). Mixed precision (unsplit): the
+  // GELU in the precision's 16 bits (the bits store_half would write of Gelu::forward's),
+  // which forward reads as they are.
   std::pair<Tensor, Tensor> forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
   // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later

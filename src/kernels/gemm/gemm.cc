@@ -178,13 +178,19 @@ void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0,
   zero_sliver_tail(out, rows, mr, depth, stride);
 }
 
-// pack_a_pairs for a transposed A held as bf16 bits (gemm_half_bits_a): the same pairs.
+// pack_a_pairs for an A held as bf16 bits (gemm_half_bits_a): the same pairs.
 void pack_a_pairs(const Operand<uint16_t>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
                   int64_t stride) {
-  LOOM_CHECK(a.trans);
+  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
-  gemm_detail::kAvx512Bf16Packers.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
-  if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, stride, out);
+  if (!a.trans) {
+    for (int64_t r = 0; r < rows; r += mr)
+      pack.bits_block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
+                      out + (r / mr) * stride, mr);
+  } else {
+    pack.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
+    if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, stride, out);
+  }
   zero_sliver_tail(out, rows, mr, depth, stride);
 }
 
@@ -626,14 +632,17 @@ void gemm_half_bits_a(DType format,
                       int64_t ldb,
                       bool accumulate,
                       float* c,
-                      int64_t ldc) {
+                      int64_t ldc,
+                      const GemmEpilogue& epilogue,
+                      const GemmPrologue& prologue) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
-  if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16 && trans_a) {
+  if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16) {
     LOOM_CHECK(gemm_path_supported(path));
-    if (trivial_product(m, n, k, accumulate, c, ldc, {}, {})) return;
+    if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
     gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
-                Operand<uint16_t>{a, lda, true}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
+                Operand<uint16_t>{a, lda, trans_a}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc,
+                epilogue, prologue);
     return;
   }
   // Elsewhere A's f32 values (exact) go through gemm_half: the same bits. The buffer is kept
@@ -646,7 +655,7 @@ void gemm_half_bits_a(DType format,
   } else {
     for (int64_t i = 0; i < rows; ++i) load_half(format, values.data() + i * lda, a + i * lda, cols);
   }
-  gemm_half(format, trans_a, trans_b, m, n, k, values.data(), lda, b, ldb, accumulate, c, ldc);
+  gemm_half(format, trans_a, trans_b, m, n, k, values.data(), lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
 }
 
 namespace {

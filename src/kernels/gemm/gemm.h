@@ -144,9 +144,9 @@ void gemm_half_on(GemmPath path,
                   int64_t ldc);
 
 // gemm_half with A held in 16-bit storage: `format`'s bits, as store_half writes them (kernels/
-// precision.h). The bits of gemm_half on A's f32 values, on every path; vdpbf16ps packs a
-// transposed A (a weight gradient's kept activations) straight from the bits, elsewhere A is
-// converted first.
+// precision.h). The bits of gemm_half on A's f32 values, on every path; vdpbf16ps packs A
+// (a weight gradient's kept activations, transposed, or a 16-bit input's rows) straight from
+// the bits, elsewhere A is converted first. Epilogue and prologue as gemm's.
 void gemm_half_bits_a(DType format,
                       bool trans_a,
                       bool trans_b,
@@ -159,7 +159,9 @@ void gemm_half_bits_a(DType format,
                       int64_t ldb,
                       bool accumulate,
                       float* c,
-                      int64_t ldc);
+                      int64_t ldc,
+                      const GemmEpilogue& epilogue = {},
+                      const GemmPrologue& prologue = {});
 
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of

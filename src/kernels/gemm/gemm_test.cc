@@ -228,7 +228,7 @@ TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
 // A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input): the bits of
 // gemm_half on A's f32 values, on every path (vdpbf16ps packs the bits, the others convert
 // them first), transposed A or not, bf16 and f16, with bf16 subnormals among A's bits (read
-// as zero, as the f32 packing reads them), on the shapes above and wide ones whose row pairs
+// as zero, as the f32 packing reads them) and, in one layout, signalling NaNs, on the shapes above and wide ones whose row pairs
 // cross many 12-row slivers.
 TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
   auto shapes = kShapes;
@@ -244,6 +244,8 @@ TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
           store_half(format, bits.data(), p.a.data(), static_cast<int64_t>(p.a.size()));
           if (format == DType::kBF16)  // some subnormals: exponent bits zero
             for (size_t i = 0; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);
+          if (format == DType::kBF16 && t == 2)  // and signalling NaNs, which the packing makes quiet
+            for (size_t i = 5; i < bits.size(); i += 997) bits[i] = static_cast<uint16_t>(i % 2 ? 0x7f81 : 0xff81);
           std::vector<float> values(p.a.size());
           load_half(format, values.data(), bits.data(), static_cast<int64_t>(bits.size()));
           for (bool accumulate : {false, true}) {

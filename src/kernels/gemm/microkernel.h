@@ -114,6 +114,9 @@ struct PairPackers {
   // the values the bits hold (a subnormal read as zero, a NaN made quiet).
   void (*bits_rows)(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
                     int64_t sliver);
+  // block, from bf16 bits: the same pairs as block on the values the bits hold.
+  void (*bits_block)(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
+                     int64_t stride);
 };
 extern const PairPackers kAvx512Bf16Packers;
 extern const PanelBlockFn kAvx512PanelBlock;

@@ -69,7 +69,7 @@ inline __m512i pairs_of(__m512 firsts, __m512 seconds) {
 inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
   const __m512 lo = _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask), x);
   const __m512 hi = _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask >> 16), x + 16);
-  return _mm512_rol_epi32((__m512i)_mm512_cvtne2ps_pbh(hi, lo), 16);
+  return _mm512_maskz_rol_epi32(__mmask16(0xffff), (__m512i)_mm512_cvtne2ps_pbh(hi, lo), 16);
 }
 
 // Row pairs of op(X) into slivers (PairPackers::rows); pair16(row, i, n) gives the pairs of
@@ -174,20 +174,36 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// 16 pairs of adjacent bf16 bits x[2i], x[2i + 1] (32 words from x, `mask`ed): each dword
+// holds a pair already, the first in its lower half, so its halves are swapped, each read
+// as bf16_operands reads it.
+// (The maskz forms of the shifts: GCC 12 calls the unmasked ones' undefined source
+// uninitialized here, an error under -Werror.)
+inline __m512i adjacent_bits_pairs(const uint16_t* x, __mmask32 mask) {
+  const __mmask16 all = 0xffff;
+  const __m512i w = _mm512_maskz_loadu_epi16(mask, x);  // (second << 16) | first
+  const __m512i firsts = bf16_operands(_mm512_and_si512(w, _mm512_set1_epi32(0xffff)));
+  const __m512i seconds = bf16_operands(_mm512_maskz_srli_epi32(all, w, 16));
+  return _mm512_or_si512(_mm512_maskz_slli_epi32(all, firsts, 16), seconds);
+}
+
 // Up to 16 rows (ld apart) of adjacent pairs: row r's pairs q go to out[q * stride + r].
-// Per 32 values, each row's 16 pairs in one register, the 16 x 16 block transposed, and
-// each pair index's `rows` values stored at once (they were 16 scalar stores per row).
-void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
+// Per 32 values, each row's 16 pairs in one register (adjacent(row, mask): from f32 values
+// or bf16 bits), the 16 x 16 block transposed, and each pair index's `rows` values stored
+// at once (they were 16 scalar stores per row).
+template <typename Src, typename Adjacent>
+void block_pairs(const Src* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride,
+                 Adjacent adjacent) {
   const __mmask16 row_mask = static_cast<__mmask16>((1u << rows) - 1);
   for (int64_t v = 0; v < values; v += 32) {
     const int64_t n = std::min<int64_t>(32, values - v), pairs = (n + 1) / 2;
     const __mmask32 mask = n == 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << n) - 1);
     __m512 r[16];
     for (int i = 0; i < rows; ++i) {  // each row's 32 values two steps on (a few per cent)
-      prefetch(x + i * ld + v, 64 * sizeof(float));
-      prefetch(x + i * ld + v, 80 * sizeof(float));
+      prefetch(x + i * ld + v, 64 * int64_t{sizeof(Src)});
+      if (sizeof(Src) == 4) prefetch(x + i * ld + v, 80 * int64_t{sizeof(Src)});  // two lines two steps on
     }
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? (__m512)adjacent_pairs(x + i * ld + v, mask) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? (__m512)adjacent(x + i * ld + v, mask) : _mm512_setzero_ps();
     transpose16(r);
     if (n & 1) {  // the odd last value's pair gets the pad in its lower half
       const __m512i keep = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -207,9 +223,18 @@ void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32
   }
 }
 
+void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
+  block_pairs(x, ld, rows, values, pad, out, stride, adjacent_pairs);
+}
+
+void bits_block_to_pairs(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
+                         int64_t stride) {
+  block_pairs(x, ld, rows, values, pad, out, stride, adjacent_bits_pairs);
+}
+
 }  // namespace
 
-const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs, bits_rows_to_pairs};
+const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs, bits_rows_to_pairs, bits_block_to_pairs};
 
 // The f32 AVX-512 kernel's blocking but twice its depth: bf16 values are half the bytes, so a
 // 12 x 1024 sliver of A (24 KiB) and 1024 x 256 of packed B (512 KiB) take the f32 kernel's
