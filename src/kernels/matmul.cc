@@ -65,17 +65,15 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
     gemm_as<T>(operands, false, true, n, m, k, inp, k, weight, k, false, out, m, hooks.epilogue, hooks.prologue);
 }
 
-void matmul_forward_bits(float* out, const uint16_t* inp, DType format, const float* weight, const float* bias,
-                         int64_t n, int64_t k, int64_t m, DType round_out) {
-  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), round_out);
-  gemm_half_bits_a(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
-}
-
-void matmul_forward_gelu_bits(float* out, uint16_t* gelu_bits, const float* inp, const float* weight,
-                              const float* bias, int64_t n, int64_t k, int64_t m, DType format) {
-  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+void matmul_forward_half(float* out, uint16_t* gelu_bits, const float* inp, const uint16_t* inp_bits,
+                         const float* weight, const float* bias, int64_t n, int64_t k, int64_t m, DType format) {
+  LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
   const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits);
-  gemm_half(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
+  if (inp_bits != nullptr)
+    gemm_half_bits_a(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
+                     hooks.prologue);
+  else
+    gemm_half(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
 }
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,

@@ -27,16 +27,13 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
                     int64_t m, WeightLayout layout, T* gelu_out = nullptr, DType operands = DType::kF32,
                     DType round_out = DType::kF32);
 
-// matmul_forward (layout kKM, operands `format`) on inp held in 16-bit storage (format kBF16
-// or kF16: its bits, as mixed precision keeps a Linear's input): the bits of matmul_forward
-// on inp's f32 values, out rounded to round_out.
-void matmul_forward_bits(float* out, const uint16_t* inp, DType format, const float* weight, const float* bias,
-                         int64_t n, int64_t k, int64_t m, DType round_out);
-// matmul_forward (layout kKM) with operands and round_out `format` (kBF16 or kF16) and the
-// GELU written in that format's bits (gelu_bits (N, M)): the bits store_half would write of
-// matmul_forward's gelu_out. Mixed precision's c_fc: its GELU is never an f32 tensor.
-void matmul_forward_gelu_bits(float* out, uint16_t* gelu_bits, const float* inp, const float* weight,
-                              const float* bias, int64_t n, int64_t k, int64_t m, DType format);
+// Mixed precision's forward product: matmul_forward (layout kKM) with operands and round_out
+// `format` (kBF16 or kF16) on inp given as f32 values or as the format's bits (inp_bits, as
+// store_half writes them; exactly one of the two), and with gelu_bits (N, M), when not
+// null, the GELU in the format's bits: the bits store_half would write of matmul_forward's
+// gelu_out. So a Linear's 16-bit input and c_fc's GELU are never f32 tensors.
+void matmul_forward_half(float* out, uint16_t* gelu_bits, const float* inp, const uint16_t* inp_bits,
+                         const float* weight, const float* bias, int64_t n, int64_t k, int64_t m, DType format);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.

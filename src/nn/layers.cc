@@ -125,7 +125,7 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   if (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) {  // mixed precision's GELU output, in 16 bits
     LOOM_CHECK(x.dtype() == precision && split == TpSplit::kNone && int8 == nullptr && panels == nullptr);
     Tensor y = arena.alloc(with_last(x, out), DType::kF32);
-    k::matmul_forward_bits(y.data<float>(), x.data<uint16_t>(), precision, weight.value().data<float>(),
+    k::matmul_forward_half(y.data<float>(), nullptr, nullptr, x.data<uint16_t>(), weight.value().data<float>(),
                            bias.defined() ? bias.value().data<float>() : nullptr, n, in, out, precision);
     return y;
   }
@@ -168,16 +168,17 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
   }
   LOOM_CHECK_EQ(x.dim(-1), in);
   ctx.x = x;
-  Tensor y = arena.alloc(with_last(x, out), x.dtype());
   if (precision != DType::kF32 && split == TpSplit::kNone && int8 == nullptr && panels == nullptr) {
     // Mixed precision: the GELU straight into 16 bits, which c_proj packs and the backward
     // keeps as they are (an f32 copy was written, read by c_proj, then converted).
+    Tensor y = arena.alloc(with_last(x, out), x.dtype());
     Tensor bits = arena.alloc(y.shape(), precision);
-    k::matmul_forward_gelu_bits(y.data<float>(), bits.data<uint16_t>(), x.data<float>(), weight.value().data<float>(),
-                                bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out,
-                                precision);
+    k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), x.data<float>(), nullptr,
+                           weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
+                           x.numel() / in, in, out, precision);
     return {y, bits};
   }
+  Tensor y = arena.alloc(with_last(x, out), x.dtype());
   Tensor g = arena.alloc(y.shape(), x.dtype());
   if (int8 != nullptr) {
     LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);

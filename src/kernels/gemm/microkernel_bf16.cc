@@ -189,8 +189,9 @@ inline __m512i adjacent_bits_pairs(const uint16_t* x, __mmask32 mask) {
 
 // Up to 16 rows (ld apart) of adjacent pairs: row r's pairs q go to out[q * stride + r].
 // Per 32 values, each row's 16 pairs in one register (adjacent(row, mask): from f32 values
-// or bf16 bits), the 16 x 16 block transposed, and each pair index's `rows` values stored
-// at once (they were 16 scalar stores per row).
+// or bf16 bits; a lambda, so it is inlined: a function pointer was called per row), the
+// 16 x 16 block transposed, and each pair index's `rows` values stored at once (they were
+// 16 scalar stores per row).
 template <typename Src, typename Adjacent>
 void block_pairs(const Src* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride,
                  Adjacent adjacent) {
@@ -224,12 +225,13 @@ void block_pairs(const Src* x, int64_t ld, int rows, int64_t values, uint32_t pa
 }
 
 void block_to_pairs(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
-  block_pairs(x, ld, rows, values, pad, out, stride, adjacent_pairs);
+  block_pairs(x, ld, rows, values, pad, out, stride, [](const float* p, __mmask32 m) { return adjacent_pairs(p, m); });
 }
 
 void bits_block_to_pairs(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
                          int64_t stride) {
-  block_pairs(x, ld, rows, values, pad, out, stride, adjacent_bits_pairs);
+  block_pairs(x, ld, rows, values, pad, out, stride,
+              [](const uint16_t* p, __mmask32 m) { return adjacent_bits_pairs(p, m); });
 }
 
 }  // namespace
