@@ -16,7 +16,8 @@ namespace {
 // each output's chain of multiply-adds starts from it (in the block's cache lines, just
 // before the kernel reads them: filling out in a pass of its own was 3% of a bf16 gpt-mini
 // step); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
-// likewise (or, with gelu_bits, into 16-bit storage: round_out's bits). Either may be none.
+// likewise (or, with gelu_bits, into 16-bit storage: round_out's bits), and with out_bits
+// out's bits too. Either hook may be none.
 struct ForwardHooks {
   GemmPrologue prologue;
   GemmEpilogue epilogue;
@@ -24,19 +25,20 @@ struct ForwardHooks {
 
 template <typename T>
 ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType round_out,
-                           uint16_t* gelu_bits = nullptr) {
+                           uint16_t* gelu_bits = nullptr, uint16_t* out_bits = nullptr) {
   ForwardHooks hooks;
   if (bias != nullptr)
     hooks.prologue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
       for (int64_t i = i0; i < i0 + rows; ++i) std::copy(bias + j0, bias + j0 + cols, out + i * m + j0);
     };
-  if (gelu_out == nullptr && gelu_bits == nullptr && round_out == DType::kF32) return hooks;
+  if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32) return hooks;
   hooks.epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* y = out + i * m + j0;
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
       if constexpr (std::is_same_v<T, float>) {
         round_serial(round_out, y, y, cols);
+        if (out_bits != nullptr) store_half_serial(round_out, out_bits + i * m + j0, y, cols);
         if (gelu_bits != nullptr) {
           gelu_forward_half_bits(round_out, gelu_bits + i * m + j0, y, cols);
           continue;
@@ -65,10 +67,12 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
     gemm_as<T>(operands, false, true, n, m, k, inp, k, weight, k, false, out, m, hooks.epilogue, hooks.prologue);
 }
 
-void matmul_forward_half(float* out, uint16_t* gelu_bits, const float* inp, const uint16_t* inp_bits,
-                         const float* weight, const float* bias, int64_t n, int64_t k, int64_t m, DType format) {
+void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
+                         const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
+                         int64_t m, DType format) {
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
-  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits);
+  LOOM_CHECK(out_bits == nullptr || format == DType::kBF16 || format == DType::kF16);
+  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits);
   if (inp_bits != nullptr)
     gemm_half_bits_a(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
                      hooks.prologue);

@@ -29,11 +29,14 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 // Mixed precision's forward product: matmul_forward (layout kKM) with operands and round_out
 // `format` (kBF16 or kF16) on inp given as f32 values or as the format's bits (inp_bits, as
-// store_half writes them; exactly one of the two), and with gelu_bits (N, M), when not
-// null, the GELU in the format's bits: the bits store_half would write of matmul_forward's
-// gelu_out. So a Linear's 16-bit input and c_fc's GELU are never f32 tensors.
-void matmul_forward_half(float* out, uint16_t* gelu_bits, const float* inp, const uint16_t* inp_bits,
-                         const float* weight, const float* bias, int64_t n, int64_t k, int64_t m, DType format);
+// store_half writes them; exactly one of the two); with out_bits (N, M), when not null,
+// out's bits too, and with gelu_bits (N, M) the GELU in the format's bits: the bits
+// store_half would write of out and of matmul_forward's gelu_out. So a Linear's 16-bit
+// input and c_fc's GELU are never f32 tensors, and what backward keeps of c_fc is written
+// while each tile is in cache.
+void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
+                         const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
+                         int64_t m, DType format);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.

@@ -16,15 +16,7 @@ void round_copy(DType format, float* out, const float* x, int64_t n) {
 
 void store_half(DType format, uint16_t* out, const float* x, int64_t n) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
-  if (format == DType::kBF16) {
-    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = bf16_bits(x[i]);
-    });
-  } else {
-    parallel_chunks(n, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) out[i] = f16_bits(x[i]);
-    });
-  }
+  parallel_chunks(n, [&](int64_t lo, int64_t hi) { store_half_serial(format, out + lo, x + lo, hi - lo); });
 }
 
 void load_half(DType format, float* out, const uint16_t* in, int64_t n) {

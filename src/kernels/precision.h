@@ -83,6 +83,15 @@ inline void load_half_serial(DType format, float* out, const uint16_t* in, int64
     for (int64_t i = 0; i < n; ++i) out[i] = f16_value(in[i]);
 }
 
+// out[i] = x[i] in the 16-bit format's bits (kBF16 or kF16), on the calling thread:
+// store_half's body, and an epilogue's tile.
+inline void store_half_serial(DType format, uint16_t* out, const float* x, int64_t n) {
+  if (format == DType::kBF16)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_bits(x[i]);
+}
+
 // x[i] = the bf16 or f16 value nearest x[i] (format kBF16 or kF16), in place; kF32 leaves x.
 void round_to(DType format, float* x, int64_t n);
 // out[i] = x[i] rounded as round_to rounds, in one pass (kF32: copied). out may be x.

@@ -63,10 +63,10 @@ Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Sha
     : c_fc(ps, prefix + ".c_fc", c, hidden, true, shard, TpSplit::kColumn),
       c_proj(ps, prefix + ".c_proj", hidden, c, true, shard, TpSplit::kRow) {}
 
-Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const {
+Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept) const {
   // c_fc and the GELU in one pass over h (Linear::forward_gelu): what Gelu::forward would
   // compute, without reading h back from memory.
-  auto [h, g] = c_fc.forward_gelu(x, ctx.c_fc, arena);
+  auto [h, g] = c_fc.forward_gelu(x, ctx.c_fc, arena, kept);
   ctx.gelu.x = h;
   return c_proj.forward(g, ctx.c_proj, arena);
 }
@@ -87,10 +87,10 @@ Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head,
       ln_2(ps, prefix + ".ln_2", c, shard),
       mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
 
-Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const {
+Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena, Arena* kept) const {
   Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
-  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena);
+  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena, kept);
   add_into(y, h, precision);  // y = h + mlp(ln_2(h))
   return y;
 }

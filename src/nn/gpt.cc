@@ -205,7 +205,7 @@ Tensor Gpt::forward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& x, GptCtx
       BlockCtx discard = block_ctx(ctx);
       y = blocks_[l].forward(in, discard, scratch_);
     } else {
-      y = blocks_[l].forward(in, ctx.blocks[l], scratch_);
+      y = blocks_[l].forward(in, ctx.blocks[l], scratch_, &ctx.arena);
       mixed::keep_half(ctx.blocks[l], precision_, in, h, ctx.arena);
     }
     h = mixed::to_half(y, precision_, ctx.arena);

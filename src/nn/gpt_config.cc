@@ -68,7 +68,8 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     // round the weights as they pack them: no copies), but for the GELU's input and the
     // inputs of c_attn, c_fc and the MLP's c_proj, which backward reads in 16 bits
     // (nn/mixed.h; with sequence parallelism those three are loaded). Unsplit, c_fc writes
-    // the GELU's output in 16 bits, in the workspace too (nn::Linear::forward_gelu).
+    // the GELU's output in 16 bits (nn::Linear::forward_gelu): in the workspace under full
+    // recompute, else straight into the arena with c_fc's output, which the keep counts.
     auto h = [](double elements) { return std::ceil(elements * 2 / 64) * 64; };
     const double keep = 4 * a(r) + a(lse) + 3 * h(r * c) + h(n * p) + 2 * h(4 * n * p) + h(3 * n * p) + h(r * c);
     const double loaded = 2 * a(r * c) + a(n * p) + a(3 * n * p) + (sp ? 2 * a(r * c) + a(4 * n * p) : 0);
@@ -81,7 +82,9 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
       if (blocks > 0) out.workspace = std::max(out.workspace, forward + (with_backward ? block_bwd : 0));
     } else {
       out.arena += l * keep;
-      if (blocks > 0) out.workspace = std::max({out.workspace, forward, with_backward ? loaded + block_bwd : 0});
+      const double gelu_kept = tp == 1 ? h(4 * n * p) : 0;
+      if (blocks > 0)
+        out.workspace = std::max({out.workspace, forward - gelu_kept, with_backward ? loaded + block_bwd : 0});
     }
   } else if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));

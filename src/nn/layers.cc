@@ -125,8 +125,9 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   if (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) {  // mixed precision's GELU output, in 16 bits
     LOOM_CHECK(x.dtype() == precision && split == TpSplit::kNone && int8 == nullptr && panels == nullptr);
     Tensor y = arena.alloc(with_last(x, out), DType::kF32);
-    k::matmul_forward_half(y.data<float>(), nullptr, nullptr, x.data<uint16_t>(), weight.value().data<float>(),
-                           bias.defined() ? bias.value().data<float>() : nullptr, n, in, out, precision);
+    k::matmul_forward_half(y.data<float>(), nullptr, nullptr, nullptr, x.data<uint16_t>(),
+                           weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr, n, in,
+                           out, precision);
     return y;
   }
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
@@ -156,7 +157,7 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   return y;
 }
 
-std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena* kept) const {
   // Mixed precision: the epilogue rounds the output, takes the GELU of the rounded values and
   // rounds that too.
   if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split())) {
@@ -170,13 +171,15 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
   ctx.x = x;
   if (precision != DType::kF32 && split == TpSplit::kNone && int8 == nullptr && panels == nullptr) {
     // Mixed precision: the GELU straight into 16 bits, which c_proj packs and the backward
-    // keeps as they are (an f32 copy was written, read by c_proj, then converted).
+    // keeps as they are (an f32 copy was written, read by c_proj, then converted). With
+    // `kept`, both go there, y's in 16 bits too, as each tile is finished.
     Tensor y = arena.alloc(with_last(x, out), x.dtype());
-    Tensor bits = arena.alloc(y.shape(), precision);
-    k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), x.data<float>(), nullptr,
-                           weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
-                           x.numel() / in, in, out, precision);
-    return {y, bits};
+    Tensor y_bits = kept != nullptr ? kept->alloc(y.shape(), precision) : Tensor();
+    Tensor bits = (kept != nullptr ? *kept : arena).alloc(y.shape(), precision);
+    k::matmul_forward_half(y.data<float>(), kept != nullptr ? y_bits.data<uint16_t>() : nullptr, bits.data<uint16_t>(),
+                           x.data<float>(), nullptr, weight.value().data<float>(),
+                           bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out, precision);
+    return {kept != nullptr ? y_bits : y, bits};
   }
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   Tensor g = arena.alloc(y.shape(), x.dtype());

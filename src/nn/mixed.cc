@@ -60,7 +60,9 @@ void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& i
     auto [it, fresh] = moved.try_emplace(t.raw());
     LOOM_CHECK(fresh || it->second.numel() == t.numel());  // a tensor kept twice, never a part of one
     if (fresh) {
-      if (kept == Kept::kStatistic || t.dtype() != DType::kF32) {  // statistics, and 16 bits already (the GELU)
+      if (t.dtype() != DType::kF32) {  // 16 bits already, written to the arena (Block::forward's `kept`)
+        it->second = t;
+      } else if (kept == Kept::kStatistic) {
         it->second = arena.alloc(t.shape(), t.dtype());
         it->second.copy_from(t);
       } else {

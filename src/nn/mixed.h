@@ -18,8 +18,9 @@ Tensor to_half(const Tensor& x, DType format, Arena& arena);
 Tensor to_f32(const Tensor& x, Arena& arena);
 // After a block's forward in the workspace: every tensor ctx keeps moves to the arena, 16-bit
 // (its values are rounded already) but the per-row statistics (LayerNorm's mean and rstd,
-// the attention's log-sum-exp), which stay f32; one in 16 bits already (the GELU's output,
-// nn::Linear::forward_gelu) is copied as it is. A tensor kept twice is copied once; `input`
+// the attention's log-sum-exp), which stay f32; those in 16 bits already (c_fc's output
+// and its GELU, nn::Linear::forward_gelu) must be in the arena already (Block::forward's
+// `kept`), and stay. A tensor kept twice is copied once; `input`
 // (the block's input, in the workspace) becomes `input_half`, which the arena holds already.
 void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& input_half, Arena& arena);
 // Before the block's backward: the 16-bit tensors of ctx back to f32 in the workspace, but for

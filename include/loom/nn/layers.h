@@ -57,8 +57,10 @@ class Linear {
   // Gelu::forward on y. Falls back to two passes where the output is not final in the
   // product (a row-parallel piece, sequence parallelism). Mixed precision (unsplit): the
   // GELU in the precision's 16 bits (the bits store_half would write of Gelu::forward's),
-  // which forward reads as they are.
-  std::pair<Tensor, Tensor> forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
+  // which forward reads as they are; with `kept` (where a block keeps its 16-bit tensors,
+  // nn/mixed.h) the GELU there, and y too, returned in 16 bits (the f32 y, the product's
+  // output, stays in `arena`).
+  std::pair<Tensor, Tensor> forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
   // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
   // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later
   // (zero-bubble pipelines), the same bits as one backward.
@@ -221,7 +223,8 @@ class Mlp {
   Mlp() = default;
   // Split over shard.parts: c_fc column-parallel, c_proj row-parallel.
   Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Shard shard = {});
-  Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena) const;
+  // `kept`: Linear::forward_gelu's.
+  Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
   Tensor backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const MlpCtx& ctx) const;
 
@@ -244,7 +247,9 @@ class Block {
  public:
   Block() = default;
   Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard = {});
-  Tensor forward(const Tensor& x, BlockCtx& ctx, Arena& arena) const;  // (B, T, C)
+  // (B, T, C). Mixed precision: `kept`, when not null, takes the 16-bit tensors the MLP
+  // writes for backward (Linear::forward_gelu), so they need no copy (nn/mixed.h).
+  Tensor forward(const Tensor& x, BlockCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
   // With defer_weights: dx and the LayerNorm gradients now, the linear layers' weight
   // gradients in backward_weight (zero-bubble pipelines).
   Tensor backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights = false) const;
