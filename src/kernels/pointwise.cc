@@ -86,10 +86,10 @@ const GeluTables& gelu_tables(DType format) {
   return format == DType::kBF16 ? bf16 : f16;
 }
 
-}  // namespace
-
-void gelu_forward_half(DType format, float* out, const float* inp, int64_t n) {
-  const float* table = gelu_tables(format).forward.data();
+// out[i] = table[the format's bits of inp[i]]: inp holds values of the format already, so a
+// bf16 value's bits are its upper half.
+template <typename Out>
+void look_up(DType format, Out* out, const Out* table, const float* inp, int64_t n) {
   if (format == DType::kBF16) {
     for (int64_t i = 0; i < n; ++i) out[i] = table[std::bit_cast<uint32_t>(inp[i]) >> 16];
   } else {
@@ -97,13 +97,14 @@ void gelu_forward_half(DType format, float* out, const float* inp, int64_t n) {
   }
 }
 
+}  // namespace
+
+void gelu_forward_half(DType format, float* out, const float* inp, int64_t n) {
+  look_up(format, out, gelu_tables(format).forward.data(), inp, n);
+}
+
 void gelu_forward_half_bits(DType format, uint16_t* out, const float* inp, int64_t n) {
-  const uint16_t* table = gelu_tables(format).forward_bits.data();
-  if (format == DType::kBF16) {
-    for (int64_t i = 0; i < n; ++i) out[i] = table[std::bit_cast<uint32_t>(inp[i]) >> 16];
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = table[f16_bits(inp[i])];
-  }
+  look_up(format, out, gelu_tables(format).forward_bits.data(), inp, n);
 }
 
 void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const float* dout, int64_t n,
