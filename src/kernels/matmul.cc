@@ -71,7 +71,6 @@ void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, co
                          const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
                          int64_t m, DType format) {
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
-  LOOM_CHECK(out_bits == nullptr || format == DType::kBF16 || format == DType::kF16);
   const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits);
   if (inp_bits != nullptr)
     gemm_half_bits_a(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,

@@ -228,8 +228,8 @@ TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
 // A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input): the bits of
 // gemm_half on A's f32 values, on every path (vdpbf16ps packs the bits, the others convert
 // them first), transposed A or not, bf16 and f16, with bf16 subnormals among A's bits (read
-// as zero, as the f32 packing reads them) and, in one layout, signalling NaNs, on the shapes above and wide ones whose row pairs
-// cross many 12-row slivers.
+// as zero, as the f32 packing reads them) and, in one layout, signalling NaNs, on the
+// shapes above and wide ones whose row pairs cross many 12-row slivers.
 TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
   auto shapes = kShapes;
   shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});

@@ -202,7 +202,7 @@ void block_pairs(const Src* x, int64_t ld, int rows, int64_t values, uint32_t pa
     __m512 r[16];
     for (int i = 0; i < rows; ++i) {  // each row's 32 values two steps on (a few per cent)
       prefetch(x + i * ld + v, 64 * int64_t{sizeof(Src)});
-      if (sizeof(Src) == 4) prefetch(x + i * ld + v, 80 * int64_t{sizeof(Src)});  // two lines two steps on
+      if (sizeof(Src) == 4) prefetch(x + i * ld + v, 80 * int64_t{sizeof(Src)});  // f32: a step is two lines
     }
     for (int i = 0; i < 16; ++i) r[i] = i < rows ? (__m512)adjacent(x + i * ld + v, mask) : _mm512_setzero_ps();
     transpose16(r);
