@@ -74,7 +74,7 @@ struct GeluTables {
   explicit GeluTables(DType format) : forward(every_value(format)), factor(forward), forward_bits(65536) {
     gelu_forward_serial(forward.data(), factor.data(), 65536);
     round_serial(format, forward.data(), forward.data(), 65536);
-    store_half(format, forward_bits.data(), forward.data(), 65536);
+    store_half_serial(format, forward_bits.data(), forward.data(), 65536);
 #pragma omp simd
     for (int64_t i = 0; i < 65536; ++i) factor[i] = gelu_grad(factor[i], 1.0f);
   }
