@@ -1,6 +1,7 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
+#include <bit>
 #include <type_traits>
 
 #include "kernels/parallel.h"
@@ -54,6 +55,29 @@ ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType 
   return hooks;
 }
 
+// dbias (M) += the column sums of value(i, c), i < n, c < m: columns split across threads,
+// each column summed over rows in order, deterministic whatever the thread count.
+template <typename T, typename Value>
+void add_column_sums(T* dbias, int64_t n, int64_t m, Value value) {
+  constexpr int64_t kCols = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < m; c0 += kCols) {
+    const int64_t c1 = std::min(m, c0 + kCols);
+    T acc[kCols] = {};
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += value(i, c);
+    for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
+  }
+}
+
+// Mixed precision's dinp rounded to `round` (kF32: none) on each finished tile of (n, ld).
+GemmEpilogue rounding(float* dinp, int64_t ld, DType round) {
+  if (round == DType::kF32) return {};
+  return [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    for (int64_t i = i0; i < i0 + rows; ++i) round_serial(round, dinp + i * ld + j0, dinp + i * ld + j0, cols);
+  };
+}
+
 }  // namespace
 
 template <typename T>
@@ -92,11 +116,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands, DType round_dinp) {
   LOOM_CHECK((round_dinp == DType::kF32 || std::is_same_v<T, float>));
   GemmEpilogue round;
-  if constexpr (std::is_same_v<T, float>)
-    if (round_dinp != DType::kF32)
-      round = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-        for (int64_t i = i0; i < i0 + rows; ++i) round_serial(round_dinp, dinp + i * k + j0, dinp + i * k + j0, cols);
-      };
+  if constexpr (std::is_same_v<T, float>) round = rounding(dinp, k, round_dinp);
   if (layout == WeightLayout::kKM) {
     if (dinp != nullptr) gemm_as<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k, round);
     if (dweight != nullptr) gemm_as<T>(operands, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
@@ -104,26 +124,44 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     if (dinp != nullptr) gemm_as<T>(operands, false, false, n, k, m, dout, m, weight, k, false, dinp, k, round);
     if (dweight != nullptr) gemm_as<T>(operands, true, false, m, k, n, dout, m, inp, k, true, dweight, k);
   }
-  if (dbias != nullptr) {
-    // Columns split across threads; each column summed over rows in order: deterministic
-    // whatever the thread count.
-    constexpr int64_t kCols = 64;
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < m; c0 += kCols) {
-      int64_t c1 = std::min(m, c0 + kCols);
-      T acc[kCols] = {};
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = dout + i * m;
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
-    }
-  }
+  if (dbias != nullptr) add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return dout[i * m + c]; });
 }
 
 void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
                              int64_t k, int64_t m) {
   gemm_half_bits_a(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+}
+
+void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
+                               const uint16_t* h_bits, int64_t n, int64_t k, int64_t m, DType format) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  const GemmEpilogue gelu = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+    for (int64_t i = i0; i < i0 + rows; ++i) {
+      float* d = dinp + i * k + j0;
+      round_serial(format, d, d, cols);
+      gelu_backward_half_bits(format, dh_bits + i * k + j0, h_bits + i * k + j0, d, cols);
+    }
+  };
+  gemm_half(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, gelu);
+}
+
+void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, int64_t n, int64_t k, int64_t m,
+                      DType format, DType round_dinp) {
+  gemm_half_bits_a(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(dinp, k, round_dinp));
+}
+
+void matmul_weight_grad_bits(float* dweight, float* dbias, const uint16_t* dout, const uint16_t* inp, DType format,
+                             int64_t n, int64_t k, int64_t m) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  gemm_half_bits(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+  if (dbias == nullptr) return;
+  if (format == DType::kBF16) {
+    add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) {
+      return std::bit_cast<float>(static_cast<uint32_t>(dout[i * m + c]) << 16);
+    });
+  } else {
+    add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return f16_value(dout[i * m + c]); });
+  }
 }
 
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,

@@ -61,4 +61,21 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
                              int64_t k, int64_t m);
 
+// Mixed precision's gradients in 16 bits (format kBF16 or kF16), between the MLP's products:
+// - matmul_backward_gelu_bits: dinp (N, K) = dout @ weight^T (layout kKM) rounded to
+//   `format`, as matmul_backward computes it (operands and round_dinp `format`), then, on each
+//   tile as the product finishes it, dh_bits = gelu'(h) * dinp rounded, in the format's bits,
+//   h given as its bits (the GELU's input): the bits of matmul_backward, gelu_backward_bits
+//   and store_half after; dinp is left as scratch.
+// - matmul_dinp_bits: matmul_backward's dinp (layout kKM, operands `format`) of a dout held
+//   as the format's bits, rounded to round_dinp.
+// - matmul_weight_grad_bits with dout in bits too: dweight (K, M) += inp^T @ dout and, unless
+//   null, dbias (M) += dout's column sums, the bits of matmul_backward on their f32 values.
+void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
+                               const uint16_t* h_bits, int64_t n, int64_t k, int64_t m, DType format);
+void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, int64_t n, int64_t k, int64_t m,
+                      DType format, DType round_dinp);
+void matmul_weight_grad_bits(float* dweight, float* dbias, const uint16_t* dout, const uint16_t* inp, DType format,
+                             int64_t n, int64_t k, int64_t m);
+
 }  // namespace loom::kernels

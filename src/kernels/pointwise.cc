@@ -116,6 +116,15 @@ void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const fl
   });
 }
 
+void gelu_backward_half_bits(DType format, uint16_t* dinp, const uint16_t* inp, const float* dout, int64_t n) {
+  const float* factor = gelu_tables(format).factor.data();
+  if (format == DType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) dinp[i] = bf16_bits(factor[inp[i]] * dout[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dinp[i] = f16_bits(factor[inp[i]] * dout[i]);
+  }
+}
+
 template <typename T>
 void add_forward(T* out, const T* a, const T* b, int64_t n) {
   parallel_chunks(n, [&](int64_t lo, int64_t hi) {

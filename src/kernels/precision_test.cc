@@ -8,11 +8,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "kernels/precision.h"
 #include "loom/core/dtype.h"
+#include "loom/core/error.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
 
@@ -138,6 +142,60 @@ TEST(Precision, GeluTablesEqualTheF32LoopsOnEvery16BitValue) {
     for (int64_t i = 0; i < n; ++i) wrong += same(got[i], want[i]) ? 0 : 1;
     EXPECT_EQ(wrong, 0) << dtype_name(format) << " backward";
   }
+}
+
+// Mixed precision's MLP gradient in 16 bits (matmul.h): c_proj's input gradient taken
+// through the GELU into bits, then c_fc's input and weight gradients and bias from those
+// bits, each the bits of the f32 path it replaces (matmul_backward rounding its dinp,
+// gelu_backward_bits, store_half; matmul_backward on the values the bits hold), on shapes
+// below and above the products' threading threshold, on one thread and two.
+TEST(Precision, MlpGradientInBitsEqualsTheF32Path) {
+  for (int threads : {1, 2}) {
+    set_compute_threads(threads);
+    for (DType format : {DType::kBF16, DType::kF16})
+      for (auto [n, k, m] : {std::tuple<int64_t, int64_t, int64_t>{7, 5, 3}, {300, 70, 90}, {129, 256, 64}}) {
+        const std::string what = cat(dtype_name(format), " n=", n, " k=", k, " m=", m, " threads=", threads);
+        Rng r(static_cast<uint64_t>(n * k * m) + static_cast<uint64_t>(format));
+        const auto randoms = [&](int64_t count, double scale) {
+          std::vector<float> v(static_cast<size_t>(count));
+          for (float& x : v) x = static_cast<float>(scale * r.normal());
+          return v;
+        };
+        const auto stored = [&](const std::vector<float>& v) {
+          std::vector<uint16_t> b(v.size());
+          store_half(format, b.data(), v.data(), static_cast<int64_t>(v.size()));
+          return b;
+        };
+        const auto values = [&](const std::vector<uint16_t>& b) {
+          std::vector<float> v(b.size());
+          load_half(format, v.data(), b.data(), static_cast<int64_t>(b.size()));
+          return v;
+        };
+        // c_proj: dout (n, m) f32, weight (k, m); the GELU's input h (n, k) in bits.
+        const std::vector<float> dout = randoms(n * m, 1), w = randoms(k * m, 0.3);
+        const std::vector<uint16_t> h = stored(randoms(n * k, 2));
+        std::vector<float> dinp(n * k), want_dh(n * k), scratch(n * k);
+        matmul_backward<float>(dinp.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), n, k, m,
+                               WeightLayout::kKM, format, format);
+        gelu_backward_bits(want_dh.data(), h.data(), format, dinp.data(), n * k, format);
+        std::vector<uint16_t> dh(n * k);
+        matmul_backward_gelu_bits(dh.data(), scratch.data(), dout.data(), w.data(), h.data(), n, k, m, format);
+        EXPECT_TRUE(stored(want_dh) == dh) << what;
+        // c_fc: dout (n, k) = dh in bits, weight (m, k) read as (in m, out k), input x (n, m) in bits.
+        const std::vector<float> dh_values = values(dh), w2 = randoms(m * k, 0.3);
+        const std::vector<uint16_t> x = stored(randoms(n * m, 1));
+        std::vector<float> want_dx(n * m), got_dx(n * m), want_dw = randoms(m * k, 1), got_dw = want_dw,
+                                                          want_db = randoms(k, 1), got_db = want_db;
+        matmul_backward<float>(want_dx.data(), want_dw.data(), want_db.data(), dh_values.data(), values(x).data(),
+                               w2.data(), n, m, k, WeightLayout::kKM, format, format);
+        matmul_dinp_bits(got_dx.data(), dh.data(), w2.data(), n, m, k, format, format);
+        matmul_weight_grad_bits(got_dw.data(), got_db.data(), dh.data(), x.data(), format, n, m, k);
+        EXPECT_EQ(std::memcmp(got_dx.data(), want_dx.data(), got_dx.size() * sizeof(float)), 0) << what << " dx";
+        EXPECT_EQ(std::memcmp(got_dw.data(), want_dw.data(), got_dw.size() * sizeof(float)), 0) << what << " dw";
+        EXPECT_EQ(std::memcmp(got_db.data(), want_db.data(), got_db.size() * sizeof(float)), 0) << what << " db";
+      }
+  }
+  set_compute_threads(1);
 }
 
 }  // namespace

@@ -72,6 +72,13 @@ Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept) con
 }
 
 Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
+  // Mixed precision with c_fc's input and the GELU's kept in 16 bits: the gradient between
+  // c_proj and c_fc in 16 bits too, written by c_proj's product as it finishes each tile, so
+  // c_fc's products and bias gradient read half the bytes (the same bits: they are rounded).
+  if (precision != DType::kF32 && ctx.gelu.x.dtype() == precision && ctx.c_fc.x.dtype() == precision &&
+      ctx.c_proj.x.dtype() == precision && !c_fc.shard.sequence_split())
+    return c_fc.backward(c_proj.backward_gelu(dy, ctx.c_proj, ctx.gelu.x, arena, defer_weights), ctx.c_fc, arena, true,
+                         defer_weights);
   Tensor dh = gelu.backward(c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights), ctx.gelu, arena, precision);
   return c_fc.backward(dh, ctx.c_fc, arena, true, defer_weights);
 }

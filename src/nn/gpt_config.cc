@@ -83,8 +83,12 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     } else {
       out.arena += l * keep;
       const double gelu_kept = tp == 1 ? h(4 * n * p) : 0;
+      // Backward hands the MLP's gradient from c_proj to c_fc in 16 bits (nn::Linear::
+      // backward_gelu), but where sequence parallelism gathers c_fc's input in f32.
+      const double mlp_bits = sp ? 0 : a(4 * n * p) - h(4 * n * p);
       if (blocks > 0)
-        out.workspace = std::max({out.workspace, forward - gelu_kept, with_backward ? loaded + block_bwd : 0});
+        out.workspace =
+            std::max({out.workspace, forward - gelu_kept, with_backward ? loaded + block_bwd - mlp_bits : 0});
     }
   } else if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));

@@ -204,16 +204,20 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
 
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
   LOOM_CHECK(int8 == nullptr && panels == nullptr);  // int8 weights and panels are for inference
+  // Mixed precision's MLP hands c_fc its gradient in 16 bits (Linear::backward_gelu).
+  const bool dy_bits = dy.dtype() == DType::kBF16 || dy.dtype() == DType::kF16;
+  LOOM_CHECK(!dy_bits || (dy.dtype() == precision && ctx.x.dtype() == precision));
   if (split != TpSplit::kNone && shard.sequence_split()) {
-    LOOM_CHECK(need_dx && !defer_weights);  // sequence parallelism runs without pipeline stages
+    LOOM_CHECK(need_dx && !defer_weights && !dy_bits);  // sequence parallelism runs without pipeline stages
     return backward_sequence(dy, ctx, arena);
   }
-  Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), dy.dtype()) : Tensor();
+  const DType grad = dy_bits ? DType::kF32 : dy.dtype();
+  Tensor dx = need_dx ? arena.alloc(ctx.x.shape(), grad) : Tensor();
   const int64_t n = dy.numel() / out;
   const Tensor& w = weight.value();
   ctx.dy = dy;
   // Mixed precision keeps some inputs in 16 bits (nn/mixed.h); only backward_weight reads them.
-  const bool x_bits = ctx.x.dtype() != dy.dtype();
+  const bool x_bits = ctx.x.dtype() != grad;
   // Mixed precision rounds dx in the product's epilogue, tile by tile; a column split's dx
   // once the parts' shares are summed.
   const bool summed = split == TpSplit::kColumn;
@@ -222,11 +226,14 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
     // dx alone, then the weight gradients. Column: every part's share of dx summed, the sum
     // travelling while this part computes its weight gradients (the same bits as one call:
     // each output of the product is computed alone).
-    if (need_dx)
+    if (need_dx && dy_bits) {
+      k::matmul_dinp_bits(dx.data<float>(), dy.data<uint16_t>(), w.data<float>(), n, in, out, precision, round_dx);
+    } else if (need_dx) {
       LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                           k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
                                              dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
                                              k::WeightLayout::kKM, precision, round_dx));
+    }
     std::unique_ptr<Seam::Pending> sum = need_dx && summed ? shard.seam->start_sum(dx) : nullptr;
     if (!defer_weights) backward_weight(ctx);
     if (sum) sum->wait();
@@ -243,12 +250,35 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   return dx;
 }
 
+Tensor Linear::backward_gelu(const Tensor& dy, LinearCtx& ctx, const Tensor& h, Arena& arena,
+                             bool defer_weights) const {
+  LOOM_CHECK(int8 == nullptr && panels == nullptr && split != TpSplit::kColumn && !shard.sequence_split());
+  LOOM_CHECK((precision == DType::kBF16 || precision == DType::kF16) && dy.dtype() == DType::kF32);
+  LOOM_CHECK(h.dtype() == precision && h.numel() == ctx.x.numel());
+  Tensor dx = arena.alloc(ctx.x.shape(), DType::kF32);  // the product's output, rounded, then scratch
+  Tensor dh = arena.alloc(ctx.x.shape(), precision);
+  ctx.dy = dy;
+  k::matmul_backward_gelu_bits(dh.data<uint16_t>(), dx.data<float>(), dy.data<float>(), weight.value().data<float>(),
+                               h.data<uint16_t>(), dy.numel() / out, in, out, precision);
+  if (!defer_weights) {
+    backward_weight(ctx);
+    ctx.dy = Tensor();
+  }
+  return dh;
+}
+
 void Linear::backward_weight(const LinearCtx& ctx) const {
   LOOM_CHECK(ctx.dy.defined());
   LOOM_CHECK(split == TpSplit::kNone || !shard.sequence_split());  // its input is not kept gathered
+  const int64_t n = ctx.dy.numel() / out;
+  if (ctx.dy.dtype() == DType::kBF16 || ctx.dy.dtype() == DType::kF16) {  // dy and x in 16 bits: both packed as bits
+    LOOM_CHECK(ctx.dy.dtype() == precision && ctx.x.dtype() == precision);
+    k::matmul_weight_grad_bits(weight.grad().data<float>(), bias.defined() ? bias.grad().data<float>() : nullptr,
+                               ctx.dy.data<uint16_t>(), ctx.x.data<uint16_t>(), precision, n, in, out);
+    return;
+  }
   if (ctx.x.dtype() != ctx.dy.dtype()) {  // x kept in 16 bits: the product packs its bits
     LOOM_CHECK(ctx.dy.dtype() == DType::kF32 && ctx.x.dtype() == precision);
-    const int64_t n = ctx.dy.numel() / out;
     k::matmul_weight_grad_bits(weight.grad().data<float>(), ctx.dy.data<float>(), ctx.x.data<uint16_t>(), precision, n,
                                in, out);
     if (bias.defined())
@@ -259,7 +289,7 @@ void Linear::backward_weight(const LinearCtx& ctx) const {
   LOOM_DISPATCH_FLOAT(ctx.dy.dtype(), T,
                       k::matmul_backward(static_cast<T*>(nullptr), weight.grad().data<T>(),
                                          bias.defined() ? bias.grad().data<T>() : nullptr, ctx.dy.data<T>(),
-                                         ctx.x.data<T>(), weight.value().data<T>(), ctx.dy.numel() / out, in, out,
+                                         ctx.x.data<T>(), weight.value().data<T>(), n, in, out,
                                          k::WeightLayout::kKM, precision));
 }
 

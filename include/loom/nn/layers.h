@@ -64,7 +64,14 @@ class Linear {
   // Returns dx (N, in), or an undefined tensor when need_dx is false. With defer_weights,
   // only dx: dy is kept in ctx and backward_weight adds the weight and bias gradients later
   // (zero-bubble pipelines), the same bits as one backward.
+  // Mixed precision: dy may be 16-bit (the precision's bits, with x kept so too; from
+  // backward_gelu), dx then f32.
   Tensor backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx = true, bool defer_weights = false) const;
+  // Mixed precision's MLP (c_proj, unsplit or row-parallel, its input kept in 16 bits): dx
+  // taken on through the GELU whose input h is kept in the precision's bits, gelu'(h) * dx
+  // in those bits (kernels::matmul_backward_gelu_bits: the bits of backward, Gelu::backward
+  // rounding to the precision, and store_half), which c_fc's backward packs as they are.
+  Tensor backward_gelu(const Tensor& dy, LinearCtx& ctx, const Tensor& h, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const LinearCtx& ctx) const;
 
   ParamRef weight;  // (in, out)

@@ -158,52 +158,54 @@ void zero_sliver_tail(uint32_t* sliver, int64_t count, int64_t width, int64_t de
   for (int64_t q = 0; q < depth; ++q) std::fill(s + q * width + count % width, s + (q + 1) * width, 0u);
 }
 
+// The packers' two sources: f32 values, or bf16 bits (16-bit storage) giving the same pairs.
+void pack_rows(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+               int64_t sliver) {
+  gemm_detail::kAvx512Bf16Packers.rows(x, ld, count, pairs, out, width, sliver);
+}
+void pack_rows(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
+               int64_t sliver) {
+  gemm_detail::kAvx512Bf16Packers.bits_rows(x, ld, count, pairs, out, width, sliver);
+}
+void pack_block(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
+  gemm_detail::kAvx512Bf16Packers.block(x, ld, rows, values, pad, out, stride);
+}
+void pack_block(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
+                int64_t stride) {
+  gemm_detail::kAvx512Bf16Packers.bits_block(x, ld, rows, values, pad, out, stride);
+}
+
 // A tile's MR-row slivers of op(A) (rows [i0, i0 + rows) x k [p0, p0 + kc)) as pairs, sliver
 // s at out + s * stride (PairPacking::a_stride): out[q * mr + r] of a sliver = the pair
 // (op(A)(r, p0 + 2q), op(A)(r, p0 + 2q + 1)); rows past the tile zero. A transposed A (a
 // weight gradient's activations) is read a row pair at a time across the whole tile: sliver
-// by sliver, each read took 48 bytes from rows thousands of bytes apart.
-void pack_a_pairs(const Operand<float>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
+// by sliver, each read took 48 bytes from rows thousands of bytes apart. Value: float, or
+// uint16_t (bf16 bits: the same pairs).
+template <typename Value>
+void pack_a_pairs(const Operand<Value>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
                   int64_t stride) {
-  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   if (!a.trans) {
     for (int64_t r = 0; r < rows; r += mr)  // MR <= 16: one block per sliver
-      pack.block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
+      pack_block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
                  out + (r / mr) * stride, mr);
   } else {
-    pack.rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
-    if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, stride, out);
-  }
-  zero_sliver_tail(out, rows, mr, depth, stride);
-}
-
-// pack_a_pairs for an A held as bf16 bits (gemm_half_bits_a): the same pairs.
-void pack_a_pairs(const Operand<uint16_t>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
-                  int64_t stride) {
-  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
-  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
-  if (!a.trans) {
-    for (int64_t r = 0; r < rows; r += mr)
-      pack.bits_block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
-                      out + (r / mr) * stride, mr);
-  } else {
-    pack.bits_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
+    pack_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
     if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, stride, out);
   }
   zero_sliver_tail(out, rows, mr, depth, stride);
 }
 
 // NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols) as pairs, each depth x nr.
-void pack_b_pairs(const Operand<float>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
-  const gemm_detail::PairPackers& pack = gemm_detail::kAvx512Bf16Packers;
+template <typename Value>
+void pack_b_pairs(const Operand<Value>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
   const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
   if (!b.trans) {
-    pack.rows(b.p + p0 * b.ld + j0, b.ld, cols, pairs, out, nr, nr * depth);
+    pack_rows(b.p + p0 * b.ld + j0, b.ld, cols, pairs, out, nr, nr * depth);
     if (kc & 1) pack_last_k(b.p + (p0 + kc - 1) * b.ld + j0, cols, kPadB, pairs, nr, nr * depth, out);
   } else {
     for (int64_t j = 0; j < cols; j += 16)
-      pack.block(b.p + (j0 + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, cols - j)), kc, kPadB,
+      pack_block(b.p + (j0 + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, cols - j)), kc, kPadB,
                  out + (j / nr) * nr * depth + j % nr, nr);
   }
   zero_sliver_tail(out, cols, nr, depth, nr * depth);
@@ -282,7 +284,8 @@ struct PairPacking {
          int64_t stride) const {
     pack_a_pairs(x, i0, rows, p0, kc, mr, out, stride);
   }
-  void b(const Operand<float>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) const {
+  template <typename Value>
+  void b(const Operand<Value>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) const {
     pack_b_pairs(x, p0, kc, j0, cols, nr, out);
   }
 };
@@ -290,11 +293,11 @@ struct PairPacking {
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
 // block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
 // panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
-template <typename Packing, typename T, typename OperandA>
+template <typename Packing, typename T, typename OperandA, typename OperandB>
 void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               const Packing& packing,
               const OperandA& a,
-              const Operand<T>& b,
+              const OperandB& b,
               int64_t k,
               bool accumulate,
               T* c,
@@ -393,12 +396,12 @@ bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int
 
 // Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
 // threads; no split touches k, so the bits do not depend on the thread count.
-template <typename Packing, typename T, typename OperandA>
+template <typename Packing, typename T, typename OperandA, typename OperandB>
 void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  const Packing& packing,
                  int threads,
                  const OperandA& oa,
-                 const Operand<T>& ob,
+                 const OperandB& ob,
                  int64_t m,
                  int64_t n,
                  int64_t k,
@@ -620,6 +623,61 @@ void gemm_half_on(GemmPath path,
   gemm_half_loom(path, format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, {});
 }
 
+namespace {
+
+// An operand for gemm_half: f32 values as they are; 16-bit bits as their f32 values (exact),
+// in `buffer`, kept per thread by the caller: a fresh one each product (megabytes) would
+// fault its pages in every step.
+const float* f32_values(DType, const float* x, int64_t, int64_t, int64_t, std::vector<float>&) { return x; }
+const float* f32_values(DType format, const uint16_t* x, int64_t rows, int64_t cols, int64_t ld,
+                        std::vector<float>& buffer) {
+  buffer.resize(static_cast<size_t>(rows * ld));
+  if (ld == cols) {
+    load_half(format, buffer.data(), x, rows * cols);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) load_half(format, buffer.data() + i * ld, x + i * ld, cols);
+  }
+  return buffer.data();
+}
+
+// gemm_half with either operand in 16-bit storage (ValueA, ValueB: float or uint16_t bits).
+// vdpbf16ps packs bits straight into pairs; elsewhere they are converted to their f32
+// values first, which gemm_half reads: the same bits.
+template <typename ValueA, typename ValueB>
+void gemm_half_stored(DType format,
+                      bool trans_a,
+                      bool trans_b,
+                      int64_t m,
+                      int64_t n,
+                      int64_t k,
+                      const ValueA* a,
+                      int64_t lda,
+                      const ValueB* b,
+                      int64_t ldb,
+                      bool accumulate,
+                      float* c,
+                      int64_t ldc,
+                      const GemmEpilogue& epilogue,
+                      const GemmPrologue& prologue) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
+  if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16) {
+    LOOM_CHECK(gemm_path_supported(path));
+    if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
+    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
+                Operand<ValueA>{a, lda, trans_a}, Operand<ValueB>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc,
+                epilogue, prologue);
+    return;
+  }
+  thread_local std::vector<float> a_values, b_values;
+  gemm_half(format, trans_a, trans_b, m, n, k,
+            f32_values(format, a, trans_a ? k : m, trans_a ? m : k, lda, a_values), lda,
+            f32_values(format, b, trans_b ? n : k, trans_b ? k : n, ldb, b_values), ldb, accumulate, c, ldc,
+            epilogue, prologue);
+}
+
+}  // namespace
+
 void gemm_half_bits_a(DType format,
                       bool trans_a,
                       bool trans_b,
@@ -635,27 +693,25 @@ void gemm_half_bits_a(DType format,
                       int64_t ldc,
                       const GemmEpilogue& epilogue,
                       const GemmPrologue& prologue) {
-  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
-  const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
-  if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16) {
-    LOOM_CHECK(gemm_path_supported(path));
-    if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
-    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
-                Operand<uint16_t>{a, lda, trans_a}, Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc,
-                epilogue, prologue);
-    return;
-  }
-  // Elsewhere A's f32 values (exact) go through gemm_half: the same bits. The buffer is kept
-  // per thread: a fresh one each product (megabytes) would fault its pages in every step.
-  const int64_t rows = trans_a ? k : m, cols = trans_a ? m : k;
-  thread_local std::vector<float> values;
-  values.resize(static_cast<size_t>(rows * lda));
-  if (lda == cols) {
-    load_half(format, values.data(), a, rows * cols);
-  } else {
-    for (int64_t i = 0; i < rows; ++i) load_half(format, values.data() + i * lda, a + i * lda, cols);
-  }
-  gemm_half(format, trans_a, trans_b, m, n, k, values.data(), lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
+  gemm_half_stored(format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
+}
+
+void gemm_half_bits(DType format,
+                    bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    const uint16_t* a,
+                    int64_t lda,
+                    const uint16_t* b,
+                    int64_t ldb,
+                    bool accumulate,
+                    float* c,
+                    int64_t ldc,
+                    const GemmEpilogue& epilogue,
+                    const GemmPrologue& prologue) {
+  gemm_half_stored(format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
 }
 
 namespace {

@@ -163,6 +163,25 @@ void gemm_half_bits_a(DType format,
                       const GemmEpilogue& epilogue = {},
                       const GemmPrologue& prologue = {});
 
+// gemm_half_bits_a with B in 16-bit storage too (a gradient the step keeps in 16 bits: mixed
+// precision's MLP, whose GELU backward writes its bits): the bits of gemm_half on both
+// operands' f32 values, on every path.
+void gemm_half_bits(DType format,
+                    bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    const uint16_t* a,
+                    int64_t lda,
+                    const uint16_t* b,
+                    int64_t ldb,
+                    bool accumulate,
+                    float* c,
+                    int64_t ldc,
+                    const GemmEpilogue& epilogue = {},
+                    const GemmPrologue& prologue = {});
+
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of
 // 32 floats in turn (zeros past n), so a product reads each sliver as one stream; 64-byte

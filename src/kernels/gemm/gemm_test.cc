@@ -225,12 +225,29 @@ TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
     }
 }
 
-// A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input): the bits of
-// gemm_half on A's f32 values, on every path (vdpbf16ps packs the bits, the others convert
-// them first), transposed A or not, bf16 and f16, with bf16 subnormals among A's bits (read
-// as zero, as the f32 packing reads them) and, in one layout, signalling NaNs, on the
-// shapes above and wide ones whose row pairs cross many 12-row slivers.
-TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
+// An operand held as 16-bit bits, with its bf16 subnormals (read as zero, as the f32
+// packing reads them) and, with `nans`, signalling NaNs (which the packing makes quiet):
+// the bits and their f32 values.
+struct StoredOperand {
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+  StoredOperand(DType format, const std::vector<float>& x, bool nans, size_t offset) : bits(x.size()), values(x.size()) {
+    store_half(format, bits.data(), x.data(), static_cast<int64_t>(x.size()));
+    if (format == DType::kBF16)  // some subnormals: exponent bits zero
+      for (size_t i = offset; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);
+    if (format == DType::kBF16 && nans)
+      for (size_t i = 5 + offset; i < bits.size(); i += 997) bits[i] = static_cast<uint16_t>(i % 2 ? 0x7f81 : 0xff81);
+    load_half(format, values.data(), bits.data(), static_cast<int64_t>(bits.size()));
+  }
+};
+
+// A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input), and both A and
+// B (gemm_half_bits, mixed precision's MLP gradient): the bits of gemm_half on the f32
+// values, on every path (vdpbf16ps packs the bits, the others convert them first), each
+// operand transposed or not, bf16 and f16, with subnormals and, in one layout, signalling
+// NaNs among the bits, on the shapes above and wide ones whose row pairs cross many 12-row
+// slivers.
+TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
   auto shapes = kShapes;
   shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});
   for (GemmPath path : gemm_supported_paths()) {
@@ -240,23 +257,24 @@ TEST(GemmHalf, AFromBitsEqualsAFromItsValues) {
       for (auto [m, n, k] : shapes)
         for (int t = 0; t < 4; ++t) {
           const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 5, seed += 7);
-          std::vector<uint16_t> bits(p.a.size());
-          store_half(format, bits.data(), p.a.data(), static_cast<int64_t>(p.a.size()));
-          if (format == DType::kBF16)  // some subnormals: exponent bits zero
-            for (size_t i = 0; i < bits.size(); i += 11) bits[i] = static_cast<uint16_t>((bits[i] & 0x807f) | 1);
-          if (format == DType::kBF16 && t == 2)  // and signalling NaNs, which the packing makes quiet
-            for (size_t i = 5; i < bits.size(); i += 997) bits[i] = static_cast<uint16_t>(i % 2 ? 0x7f81 : 0xff81);
-          std::vector<float> values(p.a.size());
-          load_half(format, values.data(), bits.data(), static_cast<int64_t>(bits.size()));
+          const StoredOperand a(format, p.a, t == 2, 0), b(format, p.b, t == 1, 3);
           for (bool accumulate : {false, true}) {
+            const auto where = [&](const char* which) {
+              return cat(which, " ", gemm_path_name(path), " ", dtype_name(format), " m=", m, " n=", n, " k=", k,
+                         " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
+            };
             std::vector<float> want = p.c0, got = p.c0;
-            gemm_half_on(path, format, p.ta, p.tb, m, n, k, values.data(), p.lda, p.b.data(), p.ldb, accumulate,
+            gemm_half_on(path, format, p.ta, p.tb, m, n, k, a.values.data(), p.lda, p.b.data(), p.ldb, accumulate,
                          want.data(), p.ldc);
-            gemm_half_bits_a(format, p.ta, p.tb, m, n, k, bits.data(), p.lda, p.b.data(), p.ldb, accumulate, got.data(),
-                             p.ldc);
-            EXPECT_TRUE(same_bits(got, want)) << gemm_path_name(path) << " " << dtype_name(format) << " m=" << m
-                                              << " n=" << n << " k=" << k << " trans_a=" << p.ta << " trans_b=" << p.tb
-                                              << " accumulate=" << accumulate;
+            gemm_half_bits_a(format, p.ta, p.tb, m, n, k, a.bits.data(), p.lda, p.b.data(), p.ldb, accumulate,
+                             got.data(), p.ldc);
+            EXPECT_TRUE(same_bits(got, want)) << where("A");
+            want = got = p.c0;
+            gemm_half_on(path, format, p.ta, p.tb, m, n, k, a.values.data(), p.lda, b.values.data(), p.ldb, accumulate,
+                         want.data(), p.ldc);
+            gemm_half_bits(format, p.ta, p.tb, m, n, k, a.bits.data(), p.lda, b.bits.data(), p.ldb, accumulate,
+                           got.data(), p.ldc);
+            EXPECT_TRUE(same_bits(got, want)) << where("A and B");
           }
         }
     }

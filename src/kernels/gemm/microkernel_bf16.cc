@@ -128,14 +128,17 @@ void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uin
   });
 }
 
-// 16 bf16 values (zero-extended into dwords) as a product reads them: a subnormal as zero
-// (its sign kept), a NaN made quiet: bf16_operand_bits of their f32 values.
-inline __m512i bf16_operands(__m512i w) {
-  const __m512i exponent = _mm512_and_si512(w, _mm512_set1_epi32(0x7f80));
-  w = _mm512_mask_and_epi32(w, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), w, _mm512_set1_epi32(0x8000));
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7fff)), _mm512_set1_epi32(0x7f80));
-  return _mm512_mask_or_epi32(w, nan, w, _mm512_set1_epi32(0x40));
+// 32 bf16 values (words) as a product reads them: a subnormal as zero (its sign kept), a
+// NaN made quiet: bf16_operand_bits of their f32 values. On words, so one pass fixes the
+// values of two rows (or 16 pairs) at once: the dword form, per 16 values, cost the bits
+// packers what reading half the bytes saved (perf, gpt-mini's bf16 step).
+inline __m512i bf16_operand_words(__m512i w) {
+  const __m512i exponent = _mm512_and_si512(w, _mm512_set1_epi16(0x7f80));
+  w = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(exponent, _mm512_setzero_si512()), w,
+                              _mm512_and_si512(w, _mm512_set1_epi16(static_cast<int16_t>(0x8000))));
+  const __mmask32 nan =
+      _mm512_cmpgt_epu16_mask(_mm512_and_si512(w, _mm512_set1_epi16(0x7fff)), _mm512_set1_epi16(0x7f80));
+  return _mm512_mask_blend_epi16(nan, w, _mm512_or_si512(w, _mm512_set1_epi16(0x40)));
 }
 
 void bits_rows_to_pairs(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
@@ -143,10 +146,14 @@ void bits_rows_to_pairs(const uint16_t* x, int64_t ld, int64_t count, int64_t pa
   row_pairs_to_slivers(x, ld, count, pairs, out, width, sliver, [ld](const uint16_t* row, int64_t i, int64_t n) {
     const __mmask16 mask = first(n, i);
     prefetch_ahead(row, ld, i);
-    const auto load = [mask](const uint16_t* p) {  // 16 words zero-extended, the masked-off ones 0
-      return bf16_operands(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(_mm512_maskz_loadu_epi16(mask, p))));
-    };
-    return std::pair{_mm512_or_si512(_mm512_slli_epi32(load(row + i), 16), load(row + ld + i)), mask};
+    // The row's 16 words in the lower half, the next row's in the upper (masked-off ones 0),
+    // read as operands, then interleaved: dword j = (row[j] << 16) | next[j].
+    const __m512i both = bf16_operand_words(_mm512_inserti64x4(
+        _mm512_maskz_loadu_epi16(mask, row + i), _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(mask, row + ld + i)),
+        1));
+    const __m512i order = _mm512_set_epi16(15, 31, 14, 30, 13, 29, 12, 28, 11, 27, 10, 26, 9, 25, 8, 24, 7, 23, 6, 22, 5,
+                                           21, 4, 20, 3, 19, 2, 18, 1, 17, 0, 16);
+    return std::pair{_mm512_permutexvar_epi16(order, both), mask};
   });
 }
 
@@ -176,15 +183,11 @@ inline void transpose16(__m512 r[16]) {
 
 // 16 pairs of adjacent bf16 bits x[2i], x[2i + 1] (32 words from x, `mask`ed): each dword
 // holds a pair already, the first in its lower half, so its halves are swapped, each read
-// as bf16_operands reads it.
-// (The maskz forms of the shifts: GCC 12 calls the unmasked ones' undefined source
+// as bf16_operand_words reads it.
+// (The maskz form of the rotate: GCC 12 calls the unmasked one's undefined source
 // uninitialized here, an error under -Werror.)
 inline __m512i adjacent_bits_pairs(const uint16_t* x, __mmask32 mask) {
-  const __mmask16 all = 0xffff;
-  const __m512i w = _mm512_maskz_loadu_epi16(mask, x);  // (second << 16) | first
-  const __m512i firsts = bf16_operands(_mm512_and_si512(w, _mm512_set1_epi32(0xffff)));
-  const __m512i seconds = bf16_operands(_mm512_maskz_srli_epi32(all, w, 16));
-  return _mm512_or_si512(_mm512_maskz_slli_epi32(all, firsts, 16), seconds);
+  return _mm512_maskz_rol_epi32(__mmask16(0xffff), bf16_operand_words(_mm512_maskz_loadu_epi16(mask, x)), 16);
 }
 
 // Up to 16 rows (ld apart) of adjacent pairs: row r's pairs q go to out[q * stride + r].
