@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <cstring>
+#include <vector>
+
 #include "loom/core/params.h"
 
 namespace loom {
@@ -25,6 +30,28 @@ TEST(Tensor, ZeroSizedTensorsAreValid) {
   EXPECT_EQ(t.numel(), 0);
   EXPECT_EQ(t.nbytes(), 0u);
   t.zero();
+}
+
+// zero() and copy_from() of a megabyte or more run in chunks on the OpenMP pool: every byte
+// written, none past the end, at sizes that end mid-chunk, on one thread and several.
+TEST(Tensor, LargeZeroAndCopyCoverEveryByte) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3})
+    for (int64_t n : {int64_t{1} << 18, (int64_t{1} << 20) + 5, int64_t{3} << 20}) {
+      omp_set_num_threads(threads);
+      Tensor src = Tensor::zeros({n + 1}, DType::kU8);
+      uint8_t* s = src.data<uint8_t>();
+      for (int64_t i = 0; i <= n; ++i) s[i] = static_cast<uint8_t>(i * 7 + 1);
+      Tensor dst = Tensor::zeros({n + 1}, DType::kU8);
+      dst.data<uint8_t>()[n] = 0xee;  // past the copied part
+      dst.slice_rows(0, n).copy_from(src.slice_rows(0, n));
+      EXPECT_EQ(std::memcmp(dst.data<uint8_t>(), s, static_cast<size_t>(n)), 0) << n << " at " << threads;
+      EXPECT_EQ(dst.data<uint8_t>()[n], 0xee) << n;
+      src.slice_rows(0, n).zero();
+      EXPECT_EQ(std::vector<uint8_t>(s, s + n), std::vector<uint8_t>(static_cast<size_t>(n), 0)) << n;
+      EXPECT_EQ(s[n], static_cast<uint8_t>(n * 7 + 1)) << n << ": zeroed past the end";
+    }
+  omp_set_num_threads(saved);
 }
 
 TEST(Arena, ReusesOneBlockAfterReset) {

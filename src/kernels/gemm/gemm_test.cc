@@ -260,7 +260,7 @@ TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
           const StoredOperand a(format, p.a, t == 2, 0), b(format, p.b, t == 1, 3);
           for (bool accumulate : {false, true}) {
             const auto where = [&](const char* which) {
-              return cat(which, " ", gemm_path_name(path), " ", dtype_name(format), " m=", m, " n=", n, " k=", k,
+              return cat(which, " ", gemm_path_name(path), " ", dtype_name(format), " m=", p.m, " n=", p.n, " k=", p.k,
                          " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
             };
             std::vector<float> want = p.c0, got = p.c0;
