@@ -97,7 +97,7 @@ void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, co
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
   const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits);
   if (inp_bits != nullptr)
-    gemm_half_bits_a(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
+    gemm_half_bits(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
                      hooks.prologue);
   else
     gemm_half(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
@@ -129,7 +129,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 
 void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
                              int64_t k, int64_t m) {
-  gemm_half_bits_a(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
+  gemm_half_bits(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
 }
 
 void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
@@ -147,7 +147,7 @@ void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout
 
 void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, int64_t n, int64_t k, int64_t m,
                       DType format, DType round_dinp) {
-  gemm_half_bits_a(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(dinp, k, round_dinp));
+  gemm_half_bits(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(dinp, k, round_dinp));
 }
 
 void matmul_weight_grad_bits(float* dweight, float* dbias, const uint16_t* dout, const uint16_t* inp, DType format,

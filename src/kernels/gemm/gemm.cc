@@ -640,32 +640,33 @@ const float* f32_values(DType format, const uint16_t* x, int64_t rows, int64_t c
   return buffer.data();
 }
 
-// gemm_half with either operand in 16-bit storage (ValueA, ValueB: float or uint16_t bits).
-// vdpbf16ps packs bits straight into pairs; elsewhere they are converted to their f32
-// values first, which gemm_half reads: the same bits.
-template <typename ValueA, typename ValueB>
-void gemm_half_stored(DType format,
-                      bool trans_a,
-                      bool trans_b,
-                      int64_t m,
-                      int64_t n,
-                      int64_t k,
-                      const ValueA* a,
-                      int64_t lda,
-                      const ValueB* b,
-                      int64_t ldb,
-                      bool accumulate,
-                      float* c,
-                      int64_t ldc,
-                      const GemmEpilogue& epilogue,
-                      const GemmPrologue& prologue) {
+}  // namespace
+
+// vdpbf16ps packs bits straight into pairs; elsewhere they are converted to their f32 values
+// first, which gemm_half reads: the same bits.
+template <typename ValueB>
+void gemm_half_bits(DType format,
+                    bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    const uint16_t* a,
+                    int64_t lda,
+                    const ValueB* b,
+                    int64_t ldb,
+                    bool accumulate,
+                    float* c,
+                    int64_t ldc,
+                    const GemmEpilogue& epilogue,
+                    const GemmPrologue& prologue) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
   if (g_backend == GemmBackend::kLoom && format == DType::kBF16 && path == GemmPath::kAvx512Bf16) {
     LOOM_CHECK(gemm_path_supported(path));
     if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
     gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, product_threads(m, n, k),
-                Operand<ValueA>{a, lda, trans_a}, Operand<ValueB>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc,
+                Operand<uint16_t>{a, lda, trans_a}, Operand<ValueB>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc,
                 epilogue, prologue);
     return;
   }
@@ -676,43 +677,12 @@ void gemm_half_stored(DType format,
             epilogue, prologue);
 }
 
-}  // namespace
-
-void gemm_half_bits_a(DType format,
-                      bool trans_a,
-                      bool trans_b,
-                      int64_t m,
-                      int64_t n,
-                      int64_t k,
-                      const uint16_t* a,
-                      int64_t lda,
-                      const float* b,
-                      int64_t ldb,
-                      bool accumulate,
-                      float* c,
-                      int64_t ldc,
-                      const GemmEpilogue& epilogue,
-                      const GemmPrologue& prologue) {
-  gemm_half_stored(format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
-}
-
-void gemm_half_bits(DType format,
-                    bool trans_a,
-                    bool trans_b,
-                    int64_t m,
-                    int64_t n,
-                    int64_t k,
-                    const uint16_t* a,
-                    int64_t lda,
-                    const uint16_t* b,
-                    int64_t ldb,
-                    bool accumulate,
-                    float* c,
-                    int64_t ldc,
-                    const GemmEpilogue& epilogue,
-                    const GemmPrologue& prologue) {
-  gemm_half_stored(format, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
-}
+template void gemm_half_bits<float>(DType, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
+                                    const float*, int64_t, bool, float*, int64_t, const GemmEpilogue&,
+                                    const GemmPrologue&);
+template void gemm_half_bits<uint16_t>(DType, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
+                                       const uint16_t*, int64_t, bool, float*, int64_t, const GemmEpilogue&,
+                                       const GemmPrologue&);
 
 namespace {
 

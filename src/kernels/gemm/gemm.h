@@ -144,28 +144,13 @@ void gemm_half_on(GemmPath path,
                   int64_t ldc);
 
 // gemm_half with A held in 16-bit storage: `format`'s bits, as store_half writes them (kernels/
-// precision.h). The bits of gemm_half on A's f32 values, on every path; vdpbf16ps packs A
-// (a weight gradient's kept activations, transposed, or a 16-bit input's rows) straight from
-// the bits, elsewhere A is converted first. Epilogue and prologue as gemm's.
-void gemm_half_bits_a(DType format,
-                      bool trans_a,
-                      bool trans_b,
-                      int64_t m,
-                      int64_t n,
-                      int64_t k,
-                      const uint16_t* a,
-                      int64_t lda,
-                      const float* b,
-                      int64_t ldb,
-                      bool accumulate,
-                      float* c,
-                      int64_t ldc,
-                      const GemmEpilogue& epilogue = {},
-                      const GemmPrologue& prologue = {});
-
-// gemm_half_bits_a with B in 16-bit storage too (a gradient the step keeps in 16 bits: mixed
-// precision's MLP, whose GELU backward writes its bits): the bits of gemm_half on both
-// operands' f32 values, on every path.
+// precision.h); B likewise (ValueB uint16_t: a gradient the step keeps in 16 bits, mixed
+// precision's MLP) or as f32 values (ValueB float). The bits of gemm_half on the operands'
+// f32 values, on every path; vdpbf16ps packs the bits straight into pairs (a weight
+// gradient's kept activations, transposed, a 16-bit input's rows, a 16-bit gradient),
+// elsewhere they are converted first. Epilogue and prologue as gemm's. Instantiated for
+// ValueB float and uint16_t.
+template <typename ValueB>
 void gemm_half_bits(DType format,
                     bool trans_a,
                     bool trans_b,
@@ -174,7 +159,7 @@ void gemm_half_bits(DType format,
                     int64_t k,
                     const uint16_t* a,
                     int64_t lda,
-                    const uint16_t* b,
+                    const ValueB* b,
                     int64_t ldb,
                     bool accumulate,
                     float* c,

@@ -241,8 +241,8 @@ struct StoredOperand {
   }
 };
 
-// A held as 16-bit bits (gemm_half_bits_a, a weight gradient's kept input), and both A and
-// B (gemm_half_bits, mixed precision's MLP gradient): the bits of gemm_half on the f32
+// A held as 16-bit bits (gemm_half_bits with an f32 B, a weight gradient's kept input), and
+// both A and B (mixed precision's MLP gradient): the bits of gemm_half on the f32
 // values, on every path (vdpbf16ps packs the bits, the others convert them first), each
 // operand transposed or not, bf16 and f16, with subnormals and, in one layout, signalling
 // NaNs among the bits, on the shapes above and wide ones whose row pairs cross many 12-row
@@ -266,7 +266,7 @@ TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
             std::vector<float> want = p.c0, got = p.c0;
             gemm_half_on(path, format, p.ta, p.tb, m, n, k, a.values.data(), p.lda, p.b.data(), p.ldb, accumulate,
                          want.data(), p.ldc);
-            gemm_half_bits_a(format, p.ta, p.tb, m, n, k, a.bits.data(), p.lda, p.b.data(), p.ldb, accumulate,
+            gemm_half_bits(format, p.ta, p.tb, m, n, k, a.bits.data(), p.lda, p.b.data(), p.ldb, accumulate,
                              got.data(), p.ldc);
             EXPECT_TRUE(same_bits(got, want)) << where("A");
             want = got = p.c0;
