@@ -175,11 +175,16 @@ grep -q '"how": "resumed", "steps_lost": 0' "$TMP/runs/pre/events.jsonl" || fail
 echo "2. scancel --signal=TERM: job $job saved at step $(grep -o 'stopped on SIGTERM after step [0-9]*' "$TMP/job-$job.out" | grep -o '[0-9]*$'), requeued, resumed, 60 steps equal to an uninterrupted run"
 
 # 3. A task killed: the job fails naming the rank; nothing of it is left.
-job=$(submit killed 60) || fail "sbatch"
-for i in $(seq 1 200); do
+# 600 steps (a minute at least: rank 0 waits 100 ms a step), so the kill lands mid-run even
+# when a loaded machine starts the job late: with 60, one run under the full suite finished
+# before the kill, and the test failed.
+job=$(submit killed 600) || fail "sbatch"
+for i in $(seq 1 600); do
   [ "$({ wc -l <"$TMP/runs/killed/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] && break
   sleep 0.1
 done
+[ "$({ wc -l <"$TMP/runs/killed/metrics.jsonl"; } 2>/dev/null || echo 0)" -ge 3 ] ||
+  fail "job $job wrote no 3 steps in 60 s: $(cat "$TMP/job-$job.out")"
 job_pids() {  # the processes whose environment says SLURM_JOB_ID=$1 (and, given, SLURM_PROCID=$2)
   for p in /proc/[0-9]*; do
     { env=$(tr '\0' '\n' <"$p/environ"); } 2>/dev/null || continue
