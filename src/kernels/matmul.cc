@@ -1,7 +1,6 @@
 #include "kernels/matmul.h"
 
 #include <algorithm>
-#include <bit>
 #include <type_traits>
 
 #include "kernels/parallel.h"
@@ -98,7 +97,7 @@ void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, co
   const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits);
   if (inp_bits != nullptr)
     gemm_half_bits(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
-                     hooks.prologue);
+                   hooks.prologue);
   else
     gemm_half(format, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
 }
@@ -127,11 +126,6 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
   if (dbias != nullptr) add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return dout[i * m + c]; });
 }
 
-void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
-                             int64_t k, int64_t m) {
-  gemm_half_bits(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
-}
-
 void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
                                const uint16_t* h_bits, int64_t n, int64_t k, int64_t m, DType format) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
@@ -150,20 +144,25 @@ void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, in
   gemm_half_bits(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(dinp, k, round_dinp));
 }
 
-void matmul_weight_grad_bits(float* dweight, float* dbias, const uint16_t* dout, const uint16_t* inp, DType format,
+template <typename Dout>
+void matmul_weight_grad_bits(float* dweight, float* dbias, const Dout* dout, const uint16_t* inp, DType format,
                              int64_t n, int64_t k, int64_t m) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   gemm_half_bits(format, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
   if (dbias == nullptr) return;
-  if (format == DType::kBF16) {
-    add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) {
-      return std::bit_cast<float>(static_cast<uint32_t>(dout[i * m + c]) << 16);
-    });
+  if constexpr (std::is_same_v<Dout, float>) {
+    add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return dout[i * m + c]; });
+  } else if (format == DType::kBF16) {
+    add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return bf16_value(dout[i * m + c]); });
   } else {
     add_column_sums(dbias, n, m, [=](int64_t i, int64_t c) { return f16_value(dout[i * m + c]); });
   }
 }
 
+template void matmul_weight_grad_bits<float>(float*, float*, const float*, const uint16_t*, DType, int64_t, int64_t,
+                                             int64_t);
+template void matmul_weight_grad_bits<uint16_t>(float*, float*, const uint16_t*, const uint16_t*, DType, int64_t,
+                                                int64_t, int64_t);
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,
                                     int64_t, int64_t, WeightLayout, float*, DType, DType);
 template void matmul_forward<double>(double*, const double*, const double*, const double*,

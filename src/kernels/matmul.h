@@ -55,11 +55,14 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands = DType::kF32,
                      DType round_dinp = DType::kF32);
 
-// dweight (K, M) += inp^T @ dout (layout kKM) with inp held in 16-bit storage (format kBF16
-// or kF16: its bits, as mixed precision keeps a Linear's input), the products reading dout as
-// `format` holds it: the bits of matmul_backward's dweight on inp's f32 values.
-void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* inp, DType format, int64_t n,
-                             int64_t k, int64_t m);
+// dweight (K, M) += inp^T @ dout (layout kKM) and, unless null, dbias (M) += dout's column
+// sums, with inp held in 16-bit storage (format kBF16 or kF16: its bits, as mixed precision
+// keeps a Linear's input) and dout f32 values or (Dout uint16_t) the format's bits too, the
+// products reading dout as `format` holds it: the bits of matmul_backward on their f32
+// values. Instantiated for Dout float and uint16_t.
+template <typename Dout>
+void matmul_weight_grad_bits(float* dweight, float* dbias, const Dout* dout, const uint16_t* inp, DType format,
+                             int64_t n, int64_t k, int64_t m);
 
 // Mixed precision's gradients in 16 bits (format kBF16 or kF16), between the MLP's products:
 // - matmul_backward_gelu_bits: dinp (N, K) = dout @ weight^T (layout kKM) rounded to
@@ -69,13 +72,8 @@ void matmul_weight_grad_bits(float* dweight, const float* dout, const uint16_t* 
 //   and store_half after; dinp is left as scratch.
 // - matmul_dinp_bits: matmul_backward's dinp (layout kKM, operands `format`) of a dout held
 //   as the format's bits, rounded to round_dinp.
-// - matmul_weight_grad_bits with dout in bits too: dweight (K, M) += inp^T @ dout and, unless
-//   null, dbias (M) += dout's column sums, the bits of matmul_backward on their f32 values.
 void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
                                const uint16_t* h_bits, int64_t n, int64_t k, int64_t m, DType format);
 void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, int64_t n, int64_t k, int64_t m,
                       DType format, DType round_dinp);
-void matmul_weight_grad_bits(float* dweight, float* dbias, const uint16_t* dout, const uint16_t* inp, DType format,
-                             int64_t n, int64_t k, int64_t m);
-
 }  // namespace loom::kernels

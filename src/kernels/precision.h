@@ -35,6 +35,9 @@ inline uint16_t f16_bits(float x) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// A bf16 value's f32 (exact): its bits are the upper half.
+inline float bf16_value(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
 // Exact: a normal's exponent rebiased (15 -> 127), infinity and NaN kept, a subnormal's
 // mantissa times 2^-24, as (0.5 + m 2^-24) - 0.5 (0.5's ulp is 2^-24, as above). Each case
 // is computed and one selected, so the loops vectorize.
@@ -78,7 +81,7 @@ inline void round_serial(DType format, float* out, const float* x, int64_t n) {
 // out[i] = the f32 value of 16-bit in[i] (exact), on the calling thread: load_half's body.
 inline void load_half_serial(DType format, float* out, const uint16_t* in, int64_t n) {
   if (format == DType::kBF16)
-    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_value(in[i]);
   else
     for (int64_t i = 0; i < n; ++i) out[i] = f16_value(in[i]);
 }

@@ -271,19 +271,16 @@ void Linear::backward_weight(const LinearCtx& ctx) const {
   LOOM_CHECK(ctx.dy.defined());
   LOOM_CHECK(split == TpSplit::kNone || !shard.sequence_split());  // its input is not kept gathered
   const int64_t n = ctx.dy.numel() / out;
-  if (ctx.dy.dtype() == DType::kBF16 || ctx.dy.dtype() == DType::kF16) {  // dy and x in 16 bits: both packed as bits
-    LOOM_CHECK(ctx.dy.dtype() == precision && ctx.x.dtype() == precision);
-    k::matmul_weight_grad_bits(weight.grad().data<float>(), bias.defined() ? bias.grad().data<float>() : nullptr,
-                               ctx.dy.data<uint16_t>(), ctx.x.data<uint16_t>(), precision, n, in, out);
-    return;
-  }
-  if (ctx.x.dtype() != ctx.dy.dtype()) {  // x kept in 16 bits: the product packs its bits
-    LOOM_CHECK(ctx.dy.dtype() == DType::kF32 && ctx.x.dtype() == precision);
-    k::matmul_weight_grad_bits(weight.grad().data<float>(), ctx.dy.data<float>(), ctx.x.data<uint16_t>(), precision, n,
-                               in, out);
-    if (bias.defined())
-      k::matmul_backward<float>(nullptr, nullptr, bias.grad().data<float>(), ctx.dy.data<float>(), nullptr, nullptr, n,
-                                in, out, k::WeightLayout::kKM, precision);
+  if (ctx.x.dtype() == DType::kBF16 || ctx.x.dtype() == DType::kF16) {
+    // x kept in 16 bits, dy f32 or (from backward_gelu) 16-bit too: the products pack the bits
+    LOOM_CHECK(ctx.x.dtype() == precision && (ctx.dy.dtype() == DType::kF32 || ctx.dy.dtype() == precision));
+    float* db = bias.defined() ? bias.grad().data<float>() : nullptr;
+    if (ctx.dy.dtype() == DType::kF32)
+      k::matmul_weight_grad_bits(weight.grad().data<float>(), db, ctx.dy.data<float>(), ctx.x.data<uint16_t>(),
+                                 precision, n, in, out);
+    else
+      k::matmul_weight_grad_bits(weight.grad().data<float>(), db, ctx.dy.data<uint16_t>(), ctx.x.data<uint16_t>(),
+                                 precision, n, in, out);
     return;
   }
   LOOM_DISPATCH_FLOAT(ctx.dy.dtype(), T,

@@ -138,7 +138,7 @@ constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
 
 // An operand's value: an f32 as it is, bf16 bits as the f32 they hold.
 float operand_value(float x) { return x; }
-float operand_value(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+float operand_value(uint16_t bits) { return bf16_value(bits); }
 
 // The pairs of an odd block's last k (row `last` of op(X), values i < count), each with the
 // pad in its lower half, into slivers `width` wide and `sliver` apart at pair index `pairs`.
