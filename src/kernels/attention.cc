@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <vector>
 
@@ -21,10 +22,12 @@ namespace {
 constexpr int64_t kRows = 64, kCols = 256;
 static_assert(kCols % kRows == 0);
 
-// One (batch, head) pair: its views of qkv (row stride 3C), out (row stride C) and lse.
+// One (batch, head) pair: its queries (row stride 3C), its keys as op(B) = K^T and values
+// packed once for every row block, and its views of out (row stride C) and lse.
 template <typename T>
 struct Head {
-  const T *q, *k, *v;
+  const T* q;
+  const PackedB<T>*keys, *values;
   T* y;
   T* lse;
 };
@@ -50,15 +53,15 @@ T row_max(const T* x, int64_t n) {
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
 // each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,
-// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. `operands`:
-// as attention_forward's.
+// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. The
+// products read K^T and V as the head's packs hold them (in attention_forward's operands).
 template <typename T>
-void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType operands) {
+void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s) {
   const int64_t ld = 3 * c, rows = r1 - r0;
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
     const int64_t cols = std::min(r1, c0 + kCols) - c0;
-    gemm_as<T>(operands, false, true, rows, cols, hs, hd.q + r0 * ld, ld, hd.k + c0 * ld, ld, false, s, kCols);
+    gemm_packed_b(false, rows, cols, hs, hd.q + r0 * ld, ld, *hd.keys, 0, c0, false, s, kCols);
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
@@ -81,7 +84,7 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
       }
       m[i] = m_new;
     }
-    gemm_as<T>(operands, false, false, rows, hs, cols, s, kCols, hd.v + c0 * ld, ld, c0 != 0, hd.y + r0 * c, c);
+    gemm_packed_b(false, rows, hs, cols, s, kCols, *hd.values, c0, 0, c0 != 0, hd.y + r0 * c, c);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const T inv = T(1) / l[i];
@@ -95,30 +98,51 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
 
 // A task is one row block of one (batch, head) pair: row blocks are independent in forward.
 // Later row blocks have more columns, so they go first, and threads take tasks as they free
-// up; which thread computes a block does not change its bits.
+// up; which thread computes a block does not change its bits. First each head's K^T and V
+// are packed, once for all its row blocks (packed for each, they were a third of the
+// forward's time at T = 256).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands) {
   const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+  // Kept by the calling thread from call to call: packs allocated afresh each call faulted
+  // their pages in every time (that tripled the forward's time).
+  // The names bind here: inside the parallel region each thread would see its own.
+  thread_local std::deque<PackedB<T>> kept_keys, kept_values;
+  std::deque<PackedB<T>>&keys = kept_keys, &values = kept_values;
+  while (static_cast<int64_t>(keys.size()) < b * nh) {
+    keys.emplace_back();
+    values.emplace_back();
+  }
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < b * nh; ++bh) {
+      const T* k = qkv + (bh / nh) * t * ld + c + (bh % nh) * hs;
+      keys[bh].pack(operands, true, hs, t, k, ld);
+      values[bh].pack(operands, false, t, hs, k + c, ld);
+    }
     std::vector<T> s(kRows * kCols);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < b * nh * blocks; ++task) {
       const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
-      const T* q = qkv + bi * t * ld + h * hs;
-      const Head<T> hd{q, q + c, q + 2 * c, out + bi * t * c + h * hs, lse + bh * t};
-      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data(), operands);
+      const Head<T> hd{qkv + bi * t * ld + h * hs, &keys[bh], &values[bh], out + bi * t * c + h * hs, lse + bh * t};
+      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data());
     }
   }
 }
 
 // One (batch, head) pair is one task (its dQ sums over key blocks, in order). Per block of
-// kRows keys [c0, c1) and up to kCols of the queries that see them (rows >= c0): P again
+// kRows keys [c0, c1) and up to kCols of the queries that see them (rows >= c0): P^T again
 // from the scores and the saved log-sum-exp, then (docs/numerics.md, "Attention")
-// dV_c += P^T dY_r, dP = dY_r V_c^T, dS = P (dP - D) / sqrt(HS) with D_i = dY_i . Y_i (=
-// sum_j P_ij dP_ij), dQ_r += dS K_c, dK_c += dS^T Q_r. Keys outermost: dK and dV, two of
-// the three sums, run over up to kCols rows per GEMM. No (T, T) matrix exists.
+// dV_c += P^T dY_r, dP^T = V_c dY_r^T, dS^T = P^T (dP^T - D) / sqrt(HS) with D_i = dY_i .
+// Y_i (= sum_j P_ij dP_ij), dQ_r += dS K_c, dK_c += dS^T Q_r. Keys outermost: dK and dV, two
+// of the three sums, run over up to kCols rows per GEMM. No (T, T) matrix exists. The
+// scores are computed transposed (keys by queries), so every product's op(B) is one of the
+// head's Q^T, dY^T, K, Q and dY, each packed once per head: each product of K_c Q^T_r
+// equals Q_r K^T_c's, product for product, so the bits are those of the untransposed
+// blocks, where Q and dY were packed again for every key block. Each sum's first
+// contribution overwrites, so nothing is zeroed first.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
                         int64_t c, int64_t nh, DType operands) {
@@ -126,7 +150,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
   {
-    std::vector<T> p(kCols * kRows), ds(kCols * kRows), dsum(static_cast<size_t>(t));
+    std::vector<T> pt(kRows * kCols), dst(kRows * kCols), dsum(static_cast<size_t>(t));
+    thread_local PackedB<T> q_t, dy_t, k_p, q_p, dy_p;  // kept, as the forward's packs are
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < b * nh; ++bh) {
       const int64_t bi = bh / nh, h = bh % nh;
@@ -139,36 +164,42 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
       const T* y = out + bi * t * c + h * hs;
       const T* dy = dout + bi * t * c + h * hs;
       const T* lrow = lse + bh * t;
-      for (int64_t i = 0; i < t; ++i) {
+      for (int64_t i = 0; i < t; ++i)
         dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * y[i * c + d]; });
-        for (T* g : {dq, dk, dv}) std::fill(g + i * ld, g + i * ld + hs, T(0));
-      }
+      q_t.pack(operands, true, hs, t, q, ld);  // op(B) = Q^T (HS, T)
+      dy_t.pack(operands, true, hs, t, dy, c);
+      k_p.pack(operands, false, t, hs, k, ld);  // op(B) = K (T, HS)
+      q_p.pack(operands, false, t, hs, q, ld);
+      dy_p.pack(operands, false, t, hs, dy, c);
       for (int64_t c0 = 0; c0 < t; c0 += kRows) {
         const int64_t cols = std::min(t, c0 + kRows) - c0;
         for (int64_t r0 = c0; r0 < t; r0 += kCols) {
           const int64_t rows = std::min(t, r0 + kCols) - r0;
-          gemm_as<T>(operands, false, true, rows, cols, hs, q + r0 * ld, ld, k + c0 * ld, ld, false, p.data(), kRows);
-          for (int64_t i = 0; i < rows; ++i) {
-            T* row = p.data() + i * kRows;
-            const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // >= 1: r0 >= c0
-            const T li = lrow[r0 + i];
+          const bool first = r0 == c0;  // dK_c's and dV_c's first contribution
+          // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
+          const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
+          gemm_packed_b(false, cols, rows, hs, k + c0 * ld, ld, q_t, 0, r0, false, pt.data(), kCols);
+          for (int64_t j = 0; j < cols; ++j) {
+            T* row = pt.data() + j * kCols;
+            const T* li = lrow + r0;
+            const int64_t i0 = seen(j);
+            std::fill(row, row + i0, T(0));
 #pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) row[j] = fast_exp(row[j] * scale - li);
-            std::fill(row + valid, row + cols, T(0));
+            for (int64_t i = i0; i < rows; ++i) row[i] = fast_exp(row[i] * scale - li[i]);
           }
-          gemm_as<T>(operands, true, false, cols, hs, rows, p.data(), kRows, dy + r0 * c, c, true, dv + c0 * ld, ld);
-          gemm_as<T>(operands, false, true, rows, cols, hs, dy + r0 * c, c, v + c0 * ld, ld, false, ds.data(), kRows);
-          for (int64_t i = 0; i < rows; ++i) {
-            const T* prow = p.data() + i * kRows;
-            T* row = ds.data() + i * kRows;
-            const int64_t valid = std::min(cols, r0 + i - c0 + 1);
-            const T di = dsum[r0 + i];
+          gemm_packed_b(false, cols, hs, rows, pt.data(), kCols, dy_p, r0, 0, !first, dv + c0 * ld, ld);
+          gemm_packed_b(false, cols, rows, hs, v + c0 * ld, ld, dy_t, 0, r0, false, dst.data(), kCols);
+          for (int64_t j = 0; j < cols; ++j) {
+            const T* prow = pt.data() + j * kCols;
+            T* row = dst.data() + j * kCols;
+            const T* di = dsum.data() + r0;
+            const int64_t i0 = seen(j);
+            std::fill(row, row + i0, T(0));
 #pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) row[j] = prow[j] * (row[j] - di) * scale;
-            std::fill(row + valid, row + cols, T(0));
+            for (int64_t i = i0; i < rows; ++i) row[i] = prow[i] * (row[i] - di[i]) * scale;
           }
-          gemm_as<T>(operands, false, false, rows, hs, cols, ds.data(), kRows, k + c0 * ld, ld, true, dq + r0 * ld, ld);
-          gemm_as<T>(operands, true, false, cols, hs, rows, ds.data(), kRows, q + r0 * ld, ld, true, dk + c0 * ld, ld);
+          gemm_packed_b(true, rows, hs, cols, dst.data(), kCols, k_p, c0, 0, c0 != 0, dq + r0 * ld, ld);
+          gemm_packed_b(false, cols, hs, rows, dst.data(), kCols, q_p, r0, 0, !first, dk + c0 * ld, ld);
         }
       }
     }

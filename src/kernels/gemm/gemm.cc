@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "kernels/gemm/microkernel.h"
+#include "kernels/gemm/packing.h"
 #include "kernels/gemm/skinny.h"
 #include "kernels/precision.h"
 #include "loom/core/error.h"
@@ -37,8 +38,15 @@ const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256, 240,
 std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+using gemm_detail::AsBf16;
+using gemm_detail::AsF16;
+using gemm_detail::AsIs;
+using gemm_detail::ceil_div;
+using gemm_detail::FlushSubnormals;
+using gemm_detail::Operand;
+using gemm_detail::PairPacking;
+using gemm_detail::PlainPacking;
+using gemm_detail::round_up;
 
 // Per-thread packing space, 64-byte aligned (the kernels' aligned loads need it), grown on
 // demand and kept for the thread's life.
@@ -61,234 +69,35 @@ T* scratch(int slot, int64_t count) {
   return buf.data.get();
 }
 
-// A view of op(X): element (i, j) of the logical matrix.
-template <typename T>
-struct Operand {
-  const T* p;
-  int64_t ld;
-  bool trans;
+
+// Where a panel's NR-column slivers of op(B) are: the first, and the distance between two.
+template <typename P>
+struct Slivers {
+  const P* p;
+  int64_t stride;
 };
 
-// A full sliver of MR rows of an untransposed A, column by column: the MR values of one
-// column are read side by side and written together. Row by row, the writes fell MR values
-// apart; this order took packing A from 28% to 11% of a 2048 x 256 x 1024 NT product's time
-// (the input gradient of gpt-mini's fc), and from 5% to 2% of a square 2048 one.
-template <int MR, typename T>
-void pack_a_columns(const T* src, int64_t ld, int64_t kc, T* out) {
-  for (int64_t q = 0; q < kc; ++q, out += MR) {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) out[r] = src[r * ld + q];
-  }
-}
-
-// out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
-template <typename T>
-void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
-  if (!a.trans && rows == mr) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
-    const T* src = a.p + i0 * a.ld + p0;
-    if (mr == 12) return pack_a_columns<12>(src, a.ld, kc, out);
-    if (mr == 6) return pack_a_columns<6>(src, a.ld, kc, out);
-    if (mr == 4) return pack_a_columns<4>(src, a.ld, kc, out);
-  }
-  if (!a.trans) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* src = a.p + (i0 + r) * a.ld + p0;
-      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = src[q];
-    }
-  } else {
-    for (int64_t q = 0; q < kc; ++q)
-      std::memcpy(out + q * mr, a.p + (p0 + q) * a.ld + i0, rows * sizeof(T));
-  }
-  if (rows < mr)
-    for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
-}
-
-// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major, zero-padded.
-template <typename T>
-void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
-  for (int64_t s = 0; s * nr < cols; ++s) {
-    T* dst = out + s * kc * nr;
-    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
-    if (!b.trans) {
-      for (int64_t q = 0; q < kc; ++q) {
-        std::memcpy(dst + q * nr, b.p + (p0 + q) * b.ld + js, width * sizeof(T));
-        std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
-      }
-    } else {
-      // Transposing: 32 values of k at a time, so the slice of the sliver being written
-      // (32 rows of nr) stays in L1 while every source row is read.
-      for (int64_t q0 = 0; q0 < kc; q0 += 32) {
-        const int64_t depth = std::min<int64_t>(32, kc - q0);
-        for (int64_t j = 0; j < width; ++j) {
-          const T* src = b.p + (js + j) * b.ld + p0 + q0;
-          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = src[q];
-        }
-      }
-      if (width < nr)
-        for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
-    }
-  }
-}
-
-// Packed pairs for vdpbf16ps (microkernel.h): op(X)'s values k = p and p + 1 as one
-// uint32_t, p in the upper half (multiplied first), converted by the AVX512_BF16 packers.
-// An odd last k is paired with -0 in A and +0 in B: their product, -0, leaves every
-// accumulator as it is (x + -0 = x, for x = -0 too).
-constexpr uint32_t kPadA = 0x8000u, kPadB = 0x0000u;
-
-// An operand's value: an f32 as it is, bf16 bits as the f32 they hold.
-float operand_value(float x) { return x; }
-float operand_value(uint16_t bits) { return bf16_value(bits); }
-
-// The pairs of an odd block's last k (row `last` of op(X), values i < count), each with the
-// pad in its lower half, into slivers `width` wide and `sliver` apart at pair index `pairs`.
-template <typename Value>
-void pack_last_k(const Value* last, int64_t count, uint32_t pad, int64_t pairs, int64_t width, int64_t sliver,
-                 uint32_t* out) {
-  for (int64_t i = 0; i < count; ++i)
-    out[(i / width) * sliver + pairs * width + i % width] =
-        static_cast<uint32_t>(bf16_operand_bits(operand_value(last[i]))) << 16 | pad;
-}
-
-// Lanes count .. width - 1 of a last partial sliver (depth steps of width; slivers `stride`
-// apart) set to zero.
-void zero_sliver_tail(uint32_t* sliver, int64_t count, int64_t width, int64_t depth, int64_t stride) {
-  if (count % width == 0) return;
-  uint32_t* s = sliver + (count / width) * stride;
-  for (int64_t q = 0; q < depth; ++q) std::fill(s + q * width + count % width, s + (q + 1) * width, 0u);
-}
-
-// The packers' two sources: f32 values, or bf16 bits (16-bit storage) giving the same pairs.
-void pack_rows(const float* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
-               int64_t sliver) {
-  gemm_detail::kAvx512Bf16Packers.rows(x, ld, count, pairs, out, width, sliver);
-}
-void pack_rows(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
-               int64_t sliver) {
-  gemm_detail::kAvx512Bf16Packers.bits_rows(x, ld, count, pairs, out, width, sliver);
-}
-void pack_block(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride) {
-  gemm_detail::kAvx512Bf16Packers.block(x, ld, rows, values, pad, out, stride);
-}
-void pack_block(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
-                int64_t stride) {
-  gemm_detail::kAvx512Bf16Packers.bits_block(x, ld, rows, values, pad, out, stride);
-}
-
-// A tile's MR-row slivers of op(A) (rows [i0, i0 + rows) x k [p0, p0 + kc)) as pairs, sliver
-// s at out + s * stride (PairPacking::a_stride): out[q * mr + r] of a sliver = the pair
-// (op(A)(r, p0 + 2q), op(A)(r, p0 + 2q + 1)); rows past the tile zero. A transposed A (a
-// weight gradient's activations) is read a row pair at a time across the whole tile: sliver
-// by sliver, each read took 48 bytes from rows thousands of bytes apart. Value: float, or
-// uint16_t (bf16 bits: the same pairs).
-template <typename Value>
-void pack_a_pairs(const Operand<Value>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
-                  int64_t stride) {
-  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
-  if (!a.trans) {
-    for (int64_t r = 0; r < rows; r += mr)  // MR <= 16: one block per sliver
-      pack_block(a.p + (i0 + r) * a.ld + p0, a.ld, static_cast<int>(std::min<int64_t>(mr, rows - r)), kc, kPadA,
-                 out + (r / mr) * stride, mr);
-  } else {
-    pack_rows(a.p + p0 * a.ld + i0, a.ld, rows, pairs, out, mr, stride);
-    if (kc & 1) pack_last_k(a.p + (p0 + kc - 1) * a.ld + i0, rows, kPadA, pairs, mr, stride, out);
-  }
-  zero_sliver_tail(out, rows, mr, depth, stride);
-}
-
-// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols) as pairs, each depth x nr.
-template <typename Value>
-void pack_b_pairs(const Operand<Value>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) {
-  const int64_t pairs = kc / 2, depth = (kc + 1) / 2;
-  if (!b.trans) {
-    pack_rows(b.p + p0 * b.ld + j0, b.ld, cols, pairs, out, nr, nr * depth);
-    if (kc & 1) pack_last_k(b.p + (p0 + kc - 1) * b.ld + j0, cols, kPadB, pairs, nr, nr * depth, out);
-  } else {
-    for (int64_t j = 0; j < cols; j += 16)
-      pack_block(b.p + (j0 + j) * b.ld + p0, b.ld, static_cast<int>(std::min<int64_t>(16, cols - j)), kc, kPadB,
-                 out + (j / nr) * nr * depth + j % nr, nr);
-  }
-  zero_sliver_tail(out, cols, nr, depth, nr * depth);
-}
-
-// MXCSR's flush-to-zero and denormals-are-zero bits set on this thread while it lives: the
-// f32 SIMD kernels then compute bf16 products as vdpbf16ps does (microkernel.h).
-class FlushSubnormals {
- public:
-  explicit FlushSubnormals(bool on) : saved_(_mm_getcsr()), on_(on) { resume(); }
-  ~FlushSubnormals() { suspend(); }
-  // The caller's MXCSR back while code that is not a product runs (an epilogue), then set again.
-  void suspend() const {
-    if (on_) _mm_setcsr(saved_);
-  }
-  void resume() const {
-    if (on_) _mm_setcsr(saved_ | 0x8040u);
-  }
-  FlushSubnormals(const FlushSubnormals&) = delete;
-  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
-
- private:
-  unsigned saved_;
-  bool on_;
+// op(B) packed beforehand (PackedB): slivers `stride` apart, each zero-padded past n, read
+// from packed step `step` on (p0 / Packing::kStep of the product's first k).
+template <typename P>
+struct Prepacked {
+  const P* p;  // the first sliver of the product's first column
+  int64_t stride;
+  static constexpr bool trans = false;  // nothing to pack: tiles need not be tall (gemm_packed)
 };
 
-// What an f32 or f64 sliver holds for a value of the operand: the value itself, or the value
-// a 16-bit product multiplies (gemm_half on the f32 kernels).
-struct AsIs {};
-struct AsBf16 {
-  static float value(float x) { return bf16_operand(x); }
-};
-struct AsF16 {
-  static float value(float x) { return f16_operand(x); }
-};
-
-// `count` packed values converted in place: one pass over the sliver just written, while
-// it is in cache, in a loop the compiler vectorizes (converting each value as it was
-// packed, at scattered places, held an fp16 gpt-mini step at 783 ms on one core; this pass,
-// 693 ms).
-template <typename Cvt, typename T>
-void convert(T* x, int64_t count) {
-  if constexpr (!std::is_same_v<Cvt, AsIs>)
-    for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
+// The slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols): packed into `scratch` now, or where a
+// Prepacked op(B) holds them (j0 a multiple of NR, p0 of Packing::kStep).
+template <typename Packing, typename OperandB, typename P>
+Slivers<P> b_slivers(const Packing& packing, const OperandB& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols,
+                     int nr, P* scratch) {
+  packing.b(b, p0, kc, j0, cols, nr, scratch);
+  return {scratch, ceil_div(kc, Packing::kStep) * nr};
 }
-
-// How a product's operands are packed: plain (f32, f64), converted to 16-bit values in f32
-// slivers (Cvt: AsBf16, AsF16), or as bf16 pairs; `flush` sets MXCSR's FTZ and DAZ while
-// the kernel runs.
-template <typename Cvt, typename T>
-struct PlainPacking {
-  using P = T;
-  static constexpr int kStep = 1;  // values of k per packed step
-  bool flush = false;
-  static int64_t a_stride(int64_t depth, int mr) { return depth * mr; }  // slivers side by side
-  void a(const Operand<T>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out, int64_t) const {
-    for (int64_t r = 0; r < rows; r += mr) pack_a(x, i0 + r, std::min<int64_t>(mr, rows - r), p0, kc, mr, out + r * kc);
-    convert<Cvt>(out, round_up(rows, mr) * kc);
-  }
-  void b(const Operand<T>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
-    pack_b(x, p0, kc, j0, cols, nr, out);
-    convert<Cvt>(out, (cols + nr - 1) / nr * kc * nr);
-  }
-};
-struct PairPacking {
-  using P = uint32_t;
-  static constexpr int kStep = 2;
-  bool flush = false;
-  // A's slivers one cache line further apart than their size: a transposed A is written a row
-  // pair across the whole tile at a time, to every sliver (86 of them for 1032 rows), and
-  // with slivers 24 KiB apart every write fell in one L1 set. Measured on one Zen 5 core:
-  // gpt-mini's weight gradients (TN, k = 2048) 300-357 -> 340-370 GFLOP/s.
-  static int64_t a_stride(int64_t depth, int mr) { return depth * mr + 16; }
-  template <typename Value>  // float, or uint16_t: bf16 bits
-  void a(const Operand<Value>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
-         int64_t stride) const {
-    pack_a_pairs(x, i0, rows, p0, kc, mr, out, stride);
-  }
-  template <typename Value>
-  void b(const Operand<Value>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, uint32_t* out) const {
-    pack_b_pairs(x, p0, kc, j0, cols, nr, out);
-  }
-};
+template <typename Packing, typename P>
+Slivers<P> b_slivers(const Packing&, const Prepacked<P>& b, int64_t p0, int64_t, int64_t j0, int64_t, int nr, P*) {
+  return {b.p + (j0 / nr) * b.stride + (p0 / Packing::kStep) * nr, b.stride};
+}
 
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
 // block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
@@ -325,7 +134,7 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
       packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
         const int64_t panel = std::min(mk.nc, cols - jc);
-        packing.b(b, p0, kc, j0 + jc, panel, nr, packed_b);
+        const Slivers<P> bs = b_slivers(packing, b, p0, kc, j0 + jc, panel, nr, packed_b);
         for (int64_t ir = 0; ir < rows; ir += mr) {
           const int64_t h = std::min<int64_t>(mr, rows - ir);
           const P* pa = packed_a + (ir / mr) * a_stride;
@@ -336,7 +145,7 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
           }
           for (int64_t jr = 0; jr < panel; jr += nr) {
             const int64_t w = std::min<int64_t>(nr, panel - jr);
-            const P* pb = packed_b + jr * depth;
+            const P* pb = bs.p + (jr / nr) * bs.stride;
             T* ct = c + (i0 + ir) * ldc + j0 + jc + jr;
             if (h == mr && w == nr) {
               mk.fn(depth, pa, pb, ct, ldc, acc);
@@ -531,6 +340,30 @@ const MicroKernel<float> kGenericBf16 = {"generic", 4, 16, 256, 240, 256, 240,
                                          gemm_detail::microkernel_generic_ftz<4, 16>,
                                          gemm_detail::fma_loop_generic};
 
+// Calls f(kernel, packing) with the micro-kernel and the packing a product of T `operands`
+// runs on the path (kAuto resolved as gemm() and gemm_half() resolve it): one place decides.
+template <typename T, typename F>
+void on_kernel(DType operands, GemmPath path, F&& f) {
+  if constexpr (std::is_same_v<T, double>) {
+    LOOM_CHECK(operands == DType::kF32);
+    f(kGenericF64, PlainPacking<AsIs, double>{});
+  } else if (operands == DType::kF32) {
+    f(kernel_for(path), PlainPacking<AsIs, float>{});
+  } else {
+    LOOM_CHECK(operands == DType::kBF16 || operands == DType::kF16);
+    if (path == GemmPath::kAuto) path = gemm_best_half_path();
+    if (operands == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
+      f(kernel_for(path), PlainPacking<AsF16, float>{});
+    } else if (path == GemmPath::kAvx512Bf16) {
+      f(gemm_detail::kAvx512Bf16Kernel, PairPacking{});
+    } else if (path == GemmPath::kGeneric) {
+      f(kGenericBf16, PlainPacking<AsBf16, float>{});
+    } else {
+      f(kernel_for(path), PlainPacking<AsBf16, float>{true});
+    }
+  }
+}
+
 // A 16-bit product on a path (microkernel.h, docs/numerics.md "16-bit products").
 void gemm_half_loom(GemmPath path,
                     DType format,
@@ -552,21 +385,10 @@ void gemm_half_loom(GemmPath path,
   LOOM_CHECK(gemm_path_supported(path));
   if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
   const int threads = product_threads(m, n, k);
-  const Operand<float> oa{a, lda, trans_a}, ob{b, ldb, trans_b};
-  if (path == GemmPath::kAuto) path = gemm_best_half_path();
-  if (format == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
-    gemm_packed(kernel_for(path), PlainPacking<AsF16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
-                prologue);
-  } else if (path == GemmPath::kAvx512Bf16) {
-    gemm_packed(gemm_detail::kAvx512Bf16Kernel, PairPacking{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
-                prologue);
-  } else if (path == GemmPath::kGeneric) {
-    gemm_packed(kGenericBf16, PlainPacking<AsBf16, float>{}, threads, oa, ob, m, n, k, accumulate, c, ldc, epilogue,
-                prologue);
-  } else {
-    gemm_packed(kernel_for(path), PlainPacking<AsBf16, float>{true}, threads, oa, ob, m, n, k, accumulate, c, ldc,
-                epilogue, prologue);
-  }
+  on_kernel<float>(format, path, [&](const auto& mk, const auto& packing) {
+    gemm_packed(mk, packing, threads, Operand<float>{a, lda, trans_a}, Operand<float>{b, ldb, trans_b}, m, n, k,
+                accumulate, c, ldc, epilogue, prologue);
+  });
 }
 
 // Rounded copies of op(A) and op(B)'s matrices for OpenBLAS, which has no 16-bit products
@@ -683,6 +505,60 @@ template void gemm_half_bits<float>(DType, bool, bool, int64_t, int64_t, int64_t
 template void gemm_half_bits<uint16_t>(DType, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
                                        const uint16_t*, int64_t, bool, float*, int64_t, const GemmEpilogue&,
                                        const GemmPrologue&);
+
+template <typename T>
+void PackedB<T>::pack(DType operands, bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb) {
+  LOOM_CHECK(k >= 0 && n >= 0);
+  operands_ = operands;
+  trans_ = trans_b;
+  b_ = b;
+  ldb_ = ldb;
+  k_ = k;
+  n_ = n;
+  blas_ = g_backend == GemmBackend::kOpenBlas;
+  path_ = g_path.load();  // products run on the kernel this picks (on_kernel), kAuto included
+  if (blas_) return;
+  LOOM_CHECK(gemm_path_supported(path_));
+  on_kernel<T>(operands, path_, [&](const auto& mk, const auto& packing) {
+    using Packing = std::decay_t<decltype(packing)>;
+    using P = typename Packing::P;
+    stride_ = ceil_div(k, Packing::kStep) * mk.nr;
+    const int64_t bytes = std::max<int64_t>(1, ceil_div(n, mk.nr) * stride_) * int64_t{sizeof(P)};
+    if (capacity_ < bytes) {
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>(round_up(bytes, 64)))));
+      LOOM_CHECK(data_ != nullptr);
+      capacity_ = bytes;
+    }
+    if (k > 0 && n > 0) packing.b(Operand<T>{b, ldb, trans_b}, 0, k, 0, n, mk.nr, reinterpret_cast<P*>(data_.get()));
+  });
+}
+
+template <typename T>
+void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const PackedB<T>& b,
+                   int64_t p0, int64_t j0, bool accumulate, T* c, int64_t ldc) {
+  LOOM_CHECK(j0 % 32 == 0 && p0 % 2 == 0 && (k % 2 == 0 || p0 + k == b.k_));
+  LOOM_CHECK(p0 >= 0 && j0 >= 0 && p0 + k <= b.k_ && j0 + n <= b.n_);
+  if (b.blas_) {
+    const T* part = b.trans_ ? b.b_ + j0 * b.ldb_ + p0 : b.b_ + p0 * b.ldb_ + j0;
+    return gemm_as<T>(b.operands_, trans_a, b.trans_, m, n, k, a, lda, part, b.ldb_, accumulate, c, ldc);
+  }
+  if (trivial_product(m, n, k, accumulate, c, ldc, {}, {})) return;
+  on_kernel<T>(b.operands_, b.path_, [&](const auto& mk, const auto& packing) {
+    using Packing = std::decay_t<decltype(packing)>;
+    using P = typename Packing::P;
+    const P* data = reinterpret_cast<const P*>(b.data_.get());
+    const Prepacked<P> part{data + (j0 / mk.nr) * b.stride_ + (p0 / Packing::kStep) * mk.nr, b.stride_};
+    gemm_packed(mk, packing, product_threads(m, n, k), Operand<T>{a, lda, trans_a}, part, m, n, k, accumulate, c, ldc,
+                {});
+  });
+}
+
+template class PackedB<float>;
+template class PackedB<double>;
+template void gemm_packed_b<float>(bool, int64_t, int64_t, int64_t, const float*, int64_t, const PackedB<float>&,
+                                   int64_t, int64_t, bool, float*, int64_t);
+template void gemm_packed_b<double>(bool, int64_t, int64_t, int64_t, const double*, int64_t, const PackedB<double>&,
+                                    int64_t, int64_t, bool, double*, int64_t);
 
 namespace {
 

@@ -18,7 +18,9 @@
 // starting work, from one thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -166,6 +168,54 @@ void gemm_half_bits(DType format,
                     int64_t ldc,
                     const GemmEpilogue& epilogue = {},
                     const GemmPrologue& prologue = {});
+
+// op(B) (k, n) packed once, as the micro-kernel of the active path reads it for `operands`
+// (kF32: the values; kBF16, kF16 with T float: a 16-bit product's), for several products
+// that each read a part of it: the attention's keys, values, queries and output gradients,
+// per head, where each is otherwise packed again for every block of the other side. pack()
+// reuses the storage. The matrix must stay as it was while products read it (the OpenBLAS
+// backend reads it in place). One per thread.
+template <typename T>
+class PackedB {
+ public:
+  PackedB() = default;
+  PackedB(const PackedB&) = delete;
+  PackedB& operator=(const PackedB&) = delete;
+  // op(B): B (k, n) with row stride ldb, or B^T where B is (n, k) (trans_b).
+  void pack(DType operands, bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb);
+
+ private:
+  template <typename U>
+  friend void gemm_packed_b(bool, int64_t, int64_t, int64_t, const U*, int64_t, const PackedB<U>&, int64_t, int64_t,
+                            bool, U*, int64_t);
+  DType operands_ = DType::kF32;
+  GemmPath path_ = GemmPath::kAuto;  // the path set when it was packed
+  bool blas_ = false;                // packed nothing: the OpenBLAS backend reads the matrix
+  bool trans_ = false;
+  const T* b_ = nullptr;
+  int64_t ldb_ = 0, k_ = 0, n_ = 0;
+  int64_t stride_ = 0;  // elements of the packed type between slivers
+  std::unique_ptr<std::byte, void (*)(void*)> data_{nullptr, &std::free};
+  int64_t capacity_ = 0;
+};
+
+// C (m, n) = [C +] op(A) @ the part of b's op(B) at rows [p0, p0 + k), columns [j0, j0 + n):
+// the bits of gemm_as(b's operands, ...) on that part of the matrix b was packed from.
+// REQUIRES: j0 a multiple of 32; p0 even, and k even unless the part ends at b's last row
+// (a 16-bit product reads k in pairs); the part inside op(B).
+template <typename T>
+void gemm_packed_b(bool trans_a,
+                   int64_t m,
+                   int64_t n,
+                   int64_t k,
+                   const T* a,
+                   int64_t lda,
+                   const PackedB<T>& b,
+                   int64_t p0,
+                   int64_t j0,
+                   bool accumulate,
+                   T* c,
+                   int64_t ldc);
 
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of

@@ -13,6 +13,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -392,6 +393,54 @@ TEST(GemmHalf, BitsDoNotDependOnThreadCount) {
       }
     }
   omp_set_num_threads(saved);
+}
+
+// Products reading parts of a packed op(B) (PackedB: the attention's per-head operands) give
+// the bits of gemm_as on those parts of the matrix: every path, f32, bf16 and f16 operands
+// and f64, op(B) transposed or not, op(A) too, parts at a column and k offset, deeper than
+// one packed block, with an odd k at the matrix's end (the pad of the last pair), a few rows
+// (where gemm does not pack) and many; and under OpenBLAS, which reads the matrix in place.
+template <typename T>
+void expect_packed_parts_equal_gemm(DType operands, const std::string& what) {
+  const int64_t kk = 1101, nn = 200, pad = 3;  // op(B) (kk, nn): k past bf16's 1024-deep block
+  const struct {
+    int64_t p0, k, j0, n;
+  } parts[] = {{0, kk, 0, nn}, {64, kk - 64, 32, nn - 32}, {2, 100, 96, 33}, {1036, 65, 160, 40}, {0, 0, 0, 7}};
+  uint64_t seed = 77;
+  for (bool tb : {false, true}) {
+    const std::vector<T> b = random_matrix<T>((tb ? nn : kk) * (tb ? kk + pad : nn + pad), seed++);
+    const int64_t ldb = tb ? kk + pad : nn + pad;
+    PackedB<T> packed;
+    packed.pack(operands, tb, kk, nn, b.data(), ldb);
+    for (const auto& part : parts)
+      for (int64_t m : {int64_t{5}, int64_t{97}})
+        for (int t = 0; t < 4; ++t) {
+          const bool ta = t & 1, accumulate = t & 2;
+          const int64_t lda = (ta ? m : part.k) + pad, ldc = part.n + pad;
+          const std::vector<T> a = random_matrix<T>((ta ? part.k : m) * lda + 1, seed++);
+          std::vector<T> want = random_matrix<T>(m * ldc, seed++), got = want;
+          const T* b_part = tb ? b.data() + part.j0 * ldb + part.p0 : b.data() + part.p0 * ldb + part.j0;
+          gemm_as<T>(operands, ta, tb, m, part.n, part.k, a.data(), lda, b_part, ldb, accumulate, want.data(), ldc);
+          gemm_packed_b<T>(ta, m, part.n, part.k, a.data(), lda, packed, part.p0, part.j0, accumulate, got.data(),
+                           ldc);
+          EXPECT_TRUE(same_bits(got, want)) << what << " trans_b=" << tb << " trans_a=" << ta << " m=" << m
+                                            << " part p0=" << part.p0 << " k=" << part.k << " j0=" << part.j0
+                                            << " n=" << part.n << " accumulate=" << accumulate;
+        }
+  }
+}
+
+TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
+  for (GemmPath path : gemm_supported_paths()) {
+    set_gemm_path(path);
+    for (DType operands : {DType::kF32, DType::kBF16, DType::kF16})
+      expect_packed_parts_equal_gemm<float>(operands, cat(gemm_path_name(path), " ", dtype_name(operands)));
+  }
+  set_gemm_path(GemmPath::kAuto);
+  expect_packed_parts_equal_gemm<double>(DType::kF32, "f64");
+  set_gemm_backend(GemmBackend::kOpenBlas);
+  expect_packed_parts_equal_gemm<float>(DType::kBF16, "openblas bf16");
+  set_gemm_backend(GemmBackend::kLoom);
 }
 
 // A prologue that writes a bias row into each block gives the bits of C filled with the row
