@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/fixed_sum.h"
 #include "kernels/parallel.h"
+#include "kernels/precision.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 
@@ -24,48 +27,82 @@ inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* weight, c
 
 }  // namespace
 
+namespace {
+
+// A row rounded to `format` in place (mixed precision's values; kF32 or T double: kept).
 template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
-                       int64_t n, int64_t c) {
-  parallel_for(n, n * c,
-               [&](int64_t i) { layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c); });
+void round_row(DType format, T* x, int64_t c) {
+  if constexpr (std::is_same_v<T, float>) round_serial(format, x, x, c);
+}
+
+}  // namespace
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t n, int64_t c,
+                       DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+  parallel_for(n, n * c, [&](int64_t i) {
+    layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c);
+    round_row(round_out, out + i * c, c);
+  });
 }
 
 template <typename T>
 void add_layernorm_forward(T* x, const T* residual, T* out, T* mean, T* rstd, const T* weight, const T* bias,
-                           int64_t n, int64_t c) {
+                           int64_t n, int64_t c, DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
   parallel_for(n, n * c, [&](int64_t i) {
     T* row = x + i * c;
     const T* r = residual + i * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) row[j] = row[j] + r[j];  // as add_forward(x, x, residual)
+    round_row(round_out, row, c);                             // as add_round: the sum is normalized rounded
     layernorm_row(out + i * c, mean + i, rstd + i, row, weight, bias, c);
+    round_row(round_out, out + i * c, c);
   });
 }
 
-template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int64_t n, int64_t c) {
-  // dinp: rows are independent.
+namespace {
+
+// What the backward reads x as: its values, or a 16-bit format's bits as the f32 values they
+// hold (exact: the bits of the backward over load_half's values).
+struct AsStored {
+  template <typename T>
+  T operator()(T x) const {
+    return x;
+  }
+};
+struct Bf16Bits {
+  float operator()(uint16_t x) const { return bf16_value(x); }
+};
+struct F16Bits {
+  float operator()(uint16_t x) const { return f16_value(x); }
+};
+
+template <typename T, typename X, typename Value>
+void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, Value value, const T* weight,
+                   const T* mean, const T* rstd, int64_t n, int64_t c, DType round_out) {
+  // dinp: rows are independent; each row rounded to round_out as it is written.
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const T* x = inp + i * c;
+    const X* x = inp + i * c;
     const T* dy = dout + i * c;
     T m = mean[i], s = rstd[i];
     T sum_g = 0, sum_gx = 0;  // mean of (dy * w) and of (dy * w * xhat)
     fixed_sum2(c, sum_g, sum_gx, [&](int64_t j, T& a, T& b) {
       const T g = dy[j] * weight[j];
       a += g;
-      b += g * (x[j] - m) * s;
+      b += g * (value(x[j]) - m) * s;
     });
     sum_g /= static_cast<T>(c);
     sum_gx /= static_cast<T>(c);
     T* dx = dinp + i * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) {
-      T xhat = (x[j] - m) * s;
+      T xhat = (value(x[j]) - m) * s;
       dx[j] = (dy[j] * weight[j] - sum_g - xhat * sum_gx) * s;
     }
+    round_row(round_out, dx, c);
   }
   // dweight, dbias: columns split across threads, rows summed in order (deterministic).
   constexpr int64_t kCols = 64;
@@ -74,11 +111,11 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     int64_t c1 = std::min(c, c0 + kCols);
     T dw[kCols] = {}, db[kCols] = {};
     for (int64_t i = 0; i < n; ++i) {
-      const T* x = inp + i * c;
+      const X* x = inp + i * c;
       const T* dy = dout + i * c;
       T m = mean[i], s = rstd[i];
       for (int64_t j = c0; j < c1; ++j) {
-        dw[j - c0] += dy[j] * (x[j] - m) * s;
+        dw[j - c0] += dy[j] * (value(x[j]) - m) * s;
         db[j - c0] += dy[j];
       }
     }
@@ -89,19 +126,36 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
   }
 }
 
-template void layernorm_forward<float>(float*, float*, float*, const float*, const float*,
-                                       const float*, int64_t, int64_t);
-template void layernorm_forward<double>(double*, double*, double*, const double*, const double*,
-                                        const double*, int64_t, int64_t);
+}  // namespace
+
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
+                        const T* rstd, int64_t n, int64_t c, DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+  backward_rows(dinp, dweight, dbias, dout, inp, AsStored{}, weight, mean, rstd, n, c, round_out);
+}
+
+void layernorm_backward_bits(float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
+                             DType format, const float* weight, const float* mean, const float* rstd, int64_t n,
+                             int64_t c, DType round_out) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  if (format == DType::kBF16)
+    backward_rows(dinp, dweight, dbias, dout, inp, Bf16Bits{}, weight, mean, rstd, n, c, round_out);
+  else
+    backward_rows(dinp, dweight, dbias, dout, inp, F16Bits{}, weight, mean, rstd, n, c, round_out);
+}
+
+template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                                       int64_t, DType);
+template void layernorm_forward<double>(double*, double*, double*, const double*, const double*, const double*,
+                                        int64_t, int64_t, DType);
 template void add_layernorm_forward<float>(float*, const float*, float*, float*, float*, const float*, const float*,
-                                           int64_t, int64_t);
+                                           int64_t, int64_t, DType);
 template void add_layernorm_forward<double>(double*, const double*, double*, double*, double*, const double*,
-                                            const double*, int64_t, int64_t);
-template void layernorm_backward<float>(float*, float*, float*, const float*, const float*,
-                                        const float*, const float*, const float*, int64_t,
-                                        int64_t);
-template void layernorm_backward<double>(double*, double*, double*, const double*, const double*,
-                                         const double*, const double*, const double*, int64_t,
-                                         int64_t);
+                                            const double*, int64_t, int64_t, DType);
+template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
+                                        const float*, const float*, int64_t, int64_t, DType);
+template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
+                                         const double*, const double*, int64_t, int64_t, DType);
 
 }  // namespace loom::kernels

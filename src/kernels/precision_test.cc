@@ -10,8 +10,10 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "kernels/precision.h"
@@ -193,6 +195,62 @@ TEST(Precision, MlpGradientInBitsEqualsTheF32Path) {
         EXPECT_EQ(std::memcmp(got_dx.data(), want_dx.data(), got_dx.size() * sizeof(float)), 0) << what << " dx";
         EXPECT_EQ(std::memcmp(got_dw.data(), want_dw.data(), got_dw.size() * sizeof(float)), 0) << what << " dw";
         EXPECT_EQ(std::memcmp(got_db.data(), want_db.data(), got_db.size() * sizeof(float)), 0) << what << " db";
+      }
+  }
+  set_compute_threads(1);
+}
+
+// Mixed precision's LayerNorms in one pass per row (layernorm.h): the residual add rounded,
+// the LayerNorm and its output's rounding (was add_round, layernorm_forward, round_to), and
+// the backward from the input's 16-bit bits with its d(input) rounded (was load_half,
+// layernorm_backward, round_to): the bits of the passes they replace, dweight and dbias
+// included, with and without the residual, on one thread and two.
+TEST(Precision, LayerNormInOnePassEqualsItsPasses) {
+  const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (int threads : {1, 2}) {
+    set_compute_threads(threads);
+    for (DType format : {DType::kBF16, DType::kF16})
+      for (auto [n, c] : {std::pair<int64_t, int64_t>{5, 7}, {300, 96}, {64, 256}}) {
+        const std::string what = cat(dtype_name(format), " n=", n, " c=", c, " threads=", threads);
+        Rng r(static_cast<uint64_t>(n * c) + static_cast<uint64_t>(format));
+        const auto randoms = [&](int64_t count, double scale, double shift) {
+          std::vector<float> v(static_cast<size_t>(count));
+          for (float& x : v) x = static_cast<float>(shift + scale * r.normal());
+          return v;
+        };
+        const std::vector<float> x0 = randoms(n * c, 2, 0.5), residual = randoms(n * c, 1, 0), w = randoms(c, 0.5, 1),
+                                 b = randoms(c, 0.2, 0), dy = randoms(n * c, 1, 0);
+        // Forward, with the residual and without.
+        std::vector<float> want_x = x0, want_y(n * c), want_mean(n), want_rstd(n);
+        add_round(want_x.data(), want_x.data(), residual.data(), n * c, format);
+        layernorm_forward(want_y.data(), want_mean.data(), want_rstd.data(), want_x.data(), w.data(), b.data(), n, c);
+        round_to(format, want_y.data(), n * c);
+        std::vector<float> got_x = x0, got_y(n * c), got_mean(n), got_rstd(n);
+        add_layernorm_forward(got_x.data(), residual.data(), got_y.data(), got_mean.data(), got_rstd.data(), w.data(),
+                              b.data(), n, c, format);
+        EXPECT_TRUE(same(got_x, want_x) && same(got_y, want_y) && same(got_mean, want_mean) &&
+                    same(got_rstd, want_rstd))
+            << what << " add";
+        std::vector<float> plain_y(n * c);
+        layernorm_forward(plain_y.data(), got_mean.data(), got_rstd.data(), want_x.data(), w.data(), b.data(), n, c,
+                          format);
+        EXPECT_TRUE(same(plain_y, want_y)) << what;
+        // Backward from the input's bits.
+        std::vector<uint16_t> x_bits(n * c);
+        store_half(format, x_bits.data(), want_x.data(), n * c);
+        std::vector<float> x_values(n * c);
+        load_half(format, x_values.data(), x_bits.data(), n * c);
+        std::vector<float> want_dx(n * c), want_dw = randoms(c, 1, 0), want_db = randoms(c, 1, 0);
+        std::vector<float> got_dx(n * c), got_dw = want_dw, got_db = want_db;
+        layernorm_backward(want_dx.data(), want_dw.data(), want_db.data(), dy.data(), x_values.data(), w.data(),
+                           want_mean.data(), want_rstd.data(), n, c);
+        round_to(format, want_dx.data(), n * c);
+        layernorm_backward_bits(got_dx.data(), got_dw.data(), got_db.data(), dy.data(), x_bits.data(), format, w.data(),
+                                want_mean.data(), want_rstd.data(), n, c, format);
+        EXPECT_TRUE(same(got_dx, want_dx)) << what << " dx";
+        EXPECT_TRUE(same(got_dw, want_dw) && same(got_db, want_db)) << what << " dweight, dbias";
       }
   }
   set_compute_threads(1);

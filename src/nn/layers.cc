@@ -307,20 +307,16 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
   ctx.mean = arena.alloc({n}, x.dtype());
   ctx.rstd = arena.alloc({n}, x.dtype());
   Tensor y = arena.alloc(x.shape(), x.dtype());
-  // Mixed precision rounds the sum before it is normalized, so the add is not fused.
-  const bool fused = residual.defined() && precision == DType::kF32;
-  if (residual.defined() && !fused) {
-    add_into(x, residual, precision);
-  }
+  // One pass over the rows: the residual add (mixed precision rounds the sum before it is
+  // normalized), the LayerNorm, and its output's rounding.
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
-    if (fused)
+    if (residual.defined())
       k::add_layernorm_forward(x.data<T>(), residual.data<T>(), y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(),
-                               weight.value().data<T>(), bias.value().data<T>(), n, c);
+                               weight.value().data<T>(), bias.value().data<T>(), n, c, precision);
     else
       k::layernorm_forward(y.data<T>(), ctx.mean.data<T>(), ctx.rstd.data<T>(), x.data<T>(), weight.value().data<T>(),
-                           bias.value().data<T>(), n, c);
+                           bias.value().data<T>(), n, c, precision);
   });
-  round_values(y, precision);
   return y;
 }
 
@@ -336,8 +332,16 @@ Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& are
   LOOM_DISPATCH_FLOAT(dy.dtype(), T, {
     T* dw = share.defined() ? share.data<T>() : weight.grad().data<T>();
     T* db = share.defined() ? share.data<T>() + c : bias.grad().data<T>();
-    k::layernorm_backward(dx.data<T>(), dw, db, dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
-                          ctx.mean.data<T>(), ctx.rstd.data<T>(), dy.numel() / c, c);
+    if (ctx.x.dtype() != dy.dtype()) {  // x kept in 16 bits (nn/mixed.h): read as it is
+      LOOM_CHECK(dy.dtype() == DType::kF32);
+      k::layernorm_backward_bits(dx.data<float>(), share.defined() ? share.data<float>() : weight.grad().data<float>(),
+                                 share.defined() ? share.data<float>() + c : bias.grad().data<float>(),
+                                 dy.data<float>(), ctx.x.data<uint16_t>(), ctx.x.dtype(), weight.value().data<float>(),
+                                 ctx.mean.data<float>(), ctx.rstd.data<float>(), dy.numel() / c, c, precision);
+    } else {
+      k::layernorm_backward(dx.data<T>(), dw, db, dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
+                            ctx.mean.data<T>(), ctx.rstd.data<T>(), dy.numel() / c, c, precision);
+    }
     if (share.defined()) {
       shard.seam->sum(share);
       T* gw = weight.grad().data<T>();
@@ -345,7 +349,6 @@ Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& are
       for (int64_t j = 0; j < c; ++j) gw[j] += dw[j], gb[j] += db[j];
     }
   });
-  round_values(dx, precision);
   return dx;
 }
 

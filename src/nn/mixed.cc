@@ -29,21 +29,22 @@ namespace {
 
 // How a block's backward reads a tensor its context keeps.
 enum class Kept {
-  kStatistic,  // per-row statistics: kept in f32
-  kF32,        // kept in 16 bits, back to f32 before the backward
-  kBits,       // kept in 16 bits and read as such: a Linear's input (only its weight gradient
-               // reads it, packing the bits) and the GELU's input
+  kStatistic,   // per-row statistics: kept in f32
+  kF32,         // kept in 16 bits, back to f32 before the backward
+  kLinearBits,  // kept in 16 bits, read as such where the Linear's backward can (only its
+                // weight gradient reads it, packing the bits)
+  kBits,        // kept in 16 bits and read as such: the GELU's and the LayerNorms' inputs
 };
 
 // Every tensor a block's context keeps for its backward, and how it is read.
 template <typename F>
 void for_each_kept(BlockCtx& c, F&& f) {
   for (LayerNormCtx* ln : {&c.ln_1, &c.ln_2}) {
-    f(ln->x, Kept::kF32);
+    f(ln->x, Kept::kBits);
     f(ln->mean, Kept::kStatistic);
     f(ln->rstd, Kept::kStatistic);
   }
-  for (LinearCtx* lin : {&c.attn.c_attn, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, Kept::kBits);
+  for (LinearCtx* lin : {&c.attn.c_attn, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, Kept::kLinearBits);
   f(c.attn.c_proj.x, Kept::kF32);  // the attention's output: its backward reads it too
   f(c.attn.qkv, Kept::kF32);
   f(c.attn.y, Kept::kF32);
@@ -75,11 +76,9 @@ void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& i
 
 void load_f32(BlockCtx& ctx, Arena& workspace, bool linear_bits) {
   std::map<const void*, Tensor> loaded;
-  const auto bits = [&](const Tensor& t, Kept kept) {
-    return kept == Kept::kBits && (linear_bits || &t == &ctx.mlp.gelu.x);
-  };
+  const auto bits = [&](Kept kept) { return kept == Kept::kBits || (kept == Kept::kLinearBits && linear_bits); };
   for_each_kept(ctx, [&](Tensor& t, Kept kept) {
-    if (!t.defined() || t.dtype() == DType::kF32 || bits(t, kept)) return;
+    if (!t.defined() || t.dtype() == DType::kF32 || bits(kept)) return;
     auto [it, fresh] = loaded.try_emplace(t.raw());
     if (fresh) it->second = to_f32(t, workspace);
     LOOM_CHECK(it->second.numel() == t.numel());
