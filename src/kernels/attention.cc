@@ -6,11 +6,14 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/fast_math.h"
 #include "kernels/fixed_sum.h"
 #include "kernels/gemm/gemm.h"
+#include "kernels/precision.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {
@@ -53,10 +56,10 @@ T row_max(const T* x, int64_t n) {
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
 // each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,
-// and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. The
+// rounded to round_out, and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. The
 // products read K^T and V as the head's packs hold them (in attention_forward's operands).
 template <typename T>
-void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s) {
+void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType round_out) {
   const int64_t ld = 3 * c, rows = r1 - r0;
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
@@ -91,6 +94,7 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
     T* yi = hd.y + (r0 + i) * c;
 #pragma omp simd
     for (int64_t d = 0; d < hs; ++d) yi[d] *= inv;
+    if constexpr (std::is_same_v<T, float>) round_serial(round_out, yi, yi, hs);
     hd.lse[r0 + i] = m[i] + std::log(l[i]);
   }
 }
@@ -102,7 +106,9 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
 // are packed, once for all its row blocks (packed for each, they were a third of the
 // forward's time at T = 256).
 template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands) {
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands,
+                       DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
   const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   // Kept by the calling thread from call to call: packs allocated afresh each call faulted
@@ -127,90 +133,155 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
     for (int64_t task = 0; task < b * nh * blocks; ++task) {
       const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
       const Head<T> hd{qkv + bi * t * ld + h * hs, &keys[bh], &values[bh], out + bi * t * c + h * hs, lse + bh * t};
-      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data());
+      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data(), round_out);
     }
   }
 }
 
-// One (batch, head) pair is one task (its dQ sums over key blocks, in order). Per block of
-// kRows keys [c0, c1) and up to kCols of the queries that see them (rows >= c0): P^T again
-// from the scores and the saved log-sum-exp, then (docs/numerics.md, "Attention")
-// dV_c += P^T dY_r, dP^T = V_c dY_r^T, dS^T = P^T (dP^T - D) / sqrt(HS) with D_i = dY_i .
-// Y_i (= sum_j P_ij dP_ij), dQ_r += dS K_c, dK_c += dS^T Q_r. Keys outermost: dK and dV, two
-// of the three sums, run over up to kCols rows per GEMM. No (T, T) matrix exists. The
-// scores are computed transposed (keys by queries), so every product's op(B) is one of the
-// head's Q^T, dY^T, K, Q and dY, each packed once per head: each product of K_c Q^T_r
-// equals Q_r K^T_c's, product for product, so the bits are those of the untransposed
-// blocks, where Q and dY were packed again for every key block. Each sum's first
-// contribution overwrites, so nothing is zeroed first.
+namespace {
+
+// One head's backward inputs: its q, k and v rows `ld` apart, its forward output's y rows
+// `ldy` apart.
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
-                        int64_t c, int64_t nh, DType operands) {
+struct HeadInputs {
+  const T *q, *k, *v;
+  int64_t ld;
+  const T* y;
+  int64_t ldy;
+};
+
+// A thread's scratch for backward_head, kept from head to head.
+template <typename T>
+struct BackwardScratch {
+  std::vector<T> pt, dst, dsum;
+  PackedB<T> q_t, dy_t, k_p, q_p, dy_p;
+  BackwardScratch(int64_t t) : pt(kRows * kCols), dst(kRows * kCols), dsum(static_cast<size_t>(t)) {}
+};
+
+// One (batch, head) pair. Per block of kRows keys [c0, c1) and up to kCols of the queries
+// that see them (rows >= c0): P^T again from the scores and the saved log-sum-exp, then
+// (docs/numerics.md, "Attention") dV_c += P^T dY_r, dP^T = V_c dY_r^T, dS^T = P^T (dP^T - D)
+// / sqrt(HS) with D_i = dY_i . Y_i (= sum_j P_ij dP_ij), dQ_r += dS K_c, dK_c += dS^T Q_r.
+// Keys outermost: dK and dV, two of the three sums, run over up to kCols rows per GEMM. No
+// (T, T) matrix exists. The scores are computed transposed (keys by queries), so every
+// product's op(B) is one of the head's Q^T, dY^T, K, Q and dY, each packed once per head:
+// each product of K_c Q^T_r equals Q_r K^T_c's, product for product, so the bits are those
+// of the untransposed blocks, where Q and dY were packed again for every key block. Each
+// sum's first contribution overwrites, so nothing is zeroed first. dq, dk, dv: rows 3C
+// apart, rounded to round_out at the end while they are in cache; dy: rows C apart.
+template <typename T>
+void backward_head(T* dq, T* dk, T* dv, const T* dy, const HeadInputs<T>& in, const T* lrow, int64_t t, int64_t c,
+                   int64_t hs, T scale, DType operands, DType round_out, BackwardScratch<T>& s) {
+  const int64_t ld = 3 * c;
+  T* pt = s.pt.data();
+  T* dst = s.dst.data();
+  for (int64_t i = 0; i < t; ++i)
+    s.dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * in.y[i * in.ldy + d]; });
+  s.q_t.pack(operands, true, hs, t, in.q, in.ld);  // op(B) = Q^T (HS, T)
+  s.dy_t.pack(operands, true, hs, t, dy, c);
+  s.k_p.pack(operands, false, t, hs, in.k, in.ld);  // op(B) = K (T, HS)
+  s.q_p.pack(operands, false, t, hs, in.q, in.ld);
+  s.dy_p.pack(operands, false, t, hs, dy, c);
+  for (int64_t c0 = 0; c0 < t; c0 += kRows) {
+    const int64_t cols = std::min(t, c0 + kRows) - c0;
+    for (int64_t r0 = c0; r0 < t; r0 += kCols) {
+      const int64_t rows = std::min(t, r0 + kCols) - r0;
+      const bool first = r0 == c0;  // dK_c's and dV_c's first contribution
+      // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
+      const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
+      gemm_packed_b(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
+      for (int64_t j = 0; j < cols; ++j) {
+        T* row = pt + j * kCols;
+        const T* li = lrow + r0;
+        const int64_t i0 = seen(j);
+        std::fill(row, row + i0, T(0));
+#pragma omp simd
+        for (int64_t i = i0; i < rows; ++i) row[i] = fast_exp(row[i] * scale - li[i]);
+      }
+      gemm_packed_b(false, cols, hs, rows, pt, kCols, s.dy_p, r0, 0, !first, dv + c0 * ld, ld);
+      gemm_packed_b(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* prow = pt + j * kCols;
+        T* row = dst + j * kCols;
+        const T* di = s.dsum.data() + r0;
+        const int64_t i0 = seen(j);
+        std::fill(row, row + i0, T(0));
+#pragma omp simd
+        for (int64_t i = i0; i < rows; ++i) row[i] = prow[i] * (row[i] - di[i]) * scale;
+      }
+      gemm_packed_b(true, rows, hs, cols, dst, kCols, s.k_p, c0, 0, c0 != 0, dq + r0 * ld, ld);
+      gemm_packed_b(false, cols, hs, rows, dst, kCols, s.q_p, r0, 0, !first, dk + c0 * ld, ld);
+    }
+  }
+  if constexpr (std::is_same_v<T, float>)
+    for (int64_t i = 0; i < t; ++i)
+      for (T* g : {dq, dk, dv}) round_serial(round_out, g + i * ld, g + i * ld, hs);
+}
+
+// Every (batch, head) pair, one task each (its dQ sums over key blocks, in order); `inputs(bh,
+// buffer)` gives a head's HeadInputs, in `buffer` (4 T HS values of the thread's) if it
+// makes them there.
+template <typename T, typename Inputs>
+void backward_heads(T* dqkv, const T* dout, const T* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
+                    DType operands, DType round_out, const Inputs& inputs) {
   const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
   {
-    std::vector<T> pt(kRows * kCols), dst(kRows * kCols), dsum(static_cast<size_t>(t));
-    thread_local PackedB<T> q_t, dy_t, k_p, q_p, dy_p;  // kept, as the forward's packs are
+    thread_local BackwardScratch<T> kept(0);  // its packs kept from call to call, as the forward's
+    BackwardScratch<T>& s = kept;
+    s.dsum.resize(static_cast<size_t>(t));
+    std::vector<T> buffer;
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < b * nh; ++bh) {
       const int64_t bi = bh / nh, h = bh % nh;
-      const T* q = qkv + bi * t * ld + h * hs;
-      const T* k = q + c;
-      const T* v = q + 2 * c;
       T* dq = dqkv + bi * t * ld + h * hs;
-      T* dk = dq + c;
-      T* dv = dq + 2 * c;
-      const T* y = out + bi * t * c + h * hs;
-      const T* dy = dout + bi * t * c + h * hs;
-      const T* lrow = lse + bh * t;
-      for (int64_t i = 0; i < t; ++i)
-        dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * y[i * c + d]; });
-      q_t.pack(operands, true, hs, t, q, ld);  // op(B) = Q^T (HS, T)
-      dy_t.pack(operands, true, hs, t, dy, c);
-      k_p.pack(operands, false, t, hs, k, ld);  // op(B) = K (T, HS)
-      q_p.pack(operands, false, t, hs, q, ld);
-      dy_p.pack(operands, false, t, hs, dy, c);
-      for (int64_t c0 = 0; c0 < t; c0 += kRows) {
-        const int64_t cols = std::min(t, c0 + kRows) - c0;
-        for (int64_t r0 = c0; r0 < t; r0 += kCols) {
-          const int64_t rows = std::min(t, r0 + kCols) - r0;
-          const bool first = r0 == c0;  // dK_c's and dV_c's first contribution
-          // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
-          const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
-          gemm_packed_b(false, cols, rows, hs, k + c0 * ld, ld, q_t, 0, r0, false, pt.data(), kCols);
-          for (int64_t j = 0; j < cols; ++j) {
-            T* row = pt.data() + j * kCols;
-            const T* li = lrow + r0;
-            const int64_t i0 = seen(j);
-            std::fill(row, row + i0, T(0));
-#pragma omp simd
-            for (int64_t i = i0; i < rows; ++i) row[i] = fast_exp(row[i] * scale - li[i]);
-          }
-          gemm_packed_b(false, cols, hs, rows, pt.data(), kCols, dy_p, r0, 0, !first, dv + c0 * ld, ld);
-          gemm_packed_b(false, cols, rows, hs, v + c0 * ld, ld, dy_t, 0, r0, false, dst.data(), kCols);
-          for (int64_t j = 0; j < cols; ++j) {
-            const T* prow = pt.data() + j * kCols;
-            T* row = dst.data() + j * kCols;
-            const T* di = dsum.data() + r0;
-            const int64_t i0 = seen(j);
-            std::fill(row, row + i0, T(0));
-#pragma omp simd
-            for (int64_t i = i0; i < rows; ++i) row[i] = prow[i] * (row[i] - di[i]) * scale;
-          }
-          gemm_packed_b(true, rows, hs, cols, dst.data(), kCols, k_p, c0, 0, c0 != 0, dq + r0 * ld, ld);
-          gemm_packed_b(false, cols, hs, rows, dst.data(), kCols, q_p, r0, 0, !first, dk + c0 * ld, ld);
-        }
-      }
+      backward_head(dq, dq + c, dq + 2 * c, dout + bi * t * c + h * hs, inputs(bh, buffer), lse + bh * t, t, c, hs,
+                    scale, operands, round_out, s);
     }
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, DType);
-template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t, DType);
+}  // namespace
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
+                        int64_t c, int64_t nh, DType operands, DType round_out) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+  const int64_t hs = c / nh, ld = 3 * c;
+  backward_heads(dqkv, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<T>&) {
+    const T* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
+    return HeadInputs<T>{q, q + c, q + 2 * c, ld, out + (bh / nh) * t * c + (bh % nh) * hs, c};
+  });
+}
+
+void attention_backward_bits(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
+                             DType format, const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
+                             DType operands, DType round_out) {
+  LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  const int64_t hs = c / nh, ld = 3 * c;
+  backward_heads(dqkv, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<float>& buffer) {
+    // The head's q, k, v and y as f32 values, rows HS apart, while they stay in this core's cache.
+    buffer.resize(static_cast<size_t>(4 * t * hs));
+    const uint16_t* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
+    const uint16_t* y = out + (bh / nh) * t * c + (bh % nh) * hs;
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t part = 0; part < 3; ++part)
+        load_half_serial(format, buffer.data() + (part * t + i) * hs, q + i * ld + part * c, hs);
+      load_half_serial(format, buffer.data() + (3 * t + i) * hs, y + i * c, hs);
+    }
+    const float* f = buffer.data();
+    return HeadInputs<float>{f, f + t * hs, f + 2 * t * hs, hs, f + 3 * t * hs, hs};
+  });
+}
+
+template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, DType,
+                                       DType);
+template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t, DType,
+                                        DType);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t,
-                                        int64_t, int64_t, int64_t, DType);
+                                        int64_t, int64_t, int64_t, DType, DType);
 template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int64_t,
-                                         int64_t, int64_t, int64_t, DType);
+                                         int64_t, int64_t, int64_t, DType, DType);
 
 }  // namespace loom::kernels

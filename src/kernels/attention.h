@@ -14,15 +14,24 @@ namespace loom::kernels {
 // receives each row's log-sum-exp of its scaled scores, which backward needs. `operands`
 // kBF16 or kF16 (f32 only): every product reads its operands as that format holds them
 // (gemm_half), so the probabilities are rounded before they multiply v (and, in backward,
-// the score gradients before they multiply q and k); the softmax stays f32.
+// the score gradients before they multiply q and k); the softmax stays f32. round_out kBF16
+// or kF16 (T float): out rounded to that format as each row is finished (mixed precision's
+// activations).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                       DType operands = DType::kF32);
+                       DType operands = DType::kF32, DType round_out = DType::kF32);
 // dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
-// probabilities are recomputed block by block.
+// probabilities are recomputed block by block. round_out: dqkv rounded as each head is
+// finished, as attention_forward's.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
-                        int64_t c, int64_t nh, DType operands = DType::kF32);
+                        int64_t c, int64_t nh, DType operands = DType::kF32, DType round_out = DType::kF32);
+// The same with qkv and out held in 16 bits (`format`'s bits, as mixed precision keeps them
+// for backward): each head's values are loaded into the thread's cache as it starts, so the
+// bits are attention_backward's on their f32 values, without a pass that loads them all.
+void attention_backward_bits(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
+                             DType format, const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
+                             DType operands, DType round_out);
 
 // Incremental decoding with a key/value cache (docs/serving.md): n new tokens at positions
 // past..past+n-1 of one sequence. q: their query rows (n, C) with row stride ldq (the q

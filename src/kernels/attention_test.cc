@@ -2,6 +2,7 @@
 // blocked with an online softmax over any number of blocks, large scores, and one-token
 // decoding against a (paged) cache in f32 and bf16.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "kernels/kernels_testing.h"
 #include "kernels/precision.h"
 #include "kernels/reference/reference.h"
+#include "loom/core/error.h"
 
 namespace loom::kernels {
 namespace {
@@ -88,6 +90,41 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
       qkv[i * 3 * c + c + d] = 0.03 * static_cast<double>(i) + qkv[i * 3 * c + c + d];  // k
     }
   expect_attention_right(b, t, c, nh, qkv, randn(b * t * c, 34));
+}
+
+// Mixed precision's attention: the output rounded as each row is finished, and the backward
+// from qkv and the output held in 16 bits with dqkv rounded per head, give the bits of the
+// passes they replace (forward then round_to; load_half, backward, round_to), for bf16 and
+// f16 operands, across key blocks (T 300) and whole ones, on one thread and two.
+TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
+  const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2})
+    for (DType format : {DType::kBF16, DType::kF16})
+      for (int64_t t : {int64_t{300}, int64_t{64}}) {
+        omp_set_num_threads(threads);
+        SCOPED_TRACE(cat(dtype_name(format), " t=", t, " threads=", threads));
+        const int64_t b = 2, c = 32, nh = 2;
+        std::vector<float> qkv = to_f32(randn(b * t * 3 * c, 51)), dy = to_f32(randn(b * t * c, 52));
+        round_to(format, qkv.data(), static_cast<int64_t>(qkv.size()));
+        std::vector<float> want_y(b * t * c), lse(b * nh * t), got_y(b * t * c), got_lse(b * nh * t);
+        attention_forward(want_y.data(), lse.data(), qkv.data(), b, t, c, nh, format);
+        round_to(format, want_y.data(), b * t * c);
+        attention_forward(got_y.data(), got_lse.data(), qkv.data(), b, t, c, nh, format, format);
+        EXPECT_TRUE(same(got_y, want_y) && same(got_lse, lse));
+        std::vector<uint16_t> qkv_bits(qkv.size()), y_bits(want_y.size());
+        store_half(format, qkv_bits.data(), qkv.data(), static_cast<int64_t>(qkv.size()));
+        store_half(format, y_bits.data(), want_y.data(), static_cast<int64_t>(want_y.size()));
+        std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
+        attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, format);
+        round_to(format, want.data(), static_cast<int64_t>(want.size()));
+        attention_backward_bits(got.data(), dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(), b, t, c, nh,
+                                format, format);
+        EXPECT_TRUE(same(got, want));
+      }
+  omp_set_num_threads(saved);
 }
 
 // Decoding with a key/value cache: a prefill of 5 positions, then one position at a time,

@@ -13,7 +13,6 @@
 
 namespace loom::nn {
 namespace k = loom::kernels;
-using mixed::round_values;
 
 CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c_,
                                          int64_t n_head_, Shard shard)
@@ -38,8 +37,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   ctx.y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
                       k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
-                                           n_head, product_operands()));
-  round_values(ctx.y, precision);
+                                           n_head, product_operands(), precision));
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 
@@ -47,10 +45,17 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena&
                                      bool defer_weights) const {
   Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
   Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
-  LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                      k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
-                                            ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands()));
-  round_values(dqkv, precision);
+  if (ctx.qkv.dtype() != dy.dtype()) {  // qkv and y kept in 16 bits (nn/mixed.h): read as they are
+    LOOM_CHECK(ctx.y.dtype() == ctx.qkv.dtype() && dy.dtype() == DType::kF32);
+    k::attention_backward_bits(dqkv.data<float>(), datt_out.data<float>(), ctx.qkv.data<uint16_t>(),
+                               ctx.y.data<uint16_t>(), ctx.qkv.dtype(), ctx.lse.data<float>(), ctx.b, ctx.t, c, n_head,
+                               product_operands(), precision);
+  } else {
+    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                        k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
+                                              ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands(),
+                                              precision));
+  }
   return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
 }
 

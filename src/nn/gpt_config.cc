@@ -65,15 +65,15 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
     // output in 16 bits and the last output in f32; a block keeps 16-bit copies of its
     // tensors (attn.y once) and f32 copies of its statistics; backward adds one f32 d(input).
     // The workspace holds one block in f32 and the kept tensors loaded back (the products
-    // round the weights as they pack them: no copies), but for the GELU's and the
-    // LayerNorms' inputs and the inputs of c_attn, c_fc and the MLP's c_proj, which backward
-    // reads in 16 bits (nn/mixed.h; with sequence parallelism those three are loaded): the
-    // attention's qkv and output are loaded. Unsplit, c_fc writes
+    // round the weights as they pack them: no copies), but for what the backward reads in
+    // 16 bits: the GELU's and the LayerNorms' inputs, the attention's qkv and output, and the
+    // Linears' inputs (nn/mixed.h; with sequence parallelism the Linears' are loaded: c_attn's,
+    // c_fc's, both c_projs'). Unsplit, c_fc writes
     // the GELU's output in 16 bits (nn::Linear::forward_gelu): in the workspace under full
     // recompute, else straight into the arena with c_fc's output, which the keep counts.
     auto h = [](double elements) { return std::ceil(elements * 2 / 64) * 64; };
     const double keep = 4 * a(r) + a(lse) + 3 * h(r * c) + h(n * p) + 2 * h(4 * n * p) + h(3 * n * p) + h(r * c);
-    const double loaded = a(n * p) + a(3 * n * p) + (sp ? 2 * a(r * c) + a(4 * n * p) : 0);
+    const double loaded = sp ? 2 * a(r * c) + a(4 * n * p) + a(n * p) : 0;
     const double gelu_bits = tp == 1 ? a(4 * n * p) - h(4 * n * p) : 0;
     const double forward = a(r * c) + block_fwd - gelu_bits;
     out.arena = h(r * c) + a(r * c) + (with_backward ? a(r * c) : 0);

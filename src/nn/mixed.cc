@@ -33,7 +33,8 @@ enum class Kept {
   kF32,         // kept in 16 bits, back to f32 before the backward
   kLinearBits,  // kept in 16 bits, read as such where the Linear's backward can (only its
                 // weight gradient reads it, packing the bits)
-  kBits,        // kept in 16 bits and read as such: the GELU's and the LayerNorms' inputs
+  kBits,        // kept in 16 bits and read as such: the GELU's and the LayerNorms' inputs,
+                // the attention's qkv and output
 };
 
 // Every tensor a block's context keeps for its backward, and how it is read.
@@ -45,9 +46,9 @@ void for_each_kept(BlockCtx& c, F&& f) {
     f(ln->rstd, Kept::kStatistic);
   }
   for (LinearCtx* lin : {&c.attn.c_attn, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, Kept::kLinearBits);
-  f(c.attn.c_proj.x, Kept::kF32);  // the attention's output: its backward reads it too
-  f(c.attn.qkv, Kept::kF32);
-  f(c.attn.y, Kept::kF32);
+  f(c.attn.c_proj.x, Kept::kLinearBits);  // the attention's output, which its backward reads as bits
+  f(c.attn.qkv, Kept::kBits);
+  f(c.attn.y, Kept::kBits);
   f(c.attn.lse, Kept::kStatistic);
   f(c.mlp.gelu.x, Kept::kBits);
 }

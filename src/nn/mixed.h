@@ -24,9 +24,9 @@ Tensor to_f32(const Tensor& x, Arena& arena);
 // (the block's input, in the workspace) becomes `input_half`, which the arena holds already.
 void keep_half(BlockCtx& ctx, DType format, const Tensor& input, const Tensor& input_half, Arena& arena);
 // Before the block's backward: the 16-bit tensors of ctx back to f32 in the workspace, but for
-// those the backward reads in 16 bits: the GELU's and the LayerNorms' inputs, and with
-// `linear_bits` the inputs of c_attn, c_fc and the MLP's c_proj, whose weight gradients pack
-// them as they are (sequence parallelism gathers them in f32 instead).
+// those the backward reads in 16 bits: the GELU's and the LayerNorms' inputs, the
+// attention's qkv and output, and with `linear_bits` the inputs of the Linears, whose weight
+// gradients pack them as they are (sequence parallelism gathers them in f32 instead).
 void load_f32(BlockCtx& ctx, Arena& workspace, bool linear_bits);
 
 }  // namespace loom::nn::mixed
