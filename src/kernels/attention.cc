@@ -32,6 +32,7 @@ struct Head {
   const T* q;
   const PackedB<T>*keys, *values;
   T* y;
+  uint16_t* y_bits;  // null, or where y's rows also go in 16 bits
   T* lse;
 };
 
@@ -94,7 +95,10 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
     T* yi = hd.y + (r0 + i) * c;
 #pragma omp simd
     for (int64_t d = 0; d < hs; ++d) yi[d] *= inv;
-    if constexpr (std::is_same_v<T, float>) round_serial(round_out, yi, yi, hs);
+    if constexpr (std::is_same_v<T, float>) {
+      round_serial(round_out, yi, yi, hs);
+      if (hd.y_bits != nullptr) store_half_serial(round_out, hd.y_bits + (r0 + i) * c, yi, hs);
+    }
     hd.lse[r0 + i] = m[i] + std::log(l[i]);
   }
 }
@@ -107,8 +111,8 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
 // forward's time at T = 256).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands,
-                       DType round_out) {
-  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+                       DType round_out, uint16_t* out_bits) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) && (out_bits == nullptr || round_out != DType::kF32));
   const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   // Kept by the calling thread from call to call: packs allocated afresh each call faulted
@@ -132,7 +136,9 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < b * nh * blocks; ++task) {
       const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
-      const Head<T> hd{qkv + bi * t * ld + h * hs, &keys[bh], &values[bh], out + bi * t * c + h * hs, lse + bh * t};
+      const int64_t at = bi * t * c + h * hs;
+      const Head<T> hd{qkv + bi * t * ld + h * hs, &keys[bh], &values[bh], out + at,
+                       out_bits != nullptr ? out_bits + at : nullptr, lse + bh * t};
       forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data(), round_out);
     }
   }
@@ -276,9 +282,9 @@ void attention_backward_bits(float* dqkv, const float* dout, const uint16_t* qkv
 }
 
 template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, DType,
-                                       DType);
+                                       DType, uint16_t*);
 template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t, int64_t, DType,
-                                        DType);
+                                        DType, uint16_t*);
 template void attention_backward<float>(float*, const float*, const float*, const float*, const float*, int64_t,
                                         int64_t, int64_t, int64_t, DType, DType);
 template void attention_backward<double>(double*, const double*, const double*, const double*, const double*, int64_t,

@@ -16,10 +16,10 @@ namespace loom::kernels {
 // (gemm_half), so the probabilities are rounded before they multiply v (and, in backward,
 // the score gradients before they multiply q and k); the softmax stays f32. round_out kBF16
 // or kF16 (T float): out rounded to that format as each row is finished (mixed precision's
-// activations).
+// activations), and with out_bits its bits written there too (B, T, C).
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                       DType operands = DType::kF32, DType round_out = DType::kF32);
+                       DType operands = DType::kF32, DType round_out = DType::kF32, uint16_t* out_bits = nullptr);
 // dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
 // probabilities are recomputed block by block. round_out: dqkv rounded as each head is
 // finished, as attention_forward's.

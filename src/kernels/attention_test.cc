@@ -92,7 +92,8 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
   expect_attention_right(b, t, c, nh, qkv, randn(b * t * c, 34));
 }
 
-// Mixed precision's attention: the output rounded as each row is finished, and the backward
+// Mixed precision's attention: the output rounded as each row is finished (and its bits
+// written beside it), and the backward
 // from qkv and the output held in 16 bits with dqkv rounded per head, give the bits of the
 // passes they replace (forward then round_to; load_half, backward, round_to), for bf16 and
 // f16 operands, across key blocks (T 300) and whole ones, on one thread and two.
@@ -112,11 +113,13 @@ TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
         std::vector<float> want_y(b * t * c), lse(b * nh * t), got_y(b * t * c), got_lse(b * nh * t);
         attention_forward(want_y.data(), lse.data(), qkv.data(), b, t, c, nh, format);
         round_to(format, want_y.data(), b * t * c);
-        attention_forward(got_y.data(), got_lse.data(), qkv.data(), b, t, c, nh, format, format);
+        std::vector<uint16_t> got_y_bits(want_y.size());
+        attention_forward(got_y.data(), got_lse.data(), qkv.data(), b, t, c, nh, format, format, got_y_bits.data());
         EXPECT_TRUE(same(got_y, want_y) && same(got_lse, lse));
         std::vector<uint16_t> qkv_bits(qkv.size()), y_bits(want_y.size());
         store_half(format, qkv_bits.data(), qkv.data(), static_cast<int64_t>(qkv.size()));
         store_half(format, y_bits.data(), want_y.data(), static_cast<int64_t>(want_y.size()));
+        EXPECT_TRUE(got_y_bits == y_bits);
         std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
         attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, format);
         round_to(format, want.data(), static_cast<int64_t>(want.size()));

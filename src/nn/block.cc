@@ -1,6 +1,7 @@
 // The transformer block (loom/nn/layers.h): causal self-attention, the MLP, and the block
 // that joins them with pre-LayerNorms and residuals.
 #include <cmath>
+#include <tuple>
 
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -24,7 +25,7 @@ CausalSelfAttention::CausalSelfAttention(ParamSet& ps, const std::string& prefix
   LOOM_CHECK_EQ(n_head_ % shard.parts, 0);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& arena, Arena* kept) const {
   if (c_attn.shard.sequence_split()) {
     LOOM_CHECK_EQ(ctx.b * ctx.t, x.numel() / x.dim(-1) * c_attn.shard.parts);
   } else {
@@ -32,12 +33,23 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
     ctx.b = x.dim(0);
     ctx.t = x.dim(1);
   }
-  ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
+  // Mixed precision keeps qkv and the heads' output in 16 bits: written there by the
+  // products and the heads as they finish (nn/mixed.h would convert them afterwards).
+  const bool keep_bits = kept != nullptr && precision != DType::kF32 && !c_attn.shard.split();
+  Tensor qkv;
+  if (keep_bits) {
+    std::tie(qkv, ctx.qkv) = c_attn.forward_kept(x, ctx.c_attn, arena, *kept);
+  } else {
+    ctx.qkv = qkv = c_attn.forward(x, ctx.c_attn, arena);
+  }
   ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, x.dtype());
-  ctx.y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
+  Tensor y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
+  Tensor y_bits = keep_bits ? kept->alloc(y.shape(), precision) : Tensor();
   LOOM_DISPATCH_FLOAT(x.dtype(), T,
-                      k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), ctx.qkv.data<T>(), ctx.b, ctx.t, c,
-                                           n_head, product_operands(), precision));
+                      k::attention_forward(y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
+                                           product_operands(), precision,
+                                           keep_bits ? y_bits.data<uint16_t>() : nullptr));
+  ctx.y = keep_bits ? y_bits : y;
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 
@@ -100,7 +112,7 @@ Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head,
       mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
 
 Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena, Arena* kept) const {
-  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena);
+  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena, kept);
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
   Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena, kept);
   add_into(y, h, precision);  // y = h + mlp(ln_2(h))

@@ -157,6 +157,19 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   return y;
 }
 
+std::pair<Tensor, Tensor> Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const {
+  LOOM_CHECK_EQ(x.dim(-1), in);
+  LOOM_CHECK(precision != DType::kF32 && x.dtype() == DType::kF32 && split == TpSplit::kNone && int8 == nullptr &&
+             panels == nullptr);
+  ctx.x = x;
+  Tensor y = arena.alloc(with_last(x, out), DType::kF32);
+  Tensor bits = kept.alloc(y.shape(), precision);
+  k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), nullptr, x.data<float>(), nullptr,
+                         weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
+                         x.numel() / in, in, out, precision);
+  return {y, bits};
+}
+
 std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena* kept) const {
   // Mixed precision: the epilogue rounds the output, takes the GELU of the rounded values and
   // rounds that too.

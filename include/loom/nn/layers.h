@@ -52,6 +52,9 @@ class Linear {
          TpSplit split = TpSplit::kNone, int groups = 1);
   // (N, in) -> (N, out); x f32, or (mixed precision, unsplit) 16-bit bits of the precision.
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
+  // Mixed precision, unsplit: forward, and the output's 16-bit bits written into `kept` as
+  // each tile is finished (what store_half would write of it): {y in f32, y's bits}.
+  std::pair<Tensor, Tensor> forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const;
   // The same, and gelu of the output fused into the matrix product (computed on each tile
   // as it is finished, allocated after the output): {y, gelu(y)}, the same bits as
   // Gelu::forward on y. Falls back to two passes where the output is not final in the
@@ -204,7 +207,10 @@ class CausalSelfAttention {
   CausalSelfAttention(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head, Shard shard = {});
   // (B, T, C); with sequence parallelism this part's rows (B x T / parts, C), ctx.b and
   // ctx.t set.
-  Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena) const;
+  // Mixed precision, unsplit, with `kept` (where a block keeps its 16-bit tensors): qkv and
+  // the heads' output are written there in 16 bits as they are computed (ctx holds those),
+  // and c_proj reads the output's bits.
+  Tensor forward(const Tensor& x, AttentionCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
   Tensor backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const AttentionCtx& ctx) const;
 
