@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/fixed_sum.h"
 #include "kernels/parallel.h"
@@ -35,30 +36,52 @@ void round_row(DType format, T* x, int64_t c) {
   if constexpr (std::is_same_v<T, float>) round_serial(format, x, x, c);
 }
 
+// Row i's output: into out, rounded to round_out, or (out_bits) as the 16-bit bits of those
+// values, through a row of the thread's.
+template <typename T>
+void output_row(T* out, uint16_t* out_bits, int64_t i, int64_t c, DType round_out, const auto& row_into) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (out_bits != nullptr) {
+      thread_local std::vector<float> row;
+      row.resize(static_cast<size_t>(c));
+      row_into(row.data());
+      round_serial(round_out, row.data(), row.data(), c);
+      store_half_serial(round_out, out_bits + i * c, row.data(), c);
+      return;
+    }
+  }
+  row_into(out + i * c);
+  round_row(round_out, out + i * c, c);
+}
+
 }  // namespace
 
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int64_t n, int64_t c,
-                       DType round_out) {
-  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+                       DType round_out, uint16_t* out_bits) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) && (out_bits == nullptr) != (out == nullptr) &&
+             (out_bits == nullptr || round_out != DType::kF32));
   parallel_for(n, n * c, [&](int64_t i) {
-    layernorm_row(out + i * c, mean + i, rstd + i, inp + i * c, weight, bias, c);
-    round_row(round_out, out + i * c, c);
+    output_row(out, out_bits, i, c, round_out,
+               [&](T* y) { layernorm_row(y, mean + i, rstd + i, inp + i * c, weight, bias, c); });
   });
 }
 
 template <typename T>
 void add_layernorm_forward(T* x, const T* residual, T* out, T* mean, T* rstd, const T* weight, const T* bias,
-                           int64_t n, int64_t c, DType round_out) {
-  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
+                           int64_t n, int64_t c, DType round_out, uint16_t* out_bits, uint16_t* x_bits) {
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) && (out_bits == nullptr) != (out == nullptr) &&
+             ((out_bits == nullptr && x_bits == nullptr) || round_out != DType::kF32));
   parallel_for(n, n * c, [&](int64_t i) {
     T* row = x + i * c;
     const T* r = residual + i * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) row[j] = row[j] + r[j];  // as add_forward(x, x, residual)
     round_row(round_out, row, c);                             // as add_round: the sum is normalized rounded
-    layernorm_row(out + i * c, mean + i, rstd + i, row, weight, bias, c);
-    round_row(round_out, out + i * c, c);
+    if constexpr (std::is_same_v<T, float>)
+      if (x_bits != nullptr) store_half_serial(round_out, x_bits + i * c, row, c);
+    output_row(out, out_bits, i, c, round_out,
+               [&](T* y) { layernorm_row(y, mean + i, rstd + i, row, weight, bias, c); });
   });
 }
 
@@ -146,13 +169,13 @@ void layernorm_backward_bits(float* dinp, float* dweight, float* dbias, const fl
 }
 
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
-                                       int64_t, DType);
+                                       int64_t, DType, uint16_t*);
 template void layernorm_forward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                        int64_t, int64_t, DType);
+                                        int64_t, int64_t, DType, uint16_t*);
 template void add_layernorm_forward<float>(float*, const float*, float*, float*, float*, const float*, const float*,
-                                           int64_t, int64_t, DType);
+                                           int64_t, int64_t, DType, uint16_t*, uint16_t*);
 template void add_layernorm_forward<double>(double*, const double*, double*, double*, double*, const double*,
-                                            const double*, int64_t, int64_t, DType);
+                                            const double*, int64_t, int64_t, DType, uint16_t*, uint16_t*);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
                                         const float*, const float*, int64_t, int64_t, DType);
 template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,

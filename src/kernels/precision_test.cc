@@ -201,7 +201,8 @@ TEST(Precision, MlpGradientInBitsEqualsTheF32Path) {
 }
 
 // Mixed precision's LayerNorms in one pass per row (layernorm.h): the residual add rounded,
-// the LayerNorm and its output's rounding (was add_round, layernorm_forward, round_to), and
+// the LayerNorm and its output's rounding (was add_round, layernorm_forward, round_to; also
+// written as bits only, with the sum's bits beside: store_half of those), and
 // the backward from the input's 16-bit bits with its d(input) rounded (was load_half,
 // layernorm_backward, round_to): the bits of the passes they replace, dweight and dbias
 // included, with and without the residual, on one thread and two.
@@ -237,6 +238,18 @@ TEST(Precision, LayerNormInOnePassEqualsItsPasses) {
         layernorm_forward(plain_y.data(), got_mean.data(), got_rstd.data(), want_x.data(), w.data(), b.data(), n, c,
                           format);
         EXPECT_TRUE(same(plain_y, want_y)) << what;
+        // The same written only as bits (the output), and beside the sum (its bits).
+        std::vector<uint16_t> want_y_bits(n * c), want_x_bits(n * c), y_bits(n * c), sum_bits(n * c);
+        store_half(format, want_y_bits.data(), want_y.data(), n * c);
+        store_half(format, want_x_bits.data(), want_x.data(), n * c);
+        layernorm_forward(static_cast<float*>(nullptr), got_mean.data(), got_rstd.data(), want_x.data(), w.data(),
+                          b.data(), n, c, format, y_bits.data());
+        EXPECT_TRUE(y_bits == want_y_bits) << what << " bits";
+        std::vector<float> sum = x0;
+        y_bits.assign(n * c, 0);
+        add_layernorm_forward(sum.data(), residual.data(), static_cast<float*>(nullptr), got_mean.data(),
+                              got_rstd.data(), w.data(), b.data(), n, c, format, y_bits.data(), sum_bits.data());
+        EXPECT_TRUE(same(sum, want_x) && y_bits == want_y_bits && sum_bits == want_x_bits) << what << " add, bits";
         // Backward from the input's bits.
         std::vector<uint16_t> x_bits(n * c);
         store_half(format, x_bits.data(), want_x.data(), n * c);

@@ -42,10 +42,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   } else {
     ctx.qkv = qkv = c_attn.forward(x, ctx.c_attn, arena);
   }
-  ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, x.dtype());
-  Tensor y = arena.alloc({ctx.b, ctx.t, c}, x.dtype());  // this part's heads; c_proj keeps it too
+  ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, qkv.dtype());  // x may be 16-bit bits: qkv is f32 or f64
+  Tensor y = arena.alloc({ctx.b, ctx.t, c}, qkv.dtype());     // this part's heads; c_proj keeps it too
   Tensor y_bits = keep_bits ? kept->alloc(y.shape(), precision) : Tensor();
-  LOOM_DISPATCH_FLOAT(x.dtype(), T,
+  LOOM_DISPATCH_FLOAT(qkv.dtype(), T,
                       k::attention_forward(y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
                                            product_operands(), precision,
                                            keep_bits ? y_bits.data<uint16_t>() : nullptr));
@@ -112,9 +112,12 @@ Block::Block(ParamSet& ps, const std::string& prefix, int64_t c, int64_t n_head,
       mlp(ps, prefix + ".mlp", c, 4 * c, shard) {}
 
 Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena, Arena* kept) const {
-  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena), ctx.attn, arena, kept);
+  // Mixed precision, unsplit: the LayerNorms' outputs (and ln_2's input) only in 16 bits,
+  // where the block keeps them, and c_attn and c_fc pack those bits.
+  Arena* ln_kept = precision != DType::kF32 && !attn.c_attn.shard.split() ? kept : nullptr;
+  Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena, ln_kept), ctx.attn, arena, kept);
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
-  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena), ctx.mlp, arena, kept);
+  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena, ln_kept), ctx.mlp, arena, kept);
   add_into(y, h, precision);  // y = h + mlp(ln_2(h))
   return y;
 }

@@ -83,7 +83,9 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
       if (blocks > 0) out.workspace = std::max(out.workspace, forward + (with_backward ? block_bwd : 0));
     } else {
       out.arena += l * keep;
-      const double gelu_kept = tp == 1 ? h(4 * n * p) : 0;
+      // Unsplit, c_fc's output and GELU and the LayerNorms' outputs are written straight
+      // into the arena in 16 bits: the workspace never holds them.
+      const double gelu_kept = tp == 1 ? h(4 * n * p) + 2 * a(r * c) : 0;
       // Backward hands the MLP's gradient from c_proj to c_fc in 16 bits (nn::Linear::
       // backward_gelu), but where sequence parallelism gathers c_fc's input in f32.
       const double mlp_bits = sp ? 0 : a(4 * n * p) - h(4 * n * p);

@@ -159,14 +159,15 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
 
 std::pair<Tensor, Tensor> Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const {
   LOOM_CHECK_EQ(x.dim(-1), in);
-  LOOM_CHECK(precision != DType::kF32 && x.dtype() == DType::kF32 && split == TpSplit::kNone && int8 == nullptr &&
-             panels == nullptr);
+  const bool x_bits = x.dtype() != DType::kF32;
+  LOOM_CHECK(precision != DType::kF32 && (!x_bits || x.dtype() == precision) && split == TpSplit::kNone &&
+             int8 == nullptr && panels == nullptr);
   ctx.x = x;
   Tensor y = arena.alloc(with_last(x, out), DType::kF32);
   Tensor bits = kept.alloc(y.shape(), precision);
-  k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), nullptr, x.data<float>(), nullptr,
-                         weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
-                         x.numel() / in, in, out, precision);
+  k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), nullptr, x_bits ? nullptr : x.data<float>(),
+                         x_bits ? x.data<uint16_t>() : nullptr, weight.value().data<float>(),
+                         bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out, precision);
   return {y, bits};
 }
 
@@ -186,12 +187,15 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
     // Mixed precision: the GELU straight into 16 bits, which c_proj packs and the backward
     // keeps as they are (an f32 copy was written, read by c_proj, then converted). With
     // `kept`, both go there, y's in 16 bits too, as each tile is finished.
-    Tensor y = arena.alloc(with_last(x, out), x.dtype());
+    const bool x_bits = x.dtype() != DType::kF32;  // a LayerNorm's output kept in 16 bits
+    LOOM_CHECK(!x_bits || x.dtype() == precision);
+    Tensor y = arena.alloc(with_last(x, out), DType::kF32);
     Tensor y_bits = kept != nullptr ? kept->alloc(y.shape(), precision) : Tensor();
     Tensor bits = (kept != nullptr ? *kept : arena).alloc(y.shape(), precision);
     k::matmul_forward_half(y.data<float>(), kept != nullptr ? y_bits.data<uint16_t>() : nullptr, bits.data<uint16_t>(),
-                           x.data<float>(), nullptr, weight.value().data<float>(),
-                           bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out, precision);
+                           x_bits ? nullptr : x.data<float>(), x_bits ? x.data<uint16_t>() : nullptr,
+                           weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
+                           x.numel() / in, in, out, precision);
     return {kept != nullptr ? y_bits : y, bits};
   }
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
@@ -308,17 +312,34 @@ LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_, Shard 
   bias = ps.add(prefix + ".bias", {c}, ParamKind::kNorm);
 }
 
-Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const {
-  return forward_add(x, Tensor(), ctx, arena);
+Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena, Arena* kept) const {
+  return forward_add(x, Tensor(), ctx, arena, kept);
 }
 
-Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena) const {
+Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena,
+                              Arena* kept) const {
   LOOM_CHECK_EQ(x.dim(-1), c);
   LOOM_CHECK(!residual.defined() || (x.shape() == residual.shape() && x.dtype() == residual.dtype()));
   const int64_t n = x.numel() / c;
   ctx.x = x;
   ctx.mean = arena.alloc({n}, x.dtype());
   ctx.rstd = arena.alloc({n}, x.dtype());
+  if (kept != nullptr) {  // mixed precision: the output, and the sum, in 16 bits where the block keeps them
+    LOOM_CHECK(precision != DType::kF32 && x.dtype() == DType::kF32);
+    Tensor y = kept->alloc(x.shape(), precision);
+    if (residual.defined()) {
+      ctx.x = kept->alloc(x.shape(), precision);
+      k::add_layernorm_forward(x.data<float>(), residual.data<float>(), static_cast<float*>(nullptr),
+                               ctx.mean.data<float>(), ctx.rstd.data<float>(), weight.value().data<float>(),
+                               bias.value().data<float>(), n, c, precision, y.data<uint16_t>(),
+                               ctx.x.data<uint16_t>());
+    } else {
+      k::layernorm_forward(static_cast<float*>(nullptr), ctx.mean.data<float>(), ctx.rstd.data<float>(),
+                           x.data<float>(), weight.value().data<float>(), bias.value().data<float>(), n, c, precision,
+                           y.data<uint16_t>());
+    }
+    return y;
+  }
   Tensor y = arena.alloc(x.shape(), x.dtype());
   // One pass over the rows: the residual add (mixed precision rounds the sum before it is
   // normalized), the LayerNorm, and its output's rounding.

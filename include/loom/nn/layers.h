@@ -53,7 +53,8 @@ class Linear {
   // (N, in) -> (N, out); x f32, or (mixed precision, unsplit) 16-bit bits of the precision.
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
   // Mixed precision, unsplit: forward, and the output's 16-bit bits written into `kept` as
-  // each tile is finished (what store_half would write of it): {y in f32, y's bits}.
+  // each tile is finished (what store_half would write of it): {y in f32, y's bits}. x f32
+  // or the precision's bits.
   std::pair<Tensor, Tensor> forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const;
   // The same, and gelu of the output fused into the matrix product (computed on each tile
   // as it is finished, allocated after the output): {y, gelu(y)}, the same bits as
@@ -111,10 +112,14 @@ class LayerNorm {
   // shard.sequence: each part normalizes its own rows, so its parameter gradients are its
   // rows' share; backward sums them over the parts before adding them in.
   LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c, Shard shard = {});
-  Tensor forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena) const;  // (N, C) -> (N, C)
+  // (N, C) -> (N, C). Mixed precision with `kept` (where a block keeps its 16-bit tensors):
+  // the output is written there only in 16 bits, which the next Linear packs as they are.
+  Tensor forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
   // x += residual (in place: the residual stream), then forward(x), in one pass over the
   // rows: the same bits as the add and forward apart. An undefined residual: forward(x).
-  Tensor forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena) const;
+  // With `kept`, the sum's 16-bit bits go there too, and ctx keeps those.
+  Tensor forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena,
+                     Arena* kept = nullptr) const;
   Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const;
 
   ParamRef weight, bias;  // (C)
