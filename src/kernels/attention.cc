@@ -57,8 +57,9 @@ T row_max(const T* x, int64_t n) {
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
 // each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,
-// rounded to round_out, and the row's log-sum-exp m + log l for backward. s: kRows x kCols of scratch. The
-// products read K^T and V as the head's packs hold them (in attention_forward's operands).
+// rounded to round_out (its bits to y_bits too), and the row's log-sum-exp m + log l for
+// backward. s: kRows x kCols of scratch. The products read K^T and V as the head's packs
+// hold them (in attention_forward's operands).
 template <typename T>
 void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType round_out) {
   const int64_t ld = 3 * c, rows = r1 - r0;
@@ -112,7 +113,8 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands,
                        DType round_out, uint16_t* out_bits) {
-  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) && (out_bits == nullptr || round_out != DType::kF32));
+  LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) &&
+             (out_bits == nullptr || round_out != DType::kF32));
   const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   // Kept by the calling thread from call to call: packs allocated afresh each call faulted
@@ -234,10 +236,12 @@ void backward_heads(T* dqkv, const T* dout, const T* lse, int64_t b, int64_t t, 
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
   {
-    thread_local BackwardScratch<T> kept(0);  // its packs kept from call to call, as the forward's
+    // Kept from call to call, as the forward's packs are (fresh ones faulted their pages in).
+    thread_local BackwardScratch<T> kept(0);
+    thread_local std::vector<T> kept_buffer;
     BackwardScratch<T>& s = kept;
+    std::vector<T>& buffer = kept_buffer;
     s.dsum.resize(static_cast<size_t>(t));
-    std::vector<T> buffer;
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < b * nh; ++bh) {
       const int64_t bi = bh / nh, h = bh % nh;

@@ -30,9 +30,8 @@ namespace {
 // How a block's backward reads a tensor its context keeps.
 enum class Kept {
   kStatistic,   // per-row statistics: kept in f32
-  kF32,         // kept in 16 bits, back to f32 before the backward
   kLinearBits,  // kept in 16 bits, read as such where the Linear's backward can (only its
-                // weight gradient reads it, packing the bits)
+                // weight gradient reads it, packing the bits), else back to f32 before it
   kBits,        // kept in 16 bits and read as such: the GELU's and the LayerNorms' inputs,
                 // the attention's qkv and output
 };
@@ -46,7 +45,7 @@ void for_each_kept(BlockCtx& c, F&& f) {
     f(ln->rstd, Kept::kStatistic);
   }
   for (LinearCtx* lin : {&c.attn.c_attn, &c.mlp.c_fc, &c.mlp.c_proj}) f(lin->x, Kept::kLinearBits);
-  f(c.attn.c_proj.x, Kept::kLinearBits);  // the attention's output, which its backward reads as bits
+  f(c.attn.c_proj.x, Kept::kLinearBits);  // the attention's output (attn.y) as c_proj's input
   f(c.attn.qkv, Kept::kBits);
   f(c.attn.y, Kept::kBits);
   f(c.attn.lse, Kept::kStatistic);

@@ -77,8 +77,8 @@ struct Slivers {
   int64_t stride;
 };
 
-// op(B) packed beforehand (PackedB): slivers `stride` apart, each zero-padded past n, read
-// from packed step `step` on (p0 / Packing::kStep of the product's first k).
+// op(B) packed beforehand (PackedB): slivers `stride` apart, each zero-padded past n; p is
+// the product's first column's sliver at the product's first k.
 template <typename P>
 struct Prepacked {
   const P* p;  // the first sliver of the product's first column
