@@ -163,7 +163,7 @@ template <typename T>
 struct BackwardScratch {
   std::vector<T> pt, dst, dsum;
   PackedB<T> q_t, dy_t, k_p, q_p, dy_p;
-  BackwardScratch(int64_t t) : pt(kRows * kCols), dst(kRows * kCols), dsum(static_cast<size_t>(t)) {}
+  explicit BackwardScratch(int64_t t) : pt(kRows * kCols), dst(kRows * kCols), dsum(static_cast<size_t>(t)) {}
 };
 
 // One (batch, head) pair. Per block of kRows keys [c0, c1) and up to kCols of the queries

@@ -26,10 +26,6 @@ inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* weight, c
   *rstd = s;
 }
 
-}  // namespace
-
-namespace {
-
 // A row rounded to `format` in place (mixed precision's values; kF32 or T double: kept).
 template <typename T>
 void round_row(DType format, T* x, int64_t c) {
@@ -37,7 +33,7 @@ void round_row(DType format, T* x, int64_t c) {
 }
 
 // Row i's output: into out, rounded to round_out, or (out_bits) as the 16-bit bits of those
-// values, through a row of the thread's.
+// values (store_half rounds as it writes), through a row of the thread's.
 template <typename T>
 void output_row(T* out, uint16_t* out_bits, int64_t i, int64_t c, DType round_out, const auto& row_into) {
   if constexpr (std::is_same_v<T, float>) {
@@ -45,7 +41,6 @@ void output_row(T* out, uint16_t* out_bits, int64_t i, int64_t c, DType round_ou
       thread_local std::vector<float> row;
       row.resize(static_cast<size_t>(c));
       row_into(row.data());
-      round_serial(round_out, row.data(), row.data(), c);
       store_half_serial(round_out, out_bits + i * c, row.data(), c);
       return;
     }
