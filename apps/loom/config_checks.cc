@@ -167,9 +167,9 @@ void Config::check_cuda(const std::string& kind, const Where& where) const {
   if (i("parallel.tp") > 1 || i("parallel.pp") > 1 || i("parallel.ps_servers") > 0 || !s("training.teacher").empty())
     throw InputError(cat(at, " trains data parallel only, without tensor, pipeline or parameter-server parallelism or a "
                          "teacher: expected parallel.tp = 1, parallel.pp = 1, no servers and no training.teacher"));
-  if (i("parallel.zero") > 1)
-    throw InputError(cat(at, " runs ZeRO stage 1 (the optimizer state sharded); stages 2 and 3 are not built on GPUs "
-                         "yet: expected ", where("parallel.zero"), " = 0 or 1, not ", i("parallel.zero")));
+  if (i("parallel.zero") > 2)
+    throw InputError(cat(at, " runs ZeRO stages 1 and 2 (stage 3, the weights sharded between steps, is not built on "
+                         "GPUs yet): expected ", where("parallel.zero"), " <= 2, not ", i("parallel.zero")));
   if (s("comm.grad_dtype") != "f32" || s("comm.param_dtype") != "f32")
     throw InputError(cat(at, " exchanges f32 gradients and weights: expected ", where("comm.grad_dtype"), " = \"f32\" and ",
                          where("comm.param_dtype"), " = \"f32\""));

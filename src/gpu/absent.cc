@@ -43,6 +43,7 @@ double GptTrainer::step(double, comm::Communicator*, parallel::CommStats*) { unr
 int64_t GptTrainer::steps() const { unreachable(); }
 parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator&) { unreachable(); }
 parallel::CommStats GptTrainer::all_reduce_grads_nccl(comm::Communicator&) { unreachable(); }
+parallel::CommStats GptTrainer::reduce_scatter_grads(comm::Communicator&) { unreachable(); }
 void GptTrainer::copy_params_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_grads_to(const ParamSet&) const { unreachable(); }
 void GptTrainer::copy_params_from(const ParamSet&) { unreachable(); }

@@ -77,9 +77,9 @@ struct GptTrainer::Impl {
   DeviceBuffer wte_padded;  // (ldv, C) bf16: wte's rows, then zeros, for the head's aligned products
   DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
   PinnedBuffer host_ids, host_csr, host_results;
-  // Data parallelism's staging, made at first use: the gradients (numel floats), the
-  // gathered weights (padded to ZeRO's blocks).
-  PinnedBuffer host_grads, host_params;
+  // Data parallelism's staging, made at first use: the gradients (numel floats, padded to
+  // ZeRO's blocks), a reduce-scatter's shard, the gathered weights.
+  PinnedBuffer host_grads, host_shard, host_params;
   std::unique_ptr<NcclGroup> nccl;  // made at the first all_reduce_grads_nccl
 
   int64_t shard_size() const { return (numel + tc.zero_ranks - 1) / tc.zero_ranks; }  // ZeRO's block
@@ -424,7 +424,7 @@ parallel::CommStats GptTrainer::all_reduce_grads(comm::Communicator& comm) {
   if (comm.size() == 1) return stats;
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  m.stage(m.host_grads, m.numel);
+  m.stage(m.host_grads, m.padded());
   float* host = m.host_grads.as<float>();
   float* dev = m.grads.as<float>();
   m.mark("gradient all-reduce");
@@ -457,6 +457,28 @@ parallel::CommStats GptTrainer::all_reduce_grads_nccl(comm::Communicator& comm) 
   m.compute.synchronize();  // the time is the exchange's, as the other paths report it
   const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
   return {.comm_ms = ms, .exposed_ms = ms, .bytes = m.numel * 4};
+}
+
+parallel::CommStats GptTrainer::reduce_scatter_grads(comm::Communicator& comm) {
+  Impl& m = *impl_;
+  LOOM_CHECK_EQ(comm.size(), m.tc.zero_ranks);
+  LOOM_CHECK_EQ(comm.rank(), m.tc.zero_rank);
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  m.stage(m.host_grads, m.padded());
+  m.stage(m.host_shard, m.shard_size());
+  float* host = m.host_grads.as<float>();
+  m.mark("gradient reduce-scatter");
+  check(cudaMemcpyAsync(host, m.grads.as<void>(), size_t(m.numel) * 4, cudaMemcpyDeviceToHost, m.s()),
+        "cudaMemcpyAsync");
+  m.compute.synchronize();
+  std::fill(host + m.numel, host + m.padded(), 0.0f);
+  comm::reduce_scatter(comm, {.input = host, .output = m.host_shard.as<float>(), .count = size_t(m.shard_size())});
+  check(cudaMemcpyAsync(m.g32(m.shard_begin), m.host_shard.as<float>(), size_t(m.shard_end - m.shard_begin) * 4,
+                        cudaMemcpyHostToDevice, m.s()),
+        "cudaMemcpyAsync");
+  const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  return {.comm_ms = ms, .exposed_ms = ms, .bytes = m.padded() * 4};
 }
 
 double GptTrainer::step(double lr, comm::Communicator* zero, parallel::CommStats* stats) {

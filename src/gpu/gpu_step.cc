@@ -4,9 +4,10 @@
 // the moments with them), so a step moves nothing but the tokens and two figures.
 // Data parallel over the world's ranks (one GPU each, or several sharing one): every rank
 // keeps the whole model; the gradients, pre-divided by the replicas, are summed by
-// GptTrainer::all_reduce_grads (or its NCCL twin). Without ZeRO every rank keeps all of
-// AdamW's moments; with ZeRO 1, its zero_shard's alone, updates that shard and all-gathers
-// the weights. A checkpoint takes each rank's zero_shard of the flat buffers.
+// GptTrainer::all_reduce_grads or its NCCL twin (data parallel, ZeRO 1) or reduced to each
+// rank's shard by reduce_scatter_grads (ZeRO 2). Without ZeRO every rank keeps all of
+// AdamW's moments; with it, its zero_shard's alone, updates that shard and all-gathers the
+// weights. A checkpoint takes each rank's zero_shard of the flat buffers.
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -44,7 +45,9 @@ class GpuStep : public parallel::Parallelized {
       r.loss += trainer_.forward_backward(ids(b.inputs), ids(b.targets), scale / replicas) * scale;
     }
     if (world_.size() > 1) {  // the mean over the replicas, of the loss and the gradients
-      r.comm = nccl_ ? trainer_.all_reduce_grads_nccl(world_) : trainer_.all_reduce_grads(world_);
+      r.comm = config_.dp.zero == 2 ? trainer_.reduce_scatter_grads(world_)
+               : nccl_                ? trainer_.all_reduce_grads_nccl(world_)
+                                      : trainer_.all_reduce_grads(world_);
       comm::all_reduce(world_, {.output = &r.loss, .count = 1, .dtype = DType::kF64});
       r.loss /= replicas;
     }
@@ -183,14 +186,15 @@ std::unique_ptr<parallel::Parallelized> parallelize_on_gpu(nn::Gpt& model, const
   if (config.fp16) throw InputError("training.precision = \"fp16\": the GPU trains in bf16; expected \"bf16\"");
   // One device per rank of a host, in turn: ranks beyond the host's devices share them.
   // NCCL sums the gradients where every rank has a device of its own (it refuses two ranks
-  // on one); elsewhere Loom's transports do, through pinned memory. Every rank decides
-  // alike (the minimum over the world), so they agree.
+  // on one) and the whole gradient is summed (not ZeRO 2's reduce-scatter); elsewhere Loom's
+  // transports do, through pinned memory. Every rank decides alike (the minimum over the
+  // world), so they agree.
   const std::vector<int>& local = world.local_ranks();
   const auto mine = std::find(local.begin(), local.end(), world.rank()) - local.begin();
   const int devices = device_count();
   int own = static_cast<int>(local.size()) <= devices ? 1 : 0;
   comm::all_reduce(world, {.output = &own, .count = 1, .dtype = DType::kI32, .op = comm::ReduceOp::kMin});
-  const bool nccl = nccl_compiled() && world.size() > 1 && own == 1;
+  const bool nccl = nccl_compiled() && world.size() > 1 && own == 1 && config.dp.zero != 2;
   if (nccl && world.rank() == 0) log_info("the gradients' all-reduce goes through NCCL (a device per rank)");
   return std::make_unique<GpuStep>(model, config, world, devices > 0 ? static_cast<int>(mine % devices) : 0, nccl);
 }

@@ -516,12 +516,13 @@ TEST(GpuNccl, OneRankAllReduceLeavesTheGradientsAsTheyWere) {
   });
 }
 
-// Two ranks on one GPU for three steps, data parallel or with ZeRO 1, without clipping:
-// each rank's final weights and AdamW moments (the shard's under ZeRO, zeros elsewhere).
+// Two ranks on one GPU for three steps at ZeRO stage `zero` (0: data parallel), without
+// clipping: each rank's final weights and AdamW moments (the shard's under ZeRO, zeros
+// elsewhere).
 struct ReplicaRun {
   std::vector<std::vector<float>> weights, exp_avg;
 };
-ReplicaRun run_replicas(bool zero) {
+ReplicaRun run_replicas(int zero) {
   const nn::GptConfig cfg{.n_layer = 2, .n_head = 3, .d_model = 96, .seq_len = 64, .vocab_size = 301};
   const int64_t half = 2;
   ReplicaRun out{std::vector<std::vector<float>>(2), std::vector<std::vector<float>>(2)};
@@ -531,7 +532,7 @@ ReplicaRun run_replicas(bool zero) {
     model.init(4);
     GptTrainerConfig tc = trainer_config(half);
     tc.max_grad_norm = 0;
-    if (zero) {
+    if (zero > 0) {
       tc.zero_rank = r;
       tc.zero_ranks = 2;
     }
@@ -539,8 +540,11 @@ ReplicaRun run_replicas(bool zero) {
     for (uint64_t s = 0; s < 3; ++s) {
       auto [x, y] = testing::random_tokens(half, cfg.seq_len, cfg.vocab_size, 70 + 2 * s + uint64_t(r));
       gpu.forward_backward({x.data<int32_t>(), size_t(x.numel())}, {y.data<int32_t>(), size_t(y.numel())}, 0.5);
-      gpu.all_reduce_grads(world);
-      gpu.step(1e-3, zero ? &world : nullptr);
+      if (zero == 2)
+        gpu.reduce_scatter_grads(world);
+      else
+        gpu.all_reduce_grads(world);
+      gpu.step(1e-3, zero > 0 ? &world : nullptr);
     }
     gpu.copy_params_to(model.params());
     out.weights[size_t(r)].assign(model.params().values().data<float>(),
@@ -552,15 +556,19 @@ ReplicaRun run_replicas(bool zero) {
   return out;
 }
 
-// ZeRO 1 on one GPU: each rank keeps and updates its shard's moments and all-gathers the
-// weights. It sums the gradients as data parallelism does, and AdamW is elementwise, so
-// both ranks' weights equal data parallelism's bit for bit, and the two ranks' moment
-// shards are data parallelism's moments cut in two.
-TEST(GpuGpt, ZeroOneShardsTheMomentsAndEqualsDataParallel) {
+// ZeRO 1 and 2 on one GPU: each rank keeps and updates its shard's moments and all-gathers
+// the weights; both ranks end with the same weights. ZeRO 1 sums the gradients as data
+// parallelism does, and AdamW is elementwise, so its weights equal data parallelism's bit
+// for bit, and the two ranks' moment shards are data parallelism's moments cut in two.
+// ZeRO 2 reduce-scatters instead; with two ranks each sum is the one addition a + b, as
+// the all-reduce's, so its weights are equal bit for bit too. (Its first run on the GPU had
+// a model of head size 24, which the attention does not take and the trainer now refuses:
+// 5.85e-3 from data parallel there, withdrawn until this test ran with head size 32.)
+TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
   LOOM_NEEDS_GPU();
-  const ReplicaRun dp = run_replicas(false), z1 = run_replicas(true);
+  const ReplicaRun dp = run_replicas(0), z1 = run_replicas(1), z2 = run_replicas(2);
   const int64_t numel = static_cast<int64_t>(dp.weights[0].size());
-  EXPECT_TRUE(z1.weights[0] == z1.weights[1]) << "the ranks' weights differ";
+  for (const ReplicaRun* z : {&z1, &z2}) EXPECT_TRUE(z->weights[0] == z->weights[1]) << "the ranks' weights differ";
   EXPECT_TRUE(z1.weights[0] == dp.weights[0]) << "ZeRO 1 against data parallel";
   for (int r = 0; r < 2; ++r) {
     const auto [lo, hi] = zero_shard(numel, r, 2);
@@ -569,6 +577,9 @@ TEST(GpuGpt, ZeroOneShardsTheMomentsAndEqualsDataParallel) {
       ASSERT_EQ(z1.exp_avg[size_t(r)][size_t(i)], want) << "rank " << r << "'s exp_avg at " << i;
     }
   }
+  const double err = relative_error(z2.weights[0], dp.weights[0]);
+  std::printf("ZeRO 2 on one GPU, 2 ranks: weights within %.2e of data parallel's\n", err);
+  EXPECT_TRUE(z2.weights[0] == dp.weights[0]) << "ZeRO 2 against data parallel";
 }
 
 }  // namespace

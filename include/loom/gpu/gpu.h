@@ -68,10 +68,9 @@ struct GptTrainerConfig {
   int device = 0;
   bool profile = false;  // time the step's phases (phase_ms); costs a wait per call
   GpuAttention attention = GpuAttention::kMma;
-  // ZeRO 1 with zero_ranks > 1: step() updates only zero_shard(numel, zero_rank, zero_ranks)
-  // of the flat buffers (their gradients summed whole, as data parallelism's), AdamW's
-  // moments are kept for that shard alone, and the updated weights are all-gathered over
-  // the communicator step() is given.
+  // ZeRO 1 and 2 with zero_ranks > 1: step() updates only zero_shard(numel, zero_rank,
+  // zero_ranks) of the flat buffers, AdamW's moments are kept for that shard alone, and the
+  // updated weights are all-gathered over the communicator step() is given.
   int zero_rank = 0, zero_ranks = 1;
 };
 
@@ -110,6 +109,10 @@ class GptTrainer {
   // comm's ranks at the first call (rank 0's id sent through comm). REQUIRES: each rank on
   // its own device (NCCL refuses two ranks on one). RuntimeError without NCCL.
   parallel::CommStats all_reduce_grads_nccl(comm::Communicator& comm);
+  // ZeRO 2: the gradients reduce-scattered over comm's ranks (through pinned memory as
+  // above): this rank's zero_shard receives the sum, the rest of the gradient buffer is left
+  // as it was (step() reads the shard alone). REQUIRES: config.zero_ranks = comm.size().
+  parallel::CommStats reduce_scatter_grads(comm::Communicator& comm);
 
   // Parameters, gradients and AdamW's moments to and from host buffers of the model's
   // flat layout (ParamSet::values / grads; exp_avg and exp_avg_sq of params.numel(), of
