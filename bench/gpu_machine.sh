@@ -6,12 +6,12 @@
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm (default: all)
+#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm (default: all),
+#                                     run in the order given
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
 steps=" ${*:-tests cli bench peer cpu compile gemm} "
-want() { [[ $steps == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
@@ -42,26 +42,29 @@ fi
 grep -c "warning:" "$OUT/build.txt" | sed 's/^/compiler warnings: /' | tee -a "$S"
 export LD_LIBRARY_PATH=/opt/devkit/usr/lib/x86_64-linux-gnu:/opt/devkit/usr/lib/x86_64-linux-gnu/openblas-openmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-if want tests; then
+step_tests() {
   say "gpu tests"
   OMP_NUM_THREADS=16 timeout 300 $B/src/gpu/gpu_test >"$OUT/gpu_test.txt" 2>&1
   echo "gpu_test exit $?" | tee -a "$S"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0|^attention|^layernorm|^cross-entropy|^data parallel|^ZeRO" "$OUT/gpu_test.txt" | head -60 | tee -a "$S"
-fi
-if want cli; then  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|device 0|epilogues|^attention|^layernorm|^cross-entropy|^data parallel|^ZeRO" "$OUT/gpu_test.txt" | head -70 | tee -a "$S"
+}
+step_cli() {  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
   say "gpu cli tests"
   OMP_NUM_THREADS=16 timeout 300 $B/tests/gpu_cli_test >"$OUT/gpu_cli_test.txt" 2>&1
   echo "gpu_cli_test exit $?" | tee -a "$S"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|error" "$OUT/gpu_cli_test.txt" | head -40 | tee -a "$S"
-fi
-if want bench; then
+}
+step_bench() {  # the step with the epilogues fused on cuBLASLt, then with Loom's kernels, side by side
   run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
+  run 120 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --epilogues kernels
   run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
-fi
+}
 peer=(python3 bench/peers/torch_gpt.py --device cuda --preset gpt2-124m --micro-batch 16 --precision bf16 --sdpa
       --vocab 50304 --steps 20 --warmup 5)
-want peer && run 180 "${peer[@]}"
-if want cpu; then
+step_peer() { run 180 "${peer[@]}"; }
+step_compile() { run 300 "${peer[@]}" --compile; }
+step_cpu() {
+  local cores
   cores=$(nproc)
   run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2
   for th in 1 "$cores"; do
@@ -69,7 +72,12 @@ if want cpu; then
       run 120 python3 bench/peers/torch_gpt.py --preset gpt-mini --threads "$th" --precision "$p" --steps 8 --warmup 2
     done
   done
-fi
-want compile && run 300 "${peer[@]}" --compile
-want gemm && run 120 $B/loom bench gemm --threads 1
+}
+step_gemm() { run 120 $B/loom bench gemm --threads 1; }
+for step in $steps; do
+  case $step in
+    tests | cli | bench | peer | compile | cpu | gemm) "step_$step" ;;
+    *) say "unknown step $step" ;;
+  esac
+done
 say "done $(date -u)"

@@ -270,6 +270,9 @@ int run(int argc, char** argv) {
   std::string gpu_attention = "mma";
   bgpu->add_option("--attention", gpu_attention, "The attention's kernels: mma (scores in registers) or wmma")
       ->check(CLI::IsMember({"mma", "wmma"}))->capture_default_str();
+  std::string gpu_epilogues = "cublaslt";
+  bgpu->add_option("--epilogues", gpu_epilogues, "The products' epilogues: cublaslt (fused) or kernels (Loom's, after each)")
+      ->check(CLI::IsMember({"cublaslt", "kernels"}))->capture_default_str();
   std::vector<int64_t> gemm_threads = {1, 2};
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
@@ -425,6 +428,7 @@ int run(int argc, char** argv) {
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
   if (bgpu->parsed()) {
     bench_gpu.attention = gpu_attention == "mma" ? loom::gpu::GpuAttention::kMma : loom::gpu::GpuAttention::kWmma;
+    bench_gpu.fused_epilogues = gpu_epilogues == "cublaslt";
     return loom::app::run_bench_gpu(bench_gpu);
   }
   if (bd->parsed()) return loom::app::run_bench_decode(bench_decode);

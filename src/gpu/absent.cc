@@ -53,5 +53,6 @@ double GptTrainer::loss(std::span<const int32_t>, std::span<const int32_t>) { un
 MemoryStats GptTrainer::memory() const { unreachable(); }
 void GptTrainer::synchronize() const { unreachable(); }
 std::vector<std::pair<std::string, double>> GptTrainer::phase_ms() { unreachable(); }
+std::string GptTrainer::epilogues() const { unreachable(); }
 
 }  // namespace loom::gpu

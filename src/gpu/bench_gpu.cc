@@ -21,6 +21,7 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
   tc.device = a.device;
   tc.profile = a.profile;
   tc.attention = a.attention;
+  tc.fused_epilogues = a.fused_epilogues;
   GptTrainer trainer(model, tc);  // InputError in a build without CUDA
   const double peak = a.peak_tflops > 0 ? a.peak_tflops : bf16_gemm_tflops(a.device);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
@@ -59,6 +60,7 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
   std::printf("%10.2f %12.2f %12.0f %10.1f %10.1f %7.1f%% %10.2f GiB %10.2f GiB %8.4f->%.4f\n", step * 1e3,
               times.front() * 1e3, tps, tflops, peak, 100.0 * tflops / peak, double(mem.peak_in_use) / gib,
               double(mem.peak_reserved) / gib, first_loss, loss);
+  std::printf("# epilogues: %s\n", trainer.epilogues().c_str());
   if (a.profile) {
     const auto phases = trainer.phase_ms();
     double total = 0;

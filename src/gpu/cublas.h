@@ -5,6 +5,7 @@
 // the driver itself on its first call.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 namespace loom::gpu {
@@ -23,5 +24,24 @@ struct Cublas {
 // The library, opened once: the soname of the cuBLAS this was compiled against, then the
 // toolkit's own copy. RuntimeError naming both and dlerror's reason when neither opens.
 const Cublas& cublas();
+
+// cuBLASLt's entry points for products with fused epilogues (lt_products.h).
+struct CublasLt {
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+};
+
+// libcublasLt, opened once as cublas() opens libcublas.
+const CublasLt& cublas_lt();
 
 }  // namespace loom::gpu

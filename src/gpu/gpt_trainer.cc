@@ -18,6 +18,7 @@
 #include "gpu/cublas.h"
 #include "gpu/device.h"
 #include "gpu/kernels.h"
+#include "gpu/lt_products.h"
 #include "gpu/nccl/nccl.h"
 #include "loom/comm/comm.h"
 #include "loom/core/error.h"
@@ -70,6 +71,7 @@ struct GptTrainer::Impl {
   int64_t shard_begin = 0, shard_end = 0;  // what step() updates: all, or a ZeRO shard
 
   DeviceAllocator alloc;
+  std::unique_ptr<LtProducts> lt;  // the fused epilogues (tc.fused_epilogues); after alloc, which it uses
   Stream compute, copy;
   PhaseTimer timer{false};
   cublasHandle_t blas = nullptr;
@@ -110,17 +112,47 @@ struct GptTrainer::Impl {
                        out_f32 ? CUDA_R_32F : CUDA_R_16BF, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   }
-  // acc (N, M) f32 = x (N, K) @ w (K, M)
-  void linear(float* acc, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m) {
+  // out (N, M) bf16 = x (N, K) @ w (K, M) + bias, then by `e`: + residual (N, M)
+  // (kBiasResidual), or GELU with its input to pre (kBiasGelu). On cuBLASLt where it has
+  // a kernel for it; otherwise the product to acc (N, 4C) f32, made at its first use, and
+  // the epilogue's kernel.
+  void linear(Epilogue e, bf16* out, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m, DeviceBuffer& acc,
+              const bf16* residual = nullptr, bf16* pre = nullptr) {
     mark("linear forward");
-    gemm(false, false, m, n, k, p16(w.weight), m, x, k, acc, true, m, false);
+    if (lt && lt->run({.epilogue = e, .m = m, .n = n, .k = k, .a = p16(w.weight), .lda = m, .b = x, .ldb = k,
+                       .d = out, .ldd = m, .bias = p32(w.bias), .bias_bf16 = p16(w.bias),
+                       .residual = residual, .aux = pre}))
+      return;
+    if (acc.as<void>() == nullptr) acc = buf(n * 4 * c, 4, "product accumulator (N, 4C)");
+    gemm(false, false, m, n, k, p16(w.weight), m, x, k, acc.as<float>(), true, m, false);
+    mark("bias, residual, GELU");
+    if (e == Epilogue::kBiasResidual)
+      kern::bias_residual_forward(out, acc.as<float>(), p32(w.bias), residual, n, m, s());
+    else if (e == Epilogue::kBiasGelu)
+      kern::bias_gelu_forward(pre, out, acc.as<float>(), p32(w.bias), n, m, s());
+    else
+      kern::bias_forward(out, acc.as<float>(), p32(w.bias), n, m, s());
   }
-  // dx (N, K) bf16 = dy (N, M) @ w^T; dw (K, M) += x^T @ dy; db (M) += column sums of dy.
+  // dx (N, K) bf16 = dy (N, M) @ w^T, times gelu'(gelu_pre) where the layer's input was a
+  // GELU of gelu_pre (N, K); dw (K, M) += x^T @ dy; db (M) += column sums of dy.
   void linear_backward(bf16* dx, const bf16* dy, const bf16* x, const LinearOffsets& w, int64_t k, int64_t m,
-                       float* parts) {
+                       float* parts, const bf16* gelu_pre = nullptr) {
     mark("linear backward dx");
-    gemm(true, false, k, n, m, p16(w.weight), m, dy, m, dx, false, k, false);
+    const bool gelu_fused = gelu_pre != nullptr && lt &&
+                            lt->run({.epilogue = Epilogue::kGeluGrad, .ta = true, .m = k, .n = n, .k = m,
+                                     .a = p16(w.weight), .lda = m, .b = dy, .ldb = m, .d = dx, .ldd = k,
+                                     .aux = const_cast<bf16*>(gelu_pre)});
+    if (!gelu_fused) gemm(true, false, k, n, m, p16(w.weight), m, dy, m, dx, false, k, false);
+    if (gelu_pre != nullptr && !gelu_fused) {
+      mark("GELU backward");
+      kern::gelu_backward(dx, gelu_pre, dx, n * k, s());
+    }
     mark("linear backward dw");
+    if (lt && lt->run({.epilogue = Epilogue::kBiasGrad, .tb = true, .m = m, .n = k, .k = n, .a = dy, .lda = m,
+                       .b = x, .ldb = k, .d = g32(w.weight), .ldd = m, .bias_grad = parts})) {
+      kern::add(g32(w.bias), parts, m, s());
+      return;
+    }
     gemm(false, true, m, k, n, dy, m, x, k, g32(w.weight), true, m, true);
     mark("bias gradients");
     kern::column_sums(parts, dy, n, m, s());
@@ -232,6 +264,7 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
 
   check(cublas().create(&m.blas), "cublasCreate");
   check(cublas().set_stream(m.blas, m.s()), "cublasSetStream");
+  if (config.fused_epilogues) m.lt = std::make_unique<LtProducts>(m.alloc, m.s());
   m.params = m.buf(m.numel, 4, "parameters");
   m.grads = m.buf(m.numel, 4, "gradients");
   m.exp_avg = m.buf(m.shard_end - m.shard_begin, 4, "AdamW exp_avg");
@@ -302,7 +335,7 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
   const int64_t n_ids = upload_batch(tok, tgt);
   const int64_t n_layer = cfg.n_layer, c3 = 3 * c, c4 = 4 * c;
   std::vector<BlockActs> acts(static_cast<size_t>(n_layer));
-  DeviceBuffer acc = buf(n * c4, 4, "product accumulator (N, 4C)");
+  DeviceBuffer acc;  // the products' f32 results where an epilogue runs apart (linear)
   DeviceBuffer x = buf(n * c, 2, "embedding output");
   mark("embedding");
   kern::embedding_forward(x.as<bf16>(), tokens.as<int32_t>(), p32(wte), p32(wpe), n, t, c, s());
@@ -312,27 +345,22 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     a.x = std::move(x);
     a.ln_1 = norm_forward(a.x, w.ln_1);
     a.qkv = buf(n * c3, 2, "qkv");
-    linear(acc.as<float>(), a.ln_1.out.as<bf16>(), w.c_attn, c, c3);
-    mark("bias, residual, GELU");
-    kern::bias_forward(a.qkv.as<bf16>(), acc.as<float>(), p32(w.c_attn.bias), n, c3, s());
+    linear(Epilogue::kBias, a.qkv.as<bf16>(), a.ln_1.out.as<bf16>(), w.c_attn, c, c3, acc);
     a.att = buf(n * c, 2, "attention output");
     a.lse = buf(n * nh, 4, "attention log-sum-exp");
     mark("attention forward");
     kern::attention_forward(a.att.as<bf16>(), a.lse.as<float>(), a.qkv.as<bf16>(), b, t, c, nh, s(), attention());
     a.mid = buf(n * c, 2, "residual after attention");
-    linear(acc.as<float>(), a.att.as<bf16>(), w.attn_proj, c, c);
-    mark("bias, residual, GELU");
-    kern::bias_residual_forward(a.mid.as<bf16>(), acc.as<float>(), p32(w.attn_proj.bias), a.x.as<bf16>(), n, c, s());
+    linear(Epilogue::kBiasResidual, a.mid.as<bf16>(), a.att.as<bf16>(), w.attn_proj, c, c, acc,
+           a.x.as<bf16>());
     a.ln_2 = norm_forward(a.mid, w.ln_2);
     a.h = buf(n * c4, 2, "fc output");
     a.g = buf(n * c4, 2, "GELU output");
-    linear(acc.as<float>(), a.ln_2.out.as<bf16>(), w.c_fc, c, c4);
-    mark("bias, residual, GELU");
-    kern::bias_gelu_forward(a.h.as<bf16>(), a.g.as<bf16>(), acc.as<float>(), p32(w.c_fc.bias), n, c4, s());
+    linear(Epilogue::kBiasGelu, a.g.as<bf16>(), a.ln_2.out.as<bf16>(), w.c_fc, c, c4, acc, nullptr,
+           a.h.as<bf16>());
     x = buf(n * c, 2, "block output");
-    linear(acc.as<float>(), a.g.as<bf16>(), w.mlp_proj, c4, c);
-    mark("bias, residual, GELU");
-    kern::bias_residual_forward(x.as<bf16>(), acc.as<float>(), p32(w.mlp_proj.bias), a.mid.as<bf16>(), n, c, s());
+    linear(Epilogue::kBiasResidual, x.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, acc,
+           a.mid.as<bf16>());
   }
   acc.reset();
   // ln_f, the tied head, the loss and its gradient (over the logits, in place)
@@ -382,9 +410,8 @@ double GptTrainer::Impl::forward_backward(std::span<const int32_t> tok, std::spa
     BlockActs& a = acts[size_t(l)];
     const BlockOffsets& w = blocks[size_t(l)];
     // MLP: dx is the gradient of the block's output
-    linear_backward(dwide.as<bf16>(), dx.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, parts.as<float>());
-    mark("GELU backward");
-    kern::gelu_backward(dwide.as<bf16>(), a.h.as<bf16>(), dwide.as<bf16>(), n * c4, s());
+    linear_backward(dwide.as<bf16>(), dx.as<bf16>(), a.g.as<bf16>(), w.mlp_proj, c4, c, parts.as<float>(),
+                    a.h.as<bf16>());
     linear_backward(dnarrow.as<bf16>(), dwide.as<bf16>(), a.ln_2.out.as<bf16>(), w.c_fc, c, c4, parts.as<float>());
     norm_backward(dmid.as<bf16>(), dnarrow.as<bf16>(), a.mid.as<bf16>(), a.ln_2, w.ln_2, dx.as<bf16>(),
                   parts.as<float>());
@@ -598,6 +625,10 @@ void GptTrainer::copy_params_from(const ParamSet& params) {
 }
 
 std::vector<std::pair<std::string, double>> GptTrainer::phase_ms() { return impl_->timer.take(); }
+
+std::string GptTrainer::epilogues() const {
+  return impl_->lt ? "cuBLASLt: " + impl_->lt->summary() : "Loom's kernels after each product";
+}
 
 MemoryStats GptTrainer::memory() const { return impl_->alloc.stats(); }
 

@@ -68,6 +68,10 @@ struct GptTrainerConfig {
   int device = 0;
   bool profile = false;  // time the step's phases (phase_ms); costs a wait per call
   GpuAttention attention = GpuAttention::kMma;
+  // The products' epilogues (bias, residual, GELU, GELU's derivative, the bias gradients)
+  // fused into the products on cuBLASLt where it has kernels for them; false: Loom's own
+  // kernels after each product, as `loom bench gpu --epilogues kernels` compares.
+  bool fused_epilogues = true;
   // ZeRO 1 and 2 with zero_ranks > 1: step() updates only zero_shard(numel, zero_rank,
   // zero_ranks) of the flat buffers, AdamW's moments are kept for that shard alone, and the
   // updated weights are all-gathered over the communicator step() is given.
@@ -129,6 +133,9 @@ class GptTrainer {
   // kernel, products forward and backward, optimizer) since the last call, in the order
   // the phases first ran.
   std::vector<std::pair<std::string, double>> phase_ms();
+  // How the products' epilogues ran: on cuBLASLt (how many shapes fused, which declined)
+  // or with Loom's kernels.
+  std::string epilogues() const;
   // Waits for every queued kernel (for timing).
   void synchronize() const;
 
@@ -148,6 +155,7 @@ struct BenchGpuArgs {
   double peak_tflops = 0;  // 0: measure it
   bool profile = false;     // also the device time of each phase of a step
   GpuAttention attention = GpuAttention::kMma;
+  bool fused_epilogues = true;  // GptTrainerConfig::fused_epilogues
 };
 int run_bench_gpu(const nn::GptConfig& model, const BenchGpuArgs& args);
 
