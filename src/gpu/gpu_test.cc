@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "comm/comm_testing.h"
@@ -419,6 +421,48 @@ TEST(GpuGpt, TwoRunsGiveTheSameBitsAndReuseTheirMemory) {
                       model.params().values().data<float>() + model.params().numel());
   }
   EXPECT_TRUE(runs[0] == runs[1]);
+}
+
+// The two-rank data parallel test's trainer alone (its model, micro-batch 2, loss scale 0.5,
+// no clipping), twice, with either epilogues: every step's gradients and the final weights
+// the same bits. Two ranks sharing the GPU with this model did not repeat their bits over
+// three steps on the H200 (docs/gpu.md, "Determinism"); this says whether one trainer
+// does, and where the first difference is when not.
+TEST(GpuGpt, OneTrainerRepeatsItsGradientsStepByStep) {
+  LOOM_NEEDS_GPU();
+  const nn::GptConfig cfg{.n_layer = 2, .n_head = 3, .d_model = 96, .seq_len = 64, .vocab_size = 301};
+  const auto run = [&](bool fused) {
+    nn::Gpt model(cfg);
+    model.init(4);
+    GptTrainerConfig tc = trainer_config(2);
+    tc.max_grad_norm = 0;
+    tc.fused_epilogues = fused;
+    GptTrainer gpu(model, tc);
+    std::vector<std::vector<float>> out;  // each step's gradients, then the weights
+    for (uint64_t s = 0; s < 3; ++s) {
+      auto [x, y] = testing::random_tokens(2, cfg.seq_len, cfg.vocab_size, 70 + 2 * s);
+      gpu.forward_backward({x.data<int32_t>(), size_t(x.numel())}, {y.data<int32_t>(), size_t(y.numel())}, 0.5);
+      gpu.copy_grads_to(model.params());
+      out.emplace_back(model.params().grads().data<float>(),
+                       model.params().grads().data<float>() + model.params().numel());
+      gpu.step(1e-3);
+    }
+    gpu.copy_params_to(model.params());
+    out.emplace_back(model.params().values().data<float>(),
+                     model.params().values().data<float>() + model.params().numel());
+    return out;
+  };
+  const nn::Gpt layout(cfg);
+  for (const bool fused : {false, true}) {
+    const auto a = run(fused), b = run(fused);
+    for (size_t s = 0; s < a.size(); ++s)
+      for (const ParamInfo& p : layout.params().infos()) {
+        const auto first = a[s].begin() + p.offset, other = b[s].begin() + p.offset;
+        ASSERT_TRUE(std::equal(first, first + p.numel, other))
+            << (s + 1 < a.size() ? "step " + std::to_string(s) + "'s gradient of " : "the final ") << p.name
+            << (fused ? " (cuBLASLt epilogues)" : " (Loom's epilogues)");
+      }
+  }
 }
 
 // Data parallel on one GPU: two ranks (threads) each with a trainer and half of every
