@@ -2,8 +2,8 @@
 #include "gpu/cublas.h"
 
 #include <optional>
-#include <utility>
 #include <string>
+#include <utility>
 
 #include "core/dl_library.h"
 

@@ -34,8 +34,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-const char* epilogue_name(int e) {
-  switch (static_cast<Epilogue>(e)) {
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
     case Epilogue::kBias:
       return "bias";
     case Epilogue::kBiasResidual:
@@ -95,24 +95,11 @@ bool LtProducts::make(Plan& plan, const LtProduct& p, bool bias_f32) const {
   set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, p.ta ? CUBLAS_OP_T : CUBLAS_OP_N);
   set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, p.tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(p.epilogue));
-  switch (p.epilogue) {
-    case Epilogue::kBias:
-    case Epilogue::kBiasResidual:
-    case Epilogue::kBiasGelu:
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{bias_f32 ? CUDA_R_32F : CUDA_R_16BF});
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_f32 ? static_cast<const void*>(p.bias) : p.bias_bf16);
-      break;
-    case Epilogue::kBiasGrad:
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t{CUDA_R_32F});
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(p.bias_grad));
-      break;
-    case Epilogue::kGeluGrad:
-      break;
-  }
-  if (p.aux != nullptr) {
-    set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
-    set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.ldd);
-  }
+  if (p.epilogue != Epilogue::kGeluGrad)
+    set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+        int32_t{bias_f32 || p.epilogue == Epilogue::kBiasGrad ? CUDA_R_32F : CUDA_R_16BF});
+  if (p.aux != nullptr) set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.ldd);
+  set_pointers(plan, p);  // the heuristic reads their alignment
   const cudaDataType out = f32_out(p) ? CUDA_R_32F : CUDA_R_16BF;
   check(lt.layout_create(&plan.a, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda), "cublasLtMatrixLayoutCreate");
   check(lt.layout_create(&plan.b, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb), "cublasLtMatrixLayoutCreate");
@@ -144,21 +131,16 @@ bool LtProducts::make(Plan& plan, const LtProduct& p, bool bias_f32) const {
   return true;
 }
 
-bool LtProducts::launch(const Plan& plan, const LtProduct& p) const {
-  switch (p.epilogue) {
-    case Epilogue::kBias:
-    case Epilogue::kBiasResidual:
-    case Epilogue::kBiasGelu:
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-          plan.bias_f32 ? static_cast<const void*>(p.bias) : p.bias_bf16);
-      break;
-    case Epilogue::kBiasGrad:
-      set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(p.bias_grad));
-      break;
-    case Epilogue::kGeluGrad:
-      break;
-  }
+void LtProducts::set_pointers(const Plan& plan, const LtProduct& p) {
+  if (p.epilogue == Epilogue::kBiasGrad)
+    set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(p.bias_grad));
+  else if (p.epilogue != Epilogue::kGeluGrad)
+    set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, plan.bias_f32 ? static_cast<const void*>(p.bias) : p.bias_bf16);
   if (p.aux != nullptr) set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
+}
+
+bool LtProducts::launch(const Plan& plan, const LtProduct& p) const {
+  set_pointers(plan, p);
   const float alpha = 1.0f;
   const float beta = p.residual != nullptr || p.epilogue == Epilogue::kBiasGrad ? 1.0f : 0.0f;
   const void* c = p.residual != nullptr ? p.residual : p.d;
@@ -180,7 +162,7 @@ bool LtProducts::run(const LtProduct& p) {
     plan.declined = !ok;
     if (!ok) {
       destroy(plan);
-      log_info(cat("cuBLASLt has no kernel for the ", epilogue_name(std::get<0>(key)), " epilogue at m ", p.m, ", n ",
+      log_info(cat("cuBLASLt has no kernel for the ", epilogue_name(p.epilogue), " epilogue at m ", p.m, ", n ",
                    p.n, ", k ", p.k, ": its product and epilogue run apart"));
     }
     plans_.emplace(key, plan);
@@ -190,7 +172,7 @@ bool LtProducts::run(const LtProduct& p) {
   if (plan.declined) return false;
   if (!launch(plan, p))
     throw RuntimeError(cat("cublasLtMatmul failed on a product (m ", p.m, ", n ", p.n, ", k ", p.k,
-                           ") it ran before with the ", epilogue_name(std::get<0>(key)), " epilogue"));
+                           ") it ran before with the ", epilogue_name(p.epilogue), " epilogue"));
   return true;
 }
 
@@ -200,8 +182,8 @@ std::string LtProducts::summary() const {
   for (const auto& [key, plan] : plans_) {
     if (plan.declined) {
       ++declined;
-      which += cat(which.empty() ? "" : ", ", epilogue_name(std::get<0>(key)), " at ", std::get<3>(key), "x",
-                   std::get<4>(key), "x", std::get<5>(key));
+      which += cat(which.empty() ? "" : ", ", epilogue_name(static_cast<Epilogue>(std::get<0>(key))), " at ",
+                   std::get<3>(key), "x", std::get<4>(key), "x", std::get<5>(key));
     } else {
       ++fused;
       if (!plan.bias_f32) ++bf16_bias;

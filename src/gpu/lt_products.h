@@ -79,6 +79,8 @@ class LtProducts {
   // Finds an algorithm for `p` with the bias in f32 (or bf16); false where there is none.
   bool make(Plan& plan, const LtProduct& p, bool bias_f32) const;
   void destroy(Plan& plan) const;
+  // The bias (or its gradient) and aux pointers of `p` into the plan's descriptor.
+  static void set_pointers(const Plan& plan, const LtProduct& p);
   bool launch(const Plan& plan, const LtProduct& p) const;
 
   cublasLtHandle_t handle_ = nullptr;
