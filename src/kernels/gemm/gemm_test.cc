@@ -313,27 +313,27 @@ std::vector<float> edge_values(int64_t count, uint64_t seed, bool accumulator) {
 
 TEST(GemmHalf, SubnormalsAreFlushedAsVdpbf16psFlushesThem) {
   int64_t flushed = 0;
-  for (GemmPath path : gemm_supported_paths()) {
-    uint64_t seed = 77;
-    for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12, 32, 9}, {13, 40, 64}, {30, 70, 31}})
-      for (int t = 0; t < 4; ++t) {
-        Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
-        p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
-        p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
-        p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
-        const std::vector<float> want = reference_half(DType::kBF16, p, true);
+  uint64_t seed = 77;
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12, 32, 9}, {13, 40, 64}, {30, 70, 31}})
+    for (int t = 0; t < 4; ++t) {
+      Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
+      p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
+      p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
+      p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+      const std::vector<float> want = reference_half(DType::kBF16, p, true);
+      for (GemmPath path : gemm_supported_paths())
         EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, true), want))
             << gemm_path_name(path) << " m=" << m << " n=" << n << " k=" << k << " t=" << t;
-        // The inputs do reach the flushing: some results differ from IEEE's chain.
-        std::vector<float> ieee = p.c0;
-        std::vector<float> ra = p.a, rb = p.b;
-        for (float& x : ra) x = bf16_operand(x);
-        for (float& x : rb) x = bf16_operand(x);
-        reference::gemm(p.ta, p.tb, m, n, k, ra.data(), p.lda, rb.data(), p.ldb, true, ieee.data(), p.ldc);
-        for (size_t i = 0; i < want.size(); ++i) flushed += std::memcmp(&want[i], &ieee[i], sizeof(float)) != 0;
-      }
-  }
-  EXPECT_GT(flushed, 100);
+      // The inputs do reach the flushing: some results differ from IEEE's chain (counted
+      // once per problem, so the bound holds whatever paths this CPU has).
+      std::vector<float> ieee = p.c0;
+      std::vector<float> ra = p.a, rb = p.b;
+      for (float& x : ra) x = bf16_operand(x);
+      for (float& x : rb) x = bf16_operand(x);
+      reference::gemm(p.ta, p.tb, m, n, k, ra.data(), p.lda, rb.data(), p.ldb, true, ieee.data(), p.ldc);
+      for (size_t i = 0; i < want.size(); ++i) flushed += std::memcmp(&want[i], &ieee[i], sizeof(float)) != 0;
+    }
+  EXPECT_GT(flushed, 20);
 }
 
 // The contract's basis: vdpbf16ps is, per lane, two fused multiply-adds in turn (the upper
