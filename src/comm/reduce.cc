@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstring>
+
+#include "comm/copy.h"
 
 namespace loom::comm {
 namespace {
@@ -75,11 +76,11 @@ void many_native(T* out, T* out2, const void* const* ins, int n, size_t count, R
   for (size_t b = 0; b < count; b += kBlock) {
     size_t m = std::min(kBlock, count - b);
     T tmp[kBlock];
-    std::memcpy(tmp, static_cast<const T*>(ins[0]) + b, m * sizeof(T));
+    copy_bytes(tmp, static_cast<const T*>(ins[0]) + b, m * sizeof(T));
     for (int k = 1; k < n; ++k) into_native(tmp, static_cast<const T*>(ins[k]) + b, m, op);
     if (op == ReduceOp::kAvg) avg_native(tmp, m, n);
-    std::memcpy(out + b, tmp, m * sizeof(T));
-    if (out2) std::memcpy(out2 + b, tmp, m * sizeof(T));
+    copy_bytes(out + b, tmp, m * sizeof(T));
+    if (out2) copy_bytes(out2 + b, tmp, m * sizeof(T));
   }
 }
 
@@ -97,7 +98,7 @@ void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, siz
     if (op == ReduceOp::kAvg)
       for (size_t i = 0; i < m; ++i) tmp[i] /= static_cast<float>(n);
     for (size_t i = 0; i < m; ++i) out[b + i] = H::store(tmp[i]);
-    if (out2) std::memcpy(out2 + b, out + b, m * sizeof(uint16_t));
+    if (out2) copy_bytes(out2 + b, out + b, m * sizeof(uint16_t));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/op.h"
 #include "comm/transport/transport.h"
 
@@ -31,11 +32,6 @@ struct OpContext {
   void wait() { t.wait_all(timeout, fp); }
   char* workspace(size_t n);
 };
-
-// memcpy/memmove that accept null pointers when n == 0 (empty ops pass null buffers).
-inline void copy_bytes(void* dst, const void* src, size_t n) {
-  if (n) std::memmove(dst, src, n);
-}
 
 // Block b of `count` elements split over n ranks: [block_begin(b), block_begin(b+1)).
 inline size_t block_begin(size_t count, int n, int b) { return count * static_cast<size_t>(b) / n; }

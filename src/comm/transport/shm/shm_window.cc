@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/auth.h"
+#include "comm/copy.h"
 #include "comm/transport/transport.h"
 #include "loom/core/host.h"
 
@@ -154,7 +155,7 @@ int ShmWindow::fill_mode() const {
 
 void ShmWindow::fill(void* dst, const void* src, size_t n) {
   if (n < kFillMeasuredBytes) {
-    if (n) std::memcpy(dst, src, n);
+    copy_bytes(dst, src, n);
     return;
   }
   int mode = fill_mode();
@@ -163,7 +164,7 @@ void ShmWindow::fill(void* dst, const void* src, size_t n) {
   if (mode) {
     stream_copy(dst, src, n);
   } else {
-    std::memcpy(dst, src, n);
+    copy_bytes(dst, src, n);
   }
   double cost = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(n);
   double& avg = fill_cost_[mode];
