@@ -3,7 +3,10 @@
 // two or three hosts), checked against closed-form results (comm_checks.h).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "comm/comm_checks.h"
+#include "comm/copy.h"
 #include "comm/transport/shm/shm_window.h"
 
 namespace loom::comm {
@@ -120,6 +123,30 @@ TEST(Collectives, StreamCopyAnyAlignmentAndLength) {
       }
     }
   }
+}
+
+// copy_bytes: memmove's result at every placement, the slow one it avoids (destination
+// 1-63 bytes past the source modulo 4 KiB, which takes the vector loop) included, at
+// lengths around its 2 KiB threshold and the loop's 64-byte steps, and for overlapping
+// ranges either way (which must stay memmove).
+TEST(Collectives, CopyBytesEqualsMemmoveAtEveryPlacement) {
+  constexpr size_t kArena = 3 * 8192;
+  std::vector<unsigned char> arena(kArena), want(kArena);
+  const auto pattern = [&] {
+    for (size_t i = 0; i < kArena; ++i) arena[i] = static_cast<unsigned char>(i * 131 + 7);
+  };
+  for (size_t n : {0, 1, 2047, 2048, 2049, 2111, 4096, 5000}) {
+    for (long ahead : {0L, 1L, 15L, 16L, 48L, 63L, 64L, 100L, 4095L, 4097L, 4096L + 16, 4096L + 63, -16L, -1L, -4080L}) {
+      const size_t s = 8192;  // source offset in the arena; the destination `ahead` past it
+      const size_t d = static_cast<size_t>(static_cast<long>(s) + ahead);
+      pattern();
+      want = arena;
+      if (n) std::memmove(want.data() + d, want.data() + s, n);
+      copy_bytes(arena.data() + d, arena.data() + s, n);
+      ASSERT_EQ(arena, want) << "n " << n << " destination " << ahead << " bytes past the source";
+    }
+  }
+  copy_bytes(nullptr, nullptr, 0);  // empty ops pass null buffers
 }
 
 TEST(Collectives, SplitMakesSubGroups) {
