@@ -1,5 +1,6 @@
 // Communicator setup (links, shared window), issue-order execution, sticky failure.
 #include <algorithm>
+#include <cstring>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/communicator_impl.h"

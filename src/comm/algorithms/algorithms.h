@@ -8,7 +8,6 @@
 // Thread-safety: one op at a time per transport.
 #pragma once
 
-#include <cstring>
 #include <vector>
 
 #include "comm/copy.h"
