@@ -64,6 +64,15 @@ inline float flush_subnormal(float x) {
 inline uint16_t bf16_operand_bits(float x) { return bf16_bits(flush_subnormal(x)); }
 // The same value as an f32 (exact).
 inline float bf16_operand(float x) { return std::bit_cast<float>(static_cast<uint32_t>(bf16_operand_bits(x)) << 16); }
+// bf16_operand of the value bf16 bits h hold, from the bits (the packers of 16-bit
+// activations): h itself, but a subnormal read as zero (its sign kept) and a NaN made quiet;
+// rounding a bf16 value changes nothing, so this is bf16_operand(bf16_value(h)) for every h.
+inline float bf16_operand_of_bits(uint16_t h) {
+  const uint32_t u = h;
+  const uint32_t flushed = (u & 0x7f80u) == 0 ? u & 0x8000u : u;
+  const uint32_t operand = (u & 0x7fffu) > 0x7f80u ? u | 0x40u : flushed;
+  return std::bit_cast<float>(operand << 16);
+}
 // What an f16 product multiplies: x rounded to f16 (subnormals of f16 kept), as an f32.
 inline float f16_operand(float x) { return f16_value(f16_bits(x)); }
 

@@ -88,6 +88,22 @@ TEST(Precision, F16OverflowsToInfinityAndKeepsSubnormals) {
   EXPECT_EQ(v[5], 0.0f);                       // below half a unit: vanishes (what loss scaling prevents)
 }
 
+// What the GEMM's packers multiply for bf16 bits: the operand of the value the bits hold, for
+// every one of the 65,536 (subnormals of both signs read as signed zeros, NaNs made quiet).
+TEST(Precision, Bf16OperandOfBitsIsTheOperandOfTheirValue) {
+  int flushed = 0, quieted = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const uint32_t got = std::bit_cast<uint32_t>(bf16_operand_of_bits(bits));
+    const uint32_t want = std::bit_cast<uint32_t>(bf16_operand(bf16_value(bits)));
+    ASSERT_EQ(got, want) << "bits 0x" << std::hex << h;
+    flushed += (h & 0x7f80u) == 0 && (h & 0x7fu) != 0;
+    quieted += got != h << 16 && (h & 0x7f80u) != 0;
+  }
+  EXPECT_EQ(flushed, 2 * 127);
+  EXPECT_EQ(quieted, 2 * 63);  // signalling NaNs: quiet bit clear, payload not zero
+}
+
 // The GELU backward of mixed precision's MLP reads its input as 16-bit bits and rounds dh in
 // the same pass: the bits of load_half, gelu_backward and round_to one after the other, for
 // lengths across its 512-value blocks and the pool's chunks, on one thread and two.

@@ -243,11 +243,11 @@ struct StoredOperand {
 };
 
 // A held as 16-bit bits (gemm_half_bits with an f32 B, a weight gradient's kept input), and
-// both A and B (mixed precision's MLP gradient): the bits of gemm_half on the f32
-// values, on every path (vdpbf16ps packs the bits, the others convert them first), each
-// operand transposed or not, bf16 and f16, with subnormals and, in one layout, signalling
-// NaNs among the bits, on the shapes above and wide ones whose row pairs cross many 12-row
-// slivers.
+// both A and B (mixed precision's MLP gradient): the bits of gemm_half on the f32 values, on
+// every path (vdpbf16ps packs the bits into pairs, the others into the values the f32
+// kernels multiply), each operand transposed or not, bf16 and f16, with subnormals and, in
+// one layout, signalling NaNs among the bits, on the shapes above and wide ones whose row
+// pairs cross many 12-row slivers.
 TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
   auto shapes = kShapes;
   shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});

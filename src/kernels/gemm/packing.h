@@ -28,64 +28,221 @@ struct Operand {
   bool trans;
 };
 
-// A full sliver of MR rows of an untransposed A, column by column: the MR values of one
-// column are read side by side and written together. Row by row, the writes fell MR values
-// apart; this order took packing A from 28% to 11% of a 2048 x 256 x 1024 NT product's time
-// (the input gradient of gpt-mini's fc), and from 5% to 2% of a square 2048 one.
-template <int MR, typename T>
-void pack_a_columns(const T* src, int64_t ld, int64_t kc, T* out) {
-  for (int64_t q = 0; q < kc; ++q, out += MR) {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) out[r] = src[r * ld + q];
-  }
-}
+// What an f32 or f64 sliver holds for a value of the operand: the value itself (AsIs), or
+// the value a 16-bit product multiplies (gemm_half on the f32 kernels), of an f32 or of
+// 16-bit bits (`widen`: the f32 the bits hold, exact; `value` of bits is `value` of that,
+// as when the bits were first widened into an f32 copy of the operand).
+struct AsIs {};
+struct AsBf16 {
+  static float value(float x) { return bf16_operand(x); }
+  static float widen(uint16_t h) { return bf16_value(h); }
+  static float value(uint16_t h) { return bf16_operand_of_bits(h); }  // = value(widen(h))
+};
+struct AsF16 {
+  static float value(float x) { return f16_operand(x); }
+  static float widen(uint16_t h) { return f16_value(h); }
+  static float value(uint16_t h) { return value(widen(h)); }
+};
 
-// out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr.
-template <typename T>
-void pack_a(const Operand<T>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
-  if (!a.trans && rows == mr) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
-    const T* src = a.p + i0 * a.ld + p0;
-    if (mr == 12) return pack_a_columns<12>(src, a.ld, kc, out);
-    if (mr == 6) return pack_a_columns<6>(src, a.ld, kc, out);
-    if (mr == 4) return pack_a_columns<4>(src, a.ld, kc, out);
-  }
-  if (!a.trans) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* src = a.p + (i0 + r) * a.ld + p0;
-      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = src[q];
-    }
+// An operand's element as it is first written into a sliver by the gathering packers: as
+// it is, or 16-bit bits widened (their value then follows in one pass, `convert`).
+template <typename Cvt, typename T, typename V>
+T raw(V x) {
+  if constexpr (std::is_same_v<T, V>) {
+    return x;
   } else {
-    for (int64_t q = 0; q < kc; ++q)
-      std::memcpy(out + q * mr, a.p + (p0 + q) * a.ld + i0, rows * sizeof(T));
+    return Cvt::widen(x);
   }
-  if (rows < mr)
-    for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
 }
 
-// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major, zero-padded.
-template <typename T>
-void pack_b(const Operand<T>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
-  for (int64_t s = 0; s * nr < cols; ++s) {
-    T* dst = out + s * kc * nr;
-    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
-    if (!b.trans) {
-      for (int64_t q = 0; q < kc; ++q) {
-        std::memcpy(dst + q * nr, b.p + (p0 + q) * b.ld + js, width * sizeof(T));
-        std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
+// dst[i] = what a sliver holds for src[i], i < N, for the packers that copy runs of a row.
+// Plain values are copied by a size the compiler knows, a few vector moves, where a size
+// known only at run time is a call into libc that for 24-64 bytes cost more than the copy
+// (a memmove call per sliver row was 17% of a square 2048 product on Zen 3); conversions in
+// a loop the compiler vectorizes.
+template <int N, typename Cvt, typename T, typename V>
+void load_values(T* dst, const V* src) {
+  if constexpr (std::is_same_v<Cvt, AsIs>) {
+    static_assert(std::is_same_v<T, V>);
+    std::memcpy(dst, src, N * sizeof(T));
+  } else {
+#pragma GCC unroll 4
+    for (int i = 0; i < N; ++i) dst[i] = Cvt::value(src[i]);
+  }
+}
+// The same for a count known at run time (a sliver's tail), then zeros up to `width`.
+template <typename Cvt, typename T, typename V>
+void load_values(T* dst, const V* src, int64_t count, int64_t width) {
+  if constexpr (std::is_same_v<Cvt, AsIs>) {
+    std::memcpy(dst, src, count * sizeof(T));
+  } else {
+    for (int64_t i = 0; i < count; ++i) dst[i] = Cvt::value(src[i]);
+  }
+  std::fill(dst + count, dst + width, T(0));
+}
+
+// `count` values of a sliver the gathering packers wrote converted in place: one pass over
+// the sliver just written, while it is in cache, in a loop the compiler vectorizes
+// (converting each value as it was gathered, at scattered places, held an fp16 gpt-mini step
+// at 783 ms on one core; this pass, 693 ms).
+template <typename Cvt, typename T>
+void convert(T* x, int64_t count) {
+  if constexpr (!std::is_same_v<Cvt, AsIs>)
+    for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
+}
+
+// f32 4 x 4 transposes (SSE, every x86-64 CPU): out[c * ldo + r] = src[r * lds + c] for r,
+// c < 4.
+inline void transpose4(const float* src, int64_t lds, float* out, int64_t ldo) {
+  __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
+         r3 = _mm_loadu_ps(src + 3 * lds);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(out, r0);
+  _mm_storeu_ps(out + ldo, r1);
+  _mm_storeu_ps(out + 2 * ldo, r2);
+  _mm_storeu_ps(out + 3 * ldo, r3);
+}
+
+// A full sliver of MR rows of an untransposed A, column by column: out[q * MR + r] =
+// raw(src[r * ld + q]). Row by row, the writes fell MR values apart; this order took packing
+// A from 28% to 11% of a 2048 x 256 x 1024 NT product's time (the input gradient of
+// gpt-mini's fc), and from 5% to 2% of a square 2048 one. f32 slivers go four columns at a
+// time through 4 x 4 transposes (rows 4 and 5 of AVX2's 6 as pairs).
+template <int MR, typename Cvt, typename T, typename V>
+void pack_a_columns(const V* src, int64_t ld, int64_t kc, T* out) {
+  int64_t q = 0;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float> && MR % 4 != 1 && MR % 4 != 3) {
+    for (; q + 4 <= kc; q += 4, out += 4 * MR) {
+#pragma GCC unroll 4
+      for (int r = 0; r + 4 <= MR; r += 4) transpose4(src + r * ld + q, ld, out + r, MR);
+      if constexpr (MR % 4 == 2) {
+        const float* s4 = src + (MR - 2) * ld + q;
+        const __m128 x = _mm_loadu_ps(s4), y = _mm_loadu_ps(s4 + ld);
+        const __m128 lo = _mm_unpacklo_ps(x, y), hi = _mm_unpackhi_ps(x, y);  // (x0 y0 x1 y1), (x2 y2 x3 y3)
+        _mm_storel_pi(reinterpret_cast<__m64*>(out + MR - 2), lo);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(out + 2 * MR - 2), lo);
+        _mm_storel_pi(reinterpret_cast<__m64*>(out + 3 * MR - 2), hi);
+        _mm_storeh_pi(reinterpret_cast<__m64*>(out + 4 * MR - 2), hi);
       }
-    } else {
-      // Transposing: 32 values of k at a time, so the slice of the sliver being written
-      // (32 rows of nr) stays in L1 while every source row is read.
-      for (int64_t q0 = 0; q0 < kc; q0 += 32) {
-        const int64_t depth = std::min<int64_t>(32, kc - q0);
-        for (int64_t j = 0; j < width; ++j) {
-          const T* src = b.p + (js + j) * b.ld + p0 + q0;
-          for (int64_t q = 0; q < depth; ++q) dst[(q0 + q) * nr + j] = src[q];
-        }
-      }
-      if (width < nr)
-        for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
     }
+  }
+  for (; q < kc; ++q, out += MR) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) out[r] = raw<Cvt, T>(src[r * ld + q]);
+  }
+}
+
+// out[q * mr + r] = op(A)(i0 + r, p0 + q) for r < rows, zero for rows <= r < mr, then
+// converted; A untransposed (a transposed A is packed a whole tile at a time,
+// pack_a_transposed).
+template <typename Cvt, typename T, typename V>
+void pack_a(const Operand<V>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
+  const V* src = a.p + i0 * a.ld + p0;
+  if (rows == mr && mr == 12) {  // every kernel's MR: AVX-512 12, AVX2 6, generic 4
+    pack_a_columns<12, Cvt>(src, a.ld, kc, out);
+  } else if (rows == mr && mr == 6) {
+    pack_a_columns<6, Cvt>(src, a.ld, kc, out);
+  } else if (rows == mr && mr == 4) {
+    pack_a_columns<4, Cvt>(src, a.ld, kc, out);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q = 0; q < kc; ++q) out[q * mr + r] = raw<Cvt, T>(src[r * a.ld + q]);
+    for (int64_t q = 0; q < kc; ++q) std::fill(out + q * mr + rows, out + (q + 1) * mr, T(0));
+  }
+  convert<Cvt>(out, mr * kc);
+}
+
+// One row of a transposed A (k value p, `rows` values of op(A) side by side) into every
+// full MR-row sliver of the tile (`stride` apart).
+template <int MR, typename Cvt, typename T, typename V>
+void pack_a_row(const V* src, int64_t full, T* out, int64_t stride) {
+  for (int64_t s = 0; s < full; ++s) load_values<MR, Cvt>(out + s * stride, src + s * MR);
+}
+
+// Every MR-row sliver of a tile of a transposed A (rows [i0, i0 + rows) of op(A), k [p0,
+// p0 + kc)), sliver s at out + s * stride, converted as it is copied, zero-padded: the weight
+// gradient's activations, stored (k, m). Row by row of A across the whole tile, so the reads
+// stream along each row; sliver by sliver, each read took MR values from rows thousands of
+// bytes apart.
+template <typename Cvt, typename T, typename V>
+void pack_a_transposed(const Operand<V>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out,
+                       int64_t stride) {
+  const int64_t full = rows / mr, tail = rows % mr;
+  for (int64_t q = 0; q < kc; ++q) {
+    const V* src = a.p + (p0 + q) * a.ld + i0;
+    T* dst = out + q * mr;
+    if (mr == 12) {
+      pack_a_row<12, Cvt>(src, full, dst, stride);
+    } else if (mr == 6) {
+      pack_a_row<6, Cvt>(src, full, dst, stride);
+    } else if (mr == 4) {
+      pack_a_row<4, Cvt>(src, full, dst, stride);
+    } else {
+      for (int64_t s = 0; s < full; ++s) load_values<Cvt>(dst + s * stride, src + s * mr, mr, mr);
+    }
+    if (tail) load_values<Cvt>(dst + full * stride, src + full * mr, tail, mr);
+  }
+}
+
+// One row of an untransposed B (k value q) into every full NR-column sliver (`sliver`
+// apart).
+template <int NR, typename Cvt, typename T, typename V>
+void pack_b_row(const V* src, int64_t full, T* out, int64_t sliver) {
+  for (int64_t s = 0; s < full; ++s) load_values<NR, Cvt>(out + s * sliver, src + s * NR);
+}
+
+// Columns [0, width) of a sliver of a transposed B, k [0, kc): dst[q * nr + j] =
+// raw(src[j * ld + q]), f32 by 4 x 4 transposes.
+template <typename Cvt, typename T, typename V>
+void pack_bt_columns(const V* src, int64_t ld, int64_t kc, int64_t width, int nr, T* dst) {
+  int64_t j = 0;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float>) {
+    for (; j + 4 <= width; j += 4) {
+      int64_t q = 0;
+      for (; q + 4 <= kc; q += 4) transpose4(src + j * ld + q, ld, dst + q * nr + j, nr);
+      for (; q < kc; ++q)
+        for (int64_t c = 0; c < 4; ++c) dst[q * nr + j + c] = src[(j + c) * ld + q];
+    }
+  }
+  for (; j < width; ++j)
+    for (int64_t q = 0; q < kc; ++q) dst[q * nr + j] = raw<Cvt, T>(src[j * ld + q]);
+}
+
+// NR-column slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols), each kc x nr, p-major,
+// zero-padded, each value converted (Cvt).
+template <typename Cvt, typename T, typename V>
+void pack_b(const Operand<V>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
+  const int64_t full = cols / nr, tail = cols % nr, sliver = kc * nr;
+  if (!b.trans) {
+    // Row by row of B across every sliver, converted as copied: each row's values are read
+    // once, in order (sliver by sliver, a square 2048 product read 64 bytes from each of 256
+    // rows 8 KiB apart).
+    for (int64_t q = 0; q < kc; ++q) {
+      const V* src = b.p + (p0 + q) * b.ld + j0;
+      T* dst = out + q * nr;
+      if (nr == 16) {
+        pack_b_row<16, Cvt>(src, full, dst, sliver);
+      } else if (nr == 32) {
+        pack_b_row<32, Cvt>(src, full, dst, sliver);
+      } else if (nr == 8) {
+        pack_b_row<8, Cvt>(src, full, dst, sliver);
+      } else {
+        for (int64_t s = 0; s < full; ++s) load_values<Cvt>(dst + s * sliver, src + s * nr, nr, nr);
+      }
+      if (tail) load_values<Cvt>(dst + full * sliver, src + full * nr, tail, nr);
+    }
+    return;
+  }
+  for (int64_t s = 0; s * nr < cols; ++s) {
+    T* dst = out + s * sliver;
+    const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
+    // Transposing: 32 values of k at a time, so the slice of the sliver being written
+    // (32 rows of nr) stays in L1 while every source row is read.
+    for (int64_t q0 = 0; q0 < kc; q0 += 32)
+      pack_bt_columns<Cvt>(b.p + js * b.ld + p0 + q0, b.ld, std::min<int64_t>(32, kc - q0), width, nr, dst + q0 * nr);
+    if (width < nr)
+      for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
+    convert<Cvt>(dst, sliver);
   }
 }
 
@@ -192,26 +349,6 @@ class FlushSubnormals {
   bool on_;
 };
 
-// What an f32 or f64 sliver holds for a value of the operand: the value itself, or the value
-// a 16-bit product multiplies (gemm_half on the f32 kernels).
-struct AsIs {};
-struct AsBf16 {
-  static float value(float x) { return bf16_operand(x); }
-};
-struct AsF16 {
-  static float value(float x) { return f16_operand(x); }
-};
-
-// `count` packed values converted in place: one pass over the sliver just written, while
-// it is in cache, in a loop the compiler vectorizes (converting each value as it was
-// packed, at scattered places, held an fp16 gpt-mini step at 783 ms on one core; this pass,
-// 693 ms).
-template <typename Cvt, typename T>
-void convert(T* x, int64_t count) {
-  if constexpr (!std::is_same_v<Cvt, AsIs>)
-    for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
-}
-
 // How a product's operands are packed: plain (f32, f64), converted to 16-bit values in f32
 // slivers (Cvt: AsBf16, AsF16), or as bf16 pairs; `flush` sets MXCSR's FTZ and DAZ while
 // the kernel runs.
@@ -220,14 +357,24 @@ struct PlainPacking {
   using P = T;
   static constexpr int kStep = 1;  // values of k per packed step
   bool flush = false;
-  static int64_t a_stride(int64_t depth, int mr) { return depth * mr; }  // slivers side by side
-  void a(const Operand<T>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out, int64_t) const {
-    for (int64_t r = 0; r < rows; r += mr) pack_a(x, i0 + r, std::min<int64_t>(mr, rows - r), p0, kc, mr, out + r * kc);
-    convert<Cvt>(out, round_up(rows, mr) * kc);
+  // Slivers one cache line further apart than their size: a transposed A is written a row
+  // across the whole tile at a time, and slivers 6 KiB apart (AVX2's 6 x 256) fell in two
+  // L1 sets.
+  static int64_t a_stride(int64_t depth, int mr) { return depth * mr + 64 / static_cast<int>(sizeof(T)); }
+  // V: the operand's elements, T or (16-bit products) bf16 or f16 bits.
+  template <typename V>
+  void a(const Operand<V>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out,
+         int64_t stride) const {
+    if (x.trans) {
+      pack_a_transposed<Cvt>(x, i0, rows, p0, kc, mr, out, stride);
+    } else {
+      for (int64_t r = 0; r < rows; r += mr)
+        pack_a<Cvt>(x, i0 + r, std::min<int64_t>(mr, rows - r), p0, kc, mr, out + (r / mr) * stride);
+    }
   }
-  void b(const Operand<T>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
-    pack_b(x, p0, kc, j0, cols, nr, out);
-    convert<Cvt>(out, (cols + nr - 1) / nr * kc * nr);
+  template <typename V>
+  void b(const Operand<V>& x, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) const {
+    pack_b<Cvt>(x, p0, kc, j0, cols, nr, out);
   }
 };
 struct PairPacking {
