@@ -111,7 +111,7 @@ inline void transpose4(const float* src, int64_t lds, float* out, int64_t ldo) {
 template <int MR, typename Cvt, typename T, typename V>
 void pack_a_columns(const V* src, int64_t ld, int64_t kc, T* out) {
   int64_t q = 0;
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float> && MR % 4 != 1 && MR % 4 != 3) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float> && MR % 2 == 0) {
     for (; q + 4 <= kc; q += 4, out += 4 * MR) {
 #pragma GCC unroll 4
       for (int r = 0; r + 4 <= MR; r += 4) transpose4(src + r * ld + q, ld, out + r, MR);
