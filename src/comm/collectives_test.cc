@@ -135,8 +135,10 @@ TEST(Collectives, CopyBytesEqualsMemmoveAtEveryPlacement) {
   const auto pattern = [&] {
     for (size_t i = 0; i < kArena; ++i) arena[i] = static_cast<unsigned char>(i * 131 + 7);
   };
-  for (size_t n : {0, 1, 2047, 2048, 2049, 2111, 4096, 5000}) {
-    for (long ahead : {0L, 1L, 15L, 16L, 48L, 63L, 64L, 100L, 4095L, 4097L, 4096L + 16, 4096L + 63, -16L, -1L, -4080L}) {
+  std::vector<long> aheads = {0L, 64L, 100L, 4095L, 4097L, 4096L + 16, 4096L + 63, -16L, -1L, -4080L};
+  for (long ahead = 1; ahead < 64; ++ahead) aheads.push_back(ahead);  // the vector loop, every store alignment
+  for (size_t n : {0, 1, 2047, 2048, 2049, 2111, 2175, 4096, 5000}) {
+    for (long ahead : aheads) {
       const size_t s = 8192;  // source offset in the arena; the destination `ahead` past it
       const size_t d = static_cast<size_t>(static_cast<long>(s) + ahead);
       pattern();
