@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/gemm/microkernel.h"
+#include "kernels/gemm/packing.h"
 #include "kernels/precision.h"
 #include "kernels/reference/reference.h"
 #include "loom/core/error.h"
@@ -507,6 +508,74 @@ TEST(GemmHalf, TheBackendsAgreeAndMxcsrIsRestored) {
   gemm_half(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, false, blas.data(), p.ldc);
   set_gemm_backend(GemmBackend::kLoom);
   for (size_t i = 0; i < loom.size(); ++i) EXPECT_NEAR(loom[i], blas[i], 1e-4f * std::max(1.0f, std::abs(loom[i])));
+}
+
+// The plain packers at every kernel's MR and NR (AVX-512's 12 x 32 among them, which a CPU
+// without AVX-512 never runs), for f32 and f64 values, f32 values and bf16 or f16 bits read
+// as 16-bit operands: each sliver holds what microkernel.h's layout says, zero-padded, for
+// both transposes, partial slivers and depths that are not a multiple of the transposes' 4.
+template <typename Cvt, typename T, typename V>
+void expect_plain_packing(int mr, int nr, int64_t rows, int64_t cols, int64_t kc, bool ta, bool tb, uint64_t seed) {
+  const int64_t lda = (ta ? rows : kc) + 3, ldb = (tb ? kc : cols) + 3;  // strided
+  const auto stored = [&](int64_t count, uint64_t s) {
+    const std::vector<float> values = random_matrix<float>(count, s);
+    std::vector<V> out(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if constexpr (std::is_same_v<V, uint16_t>) {
+        out[i] = std::is_same_v<Cvt, gemm_detail::AsF16> ? f16_bits(values[i]) : bf16_bits(values[i]);
+      } else {
+        out[i] = static_cast<V>(values[i]);
+      }
+    }
+    return out;
+  };
+  const std::vector<V> a = stored((ta ? kc : rows) * lda, seed), b = stored((tb ? cols : kc) * ldb, seed + 1);
+  const auto value = [](V x) -> T {
+    if constexpr (std::is_same_v<Cvt, gemm_detail::AsIs>) {
+      return x;
+    } else {
+      return Cvt::value(x);
+    }
+  };
+  const auto bits = [](T x) {
+    if constexpr (sizeof(T) == 4) {
+      return uint64_t{std::bit_cast<uint32_t>(x)};
+    } else {
+      return std::bit_cast<uint64_t>(x);
+    }
+  };
+  const gemm_detail::PlainPacking<Cvt, T> packing;
+  const int64_t stride = packing.a_stride(kc, mr), slivers = (rows + mr - 1) / mr, b_slivers = (cols + nr - 1) / nr;
+  std::vector<T> pa(stride * slivers, T(7)), pb(b_slivers * kc * nr, T(7));
+  packing.a(gemm_detail::Operand<V>{a.data(), lda, ta}, 0, rows, 0, kc, mr, pa.data(), stride);
+  packing.b(gemm_detail::Operand<V>{b.data(), ldb, tb}, 0, kc, 0, cols, nr, pb.data());
+  const std::string where = cat("mr=", mr, " nr=", nr, " rows=", rows, " cols=", cols, " kc=", kc, " ta=", ta,
+                                " tb=", tb, " value bytes=", sizeof(V), " slot bytes=", sizeof(T));
+  for (int64_t i = 0; i < slivers * mr; ++i)
+    for (int64_t q = 0; q < kc; ++q) {
+      const T want = i < rows ? value(ta ? a[q * lda + i] : a[i * lda + q]) : T(0);
+      ASSERT_EQ(bits(pa[(i / mr) * stride + q * mr + i % mr]), bits(want)) << "A row " << i << " k " << q << " " << where;
+    }
+  for (int64_t j = 0; j < b_slivers * nr; ++j)
+    for (int64_t q = 0; q < kc; ++q) {
+      const T want = j < cols ? value(tb ? b[j * ldb + q] : b[q * ldb + j]) : T(0);
+      ASSERT_EQ(bits(pb[(j / nr) * kc * nr + q * nr + j % nr]), bits(want)) << "B column " << j << " k " << q << " " << where;
+    }
+}
+
+TEST(Gemm, PlainPackersWriteTheLayoutAtEveryKernelShape) {
+  uint64_t seed = 900;
+  for (auto [mr, nr] : {std::pair{12, 32}, {6, 16}, {4, 16}, {4, 8}})
+    for (auto [rows, cols, kc] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 7, 3}, {12, 32, 4},
+                                   {13, 45, 9}, {37, 70, 33}})
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        expect_plain_packing<gemm_detail::AsIs, float, float>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
+        expect_plain_packing<gemm_detail::AsIs, double, double>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
+        expect_plain_packing<gemm_detail::AsBf16, float, float>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
+        expect_plain_packing<gemm_detail::AsBf16, float, uint16_t>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
+        expect_plain_packing<gemm_detail::AsF16, float, uint16_t>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
+      }
 }
 
 TEST(Gemm, UnsupportedPathIsRefusedByName) {
