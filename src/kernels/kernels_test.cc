@@ -248,6 +248,19 @@ TEST(Kernels, CrossEntropy) {
   EXPECT_EQ(lf, dlf);
 }
 
+// The rows' maxima the cross-entropy kernels shift by (16 running maxima, then folded) are
+// max_element's, wherever the largest value sits: each position of rows of every width
+// from 1 to 70 (both sides of the 16-lane blocks and their tails), all others below it.
+TEST(Kernels, CrossEntropyRowMaxIsTheLargestWhereverItSits) {
+  for (int64_t v = 1; v <= 70; ++v) {
+    std::vector<float> rows(v * v), mx(v);
+    for (int64_t i = 0; i < v; ++i)
+      for (int64_t j = 0; j < v; ++j) rows[i * v + j] = j == i ? 3.5f : -1.0f - 0.01f * static_cast<float>((j * 7) % 13);
+    cross_entropy_slice_max(mx.data(), rows.data(), v, v);
+    for (int64_t i = 0; i < v; ++i) ASSERT_EQ(mx[i], 3.5f) << "width " << v << ", largest at " << i;
+  }
+}
+
 // Vocab-parallel cross-entropy: three pieces of the columns (of unequal widths), combined as
 // the layer combines them (max, then the sums), give the whole row's loss and dlogits; the
 // fast slice kernels equal their reference twins.
