@@ -152,11 +152,30 @@ void pack_a(const Operand<V>& a, int64_t i0, int64_t rows, int64_t p0, int64_t k
   convert<Cvt>(out, mr * kc);
 }
 
-// One row of a transposed A (k value p, `rows` values of op(A) side by side) into every
-// full MR-row sliver of the tile (`stride` apart).
-template <int MR, typename Cvt, typename T, typename V>
-void pack_a_row(const V* src, int64_t full, T* out, int64_t stride) {
-  for (int64_t s = 0; s < full; ++s) load_values<MR, Cvt>(out + s * stride, src + s * MR);
+// Full slivers of one row: runs of W values from src into slivers `stride` apart.
+template <int W, typename Cvt, typename T, typename V>
+void pack_runs(const V* src, int64_t full, T* out, int64_t stride) {
+  for (int64_t s = 0; s < full; ++s) load_values<W, Cvt>(out + s * stride, src + s * W);
+}
+
+// One row of an operand (`count` values side by side: a row of an untransposed B, of a
+// transposed A) into slivers `width` wide and `stride` apart, converted as copied; the last
+// sliver's lanes past `count` are zeros. Every kernel's MR and NR copy with a size the
+// compiler knows.
+template <typename Cvt, typename T, typename V>
+void pack_row(const V* src, int64_t count, int width, T* out, int64_t stride) {
+  const int64_t full = count / width, tail = count % width;
+  switch (width) {
+    case 4: pack_runs<4, Cvt>(src, full, out, stride); break;
+    case 6: pack_runs<6, Cvt>(src, full, out, stride); break;
+    case 8: pack_runs<8, Cvt>(src, full, out, stride); break;
+    case 12: pack_runs<12, Cvt>(src, full, out, stride); break;
+    case 16: pack_runs<16, Cvt>(src, full, out, stride); break;
+    case 32: pack_runs<32, Cvt>(src, full, out, stride); break;
+    default:
+      for (int64_t s = 0; s < full; ++s) load_values<Cvt>(out + s * stride, src + s * width, width, width);
+  }
+  if (tail) load_values<Cvt>(out + full * stride, src + full * width, tail, width);
 }
 
 // Every MR-row sliver of a tile of a transposed A (rows [i0, i0 + rows) of op(A), k [p0,
@@ -167,28 +186,7 @@ void pack_a_row(const V* src, int64_t full, T* out, int64_t stride) {
 template <typename Cvt, typename T, typename V>
 void pack_a_transposed(const Operand<V>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out,
                        int64_t stride) {
-  const int64_t full = rows / mr, tail = rows % mr;
-  for (int64_t q = 0; q < kc; ++q) {
-    const V* src = a.p + (p0 + q) * a.ld + i0;
-    T* dst = out + q * mr;
-    if (mr == 12) {
-      pack_a_row<12, Cvt>(src, full, dst, stride);
-    } else if (mr == 6) {
-      pack_a_row<6, Cvt>(src, full, dst, stride);
-    } else if (mr == 4) {
-      pack_a_row<4, Cvt>(src, full, dst, stride);
-    } else {
-      for (int64_t s = 0; s < full; ++s) load_values<Cvt>(dst + s * stride, src + s * mr, mr, mr);
-    }
-    if (tail) load_values<Cvt>(dst + full * stride, src + full * mr, tail, mr);
-  }
-}
-
-// One row of an untransposed B (k value q) into every full NR-column sliver (`sliver`
-// apart).
-template <int NR, typename Cvt, typename T, typename V>
-void pack_b_row(const V* src, int64_t full, T* out, int64_t sliver) {
-  for (int64_t s = 0; s < full; ++s) load_values<NR, Cvt>(out + s * sliver, src + s * NR);
+  for (int64_t q = 0; q < kc; ++q) pack_row<Cvt>(a.p + (p0 + q) * a.ld + i0, rows, mr, out + q * mr, stride);
 }
 
 // Columns [0, width) of a sliver of a transposed B, k [0, kc): dst[q * nr + j] =
@@ -212,25 +210,12 @@ void pack_bt_columns(const V* src, int64_t ld, int64_t kc, int64_t width, int nr
 // zero-padded, each value converted (Cvt).
 template <typename Cvt, typename T, typename V>
 void pack_b(const Operand<V>& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols, int nr, T* out) {
-  const int64_t full = cols / nr, tail = cols % nr, sliver = kc * nr;
+  const int64_t sliver = kc * nr;
   if (!b.trans) {
     // Row by row of B across every sliver, converted as copied: each row's values are read
     // once, in order (sliver by sliver, a square 2048 product read 64 bytes from each of 256
     // rows 8 KiB apart).
-    for (int64_t q = 0; q < kc; ++q) {
-      const V* src = b.p + (p0 + q) * b.ld + j0;
-      T* dst = out + q * nr;
-      if (nr == 16) {
-        pack_b_row<16, Cvt>(src, full, dst, sliver);
-      } else if (nr == 32) {
-        pack_b_row<32, Cvt>(src, full, dst, sliver);
-      } else if (nr == 8) {
-        pack_b_row<8, Cvt>(src, full, dst, sliver);
-      } else {
-        for (int64_t s = 0; s < full; ++s) load_values<Cvt>(dst + s * sliver, src + s * nr, nr, nr);
-      }
-      if (tail) load_values<Cvt>(dst + full * sliver, src + full * nr, tail, nr);
-    }
+    for (int64_t q = 0; q < kc; ++q) pack_row<Cvt>(b.p + (p0 + q) * b.ld + j0, cols, nr, out + q * nr, sliver);
     return;
   }
   for (int64_t s = 0; s * nr < cols; ++s) {
