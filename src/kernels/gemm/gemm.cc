@@ -467,8 +467,8 @@ const float* f32_values(DType format, const uint16_t* x, int64_t rows, int64_t c
 // Loom's packers read the bits themselves (into pairs for vdpbf16ps, into the values a
 // 16-bit product multiplies for the f32 kernels); OpenBLAS's products get their f32 values
 // first, which gemm_half reads: the same bits. (Widening the bits into an f32 copy of each
-// operand first was 1.7% of a bf16 gpt-mini step on Zen 3, converting the packed copy
-// again 3.8%.)
+// operand first was 1.7% of a bf16 gpt-mini step on Zen 3, and rounding those exact values
+// again as they were packed cost what flushing and quieting the bits now costs, and more.)
 template <typename ValueB>
 void gemm_half_bits(DType format,
                     bool trans_a,
