@@ -7,18 +7,26 @@
 // on every x86-64 CPU with FMA (docs/numerics.md, "Threads").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 
 namespace loom::kernels {
 
 inline constexpr int kSumLanes = 16;
 
 namespace fixed_sum_detail {
-template <typename T>
-inline T fold(T (&acc)[kSumLanes]) {
+// The lanes combined pairwise (l + 8, then + 4, + 2, + 1) by `combine` (a sum by default).
+template <typename T, typename Combine = std::plus<T>>
+inline T fold(T (&acc)[kSumLanes], Combine combine = {}) {
   for (int w = kSumLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+    for (int l = 0; l < w; ++l) acc[l] = combine(acc[l], acc[l + w]);
   return acc[0];
+}
+// The larger of a and b as std::max_element picks (b only when a < b); vectorizes to max.
+template <typename T>
+inline T larger(T a, T b) {
+  return a < b ? b : a;
 }
 }  // namespace fixed_sum_detail
 
@@ -33,6 +41,24 @@ inline T fixed_sum(int64_t n, F&& f) {
   }
   for (int l = 0; j + l < n; ++l) acc[l] += f(j + l);
   return fixed_sum_detail::fold(acc);
+}
+
+// The largest of row[0 .. n), *std::max_element's value, in the same lanes and fold (lane l
+// takes elements j % 16 == l), which the compiler vectorizes where max_element, tracking an
+// index, stays scalar (78% of the cross-entropy's forward time on Zen 3 at vocab 4096). The
+// value is max_element's, NaNs aside, and but for the sign of a largest zero.
+template <typename T>
+inline T fixed_max(const T* row, int64_t n) {
+  if (n < kSumLanes) return *std::max_element(row, row + n);
+  T acc[kSumLanes];
+  for (int l = 0; l < kSumLanes; ++l) acc[l] = row[l];
+  int64_t j = kSumLanes;
+  for (; j + kSumLanes <= n; j += kSumLanes) {
+#pragma omp simd
+    for (int l = 0; l < kSumLanes; ++l) acc[l] = fixed_sum_detail::larger(acc[l], row[j + l]);
+  }
+  for (int l = 0; j + l < n; ++l) acc[l] = fixed_sum_detail::larger(acc[l], row[j + l]);
+  return fixed_sum_detail::fold(acc, fixed_sum_detail::larger<T>);
 }
 
 // Two sums at once: f(j, a, b) adds its terms to a and b (each a partial sum).
