@@ -36,24 +36,6 @@ struct Head {
   T* lse;
 };
 
-// The largest of x[0 .. n), NaNs skipped (-inf when all are), as a loop of std::max from
-// -inf finds it, but in 16 lanes, which vectorize (the loop did not: it was a third of the
-// attention's forward). Only the sign of a zero maximum may differ, and the softmax's
-// results do not: x - (+-0) and e^(+-0) = 1 are the same whichever zero it is.
-template <typename T>
-T row_max(const T* x, int64_t n) {
-  constexpr int kLanes = 16;
-  T lane[kLanes];
-  std::fill(lane, lane + kLanes, -std::numeric_limits<T>::infinity());
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int i = 0; i < kLanes; ++i) lane[i] = lane[i] < x[j + i] ? x[j + i] : lane[i];
-  T mx = -std::numeric_limits<T>::infinity();
-  for (; j < n; ++j) mx = std::max(mx, x[j]);
-  for (int i = 0; i < kLanes; ++i) mx = std::max(mx, lane[i]);
-  return mx;
-}
-
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
 // each row updated, y rescaled by e^(m_old - m_new) and P V added to it; y / l at the end,

@@ -7,10 +7,10 @@
 
 namespace loom::kernels {
 
-// Each row's maximum (the shift of its exponentials) is fixed_max's: vectorized, the same
-// bits on every CPU. Of a largest zero it may keep the other sign than max_element, which
-// changes no loss or gradient: fast_exp(+0) and fast_exp(-0) are both 1, and log(sum) + -0
-// is log(sum).
+// Each row's maximum (the shift of its exponentials) is row_max's (fixed_sum.h): vectorized,
+// the same bits on every CPU. Of a largest zero it may keep the other sign than
+// std::max_element, which changes no loss or gradient: fast_exp(+0) and fast_exp(-0) are
+// both 1, and log(sum) + -0 is log(sum).
 
 template <typename T>
 void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, int64_t n,
@@ -18,7 +18,7 @@ void cross_entropy_forward(T* losses, const T* logits, const int32_t* targets, i
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * v;
-    const T mx = fixed_max(row, v);
+    const T mx = row_max(row, v);
     const T sum = fixed_sum<T>(v, [&](int64_t j) { return fast_exp(row[j] - mx); });
     losses[i] = std::log(sum) + mx - row[targets[i]];
   }
@@ -31,7 +31,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * v;
     T* drow = dlogits + i * v;
-    const T mx = fixed_max(row, v);
+    const T mx = row_max(row, v);
     const T sum = fixed_sum<T>(v, [&](int64_t j) { return drow[j] = fast_exp(row[j] - mx); });
     T inv = dloss / sum;
     for (int64_t j = 0; j < v; ++j) drow[j] *= inv;
@@ -42,7 +42,7 @@ void cross_entropy_backward(T* dlogits, const T* logits, const int32_t* targets,
 template <typename T>
 void cross_entropy_slice_max(T* mx, const T* logits, int64_t n, int64_t v) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) mx[i] = fixed_max(logits + i * v, v);
+  for (int64_t i = 0; i < n; ++i) mx[i] = row_max(logits + i * v, v);
 }
 
 template <typename T>

@@ -9,24 +9,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
+#include <limits>
 
 namespace loom::kernels {
 
 inline constexpr int kSumLanes = 16;
 
 namespace fixed_sum_detail {
-// The lanes combined pairwise (l + 8, then + 4, + 2, + 1) by `combine` (a sum by default).
-template <typename T, typename Combine = std::plus<T>>
-inline T fold(T (&acc)[kSumLanes], Combine combine = {}) {
-  for (int w = kSumLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] = combine(acc[l], acc[l + w]);
-  return acc[0];
-}
-// The larger of a and b as std::max_element picks (b only when a < b); vectorizes to max.
 template <typename T>
-inline T larger(T a, T b) {
-  return a < b ? b : a;
+inline T fold(T (&acc)[kSumLanes]) {
+  for (int w = kSumLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
 }
 }  // namespace fixed_sum_detail
 
@@ -43,22 +37,25 @@ inline T fixed_sum(int64_t n, F&& f) {
   return fixed_sum_detail::fold(acc);
 }
 
-// The largest of row[0 .. n), *std::max_element's value, in the same lanes and fold (lane l
-// takes elements j % 16 == l), which the compiler vectorizes where max_element, tracking an
-// index, stays scalar (78% of the cross-entropy's forward time on Zen 3 at vocab 4096). The
-// value is max_element's, NaNs aside, and but for the sign of a largest zero.
+// The largest of x[0 .. n), NaNs skipped (-inf when all are), as a loop of std::max from
+// -inf finds it, but in 16 lanes, which vectorize (the loop did not: it was a third of the
+// attention's forward; std::max_element, tracking an index, was 78% of the cross-entropy's
+// forward on Zen 3 at vocab 4096). Only the sign of a zero maximum may differ, and the softmax's
+// results do not: x - (+-0) and e^(+-0) = 1 are the same whichever zero it is.
 template <typename T>
-inline T fixed_max(const T* row, int64_t n) {
-  if (n < kSumLanes) return *std::max_element(row, row + n);
-  T acc[kSumLanes];
-  for (int l = 0; l < kSumLanes; ++l) acc[l] = row[l];
-  int64_t j = kSumLanes;
-  for (; j + kSumLanes <= n; j += kSumLanes) {
+inline T row_max(const T* x, int64_t n) {
+  constexpr int kLanes = 16;
+  T lane[kLanes];
+  std::fill(lane, lane + kLanes, -std::numeric_limits<T>::infinity());
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
 #pragma omp simd
-    for (int l = 0; l < kSumLanes; ++l) acc[l] = fixed_sum_detail::larger(acc[l], row[j + l]);
+    for (int i = 0; i < kLanes; ++i) lane[i] = lane[i] < x[j + i] ? x[j + i] : lane[i];
   }
-  for (int l = 0; j + l < n; ++l) acc[l] = fixed_sum_detail::larger(acc[l], row[j + l]);
-  return fixed_sum_detail::fold(acc, fixed_sum_detail::larger<T>);
+  T mx = -std::numeric_limits<T>::infinity();
+  for (; j < n; ++j) mx = std::max(mx, x[j]);
+  for (int i = 0; i < kLanes; ++i) mx = std::max(mx, lane[i]);
+  return mx;
 }
 
 // Two sums at once: f(j, a, b) adds its terms to a and b (each a partial sum).
