@@ -248,7 +248,7 @@ TEST(Kernels, CrossEntropy) {
   EXPECT_EQ(lf, dlf);
 }
 
-// The rows' maxima the cross-entropy kernels shift by (16 running maxima, then folded) are
+// The rows' maxima the cross-entropy kernels shift by (row_max: 16 running maxima, then the tail) are
 // max_element's, wherever the largest value sits: each position of rows of every width
 // from 1 to 70 (both sides of the 16-lane blocks and their tails), all others below it.
 TEST(Kernels, CrossEntropyRowMaxIsTheLargestWhereverItSits) {
