@@ -5,6 +5,7 @@
 // the tolerance docs/parallelism.md states.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -395,6 +396,52 @@ TEST(ExactSum, AnyGroupingGivesTheSameBits) {
   double exact = 0;
   for (float v : x) exact += v;
   EXPECT_NEAR(a, exact, 1e-6 * std::fabs(exact) + 1e-12);
+}
+
+// exact_sum.cc computes on the values' bits; its results must be the definitions':
+// round(x * 2^64) through double and __int128 (nearest, ties to even) and, decoding, the
+// f32 nearest to the sum (static_cast<float> of the __int128, then 2^-64). Every exponent,
+// each with the mantissas where rounding decides (ties, one below and above), both signs;
+// sums past int64 and near ties of the decode's 24 bits.
+TEST(ExactSum, EncodeAndDecodeAreTheRoundingsTheyDefine) {
+  auto limbs_of = [](__int128 q) {
+    return std::vector<int64_t>{static_cast<int64_t>(q & 0xffffffff), static_cast<int64_t>((q >> 32) & 0xffffffff),
+                                static_cast<int64_t>(q >> 64)};
+  };
+  const uint32_t mantissas[] = {0, 1, 2, 3, 0x3fffff, 0x400000, 0x400001, 0x7ffffe, 0x7fffff, 0x155555, 0x2aaaab};
+  int checked = 0;
+  for (uint32_t biased = 0; biased < 127 + 31; ++biased) {
+    for (uint32_t mant : mantissas) {
+      for (uint32_t sign : {0u, 1u}) {
+        const float v = std::bit_cast<float>(sign << 31 | biased << 23 | mant);
+        const auto want = static_cast<__int128>(std::nearbyint(static_cast<double>(v) * 0x1p64));
+        std::vector<int64_t> acc(kLimbs, 0);
+        ASSERT_EQ(exact_accumulate(&v, acc.data(), 1), -1);
+        ASSERT_EQ(acc, limbs_of(want)) << std::hexfloat << v;
+        float out = 0;
+        exact_decode(acc.data(), &out, 1);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out), std::bit_cast<uint32_t>(std::ldexp(static_cast<float>(want), -64)))
+            << std::hexfloat << v;
+        ++checked;
+      }
+    }
+  }
+  // Sums: 2^k + 2^(k - 24) (a tie: to even), + 1 more (above it), + 2^(k - 23) (odd: up), for
+  // k up to 125, negated too; limbs left unnormalized as additions leave them.
+  for (int k = 24; k < 126; ++k) {
+    const __int128 base = static_cast<__int128>(1) << k, tie = static_cast<__int128>(1) << (k - 24);
+    for (__int128 q : {base + tie, base + tie + 1, base + 3 * tie, base + 2 * tie + tie - 1}) {
+      for (__int128 sq : {q, -q}) {
+        std::vector<int64_t> acc = limbs_of(sq);
+        acc[0] += int64_t{1} << 40, acc[1] -= int64_t{1} << 8;  // the same integer, other limbs
+        float out = 0;
+        exact_decode(acc.data(), &out, 1);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out), std::bit_cast<uint32_t>(std::ldexp(static_cast<float>(sq), -64))) << k;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 4000);
 }
 
 TEST(ExactSum, ValuesOutOfRangeAreNamedAndLeftOut) {
