@@ -50,37 +50,55 @@ Manifest parse_manifest(const std::string& path, std::string_view text) {
   auto fail = [&](const std::string& field, const std::string& what) {
     return InputError(cat(path, ": ", field, ": ", what));
   };
-  auto integer = [&](const json& o, const std::string& key, const std::string& field, int64_t lo, int64_t hi) {
-    if (!o.contains(key) || !o[key].is_number_integer() || o[key].get<int64_t>() < lo || o[key].get<int64_t>() > hi)
-      throw fail(field, cat("expected an integer in [", lo, ", ", hi, "]"));
-    return o[key].get<int64_t>();
+  // o[key] when it is an integer in [lo, hi]; else an error naming field(), made only then.
+  auto integer = [&](const json& o, const char* key, const auto& field, int64_t lo, int64_t hi) {
+    const auto it = o.find(key);
+    if (it == o.end() || !it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > hi)
+      throw fail(field(), cat("expected an integer in [", lo, ", ", hi, "]"));
+    return it->get<int64_t>();
   };
+  // Shard paths resolve against the manifest's directory: `dir / location` as a string.
   const fs::path dir = fs::path(path).parent_path();
+  const std::string dir_prefix = dir.empty() ? std::string() : (dir / "").string();
+  // The string at `key` of shard object `s`; null when it is absent or not a string.
+  auto text_at = [](const json& s, const char* key) -> const std::string* {
+    const auto it = s.find(key);
+    return it != s.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+  };
   // Each shard is checked and kept as it is parsed, and dropped from the document: a
-  // manifest of millions of shards costs their ShardInfo, not a JSON tree of them.
+  // manifest of millions of shards costs their ShardInfo, not a JSON tree of them. A field's
+  // name ("shards[7].tokens") is only made for an error: making it for every field was most
+  // of the time a manifest of 10^6 shards took to read.
   auto shard = [&](const json& s) {
-    const std::string field = cat("shards[", m.shards.size(), "]");
-    if (static_cast<int64_t>(m.shards.size()) >= kMaxShards) throw fail("shards", cat("expected at most ", kMaxShards, " shards"));
-    if (!s.is_object()) throw fail(field, "expected an object {path or url, tokens, dtype, sha256}");
+    const size_t i = m.shards.size();
+    auto field = [&](const char* name = "") { return cat("shards[", i, "]", *name ? "." : "", name); };
+    if (static_cast<int64_t>(i) >= kMaxShards) throw fail("shards", cat("expected at most ", kMaxShards, " shards"));
+    if (!s.is_object()) throw fail(field(), "expected an object {path or url, tokens, dtype, sha256}");
     ShardInfo info;
-    if (s.contains("url") == s.contains("path")) throw fail(field, "expected one of \"path\" and \"url\"");
-    const std::string key = s.contains("url") ? "url" : "path";
-    if (!s[key].is_string() || s[key].get<std::string>().empty()) throw fail(cat(field, ".", key), "expected a string");
-    info.location = s[key].get<std::string>();
-    if (key == "url" && !is_url(info.location)) throw fail(cat(field, ".url"), "expected an http:// or https:// URL");
-    if (key == "path") info.path = (fs::path(info.location).is_absolute() ? fs::path(info.location) : dir / info.location).string();
-    info.tokens = integer(s, "tokens", cat(field, ".tokens"), 0, kMaxShardTokens);
-    const std::string dtype = s.contains("dtype") && s["dtype"].is_string() ? s["dtype"].get<std::string>() : "";
-    if (dtype != "uint16" && dtype != "uint32") throw fail(cat(field, ".dtype"), "expected \"uint16\" or \"uint32\"");
-    info.dtype_bytes = dtype == "uint16" ? 2 : 4;
-    info.sha256 = s.contains("sha256") && s["sha256"].is_string() ? s["sha256"].get<std::string>() : "";
-    if (!is_hex64(info.sha256)) throw fail(cat(field, ".sha256"), "expected 64 lowercase hex digits");
+    const bool has_url = s.contains("url");
+    if (has_url == s.contains("path")) throw fail(field(), "expected one of \"path\" and \"url\"");
+    const char* key = has_url ? "url" : "path";
+    const std::string* location = text_at(s, key);
+    if (location == nullptr || location->empty()) throw fail(field(key), "expected a string");
+    info.location = *location;
+    if (has_url && !is_url(info.location)) throw fail(field("url"), "expected an http:// or https:// URL");
+    if (!has_url) info.path = info.location.starts_with('/') ? info.location : dir_prefix + info.location;
+    info.tokens = integer(s, "tokens", [&] { return field("tokens"); }, 0, kMaxShardTokens);
+    const std::string* dtype = text_at(s, "dtype");
+    if (dtype == nullptr || (*dtype != "uint16" && *dtype != "uint32"))
+      throw fail(field("dtype"), "expected \"uint16\" or \"uint32\"");
+    info.dtype_bytes = *dtype == "uint16" ? 2 : 4;
+    const std::string* sha = text_at(s, "sha256");
+    if (sha == nullptr || !is_hex64(*sha)) throw fail(field("sha256"), "expected 64 lowercase hex digits");
+    info.sha256 = *sha;
     if (s.contains("documents") != s.contains("index_sha256"))
-      throw fail(field, "expected both of \"documents\" and \"index_sha256\" (its document index) or neither");
+      throw fail(field(), "expected both of \"documents\" and \"index_sha256\" (its document index) or neither");
     if (s.contains("documents")) {
-      info.documents = integer(s, "documents", cat(field, ".documents"), info.tokens > 0 ? 1 : 0, info.tokens);
-      info.index_sha256 = s["index_sha256"].is_string() ? s["index_sha256"].get<std::string>() : "";
-      if (!is_hex64(info.index_sha256)) throw fail(cat(field, ".index_sha256"), "expected 64 lowercase hex digits");
+      info.documents = integer(s, "documents", [&] { return field("documents"); }, info.tokens > 0 ? 1 : 0, info.tokens);
+      const std::string* index_sha = text_at(s, "index_sha256");
+      if (index_sha == nullptr || !is_hex64(*index_sha))
+        throw fail(field("index_sha256"), "expected 64 lowercase hex digits");
+      info.index_sha256 = *index_sha;
     }
     m.tokens += info.tokens;
     m.shards.push_back(std::move(info));
@@ -112,8 +130,8 @@ Manifest parse_manifest(const std::string& path, std::string_view text) {
   if (string_or_empty(j, "format") != "loom-dataset")
     throw fail("format", "expected \"loom-dataset\" (a manifest written by loom data prepare, docs/data.md)");
   if (!j.contains("version") || j["version"] != 1) throw fail("version", "expected 1");
-  if (j.contains("vocab_size")) m.vocab_size = integer(j, "vocab_size", "vocab_size", 1, int64_t{1} << 32);
-  if (j.contains("end_of_text")) m.end_of_text = static_cast<int32_t>(integer(j, "end_of_text", "end_of_text", 0, INT32_MAX));
+  if (j.contains("vocab_size")) m.vocab_size = integer(j, "vocab_size", [] { return std::string("vocab_size"); }, 1, int64_t{1} << 32);
+  if (j.contains("end_of_text")) m.end_of_text = static_cast<int32_t>(integer(j, "end_of_text", [] { return std::string("end_of_text"); }, 0, INT32_MAX));
   if (j.contains("tokenizer")) {
     if (!j["tokenizer"].is_string()) throw fail("tokenizer", "expected a string");
     m.tokenizer = j["tokenizer"].get<std::string>();
