@@ -91,11 +91,19 @@ void convert(T* x, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
 }
 
+// Four values of a row as f32: f32 loaded, bf16 bits widened (a bf16 is the upper half of
+// its f32: each 16-bit value moved up into a 32-bit lane over zeros).
+inline __m128 load4(const float* p) { return _mm_loadu_ps(p); }
+inline __m128 load4(const uint16_t* p) {
+  const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+}
+
 // f32 4 x 4 transposes (SSE, every x86-64 CPU): out[c * ldo + r] = src[r * lds + c] for r,
-// c < 4.
-inline void transpose4(const float* src, int64_t lds, float* out, int64_t ldo) {
-  __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
-         r3 = _mm_loadu_ps(src + 3 * lds);
+// c < 4, of f32 values or of bf16 bits widened.
+template <typename V>
+void transpose4(const V* src, int64_t lds, float* out, int64_t ldo) {
+  __m128 r0 = load4(src), r1 = load4(src + lds), r2 = load4(src + 2 * lds), r3 = load4(src + 3 * lds);
   _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
   _mm_storeu_ps(out, r0);
   _mm_storeu_ps(out + ldo, r1);
@@ -107,17 +115,19 @@ inline void transpose4(const float* src, int64_t lds, float* out, int64_t ldo) {
 // raw(src[r * ld + q]). Row by row, the writes fell MR values apart; this order took packing
 // A from 28% to 11% of a 2048 x 256 x 1024 NT product's time (the input gradient of
 // gpt-mini's fc), and from 5% to 2% of a square 2048 one. f32 slivers go four columns at a
-// time through 4 x 4 transposes (rows 4 and 5 of AVX2's 6 as pairs).
+// time through 4 x 4 transposes (rows 4 and 5 of AVX2's 6 as pairs), of f32 values or of
+// bf16 bits widened on the way (one at a time, these were a bf16 step's largest packer).
 template <int MR, typename Cvt, typename T, typename V>
 void pack_a_columns(const V* src, int64_t ld, int64_t kc, T* out) {
   int64_t q = 0;
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<V, float> && MR % 2 == 0) {
+  constexpr bool kWidenedBf16 = std::is_same_v<V, uint16_t> && std::is_same_v<Cvt, AsBf16>;
+  if constexpr (std::is_same_v<T, float> && (std::is_same_v<V, float> || kWidenedBf16) && MR % 2 == 0) {
     for (; q + 4 <= kc; q += 4, out += 4 * MR) {
 #pragma GCC unroll 4
       for (int r = 0; r + 4 <= MR; r += 4) transpose4(src + r * ld + q, ld, out + r, MR);
       if constexpr (MR % 4 == 2) {
-        const float* s4 = src + (MR - 2) * ld + q;
-        const __m128 x = _mm_loadu_ps(s4), y = _mm_loadu_ps(s4 + ld);
+        const V* s4 = src + (MR - 2) * ld + q;
+        const __m128 x = load4(s4), y = load4(s4 + ld);
         const __m128 lo = _mm_unpacklo_ps(x, y), hi = _mm_unpackhi_ps(x, y);  // (x0 y0 x1 y1), (x2 y2 x3 y3)
         _mm_storel_pi(reinterpret_cast<__m64*>(out + MR - 2), lo);
         _mm_storeh_pi(reinterpret_cast<__m64*>(out + 2 * MR - 2), lo);
