@@ -1,7 +1,6 @@
 // `loom bench gemm`: Loom's GEMM beside OpenBLAS on the shapes of a GPT step, and the fused
 // elementwise kernels against their two-pass forms. Benchmarks, never timed tests; figures
 // go to docs/perf.md.
-#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/openblas.h"
 #include "kernels/gemm/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -132,7 +132,7 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::vector<GemmMo
     for (const GemmShape& s : gpt_gemm_shapes(m)) shapes.push_back(s);
   const kernels::GemmPath path = kernels::gemm_active_path();
   std::printf("# loom bench gemm: Loom's GEMM (%s micro-kernel) beside OpenBLAS (%s), best of 5 runs; GFLOP/s\n",
-              kernels::gemm_path_name(path), openblas_get_corename());
+              kernels::gemm_path_name(path), openblas().corename());
   for (int64_t t : threads) {
     const int th = static_cast<int>(t);
     set_compute_threads(th);

@@ -3,7 +3,6 @@
 // arithmetic, microkernel.h for the micro-kernel contract.
 #include "kernels/gemm/gemm.h"
 
-#include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -16,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/openblas.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
 #include "kernels/gemm/skinny.h"
@@ -601,12 +601,12 @@ namespace {
 // The OpenBLAS backend (job.gemm = "openblas"): C = [C +] op(A) op(B), beta 1 or 0.
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+  openblas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
               1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
 }
 void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
                const double* b, int64_t ldb, bool accumulate, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+  openblas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
               1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0, c, ldc);
 }
 
