@@ -28,18 +28,14 @@ float to_float(__int128 q) {
   const bool negative = q < 0;
   const unsigned __int128 u = negative ? -static_cast<unsigned __int128>(q) : static_cast<unsigned __int128>(q);
   const auto hi = static_cast<uint64_t>(u >> 64), lo = static_cast<uint64_t>(u);
-  const int top = hi != 0 ? 127 - std::countl_zero(hi) : 63 - std::countl_zero(lo);  // highest set bit
-  uint64_t m = 0;  // u rounded to 24 significant bits: m * 2^(top - 23)
-  int exp = top - 23;
-  if (exp <= 0) {
-    m = static_cast<uint64_t>(u) << -exp;
-  } else {
-    m = static_cast<uint64_t>(u >> exp);
-    const unsigned __int128 rest = u & ((static_cast<unsigned __int128>(1) << exp) - 1);
-    const unsigned __int128 half = static_cast<unsigned __int128>(1) << (exp - 1);
-    if (rest > half || (rest == half && (m & 1))) ++m;  // may carry to 2^24: still exact
-  }
-  // m * 2^(exp - 64): m is exact in f32, and so is the power of two (exp - 64 in [-87, 40]).
+  // Past int64, u >= 2^63: its highest set bit is 63-127, so 40-104 bits go.
+  const int top = hi != 0 ? 127 - std::countl_zero(hi) : 63 - std::countl_zero(lo);
+  const int exp = top - 23;
+  uint64_t m = static_cast<uint64_t>(u >> exp);  // u rounded to 24 significant bits: m * 2^exp
+  const unsigned __int128 rest = u & ((static_cast<unsigned __int128>(1) << exp) - 1);
+  const unsigned __int128 half = static_cast<unsigned __int128>(1) << (exp - 1);
+  if (rest > half || (rest == half && (m & 1))) ++m;  // may carry to 2^24: still exact
+  // m * 2^(exp - 64): m is exact in f32, and so is the power of two (exp - 64 in [-24, 40]).
   const float scale = std::bit_cast<float>(static_cast<uint32_t>(exp - 64 + 127) << 23);
   const float v = static_cast<float>(m) * scale;
   return negative ? -v : v;
