@@ -9,32 +9,77 @@
 
 namespace loom::parallel {
 
+namespace {
+
+// Validation's figures, a batch at a time: examples [b * batch, (b + 1) * batch) of the
+// first n make batch b, and sums[2b], sums[2b + 1] hold its loss times its examples and its
+// correct count (-1: not a classifier). A replica fills the batches it evaluated and leaves
+// zeros elsewhere, so a sum over replicas is exact (x + 0 is x) and `figures` then adds the
+// batches in order, as one rank evaluating them all would: the same bits in every layout.
+struct BatchSums {
+  int64_t n = 0, batch = 1;
+  std::vector<double> sums;
+  BatchSums(int64_t examples, int64_t batch_size)
+      : n(examples), batch(std::max<int64_t>(batch_size, 1)),
+        sums(static_cast<size_t>(2 * ((examples + batch - 1) / batch))) {}
+  int64_t batches() const { return static_cast<int64_t>(sums.size() / 2); }
+  std::vector<int64_t> items(int64_t b) const {
+    std::vector<int64_t> out;
+    for (int64_t i = b * batch; i < std::min(n, (b + 1) * batch); ++i) out.push_back(i);
+    return out;
+  }
+  void set(int64_t b, double loss, int64_t correct) {
+    sums[2 * b] = loss * static_cast<double>(items(b).size());
+    sums[2 * b + 1] = static_cast<double>(correct);
+  }
+  EvalResult figures(int64_t tokens_per_example) const {
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (int64_t b = 0; b < batches(); ++b) {
+      loss_sum += sums[2 * b];
+      correct += std::max<int64_t>(static_cast<int64_t>(sums[2 * b + 1]), 0);
+    }
+    EvalResult r;
+    r.items = n * tokens_per_example;
+    r.loss = n == 0 ? 0.0 : loss_sum / static_cast<double>(n);
+    if (batches() > 0 && sums.back() >= 0) r.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    return r;
+  }
+};
+
+// The batches replica `replica` of `replicas` evaluates: b = replica, replica + replicas,
+// ... Every replica runs as many forwards (a ZeRO 3 replica gathers its blocks with the
+// others in each one): where it has no batch left, it repeats its last (or batch 0) and
+// keeps nothing. f(b, keep) runs batch b's forward.
+template <typename F>
+void for_replica_batches(int64_t batches, int replica, int replicas, F&& f) {
+  const int64_t rounds = (batches + replicas - 1) / replicas;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t b = round * replicas + replica;
+    if (b < batches) {
+      f(b, true);
+    } else {
+      f(std::max<int64_t>(b - replicas, 0), false);
+    }
+  }
+}
+
+}  // namespace
+
 EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t max_items, int64_t batch,
                     nn::ModelCtx* ctx) {
-  const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
   std::unique_ptr<nn::ModelCtx> own;
   if (ctx == nullptr) {
     own = model.make_ctx();
     ctx = own.get();
   }
-  double loss_sum = 0;
-  int64_t correct = 0;
-  bool classifies = false;
-  std::vector<int64_t> items;
-  for (int64_t start = 0; start < n; start += batch) {
-    items.clear();
-    for (int64_t i = start; i < std::min(n, start + batch); ++i) items.push_back(i);
-    const data::Batch b = val.batch(items);
-    const nn::EvalSums s = model.evaluate(b.inputs, b.targets, *ctx);
-    loss_sum += s.loss * static_cast<double>(items.size());
-    classifies = s.correct >= 0;
-    correct += std::max<int64_t>(s.correct, 0);
+  BatchSums sums(max_items > 0 ? std::min(max_items, val.size()) : val.size(), batch);
+  for (int64_t b = 0; b < sums.batches(); ++b) {
+    const data::Batch x = val.batch(sums.items(b));
+    const nn::EvalSums s = model.evaluate(x.inputs, x.targets, *ctx);
+    sums.set(b, s.loss, s.correct);
   }
-  EvalResult r;
-  r.items = n * val.tokens_per_example();
-  r.loss = n == 0 ? 0.0 : loss_sum / static_cast<double>(n);
-  if (classifies) r.accuracy = static_cast<double>(correct) / static_cast<double>(n);
-  return r;
+  return sums.figures(val.tokens_per_example());
 }
 
 namespace {
@@ -93,7 +138,6 @@ class MeshStep final : public Parallelized {
 
   std::vector<double> micro_steps(const MicroBatches& batch, double scale);
   void finish(StepResult& r, int64_t step, double lr);
-  EvalResult evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch);
 };
 
 std::vector<double> MeshStep::micro_steps(const MicroBatches& batch, double scale) {
@@ -160,39 +204,34 @@ void MeshStep::finish(StepResult& r, int64_t step, double lr) {
   if (mesh.tp > 1) r.tp = mesh.seam->take_stats();
 }
 
-// Forward only through the stages, a batch at a time; the last stage's sum to every stage.
-EvalResult MeshStep::evaluate_stages(const data::Examples& val, int64_t max_items, int64_t batch) {
-  const int64_t n = max_items > 0 ? std::min(max_items, val.size()) : val.size();
-  double sum = 0;
-  std::vector<int64_t> items;
-  for (int64_t start = 0; start < n; start += batch) {
-    items.clear();
-    for (int64_t i = start; i < std::min(n, start + batch); ++i) items.push_back(i);
-    const data::Batch b = val.batch(items);
-    sum += pipe->forward_only(b.inputs, b.targets, config.t) * static_cast<double>(items.size());
-  }
-  comm::broadcast(*mesh.pipe, {.buffer = &sum, .count = 1, .dtype = DType::kF64, .root = mesh.pp - 1});
-  EvalResult r;
-  r.items = n * val.tokens_per_example();
-  r.loss = n == 0 ? 0.0 : sum / static_cast<double>(n);
-  return r;
-}
-
-// Every rank evaluates its own part of the model in its own layout: pipeline stages in turn,
-// tensor-parallel pieces with the vocabulary-parallel loss, ZeRO 3 gathering a block at a
-// time through the block hook; rank 0's figures go to every rank.
+// Validation split across the replicas: replica d evaluates batches d, d + dp, ... (each
+// replica's ranks together: its pipeline stages in turn, its tensor-parallel pieces with the
+// vocabulary-parallel loss, ZeRO 3 gathering a block at a time through the block hook), the
+// rank that reports its replica's figures (the last stage's first piece) keeps them, and one
+// sum over the world gives every rank every batch's figures (BatchSums: the bits of one rank
+// evaluating all of them). Before, every replica evaluated every batch: dp times the work.
 EvalResult MeshStep::evaluate(const data::Examples& val, int64_t max_items, int64_t batch) {
   MeshStep& m = *this;
   // The steps' own context (its arena keeps a micro-batch's memory); a teacher's targets
   // there are dropped, so that validation is the plain cross-entropy.
   if (!m.piped) m.model.loss_ctx(*m.ctx).distill = {};
-  const EvalResult r = m.piped ? m.evaluate_stages(val, max_items, batch)
-                               : parallel::evaluate(m.model, val, max_items, batch, m.ctx.get());
+  BatchSums sums(max_items > 0 ? std::min(max_items, val.size()) : val.size(), batch);
+  const bool reports = m.mesh.last() && m.mesh.tp_index == 0;
+  for_replica_batches(sums.batches(), m.mesh.dp_index, m.mesh.dp_size, [&](int64_t b, bool keep) {
+    const data::Batch x = val.batch(sums.items(b));
+    nn::EvalSums s;
+    if (m.piped) {
+      s.loss = m.pipe->forward_only(x.inputs, x.targets, m.config.t);
+    } else {
+      s = m.model.evaluate(x.inputs, x.targets, *m.ctx);
+    }
+    if (keep && reports) sums.set(b, s.loss, s.correct);
+  });
   m.dp.release_gathered();
   if (m.mesh.tp > 1) m.mesh.seam->take_stats();  // the step's figures count the step's collectives only
-  double figures[3] = {r.loss, r.accuracy, static_cast<double>(r.items)};
-  comm::broadcast(m.world, {.buffer = figures, .count = 3, .dtype = DType::kF64, .root = 0});
-  return {.loss = figures[0], .accuracy = figures[1], .items = static_cast<int64_t>(figures[2])};
+  if (!sums.sums.empty())
+    comm::all_reduce(m.world, {.output = sums.sums.data(), .count = sums.sums.size(), .dtype = DType::kF64});
+  return sums.figures(val.tokens_per_example());
 }
 
 void MeshStep::load_optimizer(checkpoint::Checkpoint& ck) {
