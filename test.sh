@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test suite: installs what is missing, builds (Release, assertions on), runs
-# every ctest test (unit, parity, CLI; 15.4 minutes on 2 cores of an AVX2-only Zen 3, 8.5
-# of them the main job trained whole, beside the tests that mostly wait). Arguments go to
+# every ctest test (unit, parity, CLI; 11.4-15.4 minutes on 2 cores of an AVX2-only Zen 3,
+# by how busy its host is, 6-8.5 of them the main job trained whole, beside the tests that
+# mostly wait). Arguments go to
 # ctest, e.g. ./test.sh -L unit, or ./test.sh --preset asan to use a sanitizer build.
 # --machine MEM:CORES runs the suite as on a machine of that size, whatever this one is:
 # every loom process takes MEM as the memory it has free (LOOM_HOST_MEMORY, e.g. 24G) and

@@ -5,7 +5,7 @@
 # seeds; at least 70% of the sampled words (whitespace-separated pieces holding a letter)
 # must be words of the training text (tools/word_share.sh). Everything goes to a scratch
 # directory; the repository's data/ and runs/ are not touched. About 2.5 minutes on 2 cores of
-# a Zen 5 (bf16 products in hardware), 8-8.5 on an AVX2-only Zen 3.
+# a Zen 5 (bf16 products in hardware), 6-8.5 on an AVX2-only Zen 3.
 # Exit 77 (ctest: skipped) without Debian's fortunes.
 # Usage: main_job_words_test.sh LOOM SOURCE_DIR
 set -uo pipefail
