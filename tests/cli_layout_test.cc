@@ -23,8 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST_F(Cli, DeterministicDataParallelEqualsOneProcess) {
-  // Validation of 3 batches: the replicas split them (2 and 1; under ZeRO 3 the second
-  // replica runs a third forward, kept by no one, for the first's gathers).
+  // Validation of 3 batches: the replicas split them (2 and 1; the second replica runs its
+  // batch twice and keeps one, so that under ZeRO 3 it joins the first's gathers).
   const std::string det = " --quiet --parallel.deterministic=true --checkpoint.every=0 --training.eval_steps=3";
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), det, " --job.name=one")).code, 0);
   Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom train ", p("nano.toml"), det,
