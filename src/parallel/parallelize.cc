@@ -19,17 +19,19 @@ namespace {
 struct BatchSums {
   int64_t n = 0, batch = 1;
   std::vector<double> sums;
-  BatchSums(int64_t examples, int64_t batch_size)
-      : n(examples), batch(std::max<int64_t>(batch_size, 1)),
-        sums(static_cast<size_t>(2 * ((examples + batch - 1) / batch))) {}
+  // Examples [0, max_items) of `val` (0: all), `batch_size` at a time.
+  BatchSums(const data::Examples& val, int64_t max_items, int64_t batch_size)
+      : n(max_items > 0 ? std::min(max_items, val.size()) : val.size()), batch(std::max<int64_t>(batch_size, 1)),
+        sums(static_cast<size_t>(2 * ((n + batch - 1) / batch))) {}
   int64_t batches() const { return static_cast<int64_t>(sums.size() / 2); }
+  int64_t end(int64_t b) const { return std::min(n, (b + 1) * batch); }
   std::vector<int64_t> items(int64_t b) const {
     std::vector<int64_t> out;
-    for (int64_t i = b * batch; i < std::min(n, (b + 1) * batch); ++i) out.push_back(i);
+    for (int64_t i = b * batch; i < end(b); ++i) out.push_back(i);
     return out;
   }
   void set(int64_t b, double loss, int64_t correct) {
-    sums[2 * b] = loss * static_cast<double>(items(b).size());
+    sums[2 * b] = loss * static_cast<double>(end(b) - b * batch);
     sums[2 * b + 1] = static_cast<double>(correct);
   }
   EvalResult figures(int64_t tokens_per_example) const {
@@ -73,7 +75,7 @@ EvalResult evaluate(const nn::Model& model, const data::Examples& val, int64_t m
     own = model.make_ctx();
     ctx = own.get();
   }
-  BatchSums sums(max_items > 0 ? std::min(max_items, val.size()) : val.size(), batch);
+  BatchSums sums(val, max_items, batch);
   for (int64_t b = 0; b < sums.batches(); ++b) {
     const data::Batch x = val.batch(sums.items(b));
     const nn::EvalSums s = model.evaluate(x.inputs, x.targets, *ctx);
@@ -215,7 +217,7 @@ EvalResult MeshStep::evaluate(const data::Examples& val, int64_t max_items, int6
   // The steps' own context (its arena keeps a micro-batch's memory); a teacher's targets
   // there are dropped, so that validation is the plain cross-entropy.
   if (!m.piped) m.model.loss_ctx(*m.ctx).distill = {};
-  BatchSums sums(max_items > 0 ? std::min(max_items, val.size()) : val.size(), batch);
+  BatchSums sums(val, max_items, batch);
   const bool reports = m.mesh.last() && m.mesh.tp_index == 0;
   for_replica_batches(sums.batches(), m.mesh.dp_index, m.mesh.dp_size, [&](int64_t b, bool keep) {
     const data::Batch x = val.batch(sums.items(b));
