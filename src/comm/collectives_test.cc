@@ -151,6 +151,35 @@ TEST(Collectives, CopyBytesEqualsMemmoveAtEveryPlacement) {
   copy_bytes(nullptr, nullptr, 0);  // empty ops pass null buffers
 }
 
+// tee_copy, behind all_gather's own part (slot and output in one pass): both destinations
+// get exactly the source's bytes and nothing around them, for every store kind, at lengths
+// around its 64-byte steps and at alignments where the second destination can and cannot
+// stream.
+TEST(Collectives, TeeCopyFillsBothDestinationsExactly) {
+  std::vector<unsigned char> src(4096 + 128), a(4096 + 256), b(4096 + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  const auto expect = [&](const std::vector<unsigned char>& dst, size_t at, size_t sa, size_t n, const char* which) {
+    for (size_t i = 0; i < dst.size(); ++i) {
+      bool inside = i >= at && i < at + n;
+      ASSERT_EQ(dst[i], inside ? src[sa + i - at] : 0xEE) << which << " byte " << i << " n " << n;
+    }
+  };
+  for (size_t n : {0, 1, 15, 63, 64, 65, 127, 128, 129, 1000, 4095, 4096}) {
+    for (size_t da : {0, 5, 16, 33, 63}) {
+      for (size_t db : {0, 1, 16, 48}) {
+        for (int kinds = 0; kinds < 4; ++kinds) {
+          std::fill(a.begin(), a.end(), 0xEE);
+          std::fill(b.begin(), b.end(), 0xEE);
+          const size_t sa = (da + db) % 7;
+          tee_copy(a.data() + 64 + da, b.data() + 64 + db, src.data() + sa, n, kinds & 1, kinds & 2);
+          expect(a, 64 + da, sa, n, "a");
+          expect(b, 64 + db, sa, n, "b");
+        }
+      }
+    }
+  }
+}
+
 TEST(Collectives, SplitMakesSubGroups) {
   run_ranks(6, {}, [](Communicator& c) {
     auto sub = c.split(c.rank() % 2, -c.rank());  // reversed order inside each group

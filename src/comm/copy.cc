@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -53,7 +54,48 @@ void vector_copy(char* dst, const char* src, size_t n) {
   std::memcpy(dst + i, src + i, n - i);
 }
 
+template <bool kStream>
+void store16(char* p, __m128i v) {
+  if constexpr (kStream) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), v);
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+  }
+}
+
+// 64 bytes a step, a's stores aligned to a cache line.
+template <bool kStreamA, bool kStreamB>
+void tee_lines(char* a, char* b, const char* src, size_t n) {
+  const size_t head = std::min(n, static_cast<size_t>(-reinterpret_cast<uintptr_t>(a) & 63));
+  std::memcpy(a, src, head);
+  std::memcpy(b, src, head);
+  size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    for (size_t k = 0; k < 64; k += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + k));
+      store16<kStreamA>(a + i + k, v);
+      store16<kStreamB>(b + i + k, v);
+    }
+  }
+  if constexpr (kStreamA || kStreamB) _mm_sfence();  // weakly ordered: done before any later publish
+  std::memcpy(a + i, src + i, n - i);
+  std::memcpy(b + i, src + i, n - i);
+}
+
 }  // namespace
+
+void tee_copy(void* a_, void* b_, const void* src_, size_t n, bool stream_a, bool stream_b) {
+  if (n == 0) return;
+  char* a = static_cast<char*>(a_);
+  char* b = static_cast<char*>(b_);
+  const char* src = static_cast<const char*>(src_);
+  stream_b = stream_b && ((reinterpret_cast<uintptr_t>(b) - reinterpret_cast<uintptr_t>(a)) & 15) == 0;
+  if (stream_a) {
+    stream_b ? tee_lines<true, true>(a, b, src, n) : tee_lines<true, false>(a, b, src, n);
+  } else {
+    stream_b ? tee_lines<false, true>(a, b, src, n) : tee_lines<false, false>(a, b, src, n);
+  }
+}
 
 void copy_bytes(void* dst_, const void* src_, size_t n) {
   if (n == 0) return;

@@ -15,4 +15,11 @@ namespace loom::comm {
 // is memmove.
 void copy_bytes(void* dst, const void* src, size_t n);
 
+// Copies n bytes from src to both a and b in one pass, loading each byte once (a rank's
+// own part of an all_gather goes to its slot and its output together). stream_a: a gets
+// non-temporal stores; stream_b: b does, where it lies a multiple of 16 bytes from a (else
+// ordinary stores). Ends with a store fence when either streams. The ranges must not
+// overlap.
+void tee_copy(void* a, void* b, const void* src, size_t n, bool stream_a, bool stream_b);
+
 }  // namespace loom::comm

@@ -9,6 +9,8 @@
 // slots (in rank order, so the bits never depend on timing) into its own slot, then
 // copies every finished slice out: per rank about 2 reads and 2 writes of the message.
 // Small messages skip the second phase: every rank reduces the whole round itself.
+#include <unistd.h>
+
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -22,14 +24,23 @@ constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces eve
 // Outputs at least this large are written with streaming stores (write_out).
 constexpr size_t kStreamOutBytes = 32 << 20;
 
-// Copies into an op's output, whose whole size is `total`. An output larger than the
-// last-level cache would be evicted before anyone reads it, and ordinary stores first read
-// every line for ownership, so large outputs stream straight to memory: np=2 all_gather
-// at 64 MiB went from 3.7-4.1 to 4.6-5.1 GB/s busbw (docs/perf.md). Broadcast does not:
-// its receivers copy from the root's slot while it is still cached, and streaming
-// measured 5% slower at 64 and 256 MiB and 30% slower at 8-16 MiB.
-void write_out(size_t total, void* dst, const void* src, size_t n) {
-  if (total >= kStreamOutBytes) {
+// The last-level cache's size as the OS reports it (32 MiB where it does not).
+size_t llc_bytes() {
+  static const size_t bytes = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+  }();
+  return bytes;
+}
+
+// Copies into an op's output. An output that would be evicted before anyone reads it is
+// better streamed straight to memory (`stream`), since ordinary stores first read every
+// line for ownership: np=2 all_gather at 64 MiB went from 3.7-4.1 to 4.6-5.1 GB/s busbw
+// (docs/perf.md). Broadcast does not: its receivers copy from the root's slot while it is
+// still cached, and streaming measured 5% slower at 64 and 256 MiB and 30% slower at 8-16
+// MiB.
+void write_out(bool stream, void* dst, const void* src, size_t n) {
+  if (stream) {
     stream_copy(dst, src, n);
   } else {
     copy_bytes(dst, src, n);
@@ -109,7 +120,7 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
         if (p == me) continue;
         w.wait(p, ShmWindow::kReduced, round, c.t, c.fp, c.timeout);
         size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
-        write_out(count * es, out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
+        write_out(count * es >= kStreamOutBytes, out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
       }
     }
     w.publish(ShmWindow::kDone, round);
@@ -150,14 +161,17 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
 void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
   const int n = w.size(), me = w.rank();
   const size_t total = block_bytes * n;
+  // Streams the output when every rank's input and output together outgrow the cache.
+  const bool stream = total >= kStreamOutBytes || (n + 1) * total > llc_bytes();
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m);
-    w.fill(w.data(me, round, m), in + off, m);
+    // This rank's own part goes to its output in the same pass (unless in place).
+    char* own = out + me * block_bytes + off;
+    w.fill(w.data(me, round, m), in + off, m, own != in + off ? own : nullptr, stream);
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-    for (int p = 0; p < n; ++p) {  // this rank's own part from its input, still in cache
-      char* dst = out + p * block_bytes + off;
-      if (dst != in + off) write_out(total, dst, p == me ? in + off : w.data(p, round, m), m);
+    for (int p = 0; p < n; ++p) {
+      if (p != me) write_out(stream, out + p * block_bytes + off, w.data(p, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -192,7 +206,7 @@ void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t bl
       for (int p = 0; p < n; ++p) {
         const char* src = p == me ? in + off : w.data(p, round, m);
         char* dst = out + p * block_bytes + off;
-        if (dst != src) write_out(n * block_bytes, dst, src, m);
+        if (dst != src) write_out(n * block_bytes >= kStreamOutBytes, dst, src, m);
       }
     }
     w.publish(ShmWindow::kDone, round);
@@ -208,10 +222,10 @@ void shm_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, size_t b
       char* mine = w.data(me, round, n * m);
       for (int p = 0; p < n; ++p) w.fill(mine + p * m, in + p * block_bytes + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
-      write_out(block_bytes, out + off, in + me * block_bytes + off, m);
+      write_out(block_bytes >= kStreamOutBytes, out + off, in + me * block_bytes + off, m);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      write_out(block_bytes, out + off, w.data(root, round, n * m) + me * m, m);
+      write_out(block_bytes >= kStreamOutBytes, out + off, w.data(root, round, n * m) + me * m, m);
     }
     w.publish(ShmWindow::kDone, round);
   });
@@ -228,7 +242,7 @@ void shm_all_to_all(OpContext& c, ShmWindow& w, const char* in, char* out, size_
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) {
       const char* src = p == me ? in + me * block_bytes + off : w.data(p, round, n * m) + me * m;
-      write_out(n * block_bytes, out + p * block_bytes + off, src, m);
+      write_out(n * block_bytes >= kStreamOutBytes, out + p * block_bytes + off, src, m);
     }
     w.publish(ShmWindow::kDone, round);
   });

@@ -149,25 +149,29 @@ char* ShmWindow::slot(int rank, uint64_t round) const {
   return slots_ + (static_cast<size_t>(rank) * kSlots + round % kSlots) * slot_bytes_;
 }
 
-int ShmWindow::fill_mode() const {
-  return fill_cost_[1] > 0 && fill_cost_[0] > kStreamingPenalty * fill_cost_[1] ? 1 : 0;
+int ShmWindow::fill_mode(bool also) const {
+  const double* cost = fill_cost_[also];
+  return cost[1] > 0 && cost[0] > kStreamingPenalty * cost[1] ? 1 : 0;
 }
 
-void ShmWindow::fill(void* dst, const void* src, size_t n) {
+void ShmWindow::fill(void* dst, const void* src, size_t n, void* also, bool stream_also) {
   if (n < kFillMeasuredBytes) {
     copy_bytes(dst, src, n);
+    if (also) copy_bytes(also, src, n);
     return;
   }
-  int mode = fill_mode();
+  int mode = fill_mode(also);
   if (++fills_ % kFillProbeEvery == 0) mode = 1 - mode;
   auto t0 = Clock::now();
-  if (mode) {
+  if (also) {
+    tee_copy(dst, also, src, n, mode == 1, stream_also);
+  } else if (mode) {
     stream_copy(dst, src, n);
   } else {
     copy_bytes(dst, src, n);
   }
   double cost = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(n);
-  double& avg = fill_cost_[mode];
+  double& avg = fill_cost_[also != nullptr][mode];
   avg = avg == 0 ? cost : 0.75 * avg + 0.25 * cost;
 }
 

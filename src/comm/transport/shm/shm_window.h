@@ -68,9 +68,11 @@ class ShmWindow {
   // a cross-die invalidation each and ordinary stores crawl (docs/algorithms.md, "Slot
   // stores"); streaming stores bypass that at the price of peers reading from memory.
   // Either way the bytes are the same, so ranks need not agree.
-  void fill(void* dst, const void* src, size_t n);
+  // With `also`, the same bytes go there too in the same pass (ordinary stores, or
+  // streaming ones when stream_also), timed apart from fills without it.
+  void fill(void* dst, const void* src, size_t n, void* also = nullptr, bool stream_also = false);
   // Which store fill() would use now: 0 ordinary, 1 streaming (tests, benchmarks).
-  int fill_mode() const;
+  int fill_mode(bool also = false) const;
   // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
   void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
 
@@ -115,7 +117,8 @@ class ShmWindow {
   }
   std::vector<uint64_t> posted_;  // per rank: the latest round it was seen to post
   bool check_fingerprints_ = true;
-  double fill_cost_[2] = {0, 0};  // recent ns per byte of each store kind; 0 = not yet measured
+  // Recent ns per byte of each store kind, [with `also`][kind]; 0 = not yet measured.
+  double fill_cost_[2][2] = {{0, 0}, {0, 0}};
   uint64_t fills_ = 0;            // large fills so far
 };
 
