@@ -160,7 +160,7 @@ void ShmWindow::fill(void* dst, const void* src, size_t n, void* also, bool stre
     if (also) copy_bytes(also, src, n);
     return;
   }
-  int mode = fill_mode(also);
+  int mode = fill_mode(also != nullptr);
   if (++fills_ % kFillProbeEvery == 0) mode = 1 - mode;
   auto t0 = Clock::now();
   if (also) {
