@@ -6,12 +6,17 @@
 # spread). Prints each side's busbw (or, up to 4 KiB, its time) with the spread, and the
 # Loom/peer ratios.
 # Usage: bench/comm_vs_peers.sh [NP ...]   (default: 2 4; REPS=5 MIN_ITERS=100 SIZES="...")
+# DIRTY=1: every side writes each call's input first (--dirty-inputs: one byte of every 64-byte
+# line, as a backward pass writes a gradient), timed with the call; without it the inputs stay
+# as the first call left them, in every core's cache (as nccl-tests runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nps=${*:-2 4}
 sizes=${SIZES:-8 4096 262144 1048576 4194304 16777216 67108864}
 reps=${REPS:-5}
 min_iters=${MIN_ITERS:-100}
+dirty=()
+[ "${DIRTY:-0}" = 1 ] && dirty=(--dirty-inputs)
 loom=build/release/loom
 [ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
 work=build/peers
@@ -21,18 +26,18 @@ g++ -O3 -march=native -std=c++17 bench/peers/gloo_coll.cc -o "$work/gloo_coll" -
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $reps reps of at least $min_iters calls each" >&2
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $reps reps of at least $min_iters calls each${dirty:+; inputs rewritten before each call}" >&2
 for np in $nps; do
   echo "== np=$np: loom" >&2
-  $loom launch -n "$np" -- $loom bench comm --op all_reduce,all_gather,reduce_scatter,broadcast \
+  $loom launch -n "$np" -- $loom bench comm "${dirty[@]}" --op all_reduce,all_gather,reduce_scatter,broadcast \
     --sizes "${sizes// /,}" --reps "$reps" --min-iters "$min_iters" | sed 's/^\[rank 0\] //' \
     | awk -v np="$np" '/^# [a-z_]+$/ {op=$2} /^ +[0-9]/ {print "loom", np, op, $1, $4, $6, $9}' >> "$out/rows"
   echo "== np=$np: openmpi" >&2
   timeout 1800 mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-    --mca btl self,vader --mca oob_tcp_if_include lo "$work/mpi_coll" openmpi "$reps" "$min_iters" $sizes \
+    --mca btl self,vader --mca oob_tcp_if_include lo "$work/mpi_coll" "${dirty[@]}" openmpi "$reps" "$min_iters" $sizes \
     | awk '!/^#/ {print $1, $2, $3, $4, $5, $7, $9}' >> "$out/rows"
   echo "== np=$np: gloo" >&2
-  timeout 1800 bench/peers/run_gloo.sh "$work/gloo_coll" "$np" gloo "$reps" "$min_iters" $sizes \
+  timeout 1800 bench/peers/run_gloo.sh "$work/gloo_coll" "$np" "${dirty[@]}" gloo "$reps" "$min_iters" $sizes \
     | awk '!/^#/ {print $1, $2, $3, $4, $5, $7, $9}' >> "$out/rows"
 done
 /usr/bin/env python3 - "$out/rows" <<'PY'

@@ -365,6 +365,21 @@ TEST_F(Cli, LaunchTearsDownWithinTwoSecondsAndNamesTheRank) {
   EXPECT_LT(now_ns - failed_ns, 2'000'000'000LL) << "the launcher took over 2 s to tear down";
 }
 
+// `loom bench comm --dirty-inputs` (bench/comm_vs_peers.sh DIRTY=1) writes every line of each
+// call's input before the call; the checked call still gets every op right, so the rewrite
+// changes no byte, at a size within one slot round and one past it.
+TEST_F(Cli, BenchCommWithDirtyInputsChecksEveryOp) {
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom bench comm --dirty-inputs",
+                      " --op all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all",
+                      " --sizes 4K,3M --reps 1 --warmup 1 --iters 2"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("inputs rewritten before each call"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  size_t ok = 0;
+  for (size_t at = r.out.find(" ok "); at != std::string::npos; at = r.out.find(" ok ", at + 1)) ++ok;
+  EXPECT_EQ(ok, 12u) << r.out;  // 6 ops x 2 sizes
+}
+
 }  // namespace
 }  // namespace loom
 

@@ -332,6 +332,8 @@ int run(int argc, char** argv) {
   bc->add_flag("!--no-check", bench_comm.check, "Skip the correctness check of each size");
   bc->add_flag("!--no-fingerprints", bench_comm.fingerprints,
                "Turn off the mismatched-collective check (to measure what it costs)");
+  bc->add_flag("--dirty-inputs", bench_comm.dirty_inputs,
+               "Before each call, write every 64-byte line of its input (as a backward pass writes a gradient)");
 
   loom::app::PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "Simulate a pipeline schedule: step time, bubble, activation memory per stage, a timeline");

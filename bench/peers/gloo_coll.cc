@@ -5,7 +5,7 @@
 // bench/peers/mpi_coll.c times MPI (see there: checked first call, warm-up, calls per rep
 // calibrated to ~0.1 s and at least MIN_ITERS, the median of REPS rank-averaged reps, and
 // their spread). One process per rank, started by bench/peers/run_gloo.sh:
-//   RANK=r SIZE=n STORE=dir gloo_coll LABEL REPS MIN_ITERS SIZE [SIZE ...]
+//   RANK=r SIZE=n STORE=dir gloo_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]
 // Output lines as mpi_coll's.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -108,6 +108,23 @@ std::function<void()> call_for(int op, size_t n, float* send, float* recv) {
   }
 }
 
+// --dirty-inputs (as `loom bench comm --dirty-inputs`): before each call, write one byte of
+// every 64-byte line of this rank's input with its own value, so the call starts from an
+// input just written by this rank's core, as in training. In-place ops' input is recv.
+bool g_dirty = false;
+
+std::function<void()> dirtying(int op, size_t n, float* send, float* recv, std::function<void()> call) {
+  if (!g_dirty) return call;
+  float* in = op == kAllReduce || op == kReduceScatter ? recv : send;
+  const size_t bytes = (op == kReduceScatter ? n * g_size : n) * sizeof(float);
+  const bool writes = op != kBroadcast || g_rank == 0;
+  return [=] {
+    volatile char* p = reinterpret_cast<char*>(in);
+    for (size_t i = 0; writes && i < bytes; i += 64) p[i] = p[i];
+    call();
+  };
+}
+
 // One call with rank r contributing r + 1; true when this rank's result is right. In-place
 // ops (all_reduce, reduce_scatter) take their input in recv.
 bool check(int op, size_t n, float* send, float* recv, const std::function<void()>& call) {
@@ -129,8 +146,13 @@ bool check(int op, size_t n, float* send, float* recv, const std::function<void(
 
 int main(int argc, char** argv) {
   const char *rank = std::getenv("RANK"), *size = std::getenv("SIZE"), *store = std::getenv("STORE");
+  if (argc > 1 && std::string(argv[1]) == "--dirty-inputs") {
+    g_dirty = true;
+    ++argv;
+    --argc;
+  }
   if (argc < 5 || rank == nullptr || size == nullptr || store == nullptr) {
-    std::fprintf(stderr, "usage: RANK=r SIZE=n STORE=dir gloo_coll LABEL REPS MIN_ITERS SIZE [SIZE ...]\n");
+    std::fprintf(stderr, "usage: RANK=r SIZE=n STORE=dir gloo_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]\n");
     return 2;
   }
   g_rank = std::atoi(rank);
@@ -167,7 +189,7 @@ int main(int argc, char** argv) {
       if (op == kAllGather || op == kReduceScatter) n /= g_size;
       n = std::max<size_t>(n, 1);
       const size_t bytes = (op == kAllGather || op == kReduceScatter ? n * g_size : n) * sizeof(float);
-      const std::function<void()> call = call_for(op, n, send.data(), recv.data());
+      const std::function<void()> call = dirtying(op, n, send.data(), recv.data(), call_for(op, n, send.data(), recv.data()));
       const bool all_ok = reduce_scalar(check(op, n, send.data(), recv.data(), call) ? 0.0 : 1.0, max_f64) == 0.0;
       const int warm = bytes <= (1u << 20) ? 20 : 5;
       barrier();

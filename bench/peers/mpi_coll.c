@@ -6,7 +6,7 @@
  * Sizes as nccl-tests count them: all_reduce and broadcast the buffer, all_gather the
  * gathered output, reduce_scatter the input; busbw = algbw x 2(n-1)/n, (n-1)/n, (n-1)/n, 1.
  *
- *   mpirun -np N mpi_coll LABEL REPS MIN_ITERS SIZE [SIZE ...]
+ *   mpirun -np N mpi_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]
  *
  * Prints '#' lines, then per op and size:
  *   LABEL NP OP BYTES TIME_US ALGBW_GBPS BUSBW_GBPS ITERS SPREAD_PCT ok|WRONG
@@ -35,7 +35,20 @@ static size_t per_rank_count(int op, size_t bytes) {
   return n < 1 ? 1 : n;
 }
 
+/* --dirty-inputs: before each call, write one byte of every 64-byte line of this rank's
+ * input with its own value (as `loom bench comm --dirty-inputs`), so the call starts, as in
+ * training, from an input just written by this rank's core. */
+static int g_dirty;
+
+static void write_inputs(int op, size_t n) {
+  if (op == BROADCAST && g_rank != 0) return;
+  volatile char *in = (volatile char *)g_send;
+  const size_t bytes = (op == REDUCE_SCATTER ? n * (size_t)g_size : n) * sizeof(float);
+  for (size_t i = 0; i < bytes; i += 64) in[i] = in[i];
+}
+
 static void run_once(int op, size_t n) {
+  if (g_dirty) write_inputs(op, n);
   switch (op) {
     case ALL_REDUCE: MPI_Allreduce(g_send, g_recv, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
     case ALL_GATHER: MPI_Allgather(g_send, (int)n, MPI_FLOAT, g_recv, (int)n, MPI_FLOAT, MPI_COMM_WORLD); break;
@@ -74,8 +87,13 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  if (argc > 1 && strcmp(argv[1], "--dirty-inputs") == 0) {
+    g_dirty = 1;
+    ++argv;
+    --argc;
+  }
   if (argc < 5) {
-    if (g_rank == 0) fprintf(stderr, "usage: mpi_coll LABEL REPS MIN_ITERS SIZE [SIZE ...]\n");
+    if (g_rank == 0) fprintf(stderr, "usage: mpi_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const char *label = argv[1];

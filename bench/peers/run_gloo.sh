@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts NP ranks of the Gloo peer (bench/peers/gloo_coll.cc, built as BIN) on 127.0.0.1 with
 # a fresh FileStore directory, and waits for them all; a rank that fails fails the run.
-# Usage: bench/peers/run_gloo.sh BIN NP LABEL REPS MIN_ITERS SIZE [SIZE ...]
+# Usage: bench/peers/run_gloo.sh BIN NP [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]
 set -euo pipefail
 bin=$1 np=$2
 shift 2

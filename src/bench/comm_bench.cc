@@ -3,8 +3,9 @@
 // exactly, so ratios are fair: per (op, size) one checked call, 20 warm-up calls for <= 1
 // MiB, iterations calibrated to ~0.1 s per rep (at least --min-iters), --reps reps (5),
 // per-rep time averaged over ranks, the median reported with the reps' spread (slowest
-// minus fastest, in % of the median). Sizes follow nccl-tests: all_reduce / broadcast = buffer bytes, all_gather =
-// gathered bytes, reduce_scatter = input bytes.
+// minus fastest, in % of the median); --dirty-inputs writes every line of each call's input
+// first, as a training step does. Sizes follow nccl-tests: all_reduce / broadcast = buffer
+// bytes, all_gather = gathered bytes, reduce_scatter = input bytes.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -89,8 +90,24 @@ struct Bench {
   char* sbuf;
   char* rbuf;
   size_t per_rank = 0;  // elements per call (per rank block for gather/scatter ops)
+  bool dirty = false;    // BenchCommArgs::dirty_inputs
+
+  size_t in_count() const {
+    return op == Op::kReduceScatter || op == Op::kAllToAll ? per_rank * c.size() : per_rank;
+  }
+
+  // Writes one byte of every 64-byte line of this rank's input with its own value, so the
+  // line is modified in this core's cache and invalid in every other, as after a backward
+  // pass (volatile: the stores must happen). A broadcast's receivers have no input.
+  void write_inputs() {
+    if (op == Op::kBroadcast && c.rank() != 0) return;
+    volatile char* in = sbuf;
+    const size_t bytes = in_count() * dtype_size(dt);
+    for (size_t i = 0; i < bytes; i += 64) in[i] = in[i];
+  }
 
   void run1() {
+    if (dirty) write_inputs();
     switch (op) {
       case Op::kAllReduce:
         return all_reduce(c, {.input = sbuf, .output = rbuf, .count = per_rank, .dtype = dt, .algorithm = algo});
@@ -110,9 +127,8 @@ struct Bench {
   // Rank r contributes r+1 everywhere; returns whether this rank's result is right.
   bool check() {
     const int n = c.size(), r = c.rank();
-    size_t in_count = (op == Op::kReduceScatter || op == Op::kAllToAll) ? per_rank * n : per_rank;
     size_t out_count = (op == Op::kAllGather || op == Op::kAllToAll) ? per_rank * n : per_rank;
-    for (size_t i = 0; i < in_count; ++i) store_element(dt, sbuf, i, r + 1);
+    for (size_t i = 0; i < in_count(); ++i) store_element(dt, sbuf, i, r + 1);
     std::memset(rbuf, 0, out_count * dtype_size(dt));
     run1();
     const char* out = op == Op::kBroadcast && r == 0 ? sbuf : rbuf;
@@ -167,6 +183,7 @@ int run_bench_comm(const BenchCommArgs& a) {
                 a.transport.c_str(), n > 1 ? c.link_kind(1).c_str() : "self", a.algorithm.c_str(),
                 a.dtype.c_str(), env.source.c_str());
     std::printf("# time = median over reps of the rank-averaged per-call time; busbw as nccl-tests\n");
+    if (a.dirty_inputs) std::printf("# inputs rewritten before each call (every 64-byte line), timed with it\n");
   }
   bool all_ok = true;
   for (size_t k = 0; k < ops.size(); ++k) {
@@ -180,7 +197,7 @@ int run_bench_comm(const BenchCommArgs& a) {
       bool split = op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll;
       size_t per_rank = split ? std::max<size_t>(elems / n, 1) : elems;
       size_t bytes = (split ? per_rank * n : per_rank) * es;
-      Bench b{c, op, dt, algo, sbuf.data(), rbuf.data(), per_rank};
+      Bench b{c, op, dt, algo, sbuf.data(), rbuf.data(), per_rank, a.dirty_inputs};
       if (split && bytes > sbuf.size()) continue;
       int ok = 1;
       if (a.check) ok = b.check() ? 1 : 0;

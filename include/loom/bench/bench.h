@@ -31,6 +31,9 @@ struct BenchCommArgs {
   int64_t shm_slot_bytes = 1 << 20;  // CommConfig::shm_slot_bytes
   bool check = true;
   bool fingerprints = true;  // CommConfig::check_fingerprints
+  // Each call first writes every 64-byte line of its input (the same bytes back), as a
+  // backward pass writes a gradient just before its all-reduce; timed with the call.
+  bool dirty_inputs = false;
 };
 int run_bench_comm(const BenchCommArgs& a);
 
