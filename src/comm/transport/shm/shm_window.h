@@ -71,7 +71,8 @@ class ShmWindow {
   // With `also`, the same bytes go there too in the same pass (ordinary stores, or
   // streaming ones when stream_also), timed apart from fills without it.
   void fill(void* dst, const void* src, size_t n, void* also = nullptr, bool stream_also = false);
-  // Which store fill() would use now: 0 ordinary, 1 streaming (tests, benchmarks).
+  // Which store fill() would use now for its slot, in fills with a second destination
+  // (`also`) or without: 0 ordinary, 1 streaming (tests, benchmarks).
   int fill_mode(bool also = false) const;
   // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
   void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
