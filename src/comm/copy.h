@@ -15,6 +15,11 @@ namespace loom::comm {
 // is memmove.
 void copy_bytes(void* dst, const void* src, size_t n);
 
+// memcpy with non-temporal stores: whole 64-byte lines go to memory without first being
+// read for ownership, and lines another core caches are only invalidated. Ordered before
+// any later store (ends with a store fence).
+void stream_copy(void* dst, const void* src, size_t n);
+
 // Copies n bytes from src to both a and b in one pass, loading each byte once (a rank's
 // own part of an all_gather goes to its slot and its output together). stream_a: a gets
 // non-temporal stores; stream_b: b does, where it lies a multiple of 16 bytes from a (else

@@ -120,27 +120,6 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   return w;
 }
 
-void stream_copy(void* dst_, const void* src_, size_t n) {
-  if (n == 0) return;
-  char* dst = static_cast<char*>(dst_);
-  const char* src = static_cast<const char*>(src_);
-  size_t head = std::min(n, static_cast<size_t>(-reinterpret_cast<uintptr_t>(dst) & 63));
-  std::memcpy(dst, src, head);
-  size_t i = head;
-  for (; i + 64 <= n; i += 64) {
-    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: done before anything published later
-  std::memcpy(dst + i, src + i, n - i);
-}
-
 ShmWindow::~ShmWindow() {
   if (base_) ::munmap(base_, map_bytes_);
 }

@@ -18,17 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "comm/copy.h"
 #include "comm/op.h"
 #include "loom/comm/rendezvous.h"
 
 namespace loom::comm {
 
 class Transport;
-
-// memcpy with non-temporal stores: whole 64-byte lines go to memory without first being
-// read for ownership, and lines another core caches are only invalidated. Ordered before
-// any later store (ends with a store fence).
-void stream_copy(void* dst, const void* src, size_t n);
 
 class ShmWindow {
  public:
