@@ -334,6 +334,8 @@ int run(int argc, char** argv) {
                "Turn off the mismatched-collective check (to measure what it costs)");
   bc->add_flag("--dirty-inputs", bench_comm.dirty_inputs,
                "Before each call, write every 64-byte line of its input (as a backward pass writes a gradient)");
+  bc->add_flag("--shared-inputs", bench_comm.shared_inputs,
+               "Put inputs in shared memory (alloc_shared): same-host peers read them in place");
 
   loom::app::PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "Simulate a pipeline schedule: step time, bubble, activation memory per stage, a timeline");

@@ -4,8 +4,9 @@
 // MiB, iterations calibrated to ~0.1 s per rep (at least --min-iters), --reps reps (5),
 // per-rep time averaged over ranks, the median reported with the reps' spread (slowest
 // minus fastest, in % of the median); --dirty-inputs writes every line of each call's input
-// first, as a training step does. Sizes follow nccl-tests: all_reduce / broadcast = buffer
-// bytes, all_gather = gathered bytes, reduce_scatter = input bytes.
+// first, as a training step does; --shared-inputs puts them where peers read them in
+// place. Sizes follow nccl-tests: all_reduce / broadcast = buffer bytes, all_gather =
+// gathered bytes, reduce_scatter = input bytes.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -176,7 +177,12 @@ int run_bench_comm(const BenchCommArgs& a) {
   const int n = c.size();
   const size_t es = dtype_size(dt);
   size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<char> sbuf(max_bytes + 64 * es), rbuf(max_bytes + 64 * es);
+  // Inputs in ordinary memory, or in memory the peers map (--shared-inputs).
+  SharedBuffer shared;
+  std::vector<char> heap, rbuf(max_bytes + 64 * es);
+  if (a.shared_inputs) shared = c.alloc_shared(rbuf.size());
+  else heap.resize(rbuf.size());
+  char* sbuf = a.shared_inputs ? shared.data() : heap.data();
 
   if (c.rank() == 0) {
     std::printf("# loom bench comm | np=%d | transport %s (%s) | algorithm %s | dtype %s | launched by %s\n", n,
@@ -184,6 +190,9 @@ int run_bench_comm(const BenchCommArgs& a) {
                 a.dtype.c_str(), env.source.c_str());
     std::printf("# time = median over reps of the rank-averaged per-call time; busbw as nccl-tests\n");
     if (a.dirty_inputs) std::printf("# inputs rewritten before each call (every 64-byte line), timed with it\n");
+    if (a.shared_inputs)
+      std::printf("# inputs in %s\n", shared.shared() ? "shared memory: same-host peers read them in place"
+                                                       : "ordinary memory (no shared window in this group)");
   }
   bool all_ok = true;
   for (size_t k = 0; k < ops.size(); ++k) {
@@ -197,8 +206,8 @@ int run_bench_comm(const BenchCommArgs& a) {
       bool split = op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll;
       size_t per_rank = split ? std::max<size_t>(elems / n, 1) : elems;
       size_t bytes = (split ? per_rank * n : per_rank) * es;
-      Bench b{c, op, dt, algo, sbuf.data(), rbuf.data(), per_rank, a.dirty_inputs};
-      if (split && bytes > sbuf.size()) continue;
+      Bench b{c, op, dt, algo, sbuf, rbuf.data(), per_rank, a.dirty_inputs};
+      if (split && bytes > rbuf.size()) continue;
       int ok = 1;
       if (a.check) ok = b.check() ? 1 : 0;
       int32_t ok_all = ok;

@@ -3,7 +3,10 @@
 // two or three hosts), checked against closed-form results (comm_checks.h).
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
 #include <cstring>
+#include <thread>
 
 #include "comm/comm_checks.h"
 #include "comm/copy.h"
@@ -178,6 +181,124 @@ TEST(Collectives, TeeCopyFillsBothDestinationsExactly) {
       }
     }
   }
+}
+
+// Inputs in alloc_shared memory, which peers read in place (and, in a group of 3 or 4,
+// one rank's in ordinary memory, which goes through its slot): all_reduce and all_gather,
+// out of place and in place, at offsets inside the buffer, below, at and above the size
+// from which inputs are read in place, in one round and in many (64 KiB slots).
+TEST(Collectives, SharedInputsMatchClosedForm) {
+  for (int n : {2, 3, 4}) {
+    run_ranks(n, {.transport = "shm", .shm_slot_bytes = 64 << 10}, [n](Communicator& c) {
+      const int r = c.rank();
+      const size_t most = 300001 * static_cast<size_t>(n) + 64;
+      SharedBuffer shared = c.alloc_shared(most * 4);
+      ASSERT_TRUE(shared.shared());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(shared.data()) % 4096, 0u);
+      std::vector<float> heap(most);
+      float* buf = (n > 2 && r == 1 ? heap.data() : reinterpret_cast<float*>(shared.data())) + 16;
+      for (size_t count : {size_t{10}, size_t{16383}, size_t{16384}, size_t{100000}, size_t{300001}}) {
+        const std::string what = cat("n ", n, " count ", count, " rank ", r);
+        std::vector<float> out(count * n);
+        for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(testing::value(ReduceOp::kSum, r, i));
+        all_reduce(c, {.input = buf, .output = out.data(), .count = count});
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[i], testing::expected(ReduceOp::kSum, DType::kF32, n, i)) << what << " i " << i;
+        all_reduce(c, {.output = buf, .count = count});  // in place
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(buf[i], testing::expected(ReduceOp::kSum, DType::kF32, n, i)) << what << " in place, i " << i;
+        for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(r * 1000003 + i);
+        all_gather(c, {.input = buf, .output = out.data(), .count = count});
+        for (size_t i = 0; i < count * n; ++i)
+          ASSERT_EQ(out[i], static_cast<float>(i / count * 1000003 + i % count)) << what << " all_gather, i " << i;
+        // In place: this rank's block of the output is its input.
+        float* whole = buf;
+        for (size_t i = 0; i < count; ++i) whole[r * count + i] = static_cast<float>(r * 1000003 + i);
+        all_gather(c, {.input = whole + r * count, .output = whole, .count = count});
+        for (size_t i = 0; i < count * n; ++i)
+          ASSERT_EQ(whole[i], static_cast<float>(i / count * 1000003 + i % count)) << what << " in place, i " << i;
+      }
+    });
+  }
+}
+
+// The window's side of it: an input in this rank's part of a shared region, and large
+// enough, is named in the round's post; a peer finds the same bytes through its own
+// mapping. Anything else goes through the slot.
+TEST(Collectives, PlacedInputsAreNamedInThePostAndReadInPlace) {
+  HashStore store;
+  std::unique_ptr<ShmWindow> w[2];
+  std::shared_ptr<ShmWindow::Region> region[2];
+  std::thread t[2];
+  for (int i = 0; i < 2; ++i)
+    t[i] = std::thread([&, i] {
+      Deadline d = Clock::now() + milliseconds(10000);
+      w[i] = ShmWindow::create(store, "w", i, 2, 64 << 10, d);
+      region[i] = w[i]->share(store, "w", size_t{1} << (20 + i), d);
+    });
+  for (auto& th : t) th.join();
+  char* mine = ShmWindow::region_data(*region[0]);
+  for (size_t k = 0; k < (1 << 20); ++k) mine[k] = static_cast<char>(k * 7);
+  const size_t small = ShmWindow::kPlacedMinBytes - 1;
+  EXPECT_FALSE(w[0]->place(1, mine, small));
+  EXPECT_EQ(w[1]->input(0, 1, small), w[1]->data(0, 1, small));
+  std::vector<char> heap(1 << 20);
+  EXPECT_FALSE(w[0]->place(2, heap.data(), heap.size()));
+  EXPECT_FALSE(w[0]->place(3, mine + 4096, 1 << 20));  // runs past rank 0's part
+  EXPECT_FALSE(w[1]->place(4, ShmWindow::region_data(*region[1]) - 4096, 100000));
+  ASSERT_TRUE(w[0]->place(5, mine + 4096, 100000));
+  const char* seen = w[1]->input(0, 5, 100000);
+  EXPECT_NE(seen, w[1]->data(0, 5, 100000));
+  EXPECT_EQ(std::memcmp(seen, mine + 4096, 100000), 0);
+  mine[5000] = 42;  // the same memory, not a copy
+  EXPECT_EQ(seen[5000 - 4096], 42);
+}
+
+// A rank whose input its peers read in place returns only once they are done with it:
+// rank 0 overwrites its input the moment all_gather returns, while rank 1 is still slow
+// to copy (its output's pages are not yet mapped); rank 1 must still have rank 0's bytes.
+TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
+  run_ranks(2, {.transport = "shm", .shm_slot_bytes = 4 << 20}, [](Communicator& c) {
+    const size_t count = 1 << 20, bytes = count * 4;
+    SharedBuffer in = c.alloc_shared(bytes);
+    auto* x = reinterpret_cast<float*>(in.data());
+    for (int iter = 0; iter < 10; ++iter) {
+      for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(c.rank() + 1);
+      void* p = ::mmap(nullptr, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(p, MAP_FAILED);
+      auto* out = static_cast<float*>(p);
+      if (c.rank() == 0) std::memset(out, 0, 2 * bytes);  // rank 0's copy is the fast one
+      all_gather(c, {.input = x, .output = out, .count = count});
+      if (c.rank() == 0) std::memset(x, 0xff, bytes);
+      barrier(c);
+      size_t wrong = 0;
+      for (size_t i = 0; i < 2 * count; ++i) wrong += out[i] != static_cast<float>(i / count + 1);
+      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << " iteration " << iter;
+      ::munmap(p, 2 * bytes);
+    }
+  });
+}
+
+// A rank that released its shared buffer cannot read a peer's input in it: a CommError
+// that names the peer and the buffer, not a read of unmapped memory.
+TEST(Collectives, SharedInputReleasedOnOneRankIsNamed) {
+  std::mutex mu;
+  std::string error;
+  run_ranks(2, {.transport = "shm", .timeout = milliseconds(5000)}, [&](Communicator& c) {
+    SharedBuffer in = c.alloc_shared(1 << 20);
+    std::vector<char> heap(1 << 20), out(2 << 20);
+    if (c.rank() == 1) in = SharedBuffer{};
+    try {
+      all_gather(c, {.input = c.rank() == 0 ? in.data() : heap.data(), .output = out.data(),
+                     .count = 1 << 20, .dtype = DType::kU8});
+    } catch (const CommError& e) {
+      std::lock_guard lock(mu);
+      if (c.rank() == 1) error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("rank 0 posted its input in shared buffer #1, which this rank (rank 1) has released"),
+            std::string::npos)
+      << error;
 }
 
 TEST(Collectives, SplitMakesSubGroups) {

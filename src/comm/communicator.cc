@@ -1,5 +1,6 @@
 // Communicator setup (links, shared window), issue-order execution, sticky failure.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -141,6 +142,26 @@ std::string Communicator::link_kind(int peer) const {
   if (peer == m.rank) return "self";
   bool same_host = std::count(m.local_ranks.begin(), m.local_ranks.end(), peer) > 0;
   return m.topo.window && same_host ? "shm" : m.transport->link_kind(peer);
+}
+
+SharedBuffer Communicator::alloc_shared(size_t bytes) {
+  auto& m = *impl_;
+  SharedBuffer b;
+  b.size_ = bytes;
+  if (m.window) {
+    auto region = m.window->share(*m.store, m.name, bytes, Clock::now() + m.config.timeout);
+    b.data_ = ShmWindow::region_data(*region);
+    b.shared_ = true;
+    b.hold_ = std::move(region);
+    return b;
+  }
+  const size_t page = 4096, rounded = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+  void* p = std::aligned_alloc(page, rounded);
+  if (!p) throw CommError(cat("rank ", m.config.job_rank(m.rank), " cannot allocate ", bytes, " bytes"), -1);
+  std::memset(p, 0, rounded);
+  b.data_ = static_cast<char*>(p);
+  b.hold_ = std::shared_ptr<void>(p, std::free);
+  return b;
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

@@ -34,6 +34,9 @@ struct BenchCommArgs {
   // Each call first writes every 64-byte line of its input (the same bytes back), as a
   // backward pass writes a gradient just before its all-reduce; timed with the call.
   bool dirty_inputs = false;
+  // Inputs in memory the same-host peers map (Communicator::alloc_shared), so that
+  // all_reduce and all_gather read them in place instead of through the shared window.
+  bool shared_inputs = false;
 };
 int run_bench_comm(const BenchCommArgs& a);
 

@@ -101,6 +101,27 @@ struct CommConfig {
   int job_rank(int r) const { return r >= 0 && r < static_cast<int>(job_ranks.size()) ? job_ranks[r] : r; }
 };
 
+// Memory that this rank's peers on the same host map too, so that collectives whose
+// input lies in it skip the copy into the shared window: peers read it in place
+// (docs/algorithms.md, "Shared inputs"). Where the group has no shared window (tcp or
+// mpi transport, several hosts, one rank) it is ordinary memory and shared() is false.
+// Zeroed, page-aligned. Move-only in effect (copies share the memory); the memory lives
+// while any copy does, even past the communicator.
+class SharedBuffer {
+ public:
+  SharedBuffer() = default;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool shared() const { return shared_; }
+
+ private:
+  friend class Communicator;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+  bool shared_ = false;
+  std::shared_ptr<void> hold_;  // the mappings, or the heap block
+};
+
 // A group of ranks. Create with Communicator::create (world) or split (sub-group).
 class Communicator {
  public:
@@ -122,6 +143,11 @@ class Communicator {
   const std::vector<int>& local_ranks() const;
   // Per peer: "shm", "tcp" or "mpi" (what carries bytes to that rank); "self" for us.
   std::string link_kind(int peer) const;
+
+  // Collective over this group: every rank calls it, in the same order as its other
+  // alloc_shared calls (sizes may differ), and releases the buffers alike. Throws
+  // CommError when /dev/shm cannot hold `bytes`.
+  SharedBuffer alloc_shared(size_t bytes);
 
   // Collective over this group: ranks with equal `color` form a sub-group, ordered by
   // (key, old rank). color < 0 means "not in any sub-group" (returns nullptr).

@@ -88,6 +88,7 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
   const size_t es = dtype_size(dt);
   const bool small = count * es <= kSmallBytes;
   PeerPtrs ins(n);
+  uint64_t placed = 0;  // the last round whose input peers read in place
   for_rounds(count, w.slot_bytes() / es, [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m * es);
     char* mine = w.slot(me, round);
@@ -105,11 +106,15 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
     }
     // Peers need every slice but this rank's own, which it reduces from its input.
     const size_t b0 = block_begin(m, n, me), b1 = block_begin(m, n, me + 1);
-    w.fill(mine, src, b0 * es);
-    w.fill(mine + b1 * es, src + b1 * es, (m - b1) * es);
+    if (w.place(round, src, m * es)) {
+      placed = round;
+    } else {
+      w.fill(mine, src, b0 * es);
+      w.fill(mine + b1 * es, src + b1 * es, (m - b1) * es);
+    }
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-    for (int p = 0; p < n; ++p) ins[p] = (p == me ? src : w.slot(p, round)) + b0 * es;
+    for (int p = 0; p < n; ++p) ins[p] = (p == me ? src : w.input(p, round, m * es)) + b0 * es;
     const bool gathers = root < 0 || root == me;
     // The finished slice goes to the slot (for peers) and, on ranks that want the
     // result, straight to the output.
@@ -125,6 +130,8 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
     }
     w.publish(ShmWindow::kDone, round);
   });
+  // Peers read this rank's input in place: it is the caller's again once they are done.
+  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 }  // namespace
@@ -163,18 +170,26 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   const size_t total = block_bytes * n;
   // Streams the output when every rank's input and output together outgrow the cache.
   const bool stream = total >= kStreamOutBytes || (n + 1) * total > llc_bytes();
+  uint64_t placed = 0;  // the last round whose input peers read in place
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m);
-    // This rank's own part goes to its output in the same pass (unless in place).
     char* own = out + me * block_bytes + off;
-    w.fill(w.data(me, round, m), in + off, m, own != in + off ? own : nullptr, stream);
+    const bool in_place = w.place(round, in + off, m);
+    // Unless peers read it in place, this rank's own part goes to its slot and its output
+    // in one pass (the latter unless the op is in place).
+    if (!in_place) w.fill(w.data(me, round, m), in + off, m, own != in + off ? own : nullptr, stream);
     w.publish(ShmWindow::kPosted, round, &c.fp);
+    if (in_place) {
+      placed = round;
+      if (own != in + off) write_out(stream, own, in + off, m);
+    }
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
     for (int p = 0; p < n; ++p) {
-      if (p != me) write_out(stream, out + p * block_bytes + off, w.data(p, round, m), m);
+      if (p != me) write_out(stream, out + p * block_bytes + off, w.input(p, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
+  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {

@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "comm/auth.h"
@@ -40,6 +42,13 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x314d48534d4f4f4cull;  // "LOOMSHM1"
 constexpr size_t kHeader = 4096;
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// A shared segment's name: this process and 8 random bytes.
+std::string segment_name() {
+  std::string tag;
+  for (unsigned char c : auth::random_bytes(8)) tag += cat(std::hex, int(c));
+  return cat("/loom-", ::getpid(), "-", tag);
+}
 
 // fill(): copies below this size stay in cache and always use ordinary stores.
 constexpr size_t kFillMeasuredBytes = 64 << 10;
@@ -77,9 +86,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
   std::string path;
   int fd = -1;
   if (rank == 0) {
-    std::string tag;
-    for (unsigned char c : auth::random_bytes(8)) tag += cat(std::hex, int(c));
-    path = cat("/loom-", ::getpid(), "-", tag);
+    path = segment_name();
     fd = static_cast<int>(sys_check(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600),
                                     "shm_open", path));
     if (::ftruncate(fd, static_cast<off_t>(w->map_bytes_)) < 0) {
@@ -118,6 +125,114 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, const std::string& na
     ::shm_unlink(path.c_str());
   }
   return w;
+}
+
+struct ShmWindow::Region {
+  int me = 0;
+  std::vector<char*> base;    // per window rank: where this rank maps that rank's part
+  std::vector<size_t> bytes;  // and how many bytes of it
+  ~Region() {
+    for (size_t i = 0; i < base.size(); ++i)
+      if (base[i]) ::munmap(base[i], bytes[i]);
+  }
+};
+
+char* ShmWindow::region_data(const Region& r) { return r.base[r.me]; }
+
+std::shared_ptr<ShmWindow::Region> ShmWindow::share(Store& store, const std::string& name,
+                                                    size_t bytes, Deadline d) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    id = regions_.size() + 1;
+  }
+  auto r = std::make_shared<Region>();
+  r->me = rank_;
+  r->base.assign(size_, nullptr);
+  r->bytes.assign(size_, 0);
+  const std::string key = cat(name, "/shared", id);
+  const std::string path = segment_name();
+  const size_t mine = align_up(std::max<size_t>(bytes, 1), 4096);
+  // Reserved in full now, so that a /dev/shm too small fails here and not as a SIGBUS at
+  // the first touch of a page.
+  int fd = static_cast<int>(sys_check(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600),
+                                      "shm_open", path));
+  int err = ::ftruncate(fd, static_cast<off_t>(mine)) < 0 ? errno : ::posix_fallocate(fd, 0, static_cast<off_t>(mine));
+  void* p = err ? MAP_FAILED : ::mmap(nullptr, mine, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (!err && p == MAP_FAILED) err = errno;
+  ::close(fd);
+  struct Unlink {
+    const std::string& path;
+    ~Unlink() { ::shm_unlink(path.c_str()); }
+  } unlink{path};
+  if (err)
+    throw CommError(cat("rank ", job(rank_), " cannot share ", bytes, " bytes in /dev/shm (",
+                        std::strerror(err), "); is /dev/shm big enough?"),
+                    -1);
+  r->base[rank_] = static_cast<char*>(p);
+  r->bytes[rank_] = mine;
+  store.set(cat(key, "/", rank_), cat(mine, " ", path), d);
+  // Peers only read this rank's part, and this rank theirs.
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    std::istringstream in(store.get(cat(key, "/", q), d));
+    size_t n = 0;
+    std::string theirs;
+    in >> n >> theirs;
+    int qfd = static_cast<int>(sys_check(::shm_open(theirs.c_str(), O_RDONLY, 0), "shm_open", theirs));
+    void* q_map = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, qfd, 0);
+    ::close(qfd);
+    if (q_map == MAP_FAILED) sys_check(-1, "mmap", theirs);
+    r->base[q] = static_cast<char*>(q_map);
+    r->bytes[q] = n;
+  }
+  // Every rank mapped every part: the names (unlinked on return) are no longer needed.
+  store.add(key + "/mapped", 1, d);
+  while (std::stoll(store.get(key + "/mapped", d)) < size_) {
+    if (Clock::now() >= d)
+      throw TimeoutError(cat("not every rank of '", name, "' mapped shared buffer #", id, " in time"), -1);
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  regions_.push_back(r);
+  any_regions_.store(true, std::memory_order_release);
+  return r;
+}
+
+bool ShmWindow::place(uint64_t round, const void* src, size_t bytes) {
+  if (bytes <= kInlineBytes) return false;
+  uint64_t where[2] = {0, 0};  // region id (0: none) and offset in this rank's part
+  if (bytes >= kPlacedMinBytes && any_regions_.load(std::memory_order_acquire)) {
+    const auto s = reinterpret_cast<uintptr_t>(src);
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    for (size_t i = 0; i < regions_.size() && where[0] == 0; ++i) {
+      auto r = regions_[i].lock();
+      if (!r) continue;
+      const auto b = reinterpret_cast<uintptr_t>(r->base[rank_]);
+      if (s >= b && s + bytes <= b + r->bytes[rank_]) where[0] = i + 1, where[1] = s - b;
+    }
+  }
+  std::memcpy(control_[rank_].post[round % kPosts].data, where, sizeof where);
+  return where[0] != 0;
+}
+
+const char* ShmWindow::input(int peer, uint64_t round, size_t bytes) const {
+  if (bytes <= kInlineBytes) return data(peer, round, bytes);
+  uint64_t where[2];
+  std::memcpy(where, control_[peer].post[round % kPosts].data, sizeof where);
+  if (where[0] == 0) return data(peer, round, bytes);
+  std::shared_ptr<Region> r;
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    if (where[0] <= regions_.size()) r = regions_[where[0] - 1].lock();
+  }
+  if (!r || where[1] + bytes > r->bytes[peer])
+    throw CommError(cat("rank ", job(peer), " posted its input in shared buffer #", where[0],
+                        ", which this rank (rank ", job(rank_),
+                        ") has released or never allocated (every rank must allocate and release "
+                        "shared buffers alike)"),
+                    ranks_[peer]);
+  return r->base[peer] + where[1];
 }
 
 ShmWindow::~ShmWindow() {

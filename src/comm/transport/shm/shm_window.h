@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,26 @@ class ShmWindow {
 
   uint64_t next_round() { return ++round_; }
 
+  // ---- Shared inputs (docs/algorithms.md, "Shared inputs") ----
+  // A region: for every rank of the window, memory of that rank's that every rank maps.
+  // It lives while anyone holds it (the buffer that share() returns), not the window.
+  struct Region;
+  // Collective over the window, every rank in the same order (sizes may differ): maps
+  // `bytes` of fresh shared memory of this rank's (zeroed, page-aligned) and every peer's
+  // share of the same call. Throws CommError naming /dev/shm when it cannot hold them.
+  std::shared_ptr<Region> share(Store& store, const std::string& name, size_t bytes, Deadline d);
+  static char* region_data(const Region& r);  // this rank's part
+  // Before posting `round` (ops whose readers call input()): when [src, src + bytes) lies
+  // in this rank's part of a live region and is at least kPlacedMinBytes, names it in the
+  // round's post and returns true: peers read it in place, the caller skips the fill and,
+  // before its op returns, waits for every peer's kDone of its last round (its input is
+  // the caller's again then). Else false: the caller fills data() as usual.
+  bool place(uint64_t round, const void* src, size_t bytes);
+  static constexpr size_t kPlacedMinBytes = 64 << 10;
+  // Where `peer`'s `bytes` for `round` lie: in place (place()) or data(). After
+  // wait(kPosted) on that round.
+  const char* input(int peer, uint64_t round, size_t bytes) const;
+
   struct Control;
 
  private:
@@ -117,6 +138,10 @@ class ShmWindow {
   // Recent ns per byte of each store kind, [with `also`][kind]; 0 = not yet measured.
   double fill_cost_[2][2] = {{0, 0}, {0, 0}};
   uint64_t fills_ = 0;            // large fills so far
+  // The regions shared so far, by id (1, 2, ...); the user's thread adds, the op's reads.
+  mutable std::mutex regions_mu_;
+  std::vector<std::weak_ptr<Region>> regions_;
+  std::atomic<bool> any_regions_{false};
 };
 
 }  // namespace loom::comm
