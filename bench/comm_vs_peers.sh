@@ -9,6 +9,8 @@
 # DIRTY=1: every side writes each call's input first (--dirty-inputs: one byte of every 64-byte
 # line, as a backward pass writes a gradient), timed with the call; without it the inputs stay
 # as the first call left them, in every core's cache (as nccl-tests runs).
+# SHARED=1: Loom's inputs lie in alloc_shared memory (--shared-inputs), which its same-host
+# peers read in place as OpenMPI's CMA reads any buffer; the peers' buffers are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nps=${*:-2 4}
@@ -17,6 +19,8 @@ reps=${REPS:-5}
 min_iters=${MIN_ITERS:-100}
 dirty=()
 [ "${DIRTY:-0}" = 1 ] && dirty=(--dirty-inputs)
+shared=()
+[ "${SHARED:-0}" = 1 ] && shared=(--shared-inputs)
 loom=build/release/loom
 [ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
 work=build/peers
@@ -26,10 +30,10 @@ g++ -O3 -march=native -std=c++17 bench/peers/gloo_coll.cc -o "$work/gloo_coll" -
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $reps reps of at least $min_iters calls each${dirty:+; inputs rewritten before each call}" >&2
+echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $reps reps of at least $min_iters calls each${dirty:+; inputs rewritten before each call}${shared:+; Loom inputs in shared memory (--shared-inputs)}" >&2
 for np in $nps; do
   echo "== np=$np: loom" >&2
-  $loom launch -n "$np" -- $loom bench comm "${dirty[@]}" --op all_reduce,all_gather,reduce_scatter,broadcast \
+  $loom launch -n "$np" -- $loom bench comm "${dirty[@]}" "${shared[@]}" --op all_reduce,all_gather,reduce_scatter,broadcast \
     --sizes "${sizes// /,}" --reps "$reps" --min-iters "$min_iters" | sed 's/^\[rank 0\] //' \
     | awk -v np="$np" '/^# [a-z_]+$/ {op=$2} /^ +[0-9]/ {print "loom", np, op, $1, $4, $6, $9}' >> "$out/rows"
   echo "== np=$np: openmpi" >&2

@@ -184,8 +184,9 @@ TEST(Collectives, TeeCopyFillsBothDestinationsExactly) {
 }
 
 // Inputs in alloc_shared memory, which peers read in place (and, in a group of 3 or 4,
-// one rank's in ordinary memory, which goes through its slot): all_reduce and all_gather,
-// out of place and in place, at offsets inside the buffer, below, at and above the size
+// one rank's in ordinary memory, which goes through its slot): all_reduce, all_gather,
+// reduce_scatter and broadcast (from a root whose buffer is shared), out of
+// place and in place, at offsets inside the buffer, below, at and above the size
 // from which inputs are read in place, in one round and in many (64 KiB slots).
 TEST(Collectives, SharedInputsMatchClosedForm) {
   for (int n : {2, 3, 4}) {
@@ -211,6 +212,13 @@ TEST(Collectives, SharedInputsMatchClosedForm) {
         all_gather(c, {.input = buf, .output = out.data(), .count = count});
         for (size_t i = 0; i < count * n; ++i)
           ASSERT_EQ(out[i], static_cast<float>(i / count * 1000003 + i % count)) << what << " all_gather, i " << i;
+        for (size_t i = 0; i < count * n; ++i) buf[i] = static_cast<float>(testing::value(ReduceOp::kSum, r, i));
+        reduce_scatter(c, {.input = buf, .output = out.data(), .count = count});
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[i], testing::expected(ReduceOp::kSum, DType::kF32, n, r * count + i)) << what << " reduce_scatter, i " << i;
+        for (size_t i = 0; i < count; ++i) buf[i] = r == n - 1 ? static_cast<float>(i) : -1.0f;
+        broadcast(c, {.buffer = buf, .count = count, .root = n - 1});
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<float>(i)) << what << " broadcast, i " << i;
         // In place: this rank's block of the output is its input.
         float* whole = buf;
         for (size_t i = 0; i < count; ++i) whole[r * count + i] = static_cast<float>(r * 1000003 + i);
@@ -255,7 +263,7 @@ TEST(Collectives, PlacedInputsAreNamedInThePostAndReadInPlace) {
 }
 
 // A rank whose input its peers read in place returns only once they are done with it:
-// rank 0 overwrites its input the moment all_gather returns, while rank 1 is still slow
+// rank 0 overwrites its input the moment all_gather (or its broadcast) returns, while rank 1 is still slow
 // to copy (its output's pages are not yet mapped); rank 1 must still have rank 0's bytes.
 TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
   run_ranks(2, {.transport = "shm", .shm_slot_bytes = 4 << 20}, [](Communicator& c) {
@@ -268,12 +276,18 @@ TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
       ASSERT_NE(p, MAP_FAILED);
       auto* out = static_cast<float*>(p);
       if (c.rank() == 0) std::memset(out, 0, 2 * bytes);  // rank 0's copy is the fast one
-      all_gather(c, {.input = x, .output = out, .count = count});
+      const bool gather = iter % 2 == 0;  // else a broadcast from rank 0
+      if (gather) all_gather(c, {.input = x, .output = out, .count = count});
+      else broadcast(c, {.buffer = c.rank() == 0 ? x : out, .count = count});
       if (c.rank() == 0) std::memset(x, 0xff, bytes);
       barrier(c);
       size_t wrong = 0;
-      for (size_t i = 0; i < 2 * count; ++i) wrong += out[i] != static_cast<float>(i / count + 1);
-      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << " iteration " << iter;
+      if (gather) {
+        for (size_t i = 0; i < 2 * count; ++i) wrong += out[i] != static_cast<float>(i / count + 1);
+      } else if (c.rank() == 1) {
+        for (size_t i = 0; i < count; ++i) wrong += out[i] != 1.0f;
+      }
+      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << (gather ? " all_gather" : " broadcast") << " iteration " << iter;
       ::munmap(p, 2 * bytes);
     }
   });

@@ -152,17 +152,27 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
   const size_t es = dtype_size(dt);
   PeerPtrs ins(n);
   const size_t per_round = std::max<size_t>(w.slot_bytes() / es / n, 1);
+  const size_t whole = n * count * es;  // the input, placed whole when it is placed
+  uint64_t placed = 0;                  // the last round whose input peers read in place
   for_rounds(count, per_round, [&](size_t off, size_t m) {
     const size_t bytes = n * m * es;
     uint64_t round = begin_round(c, w, bytes);
     char* mine = w.data(me, round, bytes);
-    for (int p = 0; p < n; ++p) w.fill(mine + p * m * es, in + (p * count + off) * es, m * es);
+    if (bytes > ShmWindow::kInlineBytes && w.place(round, in, whole)) {
+      placed = round;
+    } else {
+      for (int p = 0; p < n; ++p) w.fill(mine + p * m * es, in + (p * count + off) * es, m * es);
+    }
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-    for (int p = 0; p < n; ++p) ins[p] = w.data(p, round, bytes) + me * m * es;
+    for (int p = 0; p < n; ++p) {
+      const char* theirs = bytes > ShmWindow::kInlineBytes ? w.placed(p, round, whole) : nullptr;
+      ins[p] = theirs ? theirs + (me * count + off) * es : w.data(p, round, bytes) + me * m * es;
+    }
     reduce_many(out + off * es, ins.data(), n, m, dt, op);
     w.publish(ShmWindow::kDone, round);
   });
+  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
@@ -194,17 +204,20 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
+  uint64_t placed = 0;  // the last round whose buffer receivers read in place (root)
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m, me == root);
     if (me == root) {
-      w.fill(w.data(me, round, m), buf + off, m);
+      if (w.place(round, buf + off, m)) placed = round;
+      else w.fill(w.data(me, round, m), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      copy_bytes(buf + off, w.data(root, round, m), m);
+      copy_bytes(buf + off, w.input(root, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
+  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {

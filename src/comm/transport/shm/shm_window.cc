@@ -216,11 +216,10 @@ bool ShmWindow::place(uint64_t round, const void* src, size_t bytes) {
   return where[0] != 0;
 }
 
-const char* ShmWindow::input(int peer, uint64_t round, size_t bytes) const {
-  if (bytes <= kInlineBytes) return data(peer, round, bytes);
+const char* ShmWindow::placed(int peer, uint64_t round, size_t bytes) const {
   uint64_t where[2];
   std::memcpy(where, control_[peer].post[round % kPosts].data, sizeof where);
-  if (where[0] == 0) return data(peer, round, bytes);
+  if (where[0] == 0) return nullptr;
   std::shared_ptr<Region> r;
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
@@ -233,6 +232,11 @@ const char* ShmWindow::input(int peer, uint64_t round, size_t bytes) const {
                         "shared buffers alike)"),
                     ranks_[peer]);
   return r->base[peer] + where[1];
+}
+
+const char* ShmWindow::input(int peer, uint64_t round, size_t bytes) const {
+  const char* p = bytes > kInlineBytes ? placed(peer, round, bytes) : nullptr;
+  return p ? p : data(peer, round, bytes);
 }
 
 ShmWindow::~ShmWindow() {

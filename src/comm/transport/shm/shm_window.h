@@ -109,8 +109,11 @@ class ShmWindow {
   // the caller's again then). Else false: the caller fills data() as usual.
   bool place(uint64_t round, const void* src, size_t bytes);
   static constexpr size_t kPlacedMinBytes = 64 << 10;
-  // Where `peer`'s `bytes` for `round` lie: in place (place()) or data(). After
-  // wait(kPosted) on that round.
+  // After wait(kPosted) on `round`, in a round whose data is not inline: where `peer`
+  // placed its input (place()), of which the caller reads up to `bytes`; nullptr when it
+  // filled its slot instead. Throws CommError when the region is not (or no longer) here.
+  const char* placed(int peer, uint64_t round, size_t bytes) const;
+  // Where `peer`'s `bytes` for `round` lie: in place, or data(). After wait(kPosted).
   const char* input(int peer, uint64_t round, size_t bytes) const;
 
   struct Control;
