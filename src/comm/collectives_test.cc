@@ -315,6 +315,27 @@ TEST(Collectives, SharedInputReleasedOnOneRankIsNamed) {
       << error;
 }
 
+// More than /dev/shm holds is refused at once, with the bytes asked, not a SIGBUS later;
+// and on every rank, when only one rank asked too much, so that all can fall back alike.
+// The next call's ids are fresh.
+TEST(Collectives, SharedBufferLargerThanDevShmIsRefused) {
+  run_ranks(3, {.transport = "shm", .timeout = milliseconds(5000)}, [](Communicator& c) {
+    try {
+      c.alloc_shared(c.rank() == 1 ? size_t{1} << 50 : 4096);
+      ADD_FAILURE() << "a 1 PiB shared buffer was granted";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 cannot share 1125899906842624 bytes in /dev/shm ("), std::string::npos)
+          << e.what();
+    }
+    SharedBuffer b = c.alloc_shared(1 << 20);
+    EXPECT_TRUE(b.shared());
+    float* x = reinterpret_cast<float*>(b.data());
+    for (int i = 0; i < (1 << 18); ++i) x[i] = static_cast<float>(c.rank() + 1);
+    all_reduce(c, {.output = x, .count = 1 << 18});
+    EXPECT_EQ(x[(1 << 18) - 1], 6.0f);
+  });
+}
+
 TEST(Collectives, SplitMakesSubGroups) {
   run_ranks(6, {}, [](Communicator& c) {
     auto sub = c.split(c.rank() % 2, -c.rank());  // reversed order inside each group

@@ -77,6 +77,12 @@ void ParamSet::allocate() {
   grads_ = Tensor::zeros({numel_}, dtype_);
 }
 
+void ParamSet::adopt_grads(Tensor g) {
+  LOOM_CHECK(grads_.defined() && g.dtype() == dtype_ && g.numel() == numel_ && g.is_contiguous());
+  g.copy_from(grads_);
+  grads_ = std::move(g);
+}
+
 int ParamSet::find(const std::string& name) const {
   for (size_t i = 0; i < infos_.size(); ++i)
     if (infos_[i].name == name) return static_cast<int>(i);

@@ -64,6 +64,7 @@ void discard_pages(void* p, size_t bytes) {
 }
 
 Storage::~Storage() {
+  if (keep_) return;
   if (mapped_) ::munmap(data_, bytes_);
   else std::free(data_);
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "loom/core/log.h"
 #include "parallel/data_parallel_impl.h"
 
 namespace loom::parallel {
@@ -30,7 +31,27 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const Dat
   }
   m.zero->allocate(m);
   if (config.deterministic) m.exact = Tensor::zeros({kLimbs * params.numel()}, DType::kI64);
+  // ZeRO 0 and 1 all-reduce the f32 gradients in place: in memory the group's same-host
+  // ranks map, peers read them there, not through the shared window (docs/parallelism.md,
+  // "Gradients in shared memory"). Where /dev/shm cannot hold them, on any rank, every rank
+  // keeps them in private memory.
+  if (m.n > 1 && m.zero->stage() <= 1 && !config.deterministic && config.grad_dtype == DType::kF32) {
+    try {
+      auto shared = std::make_shared<comm::SharedBuffer>(comm.alloc_shared(params.grads().nbytes()));
+      if (shared->shared()) {
+        auto* data = reinterpret_cast<std::byte*>(shared->data());
+        const size_t bytes = shared->size();
+        params.adopt_grads(Tensor(std::make_shared<Storage>(data, bytes, std::move(shared)), 0,
+                                  {params.numel()}, DType::kF32));
+        m.grads_shared = true;
+      }
+    } catch (const comm::CommError& e) {
+      log_warn(cat("gradients stay in private memory (peers read them through the shared window): ", e.what()));
+    }
+  }
 }
+
+bool DataParallel::grads_shared() const { return impl_->grads_shared; }
 
 DataParallel::~DataParallel() = default;
 

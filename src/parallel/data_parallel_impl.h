@@ -106,6 +106,7 @@ struct DataParallelImpl {
   int64_t shard_numel = 0;  // elements of this rank's parts (ZeRO 1-3)
   Tensor exact;             // deterministic: kLimbs int64 per gradient element
   int64_t unsummable = -1;  // deterministic: this step's first flat element exact sums cannot hold
+  bool grads_shared = false;  // the gradients lie in memory same-host peers map (alloc_shared)
   UnitComm uc;
 
   bool last_micro = false;

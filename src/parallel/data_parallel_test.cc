@@ -46,6 +46,7 @@ struct Run {
 struct Result {
   std::vector<double> losses, norms;
   std::vector<float> weights;
+  bool grads_shared = false;  // DataParallel::grads_shared()
 };
 
 // One rank's training loop: what `loom train` does, minus files.
@@ -85,6 +86,7 @@ Result train_rank(comm::Communicator& comm, const Run& run) {
     r.norms.push_back(dp_update.step(optim::lr_at(sched, step), run.grad_clip, run.loss_scale));
   }
   dp.materialize_params();
+  r.grads_shared = dp.grads_shared();
   const float* w = gpt.params().values().data<float>();
   r.weights.assign(w, w + gpt.params().numel());
   return r;
@@ -153,6 +155,24 @@ INSTANTIATE_TEST_SUITE_P(WorldsStagesAccumulation, Parity,
                            return cat("n", std::get<0>(info.param), "_zero", std::get<1>(info.param),
                                       std::get<2>(info.param) ? "_accum" : "_noaccum");
                          });
+
+// ZeRO 0 and 1 keep the f32 gradients in shared memory, and units of 64 KiB or more are
+// read in place by the peers (docs/parallelism.md, "Gradients in shared memory"). Summed in
+// rank order either way, so the same bits as units small enough to go through the window.
+TEST(DataParallel, GradientsReadInPlaceGiveTheSameBits) {
+  set_compute_threads(1);
+  for (int ranks : {2, 3})
+    for (int zero : {0, 1}) {
+      Result in_place = train({.ranks = ranks, .micro_batch = 2, .dp = {.zero = zero, .bucket_mb = 0.1}});
+      Result through = train({.ranks = ranks, .micro_batch = 2, .dp = {.zero = zero, .bucket_mb = kBucketMb}});
+      EXPECT_TRUE(in_place.grads_shared) << ranks << " ranks, zero " << zero;
+      EXPECT_EQ(in_place.losses, through.losses) << ranks << " ranks, zero " << zero;
+      EXPECT_TRUE(in_place.weights == through.weights) << ranks << " ranks, zero " << zero;
+      EXPECT_LT(in_place.losses.back(), in_place.losses.front() - 0.5) << "the model did not learn";
+    }
+  Result two = train({.ranks = 2, .micro_batch = 2, .dp = {.zero = 2, .bucket_mb = 0.5}});
+  EXPECT_FALSE(two.grads_shared) << "ZeRO 2 gives its gradient pages back, which shared memory would keep";
+}
 
 TEST(DataParallel, Bf16GradientsStayCloseToF32) {
   set_compute_threads(1);

@@ -103,6 +103,9 @@ class ParamSet {
   Tensor value(int index) const;
   Tensor grad(int index) const;
   void zero_grads() const { grads_.zero(); }
+  // Moves the gradients into `g` (contiguous, numel() elements of dtype(); the values are
+  // copied): data parallelism puts them where same-host peers read them in place.
+  void adopt_grads(Tensor g);
 
  private:
   DType dtype_;

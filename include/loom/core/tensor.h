@@ -31,6 +31,10 @@ class Storage {
   // Zeroed. `huge_pages`: a mapped allocation asks the kernel for huge pages (far fewer page
   // faults when it is written whole at once, e.g. a checkpoint's copy of the model).
   explicit Storage(size_t bytes, bool huge_pages = false);
+  // `bytes` at `data`, which `keep` keeps alive (memory another owner hands out, e.g. a
+  // communicator's shared memory); not zeroed here.
+  Storage(std::byte* data, size_t bytes, std::shared_ptr<void> keep)
+      : data_(data), bytes_(bytes), keep_(std::move(keep)) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -45,6 +49,7 @@ class Storage {
   std::byte* data_;
   size_t bytes_;
   bool mapped_ = false;
+  std::shared_ptr<void> keep_;  // set: the memory is another owner's
 };
 
 // Makes the whole pages in [p, p + bytes) resident and writable now, in one call, for memory

@@ -143,6 +143,9 @@ class DataParallel {
   void sum_over_replicas(double* data, size_t count, const char* what);
   const StageGroups& stage_groups() const;
   bool deterministic() const;
+  // Whether the gradients lie in memory this group's same-host ranks read in place
+  // (ZeRO 0-1 with f32 gradients, not deterministic, on a shared window).
+  bool grads_shared() const;
   // Parameter-server workers (loom/parallel/param_server.h), in place of finish_step: waits for the
   // gradient sums over the group and hands them over without updating anything. In
   // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and

@@ -143,8 +143,11 @@ std::shared_ptr<ShmWindow::Region> ShmWindow::share(Store& store, const std::str
                                                     size_t bytes, Deadline d) {
   uint64_t id;
   {
+    // The id is taken even if the call fails (on every rank alike), so that the next
+    // call's keys in the store are fresh.
     std::lock_guard<std::mutex> lock(regions_mu_);
-    id = regions_.size() + 1;
+    regions_.emplace_back();
+    id = regions_.size();
   }
   auto r = std::make_shared<Region>();
   r->me = rank_;
@@ -165,17 +168,25 @@ std::shared_ptr<ShmWindow::Region> ShmWindow::share(Store& store, const std::str
     const std::string& path;
     ~Unlink() { ::shm_unlink(path.c_str()); }
   } unlink{path};
-  if (err)
-    throw CommError(cat("rank ", job(rank_), " cannot share ", bytes, " bytes in /dev/shm (",
-                        std::strerror(err), "); is /dev/shm big enough?"),
-                    -1);
-  r->base[rank_] = static_cast<char*>(p);
-  r->bytes[rank_] = mine;
-  store.set(cat(key, "/", rank_), cat(mine, " ", path), d);
+  if (!err) {
+    r->base[rank_] = static_cast<char*>(p);
+    r->bytes[rank_] = mine;
+  }
+  // Every rank learns whether every other got its part, so that all fail alike (and a
+  // caller can fall back to ordinary memory everywhere) instead of some waiting in vain.
+  store.set(cat(key, "/", rank_),
+            err ? cat("error rank ", job(rank_), " cannot share ", bytes, " bytes in /dev/shm (",
+                      std::strerror(err), "); is /dev/shm big enough?")
+                : cat("ok ", mine, " ", path),
+            d);
+  std::vector<std::string> parts(size_);
+  for (int q = 0; q < size_; ++q) parts[q] = store.get(cat(key, "/", q), d);
+  for (const auto& v : parts)
+    if (v.rfind("error ", 0) == 0) throw CommError(v.substr(6), -1);
   // Peers only read this rank's part, and this rank theirs.
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
-    std::istringstream in(store.get(cat(key, "/", q), d));
+    std::istringstream in(parts[q].substr(3));
     size_t n = 0;
     std::string theirs;
     in >> n >> theirs;
@@ -194,7 +205,7 @@ std::shared_ptr<ShmWindow::Region> ShmWindow::share(Store& store, const std::str
     std::this_thread::sleep_for(milliseconds(1));
   }
   std::lock_guard<std::mutex> lock(regions_mu_);
-  regions_.push_back(r);
+  regions_[id - 1] = r;
   any_regions_.store(true, std::memory_order_release);
   return r;
 }
