@@ -380,6 +380,29 @@ TEST_F(Cli, BenchCommWithDirtyInputsChecksEveryOp) {
   EXPECT_EQ(ok, 12u) << r.out;  // 6 ops x 2 sizes
 }
 
+// `--shared-inputs` puts each call's input where the peers read it in place; `--ab-shared`
+// times an ordinary and a shared input in alternate reps, a checked row for each and their
+// ratio per size.
+TEST_F(Cli, BenchCommReadsSharedInputsInPlace) {
+  Result r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom bench comm --shared-inputs",
+                      " --op all_reduce,all_gather,reduce_scatter,broadcast --sizes 4K,3M --reps 1 --warmup 1 --iters 2"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("inputs in shared memory: same-host peers read them in place"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("shared / ordinary"), std::string::npos) << r.out;
+  r = loom(cat("launch -n 2 -- ", LOOM_BINARY_DIR, "/loom bench comm --ab-shared --dirty-inputs",
+               " --op all_reduce,all_gather --sizes 4K,3M --reps 2 --warmup 1 --iters 2"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  size_t ok = 0, ratios = 0;
+  for (size_t at = r.out.find(" ok "); at != std::string::npos; at = r.out.find(" ok ", at + 1)) ++ok;
+  for (size_t at = r.out.find("shared / ordinary busbw: "); at != std::string::npos;
+       at = r.out.find("shared / ordinary busbw: ", at + 1))
+    ++ratios;
+  EXPECT_EQ(ok, 8u) << r.out;  // 2 ops x 2 sizes x 2 inputs
+  EXPECT_EQ(ratios, 4u) << r.out;
+}
+
 }  // namespace
 }  // namespace loom
 

@@ -336,6 +336,8 @@ int run(int argc, char** argv) {
                "Before each call, write every 64-byte line of its input (as a backward pass writes a gradient)");
   bc->add_flag("--shared-inputs", bench_comm.shared_inputs,
                "Put inputs in shared memory (alloc_shared): same-host peers read them in place");
+  bc->add_flag("--ab-shared", bench_comm.ab_shared,
+               "Alternate each size's reps between an ordinary input and a shared one; print both and the ratio");
 
   loom::app::PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "Simulate a pipeline schedule: step time, bubble, activation memory per stage, a timeline");

@@ -177,12 +177,16 @@ int run_bench_comm(const BenchCommArgs& a) {
   const int n = c.size();
   const size_t es = dtype_size(dt);
   size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  // Inputs in ordinary memory, or in memory the peers map (--shared-inputs).
+  // Inputs in ordinary memory, in memory the peers map (--shared-inputs), or both, the reps
+  // alternating between them (--ab-shared).
+  const bool ab = a.ab_shared, in_shared = a.shared_inputs || ab;
   SharedBuffer shared;
   std::vector<char> heap, rbuf(max_bytes + 64 * es);
-  if (a.shared_inputs) shared = c.alloc_shared(rbuf.size());
-  else heap.resize(rbuf.size());
-  char* sbuf = a.shared_inputs ? shared.data() : heap.data();
+  if (in_shared) shared = c.alloc_shared(rbuf.size());
+  if (!a.shared_inputs || ab) heap.resize(rbuf.size());
+  std::vector<char*> inputs;  // one per row of each size: ordinary first under --ab-shared
+  if (!heap.empty()) inputs.push_back(heap.data());
+  if (in_shared) inputs.push_back(shared.data());
 
   if (c.rank() == 0) {
     std::printf("# loom bench comm | np=%d | transport %s (%s) | algorithm %s | dtype %s | launched by %s\n", n,
@@ -190,9 +194,12 @@ int run_bench_comm(const BenchCommArgs& a) {
                 a.dtype.c_str(), env.source.c_str());
     std::printf("# time = median over reps of the rank-averaged per-call time; busbw as nccl-tests\n");
     if (a.dirty_inputs) std::printf("# inputs rewritten before each call (every 64-byte line), timed with it\n");
-    if (a.shared_inputs)
-      std::printf("# inputs in %s\n", shared.shared() ? "shared memory: same-host peers read them in place"
-                                                       : "ordinary memory (no shared window in this group)");
+    if (in_shared)
+      std::printf("# inputs in %s%s\n", shared.shared() ? "shared memory: same-host peers read them in place"
+                                                         : "ordinary memory (no shared window in this group)",
+                  ab ? "; each size's reps alternate between an ordinary input (first row) and a shared one "
+                       "(second row, then their ratio)"
+                     : "");
   }
   bool all_ok = true;
   for (size_t k = 0; k < ops.size(); ++k) {
@@ -206,35 +213,46 @@ int run_bench_comm(const BenchCommArgs& a) {
       bool split = op == Op::kAllGather || op == Op::kReduceScatter || op == Op::kAllToAll;
       size_t per_rank = split ? std::max<size_t>(elems / n, 1) : elems;
       size_t bytes = (split ? per_rank * n : per_rank) * es;
-      Bench b{c, op, dt, algo, sbuf, rbuf.data(), per_rank, a.dirty_inputs};
       if (split && bytes > rbuf.size()) continue;
+      std::vector<Bench> benches;
+      for (char* in : inputs) benches.push_back({c, op, dt, algo, in, rbuf.data(), per_rank, a.dirty_inputs});
       int ok = 1;
-      if (a.check) ok = b.check() ? 1 : 0;
+      if (a.check)
+        for (Bench& b : benches) ok &= b.check() ? 1 : 0;
       int32_t ok_all = ok;
       all_reduce(c, {.output = &ok_all, .count = 1, .dtype = DType::kI32, .op = ReduceOp::kMin});
       all_ok &= ok_all == 1;
       double t0 = now_s();
       int warm = bytes <= (1u << 20) ? std::max(a.warmup, 20) : a.warmup;
-      for (int i = 0; i < warm; ++i) b.run1();
-      double per_call = all_max(c, (now_s() - t0) / std::max(warm, 1));
+      for (Bench& b : benches)
+        for (int i = 0; i < warm; ++i) b.run1();
+      double per_call = all_max(c, (now_s() - t0) / std::max(warm * static_cast<int>(benches.size()), 1));
       const int iters = a.iters > 0 ? a.iters
                                     : std::max(a.min_iters, std::min(2000, static_cast<int>(0.1 / std::max(per_call, 1e-9))));
-      std::vector<double> times;
+      std::vector<std::vector<double>> times(benches.size());
       for (int r = 0; r < a.reps; ++r) {
-        barrier(c);
-        double s = now_s();
-        for (int i = 0; i < iters; ++i) b.run1();
-        double dt_avg = (now_s() - s) / iters;
-        all_reduce(c, {.output = &dt_avg, .count = 1, .dtype = DType::kF64, .op = ReduceOp::kAvg});
-        times.push_back(dt_avg);
+        for (size_t j = 0; j < benches.size(); ++j) {
+          const size_t which = r % 2 == 0 ? j : benches.size() - 1 - j;  // ABBA: neither always goes first
+          barrier(c);
+          double s = now_s();
+          for (int i = 0; i < iters; ++i) benches[which].run1();
+          double dt_avg = (now_s() - s) / iters;
+          all_reduce(c, {.output = &dt_avg, .count = 1, .dtype = DType::kF64, .op = ReduceOp::kAvg});
+          times[which].push_back(dt_avg);
+        }
       }
-      std::sort(times.begin(), times.end());
-      double t = times[times.size() / 2];
-      double algbw = static_cast<double>(bytes) / t / 1e9;
+      std::vector<double> medians;
+      for (auto& ts : times) {
+        std::sort(ts.begin(), ts.end());
+        double t = ts[ts.size() / 2];
+        medians.push_back(t);
+        double algbw = static_cast<double>(bytes) / t / 1e9;
+        if (c.rank() == 0)
+          std::printf("  %12zu %12zu %5s %12.2f %11.3f %11.3f %6d %5s %7.1f\n", bytes, per_rank, a.dtype.c_str(), t * 1e6,
+                      algbw, algbw * bus_factor(op, n), iters, ok_all ? "ok" : "WRONG", 100.0 * (ts.back() - ts.front()) / t);
+      }
       if (c.rank() == 0) {
-        std::printf("  %12zu %12zu %5s %12.2f %11.3f %11.3f %6d %5s %7.1f\n", bytes, per_rank, a.dtype.c_str(), t * 1e6,
-                    algbw, algbw * bus_factor(op, n), iters, ok_all ? "ok" : "WRONG",
-                    100.0 * (times.back() - times.front()) / t);
+        if (ab) std::printf("#   shared / ordinary busbw: %.2fx\n", medians[0] / medians[1]);
         std::fflush(stdout);
       }
     }

@@ -185,9 +185,9 @@ TEST(Collectives, TeeCopyFillsBothDestinationsExactly) {
 
 // Inputs in alloc_shared memory, which peers read in place (and, in a group of 3 or 4,
 // one rank's in ordinary memory, which goes through its slot): all_reduce, all_gather,
-// reduce_scatter and broadcast (from a root whose buffer is shared), out of
-// place and in place, at offsets inside the buffer, below, at and above the size
-// from which inputs are read in place, in one round and in many (64 KiB slots).
+// reduce_scatter, and broadcast (which does not read in place), out of place and in
+// place, at offsets inside the buffer, below, at and above the size from which inputs are
+// read in place, in one round and in many (64 KiB slots).
 TEST(Collectives, SharedInputsMatchClosedForm) {
   for (int n : {2, 3, 4}) {
     run_ranks(n, {.transport = "shm", .shm_slot_bytes = 64 << 10}, [n](Communicator& c) {
@@ -263,7 +263,7 @@ TEST(Collectives, PlacedInputsAreNamedInThePostAndReadInPlace) {
 }
 
 // A rank whose input its peers read in place returns only once they are done with it:
-// rank 0 overwrites its input the moment all_gather (or its broadcast) returns, while rank 1 is still slow
+// rank 0 overwrites its input the moment all_gather (or reduce_scatter) returns, while rank 1 is still slow
 // to copy (its output's pages are not yet mapped); rank 1 must still have rank 0's bytes.
 TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
   run_ranks(2, {.transport = "shm", .shm_slot_bytes = 4 << 20}, [](Communicator& c) {
@@ -276,18 +276,18 @@ TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
       ASSERT_NE(p, MAP_FAILED);
       auto* out = static_cast<float*>(p);
       if (c.rank() == 0) std::memset(out, 0, 2 * bytes);  // rank 0's copy is the fast one
-      const bool gather = iter % 2 == 0;  // else a broadcast from rank 0
+      const bool gather = iter % 2 == 0;  // else a reduce_scatter
       if (gather) all_gather(c, {.input = x, .output = out, .count = count});
-      else broadcast(c, {.buffer = c.rank() == 0 ? x : out, .count = count});
+      else reduce_scatter(c, {.input = x, .output = out, .count = count / 2});
       if (c.rank() == 0) std::memset(x, 0xff, bytes);
       barrier(c);
       size_t wrong = 0;
       if (gather) {
         for (size_t i = 0; i < 2 * count; ++i) wrong += out[i] != static_cast<float>(i / count + 1);
       } else if (c.rank() == 1) {
-        for (size_t i = 0; i < count; ++i) wrong += out[i] != 1.0f;
+        for (size_t i = 0; i < count / 2; ++i) wrong += out[i] != 3.0f;
       }
-      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << (gather ? " all_gather" : " broadcast") << " iteration " << iter;
+      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << (gather ? " all_gather" : " reduce_scatter") << " iteration " << iter;
       ::munmap(p, 2 * bytes);
     }
   });

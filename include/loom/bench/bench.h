@@ -37,6 +37,9 @@ struct BenchCommArgs {
   // Inputs in memory the same-host peers map (Communicator::alloc_shared), so that
   // all_reduce and all_gather read them in place instead of through the shared window.
   bool shared_inputs = false;
+  // Both: each size's reps alternate between an ordinary and a shared input, so that the
+  // host's drift falls on both alike; a row for each and their ratio.
+  bool ab_shared = false;
 };
 int run_bench_comm(const BenchCommArgs& a);
 

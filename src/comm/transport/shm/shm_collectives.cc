@@ -204,20 +204,17 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
-  uint64_t placed = 0;  // the last round whose buffer receivers read in place (root)
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m, me == root);
     if (me == root) {
-      if (w.place(round, buf + off, m)) placed = round;
-      else w.fill(w.data(me, round, m), buf + off, m);
+      w.fill(w.data(me, round, m), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      copy_bytes(buf + off, w.input(root, round, m), m);
+      copy_bytes(buf + off, w.data(root, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
-  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {
