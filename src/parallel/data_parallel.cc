@@ -33,9 +33,11 @@ DataParallel::DataParallel(comm::Communicator& comm, ParamSet& params, const Dat
   if (config.deterministic) m.exact = Tensor::zeros({kLimbs * params.numel()}, DType::kI64);
   // ZeRO 0 and 1 all-reduce the f32 gradients in place: in memory the group's same-host
   // ranks map, peers read them there, not through the shared window (docs/parallelism.md,
-  // "Gradients in shared memory"). Where /dev/shm cannot hold them, on any rank, every rank
-  // keeps them in private memory.
-  if (m.n > 1 && m.zero->stage() <= 1 && !config.deterministic && config.grad_dtype == DType::kF32) {
+  // "Gradients in shared memory"), when the units are large enough for that to pay with
+  // inputs just written. Where /dev/shm cannot hold them, on any rank, every rank keeps
+  // them in private memory.
+  if (m.n > 1 && m.zero->stage() <= 1 && !config.deterministic && config.grad_dtype == DType::kF32 &&
+      config.bucket_mb >= kSharedGradsMinBucketMb) {
     try {
       auto shared = std::make_shared<comm::SharedBuffer>(comm.alloc_shared(params.grads().nbytes()));
       if (shared->shared()) {

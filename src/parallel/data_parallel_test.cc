@@ -156,21 +156,22 @@ INSTANTIATE_TEST_SUITE_P(WorldsStagesAccumulation, Parity,
                                       std::get<2>(info.param) ? "_accum" : "_noaccum");
                          });
 
-// ZeRO 0 and 1 keep the f32 gradients in shared memory, and units of 64 KiB or more are
-// read in place by the peers (docs/parallelism.md, "Gradients in shared memory"). Summed in
-// rank order either way, so the same bits as units small enough to go through the window.
+// ZeRO 0 and 1 with units of 16 MiB or more keep the f32 gradients in shared memory, which
+// the peers read in place (docs/parallelism.md, "Gradients in shared memory"). Summed in
+// rank order either way, so the same bits as small units through the window.
 TEST(DataParallel, GradientsReadInPlaceGiveTheSameBits) {
   set_compute_threads(1);
   for (int ranks : {2, 3})
     for (int zero : {0, 1}) {
-      Result in_place = train({.ranks = ranks, .micro_batch = 2, .dp = {.zero = zero, .bucket_mb = 0.1}});
+      Result in_place = train({.ranks = ranks, .micro_batch = 2, .dp = {.zero = zero, .bucket_mb = 16}});
       Result through = train({.ranks = ranks, .micro_batch = 2, .dp = {.zero = zero, .bucket_mb = kBucketMb}});
       EXPECT_TRUE(in_place.grads_shared) << ranks << " ranks, zero " << zero;
+      EXPECT_FALSE(through.grads_shared) << ranks << " ranks, zero " << zero;
       EXPECT_EQ(in_place.losses, through.losses) << ranks << " ranks, zero " << zero;
       EXPECT_TRUE(in_place.weights == through.weights) << ranks << " ranks, zero " << zero;
       EXPECT_LT(in_place.losses.back(), in_place.losses.front() - 0.5) << "the model did not learn";
     }
-  Result two = train({.ranks = 2, .micro_batch = 2, .dp = {.zero = 2, .bucket_mb = 0.5}});
+  Result two = train({.ranks = 2, .micro_batch = 2, .dp = {.zero = 2, .bucket_mb = 16}});
   EXPECT_FALSE(two.grads_shared) << "ZeRO 2 gives its gradient pages back, which shared memory would keep";
 }
 

@@ -144,8 +144,12 @@ class DataParallel {
   const StageGroups& stage_groups() const;
   bool deterministic() const;
   // Whether the gradients lie in memory this group's same-host ranks read in place
-  // (ZeRO 0-1 with f32 gradients, not deterministic, on a shared window).
+  // (ZeRO 0-1 with f32 gradients, not deterministic, units of kSharedGradsMinBucketMb or
+  // more, on a shared window).
   bool grads_shared() const;
+  // Below this, units read in place lost to the window with just-written inputs
+  // (docs/parallelism.md, "Gradients in shared memory").
+  static constexpr double kSharedGradsMinBucketMb = 16;
   // Parameter-server workers (loom/parallel/param_server.h), in place of finish_step: waits for the
   // gradient sums over the group and hands them over without updating anything. In
   // deterministic mode the exact sums (kLimbs int64 per element, parallel/exact_sum.h) and
