@@ -3,7 +3,9 @@
 // algorithms there never include the window): every rank copies its input
 // into its own slot of the shared window, publishes the round, and reads what it needs
 // straight from its peers' slots. A message is cut into rounds that fit a slot; two
-// slots per rank let round k+1 be filled while peers still read round k.
+// slots per rank let round k+1 be filled while peers still read round k. An input in
+// shared memory (Communicator::alloc_shared) is not copied: the round's post names it and
+// peers read it in place (all_reduce, reduce, all_gather, reduce_scatter; ShmWindow::place).
 //
 // all_reduce of large messages: each rank reduces its 1/n slice of the round across all
 // slots (in rank order, so the bits never depend on timing) into its own slot, then

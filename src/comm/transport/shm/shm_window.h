@@ -1,7 +1,9 @@
 // The shm transport: one shared-memory segment per same-host communicator, holding for
 // every rank a control block (round counters, and kPosts post lines carrying each
-// round's fingerprint and, when small, its data) and kSlots staging slots. shm-direct algorithms copy into their own slot, publish a
-// round number, and read peers' slots directly: one copy in, one copy out, no messages.
+// round's fingerprint and, when small, its data) and kSlots staging slots. shm-direct
+// algorithms copy into their own slot, publish a round number, and read peers' slots
+// directly: one copy in, one copy out, no messages. Inputs in shared regions (share())
+// skip the copy in: the post names them and peers read them in place.
 //
 // Rounds are numbered per communicator and advance identically on every rank; slot
 // round % kSlots holds round `round`. A rank reuses a slot only after every rank is done
