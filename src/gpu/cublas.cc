@@ -28,6 +28,7 @@ Cublas open_cublas() {
   lib.resolve("cublasCreate_v2", c.create);
   lib.resolve("cublasDestroy_v2", c.destroy);
   lib.resolve("cublasSetStream_v2", c.set_stream);
+  lib.resolve("cublasSetWorkspace_v2", c.set_workspace);
   lib.resolve("cublasGemmEx", c.gemm_ex);
   return c;
 }

@@ -29,6 +29,9 @@ namespace {
 
 using kern::bf16;
 
+// cuBLAS's advice for Hopper (4 MiB would do on earlier GPUs), as LtProducts::kWorkspaceBytes.
+constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
+
 struct LinearOffsets {
   int64_t weight = 0, bias = 0;
 };
@@ -75,6 +78,11 @@ struct GptTrainer::Impl {
   Stream compute, copy;
   PhaseTimer timer{false};
   cublasHandle_t blas = nullptr;
+  // cuBLAS's workspace for `blas`, owned here. Without one, cuBLAS takes workspace from a
+  // pool of its own and promises the same bits only while a single stream is active in the
+  // process: two trainers (ranks as threads sharing a GPU) each with its own stream may get
+  // other kernels run to run (cuBLAS's "Results reproducibility"; docs/gpu.md, "Determinism").
+  DeviceBuffer blas_workspace;
   DeviceBuffer params, grads, exp_avg, exp_avg_sq, params_bf16, chunk_table, reduce_scratch, results;
   DeviceBuffer wte_padded;  // (ldv, C) bf16: wte's rows, then zeros, for the head's aligned products
   DeviceBuffer tokens, targets, wte_rows, wte_starts, wte_ids;
@@ -264,6 +272,8 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
 
   check(cublas().create(&m.blas), "cublasCreate");
   check(cublas().set_stream(m.blas, m.s()), "cublasSetStream");
+  m.blas_workspace = m.buf(kBlasWorkspaceBytes, 1, "cuBLAS workspace");
+  check(cublas().set_workspace(m.blas, m.blas_workspace.as<void>(), m.blas_workspace.bytes()), "cublasSetWorkspace");
   if (config.fused_epilogues) m.lt = std::make_unique<LtProducts>(m.alloc, m.s());
   m.params = m.buf(m.numel, 4, "parameters");
   m.grads = m.buf(m.numel, 4, "gradients");

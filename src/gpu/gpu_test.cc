@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/comm_testing.h"
@@ -612,11 +613,10 @@ ReplicaRun run_replicas(int zero, bool fused, uint64_t steps) {
 // them (with two ranks each sum is the one addition a + b either way), and AdamW is
 // elementwise: after a step, both ranks' weights equal data parallelism's bit for bit, and
 // the ranks' moment shards are data parallelism's moments cut in two. One step, because
-// over three steps this two-rank job does not repeat its own bits: two runs of it on the
-// H200 ended 5.6e-3 to 6.0e-3 (of the largest weight) apart, with the ranks' GPU work
-// serialized and barriers between the phases too, where one trainer's runs give the same
-// bits (docs/gpu.md, "Not yet"). (ZeRO 2's first run had a model of head size 24, which the
-// attention does not take and the trainer refuses since; it was withdrawn on that run.)
+// over three steps this two-rank job did not repeat its own bits on the H200 (5.6e-3 to
+// 6.0e-3 of the largest weight apart) while cuBLAS's handles had no workspace of their own
+// (TwoRanksSharingTheGpuRepeatTheirBits). (ZeRO 2's first run had a model of head size 24,
+// which the attention does not take and the trainer refuses since.)
 TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
   LOOM_NEEDS_GPU();
   for (const bool fused : {false, true}) {
@@ -636,6 +636,37 @@ TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
       }
     }
   }
+}
+
+
+// Two ranks (threads) sharing the GPU, three steps, twice: the same bits. Each trainer has
+// its own stream; cuBLAS promises the same bits with several streams active only where
+// each handle has a workspace of its own (cuBLAS's "Results reproducibility"), which the
+// trainer's handle did not have when two runs of this job on the H200 ended 5.6e-3 to
+// 6.0e-3 of the largest weight apart (docs/gpu.md, "Determinism"). Data parallel and ZeRO
+// 2 (a reduce-scatter, then each rank's shard), with either epilogues.
+TEST(GpuGpt, TwoRanksSharingTheGpuRepeatTheirBits) {
+  LOOM_NEEDS_GPU();
+  const nn::Gpt layout({.n_layer = 2, .n_head = 3, .d_model = 96, .seq_len = 64, .vocab_size = 301});
+  const auto name_of = [&](size_t i) {
+    for (const ParamInfo& p : layout.params().infos())
+      if (i >= size_t(p.offset) && i < size_t(p.offset + p.numel)) return p.name;
+    return std::string("?");
+  };
+  for (const int zero : {0, 2})
+    for (const bool fused : {false, true}) {
+      const ReplicaRun a = run_replicas(zero, fused, 3), b = run_replicas(zero, fused, 3);
+      for (int r = 0; r < 2; ++r)
+        for (const auto& [what, x, y] : {std::tuple{"weights", &a.weights[size_t(r)], &b.weights[size_t(r)]},
+                                        std::tuple{"exp_avg", &a.exp_avg[size_t(r)], &b.exp_avg[size_t(r)]}}) {
+          ASSERT_EQ(x->size(), y->size());
+          const auto diff = std::mismatch(x->begin(), x->end(), y->begin());
+          EXPECT_TRUE(diff.first == x->end())
+              << "ZeRO " << zero << (fused ? ", cuBLASLt epilogues" : ", Loom's epilogues") << ", rank " << r << ": the "
+              << what << " of two runs first differ at element " << diff.first - x->begin() << " (of "
+              << name_of(size_t(diff.first - x->begin())) << ")";
+        }
+    }
 }
 
 }  // namespace
