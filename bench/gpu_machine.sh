@@ -6,12 +6,15 @@
 # cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm (default: all),
-#                                     run in the order given
+#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm amx (default:
+#                                     all), run in the order given
+#
+# amx: the AMX path of bf16 products (GemmPath::kAmx, never run before on a CPU with AMX): the
+# GEMM tests on every path of this CPU, AMX's included, then its products and a bf16 step.
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
-steps=" ${*:-tests cli bench peer cpu compile gemm} "
+steps=" ${*:-tests cli bench peer cpu compile gemm amx} "
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
@@ -34,7 +37,7 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 B=/tmp/loom-gpu-build
 say "build"
 if ! CMAKE_ARGS="-DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLOOM_WERROR=OFF -DLOOM_BUILD_BENCH=OFF" \
-    timeout 400 .devkit/build.sh . $B loom gpu_test gpu_cli_test >"$OUT/build.txt" 2>&1; then
+    timeout 400 .devkit/build.sh . $B loom gpu_test gpu_cli_test kernels_test >"$OUT/build.txt" 2>&1; then
   tail -60 "$OUT/build.txt"
   say "build failed"
   exit 1
@@ -74,9 +77,17 @@ step_cpu() {
   done
 }
 step_gemm() { run 120 $B/loom bench gemm --threads 1; }
+step_amx() {
+  say "gemm tests (every path this CPU has)"
+  OMP_NUM_THREADS=4 timeout 300 $B/src/kernels/kernels_test --gtest_filter='Gemm.*:GemmHalf.*' >"$OUT/kernels_test.txt" 2>&1
+  echo "kernels_test exit $?" | tee -a "$S"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Which is|of [0-9]+ lanes|amx" "$OUT/kernels_test.txt" | head -40 | tee -a "$S"
+  run 120 $B/loom bench gemm --threads 1 --path amx
+  run 300 $B/loom bench train --preset gpt-mini --threads 1 "$(nproc)" --precision bf16 --steps 8 --warmup 2 --gemm-path amx
+}
 for step in $steps; do
   case $step in
-    tests | cli | bench | peer | compile | cpu | gemm) "step_$step" ;;
+    tests | cli | bench | peer | compile | cpu | gemm | amx) "step_$step" ;;
     *) say "unknown step $step" ;;
   esac
 done

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -229,6 +230,12 @@ TEST_F(Cli, GemmPathAndThreadsDoNotChangeTheBits) {
   EXPECT_EQ(loss_columns(read_file(p("runs/blas/metrics.jsonl"))).size(), 6u);
   expect_bad_input(cat(base, " --job.name=x --job.gemm=mkl"), {"job.gemm", "\"mkl\"", "loom, openblas"});
   expect_bad_input(cat(base, " --job.name=x --job.gemm_path=neon"), {"job.gemm_path", "avx512, avx2, generic"});
+  // A path the CPU lacks is refused before anything is written, naming what it needs.
+  std::ifstream cpuinfo("/proc/cpuinfo");  // (procfs files have no size for read_file)
+  const std::string flags{std::istreambuf_iterator<char>(cpuinfo), std::istreambuf_iterator<char>()};
+  ASSERT_NE(flags.find("flags"), std::string::npos);
+  if (flags.find(" amx_bf16") == std::string::npos)
+    expect_bad_input(cat(base, " --job.name=x --job.gemm_path=amx"), {"job.gemm_path = \"amx\"", "AMX-TILE and AMX-BF16"});
   expect_bad_input(cat(base, " --job.name=x --job.gemm=openblas --job.gemm_path=avx2"), {"job.gemm_path", "job.gemm"});
 }
 

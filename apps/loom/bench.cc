@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "kernels/gemm/gemm.h"
 #include "loom/bench/bench.h"
 #include "loom/core/error.h"
 #include "loom/nn/gpt.h"
@@ -47,6 +48,19 @@ nn::GptConfig preset_model(const std::string& preset) {
 
 }  // namespace
 
+namespace {
+
+// job.gemm_path for a benchmark (InputError when the CPU lacks the path).
+void use_gemm_path(const std::string& name) {
+  Config c;
+  c.set("job.gemm_path", name);
+  c.set("data.train", std::string("-"));
+  c.resolve();
+  apply_compute_settings(c);
+}
+
+}  // namespace
+
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
   check_flag_range("--threads", threads, 1, bench::kMaxBenchThreads);
   // The shapes of gpt-mini's step (8 x 256 rows) and gpt2-124m's (1024 rows).
@@ -55,11 +69,7 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
     const nn::GptConfig m = preset_model(preset);
     models.push_back({preset, m.d_model, m.vocab_size, rows});
   }
-  Config c;
-  c.set("job.gemm_path", path_name);
-  c.set("data.train", std::string("-"));
-  c.resolve();
-  apply_compute_settings(c);  // InputError when the CPU lacks the path
+  use_gemm_path(path_name);
   return bench::run_bench_gemm(threads, models);
 }
 
@@ -75,11 +85,15 @@ int run_bench_train(const BenchTrainArgs& a) {
   if (!(a.peak_gflops >= 0 && a.peak_gflops <= 1e9))
     throw InputError(cat("--peak-gflops = ", a.peak_gflops, ": expected a number in [0, 1e9] (0: measure it)"));
   const nn::GptConfig cfg = preset_model(a.preset);
+  use_gemm_path(a.gemm_path);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
   std::printf("# loom bench train: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld, AdamW\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
+  std::printf("# gemm path %s (%s); 16-bit products on %s\n", kernels::gemm_path_name(kernels::gemm_active_path()),
+              a.gemm_path.c_str(), kernels::gemm_path_name(a.gemm_path == "auto" ? kernels::gemm_best_half_path()
+                                                                                  : kernels::gemm_active_path()));
   std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s %10s\n", "recompute", "precision", "threads",
               "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib", "cpu_ms");
   for (const std::string& mode : a.recompute)

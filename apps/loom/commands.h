@@ -128,6 +128,7 @@ struct BenchTrainArgs {
   double peak_gflops = 0;  // 0: measure the sgemm peak per thread count
   std::vector<std::string> recompute = {"none"};  // activation recompute modes to run
   std::vector<std::string> precision = {"fp32"};  // [training] precision formats to run
+  std::string gemm_path = "auto";                  // job.gemm_path
 };
 int run_bench_train(const BenchTrainArgs& a);
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);

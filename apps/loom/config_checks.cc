@@ -121,7 +121,7 @@ void Config::check_modes(const std::string& kind, const Where& where) const {
   const Checks chk{*this, where};
   chk.one_of("training.decay", {"cosine", "linear", "constant"});
   chk.one_of("job.gemm", {"loom", "openblas"});
-  chk.one_of("job.gemm_path", {"auto", "avx512_bf16", "avx512", "avx2", "generic"});
+  chk.one_of("job.gemm_path", {"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"});
   if (s("job.gemm") != "loom" && s("job.gemm_path") != "auto")
     throw InputError(cat(where("job.gemm_path"), " = \"", s("job.gemm_path"), "\": picks a kernel of Loom's GEMM, but ",
                          where("job.gemm"), " = \"", s("job.gemm"), "\"; expected \"auto\""));

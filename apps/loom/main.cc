@@ -256,6 +256,8 @@ int run(int argc, char** argv) {
   bt->add_option("--peak-gflops", bench_train.peak_gflops, "Use this sgemm peak instead of measuring it");
   bt->add_option("--recompute", bench_train.recompute, "Activation recompute modes: none selective full")
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
+  bt->add_option("--gemm-path", bench_train.gemm_path, "Loom's micro-kernels (as job.gemm_path): auto, amx, avx512_bf16, avx512, avx2, generic")
+      ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
   bt->add_option("--precision", bench_train.precision, "Precisions: fp32 bf16 fp16 (mixed precision)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   loom::gpu::BenchGpuArgs bench_gpu{.preset = "gpt2-124m"};
@@ -277,8 +279,8 @@ int run(int argc, char** argv) {
   auto* bg = b->add_subcommand("gemm", "Loom's GEMM beside OpenBLAS: square 2048 and every GEMM shape of gpt-mini and gpt2-124m, with the FMA peak");
   bg->add_option("--threads", gemm_threads, "Thread counts to run")->capture_default_str();
   std::string gemm_path = "auto";
-  bg->add_option("--path", gemm_path, "Loom's micro-kernels: auto, avx512_bf16, avx512, avx2, generic")
-      ->check(CLI::IsMember({"auto", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
+  bg->add_option("--path", gemm_path, "Loom's micro-kernels: auto, amx, avx512_bf16, avx512, avx2, generic")
+      ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
 
   loom::app::BenchDecodeArgs bench_decode;
   auto* bd = b->add_subcommand("decode", "Batched decoding (Gpt::decode_batch, as loom serve runs it): tokens/s per batch size");

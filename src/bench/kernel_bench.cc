@@ -137,11 +137,13 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::vector<GemmMo
     const int th = static_cast<int>(t);
     set_compute_threads(th);
     const double peak = kernels::fma_peak_gflops(path, th);
-    // bf16 products on the active path, against the vdpbf16ps peak where the path has it.
-    const bool dot = path == kernels::GemmPath::kAvx512Bf16;
-    const double bf16_peak = dot ? kernels::bf16_peak_gflops(th) : peak;
+    // bf16 products on the active path, against the peak of its bf16 instruction where it
+    // has one (vdpbf16ps, or AMX's tdpbf16ps).
+    const bool dot = path == kernels::GemmPath::kAvx512Bf16 || path == kernels::GemmPath::kAmx;
+    const double bf16_peak = kernels::half_peak_gflops(path, th);
     std::printf("\n# %d thread(s): FMA peak %.1f GFLOP/s (%s, measured now); bf16 peak %.1f GFLOP/s (%s)\n", th, peak,
-                kernels::gemm_path_name(path), bf16_peak, dot ? "vdpbf16ps, measured now" : "the FMA's");
+                kernels::gemm_path_name(path), bf16_peak,
+                !dot ? "the FMA's" : path == kernels::GemmPath::kAmx ? "tdpbf16ps, measured now" : "vdpbf16ps, measured now");
     std::printf("%-28s %2s %6s %6s %6s %9s %9s %7s %9s %9s %9s %7s\n", "shape", "op", "M", "N", "K", "loom", "openblas",
                 "ratio", "%peak", "bf16", "%peak", "x f32");
     for (const GemmShape& s : shapes) {

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/openblas.h"
+#include "kernels/gemm/amx.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
 #include "kernels/gemm/skinny.h"
@@ -38,6 +39,7 @@ const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256, 240,
 std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
 
+using gemm_detail::AmxPacking;
 using gemm_detail::AsBf16;
 using gemm_detail::AsF16;
 using gemm_detail::AsIs;
@@ -293,6 +295,7 @@ void gemm_loom(const MicroKernel<T>& mk,
 // The f32 kernel of a path (AVX512_BF16's f32 products are AVX-512F's).
 const MicroKernel<float>& kernel_for(GemmPath path) {
   switch (path == GemmPath::kAuto ? gemm_best_path() : path) {
+    case GemmPath::kAmx:
     case GemmPath::kAvx512Bf16:
     case GemmPath::kAvx512:
       return gemm_detail::kAvx512Kernel;
@@ -308,7 +311,8 @@ const MicroKernel<float>& kernel_for(GemmPath path) {
 void set_gemm_path(GemmPath path) {
   if (!gemm_path_supported(path))
     throw InputError(cat("gemm path '", gemm_path_name(path), "' needs ",
-                         path == GemmPath::kAvx512Bf16 ? "AVX512_BF16"
+                         path == GemmPath::kAmx        ? "AMX-TILE and AMX-BF16 (and the OS's leave to use them)"
+                         : path == GemmPath::kAvx512Bf16 ? "AVX512_BF16"
                          : path == GemmPath::kAvx512   ? "AVX-512F"
                                                        : "AVX2 and FMA",
                          ", which this CPU does not report"));
@@ -354,6 +358,8 @@ void on_kernel(DType operands, GemmPath path, F&& f) {
     if (path == GemmPath::kAuto) path = gemm_best_half_path();
     if (operands == DType::kF16) {  // f16 values are exact in f32: the f32 kernels, no flushing
       f(kernel_for(path), PlainPacking<AsF16, float>{});
+    } else if (path == GemmPath::kAmx) {
+      f(gemm_detail::kAmxKernel, AmxPacking{});
     } else if (path == GemmPath::kAvx512Bf16) {
       f(gemm_detail::kAvx512Bf16Kernel, PairPacking{});
     } else if (path == GemmPath::kGeneric) {
@@ -560,6 +566,24 @@ void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, in
   });
 }
 
+namespace gemm_detail {
+
+template <typename ValueA>
+void gemm_half_amx_twin(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const ValueA* a, int64_t lda,
+                        const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  static const MicroKernel<uint32_t, float> twin = {"amx (twin)", kAmxRows, kAmxCols, kAmxKc, kAmxMc, kAmxNc, kAmxMc,
+                                                    microkernel_amx_twin, nullptr};
+  if (trivial_product(m, n, k, accumulate, c, ldc, {}, {})) return;
+  gemm_packed(twin, AmxPacking{}, product_threads(m, n, k), Operand<ValueA>{a, lda, trans_a},
+              Operand<float>{b, ldb, trans_b}, m, n, k, accumulate, c, ldc, {});
+}
+template void gemm_half_amx_twin<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                        int64_t, bool, float*, int64_t);
+template void gemm_half_amx_twin<uint16_t>(bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
+                                           const float*, int64_t, bool, float*, int64_t);
+
+}  // namespace gemm_detail
+
 template class PackedB<float>;
 template class PackedB<double>;
 template void gemm_packed_b<float>(bool, int64_t, int64_t, int64_t, const float*, int64_t, const PackedB<float>&,
@@ -594,6 +618,13 @@ double fma_peak_gflops(GemmPath path, int threads, double seconds) {
 double bf16_peak_gflops(int threads, double seconds) {
   LOOM_CHECK(gemm_path_supported(GemmPath::kAvx512Bf16));
   return peak_gflops(gemm_detail::kAvx512Bf16Kernel.fma_loop, threads, seconds);
+}
+
+double half_peak_gflops(GemmPath path, int threads, double seconds) {
+  LOOM_CHECK(gemm_path_supported(path));
+  if (path == GemmPath::kAmx) return peak_gflops(gemm_detail::kAmxKernel.fma_loop, threads, seconds);
+  if (path == GemmPath::kAvx512Bf16) return bf16_peak_gflops(threads, seconds);
+  return fma_peak_gflops(path, threads, seconds);
 }
 
 namespace {

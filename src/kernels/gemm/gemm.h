@@ -34,7 +34,9 @@ namespace loom::kernels {
 // checked at run time: one binary runs on every x86-64). f64 always uses the generic one.
 // kAvx512Bf16 computes bf16 products with vdpbf16ps and f32 ones as kAvx512 does; the
 // other paths compute bf16 products on their f32 kernels with the same bits (gemm_half).
-enum class GemmPath { kAuto, kAvx512Bf16, kAvx512, kAvx2, kGeneric };
+// kAmx computes bf16 products on AMX tiles (tdpbf16ps) and the rest as kAvx512 does; kAuto
+// never picks it (docs/numerics.md, "16-bit products": not yet run on a CPU with AMX).
+enum class GemmPath { kAuto, kAmx, kAvx512Bf16, kAvx512, kAvx2, kGeneric };
 
 // Who computes products: Loom's GEMM, or OpenBLAS (kept for comparison and as a second
 // oracle; its bits depend on the kernels it picks for the CPU and on the thread count).
@@ -258,6 +260,9 @@ std::vector<GemmPath> gemm_supported_paths();
 double fma_peak_gflops(GemmPath path, int threads, double seconds = 0.2);
 // The same for vdpbf16ps (each 32 multiply-adds). REQUIRES: gemm_path_supported(kAvx512Bf16).
 double bf16_peak_gflops(int threads, double seconds = 0.2);
+// The peak of the instruction a path's bf16 products run on: tdpbf16ps (tiles) on kAmx,
+// vdpbf16ps on kAvx512Bf16, the FMA's elsewhere.
+double half_peak_gflops(GemmPath path, int threads, double seconds = 0.2);
 
 // Process-wide selection. set_gemm_path throws loom::Error (naming the path and the CPU's
 // missing feature) when the CPU does not support it.

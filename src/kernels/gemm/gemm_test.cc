@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/gemm/amx.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
 #include "kernels/precision.h"
@@ -337,6 +338,83 @@ TEST(GemmHalf, SubnormalsAreFlushedAsVdpbf16psFlushesThem) {
   EXPECT_GT(flushed, 20);
 }
 
+// The AMX path's packing and chain on any CPU: its slivers (amx.h: A in tile rows of 16
+// pairs, B in pairs along k, the first of each pair in the lower half, an odd last k padded)
+// through the kernel's plain twin equal reference::gemm_half bit for bit, on the shapes
+// above, deeper ones (k past one and two 1024-deep blocks, depths that leave 1-15 pairs
+// after the last full tile step), every transpose, from C or from zero, A from f32 values
+// and from bf16 bits, and on values where the flushing shows. On a CPU with AMX the path
+// itself runs in every test above that loops over gemm_supported_paths().
+TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
+  auto shapes = kShapes;
+  shapes.insert(shapes.end(), {{40, 70, 1101}, {33, 65, 2050}, {64, 32, 1057}, {31, 97, 30}});
+  uint64_t seed = 9000;
+  for (auto [m, n, k] : shapes)
+    for (int t = 0; t < 4; ++t)
+      for (bool accumulate : {false, true}) {
+        const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 3, seed += 3);
+        const auto where = [&] {
+          return cat("m=", m, " n=", n, " k=", k, " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
+        };
+        const std::vector<float> want = reference_half(DType::kBF16, p, accumulate);
+        std::vector<float> got = p.c0;
+        gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate,
+                                        got.data(), p.ldc);
+        EXPECT_TRUE(same_bits(got, want)) << where();
+        const StoredOperand a(DType::kBF16, p.a, t == 2, 0);
+        std::vector<float> from_values = p.c0, from_bits = p.c0;
+        gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, a.values.data(), p.lda, p.b.data(), p.ldb, accumulate,
+                                        from_values.data(), p.ldc);
+        gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, a.bits.data(), p.lda, p.b.data(), p.ldb, accumulate,
+                                        from_bits.data(), p.ldc);
+        EXPECT_TRUE(same_bits(from_bits, from_values)) << "A from bits, " << where();
+      }
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32, 32, 9}, {33, 40, 64}, {30, 70, 31}})
+    for (int t = 0; t < 4; ++t) {
+      Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
+      p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
+      p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
+      p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+      std::vector<float> got = p.c0;
+      gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, got.data(),
+                                      p.ldc);
+      EXPECT_TRUE(same_bits(got, reference_half(DType::kBF16, p, true))) << "edge values m=" << m << " k=" << k;
+    }
+}
+
+// What the AMX path rests on, where the CPU has it: tdpbf16ps through the kernel equals its
+// twin (amx.h) on random bit patterns of every exponent, C and both operands, depths of 1 to
+// 40 pairs (full tile steps and padded rests); a NaN only has to be a NaN. Where this fails,
+// the tile instruction rounds or flushes otherwise than the SDM's pseudo-code reads, and
+// docs/numerics.md must say how.
+TEST(GemmHalf, AmxTilesAreTheTwinsChain) {
+  if (!gemm_path_supported(GemmPath::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16";
+  Rng r(11);
+  const auto bits = [&](bool wide) {
+    const uint32_t e = r.uniform() < 0.3 ? static_cast<uint32_t>(r.uniform() * 4) : static_cast<uint32_t>(r.uniform() * 255);
+    const uint32_t mantissa = static_cast<uint32_t>(r.uniform() * (wide ? 8388608.0f : 128.0f));
+    const uint32_t sign = r.uniform() < 0.5 ? 1u : 0u;
+    return wide ? sign << 31 | e << 23 | mantissa : sign << 15 | e << 7 | mantissa;
+  };
+  int64_t mismatches = 0, lanes = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int64_t depth = 1 + round % 40;
+    std::vector<uint32_t> a(static_cast<size_t>(32 * depth)), b(static_cast<size_t>(32 * depth));
+    for (auto& x : a) x = bits(false) << 16 | bits(false);
+    for (auto& x : b) x = bits(false) << 16 | bits(false);
+    std::vector<float> c(32 * 32);
+    for (auto& x : c) x = std::bit_cast<float>(bits(true));
+    std::vector<float> got = c, want = c;
+    gemm_detail::kAmxKernel.fn(depth, a.data(), b.data(), got.data(), 32, round % 2 == 0);
+    gemm_detail::microkernel_amx_twin(depth, a.data(), b.data(), want.data(), 32, round % 2 == 0);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ++lanes;
+      mismatches += !(std::isnan(want[i]) ? std::isnan(got[i]) : std::memcmp(&want[i], &got[i], sizeof(float)) == 0);
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << lanes << " lanes";
+}
+
 // The contract's basis: vdpbf16ps is, per lane, two fused multiply-adds in turn (the upper
 // pair first), with subnormal inputs read and results written as zero. The AVX512_BF16
 // micro-kernel on random bit patterns of every exponent against that emulation; a NaN
@@ -579,7 +657,7 @@ TEST(Gemm, PlainPackersWriteTheLayoutAtEveryKernelShape) {
 }
 
 TEST(Gemm, UnsupportedPathIsRefusedByName) {
-  for (GemmPath path : {GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2}) {
+  for (GemmPath path : {GemmPath::kAmx, GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2}) {
     if (gemm_path_supported(path)) continue;
     try {
       set_gemm_path(path);

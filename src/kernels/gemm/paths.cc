@@ -1,4 +1,8 @@
 // Which micro-kernel paths this CPU runs, which one auto picks, and their names (gemm.h).
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +21,23 @@ bool cpu_has_avx512_bf16() {
   __builtin_cpu_init();
   return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
+// AMX-TILE and AMX-BF16 in CPUID, the tile state enabled in XCR0 (bits 17 and 18) by the
+// OS, and, as Linux (5.16 and later) asks of a process before its first tile instruction,
+// the permission to use the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+// asked once.
+bool cpu_has_amx_bf16() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;  // AMX-TILE, AMX-BF16
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return ::syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+}
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -26,6 +47,8 @@ bool cpu_has_avx2() {
 
 bool gemm_path_supported(GemmPath path) {
   switch (path) {
+    case GemmPath::kAmx:
+      return cpu_has_amx_bf16();
     case GemmPath::kAvx512Bf16:
       return cpu_has_avx512_bf16();
     case GemmPath::kAvx512:
@@ -62,6 +85,7 @@ GemmPath gemm_best_half_path() {
 namespace {
 // Each path's name, as job.gemm_path spells it.
 constexpr std::pair<GemmPath, const char*> kPathNames[] = {{GemmPath::kAuto, "auto"},
+                                                           {GemmPath::kAmx, "amx"},
                                                            {GemmPath::kAvx512Bf16, "avx512_bf16"},
                                                            {GemmPath::kAvx512, "avx512"},
                                                            {GemmPath::kAvx2, "avx2"},
@@ -78,12 +102,12 @@ const char* gemm_path_name(GemmPath path) {
 GemmPath gemm_path_named(const std::string& name) {
   for (const auto& [p, n] : kPathNames)
     if (name == n) return p;
-  throw InputError(cat("gemm path \"", name, "\": expected one of auto, avx512_bf16, avx512, avx2, generic"));
+  throw InputError(cat("gemm path \"", name, "\": expected one of auto, amx, avx512_bf16, avx512, avx2, generic"));
 }
 
 std::vector<GemmPath> gemm_supported_paths() {
   std::vector<GemmPath> paths;
-  for (GemmPath p : {GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
+  for (GemmPath p : {GemmPath::kAmx, GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
     if (gemm_path_supported(p)) paths.push_back(p);
   return paths;
 }
