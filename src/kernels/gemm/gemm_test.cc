@@ -313,15 +313,30 @@ std::vector<float> edge_values(int64_t count, uint64_t seed, bool accumulator) {
   return v;
 }
 
+// Random f32 (wide) or bf16 bits: exponents anywhere but 255 (no NaN or infinity in),
+// often the lowest ones.
+uint32_t random_bits(Rng& r, bool wide) {
+  const uint32_t e = r.uniform() < 0.3 ? static_cast<uint32_t>(r.uniform() * 4) : static_cast<uint32_t>(r.uniform() * 255);
+  const uint32_t mantissa = static_cast<uint32_t>(r.uniform() * (wide ? 8388608.0f : 128.0f));
+  const uint32_t sign = r.uniform() < 0.5 ? 1u : 0u;
+  return wide ? sign << 31 | e << 23 | mantissa : sign << 15 | e << 7 | mantissa;
+}
+
+// A problem (transposes from t's bits) whose operands and C are edge_values.
+Problem<float> edge_problem(int t, int64_t m, int64_t n, int64_t k, uint64_t seed) {
+  Problem<float> p(t & 1, t & 2, m, n, k, 1, seed);
+  p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
+  p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
+  p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+  return p;
+}
+
 TEST(GemmHalf, SubnormalsAreFlushedAsVdpbf16psFlushesThem) {
   int64_t flushed = 0;
   uint64_t seed = 77;
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{12, 32, 9}, {13, 40, 64}, {30, 70, 31}})
     for (int t = 0; t < 4; ++t) {
-      Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
-      p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
-      p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
-      p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+      const Problem<float> p = edge_problem(t, m, n, k, seed += 5);
       const std::vector<float> want = reference_half(DType::kBF16, p, true);
       for (GemmPath path : gemm_supported_paths())
         EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, true), want))
@@ -371,10 +386,7 @@ TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
       }
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32, 32, 9}, {33, 40, 64}, {30, 70, 31}})
     for (int t = 0; t < 4; ++t) {
-      Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 5);
-      p.a = edge_values(static_cast<int64_t>(p.a.size()), seed + 1, false);
-      p.b = edge_values(static_cast<int64_t>(p.b.size()), seed + 2, false);
-      p.c0 = edge_values(static_cast<int64_t>(p.c0.size()), seed + 3, true);
+      const Problem<float> p = edge_problem(t, m, n, k, seed += 5);
       std::vector<float> got = p.c0;
       gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, got.data(),
                                       p.ldc);
@@ -390,12 +402,7 @@ TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
 TEST(GemmHalf, AmxTilesAreTheTwinsChain) {
   if (!gemm_path_supported(GemmPath::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16";
   Rng r(11);
-  const auto bits = [&](bool wide) {
-    const uint32_t e = r.uniform() < 0.3 ? static_cast<uint32_t>(r.uniform() * 4) : static_cast<uint32_t>(r.uniform() * 255);
-    const uint32_t mantissa = static_cast<uint32_t>(r.uniform() * (wide ? 8388608.0f : 128.0f));
-    const uint32_t sign = r.uniform() < 0.5 ? 1u : 0u;
-    return wide ? sign << 31 | e << 23 | mantissa : sign << 15 | e << 7 | mantissa;
-  };
+  const auto bits = [&](bool wide) { return random_bits(r, wide); };
   int64_t mismatches = 0, lanes = 0;
   for (int round = 0; round < 400; ++round) {
     const int64_t depth = 1 + round % 40;
@@ -423,13 +430,7 @@ TEST(GemmHalf, Vdpbf16psIsTwoFlushedFmas) {
   if (!gemm_path_supported(GemmPath::kAvx512Bf16)) GTEST_SKIP() << "this CPU has no AVX512_BF16";
   const auto& mk = gemm_detail::kAvx512Bf16Kernel;
   Rng r(5);
-  const auto bits = [&](bool wide) {
-    // exponents anywhere but 255 (no NaN or infinity in), often the lowest ones
-    const uint32_t e = r.uniform() < 0.3 ? static_cast<uint32_t>(r.uniform() * 4) : static_cast<uint32_t>(r.uniform() * 255);
-    const uint32_t mantissa = static_cast<uint32_t>(r.uniform() * (wide ? 8388608.0f : 128.0f));
-    const uint32_t sign = r.uniform() < 0.5 ? 1u : 0u;
-    return wide ? sign << 31 | e << 23 | mantissa : sign << 15 | e << 7 | mantissa;
-  };
+  const auto bits = [&](bool wide) { return random_bits(r, wide); };
   const auto value = [](uint32_t half) { return flush_subnormal(std::bit_cast<float>(half << 16)); };
   std::vector<uint32_t> a(12 * 3);  // broadcast, so unaligned is fine; B is loaded aligned
   std::vector<float> c(12 * 32), got(12 * 32);
