@@ -1,20 +1,23 @@
 // bf16 products on AMX tiles (`tdpbf16ps`, GemmPath::kAmx): how the operands are packed
 // for them, and a plain C++ twin of the kernel that reads the same layout, so that the
-// packing and the order of the chain are tested on every CPU (gemm_test.cc), not only on one
-// with AMX. Internal to src/kernels/gemm/.
+// packing and the arithmetic are tested on every CPU (gemm_test.cc), not only on one with
+// AMX. Internal to src/kernels/gemm/.
 //
-// tdpbf16ps (Intel SDM pseudo-code): for each f32 element of C and each pair p of k,
-// acc += A's even bf16 (the lower half) times B's, then acc += the odd (upper) ones; inputs
-// and outputs that are subnormal read and written as zero; MXCSR is not consulted. The even
-// element goes first, the reverse of vdpbf16ps, so these pairs hold k = 2q in the lower
-// half: the chain is again Loom's f32 chain over k in order (microkernel.h). An odd last k
-// is paired with -0 in A and +0 in B (in the upper half); their product, -0, changes no
-// accumulator.
+// tdpbf16ps (Intel SDM): per f32 element of C, over the instruction's 16 pairs of k, the
+// products of the pairs' even (lower) bf16 values make one chain of fused multiply-adds
+// from +0 and those of the odd (upper) values another; then C += (even + odd). Every result
+// is rounded to nearest even and flushed when subnormal, inputs read so; MXCSR is not
+// consulted. That is not Loom's chain over k in order (microkernel.h), so this path does not
+// give the other paths' bits: its own are reference::gemm_half_amx's, k taken 32 values at a
+// time from the product's first (KC, 1024, is a multiple of 32, so the groups do not depend
+// on blocking or threads). The pairs hold k = 2q in the lower half; an odd last k is paired
+// with -0 in A and +0 in B (in the upper half), whose product, -0, changes no chain.
 //
 // Layout (MR = NR = 32; C's 32 x 32 block is four 16 x 16 tiles of f32):
 // - a sliver of op(A), depth pairs by 32 rows: for each full block of 16 pairs, 32 rows of
 //   16 pairs (a tile's 16 rows of 64 bytes, then the next tile's), then the remaining
-//   depth % 16 pairs of each row, row after row (the kernel pads those to a tile);
+//   depth % 16 pairs of each row, row after row (the kernel pads those to a tile with pairs
+//   whose products are -0);
 // - a sliver of op(B), 32 columns: pair q of column j at q * 32 + j (AMX's "VNNI" layout, one
 //   128-byte row per pair; a tile takes 16 rows of 64 bytes, 16 columns).
 #pragma once
@@ -135,21 +138,25 @@ struct AmxPacking {
   }
 };
 
-// The AMX kernel's arithmetic in plain C++ on the same slivers: per element of C, from C
-// (subnormal read as zero) or +0, for each pair in order the lower products then the upper,
-// each sum rounded to nearest even and flushed when subnormal. A product of two bf16 values
-// is exact in f32 unless it leaves f32's range, so one fma per value is the pseudo-code's
-// multiply and add.
+// The AMX kernel's arithmetic in plain C++ on the same slivers, tdpbf16ps as the SDM
+// defines it: per element of C, from C or +0, per step of 16 pairs an even and an odd chain
+// from +0, then C += (even + odd); every sum rounded to nearest even and flushed when
+// subnormal, C read so.
 inline void microkernel_amx_twin(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
                                  bool accumulate) {
+  const auto lower = [](uint32_t x) { return bf16_value(static_cast<uint16_t>(x)); };
+  const auto upper = [](uint32_t x) { return bf16_value(static_cast<uint16_t>(x >> 16)); };
   for (int r = 0; r < kAmxRows; ++r)
     for (int j = 0; j < kAmxCols; ++j) {
-      float acc = accumulate ? flush_subnormal(c[r * ldc + j]) : 0.0f;
-      for (int64_t q = 0; q < depth; ++q) {
-        const uint32_t x = a[amx_a_index(r, q, depth, kAmxRows)], y = b[q * kAmxCols + j];
-        acc = flush_subnormal(std::fma(bf16_value(static_cast<uint16_t>(x)), bf16_value(static_cast<uint16_t>(y)), acc));
-        acc = flush_subnormal(std::fma(bf16_value(static_cast<uint16_t>(x >> 16)),
-                                       bf16_value(static_cast<uint16_t>(y >> 16)), acc));
+      float acc = accumulate ? c[r * ldc + j] : 0.0f;
+      for (int64_t q0 = 0; q0 < depth; q0 += kAmxPairs) {
+        float even = 0.0f, odd = 0.0f;
+        for (int64_t q = q0; q < std::min<int64_t>(q0 + kAmxPairs, depth); ++q) {
+          const uint32_t x = a[amx_a_index(r, q, depth, kAmxRows)], y = b[q * kAmxCols + j];
+          even = flush_subnormal(std::fma(lower(x), lower(y), even));
+          odd = flush_subnormal(std::fma(upper(x), upper(y), odd));
+        }
+        acc = flush_subnormal(flush_subnormal(acc) + flush_subnormal(even + odd));
       }
       c[r * ldc + j] = acc;
     }

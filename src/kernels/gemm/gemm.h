@@ -34,8 +34,9 @@ namespace loom::kernels {
 // checked at run time: one binary runs on every x86-64). f64 always uses the generic one.
 // kAvx512Bf16 computes bf16 products with vdpbf16ps and f32 ones as kAvx512 does; the
 // other paths compute bf16 products on their f32 kernels with the same bits (gemm_half).
-// kAmx computes bf16 products on AMX tiles (tdpbf16ps) and the rest as kAvx512 does; kAuto
-// never picks it (docs/numerics.md, "16-bit products": not yet run on a CPU with AMX).
+// kAmx computes bf16 products on AMX tiles (tdpbf16ps), whose sums go in another order and
+// so give other bits (reference::gemm_half_amx's), and the rest as kAvx512 does; kAuto never
+// picks it (docs/numerics.md, "16-bit products": not yet run on a CPU with AMX).
 enum class GemmPath { kAuto, kAmx, kAvx512Bf16, kAvx512, kAvx2, kGeneric };
 
 // Who computes products: Loom's GEMM, or OpenBLAS (kept for comparison and as a second
@@ -252,7 +253,8 @@ GemmPath gemm_best_half_path();
 const char* gemm_path_name(GemmPath path);
 // The path a name (as gemm_path_name writes it) stands for; InputError for any other name.
 GemmPath gemm_path_named(const std::string& name);
-// All paths this CPU supports, widest first (never kAuto).
+// All paths this CPU supports that give the one set of bits (reference::gemm and
+// gemm_half's), widest first: never kAuto, nor kAmx (check gemm_path_supported).
 std::vector<GemmPath> gemm_supported_paths();
 
 // The core's FMA peak (GFLOP/s) on a path's instruction set at `threads` threads: register-

@@ -72,6 +72,14 @@ bool same_bits(const std::vector<T>& x, const std::vector<T>& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
+// The paths this CPU has, AMX's too where present: for the tests that compare a path with
+// itself (AMX's bf16 products have bits of their own, reference::gemm_half_amx's).
+std::vector<GemmPath> paths_and_amx() {
+  std::vector<GemmPath> paths = gemm_supported_paths();
+  if (gemm_path_supported(GemmPath::kAmx)) paths.insert(paths.begin(), GemmPath::kAmx);
+  return paths;
+}
+
 // (m, n, k): ones, primes, tile edges plus and minus one, and k past two packed blocks.
 const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
     {1, 1, 1},     {1, 37, 5},  {29, 1, 7}, {7, 13, 1},    {12, 32, 256}, {13, 33, 257},
@@ -253,7 +261,7 @@ struct StoredOperand {
 TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
   auto shapes = kShapes;
   shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});
-  for (GemmPath path : gemm_supported_paths()) {
+  for (GemmPath path : paths_and_amx()) {
     set_gemm_path(path);
     for (DType format : {DType::kBF16, DType::kF16}) {
       uint64_t seed = 5000;
@@ -353,17 +361,26 @@ TEST(GemmHalf, SubnormalsAreFlushedAsVdpbf16psFlushesThem) {
   EXPECT_GT(flushed, 20);
 }
 
-// The AMX path's packing and chain on any CPU: its slivers (amx.h: A in tile rows of 16
+// The AMX path's packing and arithmetic on any CPU: its slivers (amx.h: A in tile rows of 16
 // pairs, B in pairs along k, the first of each pair in the lower half, an odd last k padded)
-// through the kernel's plain twin equal reference::gemm_half bit for bit, on the shapes
+// through the kernel's plain twin equal reference::gemm_half_amx bit for bit, on the shapes
 // above, deeper ones (k past one and two 1024-deep blocks, depths that leave 1-15 pairs
 // after the last full tile step), every transpose, from C or from zero, A from f32 values
-// and from bf16 bits, and on values where the flushing shows. On a CPU with AMX the path
-// itself runs in every test above that loops over gemm_supported_paths().
-TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
+// and from bf16 bits, and on values where the flushing shows. And how far tdpbf16ps's order
+// lands from the chain's (reference::gemm_half) on normal data: within 2k ulps of the sum of
+// the products' magnitudes.
+TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheAmxReference) {
+  const auto amx_reference = [](const Problem<float>& p, bool accumulate) {
+    std::vector<float> c = p.c0;
+    reference::gemm_half_amx(p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, c.data(),
+                             p.ldc);
+    return c;
+  };
   auto shapes = kShapes;
   shapes.insert(shapes.end(), {{40, 70, 1101}, {33, 65, 2050}, {64, 32, 1057}, {31, 97, 30}});
   uint64_t seed = 9000;
+  double worst = 0;          // |twin - chain| / (|C| + sum |x y|), over every element
+  int64_t differ = 0, elements = 0;
   for (auto [m, n, k] : shapes)
     for (int t = 0; t < 4; ++t)
       for (bool accumulate : {false, true}) {
@@ -371,11 +388,10 @@ TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
         const auto where = [&] {
           return cat("m=", m, " n=", n, " k=", k, " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
         };
-        const std::vector<float> want = reference_half(DType::kBF16, p, accumulate);
         std::vector<float> got = p.c0;
         gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate,
                                         got.data(), p.ldc);
-        EXPECT_TRUE(same_bits(got, want)) << where();
+        EXPECT_TRUE(same_bits(got, amx_reference(p, accumulate))) << where();
         const StoredOperand a(DType::kBF16, p.a, t == 2, 0);
         std::vector<float> from_values = p.c0, from_bits = p.c0;
         gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, a.values.data(), p.lda, p.b.data(), p.ldb, accumulate,
@@ -383,23 +399,39 @@ TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheReference) {
         gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, a.bits.data(), p.lda, p.b.data(), p.ldb, accumulate,
                                         from_bits.data(), p.ldc);
         EXPECT_TRUE(same_bits(from_bits, from_values)) << "A from bits, " << where();
+        const std::vector<float> chain = reference_half(DType::kBF16, p, accumulate);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double scale = accumulate ? std::fabs(p.c0[i * p.ldc + j]) : 0.0;
+            for (int64_t q = 0; q < k; ++q)
+              scale += std::fabs(bf16_operand(p.ta ? p.a[q * p.lda + i] : p.a[i * p.lda + q]) *
+                                 bf16_operand(p.tb ? p.b[j * p.ldb + q] : p.b[q * p.ldb + j]));
+            const double diff = std::fabs(double(got[i * p.ldc + j]) - double(chain[i * p.ldc + j]));
+            if (scale > 0) worst = std::max(worst, diff / scale / (2.0 * k * 0x1p-24));
+            ++elements;
+            differ += diff != 0;
+            EXPECT_LE(diff, 2.0 * k * 0x1p-24 * scale) << "against the chain, " << where() << " at " << i << ", " << j;
+          }
       }
+  std::printf("AMX order against the chain: %lld of %lld elements differ, the largest by %.3f of 2k ulps of the "
+              "magnitudes' sum\n", static_cast<long long>(differ), static_cast<long long>(elements), worst);
   for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32, 32, 9}, {33, 40, 64}, {30, 70, 31}})
     for (int t = 0; t < 4; ++t) {
       const Problem<float> p = edge_problem(t, m, n, k, seed += 5);
       std::vector<float> got = p.c0;
       gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, got.data(),
                                       p.ldc);
-      EXPECT_TRUE(same_bits(got, reference_half(DType::kBF16, p, true))) << "edge values m=" << m << " k=" << k;
+      EXPECT_TRUE(same_bits(got, amx_reference(p, true))) << "edge values m=" << m << " k=" << k;
     }
 }
 
-// What the AMX path rests on, where the CPU has it: tdpbf16ps through the kernel equals its
-// twin (amx.h) on random bit patterns of every exponent, C and both operands, depths of 1 to
-// 40 pairs (full tile steps and padded rests); a NaN only has to be a NaN. Where this fails,
-// the tile instruction rounds or flushes otherwise than the SDM's pseudo-code reads, and
-// docs/numerics.md must say how.
-TEST(GemmHalf, AmxTilesAreTheTwinsChain) {
+// Where the CPU has AMX: tdpbf16ps through the kernel computes as its twin (amx.h) on random
+// bit patterns of every exponent, C and both operands, depths of 1 to 40 pairs (full tile
+// steps and padded rests), a NaN only as a NaN; and the path's products equal
+// reference::gemm_half_amx bit for bit (the shapes above, every transpose, from C or zero).
+// Where the first fails, the instruction rounds, flushes or orders its sums otherwise than
+// the SDM says, and docs/numerics.md must say how.
+TEST(GemmHalf, AmxTilesComputeAsTheTwinAndTheReference) {
   if (!gemm_path_supported(GemmPath::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16";
   Rng r(11);
   const auto bits = [&](bool wide) { return random_bits(r, wide); };
@@ -420,6 +452,17 @@ TEST(GemmHalf, AmxTilesAreTheTwinsChain) {
     }
   }
   EXPECT_EQ(mismatches, 0) << "of " << lanes << " lanes";
+  uint64_t seed = 9500;
+  for (auto [m, n, k] : kShapes)
+    for (int t = 0; t < 4; ++t)
+      for (bool accumulate : {false, true}) {
+        const Problem<float> p(t & 1, t & 2, m, n, k, 3, seed += 3);
+        std::vector<float> want = p.c0;
+        reference::gemm_half_amx(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, want.data(),
+                                 p.ldc);
+        EXPECT_TRUE(same_bits(run_half(GemmPath::kAmx, DType::kBF16, p, accumulate), want))
+            << "m=" << m << " n=" << n << " k=" << k << " trans_a=" << p.ta << " trans_b=" << p.tb;
+      }
 }
 
 // The contract's basis: vdpbf16ps is, per lane, two fused multiply-adds in turn (the upper
@@ -461,7 +504,7 @@ TEST(GemmHalf, Vdpbf16psIsTwoFlushedFmas) {
 
 TEST(GemmHalf, BitsDoNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();
-  for (GemmPath path : gemm_supported_paths())
+  for (GemmPath path : paths_and_amx())
     for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{256, 768, 301}, {1000, 7, 300}}) {
       const Problem<float> p(true, false, m, n, k, 1, 8);
       omp_set_num_threads(1);
@@ -511,7 +554,7 @@ void expect_packed_parts_equal_gemm(DType operands, const std::string& what) {
 }
 
 TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
-  for (GemmPath path : gemm_supported_paths()) {
+  for (GemmPath path : paths_and_amx()) {
     set_gemm_path(path);
     for (DType operands : {DType::kF32, DType::kBF16, DType::kF16})
       expect_packed_parts_equal_gemm<float>(operands, cat(gemm_path_name(path), " ", dtype_name(operands)));
@@ -561,7 +604,7 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
           << what << " m=" << m << " n=" << n << " k=" << k;
     }
   };
-  for (GemmPath path : gemm_supported_paths())
+  for (GemmPath path : paths_and_amx())
     for (int threads : {1, 3}) {
       set_gemm_path(path);
       omp_set_num_threads(threads);

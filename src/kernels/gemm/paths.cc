@@ -107,7 +107,7 @@ GemmPath gemm_path_named(const std::string& name) {
 
 std::vector<GemmPath> gemm_supported_paths() {
   std::vector<GemmPath> paths;
-  for (GemmPath p : {GemmPath::kAmx, GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
+  for (GemmPath p : {GemmPath::kAvx512Bf16, GemmPath::kAvx512, GemmPath::kAvx2, GemmPath::kGeneric})
     if (gemm_path_supported(p)) paths.push_back(p);
   return paths;
 }

@@ -55,6 +55,31 @@ inline void gemm_half(DType format, bool trans_a, bool trans_b, int64_t m, int64
     }
 }
 
+// bf16 products on AMX tiles (kernels/gemm/amx.h, GemmPath::kAmx): tdpbf16ps's order as the
+// Intel SDM gives it, not the chain above. k goes 32 values (16 pairs) at a time from p = 0;
+// within each group the products of even p and those of odd p each make a chain of fused
+// multiply-adds from +0, and C then gets (even + odd) added; every result rounded to
+// nearest even and written with subnormals as zero, operands and C read so (k == 0 leaves
+// C).
+inline void gemm_half_amx(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                          const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = accumulate ? c[i * ldc + j] : 0.0f;
+      for (int64_t g = 0; g < k; g += 32) {
+        float even = 0.0f, odd = 0.0f;
+        for (int64_t p = g; p < std::min(g + 32, k); ++p) {
+          const float x = bf16_operand(trans_a ? a[p * lda + i] : a[i * lda + p]);
+          const float y = bf16_operand(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+          float& sum = (p - g) % 2 == 0 ? even : odd;
+          sum = flush_subnormal(std::fma(x, y, sum));
+        }
+        acc = flush_subnormal(flush_subnormal(acc) + flush_subnormal(even + odd));
+      }
+      c[i * ldc + j] = acc;
+    }
+}
+
 template <typename T>
 T weight_at(const T* w, int64_t kk, int64_t mm, int64_t k, int64_t m, WeightLayout layout) {
   return layout == WeightLayout::kKM ? w[kk * m + mm] : w[mm * k + kk];
