@@ -36,7 +36,10 @@ void configure_tiles() {
   configured = true;
 }
 
-constexpr int64_t kCStride = kAmxCols * sizeof(float);  // bytes between rows of a local C
+// Bytes between the rows of a local C, of an A sliver's tile rows, of a B sliver's rows.
+constexpr int64_t kCStride = kAmxCols * sizeof(float);
+constexpr int64_t kAStride = kAmxPairs * sizeof(uint32_t);
+constexpr int64_t kBStride = kAmxCols * sizeof(uint32_t);
 
 // flush_subnormal's test, here rather than precision.h's inline copy: an out-of-line copy
 // compiled for AMX and AVX-512 could be the one the linker keeps for every caller.
@@ -44,8 +47,6 @@ float flushed(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   return (u & 0x7f800000u) == 0 ? std::bit_cast<float>(u & 0x80000000u) : x;
 }
-constexpr int64_t kAStride = kAmxPairs * sizeof(uint32_t);
-constexpr int64_t kBStride = kAmxCols * sizeof(uint32_t);
 
 // The four products of one step: A's two tiles by B's two.
 inline void step_tiles(const uint32_t* a, const uint32_t* b) {
@@ -62,8 +63,8 @@ inline void step_tiles(const uint32_t* a, const uint32_t* b) {
 void amx_kernel(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, bool accumulate) {
   configure_tiles();
   if (accumulate) {
-    // C's subnormals read as zero (the contract; whether tdpbf16ps flushes its accumulator
-    // on input is not documented), through a local copy the tiles load.
+    // C's subnormals read as zero, through a local copy the tiles load: the SDM has the
+    // instruction read C so too, and this way the twin's reading does not rest on it.
     alignas(64) float start[kAmxRows * kAmxCols];
     for (int r = 0; r < kAmxRows; ++r)
       for (int j = 0; j < kAmxCols; ++j) start[r * kAmxCols + j] = flushed(c[r * ldc + j]);
