@@ -146,5 +146,21 @@ TEST(Determinism, MixedPrecisionDependsOnNeitherThreadsNorGemmPath) {
   }
   set_compute_threads(1);
 }
+
+// The AMX path's bf16 products sum in their own order (docs/numerics.md), so its step has
+// bits of its own: the same at any thread count.
+TEST(Determinism, AmxStepsDependNotOnThreads) {
+  if (!kernels::gemm_path_supported(kernels::GemmPath::kAmx)) GTEST_SKIP() << "this CPU (or OS) has no AMX-BF16";
+  kernels::set_gemm_path(kernels::GemmPath::kAmx);
+  set_compute_threads(1);
+  const Step one = gpt_step(kCfg, DType::kBF16);
+  for (int threads : {2, 3}) {
+    set_compute_threads(threads);
+    const Step got = gpt_step(kCfg, DType::kBF16);
+    EXPECT_TRUE(got.loss == one.loss && got.grads == one.grads) << "amx at " << threads << " threads";
+  }
+  kernels::set_gemm_path(kernels::GemmPath::kAuto);
+  set_compute_threads(1);
+}
 }  // namespace
 }  // namespace loom::nn
