@@ -386,7 +386,7 @@ TEST(GemmHalf, AmxSliversThroughTheTwinKernelEqualTheAmxReference) {
       for (bool accumulate : {false, true}) {
         const Problem<float> p(t & 1, t & 2, m, n, k, t == 3 ? 0 : 3, seed += 3);
         const auto where = [&] {
-          return cat("m=", m, " n=", n, " k=", k, " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
+          return cat("m=", p.m, " n=", p.n, " k=", p.k, " trans_a=", p.ta, " trans_b=", p.tb, " accumulate=", accumulate);
         };
         std::vector<float> got = p.c0;
         gemm_detail::gemm_half_amx_twin(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate,
