@@ -19,9 +19,11 @@ namespace {
 struct BatchSums {
   int64_t n = 0, batch = 1;
   std::vector<double> sums;
-  // Examples [0, max_items) of `val` (0: all), `batch_size` at a time.
+  // Examples [0, max_items) of `val` (0: all), `batch_size` at a time (a batch past n is n:
+  // one batch, and n + batch stays far from overflowing, whatever --batch asked).
   BatchSums(const data::Examples& val, int64_t max_items, int64_t batch_size)
-      : n(max_items > 0 ? std::min(max_items, val.size()) : val.size()), batch(std::max<int64_t>(batch_size, 1)),
+      : n(max_items > 0 ? std::min(max_items, val.size()) : val.size()),
+        batch(std::clamp<int64_t>(batch_size, 1, std::max<int64_t>(n, 1))),
         sums(static_cast<size_t>(2 * ((n + batch - 1) / batch))) {}
   int64_t batches() const { return static_cast<int64_t>(sums.size() / 2); }
   int64_t end(int64_t b) const { return std::min(n, (b + 1) * batch); }
