@@ -46,10 +46,6 @@ nn::GptConfig preset_model(const std::string& preset) {
   return gpt_config(c);
 }
 
-}  // namespace
-
-namespace {
-
 // job.gemm_path for a benchmark (InputError when the CPU lacks the path).
 void use_gemm_path(const std::string& name) {
   Config c;
