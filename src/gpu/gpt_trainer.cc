@@ -29,9 +29,6 @@ namespace {
 
 using kern::bf16;
 
-// cuBLAS's advice for Hopper (4 MiB would do on earlier GPUs), as LtProducts::kWorkspaceBytes.
-constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
-
 struct LinearOffsets {
   int64_t weight = 0, bias = 0;
 };
@@ -272,7 +269,7 @@ GptTrainer::GptTrainer(const nn::Gpt& model, const GptTrainerConfig& config) : i
 
   check(cublas().create(&m.blas), "cublasCreate");
   check(cublas().set_stream(m.blas, m.s()), "cublasSetStream");
-  m.blas_workspace = m.buf(kBlasWorkspaceBytes, 1, "cuBLAS workspace");
+  m.blas_workspace = m.buf(LtProducts::kWorkspaceBytes, 1, "cuBLAS workspace");  // the size cuBLASLt's gets
   check(cublas().set_workspace(m.blas, m.blas_workspace.as<void>(), m.blas_workspace.bytes()), "cublasSetWorkspace");
   if (config.fused_epilogues) m.lt = std::make_unique<LtProducts>(m.alloc, m.s());
   m.params = m.buf(m.numel, 4, "parameters");

@@ -638,7 +638,6 @@ TEST(GpuGpt, ZeroShardsTheMomentsAndEqualsDataParallel) {
   }
 }
 
-
 // Two ranks (threads) sharing the GPU, three steps, twice: the same bits. Each trainer has
 // its own stream; cuBLAS promises the same bits with several streams active only where
 // each handle has a workspace of its own (cuBLAS's "Results reproducibility"), which the
