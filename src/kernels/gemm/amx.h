@@ -97,8 +97,10 @@ struct AmxPacking {
           const Value* first = x.p + (p0 + 2 * q) * x.ld + i0 + s * mr;
           const Value* second = first + x.ld;
           const bool last = 2 * q + 1 == kc;
+          // pair q of row r at at0 + r * step (16 in a full block, the rest's length after)
+          const int64_t at0 = amx_a_index(0, q, depth, mr), step = amx_a_index(1, q, depth, mr) - at0;
           for (int64_t r = 0; r < height; ++r)
-            sliver[amx_a_index(r, q, depth, mr)] = last ? amx_last_pair(first[r], kAmxPadA) : amx_pair(first[r], second[r]);
+            sliver[at0 + r * step] = last ? amx_last_pair(first[r], kAmxPadA) : amx_pair(first[r], second[r]);
         }
       }
       for (int64_t r = height; r < mr; ++r)
