@@ -3,7 +3,8 @@
 // (include/loom/) names a header of that library or of one below it. The order is the
 // CMake targets' (each src/LIB/CMakeLists.txt), as ../shared/DESIGN.md draws it:
 //   core <- kernels <- nn, optim;  core <- data, obs, comm;  optim <- checkpoint;
-//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint, data <- serve;  comm <- launch;  serve, comm <- bench
+//   nn, optim, comm, checkpoint <- parallel;  nn, checkpoint, data <- serve;  comm <- launch;  serve, comm <- bench;
+//   parallel <- gpu;  gpu, serve, launch <- train
 // A new public header must be placed in kHeaderLibrary, so that it is checked too.
 #include <gtest/gtest.h>
 
@@ -37,6 +38,8 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/serve/prefix_cache.h", "serve"}, {"loom/serve/gpt_loading.h", "serve"},
     {"loom/serve/model_cache.h", "serve"}, {"loom/serve/onnx.h", "serve"}, {"loom/serve/prune.h", "serve"}, {"loom/serve/sampler.h", "serve"}, {"loom/serve/completion_server.h", "serve"}, {"loom/serve/teacher.h", "serve"},
     {"loom/launch/launch.h", "launch"}, {"loom/bench/bench.h", "bench"}, {"loom/gpu/gpu.h", "gpu"}, {"loom/launch/rank_group.h", "launch"},
+    {"loom/train/train.h", "train"}, {"loom/train/train_config.h", "train"}, {"loom/train/workload.h", "train"},
+    {"loom/train/debug_hooks.h", "train"},
 };
 
 // What each library may include: itself and the libraries below it.
@@ -54,6 +57,8 @@ const std::map<std::string, std::set<std::string>> kMayInclude = {
     {"launch", {"launch", "comm", "core"}},
     {"bench", {"bench", "serve", "comm", "nn", "checkpoint", "data", "optim", "kernels", "core"}},
     {"gpu", {"gpu", "parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels", "core"}},
+    {"train", {"train", "gpu", "serve", "launch", "parallel", "comm", "checkpoint", "nn", "optim", "data", "obs", "kernels",
+               "core"}},
 };
 
 // The library an include names: a public header's, or the first folder of a header inside

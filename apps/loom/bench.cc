@@ -15,7 +15,7 @@
 #include "loom/optim/optim.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
-#include "workload.h"
+#include "config_train.h"
 
 namespace loom::app {
 namespace {

@@ -9,20 +9,15 @@
 #include "loom/gpu/gpu.h"
 #include "loom/launch/launch.h"
 #include "loom/serve/completion_server.h"
+#include "loom/train/train.h"
 
 namespace loom::app {
 
-struct TrainArgs {
+// `loom train`: the run's flags (train::RunOptions), the config and its overrides.
+struct TrainArgs : train::RunOptions {
   std::string config;
   std::vector<std::string> overrides;  // --section.key=value
-  bool resume = false;
-  bool restart = false;  // an existing run directory is moved aside and the run starts afresh
-  bool resume_if_saved = false;  // resume when the run has a checkpoint, else start (a scheduler's restart)
-  bool quiet = false;  // no progress; the run summary still prints
   bool dry_run = false;  // check the config and print the memory plan; load and write nothing
-  bool allow_nonfinite = false;  // resume from a checkpoint holding NaN or Inf
-  std::string ps_join;  // HOST:PORT: join the running parameter-server job whose store is there, as a new worker
-  std::string init_from;  // start from these weights (a checkpoint or .safetensors): step 0, fresh optimizer
 };
 int run_train(const TrainArgs& a);
 
@@ -101,7 +96,7 @@ struct DataPrepareArgs {
 int run_data_prepare(const DataPrepareArgs& a);
 
 struct DataFetchArgs {
-  std::string manifest, cache_dir;  // cache_dir "": data::default_cache_dir()
+  std::string manifest, cache_dir;  // cache_dir "": default_cache_dir() (config_train.h)
   double cache_mb = 10240;
   int64_t retries = 5;
 };

@@ -1,11 +1,12 @@
 #include "config_train.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "loom/core/error.h"
 #include "loom/obs/trace.h"
-#include "train_watch.h"
+#include "loom/train/debug_hooks.h"
 
 namespace loom::app {
 
@@ -43,7 +44,7 @@ parallel::StepConfig step_config(const Config& c) {
       .grad_clip = c.f("training.grad_clip"),
       .fp16 = fp16,
       .loss_scale = {.init = c.f("training.loss_scale"), .window = c.i("training.loss_scale_window")},
-      .overflow_at = overflow_steps(c.s("debug.overflow_at"))};
+      .overflow_at = train::overflow_steps(c.s("debug.overflow_at"))};
   if (!s.overflow_at.empty() && !fp16)
     throw InputError(cat("debug.overflow_at is set but training.precision = \"", c.s("training.precision"),
                          "\": only fp16 scales the loss and skips an overflowing step; expected training.precision = \"fp16\""));
@@ -63,6 +64,14 @@ std::string layout_line(const Config& c) {
 
 }  // namespace
 
+std::string default_cache_dir() {
+  namespace fs = std::filesystem;
+  if (const char* d = std::getenv("LOOM_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return (fs::path(x) / "loom" / "shards").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "loom" / "shards").string();
+}
+
 TrainConfig train_config(const Config& c, int local_ranks) {
   TrainConfig t;
   const std::string run = c.run_path();
@@ -74,7 +83,7 @@ TrainConfig train_config(const Config& c, int local_ranks) {
   t.data = {.train = c.s("data.train"), .val = c.s("data.val"), .tokenizer = c.s("data.tokenizer"),
             .hash_shards = c.s("data.verify") == "hash", .document_windows = c.s("data.windows") == "documents",
             .prefetch = c.i("data.prefetch"),
-            .cache_dir = c.s("data.cache_dir"), .cache_mb = c.f("data.cache_mb"), .fetch_retries = c.i("data.fetch_retries")};
+            .cache_dir = c.s("data.cache_dir").empty() ? default_cache_dir() : c.s("data.cache_dir"), .cache_mb = c.f("data.cache_mb"), .fetch_retries = c.i("data.fetch_retries")};
   t.training = {.steps = c.i("training.steps"), .global_batch = c.i("training.global_batch"),
                 .micro_batch = c.i("training.micro_batch"), .eval_every = c.i("training.eval_every"),
                 .eval_steps = c.i("training.eval_steps"), .recompute = nn::recompute_named(c.s("training.recompute")),

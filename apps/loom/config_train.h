@@ -1,6 +1,6 @@
-// `loom train`'s configuration, typed (DESIGN.md section 4's keys, issue 41 item 4): built
-// once from a resolved Config by train_config(), and all that goes below the command
-// functions; nothing under apps/loom reads a config key but config*.cc.
+// `loom train`'s configuration typed (loom/train/train_config.h): built once from a resolved
+// Config by train_config(), and all that goes below the command functions; nothing under
+// apps/loom reads a config key but config*.cc.
 #pragma once
 
 #include <cstdint>
@@ -14,85 +14,15 @@
 #include "loom/optim/optim.h"
 #include "loom/parallel/parallelize.h"
 #include "loom/parallel/schedule.h"
+#include "loom/train/train_config.h"
 
 namespace loom::app {
 
-struct TrainConfig {
-  struct Job {
-    std::string run;  // the run directory: job.run_dir / job.name
-    uint64_t seed = 0;
-    int threads = 1;  // compute threads per rank (job.threads, or this host's share of the cores)
-    int64_t log_every = 0;
-    double mem_limit_mb = 0;  // 0: none
-    bool cuda = false;        // job.device = "cuda": the step on GPU 0 (docs/gpu.md)
-  } job;
-  struct Model {
-    std::string kind, preset;  // kind: "gpt" or "mlp"
-    nn::GptConfig gpt;         // a GPT's shape
-    int64_t hidden = 0, n_hidden = 0, classes = 0;  // an MLP's (its inputs come from the images)
-  } model;
-  struct Data {
-    std::string train, val;  // val "" for none
-    std::string tokenizer = "bytes";  // a data::Tokenizer spec
-    bool hash_shards = true;  // data.verify = "hash": a manifest's shards are hashed at start (rank 0)
-    bool document_windows = false;  // data.windows = "documents": windows start at documents (a manifest's indexes)
-    int64_t prefetch = 4;     // micro-batches made ahead on a reader thread (0: made in the step)
-    std::string cache_dir;    // remote shards' cache ("": data::default_cache_dir())
-    double cache_mb = 10240;  // its size bound
-    int64_t fetch_retries = 5;
-  } data;
-  struct Training {
-    int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;
-    nn::Recompute recompute = nn::Recompute::kNone;
-    DType precision = DType::kF32;
-    std::string precision_name;  // "fp32", "bf16" or "fp16"
-    bool keep_zeros = false;
-    std::string teacher;  // "" for no distillation
-    double distill_alpha = 0, distill_temperature = 1;
-  } training;
-  optim::ScheduleConfig schedule;
-  struct Parallel {
-    parallel::MeshShape layout;  // dp x pp (v chunks each) x tp
-    int zero = 0;
-    bool deterministic = false, sequence_parallel = false;
-    std::string pp_schedule;  // the schedule's name (step.pp_schedule is its kind)
-    parallel::StepConfig step;  // data parallelism, the optimizer, batches, clipping, fp16
-    struct ParamServer {
-      int servers = 0;  // 0: no parameter servers
-      std::string mode, hierarchical;
-      int64_t staleness = 0;
-    } ps;
-  } parallel;
-  struct Comm {
-    std::string transport;
-    double timeout_s = 0;
-  } comm;
-  struct Checkpoint {
-    std::string root;      // checkpoint.dir, or RUN/checkpoints
-    bool own_dir = false;  // checkpoint.dir was given
-    int keep = 0;
-    int64_t every = 0;
-    double every_s = 0, grace_s = 0;
-    bool async = false;
-    int sigterm_exit_code = 0;  // the exit status after a SIGTERM stop with a checkpoint
-  } checkpoint;
-  struct Profile {
-    std::string trace_steps;      // as given, for messages
-    std::vector<int64_t> steps;   // parsed, ascending
-  } profile;
-  struct Metrics {
-    int port = 0;  // 0: no /metrics server
-    std::string host = "127.0.0.1", api_key;  // api_key: LOOM_API_KEY
-    bool every_rank = false;
-    double peak_gflops = 0;
-  } metrics;
-  struct Debug {
-    std::string fault_at, delay_ms;
-    int64_t jitter_ms = 0;
-  } debug;
-  std::string toml;    // every key as resolved: the run's config.toml and checkpoints' state
-  std::string layout;  // what every rank of a job must share, as one line
-};
+using train::TrainConfig;
+
+// The shard cache's directory when data.cache_dir (or --cache-dir) is empty:
+// $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom/shards, else ~/.cache/loom/shards.
+std::string default_cache_dir();
 
 // REQUIRES: c resolved; local_ranks: the job's ranks on this host (the compute threads'
 // share). InputError for what only a typed value shows (debug.overflow_at without fp16).

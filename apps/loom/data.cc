@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "commands.h"
-#include "workload.h"
+#include "config_train.h"
 #include "loom/checkpoint/outputs.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"

@@ -17,7 +17,7 @@
 #include "loom/obs/metrics.h"
 #include "loom/core/rng.h"
 #include "loom/serve/sampler.h"
-#include "workload.h"
+#include "loom/train/workload.h"
 #include "loom/parallel/parallelize.h"
 
 namespace loom::app {
@@ -50,7 +50,7 @@ int run_eval(const EvalArgs& a) {
   } else {
     tokens = data::read_tokens(a.data);
   }
-  check_vocab(tokens, gpt->config().vocab_size, a.data);
+  train::check_vocab(tokens, gpt->config().vocab_size, a.data);
   int64_t t = gpt->config().seq_len;
   if (c.explicitly_set("model.seq_len")) t = std::min(t, c.i("model.seq_len"));
   const parallel::EvalResult r = parallel::evaluate(*gpt, data::TokenWindows(std::move(tokens), t), 0, a.batch);

@@ -1,6 +1,5 @@
 #include "job_start.h"
 
-#include <csignal>
 #include <cstdlib>
 #include <numeric>
 #include <vector>
@@ -11,26 +10,6 @@
 #include "loom/parallel/mesh.h"
 
 namespace loom::app {
-
-namespace {
-
-volatile std::sig_atomic_t g_terminate = 0;
-void on_terminate(int) { g_terminate = 1; }
-
-volatile std::sig_atomic_t g_resize = 0;
-void on_resize(int) { g_resize = 1; }
-
-}  // namespace
-
-void install_terminate_handler() {
-  struct sigaction term{};
-  term.sa_handler = on_terminate;
-  term.sa_flags = SA_RESTART;
-  ::sigaction(SIGTERM, &term, nullptr);
-}
-
-bool terminate_requested() { return g_terminate != 0; }
-bool resize_requested() { return g_resize != 0; }
 
 namespace {
 
@@ -101,12 +80,7 @@ JobStart start_job(const TrainArgs& a) {
   job.elastic = elastic_generation_from_environment();
   const std::optional<launch::ElasticGeneration>& elastic = job.elastic;
   job.restarted = elastic && elastic->generation > 0;
-  if (elastic) {  // at once: the launcher may ask while this rank is still starting
-    struct sigaction grow{};
-    grow.sa_handler = on_resize;
-    grow.sa_flags = SA_RESTART;
-    ::sigaction(SIGUSR1, &grow, nullptr);
-  }
+  if (elastic) train::install_resize_handler();  // at once: the launcher may ask while this rank is still starting
   Config& c = job.c;
   c.merge_file(a.config);
   c.apply_overrides(a.overrides);
@@ -155,12 +129,13 @@ JobStart start_job(const TrainArgs& a) {
   return job;
 }
 
-void check_same_layout(comm::Communicator& world, const std::string& layout) {
-  const std::vector<std::string> every = parallel::all_gather_strings(world, layout);
-  for (size_t r = 1; r < every.size(); ++r)
-    if (every[r] != every[0])
-      throw InputError(cat("rank ", r, " was started with the layout \"", every[r], "\" but rank 0 with \"", every[0],
-                           "\"; every rank must be given the same [parallel], [training] batch and [model] settings"));
+// `loom train`: the config resolved for this rank's job, then the trainer's run.
+int run_train(const TrainArgs& a) {
+  JobStart job = start_job(a);
+  if (job.exit) return *job.exit;
+  set_log_quiet(a.quiet || job.env.rank != 0);
+  apply_compute_settings(job.c, job.env.local_size);
+  return train::run(a, job);
 }
 
 }  // namespace loom::app

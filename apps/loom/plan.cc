@@ -14,7 +14,7 @@
 #include "loom/parallel/schedule.h"
 #include "loom/parallel/stage_costs.h"
 #include "loom/checkpoint/outputs.h"
-#include "workload.h"
+#include "config_train.h"
 
 namespace loom::app {
 

@@ -1,6 +1,6 @@
-// One rank's run of `loom train` (train.cc: the model built, the run directory claimed, the
-// weights loaded, the model laid out; train_step.cc: the steps and what follows each;
-// train_ps.cc: a parameter-server job's roles).
+// One rank's run (loom/train/train.h; train.cc: the model built, the run directory claimed,
+// the weights loaded, the model laid out; train_step.cc: the steps and what follows each;
+// train_ps.cc: a parameter-server job's roles). Internal to src/train/.
 // Thread-safety: the training thread's.
 #pragma once
 
@@ -14,9 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
-#include "config.h"
-#include "job_start.h"
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/parallel/checkpointing.h"
 #include "loom/data/data.h"
@@ -30,11 +27,12 @@
 #include "loom/obs/trace.h"
 #include "loom/checkpoint/run_dir.h"
 #include "loom/data/prefetch.h"
-#include "workload.h"
+#include "loom/train/train.h"
+#include "loom/train/workload.h"
 
-namespace loom::app {
+namespace loom::train {
 
-// One rank's run of `loom train` after its config is resolved: the model built, the run
+// One rank's run after its config is resolved: the model built, the run
 // directory claimed, the weights loaded, the job joined and the model laid out, then the
 // steps with their metrics, evaluations and checkpoints. The methods run in that order.
 // With parameter servers ([parallel] ps_servers > 0) a worker steps through the same
@@ -42,7 +40,7 @@ namespace loom::app {
 // server's rank serves() instead of stepping: the first server keeps the run's books.
 class TrainRun {
  public:
-  TrainRun(const TrainArgs& a, JobStart& job);
+  TrainRun(const RunOptions& a, RunStart& job);
   void build_model();
   void claim_run_dir();
   void load_weights();
@@ -83,10 +81,10 @@ class TrainRun {
   int rank() const { return ps_ ? ps_->rank() : env_.rank; }  // in the job (a joined worker's too)
   std::string role() const;  // "parameter server S" / "worker W" / "joined worker rank R", for errors
 
-  const TrainArgs& a_;
+  const RunOptions& a_;
   comm::LaunchEnv& env_;
   const TrainConfig& t_;
-  JobStart& job_;
+  RunStart& job_;
   const bool lead_;  // writes the run directory, metrics and checkpoints
   const bool in_place_;  // an existing run directory goes on (an elastic generation, --resume-if-saved)
   const bool resume_;
@@ -144,4 +142,4 @@ class TrainRun {
 
 inline double mb(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-}  // namespace loom::app
+}  // namespace loom::train

@@ -9,14 +9,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "config_train.h"
 #include "loom/data/examples.h"
 #include "loom/data/tokenizer.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/model.h"
 #include "loom/serve/teacher.h"
+#include "loom/train/train_config.h"
 
-namespace loom::app {
+namespace loom::train {
 
 struct Workload {
   std::unique_ptr<nn::Model> model;
@@ -40,11 +40,7 @@ struct Workload {
 Workload make_workload(const TrainConfig& t, const nn::GptPart& part = {}, const nn::Shard& tp = {}, bool init = true,
                        bool lead = true);
 
-// The shard cache's directory when data.cache_dir (or --cache-dir) is empty:
-// $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom/shards, else ~/.cache/loom/shards.
-std::string default_cache_dir();
-
 // Checks every token is below the vocabulary size; InputError naming the file otherwise.
 void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path);
 
-}  // namespace loom::app
+}  // namespace loom::train

@@ -1,4 +1,4 @@
-#include "train_watch.h"
+#include "loom/train/debug_hooks.h"
 
 #include <signal.h>
 
@@ -8,7 +8,7 @@
 #include "loom/checkpoint/checkpoint.h"
 #include "loom/core/error.h"
 
-namespace loom::app {
+namespace loom::train {
 
 void install_fault_hook(const std::string& s, int rank) {
   if (s.empty()) return;
@@ -74,4 +74,4 @@ int64_t step_jitter_ms(int64_t ms, int rank, int64_t step) {
   return h % 4 == 0 ? 4 * ms : 0;
 }
 
-}  // namespace loom::app
+}  // namespace loom::train

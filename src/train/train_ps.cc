@@ -15,9 +15,9 @@
 #include "loom/core/log.h"
 #include "loom/launch/rank_group.h"
 #include "train_run.h"
-#include "train_watch.h"
+#include "loom/train/debug_hooks.h"
 
-namespace loom::app {
+namespace loom::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -258,4 +258,4 @@ int TrainRun::serve() {
   }
 }
 
-}  // namespace loom::app
+}  // namespace loom::train

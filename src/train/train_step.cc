@@ -11,9 +11,9 @@
 #include "loom/core/log.h"
 #include "loom/serve/prune.h"
 #include "train_run.h"
-#include "train_watch.h"
+#include "loom/train/debug_hooks.h"
 
-namespace loom::app {
+namespace loom::train {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -287,4 +287,4 @@ void TrainRun::print_summary() const {
   }
 }
 
-}  // namespace loom::app
+}  // namespace loom::train

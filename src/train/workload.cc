@@ -1,7 +1,6 @@
-#include "workload.h"
+#include "loom/train/workload.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 
 #include "loom/data/data.h"
@@ -10,21 +9,13 @@
 #include "loom/core/error.h"
 #include "loom/nn/mlp.h"
 
-namespace loom::app {
+namespace loom::train {
 
 void check_vocab(const std::vector<uint16_t>& tokens, int64_t vocab, const std::string& path) {
   if (tokens.empty()) return;
   const uint16_t mx = *std::max_element(tokens.begin(), tokens.end());
   if (mx >= vocab)
     throw InputError(cat(path, ": token id ", mx, " is outside the model's vocabulary (model.vocab_size = ", vocab, ")"));
-}
-
-std::string default_cache_dir() {
-  namespace fs = std::filesystem;
-  if (const char* d = std::getenv("LOOM_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') return (fs::path(x) / "loom" / "shards").string();
-  const char* home = std::getenv("HOME");
-  return (fs::path(home != nullptr && *home != '\0' ? home : "/tmp") / ".cache" / "loom" / "shards").string();
 }
 
 nlohmann::json Workload::model_json() const {
@@ -49,7 +40,7 @@ std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, 
     std::shared_ptr<data::ShardCache> cache;
     if (remote)
       cache = std::make_shared<data::ShardCache>(data::CacheOptions{
-          .dir = d.cache_dir.empty() ? default_cache_dir() : d.cache_dir,
+          .dir = d.cache_dir,
           .max_bytes = static_cast<int64_t>(d.cache_mb * 1024 * 1024), .retries = static_cast<int>(d.fetch_retries)});
     auto w = std::make_unique<data::ShardedWindows>(std::move(m), t, vocab, std::move(cache),
                                                     d.document_windows ? data::Windows::kDocuments : data::Windows::kTokens);
@@ -129,4 +120,4 @@ Workload make_workload(const TrainConfig& t, const nn::GptPart& part, const nn::
   return gpt_workload(t, part, tp, init, lead);
 }
 
-}  // namespace loom::app
+}  // namespace loom::train

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace loom::app {
+namespace loom::train {
 
 // The [debug] keys (docs/config.md): failures and slowness on demand, for the tests and
 // benchmarks that need them. Each is off when empty (0).
@@ -30,4 +30,4 @@ std::vector<int64_t> overflow_steps(const std::string& overflow_at);
 // all.
 int64_t step_jitter_ms(int64_t jitter_ms, int rank, int64_t step);
 
-}  // namespace loom::app
+}  // namespace loom::train

@@ -1,13 +1,10 @@
-// `loom train`: one rank of a job trains a model on real data, writing the run directory
-// (DESIGN.md section 4): config.toml, metrics.jsonl, checkpoints/step_N, logs/. The step
-// itself is parallel::Parallelized's (loom/parallel/parallelize.h); this file resolves the config,
-// builds the model, joins the job and lays the model out; train_step.cc keeps the run's
+// The trainer's start (loom/train/train.h): builds the model, claims the run directory,
+// loads the weights, joins the job and lays the model out; train_step.cc keeps the run's
 // books: metrics, evaluation, checkpoints, signals, traces (docs/architecture.md walks a step).
 #include <chrono>
 #include <filesystem>
 #include <sstream>
 
-#include "commands.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/host.h"
@@ -16,13 +13,13 @@
 #include "loom/serve/prune.h"
 #include "loom/gpu/gpu.h"
 #include "train_run.h"
-#include "train_watch.h"
+#include "loom/train/debug_hooks.h"
 
-namespace loom::app {
+namespace loom::train {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-TrainRun::TrainRun(const TrainArgs& a, JobStart& job)
+TrainRun::TrainRun(const RunOptions& a, RunStart& job)
     : a_(a),
       env_(job.env),
       t_(job.tc),
@@ -346,14 +343,10 @@ void TrainRun::saved(const std::optional<std::string>& dir) {  // an async save 
   progress_->note(cat("checkpoint ", *dir));
 }
 
-// Resolve the config, build the model, join the job and lay the model out on its mesh, then
-// loop { step, log, evaluate, checkpoint } (TrainRun::step).
-int run_train(const TrainArgs& a) {
-  JobStart job = start_job(a);
-  if (job.exit) return *job.exit;
-  set_log_quiet(a.quiet || job.env.rank != 0);
-  apply_compute_settings(job.c, job.env.local_size);
-  TrainRun run(a, job);
+// Build the model, join the job and lay the model out on its mesh, then loop { step, log,
+// evaluate, checkpoint } (TrainRun::step).
+int run(const RunOptions& options, RunStart& start) {
+  TrainRun run(options, start);
   run.build_model();
   run.claim_run_dir();
   run.load_weights();
@@ -364,4 +357,12 @@ int run_train(const TrainArgs& a) {
   return run.finish();
 }
 
-}  // namespace loom::app
+void check_same_layout(comm::Communicator& world, const std::string& layout) {
+  const std::vector<std::string> every = parallel::all_gather_strings(world, layout);
+  for (size_t r = 1; r < every.size(); ++r)
+    if (every[r] != every[0])
+      throw InputError(cat("rank ", r, " was started with the layout \"", every[r], "\" but rank 0 with \"", every[0],
+                           "\"; every rank must be given the same [parallel], [training] batch and [model] settings"));
+}
+
+}  // namespace loom::train
