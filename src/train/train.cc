@@ -346,6 +346,7 @@ void TrainRun::saved(const std::optional<std::string>& dir) {  // an async save 
 // Build the model, join the job and lay the model out on its mesh, then loop { step, log,
 // evaluate, checkpoint } (TrainRun::step).
 int run(const RunOptions& options, RunStart& start) {
+  check_config(start.tc);
   TrainRun run(options, start);
   run.build_model();
   run.claim_run_dir();

@@ -92,4 +92,11 @@ struct TrainConfig {
   std::string layout;  // what every rank of a job must share, as one line
 };
 
+// Refuses a TrainConfig whose fields disagree (InputError naming the field, what it holds
+// and what was expected): the sizes and names out of range, and the fields the command layer
+// derives from others (parallel.step's batch, accumulation, positions, ZeRO stage and fp16,
+// the schedule's length) not as derived. train::run checks its config so before anything
+// is read or written; `loom train`'s always passes (apps/loom/config_train.cc builds it).
+void check_config(const TrainConfig& t);
+
 }  // namespace loom::train
