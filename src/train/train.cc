@@ -270,7 +270,7 @@ void TrainRun::write_end_event() {
 void TrainRun::log_start() {
   const parallel::StateBytes mem0 = pm_->state_bytes();
   const bool piped = mesh_.pp > 1;
-  log_info(cat("training ", t_.model.preset.empty() ? t_.model.kind : t_.model.preset, " (", w_.model->params().numel(), " parameters) on ", t_.data.train,
+  log_info(cat("training ", model_name(), " (", w_.model->params().numel(), " parameters) on ", t_.data.train,
                ": ", steps_, " steps of ", global_batch_, " x ", w_.train->tokens_per_example(), " tokens, ",
                mesh_.dp_size, " data-parallel rank(s)",
                mesh_.tp > 1 ? cat(" x ", mesh_.tp, " tensor-parallel ranks") : std::string(),

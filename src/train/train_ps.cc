@@ -99,7 +99,7 @@ void TrainRun::join_ps() {
 
 void TrainRun::log_ps_start() {
   const int links = static_cast<int>(ps_->leaders().size());
-  log_info(cat("training ", t_.model.preset.empty() ? t_.model.kind : t_.model.preset, " (", w_.model->params().numel(), " parameters) on ", t_.data.train, ": ",
+  log_info(cat("training ", model_name(), " (", w_.model->params().numel(), " parameters) on ", t_.data.train, ": ",
                steps_, " steps of ", global_batch_, " x ", w_.train->tokens_per_example(), " tokens, ", ps_->servers(),
                " parameter server(s) and ", ps_->workers(), " worker(s), ", t_.parallel.ps.mode,
                ps_->mode() == parallel::PsMode::kSsp ? cat(" (staleness ", t_.parallel.ps.staleness, ")") : std::string(),

@@ -60,6 +60,8 @@ class TrainRun {
   void check_finite();
   void train_step(int64_t step);
   void after_step(int64_t done, double loss, double step_s, double busy_ms, obs::JsonLine& line, bool tracing);
+  // The model as the logs name it: its preset, or its kind where the config named none.
+  const std::string& model_name() const { return t_.model.preset.empty() ? t_.model.kind : t_.model.preset; }
   void log_start();
   void log_stage_state(const parallel::StateBytes& mem);
   std::array<bool, 3> agree(int64_t done, double busy_ms, obs::JsonLine& line);
