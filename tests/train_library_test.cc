@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_fixture.h"
+#include "config.h"
+#include "config_train.h"
 #include "loom/train/train.h"
 
 namespace loom {
@@ -120,6 +122,64 @@ TEST_F(TrainLibrary, AConfigWhoseFieldsDisagreeIsRefusedNamingTheField) {
   start.tc.model.kind = "transformer";
   expect_input_error([&] { train::run({}, start); }, {"TrainConfig.model.kind = \"transformer\"", "\"gpt\" or \"mlp\""});
   EXPECT_FALSE(std::filesystem::exists(p("runs/lib")));
+}
+
+// A TrainConfig's own fields, left as declared, hold what `loom train` makes of its keys'
+// defaults (the fields without one, such as the run directory and the data, aside).
+TEST(TrainConfigDefaults, OwnFieldsDefaultAsLoomTrainsKeys) {
+  app::Config c;
+  c.set("data.train", std::string("train.bin"));
+  c.resolve(1);
+  const train::TrainConfig cli = app::train_config(c), plain;
+  EXPECT_EQ(plain.job.seed, cli.job.seed);
+  EXPECT_EQ(plain.job.log_every, cli.job.log_every);
+  EXPECT_EQ(plain.job.mem_limit_mb, cli.job.mem_limit_mb);
+  EXPECT_EQ(plain.job.cuda, cli.job.cuda);
+  EXPECT_EQ(plain.data.val, cli.data.val);
+  EXPECT_EQ(plain.data.tokenizer, cli.data.tokenizer);
+  EXPECT_EQ(plain.data.hash_shards, cli.data.hash_shards);
+  EXPECT_EQ(plain.data.document_windows, cli.data.document_windows);
+  EXPECT_EQ(plain.data.prefetch, cli.data.prefetch);
+  EXPECT_EQ(plain.data.cache_mb, cli.data.cache_mb);
+  EXPECT_EQ(plain.data.fetch_retries, cli.data.fetch_retries);
+  EXPECT_EQ(plain.training.eval_every, cli.training.eval_every);
+  EXPECT_EQ(plain.training.eval_steps, cli.training.eval_steps);
+  EXPECT_EQ(plain.training.recompute, cli.training.recompute);
+  EXPECT_EQ(plain.training.precision, cli.training.precision);
+  EXPECT_EQ(plain.training.precision_name, cli.training.precision_name);
+  EXPECT_EQ(plain.training.keep_zeros, cli.training.keep_zeros);
+  EXPECT_EQ(plain.training.teacher, cli.training.teacher);
+  EXPECT_EQ(plain.training.distill_alpha, cli.training.distill_alpha);
+  EXPECT_EQ(plain.training.distill_temperature, cli.training.distill_temperature);
+  EXPECT_EQ(plain.parallel.layout.pp, cli.parallel.layout.pp);
+  EXPECT_EQ(plain.parallel.layout.v, cli.parallel.layout.v);
+  EXPECT_EQ(plain.parallel.layout.tp, cli.parallel.layout.tp);
+  EXPECT_EQ(plain.parallel.zero, cli.parallel.zero);
+  EXPECT_EQ(plain.parallel.deterministic, cli.parallel.deterministic);
+  EXPECT_EQ(plain.parallel.sequence_parallel, cli.parallel.sequence_parallel);
+  EXPECT_EQ(plain.parallel.pp_schedule, cli.parallel.pp_schedule);
+  EXPECT_EQ(plain.parallel.step.pp_schedule, cli.parallel.step.pp_schedule);
+  EXPECT_EQ(plain.parallel.ps.servers, cli.parallel.ps.servers);
+  EXPECT_EQ(plain.parallel.ps.mode, cli.parallel.ps.mode);
+  EXPECT_EQ(plain.parallel.ps.hierarchical, cli.parallel.ps.hierarchical);
+  EXPECT_EQ(plain.parallel.ps.staleness, cli.parallel.ps.staleness);
+  EXPECT_EQ(plain.comm.transport, cli.comm.transport);
+  EXPECT_EQ(plain.comm.timeout_s, cli.comm.timeout_s);
+  EXPECT_EQ(plain.checkpoint.own_dir, cli.checkpoint.own_dir);
+  EXPECT_EQ(plain.checkpoint.keep, cli.checkpoint.keep);
+  EXPECT_EQ(plain.checkpoint.every, cli.checkpoint.every);
+  EXPECT_EQ(plain.checkpoint.every_s, cli.checkpoint.every_s);
+  EXPECT_EQ(plain.checkpoint.grace_s, cli.checkpoint.grace_s);
+  EXPECT_EQ(plain.checkpoint.async, cli.checkpoint.async);
+  EXPECT_EQ(plain.checkpoint.sigterm_exit_code, cli.checkpoint.sigterm_exit_code);
+  EXPECT_EQ(plain.profile.trace_steps, cli.profile.trace_steps);
+  EXPECT_EQ(plain.metrics.port, cli.metrics.port);
+  EXPECT_EQ(plain.metrics.host, cli.metrics.host);
+  EXPECT_EQ(plain.metrics.every_rank, cli.metrics.every_rank);
+  EXPECT_EQ(plain.metrics.peak_gflops, cli.metrics.peak_gflops);
+  EXPECT_EQ(plain.debug.fault_at, cli.debug.fault_at);
+  EXPECT_EQ(plain.debug.delay_ms, cli.debug.delay_ms);
+  EXPECT_EQ(plain.debug.jitter_ms, cli.debug.jitter_ms);
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ const std::vector<std::pair<std::string, Value>>& schema() {
       {"metrics.host", std::string("127.0.0.1")},  // where it listens; another address needs LOOM_API_KEY
       {"metrics.every_rank", false},             // every rank serves, on metrics.port + its local rank
       {"metrics.peak_gflops", 0.0},              // one rank's peak: loom_train_mfu against it (0: not exported)
-      // Failures and slowness on demand, for tests and benchmarks (apps/loom/train_watch.h).
+      // Failures and slowness on demand, for tests and benchmarks (include/loom/train/debug_hooks.h).
       {"debug.fault_at", std::string("")},
       {"debug.delay_ms", std::string("")},
       {"debug.overflow_at", std::string("")},

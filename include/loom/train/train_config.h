@@ -15,12 +15,16 @@
 
 namespace loom::train {
 
+// Its own fields default to `loom train`'s defaults for their keys (docs/config.md); the
+// libraries' configs inside it (`schedule`, `parallel.step`, `model.gpt`) keep their
+// libraries' defaults (no gradient clipping, min_lr 0, ...), and the fields the command layer
+// derives from others must agree with them (check_config).
 struct TrainConfig {
   struct Job {
     std::string run;  // the run directory: job.run_dir / job.name
-    uint64_t seed = 0;
+    uint64_t seed = 1337;
     int threads = 1;  // compute threads per rank (job.threads, or this host's share of the cores)
-    int64_t log_every = 0;
+    int64_t log_every = 10;
     double mem_limit_mb = 0;  // 0: none
     bool cuda = false;        // job.device = "cuda": the step on GPU 0 (docs/gpu.md)
   } job;
@@ -40,37 +44,37 @@ struct TrainConfig {
     int64_t fetch_retries = 5;
   } data;
   struct Training {
-    int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 0;
+    int64_t steps = 0, global_batch = 1, micro_batch = 1, eval_every = 0, eval_steps = 10;
     nn::Recompute recompute = nn::Recompute::kNone;
     DType precision = DType::kF32;
-    std::string precision_name;  // "fp32", "bf16" or "fp16"
+    std::string precision_name = "fp32";  // "fp32", "bf16" or "fp16"
     bool keep_zeros = false;
     std::string teacher;  // "" for no distillation
-    double distill_alpha = 0, distill_temperature = 1;
+    double distill_alpha = 0.5, distill_temperature = 1;
   } training;
   optim::ScheduleConfig schedule;
   struct Parallel {
     parallel::MeshShape layout;  // dp x pp (v chunks each) x tp
     int zero = 0;
     bool deterministic = false, sequence_parallel = false;
-    std::string pp_schedule;  // the schedule's name (step.pp_schedule is its kind)
+    std::string pp_schedule = "1f1b";  // the schedule's name (step.pp_schedule is its kind)
     parallel::StepConfig step;  // data parallelism, the optimizer, batches, clipping, fp16
     struct ParamServer {
       int servers = 0;  // 0: no parameter servers
-      std::string mode, hierarchical;
+      std::string mode = "sync", hierarchical = "auto";
       int64_t staleness = 0;
     } ps;
   } parallel;
   struct Comm {
-    std::string transport;
-    double timeout_s = 0;
+    std::string transport = "auto";
+    double timeout_s = 300;
   } comm;
   struct Checkpoint {
     std::string root;      // checkpoint.dir, or RUN/checkpoints
     bool own_dir = false;  // checkpoint.dir was given
-    int keep = 0;
+    int keep = 3;
     int64_t every = 0;
-    double every_s = 0, grace_s = 0;
+    double every_s = 0, grace_s = 20;
     bool async = false;
     int sigterm_exit_code = 0;  // the exit status after a SIGTERM stop with a checkpoint
   } checkpoint;
