@@ -9,6 +9,7 @@
 #include "cli_fixture.h"
 #include "config.h"
 #include "config_train.h"
+#include "loom/core/threads.h"
 #include "loom/train/train.h"
 
 namespace loom {
@@ -96,6 +97,21 @@ TEST_F(TrainLibrary, ARunFromATypedConfigEqualsTheCommandLines) {
   EXPECT_TRUE(std::filesystem::exists(p("runs/lib/config.toml")));
 }
 
+// The run sizes this process's compute threads as job.threads says (loom train's share of
+// the cores, resolved; here more than this machine has, so that it is not the default).
+TEST_F(TrainLibrary, TheRunTakesItsComputeThreadsFromTheJob) {
+  train::RunStart start;
+  start.tc = config(p("runs/lib"));
+  start.tc.job.threads = 3;
+  start.tc.training.steps = start.tc.schedule.total_steps = 1;
+  ASSERT_EQ(train::run(train::RunOptions{.quiet = true}, start), 0);
+  EXPECT_EQ(compute_threads(), 3);
+  start.tc = config(p("runs/lib2"));
+  start.tc.job.gemm_path = "sparc";
+  expect_input_error([&] { train::run({}, start); }, {"job.gemm_path = \"sparc\""});
+  EXPECT_FALSE(std::filesystem::exists(p("runs/lib2")));
+}
+
 // What only a typed value shows is still refused before anything is written: the trainer's
 // own checks of its options (here --resume with --restart), naming both.
 TEST_F(TrainLibrary, ContradictoryOptionsAreRefusedBeforeAnythingIsWritten) {
@@ -136,6 +152,8 @@ TEST(TrainConfigDefaults, OwnFieldsDefaultAsLoomTrainsKeys) {
   SAME(job.log_every);
   SAME(job.mem_limit_mb);
   SAME(job.cuda);
+  SAME(job.gemm);
+  SAME(job.gemm_path);
   SAME(data.val);
   SAME(data.tokenizer);
   SAME(data.hash_shards);

@@ -7,15 +7,14 @@
 #include <sstream>
 #include <toml++/toml.h>
 
-#include "kernels/gemm/gemm.h"
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
 #include "loom/core/host.h"
 #include "loom/optim/loss_scale.h"
 #include "loom/nn/gpt.h"
 #include "loom/parallel/schedule.h"
-#include "loom/core/threads.h"
 #include "loom/obs/trace.h"
+#include "loom/train/train_config.h"
 
 namespace loom::app {
 namespace {
@@ -408,14 +407,7 @@ int Config::threads(int local_ranks) const {
 }
 
 void apply_compute_settings(const Config& c, int local_ranks) {
-  set_compute_threads(c.threads(local_ranks));
-  kernels::set_gemm_backend(c.s("job.gemm") == "openblas" ? kernels::GemmBackend::kOpenBlas : kernels::GemmBackend::kLoom);
-  const std::string& path = c.s("job.gemm_path");
-  try {
-    kernels::set_gemm_path(kernels::gemm_path_named(path));
-  } catch (const InputError& e) {
-    throw InputError(cat("job.gemm_path = \"", path, "\": ", e.what()));
-  }
+  train::apply_compute_settings({.threads = c.threads(local_ranks), .gemm = c.s("job.gemm"), .gemm_path = c.s("job.gemm_path")});
 }
 
 std::string Config::run_path() const {

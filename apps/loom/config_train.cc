@@ -77,7 +77,7 @@ TrainConfig train_config(const Config& c, int local_ranks) {
   const std::string run = c.run_path();
   t.job = {.run = run, .seed = static_cast<uint64_t>(c.i("job.seed")), .threads = c.threads(local_ranks),
            .log_every = c.i("job.log_every"), .mem_limit_mb = c.f("job.mem_limit_mb"),
-           .cuda = c.s("job.device") == "cuda"};
+           .cuda = c.s("job.device") == "cuda", .gemm = c.s("job.gemm"), .gemm_path = c.s("job.gemm_path")};
   t.model = {.kind = model_kind(c), .preset = c.s("model.preset"), .gpt = gpt_config(c), .hidden = c.i("model.hidden"),
              .n_hidden = c.i("model.n_layer"), .classes = c.i("model.vocab_size")};
   t.data = {.train = c.s("data.train"), .val = c.s("data.val"), .tokenizer = c.s("data.tokenizer"),

@@ -134,8 +134,7 @@ int run_train(const TrainArgs& a) {
   JobStart job = start_job(a);
   if (job.exit) return *job.exit;
   set_log_quiet(a.quiet || job.env.rank != 0);
-  apply_compute_settings(job.c, job.env.local_size);
-  return train::run(a, job);
+  return train::run(a, job);  // job.threads as resolved for this host's ranks
 }
 
 }  // namespace loom::app

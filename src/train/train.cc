@@ -347,6 +347,7 @@ void TrainRun::saved(const std::optional<std::string>& dir) {  // an async save 
 // evaluate, checkpoint } (TrainRun::step).
 int run(const RunOptions& options, RunStart& start) {
   check_config(start.tc);
+  apply_compute_settings(start.tc.job);
   TrainRun run(options, start);
   run.build_model();
   run.claim_run_dir();

@@ -1,8 +1,11 @@
 // check_config (loom/train/train_config.h): what a TrainConfig built outside the command
-// layer must hold before a run starts.
+// layer must hold before a run starts; apply_compute_settings, the job's compute threads and
+// products.
 #include "loom/train/train_config.h"
 
+#include "kernels/gemm/gemm.h"
 #include "loom/core/error.h"
+#include "loom/core/threads.h"
 #include "loom/parallel/schedule.h"
 
 namespace loom::train {
@@ -17,6 +20,8 @@ void expect(bool ok, const char* field, const std::string& holds, const std::str
 void check_config(const TrainConfig& t) {
   expect(!t.job.run.empty(), "job.run", "\"\"", "the run directory");
   expect(t.job.threads >= 1, "job.threads", cat(t.job.threads), "at least 1");
+  expect(t.job.gemm == "loom" || t.job.gemm == "openblas", "job.gemm", cat("\"", t.job.gemm, "\""),
+         "\"loom\" or \"openblas\"");
   expect(t.model.kind == "gpt" || t.model.kind == "mlp", "model.kind", cat("\"", t.model.kind, "\""), "\"gpt\" or \"mlp\"");
   expect(!t.data.train.empty(), "data.train", "\"\"", "a token file, a manifest or an image file");
   expect(t.training.steps >= 0, "training.steps", cat(t.training.steps), ">= 0");
@@ -47,6 +52,16 @@ void check_config(const TrainConfig& t) {
          cat("training.steps = ", t.training.steps));
   expect(t.comm.timeout_s > 0, "comm.timeout_s", cat(t.comm.timeout_s), "> 0 seconds");
   expect(!t.checkpoint.root.empty(), "checkpoint.root", "\"\"", "the checkpoints' directory");
+}
+
+void apply_compute_settings(const TrainConfig::Job& job) {
+  set_compute_threads(job.threads);
+  kernels::set_gemm_backend(job.gemm == "openblas" ? kernels::GemmBackend::kOpenBlas : kernels::GemmBackend::kLoom);
+  try {
+    kernels::set_gemm_path(kernels::gemm_path_named(job.gemm_path));
+  } catch (const InputError& e) {
+    throw InputError(cat("job.gemm_path = \"", job.gemm_path, "\": ", e.what()));
+  }
 }
 
 }  // namespace loom::train

@@ -27,6 +27,8 @@ struct TrainConfig {
     int64_t log_every = 10;
     double mem_limit_mb = 0;  // 0: none
     bool cuda = false;        // job.device = "cuda": the step on GPU 0 (docs/gpu.md)
+    std::string gemm = "loom";       // who computes products: "loom" or "openblas"
+    std::string gemm_path = "auto";  // Loom's GEMM micro-kernel by name (docs/config.md)
   } job;
   struct Model {
     std::string kind, preset;  // kind: "gpt" or "mlp"
@@ -102,5 +104,10 @@ struct TrainConfig {
 // the schedule's length) not as derived. train::run checks its config so before anything
 // is read or written; `loom train`'s always passes (apps/loom/config_train.cc builds it).
 void check_config(const TrainConfig& t);
+
+// Sizes this process's compute threads (job.threads) and picks who computes its products
+// (job.gemm, job.gemm_path): process-wide, from one thread, before any work (train::run
+// does it first). InputError naming job.gemm_path for a path unknown or not on this CPU.
+void apply_compute_settings(const TrainConfig::Job& job);
 
 }  // namespace loom::train
