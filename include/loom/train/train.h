@@ -32,6 +32,8 @@ struct RunOptions {
 // The job as this rank starts it: the launch environment (an elastic generation's usable
 // ranks), the typed config resolved for them, and what the start found.
 struct RunStart {
+  // This process's place in the job: comm::launch_env_from_environment() under a launcher
+  // (loom launch, mpirun, Slurm, torchrun's variables); as declared, one process alone.
   comm::LaunchEnv env;
   TrainConfig tc;
   std::optional<launch::ElasticGeneration> elastic;  // under an elastic launcher: this generation
