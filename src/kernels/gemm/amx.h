@@ -22,9 +22,13 @@
 //   128-byte row per pair; a tile takes 16 rows of 64 bytes, 16 columns).
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
@@ -45,28 +49,80 @@ inline int64_t amx_a_index(int64_t r, int64_t q, int64_t depth, int rows) {
   return full * rows + r * (depth - full) + (q - full);
 }
 
-// The bits a value of an operand is multiplied as (docs/numerics.md, "16-bit products").
-inline uint16_t amx_operand_bits(float x) { return bf16_operand_bits(x); }
-inline uint16_t amx_operand_bits(uint16_t bits) { return bf16_operand_bits(bf16_value(bits)); }
+// The bits a value of an operand is multiplied as (docs/numerics.md, "16-bit products"),
+// in the upper half of a 32-bit lane with zeros below: bf16_operand_bits(x) << 16 for an f32
+// x (subnormal read as zero, rounded to nearest even, NaN made quiet). In 32-bit lanes
+// throughout, so a pair is two of these and a shift, with no narrowing between (the
+// vectorized pair loops spent most of their time narrowing to 16 bits and widening back).
+inline uint32_t amx_operand_upper(uint32_t u) {
+  u = (u & 0x7f800000u) == 0 ? u & 0x80000000u : u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : rounded;
+}
+inline uint32_t amx_operand_upper(float x) { return amx_operand_upper(std::bit_cast<uint32_t>(x)); }
+inline uint16_t amx_operand_bits(float x) { return static_cast<uint16_t>(amx_operand_upper(x) >> 16); }
+// Of bf16 bits, in 16-bit lanes (a run of them converts 16 to a vector, not 8).
+inline uint16_t amx_operand_bits(uint16_t h) {
+  const uint16_t flushed = (h & 0x7f80u) == 0 ? static_cast<uint16_t>(h & 0x8000u) : h;
+  return (h & 0x7fffu) > 0x7f80u ? static_cast<uint16_t>(h | 0x40u) : flushed;
+}
 
-// A pair: `first` (k = 2q) in the lower half, `second` (2q + 1) in the upper.
+// A pair: `first` (k = 2q) in the lower half, `second` (2q + 1) in the upper; of f32 values
+// in 32-bit lanes, of bf16 bits in 16-bit ones.
 template <typename Value>
 uint32_t amx_pair(Value first, Value second) {
-  return amx_operand_bits(first) | static_cast<uint32_t>(amx_operand_bits(second)) << 16;
+  if constexpr (std::is_same_v<Value, float>) {
+    return amx_operand_upper(first) >> 16 | amx_operand_upper(second);
+  } else {
+    return amx_operand_bits(first) | static_cast<uint32_t>(amx_operand_bits(second)) << 16;
+  }
 }
 template <typename Value>
 uint32_t amx_last_pair(Value first, uint32_t pad) {  // an odd kc's last k
   return amx_operand_bits(first) | pad << 16;
 }
 
-// `count` pairs of values adjacent along a row (src[2i], src[2i + 1]) to dst[i]; the loop
-// the compiler vectorizes.
+// A packed sliver's 32-bit pairs written as their two 16-bit halves (the lower first, as
+// x86 stores them): GCC's and clang's `may_alias`, so these stores and the pairs' loads
+// may refer to the same memory.
+using Half = uint16_t __attribute__((may_alias));
+
+// dst[i] = the bits value src[i] is multiplied as, i < count: a run of an operand whose
+// values lie side by side along k becomes pairs by being written in order (a pair's lower
+// half is the earlier k). The loop the compiler vectorizes.
 template <typename Value>
-void amx_adjacent_pairs(const Value* src, int64_t count, uint32_t* dst) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = amx_pair(src[2 * i], src[2 * i + 1]);
+void amx_operand_run(const Value* src, int64_t count, Half* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = amx_operand_bits(src[i]);
 }
 
-// How GemmPath::kAmx packs (gemm.cc's Packing interface, as PairPacking).
+// out[c * ldo + r] = src[r * lds + c] for r, c < 4: 32-bit lanes moved as they are (SSE's
+// shuffles move bits; no arithmetic, so NaN and subnormal patterns pass untouched).
+inline void transpose4_pairs(const uint32_t* src, int64_t lds, uint32_t* out, int64_t ldo) {
+  const auto load = [](const uint32_t* p) { return _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
+  __m128 r0 = load(src), r1 = load(src + lds), r2 = load(src + 2 * lds), r3 = load(src + 3 * lds);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_castps_si128(r0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + ldo), _mm_castps_si128(r1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * ldo), _mm_castps_si128(r2));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 3 * ldo), _mm_castps_si128(r3));
+}
+
+// out[c * ldo + r] = src[r * lds + c] for r < rows, c < cols: 4 x 4 blocks, then the edges
+// one by one.
+inline void transpose_pairs(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols, uint32_t* out, int64_t ldo) {
+  const int64_t rows4 = rows / 4 * 4, cols4 = cols / 4 * 4;
+  for (int64_t r = 0; r < rows4; r += 4)
+    for (int64_t c = 0; c < cols4; c += 4) transpose4_pairs(src + r * lds + c, lds, out + c * ldo + r, ldo);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = r < rows4 ? cols4 : 0; c < cols; ++c) out[c * ldo + r] = src[r * lds + c];
+}
+
+// How GemmPath::kAmx packs (gemm.cc's Packing interface, as PairPacking). Runs of an operand
+// along k are converted in order into 16-bit halves; where the layout runs across k (a
+// transposed A's tile rows, a transposed B's VNNI rows) a block of 16 pairs is first made
+// in a buffer the thread keeps in L1, then moved by 4 x 4 transposes. (Element by element,
+// a transposed A of bf16 bits packed at 1.5 ns a value on one Zen 3 core, 0.2 ns so; every
+// packer's figures: docs/perf.md, bench/gemm_packing_bench.cc.)
 struct AmxPacking {
   using P = uint32_t;
   static constexpr int kStep = 2;
@@ -78,29 +134,37 @@ struct AmxPacking {
   template <typename Value>
   void a(const Operand<Value>& x, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, uint32_t* out,
          int64_t stride) const {
-    // whole: the pairs of both values inside kc in full 16-pair blocks; the pairs after them
-    // (to `pairs`) lie side by side too, in a block or in the rest
-    const int64_t depth = (kc + 1) / 2, pairs = kc / 2, whole = pairs / kAmxPairs * kAmxPairs;
+    const int64_t depth = (kc + 1) / 2;
     for (int64_t s = 0; s * mr < rows; ++s) {
       uint32_t* sliver = out + s * stride;
       const int64_t height = std::min<int64_t>(mr, rows - s * mr);
-      if (!x.trans) {  // each row's pairs are adjacent values: 16 at a time into its tile rows
+      if (!x.trans) {  // a row's values lie along k: each tile row (and the rest) one run
         for (int64_t r = 0; r < height; ++r) {
           const Value* src = x.p + (i0 + s * mr + r) * x.ld + p0;
-          for (int64_t q0 = 0; q0 < whole; q0 += kAmxPairs)
-            amx_adjacent_pairs(src + 2 * q0, kAmxPairs, sliver + amx_a_index(r, q0, depth, mr));
-          amx_adjacent_pairs(src + 2 * whole, pairs - whole, sliver + amx_a_index(r, whole, depth, mr));
-          if (kc & 1) sliver[amx_a_index(r, pairs, depth, mr)] = amx_last_pair(src[kc - 1], kAmxPadA);
+          for (int64_t q0 = 0; q0 < depth; q0 += kAmxPairs) {
+            const int64_t values = std::min<int64_t>(2 * kAmxPairs, kc - 2 * q0);
+            Half* dst = reinterpret_cast<Half*>(sliver + amx_a_index(r, q0, depth, mr));
+            amx_operand_run(src + 2 * q0, values, dst);
+            if (values & 1) dst[values] = static_cast<uint16_t>(kAmxPadA);
+          }
         }
       } else {  // op(A)(i, k) at x.p[k * ld + i]: two rows of the stored matrix make a pair
-        for (int64_t q = 0; q < depth; ++q) {
-          const Value* first = x.p + (p0 + 2 * q) * x.ld + i0 + s * mr;
-          const Value* second = first + x.ld;
-          const bool last = 2 * q + 1 == kc;
-          // pair q of row r at at0 + r * step (16 in a full block, the rest's length after)
-          const int64_t at0 = amx_a_index(0, q, depth, mr), step = amx_a_index(1, q, depth, mr) - at0;
-          for (int64_t r = 0; r < height; ++r)
-            sliver[at0 + r * step] = last ? amx_last_pair(first[r], kAmxPadA) : amx_pair(first[r], second[r]);
+        alignas(64) uint32_t block[kAmxPairs][kAmxRows];  // [pair][row] of one block
+        for (int64_t q0 = 0; q0 < depth; q0 += kAmxPairs) {
+          const int64_t count = std::min<int64_t>(kAmxPairs, depth - q0);
+          for (int64_t q = 0; q < count; ++q) {
+            const Value* first = x.p + (p0 + 2 * (q0 + q)) * x.ld + i0 + s * mr;
+            uint32_t* pairs = block[q];
+            if (2 * (q0 + q) + 1 < kc) {
+              const Value* second = first + x.ld;
+              for (int64_t r = 0; r < height; ++r) pairs[r] = amx_pair(first[r], second[r]);
+            } else {
+              for (int64_t r = 0; r < height; ++r) pairs[r] = amx_last_pair(first[r], kAmxPadA);
+            }
+          }
+          // pair q0 + q of row r at at0 + r * step + q (a full block's tile rows, or the rest's)
+          const int64_t at0 = amx_a_index(0, q0, depth, mr), step = amx_a_index(1, q0, depth, mr) - at0;
+          transpose_pairs(&block[0][0], kAmxRows, count, height, sliver + at0, step);
         }
       }
       for (int64_t r = height; r < mr; ++r)
@@ -127,11 +191,16 @@ struct AmxPacking {
             for (int64_t j = 0; j < width; ++j) dst[j] = amx_last_pair(first[j], kAmxPadB);
           }
         }
-      } else {  // op(B)(k, j) at x.p[j * ld + k]: each column's pairs are adjacent values
-        for (int64_t j = 0; j < width; ++j) {
-          const Value* src = x.p + (js + j) * x.ld + p0;
-          for (int64_t q = 0; q < kc / 2; ++q) sliver[q * nr + j] = amx_pair(src[2 * q], src[2 * q + 1]);
-          if (kc & 1) sliver[(kc / 2) * nr + j] = amx_last_pair(src[kc - 1], kAmxPadB);
+      } else {  // op(B)(k, j) at x.p[j * ld + k]: a column's values lie along k, one run
+        alignas(64) uint32_t block[kAmxCols][kAmxPairs];  // [column][pair] of one block
+        for (int64_t q0 = 0; q0 < depth; q0 += kAmxPairs) {
+          const int64_t count = std::min<int64_t>(kAmxPairs, depth - q0), values = std::min<int64_t>(2 * count, kc - 2 * q0);
+          for (int64_t j = 0; j < width; ++j) {
+            Half* dst = reinterpret_cast<Half*>(block[j]);
+            amx_operand_run(x.p + (js + j) * x.ld + p0 + 2 * q0, values, dst);
+            if (values & 1) dst[values] = static_cast<uint16_t>(kAmxPadB);
+          }
+          transpose_pairs(&block[0][0], kAmxPairs, width, count, sliver + q0 * nr, nr);
         }
       }
       if (width < nr)
