@@ -112,6 +112,20 @@ TEST_F(TrainLibrary, TheRunTakesItsComputeThreadsFromTheJob) {
   EXPECT_FALSE(std::filesystem::exists(p("runs/lib2")));
 }
 
+// A manifest of remote shards needs a cache directory, which loom train's config resolves
+// (docs/data.md) and a TrainConfig built by hand may leave empty: refused naming both, before
+// anything is fetched or written.
+TEST_F(TrainLibrary, RemoteShardsWithoutACacheDirectoryAreRefused) {
+  write(p("remote.json"), cat(R"({"format": "loom-dataset", "version": 1, "tokens": 100000, "tokenizer": "bytes", )",
+                              R"("vocab_size": 256, "shards": [{"url": "http://127.0.0.1:9/train.bin", "tokens": 100000, )",
+                              R"("dtype": "uint16", "sha256": ")", std::string(64, '0'), R"("}]})"));
+  train::RunStart start;
+  start.tc = config(p("runs/lib"));
+  start.tc.data.train = p("remote.json");
+  expect_input_error([&] { train::run({}, start); }, {"remote.json", "remote", "data.cache_dir is empty"});
+  EXPECT_FALSE(std::filesystem::exists(p("runs/lib")));
+}
+
 // What only a typed value shows is still refused before anything is written: the trainer's
 // own checks of its options (here --resume with --restart), naming both.
 TEST_F(TrainLibrary, ContradictoryOptionsAreRefusedBeforeAnythingIsWritten) {

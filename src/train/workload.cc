@@ -38,6 +38,9 @@ std::unique_ptr<data::Examples> windows(const std::string& path, int64_t vocab, 
                            ": expected at least ", m.vocab_size));
     const bool remote = data::check_local_shards(m, hash, d.document_windows);  // remote ones as they are fetched
     std::shared_ptr<data::ShardCache> cache;
+    if (remote && d.cache_dir.empty())  // loom train's config resolves it; a TrainConfig built in C++ may not
+      throw InputError(cat(path, ": its shards are remote and data.cache_dir is empty: expected the directory to cache "
+                           "them in"));
     if (remote)
       cache = std::make_shared<data::ShardCache>(data::CacheOptions{
           .dir = d.cache_dir,
