@@ -25,7 +25,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -49,23 +48,13 @@ inline int64_t amx_a_index(int64_t r, int64_t q, int64_t depth, int rows) {
   return full * rows + r * (depth - full) + (q - full);
 }
 
-// The bits a value of an operand is multiplied as (docs/numerics.md, "16-bit products"),
-// in the upper half of a 32-bit lane with zeros below: bf16_operand_bits(x) << 16 for an f32
-// x (subnormal read as zero, rounded to nearest even, NaN made quiet). In 32-bit lanes
-// throughout, so a pair is two of these and a shift, with no narrowing between (the
-// vectorized pair loops spent most of their time narrowing to 16 bits and widening back).
-inline uint32_t amx_operand_upper(uint32_t u) {
-  u = (u & 0x7f800000u) == 0 ? u & 0x80000000u : u;
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u : rounded;
-}
-inline uint32_t amx_operand_upper(float x) { return amx_operand_upper(std::bit_cast<uint32_t>(x)); }
+// The bits a value of an operand is multiplied as (docs/numerics.md, "16-bit products"):
+// bf16_operand_bits(x), of an f32 x kept in the upper half of a 32-bit lane (bf16_upper), so
+// a pair of f32 values is two of these and a shift, with no narrowing between.
+inline uint32_t amx_operand_upper(float x) { return bf16_upper(flush_subnormal(x)); }
 inline uint16_t amx_operand_bits(float x) { return static_cast<uint16_t>(amx_operand_upper(x) >> 16); }
 // Of bf16 bits, in 16-bit lanes (a run of them converts 16 to a vector, not 8).
-inline uint16_t amx_operand_bits(uint16_t h) {
-  const uint16_t flushed = (h & 0x7f80u) == 0 ? static_cast<uint16_t>(h & 0x8000u) : h;
-  return (h & 0x7fffu) > 0x7f80u ? static_cast<uint16_t>(h | 0x40u) : flushed;
-}
+inline uint16_t amx_operand_bits(uint16_t h) { return bf16_operand_bits_of_bits(h); }
 
 // A pair: `first` (k = 2q) in the lower half, `second` (2q + 1) in the upper; of f32 values
 // in 32-bit lanes, of bf16 bits in 16-bit ones.
