@@ -52,7 +52,7 @@ inline int64_t amx_a_index(int64_t r, int64_t q, int64_t depth, int rows) {
 // bf16_operand_bits(x), of an f32 x kept in the upper half of a 32-bit lane (bf16_upper), so
 // a pair of f32 values is two of these and a shift, with no narrowing between.
 inline uint32_t amx_operand_upper(float x) { return bf16_upper(flush_subnormal(x)); }
-inline uint16_t amx_operand_bits(float x) { return static_cast<uint16_t>(amx_operand_upper(x) >> 16); }
+inline uint16_t amx_operand_bits(float x) { return bf16_operand_bits(x); }
 // Of bf16 bits, in 16-bit lanes (a run of them converts 16 to a vector, not 8).
 inline uint16_t amx_operand_bits(uint16_t h) { return bf16_operand_bits_of_bits(h); }
 
