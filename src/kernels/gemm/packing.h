@@ -174,6 +174,22 @@ void pack_runs(const V* src, int64_t full, T* out, int64_t stride) {
 // compiler knows.
 template <typename Cvt, typename T, typename V>
 void pack_row(const V* src, int64_t count, int width, T* out, int64_t stride) {
+  if constexpr (!std::is_same_v<Cvt, AsIs>) {
+    // Converted a chunk at a time in one pass the compiler vectorizes, then copied as plain
+    // values: runs of MR = 6 converted as they were copied made a transposed A the slowest
+    // packer of a bf16 step on AVX2 (0.8-1.0 ns a value; bench/gemm_packing_bench.cc). Runs
+    // of 16 and 32 convert as whole vectors already, and the extra pass cost them.
+    if (width % 16 != 0) {
+      alignas(64) T row[1024];
+      const int64_t chunk = 1024 / width * width;  // whole slivers, so only the last has a tail
+      for (int64_t c0 = 0; c0 < count; c0 += chunk) {
+        const int64_t n = std::min(chunk, count - c0);
+        for (int64_t i = 0; i < n; ++i) row[i] = Cvt::value(src[c0 + i]);
+        pack_row<AsIs>(row, n, width, out + (c0 / width) * stride, stride);
+      }
+      return;
+    }
+  }
   const int64_t full = count / width, tail = count % width;
   switch (width) {
     case 4: pack_runs<4, Cvt>(src, full, out, stride); break;
