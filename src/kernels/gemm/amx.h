@@ -22,8 +22,6 @@
 //   128-byte row per pair; a tile takes 16 rows of 64 bytes, 16 columns).
 #pragma once
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -84,24 +82,15 @@ void amx_operand_run(const Value* src, int64_t count, Half* dst) {
   for (int64_t i = 0; i < count; ++i) dst[i] = amx_operand_bits(src[i]);
 }
 
-// out[c * ldo + r] = src[r * lds + c] for r, c < 4: 32-bit lanes moved as they are (SSE's
-// shuffles move bits; no arithmetic, so NaN and subnormal patterns pass untouched).
-inline void transpose4_pairs(const uint32_t* src, int64_t lds, uint32_t* out, int64_t ldo) {
-  const auto load = [](const uint32_t* p) { return _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
-  __m128 r0 = load(src), r1 = load(src + lds), r2 = load(src + 2 * lds), r3 = load(src + 3 * lds);
-  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_castps_si128(r0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + ldo), _mm_castps_si128(r1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * ldo), _mm_castps_si128(r2));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 3 * ldo), _mm_castps_si128(r3));
-}
-
-// out[c * ldo + r] = src[r * lds + c] for r < rows, c < cols: 4 x 4 blocks, then the edges
-// one by one.
+// out[c * ldo + r] = src[r * lds + c] for r < rows, c < cols: 4 x 4 blocks by packing.h's
+// transpose4 (SSE's shuffles and unaligned moves carry a pair's 32 bits as they are, with no
+// arithmetic, so NaN and subnormal patterns pass untouched), then the edges one by one.
 inline void transpose_pairs(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols, uint32_t* out, int64_t ldo) {
   const int64_t rows4 = rows / 4 * 4, cols4 = cols / 4 * 4;
+  const auto* from = reinterpret_cast<const float*>(src);
+  auto* to = reinterpret_cast<float*>(out);
   for (int64_t r = 0; r < rows4; r += 4)
-    for (int64_t c = 0; c < cols4; c += 4) transpose4_pairs(src + r * lds + c, lds, out + c * ldo + r, ldo);
+    for (int64_t c = 0; c < cols4; c += 4) transpose4(from + r * lds + c, lds, to + c * ldo + r, ldo);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = r < rows4 ? cols4 : 0; c < cols; ++c) out[c * ldo + r] = src[r * lds + c];
 }
