@@ -18,23 +18,24 @@ namespace {
 // step); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
 // likewise (or, with gelu_bits, into 16-bit storage: round_out's bits), and with out_bits
 // out's bits too. Either hook may be none.
+template <typename T>
 struct ForwardHooks {
-  GemmPrologue prologue;
-  GemmEpilogue epilogue;
+  GemmPrologue<T> prologue;
+  GemmEpilogue<T> epilogue;
 };
 
 template <typename T>
-ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType round_out,
-                           uint16_t* gelu_bits = nullptr, uint16_t* out_bits = nullptr) {
-  ForwardHooks hooks;
+ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round_out, uint16_t* gelu_bits = nullptr,
+                              uint16_t* out_bits = nullptr, bool out_scratch = false) {
+  ForwardHooks<T> hooks;
   if (bias != nullptr)
-    hooks.prologue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-      for (int64_t i = i0; i < i0 + rows; ++i) std::copy(bias + j0, bias + j0 + cols, out + i * m + j0);
+    hooks.prologue = [=](int64_t, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld) {
+      for (int64_t r = 0; r < rows; ++r) std::copy(bias + j0, bias + j0 + cols, block + r * ld);
     };
   if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32) return hooks;
-  hooks.epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  const auto epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
-      T* y = out + i * m + j0;
+      T* y = block + (i - i0) * ld;
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
       if constexpr (std::is_same_v<T, float>) {
         round_serial(round_out, y, y, cols);
@@ -51,6 +52,7 @@ ForwardHooks forward_hooks(T* out, const T* bias, int64_t m, T* gelu_out, DType 
       if (g != nullptr) gelu_forward_serial(g, y, cols);
     }
   };
+  hooks.epilogue = GemmEpilogue<T>(epilogue, out_scratch);
   return hooks;
 }
 
@@ -69,11 +71,11 @@ void add_column_sums(T* dbias, int64_t n, int64_t m, Value value) {
   }
 }
 
-// Mixed precision's dinp rounded to `round` (kF32: none) on each finished tile of (n, ld).
-GemmEpilogue rounding(float* dinp, int64_t ld, DType round) {
+// Mixed precision's dinp rounded to `round` (kF32: none) on each finished block.
+GemmEpilogue<float> rounding(DType round) {
   if (round == DType::kF32) return {};
-  return [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-    for (int64_t i = i0; i < i0 + rows; ++i) round_serial(round, dinp + i * ld + j0, dinp + i * ld + j0, cols);
+  return [=](int64_t, int64_t rows, int64_t, int64_t cols, float* block, int64_t ld) {
+    for (int64_t r = 0; r < rows; ++r) round_serial(round, block + r * ld, block + r * ld, cols);
   };
 }
 
@@ -83,7 +85,7 @@ template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
                     int64_t m, WeightLayout layout, T* gelu_out, DType operands, DType round_out) {
   LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
-  const ForwardHooks hooks = forward_hooks(out, bias, m, gelu_out, round_out);
+  const ForwardHooks<T> hooks = forward_hooks(bias, m, gelu_out, round_out);
   if (layout == WeightLayout::kKM)
     gemm_as<T>(operands, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
   else
@@ -92,9 +94,10 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
                          const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
-                         int64_t m, DType format) {
+                         int64_t m, DType format, bool out_scratch) {
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
-  const ForwardHooks hooks = forward_hooks(out, bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits);
+  const ForwardHooks<float> hooks =
+      forward_hooks(bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits, out_scratch);
   if (inp_bits != nullptr)
     gemm_half_bits(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
                    hooks.prologue);
@@ -104,9 +107,9 @@ void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, co
 
 void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weight, const float* bias, int64_t n,
                            float* gelu_out) {
-  const ForwardHooks hooks = forward_hooks(out, bias, weight.n, gelu_out, DType::kF32);
+  const ForwardHooks<float> hooks = forward_hooks(bias, weight.n, gelu_out, DType::kF32);
   if (hooks.prologue)  // the panels' product has no prologue: the bias first, in a pass of its own
-    parallel_for(n, n * weight.n, [&](int64_t i) { hooks.prologue(i, 1, 0, weight.n); });
+    parallel_for(n, n * weight.n, [&](int64_t i) { hooks.prologue(i, 1, 0, weight.n, out + i * weight.n, weight.n); });
   gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, weight.n, hooks.epilogue);
 }
 
@@ -114,8 +117,8 @@ template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t n, int64_t k, int64_t m, WeightLayout layout, DType operands, DType round_dinp) {
   LOOM_CHECK((round_dinp == DType::kF32 || std::is_same_v<T, float>));
-  GemmEpilogue round;
-  if constexpr (std::is_same_v<T, float>) round = rounding(dinp, k, round_dinp);
+  GemmEpilogue<T> round;
+  if constexpr (std::is_same_v<T, float>) round = rounding(round_dinp);
   if (layout == WeightLayout::kKM) {
     if (dinp != nullptr) gemm_as<T>(operands, false, true, n, k, m, dout, m, weight, m, false, dinp, k, round);
     if (dweight != nullptr) gemm_as<T>(operands, true, false, k, m, n, inp, k, dout, m, true, dweight, m);
@@ -129,19 +132,24 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,
                                const uint16_t* h_bits, int64_t n, int64_t k, int64_t m, DType format) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
-  const GemmEpilogue gelu = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+  // dinp is scratch: each block is taken where the product leaves it (GemmEpilogue::scratch).
+  // The next block's rows of h are asked for as this one's are done: their lines are in
+  // memory, rows 2 KiB or more apart, which the hardware prefetchers do not follow.
+  const auto gelu = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
-      float* d = dinp + i * k + j0;
+      float* d = block + (i - i0) * ld;
       round_serial(format, d, d, cols);
       gelu_backward_half_bits(format, dh_bits + i * k + j0, h_bits + i * k + j0, d, cols);
     }
+    for (int64_t i = i0 + rows; i < std::min(n, i0 + 2 * rows); ++i)
+      for (int64_t j = 0; j < cols; j += 32) __builtin_prefetch(h_bits + i * k + j0 + j);
   };
-  gemm_half(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, gelu);
+  gemm_half(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, GemmEpilogue<float>(gelu, true));
 }
 
 void matmul_dinp_bits(float* dinp, const uint16_t* dout, const float* weight, int64_t n, int64_t k, int64_t m,
                       DType format, DType round_dinp) {
-  gemm_half_bits(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(dinp, k, round_dinp));
+  gemm_half_bits(format, false, true, n, k, m, dout, m, weight, m, false, dinp, k, rounding(round_dinp));
 }
 
 template <typename Dout>

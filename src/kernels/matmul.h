@@ -33,10 +33,12 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 // out's bits too, and with gelu_bits (N, M) the GELU in the format's bits: the bits
 // store_half would write of out and of matmul_forward's gelu_out. So a Linear's 16-bit
 // input and c_fc's GELU are never f32 tensors, and what backward keeps of c_fc is written
-// while each tile is in cache.
+// while each tile is in cache. With out_scratch only out_bits and gelu_bits are wanted: out
+// is space the product may use or leave alone (GemmEpilogue::scratch), its contents
+// unspecified after.
 void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
                          const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
-                         int64_t m, DType format);
+                         int64_t m, DType format, bool out_scratch = false);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.
@@ -69,7 +71,8 @@ void matmul_weight_grad_bits(float* dweight, float* dbias, const Dout* dout, con
 //   `format`, as matmul_backward computes it (operands and round_dinp `format`), then, on each
 //   tile as the product finishes it, dh_bits = gelu'(h) * dinp rounded, in the format's bits,
 //   h given as its bits (the GELU's input): the bits of matmul_backward, gelu_backward_bits
-//   and store_half after; dinp is left as scratch.
+//   and store_half after; dinp is space the product may use (GemmEpilogue::scratch), its
+//   contents unspecified after.
 // - matmul_dinp_bits: matmul_backward's dinp (layout kKM, operands `format`) of a dout held
 //   as the format's bits, rounded to round_dinp.
 void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout, const float* weight,

@@ -195,7 +195,7 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
     k::matmul_forward_half(y.data<float>(), kept != nullptr ? y_bits.data<uint16_t>() : nullptr, bits.data<uint16_t>(),
                            x_bits ? nullptr : x.data<float>(), x_bits ? x.data<uint16_t>() : nullptr,
                            weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr,
-                           x.numel() / in, in, out, precision);
+                           x.numel() / in, in, out, precision, /*out_scratch=*/kept != nullptr);
     return {kept != nullptr ? y_bits : y, bits};
   }
   Tensor y = arena.alloc(with_last(x, out), x.dtype());

@@ -58,7 +58,7 @@ T* scratch(int slot, int64_t count) {
     std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
     int64_t capacity = 0;
   };
-  thread_local Buffer buffers[2];
+  thread_local Buffer buffers[3];
   Buffer& buf = buffers[slot];
   if (buf.capacity < count) {
     const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
@@ -117,13 +117,18 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               int64_t rows,
               int64_t j0,
               int64_t cols,
-              const GemmEpilogue& epilogue,
-              const GemmPrologue& prologue) {
+              const GemmEpilogue<T>& epilogue,
+              const GemmPrologue<T>& prologue) {
   using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
   P* packed_a = scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
   P* packed_b = scratch<P>(1, depth_of(mk.kc) * round_up(std::min(cols, mk.nc), nr));
+  // A scratch epilogue's blocks, where the product passes over k once: each sliver's block
+  // of a panel in `block` (MR x NC, in L1), C untouched.
+  const bool in_block = epilogue.scratch && !accumulate && k <= mk.kc;
+  const int64_t ld_block = round_up(std::min(cols, mk.nc), nr);
+  T* block = in_block ? scratch<T>(2, mr * ld_block) : nullptr;
   alignas(64) T edge[32 * 32];  // one partial MR x NR block (every kernel has MR, NR <= 32)
   {
     const FlushSubnormals flush(packing.flush);
@@ -140,31 +145,33 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
         for (int64_t ir = 0; ir < rows; ir += mr) {
           const int64_t h = std::min<int64_t>(mr, rows - ir);
           const P* pa = packed_a + (ir / mr) * a_stride;
+          T* cs = in_block ? block : c + (i0 + ir) * ldc + j0 + jc;  // the sliver's rows of this panel
+          const int64_t lds = in_block ? ld_block : ldc;
           if (start) {  // into L1 just before the kernels read it, with the caller's MXCSR
             flush.suspend();
-            prologue(i0 + ir, h, j0 + jc, panel);
+            prologue(i0 + ir, h, j0 + jc, panel, cs, lds);
             flush.resume();
           }
           for (int64_t jr = 0; jr < panel; jr += nr) {
             const int64_t w = std::min<int64_t>(nr, panel - jr);
             const P* pb = bs.p + (jr / nr) * bs.stride;
-            T* ct = c + (i0 + ir) * ldc + j0 + jc + jr;
+            T* ct = cs + jr;
             if (h == mr && w == nr) {
-              mk.fn(depth, pa, pb, ct, ldc, acc);
+              mk.fn(depth, pa, pb, ct, lds, acc);
               continue;
             }
             // Partial block: run the full kernel on a copy; padded lanes are discarded.
             if (acc)
-              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * ldc, w * sizeof(T));
+              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * lds, w * sizeof(T));
             mk.fn(depth, pa, pb, edge, nr, acc);
-            for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(T));
+            for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * lds, edge + r * nr, w * sizeof(T));
           }
           // The sliver's MR rows of this panel are final: the epilogue takes them while they
           // are in L1 (12 KiB for bf16's 12 x 256), where the whole tile (up to 1032 rows by
           // every column, megabytes) would have left the cache; with the caller's MXCSR.
           if (epilogue && last) {
             flush.suspend();
-            epilogue(i0 + ir, h, j0 + jc, panel);
+            epilogue.fn(i0 + ir, h, j0 + jc, panel, cs, lds);
             flush.resume();
           }
         }
@@ -184,24 +191,25 @@ int product_threads(int64_t m, int64_t n, int64_t k) {
 
 // Where a product does not run by packed tiles: the prologue over all of C first, which
 // the product then accumulates onto.
-void start_whole(const GemmPrologue& prologue, int64_t m, int64_t n, bool& accumulate) {
+template <typename T>
+void start_whole(const GemmPrologue<T>& prologue, int64_t m, int64_t n, T* c, int64_t ldc, bool& accumulate) {
   LOOM_CHECK(!(prologue && accumulate));
   if (!prologue || m == 0 || n == 0) return;
-  prologue(0, m, 0, n);
+  prologue(0, m, 0, n, c, ldc);
   accumulate = true;
 }
 
 // k == 0 (or an empty C): C kept (accumulate), the prologue's or zeroed, then the epilogue.
 // True when the product is done.
 template <typename T>
-bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
-                     const GemmPrologue& prologue) {
+bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc,
+                     const GemmEpilogue<T>& epilogue, const GemmPrologue<T>& prologue) {
   if (m == 0 || n == 0) return true;
   if (k != 0) return false;
-  start_whole(prologue, m, n, accumulate);
+  start_whole(prologue, m, n, c, ldc, accumulate);
   if (!accumulate)
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
-  if (epilogue) epilogue(0, m, 0, n);
+  if (epilogue) epilogue.fn(0, m, 0, n, c, ldc);
   return true;
 }
 
@@ -219,8 +227,8 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  bool accumulate,
                  T* c,
                  int64_t ldc,
-                 const GemmEpilogue& epilogue,
-                 const GemmPrologue& prologue = {}) {
+                 const GemmEpilogue<T>& epilogue,
+                 const GemmPrologue<T>& prologue = {}) {
   LOOM_CHECK(!(prologue && accumulate));
   // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
   // every column (A is then packed once per KC block). With several threads the tile count
@@ -268,17 +276,17 @@ void gemm_loom(const MicroKernel<T>& mk,
                bool accumulate,
                T* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue,
-               const GemmPrologue& prologue = {}) {
+               const GemmEpilogue<T>& epilogue,
+               const GemmPrologue<T>& prologue = {}) {
   if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
   const int threads = product_threads(m, n, k);
   if (m <= gemm_detail::kSkinnyRows && !trans_a) {  // a few rows: no packing (skinny.h)
-    start_whole(prologue, m, n, accumulate);
+    start_whole(prologue, m, n, c, ldc, accumulate);
     const int64_t chunk = round_up(ceil_div(n, threads), 16);
     const auto block = [&](int64_t j0) {
       const int64_t cols = std::min(chunk, n - j0);
       gemm_detail::skinny_block(m, k, a, lda, b, ldb, trans_b, accumulate, c, ldc, j0, cols);
-      if (epilogue) epilogue(0, m, j0, cols);
+      if (epilogue) epilogue.fn(0, m, j0, cols, c + j0, ldc);
     };
     if (threads == 1) {
       for (int64_t j0 = 0; j0 < n; j0 += chunk) block(j0);
@@ -385,8 +393,8 @@ void gemm_half_loom(GemmPath path,
                     bool accumulate,
                     float* c,
                     int64_t ldc,
-                    const GemmEpilogue& epilogue,
-                    const GemmPrologue& prologue = {}) {
+                    const GemmEpilogue<float>& epilogue,
+                    const GemmPrologue<float>& prologue = {}) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   LOOM_CHECK(gemm_path_supported(path));
   if (trivial_product(m, n, k, accumulate, c, ldc, epilogue, prologue)) return;
@@ -422,8 +430,8 @@ void gemm_half(DType format,
                bool accumulate,
                float* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue,
-               const GemmPrologue& prologue) {
+               const GemmEpilogue<float>& epilogue,
+               const GemmPrologue<float>& prologue) {
   if (g_backend == GemmBackend::kOpenBlas) {
     if (m == 0 || n == 0) return;
     const std::vector<float> ra = rounded(format, a, trans_a ? k : m, trans_a ? m : k, lda);
@@ -489,8 +497,8 @@ void gemm_half_bits(DType format,
                     bool accumulate,
                     float* c,
                     int64_t ldc,
-                    const GemmEpilogue& epilogue,
-                    const GemmPrologue& prologue) {
+                    const GemmEpilogue<float>& epilogue,
+                    const GemmPrologue<float>& prologue) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   const GemmPath path = g_path == GemmPath::kAuto ? gemm_best_half_path() : g_path.load();
   if (g_backend == GemmBackend::kLoom) {
@@ -513,11 +521,11 @@ void gemm_half_bits(DType format,
 }
 
 template void gemm_half_bits<float>(DType, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
-                                    const float*, int64_t, bool, float*, int64_t, const GemmEpilogue&,
-                                    const GemmPrologue&);
+                                    const float*, int64_t, bool, float*, int64_t, const GemmEpilogue<float>&,
+                                    const GemmPrologue<float>&);
 template void gemm_half_bits<uint16_t>(DType, bool, bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t,
-                                       const uint16_t*, int64_t, bool, float*, int64_t, const GemmEpilogue&,
-                                       const GemmPrologue&);
+                                       const uint16_t*, int64_t, bool, float*, int64_t, const GemmEpilogue<float>&,
+                                       const GemmPrologue<float>&);
 
 template <typename T>
 void PackedB<T>::pack(DType operands, bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb) {
@@ -645,13 +653,13 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* 
 
 template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
-          const GemmPrologue& prologue) {
+          const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue,
+          const GemmPrologue<T>& prologue) {
   if (g_backend == GemmBackend::kOpenBlas) {
     if (m == 0 || n == 0) return;
-    start_whole(prologue, m, n, accumulate);
+    start_whole(prologue, m, n, c, ldc, accumulate);
     blas_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
-    if (epilogue) epilogue(0, m, 0, n);
+    if (epilogue) epilogue.fn(0, m, 0, n, c, ldc);
   } else if constexpr (std::is_same_v<T, float>) {
     LOOM_CHECK(gemm_path_supported(g_path));
     gemm_loom(kernel_for(g_path), trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
@@ -662,8 +670,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* 
 
 template <typename T>
 void gemm_as(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
-             const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue& epilogue,
-             const GemmPrologue& prologue) {
+             const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc, const GemmEpilogue<T>& epilogue,
+             const GemmPrologue<T>& prologue) {
   if constexpr (std::is_same_v<T, float>) {
     if (operands != DType::kF32)
       return gemm_half(operands, trans_a, trans_b, m, n, k, a, lda, b, ldb, accumulate, c, ldc, epilogue, prologue);
@@ -674,12 +682,12 @@ void gemm_as(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, i
 }
 
 template void gemm_as<float>(DType, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                             int64_t, bool, float*, int64_t, const GemmEpilogue&, const GemmPrologue&);
+                             int64_t, bool, float*, int64_t, const GemmEpilogue<float>&, const GemmPrologue<float>&);
 template void gemm_as<double>(DType, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
-                              int64_t, bool, double*, int64_t, const GemmEpilogue&, const GemmPrologue&);
+                              int64_t, bool, double*, int64_t, const GemmEpilogue<double>&, const GemmPrologue<double>&);
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
-                          int64_t, bool, float*, int64_t, const GemmEpilogue&, const GemmPrologue&);
+                          int64_t, bool, float*, int64_t, const GemmEpilogue<float>&, const GemmPrologue<float>&);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue&, const GemmPrologue&);
+                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue<double>&, const GemmPrologue<double>&);
 
 }  // namespace loom::kernels

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/core/dtype.h"
@@ -43,17 +44,39 @@ enum class GemmPath { kAuto, kAmx, kAvx512Bf16, kAvx512, kAvx2, kGeneric };
 // oracle; its bits depend on the kernels it picks for the CPU and on the thread count).
 enum class GemmBackend { kLoom, kOpenBlas };
 
-// What a caller does to each finished block of C, rows [i0, i0 + rows) x columns [j0, j0 +
-// cols), while it is still in cache (an activation: one pass over C fewer). It runs on the
-// thread that computed the block, once per element, after the element's last FMA; blocks
-// are disjoint and cover C.
-using GemmEpilogue = std::function<void(int64_t i0, int64_t rows, int64_t j0, int64_t cols)>;
+// A caller's code over a block of C, rows [i0, i0 + rows) x columns [j0, j0 + cols), whose
+// first element is at `block`, rows `ld` apart: C's own (c + i0 * ldc + j0, ldc), or with
+// GemmEpilogue::scratch a buffer of the thread's.
+template <typename T>
+using GemmBlockFn = std::function<void(int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld)>;
+
+// What a caller does to each finished block of C while it is still in cache (an activation:
+// one pass over C fewer). It runs on the thread that computed the block, once per element,
+// after the element's last FMA; blocks are disjoint and cover C.
+template <typename T>
+struct GemmEpilogue {
+  GemmBlockFn<T> fn;
+  // C's values are only the epilogue's (a GELU's input kept in 16 bits, a gradient that
+  // leaves the product in 16 bits): where the product passes over k once (its depth fits
+  // one packed block) and does not accumulate, each block is computed in a buffer of the
+  // thread's, in L1, and C is never written; elsewhere C is written as without it. Either
+  // way C's contents are unspecified after the call. (Megabytes of f32 written to memory
+  // for nothing: about 0.5 ms of each 7 ms c_fc product in a bf16 gpt-mini step.)
+  bool scratch = false;
+
+  GemmEpilogue() = default;
+  template <typename F>
+    requires std::is_invocable_v<F, int64_t, int64_t, int64_t, int64_t, T*, int64_t>
+  GemmEpilogue(F f, bool scratch = false) : fn(std::move(f)), scratch(scratch) {}  // NOLINT: a lambda converts
+  explicit operator bool() const { return static_cast<bool>(fn); }
+};
 
 // What a caller writes into each block of C before the block's first multiply-add (a bias:
 // each element's chain then starts from it, as with accumulate, and C is not filled in a
 // pass of its own beforehand). The same blocks, on the same threads, as the epilogue's.
 // REQUIRES: accumulate false.
-using GemmPrologue = GemmEpilogue;
+template <typename T>
+using GemmPrologue = GemmBlockFn<T>;
 
 // C (m, n) = [C +] op(A) @ op(B), then `epilogue` over C (`prologue`: C = prologue's values
 // + op(A) @ op(B)). op(A) is A (m, k) with row stride
@@ -73,8 +96,8 @@ void gemm(bool trans_a,
           bool accumulate,
           T* c,
           int64_t ldc,
-          const GemmEpilogue& epilogue = {},
-          const GemmPrologue& prologue = {});
+          const GemmEpilogue<T>& epilogue = {},
+          const GemmPrologue<T>& prologue = {});
 
 // Loom's GEMM on a chosen f32 path (gemm() uses the one set_gemm_path() chose). REQUIRES: the CPU supports it.
 void gemm_f32(GemmPath path,
@@ -111,8 +134,8 @@ void gemm_half(DType format,
                bool accumulate,
                float* c,
                int64_t ldc,
-               const GemmEpilogue& epilogue = {},
-               const GemmPrologue& prologue = {});
+               const GemmEpilogue<float>& epilogue = {},
+               const GemmPrologue<float>& prologue = {});
 // gemm (operands kF32: the values as they are) or gemm_half (operands kBF16 or kF16; T
 // float only): a layer's product in its precision.
 template <typename T>
@@ -129,8 +152,8 @@ void gemm_as(DType operands,
              bool accumulate,
              T* c,
              int64_t ldc,
-             const GemmEpilogue& epilogue = {},
-             const GemmPrologue& prologue = {});
+             const GemmEpilogue<T>& epilogue = {},
+             const GemmPrologue<T>& prologue = {});
 
 // gemm_half on a chosen path. REQUIRES: the CPU supports it.
 void gemm_half_on(GemmPath path,
@@ -169,8 +192,8 @@ void gemm_half_bits(DType format,
                     bool accumulate,
                     float* c,
                     int64_t ldc,
-                    const GemmEpilogue& epilogue = {},
-                    const GemmPrologue& prologue = {});
+                    const GemmEpilogue<float>& epilogue = {},
+                    const GemmPrologue<float>& prologue = {});
 
 // op(B) (k, n) packed once, as the micro-kernel of the active path reads it for `operands`
 // (kF32: the values; kBF16, kF16 with T float: a 16-bit product's), for several products
@@ -240,7 +263,7 @@ void panel_column(const PanelMatrix& b, int64_t j, float* out);
 // bits of gemm(false, trans_b, ...) on the op(B) the panels were made from, on any path and
 // thread count. Runs Loom's kernels on the active path whatever the backend.
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, bool accumulate, float* c,
-                 int64_t ldc, const GemmEpilogue& epilogue = {});
+                 int64_t ldc, const GemmEpilogue<float>& epilogue = {});
 
 // Whether this CPU (and OS) can run a path; kAuto and kGeneric always can.
 bool gemm_path_supported(GemmPath path);

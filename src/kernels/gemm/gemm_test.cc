@@ -169,10 +169,13 @@ TEST(Gemm, PanelsEqualTheReferenceBitForBit) {
       omp_set_num_threads(threads);
       std::vector<float> c = p.c0;
       std::vector<int> visits(static_cast<size_t>(m * n), 0);
-      gemm_panels(m, p.a.data(), p.lda, panels, true, c.data(), p.ldc, [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
-        for (int64_t i = i0; i < i0 + rows; ++i)
-          for (int64_t j = j0; j < j0 + cols; ++j) ++visits[i * n + j];
-      });
+      gemm_panels(m, p.a.data(), p.lda, panels, true, c.data(), p.ldc,
+                  [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
+                    EXPECT_EQ(block, c.data() + i0 * p.ldc + j0);
+                    EXPECT_EQ(ld, p.ldc);
+                    for (int64_t i = i0; i < i0 + rows; ++i)
+                      for (int64_t j = j0; j < j0 + cols; ++j) ++visits[i * n + j];
+                  });
       EXPECT_TRUE(same_bits(c, p.reference(true))) << "threads=" << threads << " m=" << m << " n=" << n;
       EXPECT_EQ(std::count(visits.begin(), visits.end(), 1), m * n) << "threads=" << threads << " m=" << m;
     }
@@ -606,10 +609,11 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
       std::vector<float> filled = p.c0, hooked = p.c0;
       for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), filled.begin() + i * p.ldc);
       std::vector<std::atomic<int>> writes(static_cast<size_t>(m * n));
-      const GemmPrologue prologue = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols) {
+      const GemmPrologue<float> prologue = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block,
+                                               int64_t ld) {
         for (int64_t i = i0; i < i0 + rows; ++i)
           for (int64_t j = j0; j < j0 + cols; ++j) {
-            hooked[i * p.ldc + j] = bias[j];
+            block[(i - i0) * ld + j - j0] = bias[j];
             ++writes[i * n + j];
           }
       };
@@ -642,6 +646,71 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
 
 // The process-wide entry point and the OpenBLAS backend (sgemm on the rounded values,
 // another order: a tolerance), and MXCSR left as it was on the calling thread.
+// A scratch epilogue is handed every element once, with the bits of the product into C (with
+// and without a prologue): every path, f32 and bf16, few rows, k past one packed block, 1
+// and 3 threads, and OpenBLAS. Where a packed product passes over k once, C is not written.
+TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
+  const int saved = omp_get_max_threads();
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = kShapes;
+  shapes.insert(shapes.end(), {{64, 96, 60}, {300, 200, 64}, {256, 768, 300}, {40, 300, 2100}});
+  const auto check = [&](const std::string& what, bool half, bool bias, bool loom) {
+    uint64_t seed = 900;
+    for (const auto& [m0, n0, k0] : shapes) {
+      const int64_t m = m0, n = n0, k = k0;  // variables, not bindings: the lambdas capture them
+      seed += 5;
+      const Problem<float> p(false, (seed & 2) != 0, m, n, k, 2, seed);
+      const std::vector<float> row = random_matrix<float>(n, seed + 7);
+      const GemmPrologue<float> prologue =
+          !bias ? GemmPrologue<float>{} : [&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
+            for (int64_t r = 0; r < rows; ++r) std::copy(row.begin() + j0, row.begin() + j0 + cols, block + r * ld);
+          };
+      std::vector<float> plain = p.c0, scratch = p.c0, seen(static_cast<size_t>(m * n), 0.0f);
+      std::vector<std::atomic<int>> visits(static_cast<size_t>(m * n));
+      const GemmEpilogue<float> take(
+          [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
+            for (int64_t i = i0; i < i0 + rows; ++i)
+              for (int64_t j = j0; j < j0 + cols; ++j) {
+                seen[i * n + j] = block[(i - i0) * ld + j - j0];
+                ++visits[i * n + j];
+              }
+          },
+          /*scratch=*/true);
+      if (half) {
+        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, plain.data(), p.ldc,
+                  {}, prologue);
+        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, scratch.data(),
+                  p.ldc, take, prologue);
+      } else {
+        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, plain.data(), p.ldc, {},
+                    prologue);
+        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, scratch.data(), p.ldc, take,
+                    prologue);
+      }
+      std::vector<float> product(static_cast<size_t>(m * n));
+      for (int64_t i = 0; i < m; ++i)
+        std::copy(plain.begin() + i * p.ldc, plain.begin() + i * p.ldc + n, product.begin() + i * n);
+      const std::string where = cat(what, " bf16=", half, " bias=", bias, " m=", m, " n=", n, " k=", k);
+      EXPECT_TRUE(same_bits(seen, product)) << where;
+      EXPECT_TRUE(std::all_of(visits.begin(), visits.end(), [](const std::atomic<int>& v) { return v == 1; })) << where;
+      if (loom && m >= 64 && k <= 64) {
+        EXPECT_TRUE(same_bits(scratch, p.c0)) << where << ": C was written";
+      }
+    }
+  };
+  for (GemmPath path : paths_and_amx())
+    for (int threads : {1, 3}) {
+      set_gemm_path(path);
+      omp_set_num_threads(threads);
+      for (bool half : {false, true})
+        for (bool bias : {false, true}) check(cat(gemm_path_name(path), " threads=", threads), half, bias, true);
+    }
+  set_gemm_path(GemmPath::kAuto);
+  set_gemm_backend(GemmBackend::kOpenBlas);
+  for (bool half : {false, true}) check("openblas", half, true, false);
+  set_gemm_backend(GemmBackend::kLoom);
+  omp_set_num_threads(saved);
+}
+
 TEST(GemmHalf, TheBackendsAgreeAndMxcsrIsRestored) {
   const Problem<float> p(false, true, 64, 96, 200, 2, 31);
   const unsigned before = _mm_getcsr();

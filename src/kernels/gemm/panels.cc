@@ -71,13 +71,13 @@ void panel_column(const PanelMatrix& b, int64_t j, float* out) {
 }
 
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, bool accumulate, float* c,
-                 int64_t ldc, const GemmEpilogue& epilogue) {
+                 int64_t ldc, const GemmEpilogue<float>& epilogue) {
   const int64_t n = b.n, k = b.k;
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate)
       for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
-    if (epilogue) epilogue(0, m, 0, n);
+    if (epilogue) epilogue.fn(0, m, 0, n, c, ldc);
     return;
   }
   const GemmPath path = gemm_active_path();
@@ -90,7 +90,8 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PanelMatrix& b, b
   const auto run = [&](int64_t s0) {
     const int64_t s1 = std::min(slivers, s0 + chunk);
     block(m, k, a, lda, b.data.get(), n, s0, s1, accumulate, c, ldc);
-    if (epilogue) epilogue(0, m, s0 * kPanelCols, std::min(n, s1 * kPanelCols) - s0 * kPanelCols);
+    const int64_t j0 = s0 * kPanelCols;
+    if (epilogue) epilogue.fn(0, m, j0, std::min(n, s1 * kPanelCols) - j0, c + j0, ldc);
   };
   if (threads == 1) {
     run(0);
