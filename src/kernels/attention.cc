@@ -157,12 +157,11 @@ struct BackwardScratch {
 // product's op(B) is one of the head's Q^T, dY^T, K, Q and dY, each packed once per head:
 // each product of K_c Q^T_r equals Q_r K^T_c's, product for product, so the bits are those
 // of the untransposed blocks, where Q and dY were packed again for every key block. Each
-// sum's first contribution overwrites, so nothing is zeroed first. dq, dk, dv: rows 3C
+// sum's first contribution overwrites, so nothing is zeroed first. dq, dk, dv: rows ld
 // apart, rounded to round_out at the end while they are in cache; dy: rows C apart.
 template <typename T>
-void backward_head(T* dq, T* dk, T* dv, const T* dy, const HeadInputs<T>& in, const T* lrow, int64_t t, int64_t c,
-                   int64_t hs, T scale, DType operands, DType round_out, BackwardScratch<T>& s) {
-  const int64_t ld = 3 * c;
+void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInputs<T>& in, const T* lrow, int64_t t,
+                   int64_t c, int64_t hs, T scale, DType operands, DType round_out, BackwardScratch<T>& s) {
   T* pt = s.pt.data();
   T* dst = s.dst.data();
   for (int64_t i = 0; i < t; ++i)
@@ -210,26 +209,42 @@ void backward_head(T* dq, T* dk, T* dv, const T* dy, const HeadInputs<T>& in, co
 
 // Every (batch, head) pair, one task each (its dQ sums over key blocks, in order); `inputs(bh,
 // buffer)` gives a head's HeadInputs, in `buffer` (4 T HS values of the thread's) if it
-// makes them there.
+// makes them there. With dqkv_bits, each head's sums are made in the thread's cache and
+// only their bits (round_out's, as store_half writes them) leave it; dqkv is unused.
 template <typename T, typename Inputs>
-void backward_heads(T* dqkv, const T* dout, const T* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
-                    DType operands, DType round_out, const Inputs& inputs) {
+void backward_heads(T* dqkv, uint16_t* dqkv_bits, const T* dout, const T* lse, int64_t b, int64_t t, int64_t c,
+                    int64_t nh, DType operands, DType round_out, const Inputs& inputs) {
   const int64_t hs = c / nh, ld = 3 * c;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel
   {
     // Kept from call to call, as the forward's packs are (fresh ones faulted their pages in).
     thread_local BackwardScratch<T> kept(0);
-    thread_local std::vector<T> kept_buffer;
+    thread_local std::vector<T> kept_buffer, kept_sums;
     BackwardScratch<T>& s = kept;
     std::vector<T>& buffer = kept_buffer;
+    std::vector<T>& sums = kept_sums;
     s.dsum.resize(static_cast<size_t>(t));
+    if (dqkv_bits != nullptr) sums.resize(static_cast<size_t>(3 * t * hs));
 #pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < b * nh; ++bh) {
       const int64_t bi = bh / nh, h = bh % nh;
-      T* dq = dqkv + bi * t * ld + h * hs;
-      backward_head(dq, dq + c, dq + 2 * c, dout + bi * t * c + h * hs, inputs(bh, buffer), lse + bh * t, t, c, hs,
-                    scale, operands, round_out, s);
+      const T* dy = dout + bi * t * c + h * hs;
+      if (dqkv_bits == nullptr) {
+        T* dq = dqkv + bi * t * ld + h * hs;
+        backward_head(dq, dq + c, dq + 2 * c, ld, dy, inputs(bh, buffer), lse + bh * t, t, c, hs, scale, operands,
+                      round_out, s);
+        continue;
+      }
+      if constexpr (std::is_same_v<T, float>) {  // dq, dk, dv rows 3 HS apart in `sums`
+        T* dq = sums.data();
+        backward_head(dq, dq + hs, dq + 2 * hs, 3 * hs, dy, inputs(bh, buffer), lse + bh * t, t, c, hs, scale,
+                      operands, round_out, s);
+        uint16_t* bits = dqkv_bits + bi * t * ld + h * hs;
+        for (int64_t i = 0; i < t; ++i)
+          for (int64_t part = 0; part < 3; ++part)
+            store_half_serial(round_out, bits + i * ld + part * c, dq + i * 3 * hs + part * hs, hs);
+      }
     }
   }
 }
@@ -241,18 +256,19 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                         int64_t c, int64_t nh, DType operands, DType round_out) {
   LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
   const int64_t hs = c / nh, ld = 3 * c;
-  backward_heads(dqkv, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<T>&) {
+  backward_heads(dqkv, nullptr, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<T>&) {
     const T* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
     return HeadInputs<T>{q, q + c, q + 2 * c, ld, out + (bh / nh) * t * c + (bh % nh) * hs, c};
   });
 }
 
-void attention_backward_bits(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
-                             DType format, const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
-                             DType operands, DType round_out) {
+void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout, const uint16_t* qkv,
+                             const uint16_t* out, DType format, const float* lse, int64_t b, int64_t t, int64_t c,
+                             int64_t nh, DType operands, DType round_out) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
+  LOOM_CHECK((dqkv == nullptr) != (dqkv_bits == nullptr) && (dqkv_bits == nullptr || round_out == format));
   const int64_t hs = c / nh, ld = 3 * c;
-  backward_heads(dqkv, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<float>& buffer) {
+  backward_heads(dqkv, dqkv_bits, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<float>& buffer) {
     // The head's q, k, v and y as f32 values, rows HS apart, while they stay in this core's cache.
     buffer.resize(static_cast<size_t>(4 * t * hs));
     const uint16_t* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;

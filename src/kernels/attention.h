@@ -29,9 +29,11 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
 // The same with qkv and out held in 16 bits (`format`'s bits, as mixed precision keeps them
 // for backward): each head's values are loaded into the thread's cache as it starts, so the
 // bits are attention_backward's on their f32 values, without a pass that loads them all.
-void attention_backward_bits(float* dqkv, const float* dout, const uint16_t* qkv, const uint16_t* out,
-                             DType format, const float* lse, int64_t b, int64_t t, int64_t c, int64_t nh,
-                             DType operands, DType round_out);
+// Exactly one of dqkv and dqkv_bits: with dqkv_bits (round_out == format) dqkv's values go
+// there as the format's bits (store_half's), each head's sums made in the thread's cache.
+void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout, const uint16_t* qkv,
+                             const uint16_t* out, DType format, const float* lse, int64_t b, int64_t t, int64_t c,
+                             int64_t nh, DType operands, DType round_out);
 
 // Incremental decoding with a key/value cache (docs/serving.md): n new tokens at positions
 // past..past+n-1 of one sequence. q: their query rows (n, C) with row stride ldq (the q

@@ -123,9 +123,15 @@ TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
         std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
         attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, format);
         round_to(format, want.data(), static_cast<int64_t>(want.size()));
-        attention_backward_bits(got.data(), dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(), b, t, c, nh,
-                                format, format);
+        attention_backward_bits(got.data(), nullptr, dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(), b,
+                                t, c, nh, format, format);
         EXPECT_TRUE(same(got, want));
+        // dqkv straight into 16 bits: the bits of store_half over the f32 dqkv
+        std::vector<uint16_t> want_bits(qkv.size()), got_bits(qkv.size(), 0x7777);
+        store_half(format, want_bits.data(), want.data(), static_cast<int64_t>(want.size()));
+        attention_backward_bits(nullptr, got_bits.data(), dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(),
+                                b, t, c, nh, format, format);
+        EXPECT_TRUE(got_bits == want_bits);
       }
   omp_set_num_threads(saved);
 }

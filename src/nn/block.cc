@@ -56,13 +56,19 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
 Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena& arena,
                                      bool defer_weights) const {
   Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
-  Tensor dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
+  Tensor dqkv;
   if (ctx.qkv.dtype() != dy.dtype()) {  // qkv and y kept in 16 bits (nn/mixed.h): read as they are
     LOOM_CHECK(ctx.y.dtype() == ctx.qkv.dtype() && dy.dtype() == DType::kF32);
-    k::attention_backward_bits(dqkv.data<float>(), datt_out.data<float>(), ctx.qkv.data<uint16_t>(),
-                               ctx.y.data<uint16_t>(), ctx.qkv.dtype(), ctx.lse.data<float>(), ctx.b, ctx.t, c, n_head,
-                               product_operands(), precision);
+    // dqkv leaves in 16 bits where c_attn's products can take it so (its input kept in 16
+    // bits, no split): half the bytes written and read twice, the same values.
+    const bool bits = ctx.c_attn.x.dtype() == precision && !c_attn.shard.split();
+    dqkv = arena.alloc(ctx.qkv.shape(), bits ? precision : dy.dtype());
+    k::attention_backward_bits(bits ? nullptr : dqkv.data<float>(), bits ? dqkv.data<uint16_t>() : nullptr,
+                               datt_out.data<float>(), ctx.qkv.data<uint16_t>(), ctx.y.data<uint16_t>(),
+                               ctx.qkv.dtype(), ctx.lse.data<float>(), ctx.b, ctx.t, c, n_head, product_operands(),
+                               precision);
   } else {
+    dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                         k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
                                               ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands(),
