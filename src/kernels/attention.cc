@@ -22,7 +22,7 @@ namespace {
 // start at multiples of kCols, which row blocks never straddle: every row has a column in
 // each block it visits. At T <= kCols a row block is one block, and the online softmax
 // has nothing to rescale; longer sequences keep the same 64 KiB per thread.
-constexpr int64_t kRows = 64, kCols = 256;
+constexpr int64_t kRows = 32, kCols = 256;
 static_assert(kCols % kRows == 0);
 
 // One (batch, head) pair: its queries (row stride 3C), its keys as op(B) = K^T and values
@@ -35,6 +35,26 @@ struct Head {
   uint16_t* y_bits;  // null, or where y's rows also go in 16 bits
   T* lse;
 };
+
+// row[j] = e^(row[j] * scale - m) for j < n, and 0 for j in [n, n rounded up to 16): their
+// sum, element j in partial sum j % 16 as fixed_sum adds them. Every chunk is 16 wide, the
+// last one masked (its lanes past n add +0 to a sum of exponentials, which leaves it as it
+// is), so no element takes a scalar path: the tail of each causal row was up to 15 scalar
+// exponentials.
+template <typename T>
+T exp_row(T* row, int64_t n, T scale, T m) {
+  T acc[kSumLanes] = {};
+  for (int64_t j = 0; j < n; j += kSumLanes) {
+#pragma omp simd
+    for (int l = 0; l < kSumLanes; ++l) {
+      const T e = fast_exp(row[j + l] * scale - m);
+      const T v = j + l < n ? e : T(0);
+      row[j + l] = v;
+      acc[l] += v;
+    }
+  }
+  return fixed_sum_detail::fold(acc);
+}
 
 // Rows [r0, r1) of one head, by online softmax over column blocks (docs/numerics.md,
 // "Attention"): each block's scores S = Q K^T / sqrt(HS), the running max m and sum l of
@@ -52,12 +72,12 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
-#pragma omp simd
-      for (int64_t j = 0; j < valid; ++j) row[j] *= scale;
-      const T mx = row_max(row, valid);
+      // The largest scaled score is the largest score scaled (x -> x * scale rounds
+      // monotonically, scale > 0), so the scores are scaled as they are exponentiated.
+      const T mx = row_max(row, valid) * scale;
       const T m_new = c0 == 0 ? mx : std::max(m[i], mx);
-      const T sum = fixed_sum<T>(valid, [&](int64_t j) { return row[j] = fast_exp(row[j] - m_new); });
-      std::fill(row + valid, row + cols, T(0));
+      const T sum = exp_row(row, valid, scale, m_new);
+      std::fill(row + std::min(cols, (valid + kSumLanes - 1) / kSumLanes * kSumLanes), row + cols, T(0));
       if (c0 == 0) {
         l[i] = sum;
       } else {
@@ -179,13 +199,26 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
       // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
       const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
       gemm_packed_b(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
+      // Rows of P^T and dS^T in chunks of 16 from the one holding their first seen query
+      // (the earlier queries of that chunk masked to 0), where the peeled and scalar parts of
+      // each row were as long as its vector part; what is left past the last chunk alone.
+      const int64_t whole = rows / kSumLanes * kSumLanes;
+      const auto each_seen = [&](T* row, int64_t i0, auto&& value) {
+        const int64_t a0 = std::min(whole, i0 / kSumLanes * kSumLanes);
+        std::fill(row, row + a0, T(0));
+        for (int64_t a = a0; a < whole; a += kSumLanes) {
+#pragma omp simd
+          for (int64_t i = a; i < a + kSumLanes; ++i) {
+            const T v = value(i);
+            row[i] = i >= i0 ? v : T(0);
+          }
+        }
+        for (int64_t i = whole; i < rows; ++i) row[i] = i >= i0 ? value(i) : T(0);
+      };
       for (int64_t j = 0; j < cols; ++j) {
         T* row = pt + j * kCols;
         const T* li = lrow + r0;
-        const int64_t i0 = seen(j);
-        std::fill(row, row + i0, T(0));
-#pragma omp simd
-        for (int64_t i = i0; i < rows; ++i) row[i] = fast_exp(row[i] * scale - li[i]);
+        each_seen(row, seen(j), [&](int64_t i) { return fast_exp(row[i] * scale - li[i]); });
       }
       gemm_packed_b(false, cols, hs, rows, pt, kCols, s.dy_p, r0, 0, !first, dv + c0 * ld, ld);
       gemm_packed_b(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
@@ -193,10 +226,7 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
         const T* prow = pt + j * kCols;
         T* row = dst + j * kCols;
         const T* di = s.dsum.data() + r0;
-        const int64_t i0 = seen(j);
-        std::fill(row, row + i0, T(0));
-#pragma omp simd
-        for (int64_t i = i0; i < rows; ++i) row[i] = prow[i] * (row[i] - di[i]) * scale;
+        each_seen(row, seen(j), [&](int64_t i) { return prow[i] * (row[i] - di[i]) * scale; });
       }
       gemm_packed_b(true, rows, hs, cols, dst, kCols, s.k_p, c0, 0, c0 != 0, dq + r0 * ld, ld);
       gemm_packed_b(false, cols, hs, rows, dst, kCols, s.q_p, r0, 0, !first, dk + c0 * ld, ld);
