@@ -10,7 +10,7 @@
 namespace loom::kernels {
 
 // out (B, T, C): softmax(q k^T / sqrt(HS), causal) v per head, by blocks with an online
-// softmax: no (T, T) score matrix exists, only a 64 x 64 block per thread. lse (B, NH, T)
+// softmax: no (T, T) score matrix exists, only a 32 x 256 block per thread. lse (B, NH, T)
 // receives each row's log-sum-exp of its scaled scores, which backward needs. `operands`
 // kBF16 or kF16 (f32 only): every product reads its operands as that format holds them
 // (gemm_half), so the probabilities are rounded before they multiply v (and, in backward,
