@@ -301,7 +301,7 @@ void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   LOOM_CHECK((dqkv == nullptr) != (dqkv_bits == nullptr) && (dqkv_bits == nullptr || round_out == format));
   const int64_t hs = c / nh, ld = 3 * c;
-  backward_heads(dqkv, dqkv_bits, dout, lse, b, t, c, nh, operands, round_out, [&](int64_t bh, std::vector<float>& buffer) {
+  const auto inputs = [&](int64_t bh, std::vector<float>& buffer) {
     // The head's q, k, v and y as f32 values, rows HS apart, while they stay in this core's cache.
     buffer.resize(static_cast<size_t>(4 * t * hs));
     const uint16_t* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
@@ -313,7 +313,8 @@ void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout
     }
     const float* f = buffer.data();
     return HeadInputs<float>{f, f + t * hs, f + 2 * t * hs, hs, f + 3 * t * hs, hs};
-  });
+  };
+  backward_heads(dqkv, dqkv_bits, dout, lse, b, t, c, nh, operands, round_out, inputs);
 }
 
 template void attention_forward<float>(float*, float*, const float*, int64_t, int64_t, int64_t, int64_t, DType,

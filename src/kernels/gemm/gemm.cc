@@ -684,10 +684,11 @@ void gemm_as(DType operands, bool trans_a, bool trans_b, int64_t m, int64_t n, i
 template void gemm_as<float>(DType, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
                              int64_t, bool, float*, int64_t, const GemmEpilogue<float>&, const GemmPrologue<float>&);
 template void gemm_as<double>(DType, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
-                              int64_t, bool, double*, int64_t, const GemmEpilogue<double>&, const GemmPrologue<double>&);
+                              int64_t, bool, double*, int64_t, const GemmEpilogue<double>&,
+                              const GemmPrologue<double>&);
 template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
                           int64_t, bool, float*, int64_t, const GemmEpilogue<float>&, const GemmPrologue<float>&);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
-                           const double*, int64_t, bool, double*, int64_t, const GemmEpilogue<double>&, const GemmPrologue<double>&);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*, int64_t,
+                           bool, double*, int64_t, const GemmEpilogue<double>&, const GemmPrologue<double>&);
 
 }  // namespace loom::kernels

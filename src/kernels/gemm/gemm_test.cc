@@ -592,20 +592,38 @@ TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
   set_gemm_backend(GemmBackend::kLoom);
 }
 
+// p's product into c, bf16 (half) or f32, with the hooks.
+void hooked_product(const Problem<float>& p, bool half, bool accumulate, std::vector<float>& c,
+                    const GemmEpilogue<float>& epilogue, const GemmPrologue<float>& prologue) {
+  if (half)
+    gemm_half(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, c.data(),
+              p.ldc, epilogue, prologue);
+  else
+    gemm<float>(p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, accumulate, c.data(), p.ldc, epilogue,
+                prologue);
+}
+
+// f(p, row) for each of kShapes and `extra`: a strided problem, op(B) transposed for every
+// other seed, and a row of n random values.
+template <typename F>
+void for_each_problem(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& extra, uint64_t seed, F&& f) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = kShapes;
+  shapes.insert(shapes.end(), extra.begin(), extra.end());
+  for (const auto& [m, n, k] : shapes) {
+    seed += 3;
+    f(Problem<float>(false, (seed & 2) != 0, m, n, k, 2, seed), random_matrix<float>(n, seed + 7));
+  }
+}
+
 // A prologue that writes a bias row into each block gives the bits of C filled with the row
 // beforehand and accumulated onto (what callers did before prologues), writing each element
 // once: every path, f32 and bf16, the few-row path, k == 0, 1 and 3 threads, and OpenBLAS.
 TEST(Gemm, PrologueEqualsAPrefilledC) {
   const int saved = omp_get_max_threads();
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = kShapes;
-  shapes.insert(shapes.end(), {{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}});
   const auto check = [&](const char* what, bool half) {
-    uint64_t seed = 500;
-    for (const auto& [m0, n0, k0] : shapes) {
-      const int64_t m = m0, n = n0, k = k0;  // variables, not bindings: the prologue captures n
-      seed += 3;
-      const Problem<float> p(false, (seed & 2) != 0, m, n, k, 2, seed);
-      const std::vector<float> bias = random_matrix<float>(n, seed + 7);
+    for_each_problem({{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}}, 500, [&](const Problem<float>& p,
+                                                                            const std::vector<float>& bias) {
+      const int64_t m = p.m, n = p.n, k = p.k;
       std::vector<float> filled = p.c0, hooked = p.c0;
       for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), filled.begin() + i * p.ldc);
       std::vector<std::atomic<int>> writes(static_cast<size_t>(m * n));
@@ -617,19 +635,12 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
             ++writes[i * n + j];
           }
       };
-      if (half) {
-        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, filled.data(), p.ldc);
-        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, hooked.data(), p.ldc,
-                  {}, prologue);
-      } else {
-        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, true, filled.data(), p.ldc);
-        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, hooked.data(), p.ldc, {},
-                    prologue);
-      }
+      hooked_product(p, half, true, filled, {}, {});
+      hooked_product(p, half, false, hooked, {}, prologue);
       EXPECT_TRUE(same_bits(hooked, filled)) << what << " bf16=" << half << " m=" << m << " n=" << n << " k=" << k;
       EXPECT_TRUE(std::all_of(writes.begin(), writes.end(), [](const std::atomic<int>& w) { return w == 1; }))
           << what << " m=" << m << " n=" << n << " k=" << k;
-    }
+    });
   };
   for (GemmPath path : paths_and_amx())
     for (int threads : {1, 3}) {
@@ -644,26 +655,21 @@ TEST(Gemm, PrologueEqualsAPrefilledC) {
   omp_set_num_threads(saved);
 }
 
-// The process-wide entry point and the OpenBLAS backend (sgemm on the rounded values,
-// another order: a tolerance), and MXCSR left as it was on the calling thread.
 // A scratch epilogue is handed every element once, with the bits of the product into C (with
 // and without a prologue): every path, f32 and bf16, few rows, k past one packed block, 1
 // and 3 threads, and OpenBLAS. Where a packed product passes over k once, C is not written.
 TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
   const int saved = omp_get_max_threads();
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = kShapes;
-  shapes.insert(shapes.end(), {{64, 96, 60}, {300, 200, 64}, {256, 768, 300}, {40, 300, 2100}});
   const auto check = [&](const std::string& what, bool half, bool bias, bool loom) {
-    uint64_t seed = 900;
-    for (const auto& [m0, n0, k0] : shapes) {
-      const int64_t m = m0, n = n0, k = k0;  // variables, not bindings: the lambdas capture them
-      seed += 5;
-      const Problem<float> p(false, (seed & 2) != 0, m, n, k, 2, seed);
-      const std::vector<float> row = random_matrix<float>(n, seed + 7);
-      const GemmPrologue<float> prologue =
-          !bias ? GemmPrologue<float>{} : [&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
-            for (int64_t r = 0; r < rows; ++r) std::copy(row.begin() + j0, row.begin() + j0 + cols, block + r * ld);
-          };
+    const std::vector<std::tuple<int64_t, int64_t, int64_t>> extra = {
+        {64, 96, 60}, {300, 200, 64}, {256, 768, 300}, {40, 300, 2100}};
+    for_each_problem(extra, 900, [&](const Problem<float>& p, const std::vector<float>& row) {
+      const int64_t m = p.m, n = p.n, k = p.k;
+      GemmPrologue<float> prologue;
+      if (bias)
+        prologue = [&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
+          for (int64_t r = 0; r < rows; ++r) std::copy(row.begin() + j0, row.begin() + j0 + cols, block + r * ld);
+        };
       std::vector<float> plain = p.c0, scratch = p.c0, seen(static_cast<size_t>(m * n), 0.0f);
       std::vector<std::atomic<int>> visits(static_cast<size_t>(m * n));
       const GemmEpilogue<float> take(
@@ -675,17 +681,8 @@ TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
               }
           },
           /*scratch=*/true);
-      if (half) {
-        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, plain.data(), p.ldc,
-                  {}, prologue);
-        gemm_half(DType::kBF16, p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, scratch.data(),
-                  p.ldc, take, prologue);
-      } else {
-        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, plain.data(), p.ldc, {},
-                    prologue);
-        gemm<float>(p.ta, p.tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, scratch.data(), p.ldc, take,
-                    prologue);
-      }
+      hooked_product(p, half, false, plain, {}, prologue);
+      hooked_product(p, half, false, scratch, take, prologue);
       std::vector<float> product(static_cast<size_t>(m * n));
       for (int64_t i = 0; i < m; ++i)
         std::copy(plain.begin() + i * p.ldc, plain.begin() + i * p.ldc + n, product.begin() + i * n);
@@ -695,7 +692,7 @@ TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
       if (loom && m >= 64 && k <= 64) {
         EXPECT_TRUE(same_bits(scratch, p.c0)) << where << ": C was written";
       }
-    }
+    });
   };
   for (GemmPath path : paths_and_amx())
     for (int threads : {1, 3}) {
@@ -711,6 +708,8 @@ TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
   omp_set_num_threads(saved);
 }
 
+// The process-wide entry point and the OpenBLAS backend (sgemm on the rounded values,
+// another order: a tolerance), and MXCSR left as it was on the calling thread.
 TEST(GemmHalf, TheBackendsAgreeAndMxcsrIsRestored) {
   const Problem<float> p(false, true, 64, 96, 200, 2, 31);
   const unsigned before = _mm_getcsr();
