@@ -28,14 +28,18 @@ namespace {
 constexpr int64_t kRows = 32, kCols = 256;
 static_assert(kCols % kRows == 0);
 
-// One (batch, head) pair: its queries (row stride 3C), its keys as op(B) = K^T and values
-// packed once for every row block, and its views of out (row stride C) and lse.
+// One row block [r0, r1) of a (batch, head) pair: its first query row (rows ldq apart), the
+// head's keys as op(B) = K^T and values packed once for every row block, where its first
+// output row goes (rows ldy apart) and, when not null, its bits (rows C apart), and the
+// head's lse.
 template <typename T>
 struct Head {
   const T* q;
+  int64_t ldq;
   const PackedB<T>*keys, *values;
   T* y;
-  uint16_t* y_bits;  // null, or where y's rows also go in 16 bits
+  int64_t ldy;
+  uint16_t* y_bits;
   T* lse;
 };
 
@@ -67,11 +71,11 @@ T exp_row(T* row, int64_t n, T scale, T m) {
 // hold them (in attention_forward's operands).
 template <typename T>
 void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType round_out) {
-  const int64_t ld = 3 * c, rows = r1 - r0;
+  const int64_t rows = r1 - r0;
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
     const int64_t cols = std::min(r1, c0 + kCols) - c0;
-    gemm_packed_b(false, rows, cols, hs, hd.q + r0 * ld, ld, *hd.keys, 0, c0, false, s, kCols);
+    gemm_packed_b(false, rows, cols, hs, hd.q, hd.ldq, *hd.keys, 0, c0, false, s, kCols);
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
@@ -87,40 +91,42 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
         const T alpha = fast_exp(m[i] - m_new);
         l[i] = l[i] * alpha + sum;
         if (alpha != T(1)) {
-          T* yi = hd.y + (r0 + i) * c;
+          T* yi = hd.y + i * hd.ldy;
 #pragma omp simd
           for (int64_t d = 0; d < hs; ++d) yi[d] *= alpha;
         }
       }
       m[i] = m_new;
     }
-    gemm_packed_b(false, rows, hs, cols, s, kCols, *hd.values, c0, 0, c0 != 0, hd.y + r0 * c, c);
+    gemm_packed_b(false, rows, hs, cols, s, kCols, *hd.values, c0, 0, c0 != 0, hd.y, hd.ldy);
   }
   for (int64_t i = 0; i < rows; ++i) {
     const T inv = T(1) / l[i];
-    T* yi = hd.y + (r0 + i) * c;
+    T* yi = hd.y + i * hd.ldy;
 #pragma omp simd
     for (int64_t d = 0; d < hs; ++d) yi[d] *= inv;
     if constexpr (std::is_same_v<T, float>) {
       round_serial(round_out, yi, yi, hs);
-      if (hd.y_bits != nullptr) store_half_serial(round_out, hd.y_bits + (r0 + i) * c, yi, hs);
+      if (hd.y_bits != nullptr) store_half_serial(round_out, hd.y_bits + i * c, yi, hs);
     }
     hd.lse[r0 + i] = m[i] + std::log(l[i]);
   }
 }
-}  // namespace
 
 // A task is one row block of one (batch, head) pair: row blocks are independent in forward.
 // Later row blocks have more columns, so they go first, and threads take tasks as they free
 // up; which thread computes a block does not change its bits. First each head's K^T and V
 // are packed, once for all its row blocks (packed for each, they were a third of the
-// forward's time at T = 256).
-template <typename T>
-void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands,
-                       DType round_out, uint16_t* out_bits) {
+// forward's time at T = 256): pack(bh, keys, values, buffer). queries(bh, r0, r1, buffer)
+// gives a row block's query rows and their stride, in `buffer` (the thread's) if it makes
+// them there. Without out (out_bits only), each block's output rows are made in a buffer of
+// the thread's and only their bits leave it.
+template <typename T, typename Pack, typename Queries>
+void forward_heads(T* out, T* lse, int64_t b, int64_t t, int64_t c, int64_t nh, DType round_out, uint16_t* out_bits,
+                   const Pack& pack, const Queries& queries) {
   LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>) &&
-             (out_bits == nullptr || round_out != DType::kF32));
-  const int64_t hs = c / nh, ld = 3 * c, blocks = (t + kRows - 1) / kRows;
+             (out_bits == nullptr || round_out != DType::kF32) && (out != nullptr || out_bits != nullptr));
+  const int64_t hs = c / nh, blocks = (t + kRows - 1) / kRows;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
   // Kept by the calling thread from call to call: packs allocated afresh each call faulted
   // their pages in every time (that tripled the forward's time).
@@ -133,22 +139,72 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
   }
 #pragma omp parallel
   {
+    std::vector<T> buffer, rows_out(out == nullptr ? static_cast<size_t>(kRows * hs) : 0);
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < b * nh; ++bh) {
-      const T* k = qkv + (bh / nh) * t * ld + c + (bh % nh) * hs;
-      keys[bh].pack(operands, true, hs, t, k, ld);
-      values[bh].pack(operands, false, t, hs, k + c, ld);
-    }
+    for (int64_t bh = 0; bh < b * nh; ++bh) pack(bh, keys[bh], values[bh], buffer);
     std::vector<T> s(kRows * kCols);
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < b * nh * blocks; ++task) {
       const int64_t rb = blocks - 1 - task / (b * nh), bh = task % (b * nh), bi = bh / nh, h = bh % nh;
-      const int64_t at = bi * t * c + h * hs;
-      const Head<T> hd{qkv + bi * t * ld + h * hs, &keys[bh], &values[bh], out + at,
-                       out_bits != nullptr ? out_bits + at : nullptr, lse + bh * t};
-      forward_rows(hd, rb * kRows, std::min(t, (rb + 1) * kRows), c, hs, scale, s.data(), round_out);
+      const int64_t r0 = rb * kRows, r1 = std::min(t, (rb + 1) * kRows);
+      const int64_t at = bi * t * c + h * hs + r0 * c;  // the block's first output row
+      const auto [q, ldq] = queries(bh, r0, r1, buffer);
+      const Head<T> hd{q,
+                       ldq,
+                       &keys[bh],
+                       &values[bh],
+                       out != nullptr ? out + at : rows_out.data(),
+                       out != nullptr ? c : hs,
+                       out_bits != nullptr ? out_bits + at : nullptr,
+                       lse + bh * t};
+      forward_rows(hd, r0, r1, c, hs, scale, s.data(), round_out);
     }
   }
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh, DType operands,
+                       DType round_out, uint16_t* out_bits) {
+  const int64_t hs = c / nh, ld = 3 * c;
+  const auto head = [=](int64_t bh) { return qkv + (bh / nh) * t * ld + (bh % nh) * hs; };
+  forward_heads(
+      out, lse, b, t, c, nh, round_out, out_bits,
+      [&](int64_t bh, PackedB<T>& keys, PackedB<T>& values, std::vector<T>&) {
+        keys.pack(operands, true, hs, t, head(bh) + c, ld);
+        values.pack(operands, false, t, hs, head(bh) + 2 * c, ld);
+      },
+      [&](int64_t bh, int64_t r0, int64_t, std::vector<T>&) { return std::pair{head(bh) + r0 * ld, ld}; });
+}
+
+void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv, DType format, int64_t b, int64_t t,
+                            int64_t c, int64_t nh, DType operands, DType round_out) {
+  LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && round_out == format);
+  const int64_t hs = c / nh, ld = 3 * c;
+  if (gemm_active_backend() == GemmBackend::kOpenBlas) {  // its packs read the matrices in place: whole f32 copies
+    std::vector<float> values(static_cast<size_t>(b * t * ld));
+    load_half(format, values.data(), qkv, b * t * ld);
+    return attention_forward(static_cast<float*>(nullptr), lse, values.data(), b, t, c, nh, operands, round_out,
+                             out_bits);
+  }
+  const auto head = [=](int64_t bh) { return qkv + (bh / nh) * t * ld + (bh % nh) * hs; };
+  // rows [r0, r1) of part (0 q, 1 k, 2 v) of a head as f32 values, rows HS apart, in buffer
+  const auto load = [=](int64_t bh, int64_t part, int64_t r0, int64_t r1, std::vector<float>& buffer) {
+    buffer.resize(static_cast<size_t>((r1 - r0) * hs));
+    for (int64_t i = r0; i < r1; ++i)
+      load_half_serial(format, buffer.data() + (i - r0) * hs, head(bh) + i * ld + part * c, hs);
+    return buffer.data();
+  };
+  forward_heads(
+      static_cast<float*>(nullptr), lse, b, t, c, nh, round_out, out_bits,
+      [&](int64_t bh, PackedB<float>& keys, PackedB<float>& values, std::vector<float>& buffer) {
+        keys.pack(operands, true, hs, t, load(bh, 1, 0, t, buffer), hs);  // packed here: the buffer may go
+        values.pack(operands, false, t, hs, load(bh, 2, 0, t, buffer), hs);
+      },
+      [&](int64_t bh, int64_t r0, int64_t r1, std::vector<float>& buffer) {
+        return std::pair<const float*, int64_t>{load(bh, 0, r0, r1, buffer), hs};
+      });
 }
 
 namespace {

@@ -17,9 +17,16 @@ namespace loom::kernels {
 // the score gradients before they multiply q and k); the softmax stays f32. round_out kBF16
 // or kF16 (T float): out rounded to that format as each row is finished (mixed precision's
 // activations), and with out_bits its bits written there too (B, T, C).
+// out may be null where out_bits is given: only the bits are written then.
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
                        DType operands = DType::kF32, DType round_out = DType::kF32, uint16_t* out_bits = nullptr);
+// The same with qkv held in 16 bits (`format`'s bits) and the output's bits only (round_out
+// == format): each head's keys and values, and each row block's queries, are loaded into
+// the thread's cache as they are packed or multiplied, so the bits are attention_forward's
+// on qkv's f32 values without an f32 copy of qkv or of the output.
+void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv, DType format, int64_t b, int64_t t,
+                            int64_t c, int64_t nh, DType operands, DType round_out);
 // dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
 // probabilities are recomputed block by block. round_out: dqkv rounded as each head is
 // finished, as attention_forward's.

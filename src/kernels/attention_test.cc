@@ -120,6 +120,19 @@ TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
         store_half(format, qkv_bits.data(), qkv.data(), static_cast<int64_t>(qkv.size()));
         store_half(format, y_bits.data(), want_y.data(), static_cast<int64_t>(want_y.size()));
         EXPECT_TRUE(got_y_bits == y_bits);
+        // the bits alone, from qkv's bits (Loom's packs, and OpenBLAS's f32 copy) or its values
+        for (GemmBackend backend : {GemmBackend::kLoom, GemmBackend::kOpenBlas}) {
+          set_gemm_backend(backend);
+          std::vector<uint16_t> only_bits(want_y.size(), 0x7777), from_bits(want_y.size(), 0x7777);
+          std::vector<float> only_lse(lse.size()), bits_lse(lse.size());
+          attention_forward(static_cast<float*>(nullptr), only_lse.data(), qkv.data(), b, t, c, nh, format, format,
+                            only_bits.data());
+          attention_forward_bits(from_bits.data(), bits_lse.data(), qkv_bits.data(), format, b, t, c, nh, format,
+                                 format);
+          EXPECT_TRUE(only_bits == y_bits && same(only_lse, lse)) << "backend " << static_cast<int>(backend);
+          EXPECT_TRUE(from_bits == y_bits && same(bits_lse, lse)) << "backend " << static_cast<int>(backend);
+        }
+        set_gemm_backend(GemmBackend::kLoom);
         std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
         attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, format);
         round_to(format, want.data(), static_cast<int64_t>(want.size()));

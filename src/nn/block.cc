@@ -36,20 +36,20 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   // Mixed precision keeps qkv and the heads' output in 16 bits: written there by the
   // products and the heads as they finish (nn/mixed.h would convert them afterwards).
   const bool keep_bits = kept != nullptr && precision != DType::kF32 && !c_attn.shard.split();
-  Tensor qkv;
-  if (keep_bits) {
-    std::tie(qkv, ctx.qkv) = c_attn.forward_kept(x, ctx.c_attn, arena, *kept);
-  } else {
-    ctx.qkv = qkv = c_attn.forward(x, ctx.c_attn, arena);
+  if (keep_bits) {  // the heads read qkv's bits and write only their output's (no f32 copy of either)
+    ctx.qkv = c_attn.forward_kept(x, ctx.c_attn, arena, *kept);
+    ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, DType::kF32);
+    ctx.y = kept->alloc({ctx.b, ctx.t, c}, precision);
+    k::attention_forward_bits(ctx.y.data<uint16_t>(), ctx.lse.data<float>(), ctx.qkv.data<uint16_t>(), precision,
+                              ctx.b, ctx.t, c, n_head, product_operands(), precision);
+    return c_proj.forward(ctx.y, ctx.c_proj, arena);
   }
+  const Tensor qkv = ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
   ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, qkv.dtype());  // x may be 16-bit bits: qkv is f32 or f64
-  Tensor y = arena.alloc({ctx.b, ctx.t, c}, qkv.dtype());     // this part's heads; c_proj keeps it too
-  Tensor y_bits = keep_bits ? kept->alloc(y.shape(), precision) : Tensor();
+  ctx.y = arena.alloc({ctx.b, ctx.t, c}, qkv.dtype());         // this part's heads; c_proj keeps it too
   LOOM_DISPATCH_FLOAT(qkv.dtype(), T,
-                      k::attention_forward(y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
-                                           product_operands(), precision,
-                                           keep_bits ? y_bits.data<uint16_t>() : nullptr));
-  ctx.y = keep_bits ? y_bits : y;
+                      k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
+                                           product_operands(), precision));
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 

@@ -86,14 +86,15 @@ ActivationBytes gpt_activation_bytes(const GptConfig& g, int64_t blocks, GptEnds
       // Unsplit, c_fc's output and GELU and the LayerNorms' outputs are written straight
       // into the arena in 16 bits: the workspace never holds them.
       const double gelu_kept = tp == 1 ? h(4 * n * p) + 2 * a(r * c) : 0;
+      // And the heads write only their output's bits (attention_forward_bits), from qkv's.
+      const double heads_bits = tp == 1 ? a(n * p) : 0;
       // Backward hands the MLP's gradient from c_proj to c_fc in 16 bits (nn::Linear::
       // backward_gelu), but where sequence parallelism gathers c_fc's input in f32.
       const double mlp_bits = sp ? 0 : a(4 * n * p) - h(4 * n * p);
       // And the attention's dqkv to c_attn in 16 bits, unsplit (CausalSelfAttention::backward).
       const double qkv_bits = tp == 1 ? a(3 * n * p) - h(3 * n * p) : 0;
-      if (blocks > 0)
-        out.workspace = std::max(
-            {out.workspace, forward - gelu_kept, with_backward ? loaded + block_bwd - mlp_bits - qkv_bits : 0});
+      const double backward = with_backward ? loaded + block_bwd - mlp_bits - qkv_bits : 0;
+      if (blocks > 0) out.workspace = std::max({out.workspace, forward - gelu_kept - heads_bits, backward});
     }
   } else if (recompute != Recompute::kFull) {  // selective: nothing of the attention left to drop
     out.arena = l * (block_fwd + (with_backward ? block_bwd : 0));

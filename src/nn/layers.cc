@@ -157,7 +157,7 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
   return y;
 }
 
-std::pair<Tensor, Tensor> Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const {
+Tensor Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const {
   LOOM_CHECK_EQ(x.dim(-1), in);
   const bool x_bits = x.dtype() != DType::kF32;
   LOOM_CHECK(precision != DType::kF32 && (!x_bits || x.dtype() == precision) && split == TpSplit::kNone &&
@@ -167,8 +167,9 @@ std::pair<Tensor, Tensor> Linear::forward_kept(const Tensor& x, LinearCtx& ctx, 
   Tensor bits = kept.alloc(y.shape(), precision);
   k::matmul_forward_half(y.data<float>(), bits.data<uint16_t>(), nullptr, x_bits ? nullptr : x.data<float>(),
                          x_bits ? x.data<uint16_t>() : nullptr, weight.value().data<float>(),
-                         bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out, precision);
-  return {y, bits};
+                         bias.defined() ? bias.value().data<float>() : nullptr, x.numel() / in, in, out, precision,
+                         /*out_scratch=*/true);
+  return bits;
 }
 
 std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena* kept) const {

@@ -52,10 +52,10 @@ class Linear {
          TpSplit split = TpSplit::kNone, int groups = 1);
   // (N, in) -> (N, out); x f32, or (mixed precision, unsplit) 16-bit bits of the precision.
   Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
-  // Mixed precision, unsplit: forward, and the output's 16-bit bits written into `kept` as
-  // each tile is finished (what store_half would write of it): {y in f32, y's bits}. x f32
-  // or the precision's bits.
-  std::pair<Tensor, Tensor> forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const;
+  // Mixed precision, unsplit: forward's output as 16-bit bits only, written into `kept` as
+  // each tile is finished (what store_half would write of it; the f32 output is the
+  // product's scratch, in `arena`). x f32 or the precision's bits.
+  Tensor forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const;
   // The same, and gelu of the output fused into the matrix product (computed on each tile
   // as it is finished, allocated after the output): {y, gelu(y)}, the same bits as
   // Gelu::forward on y. Falls back to two passes where the output is not final in the

@@ -328,6 +328,7 @@ void set_gemm_path(GemmPath path) {
 }
 GemmPath gemm_active_path() { return g_path == GemmPath::kAuto ? gemm_best_path() : g_path.load(); }
 void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
+GemmBackend gemm_active_backend() { return g_backend; }
 
 void gemm_f32(GemmPath path,
               bool trans_a,

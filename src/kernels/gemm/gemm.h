@@ -295,5 +295,6 @@ void set_gemm_path(GemmPath path);
 // The path gemm() runs f32 products on now: the set one, kAuto resolved for this CPU.
 GemmPath gemm_active_path();
 void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_active_backend();
 
 }  // namespace loom::kernels
