@@ -113,6 +113,11 @@ void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t 
   }
 }
 
+// rows 16-bit rows of hs values, `ld` apart from src, as f32 values (exact) in out, rows hs apart.
+void load_rows(DType format, const uint16_t* src, int64_t ld, int64_t rows, int64_t hs, float* out) {
+  for (int64_t i = 0; i < rows; ++i) load_half_serial(format, out + i * hs, src + i * ld, hs);
+}
+
 // A task is one row block of one (batch, head) pair: row blocks are independent in forward.
 // Later row blocks have more columns, so they go first, and threads take tasks as they free
 // up; which thread computes a block does not change its bits. First each head's K^T and V
@@ -139,7 +144,10 @@ void forward_heads(T* out, T* lse, int64_t b, int64_t t, int64_t c, int64_t nh, 
   }
 #pragma omp parallel
   {
-    std::vector<T> buffer, rows_out(out == nullptr ? static_cast<size_t>(kRows * hs) : 0);
+    // Kept from call to call, as the backward's buffers are (fresh ones faulted their pages in).
+    thread_local std::vector<T> kept_buffer, kept_rows_out;
+    std::vector<T>&buffer = kept_buffer, &rows_out = kept_rows_out;
+    if (out == nullptr) rows_out.resize(static_cast<size_t>(kRows * hs));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < b * nh; ++bh) pack(bh, keys[bh], values[bh], buffer);
     std::vector<T> s(kRows * kCols);
@@ -192,8 +200,7 @@ void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv,
   // rows [r0, r1) of part (0 q, 1 k, 2 v) of a head as f32 values, rows HS apart, in buffer
   const auto load = [=](int64_t bh, int64_t part, int64_t r0, int64_t r1, std::vector<float>& buffer) {
     buffer.resize(static_cast<size_t>((r1 - r0) * hs));
-    for (int64_t i = r0; i < r1; ++i)
-      load_half_serial(format, buffer.data() + (i - r0) * hs, head(bh) + i * ld + part * c, hs);
+    load_rows(format, head(bh) + r0 * ld + part * c, ld, r1 - r0, hs, buffer.data());
     return buffer.data();
   };
   forward_heads(
@@ -362,11 +369,8 @@ void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout
     buffer.resize(static_cast<size_t>(4 * t * hs));
     const uint16_t* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
     const uint16_t* y = out + (bh / nh) * t * c + (bh % nh) * hs;
-    for (int64_t i = 0; i < t; ++i) {
-      for (int64_t part = 0; part < 3; ++part)
-        load_half_serial(format, buffer.data() + (part * t + i) * hs, q + i * ld + part * c, hs);
-      load_half_serial(format, buffer.data() + (3 * t + i) * hs, y + i * c, hs);
-    }
+    for (int64_t part = 0; part < 3; ++part) load_rows(format, q + part * c, ld, t, hs, buffer.data() + part * t * hs);
+    load_rows(format, y, c, t, hs, buffer.data() + 3 * t * hs);
     const float* f = buffer.data();
     return HeadInputs<float>{f, f + t * hs, f + 2 * t * hs, hs, f + 3 * t * hs, hs};
   };
