@@ -12,10 +12,10 @@ namespace loom::kernels {
 
 namespace {
 
-// A forward product's hooks on each block of out: with a bias, the prologue copies it in, so
-// each output's chain of multiply-adds starts from it (in the block's cache lines, just
-// before the kernel reads them: filling out in a pass of its own was 3% of a bf16 gpt-mini
-// step); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
+// A forward product's hooks on each block of out: with a bias, the prologue's row, from which
+// each output's chain of multiply-adds starts (the kernels load it as they would load C:
+// filling out in a pass of its own was 3% of a bf16 gpt-mini step, filling each block just
+// before the kernels read it 1%); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
 // likewise (or, with gelu_bits, into 16-bit storage: round_out's bits), and with out_bits
 // out's bits too. Either hook may be none.
 template <typename T>
@@ -28,10 +28,7 @@ template <typename T>
 ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round_out, uint16_t* gelu_bits = nullptr,
                               uint16_t* out_bits = nullptr, bool out_scratch = false) {
   ForwardHooks<T> hooks;
-  if (bias != nullptr)
-    hooks.prologue = [=](int64_t, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld) {
-      for (int64_t r = 0; r < rows; ++r) std::copy(bias + j0, bias + j0 + cols, block + r * ld);
-    };
+  if (bias != nullptr) hooks.prologue = GemmPrologue<T>(bias);
   if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32) return hooks;
   const auto epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
@@ -109,7 +106,7 @@ void matmul_forward_panels(float* out, const float* inp, const PanelMatrix& weig
                            float* gelu_out) {
   const ForwardHooks<float> hooks = forward_hooks(bias, weight.n, gelu_out, DType::kF32);
   if (hooks.prologue)  // the panels' product has no prologue: the bias first, in a pass of its own
-    parallel_for(n, n * weight.n, [&](int64_t i) { hooks.prologue(i, 1, 0, weight.n, out + i * weight.n, weight.n); });
+    parallel_for(n, n * weight.n, [&](int64_t i) { hooks.prologue.fill(1, 0, weight.n, out + i * weight.n, weight.n); });
   gemm_panels(n, inp, weight.k, weight, bias != nullptr, out, weight.n, hooks.epilogue);
 }
 

@@ -188,16 +188,16 @@ struct AmxPacking {
 };
 
 // The AMX kernel's arithmetic in plain C++ on the same slivers, tdpbf16ps as the SDM
-// defines it: per element of C, from C or +0, per step of 16 pairs an even and an odd chain
+// defines it: per element of C, from `from` or +0, per step of 16 pairs an even and an odd chain
 // from +0, then C += (even + odd); every sum rounded to nearest even and flushed when
 // subnormal, C read so.
 inline void microkernel_amx_twin(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
-                                 bool accumulate) {
+                                 const float* from, int64_t ld_from) {
   const auto lower = [](uint32_t x) { return bf16_value(static_cast<uint16_t>(x)); };
   const auto upper = [](uint32_t x) { return bf16_value(static_cast<uint16_t>(x >> 16)); };
   for (int r = 0; r < kAmxRows; ++r)
     for (int j = 0; j < kAmxCols; ++j) {
-      float acc = accumulate ? c[r * ldc + j] : 0.0f;
+      float acc = from != nullptr ? from[r * ld_from + j] : 0.0f;
       for (int64_t q0 = 0; q0 < depth; q0 += kAmxPairs) {
         float even = 0.0f, odd = 0.0f;
         for (int64_t q = q0; q < std::min<int64_t>(q0 + kAmxPairs, depth); ++q) {

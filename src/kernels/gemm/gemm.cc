@@ -134,8 +134,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
     const FlushSubnormals flush(packing.flush);
     for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
       const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
-      const bool start = p0 == 0 && prologue;  // the prologue writes each block's start into C
-      const bool acc = accumulate || p0 > 0 || start;  // later blocks continue each element's chain
+      const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
+      const bool start = p0 == 0 && prologue;  // or each chain starts from the prologue's row
       const bool last = p0 + kc >= k;         // this block's multiply-adds are each element's last
       const int64_t a_stride = Packing::a_stride(depth, mr);
       packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
@@ -147,23 +147,21 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
           const P* pa = packed_a + (ir / mr) * a_stride;
           T* cs = in_block ? block : c + (i0 + ir) * ldc + j0 + jc;  // the sliver's rows of this panel
           const int64_t lds = in_block ? ld_block : ldc;
-          if (start) {  // into L1 just before the kernels read it, with the caller's MXCSR
-            flush.suspend();
-            prologue(i0 + ir, h, j0 + jc, panel, cs, lds);
-            flush.resume();
-          }
           for (int64_t jr = 0; jr < panel; jr += nr) {
             const int64_t w = std::min<int64_t>(nr, panel - jr);
             const P* pb = bs.p + (jr / nr) * bs.stride;
             T* ct = cs + jr;
+            // Where the block's chains start: its own C, the prologue's row (every row alike), or +0.
+            const T* from = acc ? ct : start ? prologue.row + j0 + jc + jr : nullptr;
+            const int64_t ld_from = acc ? lds : 0;
             if (h == mr && w == nr) {
-              mk.fn(depth, pa, pb, ct, lds, acc);
+              mk.fn(depth, pa, pb, ct, lds, from, ld_from);
               continue;
             }
             // Partial block: run the full kernel on a copy; padded lanes are discarded.
-            if (acc)
-              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, ct + r * lds, w * sizeof(T));
-            mk.fn(depth, pa, pb, edge, nr, acc);
+            if (from != nullptr)
+              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, from + r * ld_from, w * sizeof(T));
+            mk.fn(depth, pa, pb, edge, nr, from != nullptr ? edge : nullptr, nr);
             for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * lds, edge + r * nr, w * sizeof(T));
           }
           // The sliver's MR rows of this panel are final: the epilogue takes them while they
@@ -195,7 +193,7 @@ template <typename T>
 void start_whole(const GemmPrologue<T>& prologue, int64_t m, int64_t n, T* c, int64_t ldc, bool& accumulate) {
   LOOM_CHECK(!(prologue && accumulate));
   if (!prologue || m == 0 || n == 0) return;
-  prologue(0, m, 0, n, c, ldc);
+  prologue.fill(m, 0, n, c, ldc);
   accumulate = true;
 }
 

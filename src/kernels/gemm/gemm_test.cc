@@ -470,8 +470,9 @@ TEST(GemmHalf, AmxTilesComputeAsTheTwinAndTheReference) {
     std::vector<float> c(32 * 32);
     for (auto& x : c) x = std::bit_cast<float>(bits(true));
     std::vector<float> got = c, want = c;
-    gemm_detail::kAmxKernel.fn(depth, a.data(), b.data(), got.data(), 32, round % 2 == 0);
-    gemm_detail::microkernel_amx_twin(depth, a.data(), b.data(), want.data(), 32, round % 2 == 0);
+    gemm_detail::kAmxKernel.fn(depth, a.data(), b.data(), got.data(), 32, round % 2 == 0 ? got.data() : nullptr, 32);
+    gemm_detail::microkernel_amx_twin(depth, a.data(), b.data(), want.data(), 32,
+                                      round % 2 == 0 ? want.data() : nullptr, 32);
     for (size_t i = 0; i < got.size(); ++i) {
       ++lanes;
       mismatches += !(std::isnan(want[i]) ? std::isnan(got[i]) : std::memcmp(&want[i], &got[i], sizeof(float)) == 0);
@@ -511,7 +512,7 @@ TEST(GemmHalf, Vdpbf16psIsTwoFlushedFmas) {
     alignas(64) uint32_t pb[32 * 3];
     for (int i = 0; i < 32 * depth; ++i) pb[i] = bits(false) << 16 | bits(false);
     got = c;
-    mk.fn(depth, a.data(), pb, got.data(), 32, true);
+    mk.fn(depth, a.data(), pb, got.data(), 32, got.data(), 32);
     for (int row = 0; row < 12; ++row)
       for (int j = 0; j < 32; ++j) {
         float acc = flush_subnormal(c[row * 32 + j]);
@@ -615,31 +616,21 @@ void for_each_problem(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& 
   }
 }
 
-// A prologue that writes a bias row into each block gives the bits of C filled with the row
-// beforehand and accumulated onto (what callers did before prologues), writing each element
-// once: every path, f32 and bf16, the few-row path, k == 0, 1 and 3 threads, and OpenBLAS.
+// A prologue's row, which every row's chains start from (the kernels load it with a row
+// stride of 0), gives the bits of C filled with the row beforehand and accumulated onto: every
+// path, f32 and bf16, the blocks at the tiles' edges (copied), the few-row path, k == 0 and
+// past one packed block, 1 and 3 threads, and OpenBLAS.
 TEST(Gemm, PrologueEqualsAPrefilledC) {
   const int saved = omp_get_max_threads();
   const auto check = [&](const char* what, bool half) {
-    for_each_problem({{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}}, 500, [&](const Problem<float>& p,
+    for_each_problem({{5, 7, 0}, {256, 768, 300}, {1000, 70, 300}, {40, 300, 2100}}, 500, [&](const Problem<float>& p,
                                                                             const std::vector<float>& bias) {
       const int64_t m = p.m, n = p.n, k = p.k;
       std::vector<float> filled = p.c0, hooked = p.c0;
       for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), filled.begin() + i * p.ldc);
-      std::vector<std::atomic<int>> writes(static_cast<size_t>(m * n));
-      const GemmPrologue<float> prologue = [&](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block,
-                                               int64_t ld) {
-        for (int64_t i = i0; i < i0 + rows; ++i)
-          for (int64_t j = j0; j < j0 + cols; ++j) {
-            block[(i - i0) * ld + j - j0] = bias[j];
-            ++writes[i * n + j];
-          }
-      };
       hooked_product(p, half, true, filled, {}, {});
-      hooked_product(p, half, false, hooked, {}, prologue);
+      hooked_product(p, half, false, hooked, {}, GemmPrologue<float>(bias.data()));
       EXPECT_TRUE(same_bits(hooked, filled)) << what << " bf16=" << half << " m=" << m << " n=" << n << " k=" << k;
-      EXPECT_TRUE(std::all_of(writes.begin(), writes.end(), [](const std::atomic<int>& w) { return w == 1; }))
-          << what << " m=" << m << " n=" << n << " k=" << k;
     });
   };
   for (GemmPath path : paths_and_amx())
@@ -665,11 +656,7 @@ TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
         {64, 96, 60}, {300, 200, 64}, {256, 768, 300}, {40, 300, 2100}};
     for_each_problem(extra, 900, [&](const Problem<float>& p, const std::vector<float>& row) {
       const int64_t m = p.m, n = p.n, k = p.k;
-      GemmPrologue<float> prologue;
-      if (bias)
-        prologue = [&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
-          for (int64_t r = 0; r < rows; ++r) std::copy(row.begin() + j0, row.begin() + j0 + cols, block + r * ld);
-        };
+      const GemmPrologue<float> prologue = bias ? GemmPrologue<float>(row.data()) : GemmPrologue<float>();
       std::vector<float> plain = p.c0, scratch = p.c0, seen(static_cast<size_t>(m * n), 0.0f);
       std::vector<std::atomic<int>> visits(static_cast<size_t>(m * n));
       const GemmEpilogue<float> take(
@@ -705,6 +692,44 @@ TEST(Gemm, AScratchEpilogueSeesTheProductsBits) {
   set_gemm_backend(GemmBackend::kOpenBlas);
   for (bool half : {false, true}) check("openblas", half, true, false);
   set_gemm_backend(GemmBackend::kLoom);
+  omp_set_num_threads(saved);
+}
+
+// Products of several row tiles (each packing op(B) for itself) give the reference's bits:
+// every path, f32 and bf16 (op(B) from f32 values and from its bits; AMX's order through its
+// kernel's twin), op(B) transposed or not, k past one packed block and odd, 1 to 3 threads.
+TEST(Gemm, ProductsOfSeveralRowTilesEqualTheReference) {
+  const int saved = omp_get_max_threads();
+  uint64_t seed = 4000;
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1100, 70, 1029}, {2100, 300, 40}})
+    for (bool tb : {false, true}) {
+      const Problem<float> p(false, tb, m, n, k, 3, seed += 3);
+      const StoredOperand a(DType::kBF16, p.a, false, 0), b(DType::kBF16, p.b, false, 0);
+      Problem<float> stored = p;  // the operands' bits as values
+      stored.a = a.values;
+      stored.b = b.values;
+      const std::vector<float> want = p.reference(true), want_half = reference_half(DType::kBF16, p, false),
+                               want_bits = reference_half(DType::kBF16, stored, false);
+      std::vector<float> want_amx = p.c0;  // AMX's own order, through its kernel's plain twin
+      reference::gemm_half_amx(false, tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, want_amx.data(), p.ldc);
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        const std::string where = cat("threads=", threads, " m=", m, " n=", n, " k=", k, " trans_b=", tb);
+        for (GemmPath path : gemm_supported_paths()) {
+          set_gemm_path(path);
+          EXPECT_TRUE(same_bits(p.run(path, true), want)) << gemm_path_name(path) << " " << where;
+          EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, false), want_half)) << gemm_path_name(path) << " " << where;
+          std::vector<float> c = p.c0;
+          gemm_half_bits(DType::kBF16, false, tb, m, n, k, a.bits.data(), p.lda, b.bits.data(), p.ldb, false, c.data(),
+                         p.ldc);
+          EXPECT_TRUE(same_bits(c, want_bits)) << gemm_path_name(path) << " " << where << " (bits)";
+        }
+        std::vector<float> c = p.c0;
+        gemm_detail::gemm_half_amx_twin(false, tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, c.data(), p.ldc);
+        EXPECT_TRUE(same_bits(c, want_amx)) << "amx (twin) " << where;
+      }
+    }
+  set_gemm_path(GemmPath::kAuto);
   omp_set_num_threads(saved);
 }
 

@@ -3,9 +3,10 @@
 // block; MC the most rows of an output tile; NC the width of one packed panel of op(B).
 //
 // A micro-kernel computes one full MR x NR block of C (row stride ldc):
-//   C[r][j] = [C[r][j] +] sum over p < kc of a[p * MR + r] * b[p * NR + j]
-// as one fused multiply-add per p, in order p = 0, 1, ..., starting from C (accumulate) or
-// +0. a is an MR-row sliver of op(A) packed p-major, b a NR-column sliver of op(B) packed
+//   C[r][j] = [from[r][j] +] sum over p < kc of a[p * MR + r] * b[p * NR + j]
+// as one fused multiply-add per p, in order p = 0, 1, ..., starting from `from`'s element
+// (rows ld_from apart: C itself to accumulate, a bias row with ld_from 0) or, where from is
+// null, +0. a is an MR-row sliver of op(A) packed p-major, b a NR-column sliver of op(B) packed
 // p-major; both are zero-padded past the matrix edge.
 //
 // bf16 products (gemm_half) use the same shape on packed pairs of k (kAvx512Bf16Kernel):
@@ -28,7 +29,7 @@ constexpr int64_t kParallelMinWork = int64_t{1} << 18;
 // P: what the packed slivers hold (T, or pairs of bf16 in a uint32_t); T: C's elements.
 // `depth` counts packed steps: k values, or pairs of them.
 template <typename P, typename T = P>
-using MicroKernelFn = void (*)(int64_t depth, const P* a, const P* b, T* c, int64_t ldc, bool accumulate);
+using MicroKernelFn = void (*)(int64_t depth, const P* a, const P* b, T* c, int64_t ldc, const T* from, int64_t ld_from);
 
 template <typename P, typename T = P>
 struct MicroKernel {
@@ -49,10 +50,10 @@ struct MicroKernel {
 // The portable kernel: plain C++ with std::fma, which GCC turns into vector FMAs where the
 // build allows. Same arithmetic as the SIMD kernels, so the same bits.
 template <typename T, int MR, int NR>
-void microkernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+void microkernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, const T* from, int64_t ld_from) {
   T acc[MR][NR];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
+    for (int j = 0; j < NR; ++j) acc[r][j] = from != nullptr ? from[r * ld_from + j] : T(0);
   for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
@@ -64,10 +65,11 @@ void microkernel_generic(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, 
 // subnormal, and C read as zero when subnormal (the SIMD kernels get the same from MXCSR's
 // FTZ and DAZ bits, vdpbf16ps by definition). The packed operands are flushed already.
 template <int MR, int NR>
-void microkernel_generic_ftz(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
+void microkernel_generic_ftz(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, const float* from,
+                             int64_t ld_from) {
   float acc[MR][NR];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) acc[r][j] = accumulate ? flush_subnormal(c[r * ldc + j]) : 0.0f;
+    for (int j = 0; j < NR; ++j) acc[r][j] = from != nullptr ? flush_subnormal(from[r * ld_from + j]) : 0.0f;
   for (int64_t p = 0; p < kc; ++p, a += MR, b += NR)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j) acc[r][j] = flush_subnormal(std::fma(a[r], b[j], acc[r][j]));

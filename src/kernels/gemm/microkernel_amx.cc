@@ -60,14 +60,15 @@ inline void step_tiles(const uint32_t* a, const uint32_t* b) {
   _tile_dpbf16ps(3, 5, 7);
 }
 
-void amx_kernel(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, bool accumulate) {
+void amx_kernel(int64_t depth, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, const float* from,
+                int64_t ld_from) {
   configure_tiles();
-  if (accumulate) {
-    // C's subnormals read as zero, through a local copy the tiles load: the SDM has the
-    // instruction read C so too, and this way the twin's reading does not rest on it.
+  if (from != nullptr) {
+    // The start's subnormals read as zero, through a local copy the tiles load: the SDM has
+    // the instruction read C so too, and this way the twin's reading does not rest on it.
     alignas(64) float start[kAmxRows * kAmxCols];
     for (int r = 0; r < kAmxRows; ++r)
-      for (int j = 0; j < kAmxCols; ++j) start[r * kAmxCols + j] = flushed(c[r * ldc + j]);
+      for (int j = 0; j < kAmxCols; ++j) start[r * kAmxCols + j] = flushed(from[r * ld_from + j]);
     _tile_loadd(0, start, kCStride);
     _tile_loadd(1, start + 16, kCStride);
     _tile_loadd(2, start + 16 * kAmxCols, kCStride);

@@ -16,14 +16,14 @@ namespace loom::kernels::gemm_detail {
 
 template <typename V, int MR>
 void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::Packed* b, float* c, int64_t ldc,
-                 bool accumulate) {
+                 const float* from, int64_t ld_from) {
   constexpr int kW = V::kLanes;
   typename V::Reg lo[MR], hi[MR];
-  if (accumulate) {
+  if (from != nullptr) {
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      lo[r] = V::loadu(c + r * ldc);
-      hi[r] = V::loadu(c + r * ldc + kW);
+      lo[r] = V::loadu(from + r * ld_from);
+      hi[r] = V::loadu(from + r * ld_from + kW);
     }
   } else {
 #pragma GCC unroll 16
