@@ -132,6 +132,53 @@ TEST(Kernels, MatmulWithGeluFusedEqualsTheTwoPasses) {
   omp_set_num_threads(saved);
 }
 
+// A block's residual added by the product's epilogue (matmul_forward's and
+// matmul_forward_half's `residual`): the bits of the product, then add_forward (f32) or
+// add_round (mixed precision) over its output, with a bias, on every path, 1 and 2 threads,
+// shapes past a tile, and the OpenBLAS backend.
+TEST(Kernels, MatmulWithResidualEqualsTheProductThenTheAdd) {
+  const int saved = omp_get_max_threads();
+  for (const auto& shape : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 64, 131}, {300, 37, 700}}) {
+    const int64_t n = shape[0], k = shape[1], m = shape[2];
+    const auto x = to_f32(randn(n * k, 21)), w = to_f32(randn(k * m, 22, 0.3)), b = to_f32(randn(m, 23)),
+               r = to_f32(randn(n * m, 24));
+    std::vector<uint16_t> x_bits(n * k);
+    store_half(DType::kBF16, x_bits.data(), x.data(), n * k);
+    // form 0: f32; 1: f32 values, bf16 products and rounding; 2: 16-bit input bits
+    const auto run = [&](int form, bool fused) {
+      std::vector<float> out(n * m);
+      const float* res = fused ? r.data() : nullptr;
+      if (form == 2)
+        matmul_forward_half(out.data(), nullptr, nullptr, nullptr, x_bits.data(), w.data(), b.data(), n, k, m,
+                            DType::kBF16, false, res);
+      else
+        matmul_forward(out.data(), x.data(), w.data(), b.data(), n, k, m, WeightLayout::kKM, static_cast<float*>(nullptr),
+                       form == 1 ? DType::kBF16 : DType::kF32, form == 1 ? DType::kBF16 : DType::kF32, res);
+      if (!fused && form == 0) add_forward(out.data(), out.data(), r.data(), n * m);
+      if (!fused && form != 0) add_round(out.data(), out.data(), r.data(), n * m, DType::kBF16);
+      return out;
+    };
+    const auto check = [&](const std::string& what) {
+      for (int form : {0, 1, 2}) {
+        const std::vector<float> fused = run(form, true), apart = run(form, false);
+        EXPECT_EQ(0, std::memcmp(fused.data(), apart.data(), fused.size() * sizeof(float)))
+            << what << " form " << form << " n=" << n << " k=" << k << " m=" << m;
+      }
+    };
+    for (GemmPath path : gemm_supported_paths())
+      for (int threads : {1, 2}) {
+        set_gemm_path(path);
+        omp_set_num_threads(threads);
+        check(cat(gemm_path_name(path), ", ", threads, " thread(s)"));
+      }
+    set_gemm_backend(GemmBackend::kOpenBlas);
+    check("OpenBLAS backend");
+    set_gemm_backend(GemmBackend::kLoom);
+  }
+  set_gemm_path(GemmPath::kAuto);
+  omp_set_num_threads(saved);
+}
+
 TEST(Kernels, Gelu) {
   const int64_t n = 1001;
   auto x = randn(n, 5, 2.0), dy = randn(n, 6);

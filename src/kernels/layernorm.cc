@@ -99,8 +99,9 @@ struct F16Bits {
 
 template <typename T, typename X, typename Value>
 void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, Value value, const T* weight,
-                   const T* mean, const T* rstd, int64_t n, int64_t c, DType round_out) {
-  // dinp: rows are independent; each row rounded to round_out as it is written.
+                   const T* mean, const T* rstd, int64_t n, int64_t c, DType round_out, const T* residual) {
+  // dinp: rows are independent; each row rounded to round_out as it is written (and the
+  // residual's row added, the sum rounded, as add_round would after).
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const X* x = inp + i * c;
@@ -121,6 +122,12 @@ void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, V
       dx[j] = (dy[j] * weight[j] - sum_g - xhat * sum_gx) * s;
     }
     round_row(round_out, dx, c);
+    if (residual != nullptr) {
+      const T* r = residual + i * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) dx[j] = dx[j] + r[j];
+      round_row(round_out, dx, c);
+    }
   }
   // dweight, dbias: columns split across threads, rows summed in order (deterministic).
   constexpr int64_t kCols = 64;
@@ -148,19 +155,19 @@ void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, V
 
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int64_t n, int64_t c, DType round_out) {
+                        const T* rstd, int64_t n, int64_t c, DType round_out, const T* residual) {
   LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
-  backward_rows(dinp, dweight, dbias, dout, inp, AsStored{}, weight, mean, rstd, n, c, round_out);
+  backward_rows(dinp, dweight, dbias, dout, inp, AsStored{}, weight, mean, rstd, n, c, round_out, residual);
 }
 
 void layernorm_backward_bits(float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                              DType format, const float* weight, const float* mean, const float* rstd, int64_t n,
-                             int64_t c, DType round_out) {
+                             int64_t c, DType round_out, const float* residual) {
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   if (format == DType::kBF16)
-    backward_rows(dinp, dweight, dbias, dout, inp, Bf16Bits{}, weight, mean, rstd, n, c, round_out);
+    backward_rows(dinp, dweight, dbias, dout, inp, Bf16Bits{}, weight, mean, rstd, n, c, round_out, residual);
   else
-    backward_rows(dinp, dweight, dbias, dout, inp, F16Bits{}, weight, mean, rstd, n, c, round_out);
+    backward_rows(dinp, dweight, dbias, dout, inp, F16Bits{}, weight, mean, rstd, n, c, round_out, residual);
 }
 
 template void layernorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int64_t,
@@ -172,8 +179,8 @@ template void add_layernorm_forward<float>(float*, const float*, float*, float*,
 template void add_layernorm_forward<double>(double*, const double*, double*, double*, double*, const double*,
                                             const double*, int64_t, int64_t, DType, uint16_t*, uint16_t*);
 template void layernorm_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                        const float*, const float*, int64_t, int64_t, DType);
+                                        const float*, const float*, int64_t, int64_t, DType, const float*);
 template void layernorm_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                         const double*, const double*, int64_t, int64_t, DType);
+                                         const double*, const double*, int64_t, int64_t, DType, const double*);
 
 }  // namespace loom::kernels

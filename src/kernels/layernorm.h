@@ -26,15 +26,18 @@ void add_layernorm_forward(T* x, const T* residual, T* out, T* mean, T* rstd, co
                            uint16_t* x_bits = nullptr);
 // dinp (N, C) overwritten, each value rounded to round_out as it is written (kBF16 or kF16
 // with T float: mixed precision's gradient; kF32: as computed); dweight (C), dbias (C)
-// accumulated (+=). Deterministic.
+// accumulated (+=). With `residual` (N, C), each row of dinp then has the residual's row
+// added and is rounded again while it is in cache (a block's residual gradient: the bits of
+// add_round, or add_forward, over dinp after). Deterministic.
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                        const T* rstd, int64_t n, int64_t c, DType round_out = DType::kF32);
+                        const T* rstd, int64_t n, int64_t c, DType round_out = DType::kF32,
+                        const T* residual = nullptr);
 // The same with inp held in 16 bits (`format`'s bits, as mixed precision keeps the input for
 // backward): the bits of layernorm_backward on inp's f32 values, without a pass that loads
 // them first.
 void layernorm_backward_bits(float* dinp, float* dweight, float* dbias, const float* dout, const uint16_t* inp,
                              DType format, const float* weight, const float* mean, const float* rstd, int64_t n,
-                             int64_t c, DType round_out);
+                             int64_t c, DType round_out, const float* residual = nullptr);
 
 }  // namespace loom::kernels

@@ -15,9 +15,10 @@ namespace {
 // A forward product's hooks on each block of out: with a bias, the prologue's row, from which
 // each output's chain of multiply-adds starts (the kernels load it as they would load C:
 // filling out in a pass of its own was 3% of a bf16 gpt-mini step, filling each block just
-// before the kernels read it 1%); the epilogue rounds the finished block to round_out, then writes gelu(out) rounded
-// likewise (or, with gelu_bits, into 16-bit storage: round_out's bits), and with out_bits
-// out's bits too. Either hook may be none.
+// before the kernels read it 1%); the epilogue rounds the finished block to round_out, then
+// writes gelu(out) rounded likewise (or, with gelu_bits, into 16-bit storage: round_out's
+// bits), and with out_bits out's bits too; or adds the residual's rows to it and rounds the
+// sum (a pass over out after, and its memory traffic, saved). Either hook may be none.
 template <typename T>
 struct ForwardHooks {
   GemmPrologue<T> prologue;
@@ -26,14 +27,25 @@ struct ForwardHooks {
 
 template <typename T>
 ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round_out, uint16_t* gelu_bits = nullptr,
-                              uint16_t* out_bits = nullptr, bool out_scratch = false) {
+                              uint16_t* out_bits = nullptr, bool out_scratch = false, const T* residual = nullptr) {
+  LOOM_CHECK(residual == nullptr || (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && !out_scratch));
   ForwardHooks<T> hooks;
   if (bias != nullptr) hooks.prologue = GemmPrologue<T>(bias);
-  if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32) return hooks;
+  if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32 &&
+      residual == nullptr)
+    return hooks;
   const auto epilogue = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols, T* block, int64_t ld) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
       T* y = block + (i - i0) * ld;
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
+      if (residual != nullptr) {  // round(round(y) + r), as add_round over the rounded out after
+        const T* r = residual + i * m + j0;
+        if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) y[j] = y[j] + r[j];
+        if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
+        continue;
+      }
       if constexpr (std::is_same_v<T, float>) {
         round_serial(round_out, y, y, cols);
         if (out_bits != nullptr) store_half_serial(round_out, out_bits + i * m + j0, y, cols);
@@ -80,9 +92,9 @@ GemmEpilogue<float> rounding(DType round) {
 
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
-                    int64_t m, WeightLayout layout, T* gelu_out, DType operands, DType round_out) {
+                    int64_t m, WeightLayout layout, T* gelu_out, DType operands, DType round_out, const T* residual) {
   LOOM_CHECK((round_out == DType::kF32 || std::is_same_v<T, float>));
-  const ForwardHooks<T> hooks = forward_hooks(bias, m, gelu_out, round_out);
+  const ForwardHooks<T> hooks = forward_hooks(bias, m, gelu_out, round_out, nullptr, nullptr, false, residual);
   if (layout == WeightLayout::kKM)
     gemm_as<T>(operands, false, false, n, m, k, inp, k, weight, m, false, out, m, hooks.epilogue, hooks.prologue);
   else
@@ -91,10 +103,10 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
                          const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
-                         int64_t m, DType format, bool out_scratch) {
+                         int64_t m, DType format, bool out_scratch, const float* residual) {
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && (inp == nullptr) != (inp_bits == nullptr));
   const ForwardHooks<float> hooks =
-      forward_hooks(bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits, out_scratch);
+      forward_hooks(bias, m, static_cast<float*>(nullptr), format, gelu_bits, out_bits, out_scratch, residual);
   if (inp_bits != nullptr)
     gemm_half_bits(format, false, false, n, m, k, inp_bits, k, weight, m, false, out, m, hooks.epilogue,
                    hooks.prologue);
@@ -169,9 +181,9 @@ template void matmul_weight_grad_bits<float>(float*, float*, const float*, const
 template void matmul_weight_grad_bits<uint16_t>(float*, float*, const uint16_t*, const uint16_t*, DType, int64_t,
                                                 int64_t, int64_t);
 template void matmul_forward<float>(float*, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t, WeightLayout, float*, DType, DType);
+                                    int64_t, int64_t, WeightLayout, float*, DType, DType, const float*);
 template void matmul_forward<double>(double*, const double*, const double*, const double*,
-                                     int64_t, int64_t, int64_t, WeightLayout, double*, DType, DType);
+                                     int64_t, int64_t, int64_t, WeightLayout, double*, DType, DType, const double*);
 template void matmul_backward<float>(float*, float*, float*, const float*, const float*,
                                      const float*, int64_t, int64_t, int64_t, WeightLayout, DType, DType);
 template void matmul_backward<double>(double*, double*, double*, const double*, const double*,

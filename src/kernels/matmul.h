@@ -22,10 +22,12 @@ enum class WeightLayout { kKM, kMK };
 // weight rounded as it is packed, so no rounded copy of it is made. `round_out` kBF16 or
 // kF16 (f32 only): out is rounded to it tile by tile, and gelu_out is the GELU of the
 // rounded out, rounded too (the bits of round_to over out, gelu_forward, round_to after).
+// With `residual` (N, M), out + residual, rounded to round_out, where out would be (a block's
+// residual stream: the bits of add_round, or add_forward, over out after).
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t k,
                     int64_t m, WeightLayout layout, T* gelu_out = nullptr, DType operands = DType::kF32,
-                    DType round_out = DType::kF32);
+                    DType round_out = DType::kF32, const T* residual = nullptr);
 
 // Mixed precision's forward product: matmul_forward (layout kKM) with operands and round_out
 // `format` (kBF16 or kF16) on inp given as f32 values or as the format's bits (inp_bits, as
@@ -35,10 +37,10 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 // input and c_fc's GELU are never f32 tensors, and what backward keeps of c_fc is written
 // while each tile is in cache. With out_scratch only out_bits and gelu_bits are wanted: out
 // is space the product may use or leave alone (GemmEpilogue::scratch), its contents
-// unspecified after.
+// unspecified after. `residual` as matmul_forward's (not with out_scratch).
 void matmul_forward_half(float* out, uint16_t* out_bits, uint16_t* gelu_bits, const float* inp,
                          const uint16_t* inp_bits, const float* weight, const float* bias, int64_t n, int64_t k,
-                         int64_t m, DType format, bool out_scratch = false);
+                         int64_t m, DType format, bool out_scratch = false, const float* residual = nullptr);
 
 // matmul_forward with the weight laid out in panels once (gemm.h, PanelMatrix: (K, M) as
 // op(B), from either layout): the same bits.

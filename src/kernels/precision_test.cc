@@ -220,7 +220,8 @@ TEST(Precision, MlpGradientInBitsEqualsTheF32Path) {
 // the LayerNorm and its output's rounding (was add_round, layernorm_forward, round_to; also
 // written as bits only, with the sum's bits beside: store_half of those), and
 // the backward from the input's 16-bit bits with its d(input) rounded (was load_half,
-// layernorm_backward, round_to): the bits of the passes they replace, dweight and dbias
+// layernorm_backward, round_to), and with the residual's gradient added (was add_round, or
+// add_forward in f32, after): the bits of the passes they replace, dweight and dbias
 // included, with and without the residual, on one thread and two.
 TEST(Precision, LayerNormInOnePassEqualsItsPasses) {
   const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
@@ -280,6 +281,18 @@ TEST(Precision, LayerNormInOnePassEqualsItsPasses) {
                                 want_mean.data(), want_rstd.data(), n, c, format);
         EXPECT_TRUE(same(got_dx, want_dx)) << what << " dx";
         EXPECT_TRUE(same(got_dw, want_dw) && same(got_db, want_db)) << what << " dweight, dbias";
+        // And with the residual's gradient added to each row (was add_round after).
+        add_round(want_dx.data(), want_dx.data(), residual.data(), n * c, format);
+        layernorm_backward_bits(got_dx.data(), got_dw.data(), got_db.data(), dy.data(), x_bits.data(), format, w.data(),
+                                want_mean.data(), want_rstd.data(), n, c, format, residual.data());
+        EXPECT_TRUE(same(got_dx, want_dx)) << what << " dx + residual";
+        std::vector<float> f32_dx(n * c), f32_dw(c), f32_db(c), f32_want(n * c);
+        layernorm_backward(f32_want.data(), f32_dw.data(), f32_db.data(), dy.data(), x_values.data(), w.data(),
+                           want_mean.data(), want_rstd.data(), n, c);
+        add_forward(f32_want.data(), f32_want.data(), residual.data(), n * c);
+        layernorm_backward(f32_dx.data(), f32_dw.data(), f32_db.data(), dy.data(), x_values.data(), w.data(),
+                           want_mean.data(), want_rstd.data(), n, c, DType::kF32, residual.data());
+        EXPECT_TRUE(same(f32_dx, f32_want)) << what << " f32 dx + residual";
       }
   }
   set_compute_threads(1);

@@ -10,7 +10,6 @@
 #include "loom/core/error.h"
 #include "loom/nn/layers.h"
 #include "nn/mixed.h"
-#include "nn/residual.h"
 
 namespace loom::nn {
 namespace k = loom::kernels;
@@ -86,12 +85,12 @@ Mlp::Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Sha
     : c_fc(ps, prefix + ".c_fc", c, hidden, true, shard, TpSplit::kColumn),
       c_proj(ps, prefix + ".c_proj", hidden, c, true, shard, TpSplit::kRow) {}
 
-Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept) const {
+Tensor Mlp::forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept, const Tensor& residual) const {
   // c_fc and the GELU in one pass over h (Linear::forward_gelu): what Gelu::forward would
   // compute, without reading h back from memory.
   auto [h, g] = c_fc.forward_gelu(x, ctx.c_fc, arena, kept);
   ctx.gelu.x = h;
-  return c_proj.forward(g, ctx.c_proj, arena);
+  return c_proj.forward(g, ctx.c_proj, arena, residual);
 }
 
 Tensor Mlp::backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights) const {
@@ -123,17 +122,14 @@ Tensor Block::forward(const Tensor& x, BlockCtx& ctx, Arena& arena, Arena* kept)
   Arena* ln_kept = precision != DType::kF32 && !attn.c_attn.shard.split() ? kept : nullptr;
   Tensor h = attn.forward(ln_1.forward(x, ctx.ln_1, arena, ln_kept), ctx.attn, arena, kept);
   // h = x + attn(ln_1(x)), and ln_2 of it, in one pass over the rows
-  Tensor y = mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena, ln_kept), ctx.mlp, arena, kept);
-  add_into(y, h, precision);  // y = h + mlp(ln_2(h))
-  return y;
+  // y = h + mlp(ln_2(h)), the residual added by c_proj's product as it finishes each tile
+  return mlp.forward(ln_2.forward_add(h, x, ctx.ln_2, arena, ln_kept), ctx.mlp, arena, kept, h);
 }
 
 Tensor Block::backward(const Tensor& dy, BlockCtx& ctx, Arena& arena, bool defer_weights) const {
-  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena);
-  add_into(dh, dy, precision);
-  Tensor dx = ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena);
-  add_into(dx, dh, precision);
-  return dx;
+  // Each LayerNorm's gradient with the residual's added to its rows as they are written.
+  Tensor dh = ln_2.backward(mlp.backward(dy, ctx.mlp, arena, defer_weights), ctx.ln_2, arena, dy);
+  return ln_1.backward(attn.backward(dh, ctx.attn, arena, defer_weights), ctx.ln_1, arena, dh);
 }
 
 void Block::set_precision(DType format) {

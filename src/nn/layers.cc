@@ -117,42 +117,51 @@ Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena)
   return dx;
 }
 
-Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena, const Tensor& residual) const {
   LOOM_CHECK_EQ(x.dim(-1), in);
-  if (split != TpSplit::kNone && shard.sequence_split()) return forward_sequence(x, ctx, arena);
+  // The residual added where the product's epilogue could not: after the output is final.
+  const auto plus_residual = [&](const Tensor& y) {
+    if (residual.defined()) add_into(y, residual, precision);
+    return y;
+  };
+  if (split != TpSplit::kNone && shard.sequence_split()) return plus_residual(forward_sequence(x, ctx, arena));
   ctx.x = x;
   const int64_t n = x.numel() / in;
+  const DType y_dtype = x.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  LOOM_CHECK(!residual.defined() || (residual.shape() == with_last(x, out) && residual.dtype() == y_dtype));
   if (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) {  // mixed precision's GELU output, in 16 bits
     LOOM_CHECK(x.dtype() == precision && split == TpSplit::kNone && int8 == nullptr && panels == nullptr);
     Tensor y = arena.alloc(with_last(x, out), DType::kF32);
     k::matmul_forward_half(y.data<float>(), nullptr, nullptr, nullptr, x.data<uint16_t>(),
                            weight.value().data<float>(), bias.defined() ? bias.value().data<float>() : nullptr, n, in,
-                           out, precision);
+                           out, precision, false, residual.defined() ? residual.data<float>() : nullptr);
     return y;
   }
   Tensor y = arena.alloc(with_last(x, out), x.dtype());
   if (int8 != nullptr) {
     LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
     k::int8_matmul_forward(y.data<float>(), x.data<float>(), *int8, bias.defined() ? bias.value().data<float>() : nullptr, n);
-    return y;
+    return plus_residual(y);
   }
   if (panels != nullptr) {
     LOOM_CHECK(!shard.split() && x.dtype() == DType::kF32 && precision == DType::kF32);
     k::matmul_forward_panels(y.data<float>(), x.data<float>(), *panels, bias.defined() ? bias.value().data<float>() : nullptr, n);
-    return y;
+    return plus_residual(y);
   }
-  // The bias, and the rounding of mixed precision, wait for a row split's sum; otherwise the
-  // product's epilogue rounds each tile while it is in cache.
+  // The bias, the rounding of mixed precision and the residual wait for a row split's sum;
+  // otherwise the product's epilogue rounds each tile (and adds the residual) while it is in cache.
   const bool row = split == TpSplit::kRow;
   LOOM_DISPATCH_FLOAT(x.dtype(), T, {
     k::matmul_forward(y.data<T>(), x.data<T>(), weight.value().data<T>(),
                       bias.defined() && !row ? bias.value().data<T>() : nullptr, n, in, out, k::WeightLayout::kKM,
-                      static_cast<T*>(nullptr), precision, row ? DType::kF32 : precision);
+                      static_cast<T*>(nullptr), precision, row ? DType::kF32 : precision,
+                      residual.defined() && !row ? residual.data<T>() : nullptr);
   });
   if (row) {
     shard.seam->sum(y);
     if (bias.defined()) add_bias(y, bias.value());
     round_values(y, precision);
+    return plus_residual(y);
   }
   return y;
 }
@@ -355,7 +364,8 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const {
+Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena, const Tensor& residual) const {
+  LOOM_CHECK(!residual.defined() || (residual.shape() == dy.shape() && residual.dtype() == dy.dtype()));
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
   // Sequence-parallel: this part's rows' share of the parameter gradients, summed over the
   // parts, then added in.
@@ -372,10 +382,12 @@ Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& are
       k::layernorm_backward_bits(dx.data<float>(), share.defined() ? share.data<float>() : weight.grad().data<float>(),
                                  share.defined() ? share.data<float>() + c : bias.grad().data<float>(),
                                  dy.data<float>(), ctx.x.data<uint16_t>(), ctx.x.dtype(), weight.value().data<float>(),
-                                 ctx.mean.data<float>(), ctx.rstd.data<float>(), dy.numel() / c, c, precision);
+                                 ctx.mean.data<float>(), ctx.rstd.data<float>(), dy.numel() / c, c, precision,
+                                 residual.defined() ? residual.data<float>() : nullptr);
     } else {
       k::layernorm_backward(dx.data<T>(), dw, db, dy.data<T>(), ctx.x.data<T>(), weight.value().data<T>(),
-                            ctx.mean.data<T>(), ctx.rstd.data<T>(), dy.numel() / c, c, precision);
+                            ctx.mean.data<T>(), ctx.rstd.data<T>(), dy.numel() / c, c, precision,
+                            residual.defined() ? residual.data<T>() : nullptr);
     }
     if (share.defined()) {
       shard.seam->sum(share);

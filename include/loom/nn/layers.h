@@ -51,7 +51,10 @@ class Linear {
   Linear(ParamSet& ps, const std::string& prefix, int64_t in, int64_t out, bool bias = true, Shard shard = {},
          TpSplit split = TpSplit::kNone, int groups = 1);
   // (N, in) -> (N, out); x f32, or (mixed precision, unsplit) 16-bit bits of the precision.
-  Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena) const;
+  // With a defined `residual` (N, out; a block's residual stream): residual + the output,
+  // rounded to the precision, the bits of add_into after; added by the product's epilogue as
+  // each tile is finished where the output is final there (not a row-parallel piece).
+  Tensor forward(const Tensor& x, LinearCtx& ctx, Arena& arena, const Tensor& residual = Tensor()) const;
   // Mixed precision, unsplit: forward's output as 16-bit bits only, written into `kept` as
   // each tile is finished (what store_half would write of it; the f32 output is the
   // product's scratch, in `arena`). x f32 or the precision's bits.
@@ -120,7 +123,10 @@ class LayerNorm {
   // With `kept`, the sum's 16-bit bits go there too, and ctx keeps those.
   Tensor forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena,
                      Arena* kept = nullptr) const;
-  Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena) const;
+  // With a defined `residual` (N, C; the gradient of a block's residual stream): dx +
+  // residual, rounded to the precision, each row while it is in cache (the bits of add_into
+  // after).
+  Tensor backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena, const Tensor& residual = Tensor()) const;
 
   ParamRef weight, bias;  // (C)
   int64_t c = 0;
@@ -241,8 +247,9 @@ class Mlp {
   Mlp() = default;
   // Split over shard.parts: c_fc column-parallel, c_proj row-parallel.
   Mlp(ParamSet& ps, const std::string& prefix, int64_t c, int64_t hidden, Shard shard = {});
-  // `kept`: Linear::forward_gelu's.
-  Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept = nullptr) const;
+  // `kept`: Linear::forward_gelu's. `residual`: c_proj's (Linear::forward).
+  Tensor forward(const Tensor& x, MlpCtx& ctx, Arena& arena, Arena* kept = nullptr,
+                 const Tensor& residual = Tensor()) const;
   Tensor backward(const Tensor& dy, MlpCtx& ctx, Arena& arena, bool defer_weights = false) const;
   void backward_weight(const MlpCtx& ctx) const;
 
