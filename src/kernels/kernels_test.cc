@@ -412,7 +412,7 @@ TEST(Kernels, AdamWAndSgdMatchReference) {
 namespace loom::kernels {
 namespace {
 
-// fast_exp within 2 ulp of libm over the whole clamped range; fast_tanh within 2e-7
+// fast_exp within 1.5 ulp of libm over the whole clamped range; fast_tanh within 2e-7
 // absolute (GELU consumes 1 + tanh, so absolute error is what matters).
 TEST(FastMath, ExpAndTanhAccuracy) {
   double worst_exp = 0, worst_tanh = 0;
@@ -421,7 +421,7 @@ TEST(FastMath, ExpAndTanhAccuracy) {
     worst_exp = std::max(worst_exp, std::fabs(fast_exp(x) - want) / want);
     worst_tanh = std::max(worst_tanh, std::fabs(fast_tanh(x * 0.1f) - std::tanh(static_cast<double>(x * 0.1f))));
   }
-  EXPECT_LT(worst_exp, 2.5e-7);  // 2 ulp of float is 2.4e-7 relative at worst
+  EXPECT_LT(worst_exp, 1.8e-7);  // 1.5 ulp of float is 1.8e-7 relative at worst
   EXPECT_LT(worst_tanh, 2e-7);
   EXPECT_EQ(fast_exp(-1000.0f), fast_exp(-87.0f));
   EXPECT_GT(fast_exp(1000.0f), 1e38f);
