@@ -179,6 +179,40 @@ TEST(Kernels, MatmulWithResidualEqualsTheProductThenTheAdd) {
   omp_set_num_threads(saved);
 }
 
+// The bias gradient: dbias += each column's sum over the rows in order (one chain per
+// column, from +0), bit for bit, whatever the thread count; f32 gradients and 16-bit ones,
+// widths that are not a multiple of a vector or of the thread count, rows past a parallel
+// chunk.
+TEST(Kernels, BiasGradientSumsEachColumnInRowOrder) {
+  const int saved = omp_get_max_threads();
+  for (auto [n, m] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {37, 5}, {300, 133}, {2048, 97}}) {
+    const auto dy = to_f32(randn(n * m, 31)), x = to_f32(randn(n * 3, 32)), start = to_f32(randn(m, 33));
+    std::vector<uint16_t> dy_bits(n * m), x_bits(n * 3);
+    store_half(DType::kBF16, dy_bits.data(), dy.data(), n * m);
+    store_half(DType::kBF16, x_bits.data(), x.data(), n * 3);
+    std::vector<float> want = start, want_bits = start;
+    for (int64_t c = 0; c < m; ++c) {
+      float sum = 0, sum_bits = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        sum += dy[i * m + c];
+        sum_bits += bf16_value(dy_bits[i * m + c]);
+      }
+      want[c] += sum;
+      want_bits[c] += sum_bits;
+    }
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dw(3 * m), db = start, db_bits = start;
+      matmul_backward<float>(nullptr, dw.data(), db.data(), dy.data(), x.data(), dw.data(), n, 3, m, WeightLayout::kKM);
+      matmul_weight_grad_bits(dw.data(), db_bits.data(), dy_bits.data(), x_bits.data(), DType::kBF16, n, 3, m);
+      EXPECT_EQ(0, std::memcmp(db.data(), want.data(), m * sizeof(float))) << n << " x " << m << ", " << threads;
+      EXPECT_EQ(0, std::memcmp(db_bits.data(), want_bits.data(), m * sizeof(float))) << n << " x " << m << " bits, "
+                                                                                      << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(Kernels, Gelu) {
   const int64_t n = 1001;
   auto x = randn(n, 5, 2.0), dy = randn(n, 6);
