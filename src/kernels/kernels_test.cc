@@ -179,6 +179,57 @@ TEST(Kernels, MatmulWithResidualEqualsTheProductThenTheAdd) {
   omp_set_num_threads(saved);
 }
 
+// Mixed precision's forward product into 16-bit storage (matmul_forward_half): out's bits
+// and the GELU's, with out kept or only scratch, from f32 values or 16-bit bits, equal
+// store_half of matmul_forward's rounded out and gelu_out: bf16 and f16, every path, 1 and
+// 2 threads, shapes past a tile.
+TEST(Kernels, MatmulForwardHalfBitsEqualStoreHalfOfTheF32Path) {
+  const int saved = omp_get_max_threads();
+  for (const auto& shape : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 5}, {97, 64, 131}, {300, 37, 700}}) {
+    const int64_t n = shape[0], k = shape[1], m = shape[2];
+    const auto x = to_f32(randn(n * k, 41)), w = to_f32(randn(k * m, 42, 0.3)), b = to_f32(randn(m, 43));
+    for (DType format : {DType::kBF16, DType::kF16}) {
+      std::vector<uint16_t> x_bits(n * k);
+      store_half(format, x_bits.data(), x.data(), n * k);
+      std::vector<float> x_values(n * k);
+      load_half(format, x_values.data(), x_bits.data(), n * k);
+      for (GemmPath path : gemm_supported_paths())
+        for (int threads : {1, 2}) {
+          set_gemm_path(path);
+          omp_set_num_threads(threads);
+          for (bool from_bits : {false, true}) {
+            std::vector<float> y(n * m), g(n * m);
+            matmul_forward(y.data(), from_bits ? x_values.data() : x.data(), w.data(), b.data(), n, k, m,
+                           WeightLayout::kKM, g.data(), format, format);
+            std::vector<uint16_t> want_y(n * m), want_g(n * m);
+            store_half(format, want_y.data(), y.data(), n * m);
+            store_half(format, want_g.data(), g.data(), n * m);
+            const float* in = from_bits ? nullptr : x.data();
+            const uint16_t* in_bits = from_bits ? x_bits.data() : nullptr;
+            const std::string what = cat(dtype_name(format), " ", gemm_path_name(path), " threads=", threads,
+                                         " bits=", from_bits, " n=", n, " k=", k, " m=", m);
+            for (bool scratch : {false, true}) {
+              std::vector<float> out(n * m);
+              std::vector<uint16_t> out_bits(n * m), gelu_bits(n * m);
+              matmul_forward_half(out.data(), out_bits.data(), gelu_bits.data(), in, in_bits, w.data(), b.data(), n, k,
+                                  m, format, scratch);
+              EXPECT_TRUE(out_bits == want_y && gelu_bits == want_g) << what << " scratch=" << scratch;
+              if (!scratch) {
+                EXPECT_EQ(0, std::memcmp(out.data(), y.data(), out.size() * sizeof(float))) << what;
+              }
+              out_bits.assign(n * m, 0);
+              matmul_forward_half(out.data(), out_bits.data(), nullptr, in, in_bits, w.data(), b.data(), n, k, m, format,
+                                  scratch);
+              EXPECT_TRUE(out_bits == want_y) << what << " out only, scratch=" << scratch;
+            }
+          }
+        }
+    }
+  }
+  set_gemm_path(GemmPath::kAuto);
+  omp_set_num_threads(saved);
+}
+
 // The bias gradient: dbias += each column's sum over the rows in order (one chain per
 // column, from +0), bit for bit, whatever the thread count; f32 gradients and 16-bit ones,
 // widths that are not a multiple of a vector or of the thread count, rows past a parallel

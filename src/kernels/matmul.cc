@@ -30,6 +30,7 @@ template <typename T>
 ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round_out, uint16_t* gelu_bits = nullptr,
                               uint16_t* out_bits = nullptr, bool out_scratch = false, const T* residual = nullptr) {
   LOOM_CHECK(residual == nullptr || (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && !out_scratch));
+  LOOM_CHECK(!out_scratch || (gelu_out == nullptr && (out_bits != nullptr || gelu_bits != nullptr)));
   ForwardHooks<T> hooks;
   if (bias != nullptr) hooks.prologue = GemmPrologue<T>(bias);
   if (gelu_out == nullptr && gelu_bits == nullptr && out_bits == nullptr && round_out == DType::kF32 &&
@@ -48,6 +49,10 @@ ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round
         continue;
       }
       if constexpr (std::is_same_v<T, float>) {
+        if (out_scratch && gelu_bits == nullptr) {  // only the bits leave: store_half rounds as it writes
+          store_half_serial(round_out, out_bits + i * m + j0, y, cols);
+          continue;
+        }
         round_serial(round_out, y, y, cols);
         if (out_bits != nullptr) store_half_serial(round_out, out_bits + i * m + j0, y, cols);
         if (gelu_bits != nullptr) {
