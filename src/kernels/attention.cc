@@ -28,13 +28,39 @@ namespace {
 constexpr int64_t kRows = 32, kCols = 256;
 static_assert(kCols % kRows == 0);
 
-// One row block [r0, r1) of a (batch, head) pair: its first query row (rows ldq apart), the
-// head's keys as op(B) = K^T and values packed once for every row block, where its first
-// output row goes (rows ldy apart) and, when not null, its bits (rows C apart), and the
-// head's lse.
+// The products of a head's blocks: op(A) as values (T), or as 16-bit bits of the format
+// op(B) was packed for (PackedB::pack_bits: the same bits as on their values).
 template <typename T>
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const PackedB<T>& b, int64_t p0,
+              int64_t j0, bool accumulate, T* c, int64_t ldc) {
+  gemm_packed_b(trans_a, m, n, k, a, lda, b, p0, j0, accumulate, c, ldc);
+}
+void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const PackedB<float>& b,
+              int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc) {
+  gemm_packed_b_bits(trans_a, m, n, k, a, lda, b, p0, j0, accumulate, c, ldc);
+}
+// op(B) packed from values, or from 16-bit bits of `operands` (which the products read).
+template <typename T>
+void pack(PackedB<T>& packed, DType operands, bool trans, int64_t k, int64_t n, const T* b, int64_t ld) {
+  packed.pack(operands, trans, k, n, b, ld);
+}
+void pack(PackedB<float>& packed, DType operands, bool trans, int64_t k, int64_t n, const uint16_t* b, int64_t ld) {
+  packed.pack_bits(operands, trans, k, n, b, ld);
+}
+// An input's value: itself, or the f32 value of `format`'s bits (exact).
+template <typename T>
+T value_of(DType, T x) {
+  return x;
+}
+float value_of(DType format, uint16_t h) { return format == DType::kBF16 ? bf16_value(h) : f16_value(h); }
+
+// One row block [r0, r1) of a (batch, head) pair: its first query row (rows ldq apart; Q
+// values, or the format's bits that the keys were packed for), the head's keys as op(B) =
+// K^T and values packed once for every row block, where its first output row goes (rows ldy
+// apart) and, when not null, its bits (rows C apart), and the head's lse.
+template <typename T, typename Q = T>
 struct Head {
-  const T* q;
+  const Q* q;
   int64_t ldq;
   const PackedB<T>*keys, *values;
   T* y;
@@ -69,13 +95,14 @@ T exp_row(T* row, int64_t n, T scale, T m) {
 // rounded to round_out (its bits to y_bits too), and the row's log-sum-exp m + log l for
 // backward. s: kRows x kCols of scratch. The products read K^T and V as the head's packs
 // hold them (in attention_forward's operands).
-template <typename T>
-void forward_rows(const Head<T>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s, DType round_out) {
+template <typename T, typename Q>
+void forward_rows(const Head<T, Q>& hd, int64_t r0, int64_t r1, int64_t c, int64_t hs, T scale, T* s,
+                  DType round_out) {
   const int64_t rows = r1 - r0;
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
     const int64_t cols = std::min(r1, c0 + kCols) - c0;
-    gemm_packed_b(false, rows, cols, hs, hd.q, hd.ldq, *hd.keys, 0, c0, false, s, kCols);
+    multiply(false, rows, cols, hs, hd.q, hd.ldq, *hd.keys, 0, c0, false, s, kCols);
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
@@ -157,7 +184,7 @@ void forward_heads(T* out, T* lse, int64_t b, int64_t t, int64_t c, int64_t nh, 
       const int64_t r0 = rb * kRows, r1 = std::min(t, (rb + 1) * kRows);
       const int64_t at = bi * t * c + h * hs + r0 * c;  // the block's first output row
       const auto [q, ldq] = queries(bh, r0, r1, buffer);
-      const Head<T> hd{q,
+      const Head<T, std::remove_cvref_t<decltype(*q)>> hd{q,
                        ldq,
                        &keys[bh],
                        &values[bh],
@@ -197,6 +224,15 @@ void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv,
                              out_bits);
   }
   const auto head = [=](int64_t bh) { return qkv + (bh / nh) * t * ld + (bh % nh) * hs; };
+  if (operands == format) {  // the keys and values packed, and the queries multiplied, from their bits
+    return forward_heads(
+        static_cast<float*>(nullptr), lse, b, t, c, nh, round_out, out_bits,
+        [&](int64_t bh, PackedB<float>& keys, PackedB<float>& values, std::vector<float>&) {
+          keys.pack_bits(format, true, hs, t, head(bh) + c, ld);
+          values.pack_bits(format, false, t, hs, head(bh) + 2 * c, ld);
+        },
+        [&](int64_t bh, int64_t r0, int64_t, std::vector<float>&) { return std::pair{head(bh) + r0 * ld, ld}; });
+  }
   // rows [r0, r1) of part (0 q, 1 k, 2 v) of a head as f32 values, rows HS apart, in buffer
   const auto load = [=](int64_t bh, int64_t part, int64_t r0, int64_t r1, std::vector<float>& buffer) {
     buffer.resize(static_cast<size_t>((r1 - r0) * hs));
@@ -217,12 +253,12 @@ void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv,
 namespace {
 
 // One head's backward inputs: its q, k and v rows `ld` apart, its forward output's y rows
-// `ldy` apart.
-template <typename T>
+// `ldy` apart; values (X = T), or 16-bit bits of the products' operands' format.
+template <typename T, typename X = T>
 struct HeadInputs {
-  const T *q, *k, *v;
+  const X *q, *k, *v;
   int64_t ld;
-  const T* y;
+  const X* y;
   int64_t ldy;
 };
 
@@ -245,17 +281,17 @@ struct BackwardScratch {
 // of the untransposed blocks, where Q and dY were packed again for every key block. Each
 // sum's first contribution overwrites, so nothing is zeroed first. dq, dk, dv: rows ld
 // apart, rounded to round_out at the end while they are in cache; dy: rows C apart.
-template <typename T>
-void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInputs<T>& in, const T* lrow, int64_t t,
+template <typename T, typename X>
+void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInputs<T, X>& in, const T* lrow, int64_t t,
                    int64_t c, int64_t hs, T scale, DType operands, DType round_out, BackwardScratch<T>& s) {
   T* pt = s.pt.data();
   T* dst = s.dst.data();
   for (int64_t i = 0; i < t; ++i)
-    s.dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * in.y[i * in.ldy + d]; });
-  s.q_t.pack(operands, true, hs, t, in.q, in.ld);  // op(B) = Q^T (HS, T)
+    s.dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * value_of(operands, in.y[i * in.ldy + d]); });
+  pack(s.q_t, operands, true, hs, t, in.q, in.ld);  // op(B) = Q^T (HS, T)
   s.dy_t.pack(operands, true, hs, t, dy, c);
-  s.k_p.pack(operands, false, t, hs, in.k, in.ld);  // op(B) = K (T, HS)
-  s.q_p.pack(operands, false, t, hs, in.q, in.ld);
+  pack(s.k_p, operands, false, t, hs, in.k, in.ld);  // op(B) = K (T, HS)
+  pack(s.q_p, operands, false, t, hs, in.q, in.ld);
   s.dy_p.pack(operands, false, t, hs, dy, c);
   for (int64_t c0 = 0; c0 < t; c0 += kRows) {
     const int64_t cols = std::min(t, c0 + kRows) - c0;
@@ -264,7 +300,7 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
       const bool first = r0 == c0;  // dK_c's and dV_c's first contribution
       // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
       const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
-      gemm_packed_b(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
+      multiply(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
       // Rows of P^T and dS^T in chunks of 16 from the one holding their first seen query
       // (the earlier queries of that chunk masked to 0), where the peeled and scalar parts of
       // each row were as long as its vector part; what is left past the last chunk alone.
@@ -287,7 +323,7 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
         each_seen(row, seen(j), [&](int64_t i) { return fast_exp(row[i] * scale - li[i]); });
       }
       gemm_packed_b(false, cols, hs, rows, pt, kCols, s.dy_p, r0, 0, !first, dv + c0 * ld, ld);
-      gemm_packed_b(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
+      multiply(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
       for (int64_t j = 0; j < cols; ++j) {
         const T* prow = pt + j * kCols;
         T* row = dst + j * kCols;
@@ -364,6 +400,14 @@ void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout
   LOOM_CHECK(format == DType::kBF16 || format == DType::kF16);
   LOOM_CHECK((dqkv == nullptr) != (dqkv_bits == nullptr) && (dqkv_bits == nullptr || round_out == format));
   const int64_t hs = c / nh, ld = 3 * c;
+  if (operands == format && gemm_active_backend() == GemmBackend::kLoom) {
+    // The products pack q, k and v, and dsum reads y, as they are: no f32 copy of a head.
+    const auto bits = [&](int64_t bh, std::vector<float>&) {
+      const uint16_t* q = qkv + (bh / nh) * t * ld + (bh % nh) * hs;
+      return HeadInputs<float, uint16_t>{q, q + c, q + 2 * c, ld, out + (bh / nh) * t * c + (bh % nh) * hs, c};
+    };
+    return backward_heads(dqkv, dqkv_bits, dout, lse, b, t, c, nh, operands, round_out, bits);
+  }
   const auto inputs = [&](int64_t bh, std::vector<float>& buffer) {
     // The head's q, k, v and y as f32 values, rows HS apart, while they stay in this core's cache.
     buffer.resize(static_cast<size_t>(4 * t * hs));

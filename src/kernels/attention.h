@@ -22,9 +22,11 @@ template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
                        DType operands = DType::kF32, DType round_out = DType::kF32, uint16_t* out_bits = nullptr);
 // The same with qkv held in 16 bits (`format`'s bits) and the output's bits only (round_out
-// == format): each head's keys and values, and each row block's queries, are loaded into
-// the thread's cache as they are packed or multiplied, so the bits are attention_forward's
-// on qkv's f32 values without an f32 copy of qkv or of the output.
+// == format): where the products read `format` (operands == format) on Loom's backend,
+// each head's keys and values are packed, and each row block's queries multiplied, from
+// their bits as they are (PackedB::pack_bits, gemm_packed_b_bits); elsewhere they are loaded
+// into the thread's cache as f32 values first. Either way the bits are attention_forward's
+// on qkv's f32 values, without an f32 copy of qkv or of the output.
 void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv, DType format, int64_t b, int64_t t,
                             int64_t c, int64_t nh, DType operands, DType round_out);
 // dqkv (B, T, 3C) overwritten, from dout, and the forward's qkv, out and lse: the
@@ -34,8 +36,10 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int64_t b, int64_t t,
                         int64_t c, int64_t nh, DType operands = DType::kF32, DType round_out = DType::kF32);
 // The same with qkv and out held in 16 bits (`format`'s bits, as mixed precision keeps them
-// for backward): each head's values are loaded into the thread's cache as it starts, so the
-// bits are attention_backward's on their f32 values, without a pass that loads them all.
+// for backward): where the products read `format` on Loom's backend, each head's q, k and
+// v are packed and multiplied from their bits and y read from its bits; elsewhere each
+// head's values are loaded into the thread's cache as it starts. The bits are
+// attention_backward's on their f32 values, without a pass that loads them all.
 // Exactly one of dqkv and dqkv_bits: with dqkv_bits (round_out == format) dqkv's values go
 // there as the format's bits (store_half's), each head's sums made in the thread's cache.
 void attention_backward_bits(float* dqkv, uint16_t* dqkv_bits, const float* dout, const uint16_t* qkv,

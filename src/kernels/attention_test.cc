@@ -96,7 +96,9 @@ TEST(Kernels, AttentionOnlineSoftmaxWithLargeScores) {
 // written beside it), and the backward
 // from qkv and the output held in 16 bits with dqkv rounded per head, give the bits of the
 // passes they replace (forward then round_to; load_half, backward, round_to), for bf16 and
-// f16 operands, across key blocks (T 300) and whole ones, on one thread and two.
+// f16 operands (and the backward's f32 products of 16-bit inputs), on Loom's backend (packed
+// from the bits) and OpenBLAS's (f32 copies), across key blocks (T 300) and whole ones, on
+// one thread and two.
 TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
   const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
@@ -132,19 +134,26 @@ TEST(Kernels, AttentionRoundedAndFromBitsEqualsItsPasses) {
           EXPECT_TRUE(only_bits == y_bits && same(only_lse, lse)) << "backend " << static_cast<int>(backend);
           EXPECT_TRUE(from_bits == y_bits && same(bits_lse, lse)) << "backend " << static_cast<int>(backend);
         }
+        // The backward from the bits: packed from them (Loom, products in the format), or from
+        // f32 copies (OpenBLAS; f32 products of the values); dqkv in f32, or straight into 16
+        // bits (the bits of store_half over the f32 dqkv).
+        for (GemmBackend backend : {GemmBackend::kLoom, GemmBackend::kOpenBlas})
+          for (DType operands : {format, DType::kF32}) {
+            set_gemm_backend(backend);
+            const std::string where = cat("backend ", static_cast<int>(backend), " operands ", dtype_name(operands));
+            std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
+            attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, operands);
+            round_to(format, want.data(), static_cast<int64_t>(want.size()));
+            attention_backward_bits(got.data(), nullptr, dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(),
+                                    b, t, c, nh, operands, format);
+            EXPECT_TRUE(same(got, want)) << where;
+            std::vector<uint16_t> want_bits(qkv.size()), got_bits(qkv.size(), 0x7777);
+            store_half(format, want_bits.data(), want.data(), static_cast<int64_t>(want.size()));
+            attention_backward_bits(nullptr, got_bits.data(), dy.data(), qkv_bits.data(), y_bits.data(), format,
+                                    lse.data(), b, t, c, nh, operands, format);
+            EXPECT_TRUE(got_bits == want_bits) << where;
+          }
         set_gemm_backend(GemmBackend::kLoom);
-        std::vector<float> want(qkv.size()), got(qkv.size(), 7.0f);
-        attention_backward(want.data(), dy.data(), qkv.data(), want_y.data(), lse.data(), b, t, c, nh, format);
-        round_to(format, want.data(), static_cast<int64_t>(want.size()));
-        attention_backward_bits(got.data(), nullptr, dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(), b,
-                                t, c, nh, format, format);
-        EXPECT_TRUE(same(got, want));
-        // dqkv straight into 16 bits: the bits of store_half over the f32 dqkv
-        std::vector<uint16_t> want_bits(qkv.size()), got_bits(qkv.size(), 0x7777);
-        store_half(format, want_bits.data(), want.data(), static_cast<int64_t>(want.size()));
-        attention_backward_bits(nullptr, got_bits.data(), dy.data(), qkv_bits.data(), y_bits.data(), format, lse.data(),
-                                b, t, c, nh, format, format);
-        EXPECT_TRUE(got_bits == want_bits);
       }
   omp_set_num_threads(saved);
 }

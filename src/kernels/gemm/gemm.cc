@@ -528,10 +528,25 @@ template void gemm_half_bits<uint16_t>(DType, bool, bool, int64_t, int64_t, int6
 
 template <typename T>
 void PackedB<T>::pack(DType operands, bool trans_b, int64_t k, int64_t n, const T* b, int64_t ldb) {
+  pack_operand(operands, trans_b, k, n, b, ldb);
+  b_ = b;
+}
+
+template <typename T>
+void PackedB<T>::pack_bits(DType format, bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb)
+  requires std::is_same_v<T, float>
+{
+  LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && g_backend == GemmBackend::kLoom);
+  pack_operand(format, trans_b, k, n, b, ldb);
+  b_ = nullptr;
+}
+
+template <typename T>
+template <typename V>
+void PackedB<T>::pack_operand(DType operands, bool trans_b, int64_t k, int64_t n, const V* b, int64_t ldb) {
   LOOM_CHECK(k >= 0 && n >= 0);
   operands_ = operands;
   trans_ = trans_b;
-  b_ = b;
   ldb_ = ldb;
   k_ = k;
   n_ = n;
@@ -542,14 +557,17 @@ void PackedB<T>::pack(DType operands, bool trans_b, int64_t k, int64_t n, const 
   on_kernel<T>(operands, path_, [&](const auto& mk, const auto& packing) {
     using Packing = std::decay_t<decltype(packing)>;
     using P = typename Packing::P;
-    stride_ = ceil_div(k, Packing::kStep) * mk.nr;
-    const int64_t bytes = std::max<int64_t>(1, ceil_div(n, mk.nr) * stride_) * int64_t{sizeof(P)};
-    if (capacity_ < bytes) {
-      data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>(round_up(bytes, 64)))));
-      LOOM_CHECK(data_ != nullptr);
-      capacity_ = bytes;
+    // (bits are packed for 16-bit operands only, never by the f32 packing, which has none to read)
+    if constexpr (std::is_same_v<V, T> || !std::is_same_v<Packing, PlainPacking<AsIs, float>>) {
+      stride_ = ceil_div(k, Packing::kStep) * mk.nr;
+      const int64_t bytes = std::max<int64_t>(1, ceil_div(n, mk.nr) * stride_) * int64_t{sizeof(P)};
+      if (capacity_ < bytes) {
+        data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, static_cast<size_t>(round_up(bytes, 64)))));
+        LOOM_CHECK(data_ != nullptr);
+        capacity_ = bytes;
+      }
+      if (k > 0 && n > 0) packing.b(Operand<V>{b, ldb, trans_b}, 0, k, 0, n, mk.nr, reinterpret_cast<P*>(data_.get()));
     }
-    if (k > 0 && n > 0) packing.b(Operand<T>{b, ldb, trans_b}, 0, k, 0, n, mk.nr, reinterpret_cast<P*>(data_.get()));
   });
 }
 
@@ -570,6 +588,24 @@ void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, in
     const Prepacked<P> part{data + (j0 / mk.nr) * b.stride_ + (p0 / Packing::kStep) * mk.nr, b.stride_};
     gemm_packed(mk, packing, product_threads(m, n, k), Operand<T>{a, lda, trans_a}, part, m, n, k, accumulate, c, ldc,
                 {});
+  });
+}
+
+void gemm_packed_b_bits(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                        const PackedB<float>& b, int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc) {
+  LOOM_CHECK(j0 % 32 == 0 && p0 % 2 == 0 && (k % 2 == 0 || p0 + k == b.k_));
+  LOOM_CHECK(p0 >= 0 && j0 >= 0 && p0 + k <= b.k_ && j0 + n <= b.n_);
+  LOOM_CHECK(!b.blas_ && b.operands_ != DType::kF32);
+  if (trivial_product(m, n, k, accumulate, c, ldc, {}, {})) return;
+  on_kernel<float>(b.operands_, b.path_, [&](const auto& mk, const auto& packing) {
+    using Packing = std::decay_t<decltype(packing)>;
+    using P = typename Packing::P;
+    if constexpr (!std::is_same_v<Packing, PlainPacking<AsIs, float>>) {
+      const P* data = reinterpret_cast<const P*>(b.data_.get());
+      const Prepacked<P> part{data + (j0 / mk.nr) * b.stride_ + (p0 / Packing::kStep) * mk.nr, b.stride_};
+      gemm_packed(mk, packing, product_threads(m, n, k), Operand<uint16_t>{a, lda, trans_a}, part, m, n, k, accumulate,
+                  c, ldc, {});
+    }
   });
 }
 

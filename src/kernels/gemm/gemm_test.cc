@@ -593,6 +593,47 @@ TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
   set_gemm_backend(GemmBackend::kLoom);
 }
 
+// op(B) packed from 16-bit bits (PackedB::pack_bits), and products whose op(A) is bits too
+// (gemm_packed_b_bits), give the bits of packing and multiplying their f32 values: bf16 (with
+// subnormals and NaNs among the bits) and f16, every path, each operand transposed or not,
+// parts at offsets and past one packed block, a few rows and many.
+TEST(GemmHalf, PackedPartsFromBitsEqualThoseFromTheirValues) {
+  const int64_t kk = 1101, nn = 200, pad = 3;
+  const struct {
+    int64_t p0, k, j0, n;
+  } parts[] = {{0, kk, 0, nn}, {64, kk - 64, 32, nn - 32}, {1036, 65, 160, 40}};
+  for (GemmPath path : paths_and_amx())
+    for (DType format : {DType::kBF16, DType::kF16}) {
+      set_gemm_path(path);
+      uint64_t seed = 800;
+      for (bool tb : {false, true}) {
+        const int64_t ldb = tb ? kk + pad : nn + pad;
+        const StoredOperand b(format, random_matrix<float>((tb ? nn : kk) * ldb, seed++), true, 0);
+        PackedB<float> from_values, from_bits;
+        from_values.pack(format, tb, kk, nn, b.values.data(), ldb);
+        from_bits.pack_bits(format, tb, kk, nn, b.bits.data(), ldb);
+        for (const auto& part : parts)
+          for (int64_t m : {int64_t{5}, int64_t{97}})
+            for (bool ta : {false, true}) {
+              const int64_t lda = (ta ? m : part.k) + pad, ldc = part.n + pad;
+              const StoredOperand a(format, random_matrix<float>((ta ? part.k : m) * lda, seed++), false, 1);
+              std::vector<float> want(m * ldc), got_b(m * ldc), got_ab(m * ldc);
+              gemm_packed_b<float>(ta, m, part.n, part.k, a.values.data(), lda, from_values, part.p0, part.j0, false,
+                                   want.data(), ldc);
+              gemm_packed_b<float>(ta, m, part.n, part.k, a.values.data(), lda, from_bits, part.p0, part.j0, false,
+                                   got_b.data(), ldc);
+              gemm_packed_b_bits(ta, m, part.n, part.k, a.bits.data(), lda, from_bits, part.p0, part.j0, false,
+                                 got_ab.data(), ldc);
+              const std::string what = cat(gemm_path_name(path), " ", dtype_name(format), " trans_a=", ta,
+                                           " trans_b=", tb, " m=", m, " p0=", part.p0, " j0=", part.j0);
+              EXPECT_TRUE(same_bits_or_nan(got_b, want)) << what << " (op(B) from bits)";
+              EXPECT_TRUE(same_bits_or_nan(got_ab, want)) << what << " (both from bits)";
+            }
+      }
+    }
+  set_gemm_path(GemmPath::kAuto);
+}
+
 // p's product into c, bf16 (half) or f32, with the hooks.
 void hooked_product(const Problem<float>& p, bool half, bool accumulate, std::vector<float>& c,
                     const GemmEpilogue<float>& epilogue, const GemmPrologue<float>& prologue) {
