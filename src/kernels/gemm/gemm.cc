@@ -557,8 +557,10 @@ void PackedB<T>::pack_operand(DType operands, bool trans_b, int64_t k, int64_t n
   on_kernel<T>(operands, path_, [&](const auto& mk, const auto& packing) {
     using Packing = std::decay_t<decltype(packing)>;
     using P = typename Packing::P;
-    // (bits are packed for 16-bit operands only, never by the f32 packing, which has none to read)
-    if constexpr (std::is_same_v<V, T> || !std::is_same_v<Packing, PlainPacking<AsIs, float>>) {
+    // (bits are packed for 16-bit operands only, never by the f32 or f64 packing, which has
+    // none to read: Clang instantiates pack_bits for PackedB<double> too)
+    if constexpr (std::is_same_v<V, T> ||
+                  (std::is_same_v<T, float> && !std::is_same_v<Packing, PlainPacking<AsIs, float>>)) {
       stride_ = ceil_div(k, Packing::kStep) * mk.nr;
       const int64_t bytes = std::max<int64_t>(1, ceil_div(n, mk.nr) * stride_) * int64_t{sizeof(P)};
       if (capacity_ < bytes) {
