@@ -184,14 +184,15 @@ void forward_heads(T* out, T* lse, int64_t b, int64_t t, int64_t c, int64_t nh, 
       const int64_t r0 = rb * kRows, r1 = std::min(t, (rb + 1) * kRows);
       const int64_t at = bi * t * c + h * hs + r0 * c;  // the block's first output row
       const auto [q, ldq] = queries(bh, r0, r1, buffer);
-      const Head<T, std::remove_cvref_t<decltype(*q)>> hd{q,
-                       ldq,
-                       &keys[bh],
-                       &values[bh],
-                       out != nullptr ? out + at : rows_out.data(),
-                       out != nullptr ? c : hs,
-                       out_bits != nullptr ? out_bits + at : nullptr,
-                       lse + bh * t};
+      using Q = std::remove_cvref_t<decltype(*q)>;  // f32 values, or 16-bit bits
+      const Head<T, Q> hd{q,
+                          ldq,
+                          &keys[bh],
+                          &values[bh],
+                          out != nullptr ? out + at : rows_out.data(),
+                          out != nullptr ? c : hs,
+                          out_bits != nullptr ? out_bits + at : nullptr,
+                          lse + bh * t};
       forward_rows(hd, r0, r1, c, hs, scale, s.data(), round_out);
     }
   }

@@ -18,10 +18,10 @@
 // starting work, from one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
