@@ -28,25 +28,6 @@ namespace {
 constexpr int64_t kRows = 32, kCols = 256;
 static_assert(kCols % kRows == 0);
 
-// The products of a head's blocks: op(A) as values (T), or as 16-bit bits of the format
-// op(B) was packed for (PackedB::pack_bits: the same bits as on their values).
-template <typename T>
-void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const PackedB<T>& b, int64_t p0,
-              int64_t j0, bool accumulate, T* c, int64_t ldc) {
-  gemm_packed_b(trans_a, m, n, k, a, lda, b, p0, j0, accumulate, c, ldc);
-}
-void multiply(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const PackedB<float>& b,
-              int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc) {
-  gemm_packed_b_bits(trans_a, m, n, k, a, lda, b, p0, j0, accumulate, c, ldc);
-}
-// op(B) packed from values, or from 16-bit bits of `operands` (which the products read).
-template <typename T>
-void pack(PackedB<T>& packed, DType operands, bool trans, int64_t k, int64_t n, const T* b, int64_t ld) {
-  packed.pack(operands, trans, k, n, b, ld);
-}
-void pack(PackedB<float>& packed, DType operands, bool trans, int64_t k, int64_t n, const uint16_t* b, int64_t ld) {
-  packed.pack_bits(operands, trans, k, n, b, ld);
-}
 // An input's value: itself, or the f32 value of `format`'s bits (exact).
 template <typename T>
 T value_of(DType, T x) {
@@ -102,7 +83,7 @@ void forward_rows(const Head<T, Q>& hd, int64_t r0, int64_t r1, int64_t c, int64
   T m[kRows], l[kRows];
   for (int64_t c0 = 0; c0 < r1; c0 += kCols) {
     const int64_t cols = std::min(r1, c0 + kCols) - c0;
-    multiply(false, rows, cols, hs, hd.q, hd.ldq, *hd.keys, 0, c0, false, s, kCols);
+    gemm_packed_b(false, rows, cols, hs, hd.q, hd.ldq, *hd.keys, 0, c0, false, s, kCols);
     for (int64_t i = 0; i < rows; ++i) {
       T* row = s + i * kCols;
       const int64_t valid = std::min(cols, r0 + i - c0 + 1);  // causal: columns <= r0 + i
@@ -229,8 +210,8 @@ void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv,
     return forward_heads(
         static_cast<float*>(nullptr), lse, b, t, c, nh, round_out, out_bits,
         [&](int64_t bh, PackedB<float>& keys, PackedB<float>& values, std::vector<float>&) {
-          keys.pack_bits(format, true, hs, t, head(bh) + c, ld);
-          values.pack_bits(format, false, t, hs, head(bh) + 2 * c, ld);
+          keys.pack(format, true, hs, t, head(bh) + c, ld);
+          values.pack(format, false, t, hs, head(bh) + 2 * c, ld);
         },
         [&](int64_t bh, int64_t r0, int64_t, std::vector<float>&) { return std::pair{head(bh) + r0 * ld, ld}; });
   }
@@ -289,10 +270,10 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
   T* dst = s.dst.data();
   for (int64_t i = 0; i < t; ++i)
     s.dsum[i] = fixed_sum<T>(hs, [&](int64_t d) { return dy[i * c + d] * value_of(operands, in.y[i * in.ldy + d]); });
-  pack(s.q_t, operands, true, hs, t, in.q, in.ld);  // op(B) = Q^T (HS, T)
+  s.q_t.pack(operands, true, hs, t, in.q, in.ld);  // op(B) = Q^T (HS, T)
   s.dy_t.pack(operands, true, hs, t, dy, c);
-  pack(s.k_p, operands, false, t, hs, in.k, in.ld);  // op(B) = K (T, HS)
-  pack(s.q_p, operands, false, t, hs, in.q, in.ld);
+  s.k_p.pack(operands, false, t, hs, in.k, in.ld);  // op(B) = K (T, HS)
+  s.q_p.pack(operands, false, t, hs, in.q, in.ld);
   s.dy_p.pack(operands, false, t, hs, dy, c);
   for (int64_t c0 = 0; c0 < t; c0 += kRows) {
     const int64_t cols = std::min(t, c0 + kRows) - c0;
@@ -301,7 +282,7 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
       const bool first = r0 == c0;  // dK_c's and dV_c's first contribution
       // Key j (row of P^T) sees queries i >= c0 + j - r0 (causal).
       const auto seen = [&](int64_t j) { return std::clamp<int64_t>(c0 + j - r0, 0, rows); };
-      multiply(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
+      gemm_packed_b(false, cols, rows, hs, in.k + c0 * in.ld, in.ld, s.q_t, 0, r0, false, pt, kCols);
       // Rows of P^T and dS^T in chunks of 16 from the one holding their first seen query
       // (the earlier queries of that chunk masked to 0), where the peeled and scalar parts of
       // each row were as long as its vector part; what is left past the last chunk alone.
@@ -324,7 +305,7 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
         each_seen(row, seen(j), [&](int64_t i) { return fast_exp(row[i] * scale - li[i]); });
       }
       gemm_packed_b(false, cols, hs, rows, pt, kCols, s.dy_p, r0, 0, !first, dv + c0 * ld, ld);
-      multiply(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
+      gemm_packed_b(false, cols, rows, hs, in.v + c0 * in.ld, in.ld, s.dy_t, 0, r0, false, dst, kCols);
       for (int64_t j = 0; j < cols; ++j) {
         const T* prow = pt + j * kCols;
         T* row = dst + j * kCols;

@@ -24,7 +24,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int64_t b, int64_t t, int64
 // The same with qkv held in 16 bits (`format`'s bits) and the output's bits only (round_out
 // == format): where the products read `format` (operands == format) on Loom's backend,
 // each head's keys and values are packed, and each row block's queries multiplied, from
-// their bits as they are (PackedB::pack_bits, gemm_packed_b_bits); elsewhere they are loaded
+// their bits as they are (PackedB::pack and gemm_packed_b on bits); elsewhere they are loaded
 // into the thread's cache as f32 values first. Either way the bits are attention_forward's
 // on qkv's f32 values, without an f32 copy of qkv or of the output.
 void attention_forward_bits(uint16_t* out_bits, float* lse, const uint16_t* qkv, DType format, int64_t b, int64_t t,

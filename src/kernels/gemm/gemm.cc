@@ -533,7 +533,7 @@ void PackedB<T>::pack(DType operands, bool trans_b, int64_t k, int64_t n, const 
 }
 
 template <typename T>
-void PackedB<T>::pack_bits(DType format, bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb)
+void PackedB<T>::pack(DType format, bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb)
   requires std::is_same_v<T, float>
 {
   LOOM_CHECK((format == DType::kBF16 || format == DType::kF16) && g_backend == GemmBackend::kLoom);
@@ -558,7 +558,7 @@ void PackedB<T>::pack_operand(DType operands, bool trans_b, int64_t k, int64_t n
     using Packing = std::decay_t<decltype(packing)>;
     using P = typename Packing::P;
     // (bits are packed for 16-bit operands only, never by the f32 or f64 packing, which has
-    // none to read: Clang instantiates pack_bits for PackedB<double> too)
+    // none to read: Clang instantiates the bits' pack for PackedB<double> too)
     if constexpr (std::is_same_v<V, T> ||
                   (std::is_same_v<T, float> && !std::is_same_v<Packing, PlainPacking<AsIs, float>>)) {
       stride_ = ceil_div(k, Packing::kStep) * mk.nr;
@@ -593,8 +593,8 @@ void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, in
   });
 }
 
-void gemm_packed_b_bits(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
-                        const PackedB<float>& b, int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc) {
+void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                   const PackedB<float>& b, int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc) {
   LOOM_CHECK(j0 % 32 == 0 && p0 % 2 == 0 && (k % 2 == 0 || p0 + k == b.k_));
   LOOM_CHECK(p0 >= 0 && j0 >= 0 && p0 + k <= b.k_ && j0 + n <= b.n_);
   LOOM_CHECK(!b.blas_ && b.operands_ != DType::kF32);

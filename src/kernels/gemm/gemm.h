@@ -223,7 +223,7 @@ class PackedB {
   // The same from B held as 16-bit bits of `format` (kBF16 or kF16, the products'
   // operands; T float): the slivers pack() makes of their f32 values, read from half the
   // bytes. Not under the OpenBLAS backend, which reads f32 matrices in place.
-  void pack_bits(DType format, bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb)
+  void pack(DType format, bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb)
     requires std::is_same_v<T, float>;
 
  private:
@@ -232,8 +232,8 @@ class PackedB {
   template <typename U>
   friend void gemm_packed_b(bool, int64_t, int64_t, int64_t, const U*, int64_t, const PackedB<U>&, int64_t, int64_t,
                             bool, U*, int64_t);
-  friend void gemm_packed_b_bits(bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const PackedB<float>&,
-                                 int64_t, int64_t, bool, float*, int64_t);
+  friend void gemm_packed_b(bool, int64_t, int64_t, int64_t, const uint16_t*, int64_t, const PackedB<float>&, int64_t,
+                            int64_t, bool, float*, int64_t);
   DType operands_ = DType::kF32;
   GemmPath path_ = GemmPath::kAuto;  // the path set when it was packed
   bool blas_ = false;                // packed nothing: the OpenBLAS backend reads the matrix
@@ -264,18 +264,8 @@ void gemm_packed_b(bool trans_a,
                    int64_t ldc);
 // The same with A held as 16-bit bits of b's operands' format (b packed for a 16-bit
 // product): the bits of gemm_packed_b on their f32 values. Not under the OpenBLAS backend.
-void gemm_packed_b_bits(bool trans_a,
-                        int64_t m,
-                        int64_t n,
-                        int64_t k,
-                        const uint16_t* a,
-                        int64_t lda,
-                        const PackedB<float>& b,
-                        int64_t p0,
-                        int64_t j0,
-                        bool accumulate,
-                        float* c,
-                        int64_t ldc);
+void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+                   const PackedB<float>& b, int64_t p0, int64_t j0, bool accumulate, float* c, int64_t ldc);
 
 // An f32 op(B) (k, n) laid out once for products that read it many times: a model's
 // weights when it serves (nn::Gpt::use_panels). Slivers of 32 columns, each its k rows of

@@ -66,8 +66,8 @@ TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
   set_gemm_backend(GemmBackend::kLoom);
 }
 
-// op(B) packed from 16-bit bits (PackedB::pack_bits), and products whose op(A) is bits too
-// (gemm_packed_b_bits), give the bits of packing and multiplying their f32 values: bf16 (with
+// op(B) packed from 16-bit bits (PackedB::pack on bits), and products whose op(A) is bits too
+// (gemm_packed_b on bits), give the bits of packing and multiplying their f32 values: bf16 (with
 // subnormals and NaNs among the bits) and f16, every path, each operand transposed or not,
 // parts at offsets and past one packed block, a few rows and many.
 TEST(GemmHalf, PackedPartsFromBitsEqualThoseFromTheirValues) {
@@ -84,7 +84,7 @@ TEST(GemmHalf, PackedPartsFromBitsEqualThoseFromTheirValues) {
         const StoredOperand b(format, random_matrix<float>((tb ? nn : kk) * ldb, seed++), true, 0);
         PackedB<float> from_values, from_bits;
         from_values.pack(format, tb, kk, nn, b.values.data(), ldb);
-        from_bits.pack_bits(format, tb, kk, nn, b.bits.data(), ldb);
+        from_bits.pack(format, tb, kk, nn, b.bits.data(), ldb);
         for (const auto& part : parts)
           for (int64_t m : {int64_t{5}, int64_t{97}})
             for (bool ta : {false, true}) {
@@ -95,7 +95,7 @@ TEST(GemmHalf, PackedPartsFromBitsEqualThoseFromTheirValues) {
                                    want.data(), ldc);
               gemm_packed_b<float>(ta, m, part.n, part.k, a.values.data(), lda, from_bits, part.p0, part.j0, false,
                                    got_b.data(), ldc);
-              gemm_packed_b_bits(ta, m, part.n, part.k, a.bits.data(), lda, from_bits, part.p0, part.j0, false,
+              gemm_packed_b(ta, m, part.n, part.k, a.bits.data(), lda, from_bits, part.p0, part.j0, false,
                                  got_ab.data(), ldc);
               const std::string what = cat(gemm_path_name(path), " ", dtype_name(format), " trans_a=", ta,
                                            " trans_b=", tb, " m=", m, " p0=", part.p0, " j0=", part.j0);
@@ -130,14 +130,16 @@ TEST(Gemm, ProductsOfSeveralRowTilesEqualTheReference) {
         for (GemmPath path : gemm_supported_paths()) {
           set_gemm_path(path);
           EXPECT_TRUE(same_bits(p.run(path, true), want)) << gemm_path_name(path) << " " << where;
-          EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, false), want_half)) << gemm_path_name(path) << " " << where;
+          EXPECT_TRUE(same_bits(run_half(path, DType::kBF16, p, false), want_half))
+              << gemm_path_name(path) << " " << where;
           std::vector<float> c = p.c0;
           gemm_half_bits(DType::kBF16, false, tb, m, n, k, a.bits.data(), p.lda, b.bits.data(), p.ldb, false, c.data(),
                          p.ldc);
           EXPECT_TRUE(same_bits(c, want_bits)) << gemm_path_name(path) << " " << where << " (bits)";
         }
         std::vector<float> c = p.c0;
-        gemm_detail::gemm_half_amx_twin(false, tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, c.data(), p.ldc);
+        gemm_detail::gemm_half_amx_twin(false, tb, m, n, k, p.a.data(), p.lda, p.b.data(), p.ldb, false, c.data(),
+                                        p.ldc);
         EXPECT_TRUE(same_bits(c, want_amx)) << "amx (twin) " << where;
       }
     }
