@@ -31,10 +31,10 @@ using gemm_detail::MicroKernel;
 
 const MicroKernel<float> kGenericF32 = {"generic", 4, 16, 256, 240, 256, 240,
                                         gemm_detail::microkernel_generic<float, 4, 16>,
-                                        gemm_detail::fma_loop_generic};
+                                        gemm_detail::fma_loop_generic, nullptr, nullptr};
 const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256, 240,
                                          gemm_detail::microkernel_generic<double, 4, 8>,
-                                         gemm_detail::fma_loop_generic};
+                                         gemm_detail::fma_loop_generic, nullptr, nullptr};
 
 std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
@@ -158,10 +158,12 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               mk.fn(depth, pa, pb, ct, lds, from, ld_from);
               continue;
             }
-            // Partial block: run the full kernel on a copy; padded lanes are discarded.
+            // Partial block: on a copy, by the kernel of the fewest rows that hold it (the same
+            // chains); padded rows and lanes are discarded.
+            const auto fn = h <= 4 && mk.fn4 != nullptr ? mk.fn4 : h <= 8 && mk.fn8 != nullptr ? mk.fn8 : mk.fn;
             if (from != nullptr)
               for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, from + r * ld_from, w * sizeof(T));
-            mk.fn(depth, pa, pb, edge, nr, from != nullptr ? edge : nullptr, nr);
+            fn(depth, pa, pb, edge, nr, from != nullptr ? edge : nullptr, nr);
             for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * lds, edge + r * nr, w * sizeof(T));
           }
           // The sliver's MR rows of this panel are final: the epilogue takes them while they
@@ -349,7 +351,7 @@ namespace {
 
 const MicroKernel<float> kGenericBf16 = {"generic", 4, 16, 256, 240, 256, 240,
                                          gemm_detail::microkernel_generic_ftz<4, 16>,
-                                         gemm_detail::fma_loop_generic};
+                                         gemm_detail::fma_loop_generic, nullptr, nullptr};
 
 // Calls f(kernel, packing) with the micro-kernel and the packing a product of T `operands`
 // runs on the path (kAuto resolved as gemm() and gemm_half() resolve it): one place decides.

@@ -45,6 +45,9 @@ struct MicroKernel {
   // `iters` rounds of independent register-only chains and returns the flops done (result
   // kept in *sink).
   double (*fma_loop)(int64_t iters, float* sink);
+  // fn on the first 4 or 8 rows of a sliver only (a still MR rows a step), for a sliver that
+  // holds no more; null where the kernel has no such form (fn then does all MR rows).
+  MicroKernelFn<P, T> fn4, fn8;
 };
 
 // The portable kernel: plain C++ with std::fma, which GCC turns into vector FMAs where the

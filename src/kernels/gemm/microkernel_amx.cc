@@ -127,6 +127,6 @@ double amx_dot_loop(int64_t iters, float* sink) {
 }  // namespace
 
 const MicroKernel<uint32_t, float> kAmxKernel = {"amx", kAmxRows, kAmxCols, kAmxKc, kAmxMc, kAmxNc, kAmxMc,
-                                                 amx_kernel, amx_dot_loop};
+                                                 amx_kernel, amx_dot_loop, nullptr, nullptr};
 
 }  // namespace loom::kernels::gemm_detail

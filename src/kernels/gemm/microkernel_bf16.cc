@@ -246,7 +246,8 @@ const PairPackers kAvx512Bf16Packers = {rows_to_pairs, block_to_pairs, bits_rows
 // room in L1 and L2, and each element of C is loaded and stored half as often. Measured on
 // one Zen 4 core against KC = 512: the gpt-mini shapes with k of 768 to 2048 went from
 // 66-74% to 72-83% of the vdpbf16ps peak (loom bench gemm).
-const MicroKernel<uint32_t, float> kAvx512Bf16Kernel = {"avx512_bf16", 12, 32, 1024, 1032, 256, 1032,
-                                                         simd_kernel<Bf16Pairs, 12>, bf16_dot_loop};
+const MicroKernel<uint32_t, float> kAvx512Bf16Kernel = {
+    "avx512_bf16", 12, 32, 1024, 1032, 256, 1032, simd_kernel<Bf16Pairs, 12>, bf16_dot_loop, simd_kernel<Bf16Pairs, 12, 4>,
+    simd_kernel<Bf16Pairs, 12, 8>};
 
 }  // namespace loom::kernels::gemm_detail

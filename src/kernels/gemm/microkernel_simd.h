@@ -7,39 +7,43 @@
 // step, two aligned loads of packed B and MR broadcasts of packed A feed 2 MR FMAs, each lane
 // one output element's chain in k order (microkernel.h). V::Packed is what a packed sliver
 // holds (float; or a pair of bf16, whose V::fma is vdpbf16ps: two steps of k at once),
-// V::Operand the vector of it, V::Reg the f32 accumulator.
+// V::Operand the vector of it, V::Reg the f32 accumulator. simd_kernel<V, MR, Rows> computes
+// only the first Rows rows of the MR-row sliver (the same chains, so the same bits): a
+// sliver that holds 4 or 8 rows of C costs 4 or 8 rows, not MR (gpt-mini's 32-row attention
+// blocks are 12 + 12 + 8 rows).
 #pragma once
 
 #include <cstdint>
 
 namespace loom::kernels::gemm_detail {
 
-template <typename V, int MR>
+template <typename V, int MR, int Rows = MR>
 void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::Packed* b, float* c, int64_t ldc,
                  const float* from, int64_t ld_from) {
+  static_assert(Rows <= MR);
   constexpr int kW = V::kLanes;
-  typename V::Reg lo[MR], hi[MR];
+  typename V::Reg lo[Rows], hi[Rows];
   if (from != nullptr) {
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < Rows; ++r) {
       lo[r] = V::loadu(from + r * ld_from);
       hi[r] = V::loadu(from + r * ld_from + kW);
     }
   } else {
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = V::zero();
+    for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = V::zero();
   }
   for (int64_t p = 0; p < depth; ++p, a += MR, b += 2 * kW) {
     const typename V::Operand b0 = V::load(b), b1 = V::load(b + kW);
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < Rows; ++r) {
       const typename V::Operand ar = V::broadcast(a + r);
       lo[r] = V::fma(ar, b0, lo[r]);
       hi[r] = V::fma(ar, b1, hi[r]);
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < Rows; ++r) {
     V::storeu(c + r * ldc, lo[r]);
     V::storeu(c + r * ldc + kW, hi[r]);
   }
