@@ -38,7 +38,8 @@ float value_of(DType format, uint16_t h) { return format == DType::kBF16 ? bf16_
 // One row block [r0, r1) of a (batch, head) pair: its first query row (rows ldq apart; Q
 // values, or the format's bits that the keys were packed for), the head's keys as op(B) =
 // K^T and values packed once for every row block, where its first output row goes (rows ldy
-// apart) and, when not null, its bits (rows C apart), and the head's lse.
+// apart; y_scratch: a thread's buffer, whose rows leave only as bits) and, when not null,
+// its bits (rows C apart), and the head's lse.
 template <typename T, typename Q = T>
 struct Head {
   const Q* q;
@@ -46,6 +47,7 @@ struct Head {
   const PackedB<T>*keys, *values;
   T* y;
   int64_t ldy;
+  bool y_scratch;
   uint16_t* y_bits;
   T* lse;
 };
@@ -114,7 +116,8 @@ void forward_rows(const Head<T, Q>& hd, int64_t r0, int64_t r1, int64_t c, int64
 #pragma omp simd
     for (int64_t d = 0; d < hs; ++d) yi[d] *= inv;
     if constexpr (std::is_same_v<T, float>) {
-      round_serial(round_out, yi, yi, hs);
+      // Rows in a thread's buffer leave only as bits, which store_half rounds as it writes.
+      if (!hd.y_scratch) round_serial(round_out, yi, yi, hs);
       if (hd.y_bits != nullptr) store_half_serial(round_out, hd.y_bits + i * c, yi, hs);
     }
     hd.lse[r0 + i] = m[i] + std::log(l[i]);
@@ -172,6 +175,7 @@ void forward_heads(T* out, T* lse, int64_t b, int64_t t, int64_t c, int64_t nh, 
                           &values[bh],
                           out != nullptr ? out + at : rows_out.data(),
                           out != nullptr ? c : hs,
+                          out == nullptr,
                           out_bits != nullptr ? out_bits + at : nullptr,
                           lse + bh * t};
       forward_rows(hd, r0, r1, c, hs, scale, s.data(), round_out);
@@ -351,9 +355,9 @@ void backward_heads(T* dqkv, uint16_t* dqkv_bits, const T* dout, const T* lse, i
         continue;
       }
       if constexpr (std::is_same_v<T, float>) {  // dq, dk, dv rows 3 HS apart in `sums`
-        T* dq = sums.data();
+        T* dq = sums.data();  // left unrounded: store_half rounds as it writes the bits
         backward_head(dq, dq + hs, dq + 2 * hs, 3 * hs, dy, inputs(bh, buffer), lse + bh * t, t, c, hs, scale,
-                      operands, round_out, s);
+                      operands, DType::kF32, s);
         uint16_t* bits = dqkv_bits + bi * t * ld + h * hs;
         for (int64_t i = 0; i < t; ++i)
           for (int64_t part = 0; part < 3; ++part)
