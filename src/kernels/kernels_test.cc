@@ -344,6 +344,36 @@ TEST(Kernels, LayerNorm) {
   EXPECT_LT(rel_err(dbf, db), 2e-5);
 }
 
+// LayerNorm's weight and bias gradients: each column's chain over the rows in order, added to
+// what the gradients held, whatever the thread count (each thread streams its columns' rows).
+TEST(Kernels, LayerNormParameterGradientsSumEachColumnInRowOrder) {
+  const int saved = omp_get_max_threads();
+  for (auto [n, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {37, 5}, {300, 133}, {2048, 97}}) {
+    const auto x = to_f32(randn(n * c, 41)), dy = to_f32(randn(n * c, 42)), w = to_f32(randn(c, 43));
+    const auto mean = to_f32(randn(n, 44)), start_w = to_f32(randn(c, 45)), start_b = to_f32(randn(c, 46));
+    std::vector<float> rstd = to_f32(randn(n, 47));
+    for (float& s : rstd) s = 1.0f + std::abs(s);
+    std::vector<float> want_w = start_w, want_b = start_b;
+    for (int64_t j = 0; j < c; ++j) {
+      float dw = 0, db = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        dw += dy[i * c + j] * (x[i * c + j] - mean[i]) * rstd[i];
+        db += dy[i * c + j];
+      }
+      want_w[j] += dw;
+      want_b[j] += db;
+    }
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> dx(n * c), dw = start_w, db = start_b;
+      layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), n, c);
+      EXPECT_EQ(0, std::memcmp(dw.data(), want_w.data(), c * sizeof(float))) << n << " x " << c << ", " << threads;
+      EXPECT_EQ(0, std::memcmp(db.data(), want_b.data(), c * sizeof(float))) << n << " x " << c << ", " << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // 9 rows of 17 logits with their targets, and the reference's losses and dlogits (mean).
 struct CrossEntropyCase {
   static constexpr int64_t n = 9, v = 17;
