@@ -121,12 +121,14 @@ void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, V
       T xhat = (value(x[j]) - m) * s;
       dx[j] = (dy[j] * weight[j] - sum_g - xhat * sum_gx) * s;
     }
-    round_row(round_out, dx, c);
-    if (residual != nullptr) {
+    if (residual == nullptr) {
+      round_row(round_out, dx, c);
+    } else if constexpr (std::is_same_v<T, float>) {
+      round_add_round_serial(round_out, dx, residual + i * c, c);
+    } else {
       const T* r = residual + i * c;
 #pragma omp simd
       for (int64_t j = 0; j < c; ++j) dx[j] = dx[j] + r[j];
-      round_row(round_out, dx, c);
     }
   }
   // dweight, dbias: each thread one contiguous range of columns, read row after row along

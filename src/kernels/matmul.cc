@@ -42,10 +42,12 @@ ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round
       T* g = gelu_out == nullptr ? nullptr : gelu_out + i * m + j0;
       if (residual != nullptr) {  // round(round(y) + r), as add_round over the rounded out after
         const T* r = residual + i * m + j0;
-        if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
+        if constexpr (std::is_same_v<T, float>) {
+          round_add_round_serial(round_out, y, r, cols);
+        } else {
 #pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) y[j] = y[j] + r[j];
-        if constexpr (std::is_same_v<T, float>) round_serial(round_out, y, y, cols);
+          for (int64_t j = 0; j < cols; ++j) y[j] = y[j] + r[j];
+        }
         continue;
       }
       if constexpr (std::is_same_v<T, float>) {

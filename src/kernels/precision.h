@@ -91,6 +91,20 @@ inline void round_serial(DType format, float* out, const float* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = x[i];
 }
 
+// y[i] = round(round(y[i]) + r[i]), rounded as round_serial rounds (kF32: y[i] + r[i]), in one
+// pass on the calling thread: round_serial, the add, round_serial again (a residual added to
+// a rounded output, as add_round adds it) without two passes over y.
+inline void round_add_round_serial(DType format, float* y, const float* r, int64_t n) {
+  const auto bf16 = [](float x) { return std::bit_cast<float>(bf16_upper(x)); };
+  const auto f16 = [](float x) { return f16_value(f16_bits(x)); };
+  if (format == DType::kBF16)
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16(bf16(y[i]) + r[i]);
+  else if (format == DType::kF16)
+    for (int64_t i = 0; i < n; ++i) y[i] = f16(f16(y[i]) + r[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] + r[i];
+}
+
 // out[i] = the f32 value of 16-bit in[i] (exact), on the calling thread: load_half's body.
 inline void load_half_serial(DType format, float* out, const uint16_t* in, int64_t n) {
   if (format == DType::kBF16)
