@@ -131,13 +131,9 @@ void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, V
       for (int64_t j = 0; j < c; ++j) dx[j] = dx[j] + r[j];
     }
   }
-  // dweight, dbias: each thread one contiguous range of columns, read row after row along
-  // it (64-column strips read 256 bytes of each row, rows kilobytes apart), each column
-  // summed over the rows in order: deterministic whatever the thread count.
-  const int threads = n * c >= kParallelMinElements && omp_get_level() == 0 ? omp_get_max_threads() : 1;
-  const int64_t part = (c + threads - 1) / threads;
-  const auto sums = [&](int64_t c0) {
-    const int64_t c1 = std::min(c, c0 + part);
+  // dweight, dbias: each column summed over the rows in order, each thread's range of
+  // columns read row after row (column_ranges).
+  column_ranges(n, c, [&](int64_t c0, int64_t c1) {
     thread_local std::vector<T> acc;
     acc.assign(static_cast<size_t>(2 * (c1 - c0)), T(0));
     T* dw = acc.data();
@@ -156,10 +152,7 @@ void backward_rows(T* dinp, T* dweight, T* dbias, const T* dout, const X* inp, V
       dweight[j] += dw[j - c0];
       dbias[j] += db[j - c0];
     }
-  };
-  if (threads == 1) return sums(0);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t c0 = 0; c0 < c; c0 += part) sums(c0);
+  });
 }
 
 }  // namespace

@@ -73,16 +73,12 @@ ForwardHooks<T> forward_hooks(const T* bias, int64_t m, T* gelu_out, DType round
   return hooks;
 }
 
-// dbias (M) += the column sums of value(i, c), i < n, c < m: each thread one contiguous
-// range of columns, read row after row along it (a stream: 64-column strips read 128-256
-// bytes of each row, rows kilobytes apart, 1.2% of a bf16 gpt-mini step), each column
-// summed over rows in order, deterministic whatever the thread count.
+// dbias (M) += the column sums of value(i, c), i < n, c < m, each column summed over the
+// rows in order (column_ranges: 64-column strips read 128-256 bytes of each row, rows
+// kilobytes apart, 1.2% of a bf16 gpt-mini step), deterministic whatever the thread count.
 template <typename T, typename Value>
 void add_column_sums(T* dbias, int64_t n, int64_t m, Value value) {
-  const int threads = n * m >= kParallelMinElements && omp_get_level() == 0 ? omp_get_max_threads() : 1;
-  const int64_t part = (m + threads - 1) / threads;
-  const auto sums = [&](int64_t c0) {
-    const int64_t c1 = std::min(m, c0 + part);
+  column_ranges(n, m, [&](int64_t c0, int64_t c1) {
     thread_local std::vector<T> acc;
     acc.assign(static_cast<size_t>(c1 - c0), T(0));
     T* a = acc.data();
@@ -91,10 +87,7 @@ void add_column_sums(T* dbias, int64_t n, int64_t m, Value value) {
       for (int64_t c = c0; c < c1; ++c) a[c - c0] += value(i, c);
     }
     for (int64_t c = c0; c < c1; ++c) dbias[c] += a[c - c0];
-  };
-  if (threads == 1) return sums(0);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t c0 = 0; c0 < m; c0 += part) sums(c0);
+  });
 }
 
 // Mixed precision's dinp rounded to `round` (kF32: none) on each finished block.

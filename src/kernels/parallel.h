@@ -36,4 +36,19 @@ void parallel_chunks(int64_t n, F&& body, int64_t grain = 4096) {
   });
 }
 
+// body(c0, c1) over [0, cols) in one contiguous range of columns per thread (one range on
+// the caller's thread where parallel_for would not fork): for sums down the columns of a
+// (rows, cols) matrix, each range read row after row along it (strips a few columns wide
+// read rows kilobytes apart), each column's chain over the rows in order whatever the
+// thread count.
+template <typename F>
+void column_ranges(int64_t rows, int64_t cols, F&& body) {
+  const int64_t elements = rows * cols;
+  const int64_t threads = elements >= kParallelMinElements && omp_get_level() == 0 ? omp_get_max_threads() : 1;
+  const int64_t part = (cols + threads - 1) / threads;
+  if (part == 0) return;
+  parallel_for((cols + part - 1) / part, elements,
+               [&](int64_t r) { body(r * part, r * part + part < cols ? r * part + part : cols); });
+}
+
 }  // namespace loom::kernels
