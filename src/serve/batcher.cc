@@ -84,12 +84,12 @@ void Generation::flush() {
   }
   if (events.empty()) return;  // an earlier flush took them
   if (write_) {
-    if (write_(events)) {
+    const Took took = write_(events);
+    if (took != Took::kAll) write_ = nullptr;  // every later event waits for next()
+    if (took != Took::kNone) {
       const Event& last = events.back();
       if (!last.done) return;
       events = {Event{.done = true, .finish = last.finish, .written = true}};
-    } else {
-      write_ = nullptr;  // refused: these events and every later one wait for next()
     }
   }
   {

@@ -17,9 +17,11 @@
 #include <ctime>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -352,9 +354,10 @@ class CompletionServer {
       if (e.done) return "data: " + chunk(e.piece, e.finish) + "\n\ndata: [DONE]\n\n";
       return head + utf8(e.piece) + tail;
     };
-    // The batcher's delivery thread writes each event into the socket itself while the
-    // socket has room (no wake-up of this thread per token); an event it cannot write at once
-    // (the client reads slower than tokens come) and every later one come here instead.
+    // The batcher's delivery thread writes each event into the socket itself, as far as the
+    // socket has room (no wake-up of this thread per token, and no wait for a client): when
+    // it had no room for all of a write (the client reads slower than tokens come), this
+    // thread writes what was left, and every later event, waiting for room up to 10 s.
     // Whatever becomes of the response (the stream ends, the client leaves, or the server
     // never gets to write it), the generation is cancelled once the response goes: a no-op
     // once it is done.
@@ -368,35 +371,39 @@ class CompletionServer {
     return {.status = 200,
             .content_type = "text/event-stream",
             .stream = [this, g, sse, model, cancel_at_end](http::Sink& sink) {
-              bool broken = false;   // a write failed: the client left
-              bool refused = false;  // the writer found no room: this thread writes the rest
-              struct Detach {        // before this frame (and the sink) go, whatever happens
+              // Set by the writer, read here only once next_all() returns (the writer has
+              // let go by then: it is not called again).
+              bool broken = false;  // a write failed: the client left
+              std::string left;     // of the writer's last write, what found no room
+              struct Detach {       // before this frame (and the sink) go, whatever happens
                 Generation& g;
                 ~Detach() { g.write_through(nullptr); }
               } detach{*g};
               auto write = [&](std::span<const Generation::Event> events) {
-                if (!sink.writable()) {  // no room now: the writer never waits for a client
-                  refused = true;        // once: a refused writer is never called again
-                  ++metrics_.slowed;
-                  return false;
-                }
                 std::string out;
                 for (const Generation::Event& e : events) out += sse(e);
-                broken = !sink.write(out);
-                return !broken;
+                std::optional<std::string> rest = sink.write_now(out);
+                if (!rest) {
+                  broken = true;
+                  return Generation::Took::kNone;
+                }
+                if (rest->empty()) return Generation::Took::kAll;
+                left = std::move(*rest);
+                ++metrics_.slowed;
+                return Generation::Took::kAllLast;
               };
               for (bool attached = false;;) {
-                if (!attached && !refused) attached = g->write_through(write);  // once the events made so far are out
-                // What waits goes out in one write (the writer refused: the client reads
-                // slower than tokens come), waiting for room in the socket up to 10 s.
-                std::string out;
+                if (!attached) attached = g->write_through(write);  // once the events made so far are out
+                std::string out;  // what waits goes out in one write
                 bool end = false;
                 for (const Generation::Event& e : g->next_all()) {
                   end = e.done;
                   if (e.written) break;
                   out += sse(e);
                 }
-                if (!out.empty() && (broken || !sink.write(out))) {
+                const bool sent = !broken && (left.empty() || sink.write_rest(std::exchange(left, {}))) &&
+                                  (out.empty() || sink.write(out));
+                if (!sent) {
                   g->cancel();  // the client left: its place and cache go to the others
                   return false;
                 }

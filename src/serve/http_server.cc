@@ -77,22 +77,40 @@ std::string head_of(const Response& r, bool close, Framing framing) {
 class SocketSink final : public Sink {
  public:
   SocketSink(int fd, bool chunked, std::chrono::milliseconds timeout) : fd_(fd), chunked_(chunked), timeout_(timeout) {}
-  bool writable() const override {
-    pollfd p{.fd = fd_, .events = POLLOUT, .revents = 0};
-    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0 && (p.revents & (POLLERR | POLLHUP)) == 0;
-  }
   bool write(std::string_view data) override {
     if (data.empty()) return true;  // an empty chunk would end the body
     if (!chunked_) return send_all(fd_, data, timeout_);
-    char size[24];
-    const int n = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-    std::string chunk;
-    chunk.reserve(static_cast<size_t>(n) + data.size() + 2);
-    chunk.append(size, static_cast<size_t>(n)).append(data).append("\r\n");
-    return send_all(fd_, chunk, timeout_);
+    return send_all(fd_, chunk(data), timeout_);
   }
+  std::optional<std::string> write_now(std::string_view data) override {
+    if (data.empty()) return "";
+    std::string framed = chunked_ ? chunk(data) : std::string(data);
+    size_t sent = 0;
+    while (sent < framed.size()) {
+      const ssize_t n = ::send(fd_, framed.data() + sent, framed.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || errno == EAGAIN || errno == EWOULDBLOCK) break;  // no more room now
+      return std::nullopt;
+    }
+    framed.erase(0, sent);
+    return framed;
+  }
+  bool write_rest(std::string_view rest) override { return send_all(fd_, rest, timeout_); }
 
  private:
+  static std::string chunk(std::string_view data) {
+    char size[24];
+    const int n = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    std::string framed;
+    framed.reserve(static_cast<size_t>(n) + data.size() + 2);
+    framed.append(size, static_cast<size_t>(n)).append(data).append("\r\n");
+    return framed;
+  }
+
   int fd_;
   bool chunked_;
   std::chrono::milliseconds timeout_;

@@ -50,13 +50,18 @@ class Generation {
   void cancel();   // the client left: dropped at the next step, its cache freed
   // Events from now on go to `write` on the thread that hands them out, instead of waiting
   // for next(): no wake-up of the reader per event. It takes each hand-over's events for
-  // this generation at once (several when the hand-overs came faster than they went out).
-  // The first it refuses (false: it cannot take them now without blocking, or its connection
-  // failed) and every later one wait for next(); once it has taken the last event, next()
-  // returns an event with `written`.
+  // this generation at once (several when the hand-overs came faster than they went out),
+  // and says what it did with them (Took). Once it has taken the last event, next() returns
+  // an event with `written`.
   // It attaches only while no event waits for next() (false: read those first).
   // write_through(nullptr) detaches it, and returns only when no call is under way.
-  using Writer = std::function<bool(std::span<const Event>)>;
+  enum class Took {
+    kAll,       // took them; it takes the next ones too
+    kAllLast,   // took them (the reader finishes what it could not write at once), but no
+                // later ones: those wait for next()
+    kNone,      // refused them (its connection failed): these and every later one wait for next()
+  };
+  using Writer = std::function<Took(std::span<const Event>)>;
   bool write_through(Writer write);
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const;  // so far

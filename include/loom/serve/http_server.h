@@ -35,11 +35,14 @@ struct Request {
 class Sink {
  public:
   virtual ~Sink() = default;
-  // Whether the socket has room now (never waits).
-  virtual bool writable() const = 0;
   // Writes one chunk, waiting for room up to the server's write timeout; false: the client
   // left or read nothing for that long.
   virtual bool write(std::string_view data) = 0;
+  // Writes as much of one chunk as the socket takes now, never waiting: what is left of it
+  // (framing included, for write_rest), "" when all of it went; nullopt: the client left.
+  virtual std::optional<std::string> write_now(std::string_view data) = 0;
+  // Writes what write_now left, as it is, waiting like write.
+  virtual bool write_rest(std::string_view rest) = 0;
 };
 
 struct Response {
