@@ -57,11 +57,22 @@ class Serve : public Cli {
     }
     ASSERT_GT(port_, 0) << read_file(p("serve.err"));
   }
+  // SIGTERM, and the server must exit cleanly within a minute (else it is killed and the
+  // test fails saying so, rather than waiting out ctest's timeout without a word).
   void stop() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
     int status = 0;
-    ::waitpid(pid_, &status, 0);
+    bool exited = false;
+    for (int i = 0; i < 3000 && !exited; ++i) {
+      exited = ::waitpid(pid_, &status, WNOHANG) == pid_;
+      if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!exited) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      ADD_FAILURE() << "loom serve did not exit within 60 s of SIGTERM\n" << read_file(p("serve.err"));
+    }
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << read_file(p("serve.err"));
     pid_ = 0;
   }
