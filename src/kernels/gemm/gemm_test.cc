@@ -434,6 +434,50 @@ TEST(GemmHalf, Vdpbf16psIsTwoFlushedFmas) {
   EXPECT_EQ(mismatches, 0) << "of " << lanes << " lanes";
 }
 
+// The bits packers move bf16 bits into pairs as they are (microkernel_bf16.cc), where the f32
+// packers' conversion reads a subnormal as zero and quiets a NaN: vdpbf16ps must give every
+// accumulator the same bits from raw words as from those words fixed first. Every one of the
+// 65,536 words, in either half of a pair, in A and in B, beside zeros, subnormals,
+// infinities, NaNs and normals, onto accumulators of every kind.
+TEST(GemmHalf, Vdpbf16psReadsRawBitsAsFixedOnes) {
+  if (!gemm_path_supported(GemmPath::kAvx512Bf16)) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const auto& mk = gemm_detail::kAvx512Bf16Kernel;
+  const uint16_t others[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x807f, 0x0080, 0x8080, 0x3f80, 0xbf80,
+                             0x7f80, 0xff80, 0x7f81, 0xff81, 0x7fc0, 0xffc0, 0x7fbf, 0xffff, 0x4000, 0xc2f7,
+                             0x1234, 0x0040, 0x7f7f, 0xff7f, 0x00ff, 0x3c01, 0x8d10};
+  const uint32_t accs[] = {0x00000000u, 0x80000000u, 0x3f800000u, 0xbf800000u, 0x7f800000u, 0xff800000u,
+                           0x7fc00000u, 0x7f800001u, 0xffc00123u, 0x00000001u, 0x80400000u, 0x00800000u,
+                           0x7f7fffffu, 0x4b000000u, 0x33d6bf95u, 0x9e3779b9u, 0x0d000000u};
+  constexpr int kOthers = sizeof(others) / sizeof(others[0]), kAccs = sizeof(accs) / sizeof(accs[0]);
+  const auto fixed = [](uint32_t pair) {
+    return uint32_t{bf16_operand_bits_of_bits(static_cast<uint16_t>(pair >> 16))} << 16 |
+           bf16_operand_bits_of_bits(static_cast<uint16_t>(pair & 0xffffu));
+  };
+  // A pair holding word x in the upper half (lane parity 0) or the lower, the other half o.
+  const auto with = [](uint32_t x, uint16_t o, int lane) { return lane % 2 == 0 ? x << 16 | o : uint32_t{o} << 16 | x; };
+  alignas(64) uint32_t a[12], b[32], a_fixed[12], b_fixed[32];
+  std::vector<float> from(12 * 32), raw(12 * 32), fix(12 * 32);
+  int64_t lanes = 0, differ = 0;
+  for (uint32_t x = 0; x < 65536; ++x)
+    for (const bool in_a : {true, false}) {
+      for (int r = 0; r < 12; ++r)
+        a[r] = in_a ? with(x, others[(x + r) % kOthers], r)
+                    : uint32_t{others[(x + r) % kOthers]} << 16 | others[(x + 5 * r + 1) % kOthers];
+      for (int j = 0; j < 32; ++j)
+        b[j] = !in_a ? with(x, others[(x + j) % kOthers], j)
+                     : uint32_t{others[(x + 3 * j) % kOthers]} << 16 | others[(x + j + 7) % kOthers];
+      for (int i = 0; i < 12 * 32; ++i) from[i] = std::bit_cast<float>(accs[(x + i) % kAccs]);
+      for (int r = 0; r < 12; ++r) a_fixed[r] = fixed(a[r]);
+      for (int j = 0; j < 32; ++j) b_fixed[j] = fixed(b[j]);
+      mk.fn(1, a, b, raw.data(), 32, from.data(), 32);
+      mk.fn(1, a_fixed, b_fixed, fix.data(), 32, from.data(), 32);
+      lanes += 12 * 32;
+      for (int i = 0; i < 12 * 32; ++i)
+        differ += std::bit_cast<uint32_t>(raw[i]) != std::bit_cast<uint32_t>(fix[i]);
+    }
+  EXPECT_EQ(differ, 0) << "of " << lanes << " lanes";
+}
+
 TEST(GemmHalf, BitsDoNotDependOnThreadCount) {
   const int saved = omp_get_max_threads();
   for (GemmPath path : paths_and_amx())

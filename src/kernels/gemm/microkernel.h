@@ -115,11 +115,12 @@ struct PairPackers {
   // q < ceil(values / 2): adjacent values of each row; an odd last value is paired with
   // `pad` (its lower half).
   void (*block)(const float* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride);
-  // rows, from bf16 bits (16-bit storage) instead of f32 values: the same pairs as rows on
-  // the values the bits hold (a subnormal read as zero, a NaN made quiet).
+  // rows, from bf16 bits (16-bit storage) instead of f32 values: the bits as they are, which
+  // vdpbf16ps reads as rows' pairs of the values they hold (it reads a subnormal as zero and
+  // makes a NaN quiet itself: microkernel_bf16.cc).
   void (*bits_rows)(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
                     int64_t sliver);
-  // block, from bf16 bits: the same pairs as block on the values the bits hold.
+  // block, from bf16 bits: the bits as they are, read as block's pairs of their values.
   void (*bits_block)(const uint16_t* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out,
                      int64_t stride);
 };
