@@ -135,8 +135,9 @@ void rows_to_pairs(const float* x, int64_t ld, int64_t count, int64_t pairs, uin
 // same pair fixed first give every accumulator the same bits. Measured on Zen 4 for all 65,536
 // words in either half of either operand, against zeros, subnormals, infinities, quiet and
 // signalling NaNs and normals, and accumulators of every kind: not one lane of 1.5 billion
-// differed; kernels_test GemmHalf.Vdpbf16psReadsRawBitsAsFixedOnes keeps the check. The fix
-// (two compares and two blends a 32 words) was 40% of the bits packers' instructions.
+// differed; kernels_test GemmHalf.Vdpbf16psReadsRawBitsAsFixedOnes keeps the check. Without
+// the fix (two compares and two blends per 32 words) A's slivers of a 2048 x 256 matrix of
+// bits pack in 0.050 ms where they took 0.064 (in cache, one Zen 4 core).
 
 void bits_rows_to_pairs(const uint16_t* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
                         int64_t sliver) {
@@ -225,7 +226,8 @@ void block_rows(const Src* x, int64_t ld, Rows rows_given, int64_t values, uint3
 }
 
 // block_rows with the common counts of rows fixed when compiled: A's 12-row slivers, whose four
-// zero rows' shuffles in transpose16 then fold away, and B's 16-column blocks.
+// zero rows' shuffles in transpose16 then fold away (A's slivers of 2048 x 1024 bits in cache:
+// 0.202 -> 0.178 ms), and B's 16-column blocks.
 template <typename Src, typename Adjacent>
 void block_pairs(const Src* x, int64_t ld, int rows, int64_t values, uint32_t pad, uint32_t* out, int64_t stride,
                  Adjacent adjacent) {
