@@ -57,8 +57,10 @@ step_cli() {  # loom train --job.device=cuda, CPU -> GPU -> CPU through --resume
   echo "gpu_cli_test exit $?" | tee -a "$S"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|Expected|Which is|actual|step|error" "$OUT/gpu_cli_test.txt" | head -40 | tee -a "$S"
 }
-step_bench() {  # the step with the epilogues fused on cuBLASLt, then with Loom's kernels, side by side
+step_bench() {  # the step with the epilogues fused on cuBLASLt, then with Loom's kernels, side by side;
+  # the attention's mma-x4 kernels (mma's bits: ldmatrix.x4 fragments, dk/dv at three blocks an SM) beside mma
   run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile
+  run 180 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --profile --attention mma-x4
   run 120 $B/loom bench gpu --preset gpt2-124m --micro-batch 16 --steps 20 --warmup 5 --epilogues kernels
   run 120 $B/loom bench gpu --preset gpt-mini --micro-batch 64 --steps 20 --warmup 5
 }

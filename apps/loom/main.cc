@@ -270,8 +270,9 @@ int run(int argc, char** argv) {
   bgpu->add_option("--peak-tflops", bench_gpu.peak_tflops, "Use this bf16 peak instead of measuring it");
   bgpu->add_flag("--profile", bench_gpu.profile, "Also the device time of each phase of the step (CUDA events)");
   std::string gpu_attention = "mma";
-  bgpu->add_option("--attention", gpu_attention, "The attention's kernels: mma (scores in registers) or wmma")
-      ->check(CLI::IsMember({"mma", "wmma"}))->capture_default_str();
+  bgpu->add_option("--attention", gpu_attention,
+                   "The attention's kernels: mma (scores in registers), mma-x4 (mma's bits, its fragments by ldmatrix.x4) or wmma")
+      ->check(CLI::IsMember({"mma", "mma-x4", "wmma"}))->capture_default_str();
   std::string gpu_epilogues = "cublaslt";
   bgpu->add_option("--epilogues", gpu_epilogues, "The products' epilogues: cublaslt (fused) or kernels (Loom's, after each)")
       ->check(CLI::IsMember({"cublaslt", "kernels"}))->capture_default_str();
@@ -435,7 +436,8 @@ int run(int argc, char** argv) {
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
   if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
   if (bgpu->parsed()) {
-    bench_gpu.attention = gpu_attention == "mma" ? loom::gpu::GpuAttention::kMma : loom::gpu::GpuAttention::kWmma;
+    for (const auto a : {loom::gpu::GpuAttention::kMma, loom::gpu::GpuAttention::kMmaX4, loom::gpu::GpuAttention::kWmma})
+      if (gpu_attention == loom::gpu::gpu_attention_name(a)) bench_gpu.attention = a;
     bench_gpu.fused_epilogues = gpu_epilogues == "cublaslt";
     return loom::app::run_bench_gpu(bench_gpu);
   }

@@ -334,7 +334,8 @@ bool attention_head_size_supported(int64_t hs) { return hs == 32 || hs == 64; }
 
 void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
                        cudaStream_t stream, AttentionKernels kernels) {
-  if (kernels == AttentionKernels::kMma) return attention_forward_mma(y, lse, qkv, b, t, c, nh, stream);
+  if (kernels != AttentionKernels::kWmma)
+    return attention_forward_mma(y, lse, qkv, b, t, c, nh, stream, kernels == AttentionKernels::kMmaX4);
   auto* yy = reinterpret_cast<nvbf*>(y);
   const auto* in = reinterpret_cast<const nvbf*>(qkv);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
@@ -350,7 +351,8 @@ void attention_backward(bf16* dqkv, float* dpre, const bf16* dy, const bf16* qkv
   const int64_t rows = b * t, warps = rows * nh, per_block = 256 / 32;
   attention_dpre_kernel<<<static_cast<unsigned>((warps + per_block - 1) / per_block), 256, 0, stream>>>(
       dpre, g, reinterpret_cast<const nvbf*>(y), rows, static_cast<int>(t), static_cast<int>(c), static_cast<int>(nh));
-  if (kernels == AttentionKernels::kMma) return attention_backward_mma(dqkv, dpre, dy, qkv, lse, b, t, c, nh, stream);
+  if (kernels != AttentionKernels::kWmma)
+    return attention_backward_mma(dqkv, dpre, dy, qkv, lse, b, t, c, nh, stream, kernels == AttentionKernels::kMmaX4);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
   if (c / nh == 32) backward_hs<32>(d, dpre, g, in, lse, ib, it, ic, inh, stream);
   if (c / nh == 64) backward_hs<64>(d, dpre, g, in, lse, ib, it, ic, inh, stream);

@@ -71,6 +71,21 @@ __device__ __forceinline__ void frag_b_rows(uint32_t& b0, uint32_t& b1, const nv
   b1 = load32(p + 8);
 }
 
+// frag_b_rows for two column groups at once, by one ldmatrix (no .trans): b[0], b[1] for the
+// tile's rows n0..n0+7, b[2], b[3] for n0 + 8..; lane l gives the address of row l % 8 of
+// 8 x 8 matrix l / 8, the matrices at (n0, k0), (n0, k0 + 8), (n0 + 8, k0), (n0 + 8, k0 + 8).
+// Each register holds what frag_b_rows's loads give, so the products are the same; one
+// instruction where four 32-bit loads were.
+template <int LD>
+__device__ __forceinline__ void frag_b_rows_x4(uint32_t (&b)[4], const nvbf* tile, int n0, int k0) {
+  const int lane = lane_id(), m = lane / 8;
+  const nvbf* p = tile + (n0 + (m / 2) * 8 + lane % 8) * LD + k0 + (m % 2) * 8;
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
 // B fragments of two column groups, B = the tile's rows k0..k0+15 and columns n0..n0+15:
 // b[0], b[1] for columns n0.., b[2], b[3] for n0 + 8.. (p v reads v this way). ldmatrix
 // with .trans: lane l gives the address of row l % 8 of 8 x 8 matrix l / 8.
@@ -101,17 +116,35 @@ __device__ __forceinline__ void product_rows(float (&acc)[N8][4], const uint32_t
 }
 
 // s (16 x 8 N) = a (16 x HS) times the tile's rows n0.. (N of them) transposed: scores.
-template <int LD, int HS, int N8>
+// X4: two column groups' fragments a ldmatrix (frag_b_rows_x4); each accumulator gets the
+// same multiply-adds in the same order either way.
+template <int LD, int HS, bool X4, int N8>
 __device__ __forceinline__ void product_scores(float (&s)[N8][4], const uint32_t (&a)[HS / 16][4], const nvbf* tile,
                                                int n0) {
+  if constexpr (X4) {
+    static_assert(N8 % 2 == 0);
 #pragma unroll
-  for (int n = 0; n < N8; ++n) {
-    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < N8; n += 2) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      s[n + 1][0] = s[n + 1][1] = s[n + 1][2] = s[n + 1][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      uint32_t b0, b1;
-      frag_b_rows<LD>(b0, b1, tile, n0 + n * 8, kk * 16);
-      mma(s[n], a[kk], b0, b1);
+      for (int kk = 0; kk < HS / 16; ++kk) {
+        uint32_t b[4];
+        frag_b_rows_x4<LD>(b, tile, n0 + n * 8, kk * 16);
+        mma(s[n], a[kk], b[0], b[1]);
+        mma(s[n + 1], a[kk], b[2], b[3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N8; ++n) {
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk) {
+        uint32_t b0, b1;
+        frag_b_rows<LD>(b0, b1, tile, n0 + n * 8, kk * 16);
+        mma(s[n], a[kk], b0, b1);
+      }
     }
   }
 }
@@ -198,7 +231,7 @@ __device__ __forceinline__ void rows_to_a(uint32_t (&a)[HS / 16][4], const nvbf*
   for (int kk = 0; kk < HS / 16; ++kk) frag_a<tiles::kLd<HS>>(a[kk], tile, r0, kk * 16);
 }
 
-template <int HS>
+template <int HS, bool X4>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(nvbf* y, float* lse, const nvbf* qkv, int t, int c, int nh, float scale) {
   constexpr int LD = tiles::kLd<HS>;
@@ -225,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
     const nvbf* kt = ks[kb % 2];
     const nvbf* vt = vs[kb % 2];
     float s[kRows / 8][4];
-    product_scores<LD, HS>(s, qf, kt, 0);
+    product_scores<LD, HS, X4>(s, qf, kt, 0);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kRows / 8; ++n)
@@ -280,8 +313,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // Per key block: dk and dv over the query blocks that see it. A warp holds its 16 keys' k
 // and v as A fragments and computes sᵀ = k qᵀ and dpᵀ = v dyᵀ, 32 queries a pass.
-template <int HS>
-__global__ void __launch_bounds__(kThreads)
+// X4 (kMmaX4) holds it to 168 registers, three blocks an SM (a few bytes spill); kMma's
+// 197 allow two. A minimum of 0 blocks is none given: kMma's code is what it was without.
+template <int HS, bool X4>
+__global__ void __launch_bounds__(kThreads, X4 ? 3 : 0)
     dkv_kernel(nvbf* dqkv, const nvbf* dy, const nvbf* qkv, const float* lse, const float* dpre, int t, int c, int nh,
                float scale) {
   constexpr int LD = tiles::kLd<HS>;
@@ -329,8 +364,8 @@ __global__ void __launch_bounds__(kThreads)
       // on the diagonal, a warp whose keys all follow these queries has nothing to add
       if (qb == kb && c0 + kHalf - 1 < warp * 16) continue;
       float st[kHalf / 8][4], dpt[kHalf / 8][4];
-      product_scores<LD, HS>(st, kf, qs, c0);
-      product_scores<LD, HS>(dpt, vf, dos, c0);
+      product_scores<LD, HS, X4>(st, kf, qs, c0);
+      product_scores<LD, HS, X4>(dpt, vf, dos, c0);
 #pragma unroll
       for (int n = 0; n < kHalf / 8; ++n)
 #pragma unroll
@@ -356,7 +391,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Per query block: dq over the key blocks it sees. A warp holds its 16 rows' q and dy as
 // A fragments and computes s = q kᵀ and dp = dy vᵀ, 32 keys a pass.
-template <int HS>
+template <int HS, bool X4>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(nvbf* dqkv, const nvbf* dy, const nvbf* qkv, const float* lse, const float* dpre, int t, int c, int nh,
               float scale) {
@@ -399,8 +434,8 @@ __global__ void __launch_bounds__(kThreads)
       // on the diagonal, a warp whose rows all precede these keys has nothing to add
       if (kb == qb && c0 > warp * 16 + 15) continue;
       float s[kHalf / 8][4], dp[kHalf / 8][4];
-      product_scores<LD, HS>(s, qf, ks, c0);
-      product_scores<LD, HS>(dp, dof, vs, c0);
+      product_scores<LD, HS, X4>(s, qf, ks, c0);
+      product_scores<LD, HS, X4>(dp, dof, vs, c0);
 #pragma unroll
       for (int n = 0; n < kHalf / 8; ++n)
 #pragma unroll
@@ -419,40 +454,40 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<HS>(dqkv + int64_t{b} * t * ld, ld, int64_t{h} * HS, q0 + warp * 16, t, dq, one);
 }
 
-template <int HS>
+template <int HS, bool X4>
 void forward_hs(nvbf* y, float* lse, const nvbf* qkv, int b, int t, int c, int nh, cudaStream_t stream) {
   const dim3 grid((t + kRows - 1) / kRows, b * nh);
-  forward_kernel<HS><<<grid, kThreads, 0, stream>>>(y, lse, qkv, t, c, nh, 1.0f / sqrtf(float(HS)));
+  forward_kernel<HS, X4><<<grid, kThreads, 0, stream>>>(y, lse, qkv, t, c, nh, 1.0f / sqrtf(float(HS)));
 }
 
-template <int HS>
+template <int HS, bool X4>
 void backward_hs(nvbf* dqkv, const float* dpre, const nvbf* dy, const nvbf* qkv, const float* lse, int b, int t, int c,
                  int nh, cudaStream_t stream) {
   const dim3 grid((t + kRows - 1) / kRows, b * nh);
   const float scale = 1.0f / sqrtf(float(HS));
-  dkv_kernel<HS><<<grid, kThreads, 0, stream>>>(dqkv, dy, qkv, lse, dpre, t, c, nh, scale);
-  dq_kernel<HS><<<grid, kThreads, 0, stream>>>(dqkv, dy, qkv, lse, dpre, t, c, nh, scale);
+  dkv_kernel<HS, X4><<<grid, kThreads, 0, stream>>>(dqkv, dy, qkv, lse, dpre, t, c, nh, scale);
+  dq_kernel<HS, X4><<<grid, kThreads, 0, stream>>>(dqkv, dy, qkv, lse, dpre, t, c, nh, scale);
 }
 
 }  // namespace
 
 void attention_forward_mma(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool x4) {
   auto* yy = reinterpret_cast<nvbf*>(y);
   const auto* in = reinterpret_cast<const nvbf*>(qkv);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
-  if (c / nh == 32) forward_hs<32>(yy, lse, in, ib, it, ic, inh, stream);
-  if (c / nh == 64) forward_hs<64>(yy, lse, in, ib, it, ic, inh, stream);
+  if (c / nh == 32) (x4 ? forward_hs<32, true> : forward_hs<32, false>)(yy, lse, in, ib, it, ic, inh, stream);
+  if (c / nh == 64) (x4 ? forward_hs<64, true> : forward_hs<64, false>)(yy, lse, in, ib, it, ic, inh, stream);
 }
 
 void attention_backward_mma(bf16* dqkv, const float* dpre, const bf16* dy, const bf16* qkv, const float* lse,
-                            int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream) {
+                            int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream, bool x4) {
   auto* d = reinterpret_cast<nvbf*>(dqkv);
   const auto* g = reinterpret_cast<const nvbf*>(dy);
   const auto* in = reinterpret_cast<const nvbf*>(qkv);
   const int ib = static_cast<int>(b), it = static_cast<int>(t), ic = static_cast<int>(c), inh = static_cast<int>(nh);
-  if (c / nh == 32) backward_hs<32>(d, dpre, g, in, lse, ib, it, ic, inh, stream);
-  if (c / nh == 64) backward_hs<64>(d, dpre, g, in, lse, ib, it, ic, inh, stream);
+  if (c / nh == 32) (x4 ? backward_hs<32, true> : backward_hs<32, false>)(d, dpre, g, in, lse, ib, it, ic, inh, stream);
+  if (c / nh == 64) (x4 ? backward_hs<64, true> : backward_hs<64, false>)(d, dpre, g, in, lse, ib, it, ic, inh, stream);
 }
 
 }  // namespace loom::gpu::kern

@@ -29,7 +29,7 @@ int run_bench_gpu(const nn::GptConfig& cfg, const BenchGpuArgs& a) {
               " bf16, AdamW, %s attention, on %s\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
-              static_cast<long long>(b), a.attention == GpuAttention::kMma ? "mma" : "wmma",
+              static_cast<long long>(b), gpu_attention_name(a.attention),
               device_description(a.device).c_str());
   Rng rng(1234);
   std::vector<int32_t> x(size_t(b * t)), y(size_t(b * t));

@@ -182,7 +182,14 @@ struct GptTrainer::Impl {
   }
 
   kern::AttentionKernels attention() const {
-    return tc.attention == GpuAttention::kMma ? kern::AttentionKernels::kMma : kern::AttentionKernels::kWmma;
+    switch (tc.attention) {
+      case GpuAttention::kWmma:
+        return kern::AttentionKernels::kWmma;
+      case GpuAttention::kMmaX4:
+        return kern::AttentionKernels::kMmaX4;
+      default:
+        return kern::AttentionKernels::kMma;
+    }
   }
 
   static std::unique_ptr<Impl> open(const nn::Gpt& model, const GptTrainerConfig& config);

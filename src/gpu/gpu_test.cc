@@ -106,9 +106,16 @@ TEST(GpuMemory, TheCacheServesTheNextStepAndTheErrorNamesTheBuffer) {
 // reading its operands as bf16, on T that are not multiples of the 64-row blocks (one
 // block and a part, three and a part). Tolerance: both round the output and the gradients
 // to bf16 (2^-8 relative), and add the products in other orders; 2% of each tensor's
-// largest element holds that with margin.
-void expect_attention_matches_the_cpu(int64_t hs, int64_t t, kern::AttentionKernels kernels) {
-  const char* name = kernels == kern::AttentionKernels::kMma ? "mma" : "wmma";
+// largest element holds that with margin. Returns the GPU's y, lse and dqkv, as their bits.
+struct AttentionBits {
+  std::vector<uint16_t> y;
+  std::vector<float> lse;
+  std::vector<uint16_t> dqkv;
+};
+AttentionBits expect_attention_matches_the_cpu(int64_t hs, int64_t t, kern::AttentionKernels kernels) {
+  const char* name = kernels == kern::AttentionKernels::kMma    ? "mma"
+                     : kernels == kern::AttentionKernels::kMmaX4 ? "mma-x4"
+                                                                  : "wmma";
   const int64_t b = 2, nh = 3, c = nh * hs;
   Rng r(static_cast<uint64_t>(hs));
   std::vector<float> qkv(size_t(b * t * 3 * c)), dy(size_t(b * t * c));
@@ -130,13 +137,14 @@ void expect_attention_matches_the_cpu(int64_t hs, int64_t t, kern::AttentionKern
   // backward from the GPU's own output, as training runs it
   kern::attention_backward(d_dqkv, d_dpre, d_dy, d_qkv, d_y, d_lse, b, t, c, nh, nullptr, kernels);
   check(cudaDeviceSynchronize(), "attention kernels");
-  const double y_err = relative_error(from_bf16(download(d_y, y.size())), y);
-  const double lse_err = relative_error(download(d_lse, lse.size()), lse);
+  AttentionBits out{download(d_y, y.size()), download(d_lse, lse.size()), download(d_dqkv, qkv.size())};
+  const double y_err = relative_error(from_bf16(out.y), y);
+  const double lse_err = relative_error(out.lse, lse);
   std::printf("attention %s, head size %lld, T %lld: y %.5f, lse %.6f", name, static_cast<long long>(hs),
               static_cast<long long>(t), y_err, lse_err);
   EXPECT_LT(y_err, 0.02) << name << " y, head size " << hs << ", T " << t;
   EXPECT_LT(lse_err, 1e-3) << name << " lse, head size " << hs << ", T " << t;
-  const std::vector<float> got = from_bf16(download(d_dqkv, dqkv.size()));
+  const std::vector<float> got = from_bf16(out.dqkv);
   for (int part = 0; part < 3; ++part) {
     std::vector<float> g, w;
     for (int64_t row = 0; row < b * t; ++row)
@@ -149,13 +157,29 @@ void expect_attention_matches_the_cpu(int64_t hs, int64_t t, kern::AttentionKern
     EXPECT_LT(err, 0.02) << name << " d" << "qkv"[part] << ", head size " << hs << ", T " << t;
   }
   std::printf(" of each tensor's largest element\n");
+  return out;
 }
 
 TEST(GpuAttention, EqualsTheCpuAttentionWithBf16Products) {
   LOOM_NEEDS_GPU();
-  for (const auto kernels : {kern::AttentionKernels::kMma, kern::AttentionKernels::kWmma})
+  for (const auto kernels : {kern::AttentionKernels::kMma, kern::AttentionKernels::kMmaX4, kern::AttentionKernels::kWmma})
     for (const int64_t hs : {32, 64})
       for (const int64_t t : {100, 230}) expect_attention_matches_the_cpu(hs, t, kernels);
+}
+
+// kMmaX4 loads the same fragments another way and runs the same multiply-adds in the same
+// order as kMma: the same bits, forward and backward.
+TEST(GpuAttention, MmaX4GivesMmasBits) {
+  LOOM_NEEDS_GPU();
+  for (const int64_t hs : {32, 64})
+    for (const int64_t t : {100, 230}) {
+      const AttentionBits mma = expect_attention_matches_the_cpu(hs, t, kern::AttentionKernels::kMma);
+      const AttentionBits x4 = expect_attention_matches_the_cpu(hs, t, kern::AttentionKernels::kMmaX4);
+      EXPECT_TRUE(mma.y == x4.y) << "y, head size " << hs << ", T " << t;
+      EXPECT_EQ(std::memcmp(mma.lse.data(), x4.lse.data(), mma.lse.size() * sizeof(float)), 0)
+          << "lse, head size " << hs << ", T " << t;
+      EXPECT_TRUE(mma.dqkv == x4.dqkv) << "dqkv, head size " << hs << ", T " << t;
+    }
 }
 
 // LayerNorm backward at widths the model tests do not reach (GPT-2's 768, 1,024, and 1,000,

@@ -100,8 +100,10 @@ void adamw(float* p, const float* g, float* m, float* v, bf16* p_bf16, const Ada
 // accumulation); probabilities rounded to bf16 before they multiply v. REQUIRES: HS 32 or 64.
 // Two implementations of the same roundings: kMma (attention_mma.cu, mma.sync with the
 // scores in registers, FlashAttention-2's layout; sm_80 and later) and kWmma (WMMA
-// fragments through shared memory); they add in other orders.
-enum class AttentionKernels { kMma, kWmma };
+// fragments through shared memory); they add in other orders. kMmaX4 is kMma with the
+// scores' B fragments loaded by ldmatrix.x4 and the dk/dv kernel held to 168 registers, three
+// blocks an SM where kMma's 197 allow two: the same products in the same order, so kMma's bits.
+enum class AttentionKernels { kMma, kWmma, kMmaX4 };
 void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
                        cudaStream_t stream, AttentionKernels kernels = AttentionKernels::kMma);
 // dqkv (N, 3C) from dy (N, C) and the forward's qkv, y and lse; dpre (B, NH, T) f32 scratch
@@ -109,11 +111,11 @@ void attention_forward(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t 
 void attention_backward(bf16* dqkv, float* dpre, const bf16* dy, const bf16* qkv, const bf16* y, const float* lse,
                         int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream,
                         AttentionKernels kernels = AttentionKernels::kMma);
-// attention_mma.cu's launchers (dpre already computed).
+// attention_mma.cu's launchers (dpre already computed); x4: kMmaX4's kernels.
 void attention_forward_mma(bf16* y, float* lse, const bf16* qkv, int64_t b, int64_t t, int64_t c, int64_t nh,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool x4);
 void attention_backward_mma(bf16* dqkv, const float* dpre, const bf16* dy, const bf16* qkv, const float* lse,
-                            int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream);
+                            int64_t b, int64_t t, int64_t c, int64_t nh, cudaStream_t stream, bool x4);
 bool attention_head_size_supported(int64_t hs);
 
 }  // namespace loom::gpu::kern

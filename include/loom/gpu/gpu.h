@@ -52,8 +52,13 @@ double bf16_gemm_tflops(int device, int64_t n = 8192);
 
 // The attention's kernels (docs/gpu.md, "Attention"): kMma keeps the scores in registers
 // (mma.sync, FlashAttention-2's layout), kWmma passes them through shared memory (WMMA);
-// the same roundings, added in other orders.
-enum class GpuAttention { kMma, kWmma };
+// the same roundings, added in other orders. kMmaX4 is kMma's arithmetic, so its bits, with
+// the scores' fragments loaded by ldmatrix.x4 and its dk/dv kernel at three blocks an SM.
+enum class GpuAttention { kMma, kWmma, kMmaX4 };
+// The names `loom bench gpu --attention` takes: "mma", "wmma", "mma-x4".
+inline const char* gpu_attention_name(GpuAttention a) {
+  return a == GpuAttention::kMma ? "mma" : a == GpuAttention::kWmma ? "wmma" : "mma-x4";
+}
 
 // ZeRO's shard of a flat buffer of `numel` elements for `rank` of `ranks` (docs/gpu.md, "Data
 // parallel"): [rank * s, min(numel, (rank + 1) * s)) with s = ceil(numel / ranks), so that
