@@ -3,7 +3,7 @@
 # Loom there with the carried kit (.devkit, made here by bench/gpu_kit.sh) and CUDA, runs the `gpu`
 # tests, then the GPT-2 124M step on the GPU beside PyTorch (eager and torch.compile, bf16,
 # the same batch), then the CPU figures docs/perf.md keeps per CPU (gpt-mini at 1 and all
-# cores, fp32 and bf16, Loom and PyTorch). Everything goes to $OUT (default /tmp/loom-gpu):
+# cores, fp32 and bf16, Loom and PyTorch, and where Loom's step goes at each). Everything goes to $OUT (default /tmp/loom-gpu):
 # summary.txt has the figures, build.txt and gpu_test.txt the logs.
 #
 #   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm amx (default:
@@ -71,7 +71,8 @@ step_compile() { run 300 "${peer[@]}" --compile; }
 step_cpu() {
   local cores
   cores=$(nproc)
-  run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2
+  # --breakdown: each part's ms at 1 thread and all cores, and its speed-up (issue 42, item 4)
+  run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown
   for th in 1 "$cores"; do
     for p in fp32 bf16; do
       run 120 python3 bench/peers/torch_gpt.py --preset gpt-mini --threads "$th" --precision "$p" --steps 8 --warmup 2

@@ -38,6 +38,17 @@ TEST_F(Cli, HelpForEveryCommand) {
   }
 }
 
+// `loom bench train --breakdown`: a row of each part's ms a step per configuration, and each
+// part's speed-up over the first thread count (the parts' accounting: nn_test StepBreakdown.*).
+TEST_F(Cli, BenchTrainBreakdownGivesThePartsAndTheirSpeedUps) {
+  const Result r = loom("bench train --preset gpt-nano --steps 1 --warmup 0 --threads 1 2 --micro-batch 1 "
+                        "--precision bf16 --peak-gflops 100 --breakdown");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (const char* want : {"where the step goes", "linear_fwd", "linear_dx", "linear_dw", "attn_bwd", "norm_bwd",
+                           "edges_fwd", "optimizer", "other", "speed-up", "1->2"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << " in\n" << r.out;
+}
+
 TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
   // An existing run, which nothing below may change.
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);

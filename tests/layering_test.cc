@@ -26,7 +26,7 @@ const std::map<std::string, std::string> kHeaderLibrary = {
     {"loom/core/fileio.h", "core"}, {"loom/core/sha256.h", "core"},         {"loom/core/host.h", "core"},           {"loom/core/log.h", "core"},
     {"loom/core/params.h", "core"},         {"loom/core/rng.h", "core"},            {"loom/core/tensor.h", "core"},
     {"loom/core/threads.h", "core"},        {"loom/nn/gpt.h", "nn"}, {"loom/nn/gpt_config.h", "nn"}, {"loom/nn/kv_cache.h", "nn"}, {"loom/nn/model.h", "nn"},           {"loom/nn/layers.h", "nn"},
-    {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"},         {"loom/optim/optim.h", "optim"},
+    {"loom/nn/mlp.h", "nn"},           {"loom/nn/shard.h", "nn"}, {"loom/nn/step_breakdown.h", "nn"},         {"loom/optim/optim.h", "optim"},
     {"loom/optim/loss_scale.h", "optim"},    {"loom/data/data.h", "data"}, {"loom/data/examples.h", "data"}, {"loom/data/tokenizer.h", "data"}, {"loom/data/dataset.h", "data"}, {"loom/data/prefetch.h", "data"}, {"loom/data/shard_cache.h", "data"},           {"loom/checkpoint/bounded_json.h", "checkpoint"},
     {"loom/checkpoint/checkpoint.h", "checkpoint"}, {"loom/checkpoint/json_fields.h", "checkpoint"}, {"loom/checkpoint/safetensors.h", "checkpoint"},
     {"loom/checkpoint/tensor_pieces.h", "checkpoint"}, {"loom/checkpoint/outputs.h", "checkpoint"}, {"loom/checkpoint/run_dir.h", "checkpoint"}, {"loom/obs/metrics.h", "obs"}, {"loom/obs/report.h", "obs"}, {"loom/obs/exporter.h", "obs"}, {"loom/obs/straggler.h", "obs"},    {"loom/obs/trace.h", "obs"},

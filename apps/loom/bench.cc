@@ -2,6 +2,7 @@
 // gemm`'s flags (its measurements are loom/bench/bench.h's). Benchmarks, never timed tests;
 // figures go to docs/perf.md.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -12,6 +13,7 @@
 #include "loom/bench/bench.h"
 #include "loom/core/error.h"
 #include "loom/nn/gpt.h"
+#include "loom/nn/step_breakdown.h"
 #include "loom/optim/optim.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
@@ -44,6 +46,42 @@ nn::GptConfig preset_model(const std::string& preset) {
   c.set("data.train", std::string("-"));
   c.resolve();
   return gpt_config(c);
+}
+
+// `loom bench train --breakdown`'s figures of one configuration: the mean ms a step of each
+// part (loom/nn/step_breakdown.h), then of what is left of the step, then of the step.
+struct StepParts {
+  std::string mode, precision;
+  int64_t threads;
+  std::array<double, nn::kStepParts + 2> ms;
+};
+
+// The breakdown's table: a row of ms per configuration, and under each configuration whose
+// thread count is not `first`, the speed-up of each part over the same recompute mode and
+// precision at `first` threads (how well each part scales).
+void print_breakdown(const std::vector<StepParts>& rows, int64_t first) {
+  std::printf("# where the step goes: ms a step (the mean of the timed steps), each part's own time; other: the step "
+              "less the parts (residual adds, copies, zeroing the gradients)\n");
+  std::printf("%10s %9s %8s", "recompute", "precision", "threads");
+  for (int i = 0; i < nn::kStepParts; ++i) std::printf(" %10s", nn::step_part_name(static_cast<nn::StepPart>(i)));
+  std::printf(" %10s %10s\n", "other", "step");
+  for (const StepParts& r : rows) {
+    std::printf("%10s %9s %8lld", r.mode.c_str(), r.precision.c_str(), static_cast<long long>(r.threads));
+    for (double ms : r.ms) std::printf(" %10.2f", ms);
+    std::printf("\n");
+    if (r.threads == first) continue;
+    for (const StepParts& base : rows) {
+      if (base.threads != first || base.mode != r.mode || base.precision != r.precision) continue;
+      std::printf("%10s %9s %8s", "", "speed-up", cat(first, "->", r.threads).c_str());
+      for (size_t i = 0; i < r.ms.size(); ++i) {
+        if (base.ms[i] > 0.005 && r.ms[i] > 0.005)
+          std::printf(" %9.2fx", base.ms[i] / r.ms[i]);
+        else
+          std::printf(" %10s", "-");
+      }
+      std::printf("\n");
+    }
+  }
 }
 
 // job.gemm_path for a benchmark (InputError when the CPU lacks the path).
@@ -92,6 +130,7 @@ int run_bench_train(const BenchTrainArgs& a) {
                                                                                   : kernels::gemm_active_path()));
   std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s %10s\n", "recompute", "precision", "threads",
               "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib", "cpu_ms");
+  std::vector<StepParts> parts;
   for (const std::string& mode : a.recompute)
   for (const std::string& precision : a.precision)
   for (int64_t th : a.threads) {
@@ -109,6 +148,8 @@ int run_bench_train(const BenchTrainArgs& a) {
     Rng rng(1234);
     Tensor x = Tensor::zeros({b, t}, DType::kI32), y = Tensor::zeros({b, t}, DType::kI32);
     std::vector<double> times, cpu_times;
+    std::array<double, nn::kStepParts + 2> part_s{};  // summed over the timed steps
+    nn::record_step_parts(a.breakdown);
     double loss = 0;
     for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
       for (int64_t i = 0; i < b * t; ++i) {  // random tokens, as the PyTorch peer
@@ -120,11 +161,29 @@ int run_bench_train(const BenchTrainArgs& a) {
       loss = gpt.forward(x, y, ctx);
       if (s == 0) kept = ctx.arena.peak_bytes();
       gpt.backward(ctx, 1.0);
-      opt->step(3e-4);
-      if (s >= a.warmup) {
-        times.push_back(now_s() - t0);
-        cpu_times.push_back(cpu_s() - c0);
+      {
+        const nn::StepPartScope part(nn::StepPart::kOptimizer);
+        opt->step(3e-4);
       }
+      const double step_s = now_s() - t0;
+      const std::array<double, nn::kStepParts> step_parts = nn::take_step_parts();
+      if (s >= a.warmup) {
+        times.push_back(step_s);
+        cpu_times.push_back(cpu_s() - c0);
+        double left = step_s;
+        for (int i = 0; i < nn::kStepParts; ++i) {
+          part_s[static_cast<size_t>(i)] += step_parts[static_cast<size_t>(i)];
+          left -= step_parts[static_cast<size_t>(i)];
+        }
+        part_s[nn::kStepParts] += left;
+        part_s[nn::kStepParts + 1] += step_s;
+      }
+    }
+    nn::record_step_parts(false);
+    if (a.breakdown) {
+      StepParts row{mode, precision, th, {}};
+      for (size_t i = 0; i < row.ms.size(); ++i) row.ms[i] = part_s[i] * 1e3 / static_cast<double>(a.steps);
+      parts.push_back(row);
     }
     if (a.peak_gflops <= 0) peak = std::max(peak, bench::sgemm_peak_gflops(static_cast<int>(th)));
     const double step = median(times);
@@ -140,6 +199,7 @@ int run_bench_train(const BenchTrainArgs& a) {
                 median(cpu_times) * 1e3);
     std::fflush(stdout);
   }
+  if (a.breakdown) print_breakdown(parts, a.threads.front());
   return 0;
 }
 

@@ -258,6 +258,9 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   bt->add_option("--gemm-path", bench_train.gemm_path, "Loom's micro-kernels (as job.gemm_path): auto, amx, avx512_bf16, avx512, avx2, generic")
       ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
+  bt->add_flag("--breakdown", bench_train.breakdown,
+               "Also where the step goes: ms a step in the linear layers, attention, LayerNorms, GELU, embedding/head/loss "
+               "and optimizer, forward and backward, and each part's speed-up over the first thread count");
   bt->add_option("--precision", bench_train.precision, "Precisions: fp32 bf16 fp16 (mixed precision)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   loom::gpu::BenchGpuArgs bench_gpu{.preset = "gpt2-124m"};

@@ -9,6 +9,7 @@
 #include "loom/core/dtype_dispatch.h"
 #include "loom/core/error.h"
 #include "loom/nn/layers.h"
+#include "loom/nn/step_breakdown.h"
 #include "nn/mixed.h"
 
 namespace loom::nn {
@@ -39,6 +40,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
     ctx.qkv = c_attn.forward_kept(x, ctx.c_attn, arena, *kept);
     ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, DType::kF32);
     ctx.y = kept->alloc({ctx.b, ctx.t, c}, precision);
+    const StepPartScope part(StepPart::kAttentionForward);
     k::attention_forward_bits(ctx.y.data<uint16_t>(), ctx.lse.data<float>(), ctx.qkv.data<uint16_t>(), precision,
                               ctx.b, ctx.t, c, n_head, product_operands(), precision);
     return c_proj.forward(ctx.y, ctx.c_proj, arena);
@@ -46,9 +48,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x, AttentionCtx& ctx, Arena& a
   const Tensor qkv = ctx.qkv = c_attn.forward(x, ctx.c_attn, arena);
   ctx.lse = arena.alloc({ctx.b, n_head, ctx.t}, qkv.dtype());  // x may be 16-bit bits: qkv is f32 or f64
   ctx.y = arena.alloc({ctx.b, ctx.t, c}, qkv.dtype());         // this part's heads; c_proj keeps it too
-  LOOM_DISPATCH_FLOAT(qkv.dtype(), T,
-                      k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
-                                           product_operands(), precision));
+  {
+    const StepPartScope part(StepPart::kAttentionForward);
+    LOOM_DISPATCH_FLOAT(qkv.dtype(), T,
+                        k::attention_forward(ctx.y.data<T>(), ctx.lse.data<T>(), qkv.data<T>(), ctx.b, ctx.t, c, n_head,
+                                             product_operands(), precision));
+  }
   return c_proj.forward(ctx.y, ctx.c_proj, arena);
 }
 
@@ -56,22 +61,25 @@ Tensor CausalSelfAttention::backward(const Tensor& dy, AttentionCtx& ctx, Arena&
                                      bool defer_weights) const {
   Tensor datt_out = c_proj.backward(dy, ctx.c_proj, arena, true, defer_weights);
   Tensor dqkv;
-  if (ctx.qkv.dtype() != dy.dtype()) {  // qkv and y kept in 16 bits (nn/mixed.h): read as they are
-    LOOM_CHECK(ctx.y.dtype() == ctx.qkv.dtype() && dy.dtype() == DType::kF32);
-    // dqkv leaves in 16 bits where c_attn's products can take it so (its input kept in 16
-    // bits, no split): half the bytes written and read twice, the same values.
-    const bool bits = ctx.c_attn.x.dtype() == precision && !c_attn.shard.split();
-    dqkv = arena.alloc(ctx.qkv.shape(), bits ? precision : dy.dtype());
-    k::attention_backward_bits(bits ? nullptr : dqkv.data<float>(), bits ? dqkv.data<uint16_t>() : nullptr,
-                               datt_out.data<float>(), ctx.qkv.data<uint16_t>(), ctx.y.data<uint16_t>(),
-                               ctx.qkv.dtype(), ctx.lse.data<float>(), ctx.b, ctx.t, c, n_head, product_operands(),
-                               precision);
-  } else {
-    dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
-    LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                        k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
-                                              ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands(),
-                                              precision));
+  {  // the heads (c_proj and c_attn have scopes of their own)
+    const StepPartScope part(StepPart::kAttentionBackward);
+    if (ctx.qkv.dtype() != dy.dtype()) {  // qkv and y kept in 16 bits (nn/mixed.h): read as they are
+      LOOM_CHECK(ctx.y.dtype() == ctx.qkv.dtype() && dy.dtype() == DType::kF32);
+      // dqkv leaves in 16 bits where c_attn's products can take it so (its input kept in 16
+      // bits, no split): half the bytes written and read twice, the same values.
+      const bool bits = ctx.c_attn.x.dtype() == precision && !c_attn.shard.split();
+      dqkv = arena.alloc(ctx.qkv.shape(), bits ? precision : dy.dtype());
+      k::attention_backward_bits(bits ? nullptr : dqkv.data<float>(), bits ? dqkv.data<uint16_t>() : nullptr,
+                                 datt_out.data<float>(), ctx.qkv.data<uint16_t>(), ctx.y.data<uint16_t>(),
+                                 ctx.qkv.dtype(), ctx.lse.data<float>(), ctx.b, ctx.t, c, n_head, product_operands(),
+                                 precision);
+    } else {
+      dqkv = arena.alloc(ctx.qkv.shape(), dy.dtype());
+      LOOM_DISPATCH_FLOAT(dy.dtype(), T,
+                          k::attention_backward(dqkv.data<T>(), datt_out.data<T>(), ctx.qkv.data<T>(), ctx.y.data<T>(),
+                                                ctx.lse.data<T>(), ctx.b, ctx.t, c, n_head, product_operands(),
+                                                precision));
+    }
   }
   return c_attn.backward(dqkv, ctx.c_attn, arena, true, defer_weights);
 }

@@ -14,6 +14,7 @@
 #include "kernels/precision.h"
 #include "loom/core/error.h"
 #include "loom/core/rng.h"
+#include "loom/nn/step_breakdown.h"
 #include "loom/core/dtype_dispatch.h"
 #include "nn/mixed.h"
 #include "nn/residual.h"
@@ -128,6 +129,7 @@ void Gpt::begin(ModelCtx& model_ctx, int64_t b, int64_t t) const {
 }
 
 Tensor Gpt::embed(const Tensor& tokens, ModelCtx& model_ctx) const {
+  const StepPartScope part(StepPart::kEdgesForward);
   GptCtx& ctx = as_gpt(model_ctx);
   LOOM_CHECK(part_.embeddings);
   LOOM_CHECK_EQ(tokens.ndim(), 2);
@@ -234,6 +236,7 @@ Tensor last_positions(const Tensor& h, GptCtx& ctx, int64_t c) {
 }  // namespace
 
 Tensor Gpt::logits(const Tensor& h, GptCtx& ctx) const {
+  const StepPartScope part(StepPart::kEdgesForward);
   const int64_t c = config_.d_model, v = wte_.rows;  // a vocab-parallel piece's columns
   ctx.head.x = h;
   if (tp_.sequence_split()) {  // every row of this piece's columns
@@ -300,6 +303,7 @@ double Gpt::head(const Tensor& x, const Tensor& targets, ModelCtx& model_ctx) co
 }
 
 Tensor Gpt::backward_head(ModelCtx& model_ctx, double scale, bool defer_weights) const {
+  const StepPartScope part(StepPart::kEdgesBackward);
   GptCtx& ctx = as_gpt(model_ctx);
   const int64_t c = config_.d_model, v = wte_.rows;
   ctx.dlogits = loss_.backward(ctx.loss, scale);
@@ -383,6 +387,7 @@ Tensor Gpt::backward_blocks_mixed(int64_t lo, int64_t hi, const Tensor& dy, GptC
 void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const ModelCtx& model_ctx) const {
   const GptCtx& ctx = as_gpt(model_ctx);
   if (head) {
+    const StepPartScope part(StepPart::kEdgesBackward);
     const int64_t c = config_.d_model, v = wte_.rows;
     LOOM_CHECK(ctx.dlogits.defined());
     LOOM_DISPATCH_FLOAT(ctx.dlogits.dtype(), T,
@@ -394,6 +399,7 @@ void Gpt::backward_weights(int64_t lo, int64_t hi, bool head, const ModelCtx& mo
 }
 
 void Gpt::backward_embed(const Tensor& dx, ModelCtx& model_ctx) const {
+  const StepPartScope part(StepPart::kEdgesBackward);
   GptCtx& ctx = as_gpt(model_ctx);
   Tensor rows = dx;
   if (tp_.sequence_split()) {  // every row: wte's rows here may be looked up by any token

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "loom/core/error.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/layers.h"
+#include "loom/nn/step_breakdown.h"
 #include "loom/core/rng.h"
 #include "loom/core/threads.h"
 #include "loom_testing.h"
@@ -250,5 +253,90 @@ TEST(Gpt, ConfigProblemsNameTheField) {
   EXPECT_EQ(gpt_config_problem({.seq_len = int64_t{1} << 40}).substr(0, 8), "seq_len ");
   EXPECT_EQ(gpt_config_problem({.n_layer = 1 << 20, .d_model = 1 << 20}).substr(0, 33), "d_model = 1048576 with n_layer = ");
 }
+}  // namespace
+}  // namespace loom::nn
+
+// `loom bench train --breakdown` (loom/nn/step_breakdown.h): a scope inside another is charged
+// its own time and pauses the outer one's, so the parts never add up to more than the wall
+// time; nothing is kept while recording is off; and a GPT step charges every part it runs.
+namespace loom::nn {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+void spin(double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (seconds_since(t0) < seconds) {
+  }
+}
+
+TEST(StepBreakdown, AScopeInsideAnotherIsChargedItsOwnTime) {
+  {
+    const StepPartScope unrecorded(StepPart::kLinearForward);
+    spin(0.002);
+  }
+  record_step_parts(true);
+  EXPECT_EQ(take_step_parts()[0], 0.0);  // nothing from before recording began
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const StepPartScope outer(StepPart::kLinearForward);
+    spin(0.02);
+    {
+      const StepPartScope inner(StepPart::kNormForward);
+      spin(0.02);
+      const StepPartScope same(StepPart::kNormForward);  // nested in its own part: counted once
+      spin(0.01);
+    }
+    spin(0.01);
+  }
+  const double wall = seconds_since(t0);
+  const std::array<double, kStepParts> s = take_step_parts();
+  const double outer = s[static_cast<int>(StepPart::kLinearForward)], inner = s[static_cast<int>(StepPart::kNormForward)];
+  EXPECT_GE(outer, 0.03);
+  EXPECT_GE(inner, 0.03);
+  EXPECT_LE(outer + inner, wall);
+  for (int i = 0; i < kStepParts; ++i) {
+    const bool opened = i == static_cast<int>(StepPart::kLinearForward) || i == static_cast<int>(StepPart::kNormForward);
+    EXPECT_EQ(s[static_cast<size_t>(i)] > 0.0, opened) << step_part_name(static_cast<StepPart>(i));
+  }
+  EXPECT_EQ(take_step_parts()[static_cast<int>(StepPart::kLinearForward)], 0.0);  // taken, so zeroed
+  record_step_parts(false);
+  {
+    const StepPartScope off(StepPart::kOptimizer);
+    spin(0.002);
+  }
+  EXPECT_EQ(take_step_parts()[static_cast<int>(StepPart::kOptimizer)], 0.0);
+}
+
+TEST(StepBreakdown, AGptStepChargesEveryPartItRuns) {
+  const GptConfig cfg{.n_layer = 2, .n_head = 2, .d_model = 32, .seq_len = 16, .vocab_size = 20};
+  for (const DType precision : {DType::kF32, DType::kBF16}) {
+    Gpt gpt(cfg);
+    gpt.init(3);
+    gpt.set_precision(precision);
+    auto [tokens, targets] = testing::random_tokens(2, 16, 20, 4);
+    GptCtx ctx;
+    record_step_parts(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    gpt.forward(tokens, targets, ctx);
+    gpt.backward(ctx, 1.0);
+    const double wall = seconds_since(t0);
+    const std::array<double, kStepParts> s = take_step_parts();
+    record_step_parts(false);
+    double sum = 0;
+    for (int i = 0; i < kStepParts; ++i) {
+      const auto part = static_cast<StepPart>(i);
+      sum += s[static_cast<size_t>(i)];
+      // The GELU runs fused into c_fc's products, but on its own in f32's backward; the
+      // optimizer is the caller's.
+      const bool runs = part != StepPart::kGeluForward && part != StepPart::kOptimizer &&
+                        (part != StepPart::kGeluBackward || precision == DType::kF32);
+      EXPECT_EQ(s[static_cast<size_t>(i)] > 0.0, runs) << step_part_name(part) << " in " << dtype_name(precision);
+    }
+    EXPECT_LE(sum, wall);
+  }
+}
+
 }  // namespace
 }  // namespace loom::nn

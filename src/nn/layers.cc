@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/pointwise.h"
 #include "loom/core/dtype_dispatch.h"
+#include "loom/nn/step_breakdown.h"
 #include "nn/mixed.h"
 #include "nn/residual.h"
 
@@ -77,6 +78,7 @@ Tensor scatter_rows(const Shard& shard, const Tensor& whole, Arena& arena) {
 }  // namespace
 
 Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) const {
+  const StepPartScope part(StepPart::kLinearForward);
   shard.seam->staging().reset();
   ctx.x = x;  // column: this part's rows (gathered again in backward); row: every row
   const Tensor input = split == TpSplit::kColumn ? gather_rows(shard, x) : x;
@@ -99,6 +101,7 @@ Tensor Linear::forward_sequence(const Tensor& x, LinearCtx& ctx, Arena& arena) c
 }
 
 Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena) const {
+  const StepPartScope part(StepPart::kLinearDataGrad);
   shard.seam->staging().reset();
   // Column: this part's columns of dy for every row; the input gathered again, dx summed
   // over the parts and scattered by rows. Row: dy's rows gathered from every part, so the
@@ -118,6 +121,7 @@ Tensor Linear::backward_sequence(const Tensor& dy, LinearCtx& ctx, Arena& arena)
 }
 
 Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena, const Tensor& residual) const {
+  const StepPartScope part(StepPart::kLinearForward);
   LOOM_CHECK_EQ(x.dim(-1), in);
   // The residual added where the product's epilogue could not: after the output is final.
   const auto plus_residual = [&](const Tensor& y) {
@@ -167,6 +171,7 @@ Tensor Linear::forward(const Tensor& x, LinearCtx& ctx, Arena& arena, const Tens
 }
 
 Tensor Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena& kept) const {
+  const StepPartScope part(StepPart::kLinearForward);
   LOOM_CHECK_EQ(x.dim(-1), in);
   const bool x_bits = x.dtype() != DType::kF32;
   LOOM_CHECK(precision != DType::kF32 && (!x_bits || x.dtype() == precision) && split == TpSplit::kNone &&
@@ -182,6 +187,7 @@ Tensor Linear::forward_kept(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena
 }
 
 std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, Arena& arena, Arena* kept) const {
+  const StepPartScope part(StepPart::kLinearForward);
   // Mixed precision: the epilogue rounds the output, takes the GELU of the rounded values and
   // rounds that too.
   if (split == TpSplit::kRow || (split != TpSplit::kNone && shard.sequence_split())) {
@@ -230,6 +236,7 @@ std::pair<Tensor, Tensor> Linear::forward_gelu(const Tensor& x, LinearCtx& ctx, 
 }
 
 Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool need_dx, bool defer_weights) const {
+  const StepPartScope part(StepPart::kLinearDataGrad);
   LOOM_CHECK(int8 == nullptr && panels == nullptr);  // int8 weights and panels are for inference
   // Mixed precision's MLP hands c_fc its gradient in 16 bits (Linear::backward_gelu).
   const bool dy_bits = dy.dtype() == DType::kBF16 || dy.dtype() == DType::kF16;
@@ -243,35 +250,25 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
   const int64_t n = dy.numel() / out;
   const Tensor& w = weight.value();
   ctx.dy = dy;
-  // Mixed precision keeps some inputs in 16 bits (nn/mixed.h); only backward_weight reads them.
-  const bool x_bits = ctx.x.dtype() != grad;
+  // (Mixed precision keeps some inputs x in 16 bits, nn/mixed.h; only backward_weight reads x.)
   // Mixed precision rounds dx in the product's epilogue, tile by tile; a column split's dx
   // once the parts' shares are summed.
   const bool summed = split == TpSplit::kColumn;
   const DType round_dx = summed ? DType::kF32 : precision;
-  if (summed || x_bits) {
-    // dx alone, then the weight gradients. Column: every part's share of dx summed, the sum
-    // travelling while this part computes its weight gradients (the same bits as one call:
-    // each output of the product is computed alone).
-    if (need_dx && dy_bits) {
-      k::matmul_dinp_bits(dx.data<float>(), dy.data<uint16_t>(), w.data<float>(), n, in, out, precision, round_dx);
-    } else if (need_dx) {
-      LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                          k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
-                                             dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
-                                             k::WeightLayout::kKM, precision, round_dx));
-    }
-    std::unique_ptr<Seam::Pending> sum = need_dx && summed ? shard.seam->start_sum(dx) : nullptr;
-    if (!defer_weights) backward_weight(ctx);
-    if (sum) sum->wait();
-  } else {
+  // dx alone, then the weight gradients (backward_weight; the same bits as one call: each
+  // output of the products is computed alone). Column: every part's share of dx summed, the
+  // sum travelling while this part computes its weight gradients.
+  if (need_dx && dy_bits) {
+    k::matmul_dinp_bits(dx.data<float>(), dy.data<uint16_t>(), w.data<float>(), n, in, out, precision, round_dx);
+  } else if (need_dx) {
     LOOM_DISPATCH_FLOAT(dy.dtype(), T,
-                        k::matmul_backward(need_dx ? dx.data<T>() : nullptr,
-                                           defer_weights ? nullptr : weight.grad().data<T>(),
-                                           bias.defined() && !defer_weights ? bias.grad().data<T>() : nullptr,
-                                           dy.data<T>(), ctx.x.data<T>(), w.data<T>(), n, in, out,
+                        k::matmul_backward(dx.data<T>(), static_cast<T*>(nullptr), static_cast<T*>(nullptr),
+                                           dy.data<T>(), static_cast<const T*>(nullptr), w.data<T>(), n, in, out,
                                            k::WeightLayout::kKM, precision, round_dx));
   }
+  std::unique_ptr<Seam::Pending> sum = need_dx && summed ? shard.seam->start_sum(dx) : nullptr;
+  if (!defer_weights) backward_weight(ctx);
+  if (sum) sum->wait();
   if (!defer_weights) ctx.dy = Tensor();
   if (need_dx && summed) round_values(dx, precision);
   return dx;
@@ -279,6 +276,7 @@ Tensor Linear::backward(const Tensor& dy, LinearCtx& ctx, Arena& arena, bool nee
 
 Tensor Linear::backward_gelu(const Tensor& dy, LinearCtx& ctx, const Tensor& h, Arena& arena,
                              bool defer_weights) const {
+  const StepPartScope part(StepPart::kLinearDataGrad);
   LOOM_CHECK(int8 == nullptr && panels == nullptr && split != TpSplit::kColumn && !shard.sequence_split());
   LOOM_CHECK((precision == DType::kBF16 || precision == DType::kF16) && dy.dtype() == DType::kF32);
   LOOM_CHECK(h.dtype() == precision && h.numel() == ctx.x.numel());
@@ -295,6 +293,7 @@ Tensor Linear::backward_gelu(const Tensor& dy, LinearCtx& ctx, const Tensor& h, 
 }
 
 void Linear::backward_weight(const LinearCtx& ctx) const {
+  const StepPartScope part(StepPart::kLinearWeightGrad);
   LOOM_CHECK(ctx.dy.defined());
   LOOM_CHECK(split == TpSplit::kNone || !shard.sequence_split());  // its input is not kept gathered
   const int64_t n = ctx.dy.numel() / out;
@@ -323,11 +322,13 @@ LayerNorm::LayerNorm(ParamSet& ps, const std::string& prefix, int64_t c_, Shard 
 }
 
 Tensor LayerNorm::forward(const Tensor& x, LayerNormCtx& ctx, Arena& arena, Arena* kept) const {
+  const StepPartScope part(StepPart::kNormForward);
   return forward_add(x, Tensor(), ctx, arena, kept);
 }
 
 Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNormCtx& ctx, Arena& arena,
                               Arena* kept) const {
+  const StepPartScope part(StepPart::kNormForward);
   LOOM_CHECK_EQ(x.dim(-1), c);
   LOOM_CHECK(!residual.defined() || (x.shape() == residual.shape() && x.dtype() == residual.dtype()));
   const int64_t n = x.numel() / c;
@@ -365,6 +366,7 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& residual, LayerNorm
 }
 
 Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& arena, const Tensor& residual) const {
+  const StepPartScope part(StepPart::kNormBackward);
   LOOM_CHECK(!residual.defined() || (residual.shape() == dy.shape() && residual.dtype() == dy.dtype()));
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
   // Sequence-parallel: this part's rows' share of the parameter gradients, summed over the
@@ -400,6 +402,7 @@ Tensor LayerNorm::backward(const Tensor& dy, const LayerNormCtx& ctx, Arena& are
 }
 
 Tensor Gelu::forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const {
+  const StepPartScope part(StepPart::kGeluForward);
   ctx.x = x;
   Tensor y = arena.alloc(x.shape(), x.dtype());
   LOOM_DISPATCH_FLOAT(x.dtype(), T, k::gelu_forward(y.data<T>(), x.data<T>(), x.numel()));
@@ -407,6 +410,7 @@ Tensor Gelu::forward(const Tensor& x, GeluCtx& ctx, Arena& arena) const {
 }
 
 Tensor Gelu::backward(const Tensor& dy, const GeluCtx& ctx, Arena& arena, DType round_out) const {
+  const StepPartScope part(StepPart::kGeluBackward);
   Tensor dx = arena.alloc(dy.shape(), dy.dtype());
   if (ctx.x.dtype() != dy.dtype()) {  // x kept in 16 bits (nn/mixed.h): read as it is, in one pass
     LOOM_CHECK(dy.dtype() == DType::kF32);
@@ -432,6 +436,7 @@ Embedding::Embedding(ParamSet& ps, const std::string& name, int64_t rows_, int64
 }
 
 Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) const {
+  const StepPartScope part(StepPart::kEdgesForward);
   ctx.ids = ids;
   if (shard.split()) {  // this part's rows by their place in its piece; -1 for the others'
     ctx.ids = arena.alloc(ids.shape(), DType::kI32);
@@ -467,6 +472,7 @@ Tensor Embedding::forward(const Tensor& ids, EmbeddingCtx& ctx, Arena& arena) co
 }
 
 void Embedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
+  const StepPartScope part(StepPart::kEdgesBackward);
   LOOM_CHECK(int8 == nullptr && panels == nullptr);  // int8 weights and panels are for inference
   LOOM_DISPATCH_FLOAT(dy.dtype(), T,
                       k::embedding_backward(table.grad().data<T>(), ctx.ids.data<int32_t>(),
@@ -475,6 +481,7 @@ void Embedding::backward(const Tensor& dy, const EmbeddingCtx& ctx) const {
 
 double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossEntropyCtx& ctx,
                              Arena& arena) const {
+  const StepPartScope part(StepPart::kEdgesForward);
   const int64_t v = logits.dim(-1), n = logits.numel() / v;
   LOOM_CHECK_EQ(targets.numel(), n);
   ctx.logits = logits;
@@ -516,6 +523,7 @@ double CrossEntropy::forward(const Tensor& logits, const Tensor& targets, CrossE
 }
 
 Tensor CrossEntropy::backward(const CrossEntropyCtx& ctx, double scale) const {
+  const StepPartScope part(StepPart::kEdgesBackward);
   const Tensor& logits = ctx.logits;
   const int64_t v = logits.dim(-1), n = logits.numel() / v;
   LOOM_DISPATCH_FLOAT(logits.dtype(), T, {

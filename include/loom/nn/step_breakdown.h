@@ -1,0 +1,58 @@
+// Where a training step's time goes, by kind of work (`loom bench train --breakdown`): the
+// linear layers' products (with the epilogues fused into them: bias, GELU, residual; in
+// backward, the input gradients' and the weight gradients' apart), the
+// attention's heads, the LayerNorms, a GELU that runs on its own, the embedding, head and
+// loss, and the optimizer, each forward and backward. Its use is to see which part stops
+// scaling as threads are added (issue 42, item 4), on machines without a profiler.
+//
+// The layers open a StepPartScope around their work. Recording is per thread and off until
+// that thread turns it on, so a scope costs a thread-local read where nobody asked. Each
+// part is charged its own time only: a scope opened inside another pauses the outer one's
+// clock until it closes (Linear::forward_gelu calling Linear::forward is counted once), so
+// the parts add up to at most the step, and what is left is the caller's (residual adds,
+// copies, gradient zeroing).
+#pragma once
+
+#include <array>
+
+namespace loom::nn {
+
+enum class StepPart : int {
+  kLinearForward,
+  kLinearDataGrad,    // the products of the layers' input gradients (with GELU's derivative fused)
+  kLinearWeightGrad,  // of their weight and bias gradients
+  kAttentionForward,
+  kAttentionBackward,
+  kNormForward,
+  kNormBackward,
+  kGeluForward,
+  kGeluBackward,
+  kEdgesForward,  // the embedding, the head and the loss
+  kEdgesBackward,
+  kOptimizer,
+  kCount,
+};
+constexpr int kStepParts = static_cast<int>(StepPart::kCount);
+
+// "linear_fwd", "attn_bwd", "optimizer", ...: the column names of `loom bench train --breakdown`.
+const char* step_part_name(StepPart part);
+
+// Turns recording on the calling thread on or off; either way the seconds kept are zeroed.
+void record_step_parts(bool on);
+// The seconds each part took on the calling thread since recording began or since the last
+// take, zeroed. Call it between scopes, never inside one.
+std::array<double, kStepParts> take_step_parts();
+
+// Charges the time until it is destroyed to `part` (its own time only: see above).
+class StepPartScope {
+ public:
+  explicit StepPartScope(StepPart part);
+  ~StepPartScope();
+  StepPartScope(const StepPartScope&) = delete;
+  StepPartScope& operator=(const StepPartScope&) = delete;
+
+ private:
+  int outer_ = -1;  // the part this scope paused (-1: none); -2: not recording
+};
+
+}  // namespace loom::nn
