@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -376,14 +377,30 @@ TEST_F(Cli, TraceOfChosenStepsMergesEveryRank) {
     auto& training = tracks[{rank, 0}];
     std::sort(training.begin(), training.end(), [](const Span& a, const Span& b) { return a.ts < b.ts || (a.ts == b.ts && a.end > b.end); });
     std::map<std::string, int> count;
+    std::map<std::string, std::set<std::string>> parents;  // of each span name, where it nests
     std::vector<const Span*> stack;
     for (const Span& s : training) {
       ++count[s.name];
       while (!stack.empty() && stack.back()->end <= s.ts + 0.002) stack.pop_back();
       if (!stack.empty()) {
         EXPECT_LE(s.end, stack.back()->end + 0.002) << "rank " << rank << ": " << s.name << " overlaps " << stack.back()->name;
+        parents[s.name].insert(stack.back()->name.substr(0, stack.back()->name.find(" block")));
       }
       stack.push_back(&s);
+    }
+    // The layers' parts (loom/nn/step_breakdown.h), each inside its block's span (a weight
+    // gradient's inside its input gradient's, a LayerNorm's inside the fused one that calls
+    // it), or for the embedding, head and loss inside forward or backward (the loss's forward
+    // after forward's span, in its micro-step's; ln_f's and the loss's backward inside the head's).
+    const std::map<std::string, std::set<std::string>> where = {
+        {"linear_fwd", {"forward"}},          {"attn_fwd", {"forward"}},
+        {"norm_fwd", {"forward", "norm_fwd"}}, {"linear_dx", {"backward"}},
+        {"linear_dw", {"linear_dx"}},          {"attn_bwd", {"backward"}},
+        {"norm_bwd", {"backward", "edges_bwd"}}, {"edges_fwd", {"forward", "edges_fwd", "micro-step 0"}},
+        {"edges_bwd", {"backward", "edges_bwd"}}};
+    for (const auto& [name, allowed] : where) {
+      EXPECT_GE(count[name], name.starts_with("edges") ? 2 : 4) << "rank " << rank << ": " << name;  // 2 blocks, 2 steps
+      EXPECT_EQ(parents[name], allowed) << "rank " << rank << ": " << name;
     }
     for (const char* name : {"step 2", "step 4"}) EXPECT_EQ(count[name], 1) << rank << " " << name;
     EXPECT_EQ(count["step 1"] + count["step 3"] + count["step 5"], 0);

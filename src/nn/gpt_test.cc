@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "loom/core/error.h"
 #include "loom/nn/gpt.h"
@@ -307,6 +308,32 @@ TEST(StepBreakdown, AScopeInsideAnotherIsChargedItsOwnTime) {
     spin(0.002);
   }
   EXPECT_EQ(take_step_parts()[static_cast<int>(StepPart::kOptimizer)], 0.0);
+}
+
+// A traced step's spans (parallel::trace_step_parts): each scope as it closes, inner ones
+// first, with its own start and end, whether or not parts are being recorded.
+TEST(StepBreakdown, AnObserverSeesEachScopeAsItCloses) {
+  struct Seen {
+    StepPart part;
+    std::chrono::steady_clock::time_point begin, end;
+  };
+  std::vector<Seen> seen;
+  observe_step_parts([&](StepPart part, auto begin, auto end) { seen.push_back({part, begin, end}); });
+  {
+    const StepPartScope outer(StepPart::kAttentionBackward);
+    spin(0.002);
+    const StepPartScope inner(StepPart::kLinearDataGrad);
+    spin(0.002);
+  }
+  observe_step_parts(nullptr);
+  { const StepPartScope unseen(StepPart::kOptimizer); }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].part, StepPart::kLinearDataGrad);
+  EXPECT_EQ(seen[1].part, StepPart::kAttentionBackward);
+  EXPECT_LE(seen[1].begin, seen[0].begin);
+  EXPECT_LE(seen[0].end, seen[1].end);
+  EXPECT_GE(std::chrono::duration<double>(seen[1].end - seen[1].begin).count(), 0.004);
+  EXPECT_EQ(take_step_parts()[static_cast<int>(StepPart::kAttentionBackward)], 0.0);  // not recorded
 }
 
 TEST(StepBreakdown, AGptStepChargesEveryPartItRuns) {

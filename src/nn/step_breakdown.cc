@@ -1,6 +1,7 @@
 #include "loom/nn/step_breakdown.h"
 
 #include <chrono>
+#include <utility>
 
 #include "loom/core/error.h"
 
@@ -11,6 +12,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Recording {
   bool on = false;
+  StepPartObserver observer;
   int current = -1;  // the part whose clock runs (-1: none)
   Clock::time_point since;
   std::array<double, kStepParts> seconds{};
@@ -36,9 +38,11 @@ const char* step_part_name(StepPart part) {
 
 void record_step_parts(bool on) {
   LOOM_CHECK(g_recording.current < 0);  // not inside a scope
-  g_recording = Recording{};
   g_recording.on = on;
+  g_recording.seconds = {};
 }
+
+void observe_step_parts(StepPartObserver observer) { g_recording.observer = std::move(observer); }
 
 std::array<double, kStepParts> take_step_parts() {
   LOOM_CHECK(g_recording.current < 0);
@@ -47,22 +51,27 @@ std::array<double, kStepParts> take_step_parts() {
   return out;
 }
 
-StepPartScope::StepPartScope(StepPart part) {
+StepPartScope::StepPartScope(StepPart part) : part_(part) {
   Recording& r = g_recording;
-  if (!r.on) {
-    outer_ = -2;
-    return;
-  }
-  charge(r, Clock::now());
+  if (!r.on && !r.observer) return;
+  begin_ = Clock::now();
+  observed_ = static_cast<bool>(r.observer);
+  if (!r.on) return;
+  recorded_ = true;
+  charge(r, begin_);
   outer_ = r.current;
   r.current = static_cast<int>(part);
 }
 
 StepPartScope::~StepPartScope() {
-  if (outer_ == -2) return;
+  if (!recorded_ && !observed_) return;
   Recording& r = g_recording;
-  charge(r, Clock::now());
-  r.current = outer_;
+  const Clock::time_point end = Clock::now();
+  if (recorded_) {
+    charge(r, end);
+    r.current = outer_;
+  }
+  if (observed_ && r.observer) r.observer(part_, begin_, end);
 }
 
 }  // namespace loom::nn

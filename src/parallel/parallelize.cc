@@ -247,6 +247,7 @@ void MeshStep::load_optimizer(checkpoint::Checkpoint& ck) {
 void MeshStep::set_tracer(StepTracer* tracer) {
   MeshStep& m = *this;
   m.tracer = tracer;
+  trace_step_parts(tracer);
   if (tracer == nullptr) {
     m.dp.set_comm_observer(nullptr);
     if (m.mesh.tp > 1) m.mesh.seam->set_observer(nullptr);

@@ -52,7 +52,10 @@ class PsWorkerStep final : public Parallelized {
     check_failed(__FILE__, __LINE__, "a parameter-server worker keeps no optimizer state: the servers do");
   }
   optim::LossScaler& loss_scaler() override { return scaler_; }
-  void set_tracer(StepTracer* tracer) override { tracer_ = tracer; }
+  void set_tracer(StepTracer* tracer) override {
+    tracer_ = tracer;
+    trace_step_parts(tracer);
+  }
   void set_loss_targets(LossTargets targets) override { loss_targets_ = std::move(targets); }
   StateBytes state_bytes() const override { return dp_.state_bytes(); }
   int replica() const override { return job_.worker(); }

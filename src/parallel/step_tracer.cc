@@ -6,6 +6,7 @@
 
 #include "loom/core/error.h"
 #include "loom/core/fileio.h"
+#include "loom/nn/step_breakdown.h"
 #include "loom/parallel/mesh.h"
 
 namespace loom::parallel {
@@ -39,6 +40,14 @@ void StepTracer::after_block(int block, BlockPhase phase) {
 void StepTracer::on_comm(const CommSpan& s) {
   trace_.span(obs::Trace::kComm, s.what, s.begin, s.end, {{"bytes", std::to_string(s.bytes)}});
   if (s.wait_end > s.wait_begin) trace_.span(obs::Trace::kTraining, "wait: " + s.what, s.wait_begin, s.wait_end);
+}
+
+void trace_step_parts(StepTracer* tracer) {
+  if (tracer == nullptr) return nn::observe_step_parts(nullptr);
+  nn::observe_step_parts([tracer](nn::StepPart part, obs::Trace::Clock::time_point begin,
+                                  obs::Trace::Clock::time_point end) {
+    tracer->trace().span(obs::Trace::kTraining, nn::step_part_name(part), begin, end);
+  });
 }
 
 void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path) {

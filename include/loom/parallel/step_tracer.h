@@ -45,6 +45,10 @@ class StepTracer {
   std::vector<Open> open_;
 };
 
+// The layers' parts (loom/nn/step_breakdown.h: linear_fwd, attn_bwd, ...) as spans on the
+// calling thread's training track, inside the blocks', while `tracer` is set; nullptr stops.
+void trace_step_parts(StepTracer* tracer);
+
 // Collective: every rank's events to rank 0, which writes the merged file at `path`.
 void write_merged_trace(comm::Communicator& world, const obs::Trace& trace, const std::string& path);
 
