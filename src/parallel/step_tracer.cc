@@ -13,6 +13,8 @@ namespace loom::parallel {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+StepTracer::~StepTracer() { trace_step_parts(nullptr); }
+
 void StepTracer::push(std::string name) { open_.push_back({std::move(name), obs::Trace::Clock::now()}); }
 
 void StepTracer::pop() {

@@ -23,6 +23,10 @@ namespace loom::parallel {
 class StepTracer {
  public:
   explicit StepTracer(obs::Trace& trace) : trace_(trace) {}
+  // Stops trace_step_parts's spans on this thread: a step that threw leaves them set.
+  ~StepTracer();
+  StepTracer(const StepTracer&) = delete;
+  StepTracer& operator=(const StepTracer&) = delete;
 
   void push(std::string name);
   void pop();
