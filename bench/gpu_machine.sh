@@ -3,8 +3,9 @@
 # Loom there with the carried kit (.devkit, made here by bench/gpu_kit.sh) and CUDA, runs the `gpu`
 # tests, then the GPT-2 124M step on the GPU beside PyTorch (eager and torch.compile, bf16,
 # the same batch), then the CPU figures docs/perf.md keeps per CPU (gpt-mini at 1 and all
-# cores, fp32 and bf16, Loom and PyTorch, and where Loom's step goes at each). Everything goes to $OUT (default /tmp/loom-gpu):
-# summary.txt has the figures, build.txt and gpu_test.txt the logs.
+# cores, fp32 and bf16, Loom and PyTorch, and where Loom's step goes at each). Everything
+# goes to $OUT (default /tmp/loom-gpu): summary.txt has the figures, build.txt and
+# gpu_test.txt the logs.
 #
 #   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm amx (default:
 #                                     all), run in the order given
