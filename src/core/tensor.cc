@@ -63,6 +63,28 @@ void discard_pages(void* p, size_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+std::shared_ptr<Storage> Storage::merged(std::vector<std::shared_ptr<Storage>> old, size_t bytes) {
+  auto merged = std::make_shared<Storage>(bytes);
+  if (!merged->mapped_) return merged;
+  static const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t room = (bytes + page - 1) / page * page;
+  std::sort(old.begin(), old.end(), [](const auto& a, const auto& b) { return a->bytes_ > b->bytes_; });
+  size_t filled = 0;
+  for (const std::shared_ptr<Storage>& s : old) {
+    if (filled == room) break;
+    if (s.use_count() != 1 || !s->mapped_) continue;  // a tensor still holds it, or it is not pages
+    const size_t length = (s->bytes_ + page - 1) / page * page, moved = std::min(length, room - filled);
+    // MREMAP_FIXED replaces the fresh pages at the destination; a failure leaves both as they were.
+    if (::mremap(s->data_, moved, moved, MREMAP_MAYMOVE | MREMAP_FIXED, merged->data_ + filled) == MAP_FAILED)
+      continue;
+    if (moved < length) ::munmap(s->data_ + moved, length - moved);
+    s->data_ = nullptr;  // its pages are the merged buffer's now, or freed: nothing left to unmap
+    s->mapped_ = false;
+    filled += moved;
+  }
+  return merged;
+}
+
 Storage::~Storage() {
   if (keep_) return;
   if (mapped_) ::munmap(data_, bytes_);
@@ -169,8 +191,9 @@ Tensor Arena::zeros(const Shape& shape, DType dtype) {
 void Arena::reset() {
   // Tensors handed out earlier keep their blocks alive; the arena only forgets them.
   if (blocks_.size() > 1) {
+    std::shared_ptr<Storage> merged = Storage::merged(std::move(blocks_), peak_);
     blocks_.clear();
-    blocks_.push_back(std::make_shared<Storage>(peak_));
+    blocks_.push_back(std::move(merged));
   }
   used_ = 0;
   total_used_ = 0;

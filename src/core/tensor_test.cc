@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -65,6 +69,49 @@ TEST(Arena, ReusesOneBlockAfterReset) {
   EXPECT_EQ(a.peak_bytes(), size_t{4} << 20);
   Tensor z = a.zeros({7}, DType::kF64);
   EXPECT_EQ(z.data<double>()[6], 0.0);
+}
+
+// The pages of [p, p + bytes) that are resident (mincore).
+size_t resident_pages(const void* p, size_t bytes) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const size_t pages = (reinterpret_cast<uintptr_t>(p) + bytes - begin + page - 1) / page;
+  std::vector<unsigned char> in(pages);
+  EXPECT_EQ(::mincore(reinterpret_cast<void*>(begin), pages * page, in.data()), 0);
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n;
+}
+
+TEST(Arena, MergesItsBlocksWithoutFreshPages) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  Arena a;
+  {
+    Tensor x = a.alloc({3 << 20}, DType::kU8);  // two blocks: 3 MiB, then 6 (twice the last)
+    Tensor y = a.alloc({6 << 20}, DType::kU8);
+    std::memset(x.raw(), 1, x.nbytes());
+    std::memset(y.raw(), 2, y.nbytes());
+  }
+  a.reset();  // nothing holds the blocks: their written pages become the merged block's
+  Tensor z = a.alloc({9 << 20}, DType::kU8);
+  const size_t pages = (size_t{9} << 20) / page;
+  EXPECT_EQ(resident_pages(z.raw(), z.nbytes()), pages) << "the merged block took fresh pages";
+  std::memset(z.raw(), 3, z.nbytes());  // and they are writable, all of them
+  EXPECT_EQ(z.data<uint8_t>()[z.numel() - 1], 3);
+}
+
+TEST(Arena, LeavesABlockATensorHoldsToIt) {
+  Arena a;
+  Tensor kept = a.alloc({3 << 20}, DType::kU8);
+  Tensor other = a.alloc({5 << 20}, DType::kU8);
+  std::memset(kept.raw(), 7, kept.nbytes());
+  other = Tensor();
+  a.reset();
+  Tensor z = a.alloc({8 << 20}, DType::kU8);
+  std::memset(z.raw(), 9, z.nbytes());
+  EXPECT_NE(z.raw(), kept.raw());
+  const auto* k = kept.data<uint8_t>();
+  EXPECT_EQ(std::count(k, k + kept.numel(), uint8_t{7}), kept.numel()) << "a held tensor's bytes changed";
 }
 
 TEST(ParamSet, FlatLayoutInRegistrationOrder) {

@@ -124,6 +124,17 @@ void Gpt::begin(ModelCtx& model_ctx, int64_t b, int64_t t) const {
   LOOM_CHECK_LE(t, config_.seq_len);
   ctx.b = b;
   ctx.t = t;
+  // The last micro-batch's tensors let go first, so the arena's reset can keep their pages
+  // (Arena). The loss's distillation targets are the caller's, set for this micro-batch.
+  ctx.positions = Tensor();
+  ctx.wte = {};
+  ctx.wpe = {};
+  ctx.blocks.clear();
+  ctx.ln_f = {};
+  ctx.head = {};
+  ctx.loss = {.distill = std::move(ctx.loss.distill)};
+  ctx.logits = Tensor();
+  ctx.dlogits = Tensor();
   ctx.arena.reset();
   ctx.blocks.resize(blocks_.size());
 }
