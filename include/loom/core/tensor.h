@@ -39,8 +39,8 @@ class Storage {
   // `old` that nobody else holds (use_count 1), largest first: their pages are moved into
   // it (mremap), not copied and not freed, so they stay resident. Pages the kernel hands
   // out fresh cost a fault each on first write, and on a virtual machine the hypervisor
-  // charges that write again (0.4 GB/s on this project's VM): an arena merging its first
-  // step's blocks into a fresh one paid 0.5-0.8 s in gpt2-124m's second step. The rest of
+  // charges that write again (0.3-0.4 GB/s on this project's VM): an arena merging its first
+  // step's blocks into a fresh one paid 0.7-0.8 s in gpt2-124m's second step. The rest of
   // `old`'s pages are freed; buffers still held are left to their holders. Unlike the
   // constructor's, the contents are unspecified: moved pages keep what they held.
   static std::shared_ptr<Storage> merged(std::vector<std::shared_ptr<Storage>> old, size_t bytes);
