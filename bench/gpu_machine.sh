@@ -72,8 +72,12 @@ step_compile() { run 300 "${peer[@]}" --compile; }
 step_cpu() {
   local cores
   cores=$(nproc)
-  # --breakdown: each part's ms at 1 thread and all cores, and its speed-up (issue 42, item 4)
+  # --breakdown: each part's ms at 1 thread and all cores, and its speed-up (issue 42, item 4);
+  # at all cores op(B) is packed once for the threads' bands of rows (--shared-pack auto), then
+  # once per band as before (off), for the A/B never run on more than 2 cores
   run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown
+  run 200 $B/loom bench train --preset gpt-mini --threads "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown \
+    --shared-pack off
   for th in 1 "$cores"; do
     for p in fp32 bf16; do
       run 120 python3 bench/peers/torch_gpt.py --preset gpt-mini --threads "$th" --precision "$p" --steps 8 --warmup 2

@@ -93,9 +93,16 @@ void use_gemm_path(const std::string& name) {
   apply_compute_settings(c);
 }
 
+// --shared-pack's mode (kernels::set_gemm_shared_pack), for the process.
+void use_shared_pack(const std::string& mode) {
+  kernels::set_gemm_shared_pack(mode == "on"    ? kernels::GemmSharedPack::kOn
+                                : mode == "off" ? kernels::GemmSharedPack::kOff
+                                                : kernels::GemmSharedPack::kAuto);
+}
+
 }  // namespace
 
-int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name) {
+int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name, const std::string& shared_pack) {
   check_flag_range("--threads", threads, 1, bench::kMaxBenchThreads);
   // The shapes of gpt-mini's step (8 x 256 rows) and gpt2-124m's (1024 rows).
   std::vector<bench::GemmModel> models;
@@ -104,6 +111,8 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
     models.push_back({preset, m.d_model, m.vocab_size, rows});
   }
   use_gemm_path(path_name);
+  use_shared_pack(shared_pack);
+  std::printf("# op(B) of row-band tiles packed once: %s\n", shared_pack.c_str());
   return bench::run_bench_gemm(threads, models);
 }
 
@@ -120,14 +129,17 @@ int run_bench_train(const BenchTrainArgs& a) {
     throw InputError(cat("--peak-gflops = ", a.peak_gflops, ": expected a number in [0, 1e9] (0: measure it)"));
   const nn::GptConfig cfg = preset_model(a.preset);
   use_gemm_path(a.gemm_path);
+  use_shared_pack(a.shared_pack);
   const int64_t b = a.micro_batch, t = cfg.seq_len;
   std::printf("# loom bench train: %s (n_layer %lld, n_head %lld, d_model %lld, seq %lld, vocab %lld), micro-batch %lld, AdamW\n",
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
-  std::printf("# gemm path %s (%s); 16-bit products on %s\n", kernels::gemm_path_name(kernels::gemm_active_path()),
-              a.gemm_path.c_str(), kernels::gemm_path_name(a.gemm_path == "auto" ? kernels::gemm_best_half_path()
-                                                                                  : kernels::gemm_active_path()));
+  std::printf("# gemm path %s (%s); 16-bit products on %s; op(B) of row-band tiles packed once: %s\n",
+              kernels::gemm_path_name(kernels::gemm_active_path()), a.gemm_path.c_str(),
+              kernels::gemm_path_name(a.gemm_path == "auto" ? kernels::gemm_best_half_path()
+                                                            : kernels::gemm_active_path()),
+              a.shared_pack.c_str());
   std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s %10s\n", "recompute", "precision", "threads",
               "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib", "cpu_ms");
   std::vector<StepParts> parts;

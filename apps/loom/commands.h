@@ -124,10 +124,11 @@ struct BenchTrainArgs {
   std::vector<std::string> recompute = {"none"};  // activation recompute modes to run
   std::vector<std::string> precision = {"fp32"};  // [training] precision formats to run
   std::string gemm_path = "auto";                  // job.gemm_path
+  std::string shared_pack = "auto";                // kernels::set_gemm_shared_pack: auto, on, off
   bool breakdown = false;  // also where the step goes (loom/nn/step_breakdown.h), part by part
 };
 int run_bench_train(const BenchTrainArgs& a);
-int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path);
+int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path, const std::string& shared_pack);
 // `loom bench gpu`: resolves the preset and runs loom/gpu/gpu.h's benchmark.
 int run_bench_gpu(const gpu::BenchGpuArgs& a);
 

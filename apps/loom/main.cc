@@ -258,6 +258,10 @@ int run(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"none", "selective", "full"}));
   bt->add_option("--gemm-path", bench_train.gemm_path, "Loom's micro-kernels (as job.gemm_path): auto, amx, avx512_bf16, avx512, avx2, generic")
       ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
+  bt->add_option("--shared-pack", bench_train.shared_pack,
+                 "Products whose threads each take a band of rows: op(B) packed once for all of them (on), by each (off), "
+                 "or once from 4 threads on (auto); the same bits")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   bt->add_flag("--breakdown", bench_train.breakdown,
                "Also where the step goes: ms a step in the linear layers, attention, LayerNorms, GELU, embedding/head/loss "
                "and optimizer, forward and backward, and each part's speed-up over the first thread count");
@@ -285,6 +289,9 @@ int run(int argc, char** argv) {
   std::string gemm_path = "auto";
   bg->add_option("--path", gemm_path, "Loom's micro-kernels: auto, amx, avx512_bf16, avx512, avx2, generic")
       ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
+  std::string gemm_shared_pack = "auto";
+  bg->add_option("--shared-pack", gemm_shared_pack, "As loom bench train's: on, off or auto")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
 
   loom::app::BenchDecodeArgs bench_decode;
   auto* bd = b->add_subcommand("decode", "Batched decoding (Gpt::decode_batch, as loom serve runs it): tokens/s per batch size");
@@ -437,7 +444,7 @@ int run(int argc, char** argv) {
       return loom::app::run_ckpt(ckpt);
     }
   if (bt->parsed()) return loom::app::run_bench_train(bench_train);
-  if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path);
+  if (bg->parsed()) return loom::app::run_bench_gemm(gemm_threads, gemm_path, gemm_shared_pack);
   if (bgpu->parsed()) {
     for (const auto a : {loom::gpu::GpuAttention::kMma, loom::gpu::GpuAttention::kMmaX4, loom::gpu::GpuAttention::kWmma})
       if (gpu_attention == loom::gpu::gpu_attention_name(a)) bench_gpu.attention = a;

@@ -38,6 +38,17 @@ const MicroKernel<double> kGenericF64 = {"generic", 4, 8, 256, 240, 256, 240,
 
 std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
+std::atomic<GemmSharedPack> g_shared_pack{GemmSharedPack::kAuto};
+
+// kAuto's threshold: at 2 threads a shared op(B) measured no faster (gpt-mini's products on
+// Zen 4: each core's private pack lands in its own L2), while each of n threads packing all
+// of op(B) does n times the packing (at 16, a sixth of a weight gradient's time: docs/perf.md).
+constexpr int kSharedPackThreads = 4;
+
+bool shares_b(int threads) {
+  const GemmSharedPack mode = g_shared_pack.load();
+  return threads > 1 && (mode == GemmSharedPack::kOn || (mode == GemmSharedPack::kAuto && threads >= kSharedPackThreads));
+}
 
 using gemm_detail::AmxPacking;
 using gemm_detail::AsBf16;
@@ -58,7 +69,7 @@ T* scratch(int slot, int64_t count) {
     std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
     int64_t capacity = 0;
   };
-  thread_local Buffer buffers[3];
+  thread_local Buffer buffers[4];  // packed A, packed B, an epilogue's block, a shared op(B)
   Buffer& buf = buffers[slot];
   if (buf.capacity < count) {
     const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
@@ -253,6 +264,34 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
     run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue,
              prologue);
   };
+  using P = typename Packing::P;
+  if constexpr (!std::is_same_v<OperandB, Prepacked<P>>) {
+    if (tiles_n == 1 && tiles > 1 && shares_b(threads)) {
+      // Every tile is a band of rows by every column, so each would pack all of op(B): it
+      // is packed once instead, over all of k, each thread a share of its NR-column slivers
+      // (the values are the same whoever packs them, so are the bits), then the tiles read it
+      // as PackedB's products do. In the calling thread's scratch, kept from call to call.
+      const int64_t stride = ceil_div(k, Packing::kStep) * mk.nr, slivers = ceil_div(n, mk.nr);
+      const int64_t share = ceil_div(slivers, threads);
+      P* shared = scratch<P>(3, slivers * stride);
+      const Prepacked<P> packed{shared, stride};
+#pragma omp parallel num_threads(threads)
+      {
+#pragma omp for schedule(static)
+        for (int64_t s0 = 0; s0 < slivers; s0 += share) {
+          const gemm_detail::FlushSubnormals flush(packing.flush);
+          const int64_t j0 = s0 * mk.nr;
+          packing.b(ob, 0, k, j0, std::min(share * mk.nr, n - j0), mk.nr, shared + s0 * stride);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t i0 = t * mc;
+          run_tile(mk, packing, oa, packed, k, accumulate, c, ldc, i0, std::min(mc, m - i0), 0, n, epilogue, prologue);
+        }
+      }
+      return;
+    }
+  }
   if (threads == 1) {
     for (int64_t t = 0; t < tiles; ++t) tile(t);
     return;
@@ -328,6 +367,8 @@ void set_gemm_path(GemmPath path) {
 }
 GemmPath gemm_active_path() { return g_path == GemmPath::kAuto ? gemm_best_path() : g_path.load(); }
 void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
+void set_gemm_shared_pack(GemmSharedPack mode) { g_shared_pack = mode; }
+GemmSharedPack gemm_shared_pack() { return g_shared_pack; }
 GemmBackend gemm_active_backend() { return g_backend; }
 
 void gemm_f32(GemmPath path,

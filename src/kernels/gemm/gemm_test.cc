@@ -505,6 +505,58 @@ void hooked_product(const Problem<float>& p, bool half, bool accumulate, std::ve
                 prologue);
 }
 
+// Where threads take bands of rows, op(B) packed once for all of them (set_gemm_shared_pack)
+// gives the bits of one thread: every path, f32 and bf16 products, operands as values and
+// as bits, AMX's twin kernel, each transpose, odd k and k past one packed block (the tiles
+// then read the shared op(B) at later depths), a prologue, 2 to 4 threads.
+TEST(Gemm, OpBPackedOnceForEveryBandOfRowsGivesTheSameBits) {
+  const int saved = omp_get_max_threads();
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {1000, 70, 300}, {1100, 96, 257}, {600, 131, 1030}, {300, 40, 2100}};
+  const auto each_threads = [&](const std::string& what, const auto& run) {
+    omp_set_num_threads(1);
+    const std::vector<float> one = run();
+    for (int threads : {2, 3, 4}) {
+      omp_set_num_threads(threads);
+      EXPECT_TRUE(same_bits_or_nan(run(), one)) << what << " threads=" << threads;
+    }
+  };
+  set_gemm_shared_pack(GemmSharedPack::kOn);
+  uint64_t seed = 4000;
+  for (auto [m, n, k] : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 3);
+      const std::string shape = " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                                " trans_a=" + std::to_string(p.ta) + " trans_b=" + std::to_string(p.tb);
+      for (GemmPath path : paths_and_amx()) {
+        if (path != GemmPath::kAmx) each_threads(gemm_path_name(path) + shape, [&] { return p.run(path, true); });
+        each_threads(std::string("bf16 ") + gemm_path_name(path) + shape,
+                     [&] { return run_half(path, DType::kBF16, p, true); });
+      }
+      const StoredOperand a(DType::kBF16, p.a, false, 1), b(DType::kBF16, p.b, true, 2);
+      each_threads("bits" + shape, [&] {
+        std::vector<float> c = p.c0;
+        gemm_half_bits(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, a.bits.data(), p.lda, b.bits.data(), p.ldb, true,
+                       c.data(), p.ldc);
+        return c;
+      });
+      each_threads("amx twin" + shape, [&] {
+        std::vector<float> c = p.c0;
+        gemm_detail::gemm_half_amx_twin(p.ta, p.tb, p.m, p.n, p.k, p.a.data(), p.lda, p.b.data(), p.ldb, true,
+                                        c.data(), p.ldc);
+        return c;
+      });
+      const std::vector<float> bias = random_matrix<float>(n, seed + 5);
+      each_threads("prologue" + shape, [&] {
+        std::vector<float> c = p.c0;
+        hooked_product(p, true, false, c, {}, GemmPrologue<float>(bias.data()));
+        return c;
+      });
+    }
+  set_gemm_shared_pack(GemmSharedPack::kAuto);
+  omp_set_num_threads(saved);
+}
+
 // f(p, row) for each of kShapes and `extra`: a strided problem, op(B) transposed for every
 // other seed, and a row of n random values.
 template <typename F>
