@@ -112,7 +112,7 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   }
   use_gemm_path(path_name);
   use_shared_pack(shared_pack);
-  std::printf("# op(B) of row-band tiles packed once: %s\n", shared_pack.c_str());
+  std::printf("# an operand every band of a product needs packed once (--shared-pack): %s\n", shared_pack.c_str());
   return bench::run_bench_gemm(threads, models);
 }
 
@@ -135,7 +135,7 @@ int run_bench_train(const BenchTrainArgs& a) {
               a.preset.c_str(), static_cast<long long>(cfg.n_layer), static_cast<long long>(cfg.n_head),
               static_cast<long long>(cfg.d_model), static_cast<long long>(t), static_cast<long long>(cfg.vocab_size),
               static_cast<long long>(b));
-  std::printf("# gemm path %s (%s); 16-bit products on %s; op(B) of row-band tiles packed once: %s\n",
+  std::printf("# gemm path %s (%s); 16-bit products on %s; shared packing %s\n",
               kernels::gemm_path_name(kernels::gemm_active_path()), a.gemm_path.c_str(),
               kernels::gemm_path_name(a.gemm_path == "auto" ? kernels::gemm_best_half_path()
                                                             : kernels::gemm_active_path()),

@@ -259,8 +259,8 @@ int run(int argc, char** argv) {
   bt->add_option("--gemm-path", bench_train.gemm_path, "Loom's micro-kernels (as job.gemm_path): auto, amx, avx512_bf16, avx512, avx2, generic")
       ->check(CLI::IsMember({"auto", "amx", "avx512_bf16", "avx512", "avx2", "generic"}))->capture_default_str();
   bt->add_option("--shared-pack", bench_train.shared_pack,
-                 "Products whose threads each take a band of rows: op(B) packed once for all of them (on), by each (off), "
-                 "or once from 4 threads on (auto); the same bits")
+                 "Products whose threads each take a band of rows (columns): op(B) (op(A)) packed once for all of them "
+                 "(on), by each (off), or once from 4 threads on (auto); the same bits")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   bt->add_flag("--breakdown", bench_train.breakdown,
                "Also where the step goes: ms a step in the linear layers, attention, LayerNorms, GELU, embedding/head/loss "

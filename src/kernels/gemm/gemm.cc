@@ -40,12 +40,13 @@ std::atomic<GemmPath> g_path{GemmPath::kAuto};
 std::atomic<GemmBackend> g_backend{GemmBackend::kLoom};
 std::atomic<GemmSharedPack> g_shared_pack{GemmSharedPack::kAuto};
 
-// kAuto's threshold: at 2 threads a shared op(B) measured no faster (gpt-mini's products on
+// kAuto's threshold: at 2 threads a shared operand measured no faster (gpt-mini's products on
 // Zen 4: each core's private pack lands in its own L2), while each of n threads packing all
-// of op(B) does n times the packing (at 16, a sixth of a weight gradient's time: docs/perf.md).
+// of it does n times the packing (docs/numerics.md: an estimated third of a gpt-mini weight
+// gradient's time at 16).
 constexpr int kSharedPackThreads = 4;
 
-bool shares_b(int threads) {
+bool shares_packing(int threads) {
   const GemmSharedPack mode = g_shared_pack.load();
   return threads > 1 && (mode == GemmSharedPack::kOn || (mode == GemmSharedPack::kAuto && threads >= kSharedPackThreads));
 }
@@ -113,8 +114,10 @@ Slivers<P> b_slivers(const Packing&, const Prepacked<P>& b, int64_t p0, int64_t,
 }
 
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
-// block, the tile's rows of op(A) are packed once into MR-row slivers; then per NC-wide
-// panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
+// block, the tile's rows of op(A) are packed once into MR-row slivers (or, with shared_a,
+// a tile of every row, were packed already for all of k: block after block, each block's
+// slivers a_stride apart, the blocks ceil(rows / MR) KC-deep slivers apart); then per
+// NC-wide panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
 template <typename Packing, typename T, typename OperandA, typename OperandB>
 void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               const Packing& packing,
@@ -129,11 +132,12 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               int64_t j0,
               int64_t cols,
               const GemmEpilogue<T>& epilogue,
-              const GemmPrologue<T>& prologue) {
+              const GemmPrologue<T>& prologue,
+              const typename Packing::P* shared_a = nullptr) {
   using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
-  P* packed_a = scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
+  P* packed_a = shared_a != nullptr ? nullptr : scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
   P* packed_b = scratch<P>(1, depth_of(mk.kc) * round_up(std::min(cols, mk.nc), nr));
   // A scratch epilogue's blocks, where the product passes over k once: each sliver's block
   // of a panel in `block` (MR x NC, in L1), C untouched.
@@ -149,13 +153,17 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
       const bool start = p0 == 0 && prologue;  // or each chain starts from the prologue's row
       const bool last = p0 + kc >= k;         // this block's multiply-adds are each element's last
       const int64_t a_stride = Packing::a_stride(depth, mr);
-      packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
+      const P* block_a = packed_a;
+      if (shared_a != nullptr)  // every block before this one is KC deep
+        block_a = shared_a + (p0 / mk.kc) * ceil_div(rows, mr) * Packing::a_stride(depth_of(mk.kc), mr);
+      else
+        packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
         const int64_t panel = std::min(mk.nc, cols - jc);
         const Slivers<P> bs = b_slivers(packing, b, p0, kc, j0 + jc, panel, nr, packed_b);
         for (int64_t ir = 0; ir < rows; ir += mr) {
           const int64_t h = std::min<int64_t>(mr, rows - ir);
-          const P* pa = packed_a + (ir / mr) * a_stride;
+          const P* pa = block_a + (ir / mr) * a_stride;
           T* cs = in_block ? block : c + (i0 + ir) * ldc + j0 + jc;  // the sliver's rows of this panel
           const int64_t lds = in_block ? ld_block : ldc;
           for (int64_t jr = 0; jr < panel; jr += nr) {
@@ -265,8 +273,35 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
              prologue);
   };
   using P = typename Packing::P;
+  if (tiles_n == tiles && tiles > 1 && shares_packing(threads)) {
+    // Every tile is a band of columns by every row, so each would pack all of op(A): it is
+    // packed once instead, block by block of k, each thread a share of the rows (whole
+    // slivers), as run_tile's shared_a reads it.
+    const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
+    const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr), blocks = ceil_div(k, mk.kc);
+    const int64_t share = round_up(ceil_div(m, threads), mk.mr), shares = ceil_div(m, share);
+    P* shared = scratch<P>(3, blocks * block);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+      for (int64_t task = 0; task < blocks * shares; ++task) {
+        const gemm_detail::FlushSubnormals flush(packing.flush);
+        const int64_t p0 = (task / shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % shares) * share;
+        const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
+        packing.a(oa, r0, std::min(share, m - r0), p0, kc, mk.mr, shared + (p0 / mk.kc) * block + (r0 / mk.mr) * stride,
+                  stride);
+      }
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t j0 = t * nc;
+        run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, 0, m, j0, std::min(nc, n - j0), epilogue, prologue,
+                 static_cast<const P*>(shared));
+      }
+    }
+    return;
+  }
   if constexpr (!std::is_same_v<OperandB, Prepacked<P>>) {
-    if (tiles_n == 1 && tiles > 1 && shares_b(threads)) {
+    if (tiles_n == 1 && tiles > 1 && shares_packing(threads)) {
       // Every tile is a band of rows by every column, so each would pack all of op(B): it
       // is packed once instead, over all of k, each thread a share of its NR-column slivers
       // (the values are the same whoever packs them, so are the bits), then the tiles read it

@@ -322,9 +322,10 @@ void set_gemm_backend(GemmBackend backend);
 GemmBackend gemm_active_backend();
 
 // Whether a product whose tiles are bands of rows by every column (each needing all of
-// op(B)) packs op(B) once, each thread a share, rather than once per tile: kAuto does from 4
-// threads on (at 2 it measured no faster). The bits are the same either way. Process-wide,
-// for benchmarks (`loom bench train --shared-pack`, `loom bench gemm --shared-pack`).
+// op(B)), or of columns by every row (all of op(A)), packs that operand once, each thread a
+// share, rather than once per tile: kAuto does from 4 threads on (at 2 it measured no
+// faster). The bits are the same either way. Process-wide, for benchmarks (`loom bench
+// train --shared-pack`, `loom bench gemm --shared-pack`).
 enum class GemmSharedPack { kAuto, kOn, kOff };
 void set_gemm_shared_pack(GemmSharedPack mode);
 GemmSharedPack gemm_shared_pack();

@@ -505,14 +505,16 @@ void hooked_product(const Problem<float>& p, bool half, bool accumulate, std::ve
                 prologue);
 }
 
-// Where threads take bands of rows, op(B) packed once for all of them (set_gemm_shared_pack)
-// gives the bits of one thread: every path, f32 and bf16 products, operands as values and
-// as bits, AMX's twin kernel, each transpose, odd k and k past one packed block (the tiles
-// then read the shared op(B) at later depths), a prologue, 2 to 4 threads.
-TEST(Gemm, OpBPackedOnceForEveryBandOfRowsGivesTheSameBits) {
+// Where threads take bands of rows (or of columns), op(B) (or op(A)) packed once for all of
+// them (set_gemm_shared_pack) gives the bits of one thread: every path, f32 and bf16
+// products, operands as values and as bits, AMX's twin kernel, each transpose, odd k and k
+// past one packed block (the tiles then read the shared operand at later depths), a
+// prologue, 2 to 4 threads.
+TEST(Gemm, AnOperandPackedOnceForEveryBandGivesTheSameBits) {
   const int saved = omp_get_max_threads();
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {1000, 70, 300}, {1100, 96, 257}, {600, 131, 1030}, {300, 40, 2100}};
+      {1100, 96, 257}, {600, 131, 1030}, {300, 40, 2100},  // bands of rows
+      {96, 1100, 257}, {131, 600, 1030}, {40, 300, 2100}};  // of columns
   const auto each_threads = [&](const std::string& what, const auto& run) {
     omp_set_num_threads(1);
     const std::vector<float> one = run();
