@@ -49,6 +49,30 @@ TEST_F(Cli, BenchTrainBreakdownGivesThePartsAndTheirSpeedUps) {
     EXPECT_NE(r.out.find(want), std::string::npos) << want << " in\n" << r.out;
 }
 
+// `--shared-pack`: the mode reaches the products (the header says which), packing an operand
+// once for every band changes no loss (the bits: kernels_test
+// Gemm.AnOperandPackedOnceForEveryBandGivesTheSameBits), and any other mode is refused.
+TEST_F(Cli, BenchTrainSharedPackRunsEitherWayWithTheSameLosses) {
+  std::map<std::string, std::vector<std::string>> losses;
+  for (const char* mode : {"on", "off"}) {
+    const Result r = loom(cat("bench train --preset gpt-nano --steps 2 --warmup 0 --threads 2 --micro-batch 8 ",
+                              "--precision fp32 bf16 --peak-gflops 100 --shared-pack ", mode));
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(cat("shared packing ", mode)), std::string::npos) << r.out;
+    std::istringstream rows(r.out);
+    for (std::string line; std::getline(rows, line);) {
+      std::istringstream fields(line);
+      std::vector<std::string> f{std::istream_iterator<std::string>(fields), std::istream_iterator<std::string>()};
+      if (f.size() == 12 && f[0] == "none") losses[mode].push_back(f[1] + " " + f[9]);  // precision, final_loss
+    }
+  }
+  ASSERT_EQ(losses["on"].size(), 2u);
+  EXPECT_EQ(losses["on"], losses["off"]);
+  const Result bad = loom("bench train --shared-pack maybe");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--shared-pack"), std::string::npos) << bad.err;
+}
+
 TEST_F(Cli, BadConfigAndDataGiveOneLineAndExitTwo) {
   // An existing run, which nothing below may change.
   ASSERT_EQ(loom(cat("train ", p("nano.toml"), " --quiet --training.steps=3")).code, 0);

@@ -100,6 +100,16 @@ void use_shared_pack(const std::string& mode) {
                                                 : kernels::GemmSharedPack::kAuto);
 }
 
+// The mode the products run with now, as --shared-pack names it.
+const char* shared_pack_name() {
+  switch (kernels::gemm_shared_pack()) {
+    case kernels::GemmSharedPack::kOn: return "on";
+    case kernels::GemmSharedPack::kOff: return "off";
+    case kernels::GemmSharedPack::kAuto: break;
+  }
+  return "auto";
+}
+
 }  // namespace
 
 int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_name, const std::string& shared_pack) {
@@ -112,7 +122,7 @@ int run_bench_gemm(const std::vector<int64_t>& threads, const std::string& path_
   }
   use_gemm_path(path_name);
   use_shared_pack(shared_pack);
-  std::printf("# an operand every band of a product needs packed once (--shared-pack): %s\n", shared_pack.c_str());
+  std::printf("# an operand every band of a product needs packed once (--shared-pack): %s\n", shared_pack_name());
   return bench::run_bench_gemm(threads, models);
 }
 
@@ -139,7 +149,7 @@ int run_bench_train(const BenchTrainArgs& a) {
               kernels::gemm_path_name(kernels::gemm_active_path()), a.gemm_path.c_str(),
               kernels::gemm_path_name(a.gemm_path == "auto" ? kernels::gemm_best_half_path()
                                                             : kernels::gemm_active_path()),
-              a.shared_pack.c_str());
+              shared_pack_name());
   std::printf("%10s %9s %8s %12s %12s %10s %12s %8s %10s %10s %10s %10s\n", "recompute", "precision", "threads",
               "step_ms", "tokens/s", "GFLOP/s", "sgemm_peak", "mfu", "final_loss", "kept_mib", "peak_mib", "cpu_ms");
   std::vector<StepParts> parts;

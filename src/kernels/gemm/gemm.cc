@@ -48,7 +48,8 @@ constexpr int kSharedPackThreads = 4;
 
 bool shares_packing(int threads) {
   const GemmSharedPack mode = g_shared_pack.load();
-  return threads > 1 && (mode == GemmSharedPack::kOn || (mode == GemmSharedPack::kAuto && threads >= kSharedPackThreads));
+  if (threads < 2 || mode == GemmSharedPack::kOff) return false;
+  return mode == GemmSharedPack::kOn || threads >= kSharedPackThreads;
 }
 
 using gemm_detail::AmxPacking;
@@ -70,7 +71,7 @@ T* scratch(int slot, int64_t count) {
     std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
     int64_t capacity = 0;
   };
-  thread_local Buffer buffers[4];  // packed A, packed B, an epilogue's block, a shared op(B)
+  thread_local Buffer buffers[4];  // packed A, packed B, an epilogue's block, a shared op(A) or op(B)
   Buffer& buf = buffers[slot];
   if (buf.capacity < count) {
     const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
@@ -137,7 +138,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
   using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
-  P* packed_a = shared_a != nullptr ? nullptr : scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
+  P* packed_a =
+      shared_a != nullptr ? nullptr : scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
   P* packed_b = scratch<P>(1, depth_of(mk.kc) * round_up(std::min(cols, mk.nc), nr));
   // A scratch epilogue's blocks, where the product passes over k once: each sliver's block
   // of a panel in `block` (MR x NC, in L1), C untouched.
