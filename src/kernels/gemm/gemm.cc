@@ -1,4 +1,4 @@
-// Loom's GEMM driver: output tiles across threads, packing, micro-kernel dispatch; and the
+// Loom's GEMM: micro-kernel and path dispatch over the tile driver (tiles.h); and the
 // OpenBLAS backend kept for comparison. See gemm.h for the contract and the order of
 // arithmetic, microkernel.h for the micro-kernel contract.
 #include "kernels/gemm/gemm.h"
@@ -20,6 +20,7 @@
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
 #include "kernels/gemm/skinny.h"
+#include "kernels/gemm/tiles.h"
 #include "kernels/precision.h"
 #include "loom/core/error.h"
 
@@ -46,11 +47,15 @@ std::atomic<GemmSharedPack> g_shared_pack{GemmSharedPack::kAuto};
 // gradient's time at 16).
 constexpr int kSharedPackThreads = 4;
 
-bool shares_packing(int threads) {
+}  // namespace
+
+bool gemm_detail::shares_packing(int threads) {
   const GemmSharedPack mode = g_shared_pack.load();
   if (threads < 2 || mode == GemmSharedPack::kOff) return false;
   return mode == GemmSharedPack::kOn || threads >= kSharedPackThreads;
 }
+
+namespace {
 
 using gemm_detail::AmxPacking;
 using gemm_detail::AsBf16;
@@ -61,281 +66,13 @@ using gemm_detail::FlushSubnormals;
 using gemm_detail::Operand;
 using gemm_detail::PairPacking;
 using gemm_detail::PlainPacking;
+using gemm_detail::Prepacked;
+using gemm_detail::gemm_packed;
+using gemm_detail::product_threads;
 using gemm_detail::round_up;
+using gemm_detail::start_whole;
+using gemm_detail::trivial_product;
 
-// Per-thread packing space, 64-byte aligned (the kernels' aligned loads need it), grown on
-// demand and kept for the thread's life.
-template <typename T>
-T* scratch(int slot, int64_t count) {
-  struct Buffer {
-    std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
-    int64_t capacity = 0;
-  };
-  thread_local Buffer buffers[4];  // packed A, packed B, an epilogue's block, a shared op(A) or op(B)
-  Buffer& buf = buffers[slot];
-  if (buf.capacity < count) {
-    const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
-    buf.data.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
-    // Called inside OpenMP regions, where an exception cannot propagate: a failed
-    // allocation of these few MiB aborts with the check's message instead.
-    LOOM_CHECK(buf.data != nullptr);
-    buf.capacity = count;
-  }
-  return buf.data.get();
-}
-
-
-// Where a panel's NR-column slivers of op(B) are: the first, and the distance between two.
-template <typename P>
-struct Slivers {
-  const P* p;
-  int64_t stride;
-};
-
-// op(B) packed beforehand (PackedB): slivers `stride` apart, each zero-padded past n; p is
-// the product's first column's sliver at the product's first k.
-template <typename P>
-struct Prepacked {
-  const P* p;  // the first sliver of the product's first column
-  int64_t stride;
-  static constexpr bool trans = false;  // nothing to pack: tiles need not be tall (gemm_packed)
-};
-
-// The slivers of op(B)(p0 .. p0+kc, j0 .. j0+cols): packed into `scratch` now, or where a
-// Prepacked op(B) holds them (j0 a multiple of NR, p0 of Packing::kStep).
-template <typename Packing, typename OperandB, typename P>
-Slivers<P> b_slivers(const Packing& packing, const OperandB& b, int64_t p0, int64_t kc, int64_t j0, int64_t cols,
-                     int nr, P* scratch) {
-  packing.b(b, p0, kc, j0, cols, nr, scratch);
-  return {scratch, ceil_div(kc, Packing::kStep) * nr};
-}
-template <typename Packing, typename P>
-Slivers<P> b_slivers(const Packing&, const Prepacked<P>& b, int64_t p0, int64_t, int64_t j0, int64_t, int nr, P*) {
-  return {b.p + (j0 / nr) * b.stride + (p0 / Packing::kStep) * nr, b.stride};
-}
-
-// One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
-// block, the tile's rows of op(A) are packed once into MR-row slivers (or, with shared_a,
-// a tile of every row, were packed already for all of k: block after block, each block's
-// slivers a_stride apart, the blocks ceil(rows / MR) KC-deep slivers apart); then per
-// NC-wide panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
-template <typename Packing, typename T, typename OperandA, typename OperandB>
-void run_tile(const MicroKernel<typename Packing::P, T>& mk,
-              const Packing& packing,
-              const OperandA& a,
-              const OperandB& b,
-              int64_t k,
-              bool accumulate,
-              T* c,
-              int64_t ldc,
-              int64_t i0,
-              int64_t rows,
-              int64_t j0,
-              int64_t cols,
-              const GemmEpilogue<T>& epilogue,
-              const GemmPrologue<T>& prologue,
-              const typename Packing::P* shared_a = nullptr) {
-  using P = typename Packing::P;
-  const int mr = mk.mr, nr = mk.nr;
-  const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
-  P* packed_a =
-      shared_a != nullptr ? nullptr : scratch<P>(0, Packing::a_stride(depth_of(mk.kc), mr) * ceil_div(rows, mr));
-  P* packed_b = scratch<P>(1, depth_of(mk.kc) * round_up(std::min(cols, mk.nc), nr));
-  // A scratch epilogue's blocks, where the product passes over k once: each sliver's block
-  // of a panel in `block` (MR x NC, in L1), C untouched.
-  const bool in_block = epilogue.scratch && !accumulate && k <= mk.kc;
-  const int64_t ld_block = round_up(std::min(cols, mk.nc), nr);
-  T* block = in_block ? scratch<T>(2, mr * ld_block) : nullptr;
-  alignas(64) T edge[32 * 32];  // one partial MR x NR block (every kernel has MR, NR <= 32)
-  {
-    const FlushSubnormals flush(packing.flush);
-    for (int64_t p0 = 0; p0 < k; p0 += mk.kc) {
-      const int64_t kc = std::min(mk.kc, k - p0), depth = depth_of(kc);
-      const bool acc = accumulate || p0 > 0;  // later blocks continue each element's chain
-      const bool start = p0 == 0 && prologue;  // or each chain starts from the prologue's row
-      const bool last = p0 + kc >= k;         // this block's multiply-adds are each element's last
-      const int64_t a_stride = Packing::a_stride(depth, mr);
-      const P* block_a = packed_a;
-      if (shared_a != nullptr)  // every block before this one is KC deep
-        block_a = shared_a + (p0 / mk.kc) * ceil_div(rows, mr) * Packing::a_stride(depth_of(mk.kc), mr);
-      else
-        packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
-      for (int64_t jc = 0; jc < cols; jc += mk.nc) {
-        const int64_t panel = std::min(mk.nc, cols - jc);
-        const Slivers<P> bs = b_slivers(packing, b, p0, kc, j0 + jc, panel, nr, packed_b);
-        for (int64_t ir = 0; ir < rows; ir += mr) {
-          const int64_t h = std::min<int64_t>(mr, rows - ir);
-          const P* pa = block_a + (ir / mr) * a_stride;
-          T* cs = in_block ? block : c + (i0 + ir) * ldc + j0 + jc;  // the sliver's rows of this panel
-          const int64_t lds = in_block ? ld_block : ldc;
-          for (int64_t jr = 0; jr < panel; jr += nr) {
-            const int64_t w = std::min<int64_t>(nr, panel - jr);
-            const P* pb = bs.p + (jr / nr) * bs.stride;
-            T* ct = cs + jr;
-            // Where the block's chains start: its own C, the prologue's row (every row alike), or +0.
-            const T* from = acc ? ct : start ? prologue.row + j0 + jc + jr : nullptr;
-            const int64_t ld_from = acc ? lds : 0;
-            if (h == mr && w == nr) {
-              mk.fn(depth, pa, pb, ct, lds, from, ld_from);
-              continue;
-            }
-            // Partial block: on a copy, by the kernel of the fewest rows that hold it (the same
-            // chains); padded rows and lanes are discarded.
-            const auto fn = h <= 4 && mk.fn4 != nullptr ? mk.fn4 : h <= 8 && mk.fn8 != nullptr ? mk.fn8 : mk.fn;
-            if (from != nullptr)
-              for (int64_t r = 0; r < h; ++r) std::memcpy(edge + r * nr, from + r * ld_from, w * sizeof(T));
-            fn(depth, pa, pb, edge, nr, from != nullptr ? edge : nullptr, nr);
-            for (int64_t r = 0; r < h; ++r) std::memcpy(ct + r * lds, edge + r * nr, w * sizeof(T));
-          }
-          // The sliver's MR rows of this panel are final: the epilogue takes them while they
-          // are in L1 (12 KiB for bf16's 12 x 256), where the whole tile (up to 1032 rows by
-          // every column, megabytes) would have left the cache; with the caller's MXCSR.
-          if (epilogue && last) {
-            flush.suspend();
-            epilogue.fn(i0 + ir, h, j0 + jc, panel, cs, lds);
-            flush.resume();
-          }
-        }
-      }
-    }
-  }
-}
-
-// Whether a product of m x n x k runs on the OpenMP pool, and on how many threads. Inside
-// any parallel region (omp_get_level, unlike omp_in_parallel, counts a team of one too) a
-// product runs on its caller's thread, and one thread never enters a parallel construct:
-// even a team of one costs a microsecond, a sixth of a 64 x 64 x 64 product.
-int product_threads(int64_t m, int64_t n, int64_t k) {
-  const bool parallel = omp_get_level() == 0 && m * n * k >= kParallelMinWork;
-  return parallel ? omp_get_max_threads() : 1;
-}
-
-// Where a product does not run by packed tiles: the prologue over all of C first, which
-// the product then accumulates onto.
-template <typename T>
-void start_whole(const GemmPrologue<T>& prologue, int64_t m, int64_t n, T* c, int64_t ldc, bool& accumulate) {
-  LOOM_CHECK(!(prologue && accumulate));
-  if (!prologue || m == 0 || n == 0) return;
-  prologue.fill(m, 0, n, c, ldc);
-  accumulate = true;
-}
-
-// k == 0 (or an empty C): C kept (accumulate), the prologue's or zeroed, then the epilogue.
-// True when the product is done.
-template <typename T>
-bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int64_t ldc,
-                     const GemmEpilogue<T>& epilogue, const GemmPrologue<T>& prologue) {
-  if (m == 0 || n == 0) return true;
-  if (k != 0) return false;
-  start_whole(prologue, m, n, c, ldc, accumulate);
-  if (!accumulate)
-    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
-  if (epilogue) epilogue.fn(0, m, 0, n, c, ldc);
-  return true;
-}
-
-// Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
-// threads; no split touches k, so the bits do not depend on the thread count.
-template <typename Packing, typename T, typename OperandA, typename OperandB>
-void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
-                 const Packing& packing,
-                 int threads,
-                 const OperandA& oa,
-                 const OperandB& ob,
-                 int64_t m,
-                 int64_t n,
-                 int64_t k,
-                 bool accumulate,
-                 T* c,
-                 int64_t ldc,
-                 const GemmEpilogue<T>& epilogue,
-                 const GemmPrologue<T>& prologue = {}) {
-  LOOM_CHECK(!(prologue && accumulate));
-  // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
-  // every column (A is then packed once per KC block). With several threads the tile count
-  // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
-  // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
-  // 2 MR rows and NR columns.
-  int64_t tm = ceil_div(m, n > mk.nc || ob.trans ? mk.mc_wide : mk.mc), tn = 1;
-  while (threads > 1 && (tm * tn) % threads != 0) {
-    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
-    if (rows_ok && (n <= m || !cols_ok)) {
-      ++tm;
-    } else if (cols_ok) {
-      ++tn;
-    } else {
-      break;
-    }
-  }
-  const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
-  const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
-  const auto tile = [&](int64_t t) {
-    const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
-    run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue,
-             prologue);
-  };
-  using P = typename Packing::P;
-  if (tiles_n == tiles && tiles > 1 && shares_packing(threads)) {
-    // Every tile is a band of columns by every row, so each would pack all of op(A): it is
-    // packed once instead, block by block of k, each thread a share of the rows (whole
-    // slivers), as run_tile's shared_a reads it.
-    const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
-    const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr), blocks = ceil_div(k, mk.kc);
-    const int64_t share = round_up(ceil_div(m, threads), mk.mr), shares = ceil_div(m, share);
-    P* shared = scratch<P>(3, blocks * block);
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(static)
-      for (int64_t task = 0; task < blocks * shares; ++task) {
-        const gemm_detail::FlushSubnormals flush(packing.flush);
-        const int64_t p0 = (task / shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % shares) * share;
-        const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
-        packing.a(oa, r0, std::min(share, m - r0), p0, kc, mk.mr, shared + (p0 / mk.kc) * block + (r0 / mk.mr) * stride,
-                  stride);
-      }
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t j0 = t * nc;
-        run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, 0, m, j0, std::min(nc, n - j0), epilogue, prologue,
-                 static_cast<const P*>(shared));
-      }
-    }
-    return;
-  }
-  if constexpr (!std::is_same_v<OperandB, Prepacked<P>>) {
-    if (tiles_n == 1 && tiles > 1 && shares_packing(threads)) {
-      // Every tile is a band of rows by every column, so each would pack all of op(B): it
-      // is packed once instead, over all of k, each thread a share of its NR-column slivers
-      // (the values are the same whoever packs them, so are the bits), then the tiles read it
-      // as PackedB's products do. In the calling thread's scratch, kept from call to call.
-      const int64_t stride = ceil_div(k, Packing::kStep) * mk.nr, slivers = ceil_div(n, mk.nr);
-      const int64_t share = ceil_div(slivers, threads);
-      P* shared = scratch<P>(3, slivers * stride);
-      const Prepacked<P> packed{shared, stride};
-#pragma omp parallel num_threads(threads)
-      {
-#pragma omp for schedule(static)
-        for (int64_t s0 = 0; s0 < slivers; s0 += share) {
-          const gemm_detail::FlushSubnormals flush(packing.flush);
-          const int64_t j0 = s0 * mk.nr;
-          packing.b(ob, 0, k, j0, std::min(share * mk.nr, n - j0), mk.nr, shared + s0 * stride);
-        }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; ++t) {
-          const int64_t i0 = t * mc;
-          run_tile(mk, packing, oa, packed, k, accumulate, c, ldc, i0, std::min(mc, m - i0), 0, n, epilogue, prologue);
-        }
-      }
-      return;
-    }
-  }
-  if (threads == 1) {
-    for (int64_t t = 0; t < tiles; ++t) tile(t);
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tiles; ++t) tile(t);
-}
 
 // An f32 or f64 product on a plain kernel: a few rows without packing (skinny.h), else packed.
 template <typename T>
