@@ -5,7 +5,8 @@
 # checked call, warm-up, at least MIN_ITERS calls a rep, the median of REPS reps and their
 # spread). Prints each side's busbw (or, up to 4 KiB, its time) with the spread, and the
 # Loom/peer ratios.
-# Usage: bench/comm_vs_peers.sh [NP ...]   (default: 2 4; REPS=5 MIN_ITERS=100 SIZES="...")
+# Usage: bench/comm_vs_peers.sh [NP ...]   (default: 2 4; REPS=5 MIN_ITERS=100 SIZES="..."
+# OPS=all_reduce,all_gather,reduce_scatter,broadcast, any of them, for every side)
 # DIRTY=1: every side writes each call's input first (--dirty-inputs: one byte of every 64-byte
 # line, as a backward pass writes a gradient), timed with the call; without it the inputs stay
 # as the first call left them, in every core's cache (as nccl-tests runs).
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 nps=${*:-2 4}
 sizes=${SIZES:-8 4096 262144 1048576 4194304 16777216 67108864}
 reps=${REPS:-5}
+export OPS=${OPS:-all_reduce,all_gather,reduce_scatter,broadcast}
 min_iters=${MIN_ITERS:-100}
 dirty=()
 [ "${DIRTY:-0}" = 1 ] && dirty=(--dirty-inputs)
@@ -33,7 +35,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "# CPU: $(lscpu | sed -n 's/^Model name: *//p'); $reps reps of at least $min_iters calls each${dirty:+; inputs rewritten before each call}${shared:+; Loom inputs in shared memory (--shared-inputs)}" >&2
 for np in $nps; do
   echo "== np=$np: loom" >&2
-  $loom launch -n "$np" -- $loom bench comm "${dirty[@]}" "${shared[@]}" --op all_reduce,all_gather,reduce_scatter,broadcast \
+  $loom launch -n "$np" -- $loom bench comm "${dirty[@]}" "${shared[@]}" --op "$OPS" \
     --sizes "${sizes// /,}" --reps "$reps" --min-iters "$min_iters" | sed 's/^\[rank 0\] //' \
     | awk -v np="$np" '/^# [a-z_]+$/ {op=$2} /^ +[0-9]/ {print "loom", np, op, $1, $4, $6, $9}' >> "$out/rows"
   echo "== np=$np: openmpi" >&2

@@ -6,7 +6,7 @@
 // calibrated to ~0.1 s and at least MIN_ITERS, the median of REPS rank-averaged reps, and
 // their spread). One process per rank, started by bench/peers/run_gloo.sh:
 //   RANK=r SIZE=n STORE=dir gloo_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]
-// Output lines as mpi_coll's.
+// Output lines, and the OPS filter, as mpi_coll's.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -142,6 +142,14 @@ bool check(int op, size_t n, float* send, float* recv, const std::function<void(
   return true;
 }
 
+// True when OPS is unset or names `name` as one of its comma-separated entries.
+bool wanted(const std::string& name) {
+  const char* ops = std::getenv("OPS");
+  if (ops == nullptr || *ops == '\0') return true;
+  std::string list = std::string(",") + ops + ",";
+  return list.find("," + name + ",") != std::string::npos;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,6 +192,7 @@ int main(int argc, char** argv) {
     std::printf("# label np op bytes time_us algbw_GBps busbw_GBps iters spread_pct check\n");
   }
   for (int op = 0; op < kOps; ++op) {
+    if (!wanted(kNames[op])) continue;
     for (size_t s : sizes) {
       size_t n = s / sizeof(float);
       if (op == kAllGather || op == kReduceScatter) n /= g_size;

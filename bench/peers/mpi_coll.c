@@ -8,6 +8,8 @@
  *
  *   mpirun -np N mpi_coll [--dirty-inputs] LABEL REPS MIN_ITERS SIZE [SIZE ...]
  *
+ * OPS in the environment (a comma-separated list of the names below) runs only those ops.
+ *
  * Prints '#' lines, then per op and size:
  *   LABEL NP OP BYTES TIME_US ALGBW_GBPS BUSBW_GBPS ITERS SPREAD_PCT ok|WRONG
  * where SPREAD_PCT = (slowest rep - fastest rep) / median x 100. */
@@ -20,6 +22,18 @@ enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, OPS };
 static const char *const kNames[OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
 
 static int g_rank, g_size;
+
+/* 1 when OPS is unset or names `name` as one of its comma-separated entries. */
+static int wanted(const char *name) {
+  const char *ops = getenv("OPS");
+  if (ops == NULL || *ops == '\0') return 1;
+  const size_t len = strlen(name);
+  for (const char *p = ops;; ++p) {
+    if (strncmp(p, name, len) == 0 && (p[len] == ',' || p[len] == '\0')) return 1;
+    p = strchr(p, ',');
+    if (p == NULL) return 0;
+  }
+}
 static float *g_send, *g_recv;
 
 static double bus_factor(int op) {
@@ -121,6 +135,7 @@ int main(int argc, char **argv) {
     printf("# label np op bytes time_us algbw_GBps busbw_GBps iters spread_pct check\n");
   }
   for (int op = 0; op < OPS; ++op) {
+    if (!wanted(kNames[op])) continue;
     for (int a = 4; a < argc; ++a) {
       const size_t n = per_rank_count(op, strtoull(argv[a], NULL, 10));
       const size_t bytes = (op == ALL_GATHER || op == REDUCE_SCATTER ? n * (size_t)g_size : n) * sizeof(float);

@@ -185,9 +185,10 @@ TEST(Collectives, TeeCopyFillsBothDestinationsExactly) {
 
 // Inputs in alloc_shared memory, which peers read in place (and, in a group of 3 or 4,
 // one rank's in ordinary memory, which goes through its slot): all_reduce, all_gather,
-// reduce_scatter, and broadcast (which does not read in place), out of place and in
-// place, at offsets inside the buffer, below, at and above the size from which inputs are
-// read in place, in one round and in many (64 KiB slots).
+// reduce_scatter and broadcast (from a root whose buffer is shared and, in a group of 3 or
+// 4, from one whose is not), out of place and in place, at offsets inside the buffer,
+// below, at and above the size from which inputs are read in place, in one round and in
+// many (64 KiB slots).
 TEST(Collectives, SharedInputsMatchClosedForm) {
   for (int n : {2, 3, 4}) {
     run_ranks(n, {.transport = "shm", .shm_slot_bytes = 64 << 10}, [n](Communicator& c) {
@@ -216,9 +217,12 @@ TEST(Collectives, SharedInputsMatchClosedForm) {
         reduce_scatter(c, {.input = buf, .output = out.data(), .count = count});
         for (size_t i = 0; i < count; ++i)
           ASSERT_EQ(out[i], testing::expected(ReduceOp::kSum, DType::kF32, n, r * count + i)) << what << " reduce_scatter, i " << i;
-        for (size_t i = 0; i < count; ++i) buf[i] = r == n - 1 ? static_cast<float>(i) : -1.0f;
-        broadcast(c, {.buffer = buf, .count = count, .root = n - 1});
-        for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<float>(i)) << what << " broadcast, i " << i;
+        for (int root : {n - 1, 1}) {
+          for (size_t i = 0; i < count; ++i) buf[i] = r == root ? static_cast<float>(i + root) : -1.0f;
+          broadcast(c, {.buffer = buf, .count = count, .root = root});
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(buf[i], static_cast<float>(i + root)) << what << " broadcast from " << root << ", i " << i;
+        }
         // In place: this rank's block of the output is its input.
         float* whole = buf;
         for (size_t i = 0; i < count; ++i) whole[r * count + i] = static_cast<float>(r * 1000003 + i);
@@ -263,8 +267,9 @@ TEST(Collectives, PlacedInputsAreNamedInThePostAndReadInPlace) {
 }
 
 // A rank whose input its peers read in place returns only once they are done with it:
-// rank 0 overwrites its input the moment all_gather (or reduce_scatter) returns, while rank 1 is still slow
-// to copy (its output's pages are not yet mapped); rank 1 must still have rank 0's bytes.
+// rank 0 overwrites its input the moment all_gather, reduce_scatter or broadcast returns,
+// while rank 1 is still slow to copy (its output's pages are not yet mapped, or it comes
+// late to the broadcast); rank 1 must still have rank 0's bytes.
 TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
   run_ranks(2, {.transport = "shm", .shm_slot_bytes = 4 << 20}, [](Communicator& c) {
     const size_t count = 1 << 20, bytes = count * 4;
@@ -276,18 +281,23 @@ TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
       ASSERT_NE(p, MAP_FAILED);
       auto* out = static_cast<float*>(p);
       if (c.rank() == 0) std::memset(out, 0, 2 * bytes);  // rank 0's copy is the fast one
-      const bool gather = iter % 2 == 0;  // else a reduce_scatter
-      if (gather) all_gather(c, {.input = x, .output = out, .count = count});
-      else reduce_scatter(c, {.input = x, .output = out, .count = count / 2});
+      const int op = iter % 3;  // all_gather, reduce_scatter, broadcast
+      if (op == 0) all_gather(c, {.input = x, .output = out, .count = count});
+      if (op == 1) reduce_scatter(c, {.input = x, .output = out, .count = count / 2});
+      if (op == 2) {
+        if (c.rank() == 1) std::this_thread::sleep_for(milliseconds(2));
+        broadcast(c, {.buffer = x, .count = count, .root = 0});
+      }
       if (c.rank() == 0) std::memset(x, 0xff, bytes);
       barrier(c);
       size_t wrong = 0;
-      if (gather) {
+      if (op == 0) {
         for (size_t i = 0; i < 2 * count; ++i) wrong += out[i] != static_cast<float>(i / count + 1);
       } else if (c.rank() == 1) {
-        for (size_t i = 0; i < count / 2; ++i) wrong += out[i] != 3.0f;
+        const float want = op == 1 ? 3.0f : 1.0f;
+        for (size_t i = 0; i < (op == 1 ? count / 2 : count); ++i) wrong += (op == 1 ? out[i] : x[i]) != want;
       }
-      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << (gather ? " all_gather" : " reduce_scatter") << " iteration " << iter;
+      EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << " op " << op << " iteration " << iter;
       ::munmap(p, 2 * bytes);
     }
   });

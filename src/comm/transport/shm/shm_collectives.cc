@@ -5,7 +5,8 @@
 // straight from its peers' slots. A message is cut into rounds that fit a slot; two
 // slots per rank let round k+1 be filled while peers still read round k. An input in
 // shared memory (Communicator::alloc_shared) is not copied: the round's post names it and
-// peers read it in place (all_reduce, reduce, all_gather, reduce_scatter; ShmWindow::place).
+// peers read it in place (all_reduce, reduce, all_gather, reduce_scatter, broadcast's root;
+// ShmWindow::place).
 //
 // all_reduce of large messages: each rank reduces its 1/n slice of the round across all
 // slots (in rank order, so the bits never depend on timing) into its own slot, then
@@ -204,19 +205,24 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
   if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
+// A root whose buffer is shared is read in place and waits for its receivers; any other
+// fills its slot and returns, and may fill the next call's round while they copy.
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
+  uint64_t placed = 0;  // the root's last round that receivers read in place
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m, me == root);
     if (me == root) {
-      w.fill(w.data(me, round, m), buf + off, m);
+      if (w.place(round, buf + off, m)) placed = round;
+      else w.fill(w.data(me, round, m), buf + off, m);
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      copy_bytes(buf + off, w.data(root, round, m), m);
+      copy_bytes(buf + off, w.input(root, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
+  if (placed) w.wait_all(ShmWindow::kDone, placed, c.t, c.fp, c.timeout);
 }
 
 void shm_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes, int root) {
