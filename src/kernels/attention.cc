@@ -294,12 +294,10 @@ void backward_head(T* dq, T* dk, T* dv, int64_t ld, const T* dy, const HeadInput
       const auto each_seen = [&](T* row, int64_t i0, auto&& value) {
         const int64_t a0 = std::min(whole, i0 / kSumLanes * kSumLanes);
         std::fill(row, row + a0, T(0));
-        for (int64_t a = a0; a < whole; a += kSumLanes) {
 #pragma omp simd
-          for (int64_t i = a; i < a + kSumLanes; ++i) {
-            const T v = value(i);
-            row[i] = i >= i0 ? v : T(0);
-          }
+        for (int64_t i = a0; i < whole; ++i) {
+          const T v = value(i);
+          row[i] = i >= i0 ? v : T(0);
         }
         for (int64_t i = whole; i < rows; ++i) row[i] = i >= i0 ? value(i) : T(0);
       };
