@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/comm_checks.h"
+#include "comm/communicator_impl.h"
 #include "comm/copy.h"
 #include "comm/transport/shm/shm_window.h"
 
@@ -231,6 +232,65 @@ TEST(Collectives, SharedInputsMatchClosedForm) {
           ASSERT_EQ(whole[i], static_cast<float>(i / count * 1000003 + i % count)) << what << " in place, i " << i;
       }
     });
+  }
+}
+
+// all_reduce and reduce store each rank's reduced slice for its peers with ordinary stores
+// or streaming ones, as the op's decider picks (ShmWindow::choose_slice_mode): either kind,
+// forced on every rank, gives the closed form, for f32, bf16 (its own block loop) and i32,
+// in one round and in many (64 KiB slots), out of place and in place, and for a reduce whose
+// root (its decider) is not rank 0.
+TEST(Collectives, ReducedSlicesStoredEitherWayMatchClosedForm) {
+  for (int n : {2, 3}) {
+    run_ranks(n, {.transport = "shm", .shm_slot_bytes = 64 << 10}, [n](Communicator& c) {
+      ShmWindow* w = CommunicatorAccess::impl(c).window.get();
+      ASSERT_NE(w, nullptr);
+      for (int mode : {1, 0}) {
+        w->force_slice_mode(mode);
+        for (DType dt : {DType::kF32, DType::kBF16, DType::kI32}) {
+          for (size_t count : {size_t{9000}, size_t{70001}}) {
+            SCOPED_TRACE(cat("n ", n, " mode ", mode, " ", dtype_name(dt), " count ", count));
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+              testing::check_all_reduce(c, Algorithm::kShmDirect, dt, op, count, false);
+              testing::check_all_reduce(c, Algorithm::kShmDirect, dt, op, count, true);
+            }
+            testing::check_reduce(c, Algorithm::kShmDirect, dt, ReduceOp::kSum, count, n - 1);
+          }
+        }
+      }
+      w->force_slice_mode(-1);
+    });
+  }
+}
+
+// The decider's pick: ordinary stores until streaming has been measured clearly cheaper
+// (by more than the margin), the other kind every 64th round, and the pick a peer reads
+// from the decider's post is the one it posted.
+TEST(Collectives, SliceStoresFollowTheirMeasuredCost) {
+  HashStore store;
+  std::unique_ptr<ShmWindow> w[2];
+  std::thread t[2];
+  const Deadline d = Clock::now() + std::chrono::seconds(10);
+  for (int i = 0; i < 2; ++i) t[i] = std::thread([&, i] { w[i] = ShmWindow::create(store, "w", i, 2, 64 << 10, d); });
+  for (auto& th : t) th.join();
+  const auto picks = [&] {  // the picks of 128 rounds: how many streamed
+    int streamed = 0;
+    for (int r = 0; r < 128; ++r) streamed += w[0]->choose_slice_mode();
+    return streamed;
+  };
+  EXPECT_EQ(picks(), 2);  // nothing measured: ordinary, streaming tried twice
+  w[0]->note_slice_cost(0, 1.0);
+  w[0]->note_slice_cost(1, 0.95);  // within the margin
+  EXPECT_EQ(picks(), 2);
+  for (int i = 0; i < 8; ++i) w[0]->note_slice_cost(1, 0.5);
+  EXPECT_EQ(picks(), 126);  // streaming, ordinary tried twice
+  for (int i = 0; i < 8; ++i) w[0]->note_slice_cost(0, 0.2);
+  EXPECT_EQ(picks(), 2);
+  w[0]->force_slice_mode(1);
+  EXPECT_EQ(picks(), 128);
+  for (int mode : {1, 0}) {
+    w[0]->post_slice_mode(7, mode);
+    EXPECT_EQ(w[1]->slice_mode(0, 7), mode);
   }
 }
 

@@ -70,8 +70,17 @@ void avg_native(T* buf, size_t count, int n) {
   for (size_t i = 0; i < count; ++i) buf[i] = static_cast<T>(buf[i] / static_cast<T>(n));
 }
 
+// A finished block to out: streaming stores (into memory) or ordinary ones (into the cache).
+void write_block(void* out, const void* block, size_t bytes, bool stream) {
+  if (stream) {
+    stream_copy(out, block, bytes);
+  } else {
+    copy_bytes(out, block, bytes);
+  }
+}
+
 template <typename T>
-void many_native(T* out, T* out2, const void* const* ins, int n, size_t count, ReduceOp op) {
+void many_native(T* out, T* out2, const void* const* ins, int n, size_t count, ReduceOp op, bool stream_out) {
   // Block-wise so the partial result stays in L1 while each input streams past once.
   for (size_t b = 0; b < count; b += kBlock) {
     size_t m = std::min(kBlock, count - b);
@@ -79,13 +88,14 @@ void many_native(T* out, T* out2, const void* const* ins, int n, size_t count, R
     copy_bytes(tmp, static_cast<const T*>(ins[0]) + b, m * sizeof(T));
     for (int k = 1; k < n; ++k) into_native(tmp, static_cast<const T*>(ins[k]) + b, m, op);
     if (op == ReduceOp::kAvg) avg_native(tmp, m, n);
-    copy_bytes(out + b, tmp, m * sizeof(T));
+    write_block(out + b, tmp, m * sizeof(T), stream_out);
     if (out2) copy_bytes(out2 + b, tmp, m * sizeof(T));
   }
 }
 
 template <typename H>
-void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, size_t count, ReduceOp op) {
+void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, size_t count, ReduceOp op,
+               bool stream_out) {
   for (size_t b = 0; b < count; b += kBlock) {
     size_t m = std::min(kBlock, count - b);
     float tmp[kBlock];
@@ -97,8 +107,10 @@ void many_half(uint16_t* out, uint16_t* out2, const void* const* ins, int n, siz
     }
     if (op == ReduceOp::kAvg)
       for (size_t i = 0; i < m; ++i) tmp[i] /= static_cast<float>(n);
-    for (size_t i = 0; i < m; ++i) out[b + i] = H::store(tmp[i]);
-    if (out2) copy_bytes(out2 + b, out + b, m * sizeof(uint16_t));
+    uint16_t bits[kBlock];
+    for (size_t i = 0; i < m; ++i) bits[i] = H::store(tmp[i]);
+    write_block(out + b, bits, m * sizeof(uint16_t), stream_out);
+    if (out2) copy_bytes(out2 + b, bits, m * sizeof(uint16_t));
   }
 }
 
@@ -127,22 +139,22 @@ void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp 
 }
 
 void reduce_many(void* out, const void* const* ins, int n, size_t count, DType dtype, ReduceOp op,
-                 void* out2) {
+                 void* out2, bool stream_out) {
   switch (dtype) {
     case DType::kF32:
-      return many_native(static_cast<float*>(out), static_cast<float*>(out2), ins, n, count, op);
+      return many_native(static_cast<float*>(out), static_cast<float*>(out2), ins, n, count, op, stream_out);
     case DType::kF64:
-      return many_native(static_cast<double*>(out), static_cast<double*>(out2), ins, n, count, op);
+      return many_native(static_cast<double*>(out), static_cast<double*>(out2), ins, n, count, op, stream_out);
     case DType::kI32:
-      return many_native(static_cast<int32_t*>(out), static_cast<int32_t*>(out2), ins, n, count, op);
+      return many_native(static_cast<int32_t*>(out), static_cast<int32_t*>(out2), ins, n, count, op, stream_out);
     case DType::kI64:
-      return many_native(static_cast<int64_t*>(out), static_cast<int64_t*>(out2), ins, n, count, op);
+      return many_native(static_cast<int64_t*>(out), static_cast<int64_t*>(out2), ins, n, count, op, stream_out);
     case DType::kU8:
-      return many_native(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out2), ins, n, count, op);
+      return many_native(static_cast<uint8_t*>(out), static_cast<uint8_t*>(out2), ins, n, count, op, stream_out);
     case DType::kBF16:
-      return many_half<Bf16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
+      return many_half<Bf16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op, stream_out);
     case DType::kF16:
-      return many_half<F16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op);
+      return many_half<F16>(static_cast<uint16_t*>(out), static_cast<uint16_t*>(out2), ins, n, count, op, stream_out);
     case DType::kU16:
     case DType::kI8: break;
   }

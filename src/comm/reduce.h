@@ -16,8 +16,9 @@ void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp 
 // out[i] = ins[0][i] (op) ins[1][i] (op) ... in that order, accumulated in f32 for bf16 and
 // f16; then divided by n for kAvg. `out` may alias any input at the same offsets. When
 // `out2` is given the result is written there too (from L1, so it costs no extra read).
+// stream_out: `out` is written with streaming stores, straight to memory (the same bytes).
 void reduce_many(void* out, const void* const* ins, int n, size_t count, DType dtype, ReduceOp op,
-                 void* out2 = nullptr);
+                 void* out2 = nullptr, bool stream_out = false);
 
 // buf[i] /= n: the last step of kAvg after a sum (integers truncate toward zero).
 void finish_avg(void* buf, size_t count, DType dtype, int n);

@@ -14,6 +14,7 @@
 // Small messages skip the second phase: every rank reduces the whole round itself.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "comm/algorithms/algorithms.h"
@@ -115,13 +116,19 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
       w.fill(mine, src, b0 * es);
       w.fill(mine + b1 * es, src + b1 * es, (m - b1) * es);
     }
+    // A rank that copies every slice out picks how all of them are stored this round.
+    const int decider = root < 0 ? 0 : root;
+    if (me == decider) w.post_slice_mode(round, w.choose_slice_mode());
     w.publish(ShmWindow::kPosted, round, &c.fp);
     w.wait_all(ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int slice_mode = w.slice_mode(decider, round);
     for (int p = 0; p < n; ++p) ins[p] = (p == me ? src : w.input(p, round, m * es)) + b0 * es;
     const bool gathers = root < 0 || root == me;
     // The finished slice goes to the slot (for peers) and, on ranks that want the
     // result, straight to the output.
-    reduce_many(mine + b0 * es, ins.data(), n, b1 - b0, dt, op, gathers ? out + (off + b0) * es : nullptr);
+    reduce_many(mine + b0 * es, ins.data(), n, b1 - b0, dt, op, gathers ? out + (off + b0) * es : nullptr,
+                slice_mode == 1);
     w.publish(ShmWindow::kReduced, round);
     if (gathers) {
       for (int p = 0; p < n; ++p) {
@@ -130,6 +137,10 @@ void reduce_rounds(OpContext& c, ShmWindow& w, const char* in, char* out, size_t
         size_t p0 = block_begin(m, n, p), p1 = block_begin(m, n, p + 1);
         write_out(count * es >= kStreamOutBytes, out + (off + p0) * es, w.slot(p, round) + p0 * es, (p1 - p0) * es);
       }
+    }
+    if (me == decider) {
+      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+      w.note_slice_cost(slice_mode, ns / static_cast<double>(m * es));
     }
     w.publish(ShmWindow::kDone, round);
   });

@@ -62,6 +62,13 @@ constexpr uint64_t kFillProbeEvery = 64;
 // copy-out took 6.1-7.7 ms a call after streaming fills against 4.6-5.5 after ordinary
 // ones, about 1.3x).
 constexpr double kStreamingPenalty = 1.5;
+// A decider's rounds stream their slices only when ordinary stores cost this much more: the
+// costs are whole rounds, measured where the bytes are read, so a small margin only keeps
+// the pick from flapping on noise.
+constexpr double kSliceMargin = 1.1;
+// Where a round's slice kind sits in the decider's post line: past place()'s 16 bytes.
+constexpr size_t kSliceModeByte = 16;
+static_assert(kSliceModeByte < ShmWindow::kInlineBytes);
 
 }  // namespace
 
@@ -282,6 +289,25 @@ void ShmWindow::fill(void* dst, const void* src, size_t n, void* also, bool stre
   double cost = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / static_cast<double>(n);
   double& avg = fill_cost_[also != nullptr][mode];
   avg = avg == 0 ? cost : 0.75 * avg + 0.25 * cost;
+}
+
+int ShmWindow::choose_slice_mode() {
+  if (forced_slice_mode_ >= 0) return forced_slice_mode_;
+  const int mode = slice_cost_[1] > 0 && slice_cost_[0] > kSliceMargin * slice_cost_[1] ? 1 : 0;
+  return ++slices_ % kFillProbeEvery == 0 ? 1 - mode : mode;
+}
+
+void ShmWindow::post_slice_mode(uint64_t round, int mode) {
+  control_[rank_].post[round % kPosts].data[kSliceModeByte] = static_cast<char>(mode);
+}
+
+int ShmWindow::slice_mode(int peer, uint64_t round) const {
+  return control_[peer].post[round % kPosts].data[kSliceModeByte] == 1 ? 1 : 0;
+}
+
+void ShmWindow::note_slice_cost(int mode, double ns_per_byte) {
+  double& avg = slice_cost_[mode];
+  avg = avg == 0 ? ns_per_byte : 0.75 * avg + 0.25 * ns_per_byte;
 }
 
 char* ShmWindow::data(int rank, uint64_t round, size_t bytes) const {

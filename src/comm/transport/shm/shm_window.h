@@ -73,6 +73,20 @@ class ShmWindow {
   // Which store fill() would use now for its slot, in fills with a second destination
   // (`also`) or without: 0 ordinary, 1 streaming (tests, benchmarks).
   int fill_mode(bool also = false) const;
+  // How all_reduce's and reduce's ranks store the slices they reduce into their slots for
+  // peers to copy out (docs/algorithms.md, "Slot stores"): 0 ordinary stores, which leave a
+  // slice in the writer's cache, or 1 streaming ones, which send it to memory. Which costs
+  // less depends on where the ranks' cores sit and changes while a job runs, so one rank of
+  // the op (the decider) picks a kind each round from what its rounds cost in each, its
+  // reduce and its copies out together, tries the other kind every 64th round, and posts its
+  // pick; every rank stores in the kind the decider posted, so the decider's copies measure it.
+  int choose_slice_mode();                           // the decider, before it posts a round
+  void post_slice_mode(uint64_t round, int mode);    // the decider, before publish(kPosted)
+  int slice_mode(int peer, uint64_t round) const;    // after wait(kPosted) on the decider
+  void note_slice_cost(int mode, double ns_per_byte);  // the decider, after its round
+  // Tests: every choice is `mode` from now on (-1: measured again).
+  void force_slice_mode(int mode) { forced_slice_mode_ = mode; }
+
   // Publishes this rank's counter (release). kPosted also records `fp` for the slot.
   void publish(Counter c, uint64_t round, const Fingerprint* fp = nullptr);
 
@@ -143,6 +157,10 @@ class ShmWindow {
   // Recent ns per byte of each store kind, [with `also`][kind]; 0 = not yet measured.
   double fill_cost_[2][2] = {{0, 0}, {0, 0}};
   uint64_t fills_ = 0;            // large fills so far
+  // Recent ns per byte of a decider's rounds with slices in each kind; 0 = not yet measured.
+  double slice_cost_[2] = {0, 0};
+  uint64_t slices_ = 0;  // rounds decided so far
+  int forced_slice_mode_ = -1;
   // The regions shared so far, by id (1, 2, ...); the user's thread adds, the op's reads.
   mutable std::mutex regions_mu_;
   std::vector<std::weak_ptr<Region>> regions_;
