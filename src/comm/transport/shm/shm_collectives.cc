@@ -11,7 +11,9 @@
 // all_reduce of large messages: each rank reduces its 1/n slice of the round across all
 // slots (in rank order, so the bits never depend on timing) into its own slot, then
 // copies every finished slice out: per rank about 2 reads and 2 writes of the message.
-// Small messages skip the second phase: every rank reduces the whole round itself.
+// The slices go to the slots with ordinary or streaming stores, whichever the op's decider
+// measures cheaper (ShmWindow::choose_slice_mode). Small messages skip the second phase:
+// every rank reduces the whole round itself.
 #include <unistd.h>
 
 #include <chrono>

@@ -74,7 +74,7 @@ class ShmWindow {
   // (`also`) or without: 0 ordinary, 1 streaming (tests, benchmarks).
   int fill_mode(bool also = false) const;
   // How all_reduce's and reduce's ranks store the slices they reduce into their slots for
-  // peers to copy out (docs/algorithms.md, "Slot stores"): 0 ordinary stores, which leave a
+  // peers to copy out (docs/algorithms.md, "Reduced slices"): 0 ordinary stores, which leave a
   // slice in the writer's cache, or 1 streaming ones, which send it to memory. Which costs
   // less depends on where the ranks' cores sit and changes while a job runs, so one rank of
   // the op (the decider) picks a kind each round from what its rounds cost in each, its
