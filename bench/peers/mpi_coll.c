@@ -22,6 +22,7 @@ enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, OPS };
 static const char *const kNames[OPS] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
 
 static int g_rank, g_size;
+static float *g_send, *g_recv;
 
 /* 1 when OPS is unset or names `name` as one of its comma-separated entries. */
 static int wanted(const char *name) {
@@ -34,7 +35,6 @@ static int wanted(const char *name) {
     if (p == NULL) return 0;
   }
 }
-static float *g_send, *g_recv;
 
 static double bus_factor(int op) {
   if (op == ALL_REDUCE) return 2.0 * (g_size - 1) / g_size;
