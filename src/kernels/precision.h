@@ -79,6 +79,13 @@ inline uint16_t bf16_operand_bits_of_bits(uint16_t h) {
 inline float bf16_operand_of_bits(uint16_t h) { return bf16_value(bf16_operand_bits_of_bits(h)); }
 // What an f16 product multiplies: x rounded to f16 (subnormals of f16 kept), as an f32.
 inline float f16_operand(float x) { return f16_value(f16_bits(x)); }
+// f16_operand of the value f16 bits h hold, from the bits: h's value, but a NaN made the
+// quiet NaN f16_bits gives every NaN (sign kept); rounding an f16 value changes nothing
+// else, so this is f16_operand(f16_value(h)) for every h, in one conversion where that is three.
+inline float f16_operand_of_bits(uint16_t h) {
+  const auto nan = static_cast<uint16_t>((h & 0x8000u) | 0x7e00u);
+  return f16_value((h & 0x7fffu) > 0x7c00u ? nan : h);
+}
 
 // out[i] = x[i] rounded as round_to rounds it (kF32: copied, nothing done in place), on the
 // calling thread: round_copy's body, and an epilogue's tile. out may be x.

@@ -104,6 +104,25 @@ TEST(Precision, Bf16OperandOfBitsIsTheOperandOfTheirValue) {
   EXPECT_EQ(quieted, 2 * 63);  // signalling NaNs: quiet bit clear, payload not zero
 }
 
+// The same for f16 bits: every one of the 65,536 is its own value (subnormals kept), but a
+// NaN, which becomes f16_bits' one quiet NaN of its sign.
+TEST(Precision, F16OperandOfBitsIsTheOperandOfTheirValue) {
+  int nans = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const uint32_t got = std::bit_cast<uint32_t>(f16_operand_of_bits(bits));
+    const uint32_t want = std::bit_cast<uint32_t>(f16_operand(f16_value(bits)));
+    ASSERT_EQ(got, want) << "bits 0x" << std::hex << h;
+    if ((h & 0x7fffu) > 0x7c00u) {
+      ++nans;
+      EXPECT_EQ(got, (h & 0x8000u) << 16 | 0x7fc00000u) << "bits 0x" << std::hex << h;
+    } else {
+      EXPECT_EQ(got, std::bit_cast<uint32_t>(f16_value(bits))) << "bits 0x" << std::hex << h;
+    }
+  }
+  EXPECT_EQ(nans, 2 * 1023);
+}
+
 // The GELU backward of mixed precision's MLP reads its input as 16-bit bits and rounds dh in
 // the same pass: the bits of load_half, gelu_backward and round_to one after the other, for
 // lengths across its 512-value blocks and the pool's chunks, on one thread and two.

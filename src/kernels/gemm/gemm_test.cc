@@ -672,7 +672,8 @@ TEST(GemmHalf, TheBackendsAgreeAndMxcsrIsRestored) {
 // The plain packers at every kernel's MR and NR (AVX-512's 12 x 32 among them, which a CPU
 // without AVX-512 never runs), for f32 and f64 values, f32 values and bf16 or f16 bits read
 // as 16-bit operands: each sliver holds what microkernel.h's layout says, zero-padded, for
-// both transposes, partial slivers and depths that are not a multiple of the transposes' 4.
+// both transposes, partial slivers and depths that are not a multiple of the transposes' 4
+// (130: f16 bits' packers make values 64 or 32 at a time first, several times then).
 template <typename Cvt, typename T, typename V>
 void expect_plain_packing(int mr, int nr, int64_t rows, int64_t cols, int64_t kc, bool ta, bool tb, uint64_t seed) {
   const int64_t lda = (ta ? rows : kc) + 3, ldb = (tb ? kc : cols) + 3;  // strided
@@ -726,7 +727,7 @@ TEST(Gemm, PlainPackersWriteTheLayoutAtEveryKernelShape) {
   uint64_t seed = 900;
   for (auto [mr, nr] : {std::pair{12, 32}, {6, 16}, {4, 16}, {4, 8}})
     for (auto [rows, cols, kc] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {5, 7, 3}, {12, 32, 4},
-                                   {13, 45, 9}, {37, 70, 33}})
+                                   {13, 45, 9}, {37, 70, 33}, {14, 40, 130}})
       for (int t = 0; t < 4; ++t) {
         const bool ta = t & 1, tb = t & 2;
         expect_plain_packing<gemm_detail::AsIs, float, float>(mr, nr, rows, cols, kc, ta, tb, seed += 2);
