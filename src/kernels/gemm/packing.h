@@ -91,6 +91,20 @@ void convert(T* x, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] = Cvt::value(x[i]);
 }
 
+// Whether the packers read f16 bits: those are made values a few rows at a time first
+// (values_of_rows), where widening each in a gather or a transpose ran f16's selects one value
+// at a time.
+template <typename Cvt, typename V>
+constexpr bool kF16Bits = std::is_same_v<Cvt, AsF16> && std::is_same_v<V, uint16_t>;
+
+// out[r * ld_out + q] = Cvt::value(src[r * ld + q]), r < rows, q < n: in a loop the compiler
+// vectorizes.
+template <typename Cvt, typename T, typename V>
+void values_of_rows(const V* src, int64_t ld, int64_t rows, int64_t n, T* out, int64_t ld_out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t q = 0; q < n; ++q) out[r * ld_out + q] = Cvt::value(src[r * ld + q]);
+}
+
 // Four values of a row as f32: f32 loaded, bf16 bits widened (a bf16 is the upper half of
 // its f32: each 16-bit value moved up into a 32-bit lane over zeros).
 inline __m128 load4(const float* p) { return _mm_loadu_ps(p); }
@@ -148,16 +162,15 @@ void pack_a_columns(const V* src, int64_t ld, int64_t kc, T* out) {
 template <typename Cvt, typename T, typename V>
 void pack_a(const Operand<V>& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, int mr, T* out) {
   const V* src = a.p + i0 * a.ld + p0;
-  if constexpr (std::is_same_v<Cvt, AsF16> && std::is_same_v<V, uint16_t>) {
-    // f16 bits: 64 values of each row made at a time in a loop the compiler vectorizes, then
-    // gathered as plain values (widened one at a time in the gather, with f16's selects,
-    // packing A was 12% of an fp16 gpt-mini step on one Zen 5 core: docs/perf.md).
+  if constexpr (kF16Bits<Cvt, V>) {
+    // 64 values of each row made at a time, then gathered as plain values (widened one at a
+    // time in the gather, with f16's selects, packing A was 12% of an fp16 gpt-mini step on
+    // one Zen 5 core: docs/perf.md).
     constexpr int64_t kChunk = 64;
     alignas(64) T values[32 * kChunk];  // every kernel's MR <= 32
     for (int64_t q0 = 0; q0 < kc; q0 += kChunk) {
       const int64_t n = std::min(kChunk, kc - q0);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t q = 0; q < n; ++q) values[r * kChunk + q] = Cvt::value(src[r * a.ld + q0 + q]);
+      values_of_rows<Cvt>(src + q0, a.ld, rows, n, values, kChunk);
       pack_a<AsIs>(Operand<T>{values, kChunk, false}, 0, rows, 0, n, mr, out + q0 * mr);
     }
     return;
@@ -265,16 +278,13 @@ void pack_b(const Operand<V>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
     const int64_t js = j0 + s * nr, width = std::min<int64_t>(nr, cols - s * nr);
     // Transposing: 32 values of k at a time, so the slice of the sliver being written
     // (32 rows of nr) stays in L1 while every source row is read. f16 bits are made values
-    // first, 32 of a row at a time in a loop the compiler vectorizes (one at a time in the
-    // transpose, f16's selects cost what pack_a's did), and transposed as plain values.
-    constexpr bool kF16Bits = std::is_same_v<Cvt, AsF16> && std::is_same_v<V, uint16_t>;
+    // first, 32 of a row at a time, and transposed as plain values.
     for (int64_t q0 = 0; q0 < kc; q0 += 32) {
       const V* src = b.p + js * b.ld + p0 + q0;
       const int64_t n = std::min<int64_t>(32, kc - q0);
-      if constexpr (kF16Bits) {
+      if constexpr (kF16Bits<Cvt, V>) {
         alignas(64) T values[32 * 32];  // every kernel's NR <= 32
-        for (int64_t j = 0; j < width; ++j)
-          for (int64_t q = 0; q < n; ++q) values[j * 32 + q] = Cvt::value(src[j * b.ld + q]);
+        values_of_rows<Cvt>(src, b.ld, width, n, values, 32);
         pack_bt_columns<AsIs>(static_cast<const T*>(values), 32, n, width, nr, dst + q0 * nr);
       } else {
         pack_bt_columns<Cvt>(src, b.ld, n, width, nr, dst + q0 * nr);
@@ -282,7 +292,7 @@ void pack_b(const Operand<V>& b, int64_t p0, int64_t kc, int64_t j0, int64_t col
     }
     if (width < nr)
       for (int64_t q = 0; q < kc; ++q) std::fill(dst + q * nr + width, dst + (q + 1) * nr, T(0));
-    if constexpr (!kF16Bits) convert<Cvt>(dst, sliver);
+    if constexpr (!kF16Bits<Cvt, V>) convert<Cvt>(dst, sliver);
   }
 }
 
