@@ -107,6 +107,11 @@ void gelu_forward_half_bits(DType format, uint16_t* out, const float* inp, int64
   look_up(format, out, gelu_tables(format).forward_bits.data(), inp, n);
 }
 
+void gelu_forward_half_of_bits(DType format, uint16_t* out, const uint16_t* inp, int64_t n) {
+  const uint16_t* table = gelu_tables(format).forward_bits.data();
+  for (int64_t i = 0; i < n; ++i) out[i] = table[inp[i]];
+}
+
 void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const float* dout, int64_t n,
                         DType round_out) {
   const float* factor = gelu_tables(format).factor.data();

@@ -21,6 +21,11 @@ void gelu_forward_serial(T* out, const T* inp, int64_t n);
 void gelu_forward_half(DType format, float* out, const float* inp, int64_t n);
 // The same results in the format's bits (as store_half writes them).
 void gelu_forward_half_bits(DType format, uint16_t* out, const float* inp, int64_t n);
+// The same from the input's bits (the format's, as store_half writes them): out[i] is
+// gelu_forward_half_bits's for the value inp[i] holds, read from the table by the bits
+// themselves (an epilogue that writes its output's bits anyway: no pass rounding the f32
+// output first, and f16's bits not made twice).
+void gelu_forward_half_of_bits(DType format, uint16_t* out, const uint16_t* inp, int64_t n);
 // dinp = gelu'(inp) * dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
