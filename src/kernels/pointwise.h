@@ -35,7 +35,8 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
 void gelu_backward_bits(float* dinp, const uint16_t* inp, DType format, const float* dout, int64_t n,
                         DType round_out);
 // The same with round_out `format` and dinp in the format's bits too, on the calling thread
-// (a GEMM epilogue's): the bits store_half writes of gelu_backward_bits's dinp.
+// (a GEMM epilogue's), and dout rounded to `format` as it is read: the bits store_half writes
+// of gelu_backward_bits's dinp for dout's rounded values.
 void gelu_backward_half_bits(DType format, uint16_t* dinp, const uint16_t* inp, const float* dout, int64_t n);
 
 // out = a + b, n elements; out may alias a or b.
