@@ -160,7 +160,7 @@ void matmul_backward_gelu_bits(uint16_t* dh_bits, float* dinp, const float* dout
   // memory, rows 2 KiB or more apart, which the hardware prefetchers do not follow.
   const auto gelu = [=](int64_t i0, int64_t rows, int64_t j0, int64_t cols, float* block, int64_t ld) {
     for (int64_t i = i0; i < i0 + rows; ++i) {
-      // d is rounded to the format as it is read (matmul_backward's rounding of dinp)
+      // the block's values rounded to the format as they are read (matmul_backward's dinp rounding)
       gelu_backward_half_bits(format, dh_bits + i * k + j0, h_bits + i * k + j0, block + (i - i0) * ld, cols);
     }
     for (int64_t i = i0 + rows; i < std::min(n, i0 + 2 * rows); ++i)
