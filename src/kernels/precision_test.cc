@@ -288,14 +288,25 @@ TEST(Precision, LayerNormInOnePassEqualsItsPasses) {
         std::vector<uint16_t> want_y_bits(n * c), want_x_bits(n * c), y_bits(n * c), sum_bits(n * c);
         store_half(format, want_y_bits.data(), want_y.data(), n * c);
         store_half(format, want_x_bits.data(), want_x.data(), n * c);
+        const auto statistics = [&] { return same(got_mean, want_mean) && same(got_rstd, want_rstd); };
+        got_mean.assign(n, 0);
+        got_rstd.assign(n, 0);
         layernorm_forward(static_cast<float*>(nullptr), got_mean.data(), got_rstd.data(), want_x.data(), w.data(),
                           b.data(), n, c, format, y_bits.data());
-        EXPECT_TRUE(y_bits == want_y_bits) << what << " bits";
-        std::vector<float> sum = x0;
-        y_bits.assign(n * c, 0);
-        add_layernorm_forward(sum.data(), residual.data(), static_cast<float*>(nullptr), got_mean.data(),
-                              got_rstd.data(), w.data(), b.data(), n, c, format, y_bits.data(), sum_bits.data());
-        EXPECT_TRUE(same(sum, want_x) && y_bits == want_y_bits && sum_bits == want_x_bits) << what << " add, bits";
+        EXPECT_TRUE(y_bits == want_y_bits && statistics()) << what << " bits";
+        for (bool with_sum_bits : {true, false}) {
+          std::vector<float> sum = x0;
+          y_bits.assign(n * c, 0);
+          sum_bits.assign(n * c, 0);
+          got_mean.assign(n, 0);
+          got_rstd.assign(n, 0);
+          add_layernorm_forward(sum.data(), residual.data(), static_cast<float*>(nullptr), got_mean.data(),
+                                got_rstd.data(), w.data(), b.data(), n, c, format, y_bits.data(),
+                                with_sum_bits ? sum_bits.data() : nullptr);
+          EXPECT_TRUE(same(sum, want_x) && y_bits == want_y_bits && statistics() &&
+                      (!with_sum_bits || sum_bits == want_x_bits))
+              << what << " add, bits" << (with_sum_bits ? " and the sum's" : "");
+        }
         // Backward from the input's bits.
         std::vector<uint16_t> x_bits(n * c);
         store_half(format, x_bits.data(), want_x.data(), n * c);
