@@ -363,6 +363,30 @@ TEST(Collectives, SharedInputsAreTheCallersOnceTheOpReturns) {
   });
 }
 
+// A broadcast whose receivers copy from the root's shared buffer with streaming stores
+// (an output of 32 MiB or more streams on any machine, smaller ones as the cache decides):
+// every byte arrives, in every round (1 MiB slots, a last one partial), at a buffer offset
+// that is not a multiple of the stores' 16 or 32 bytes, from either rank as root. A
+// receiver's buffer in ordinary memory reads the same.
+TEST(Collectives, SharedBroadcastStreamedPastTheCacheMatches) {
+  run_ranks(2, {.transport = "shm"}, [](Communicator& c) {
+    const size_t count = (size_t{32} << 18) + 12345;  // 32 MiB of floats and a tail
+    SharedBuffer shared = c.alloc_shared(count * 4 + 64);
+    std::vector<float> heap(count);
+    for (int root : {0, 1}) {
+      for (bool receiver_shared : {true, false}) {
+        float* buf = c.rank() == root || receiver_shared ? reinterpret_cast<float*>(shared.data() + 4) : heap.data();
+        for (size_t i = 0; i < count; ++i) buf[i] = c.rank() == root ? static_cast<float>(i % 1000003 + root) : -1.0f;
+        broadcast(c, {.buffer = buf, .count = count, .root = root});
+        size_t wrong = 0;
+        for (size_t i = 0; i < count; ++i) wrong += buf[i] != static_cast<float>(i % 1000003 + root);
+        EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << " root " << root << " receiver shared " << receiver_shared;
+        barrier(c);  // the next root's writes wait for this broadcast's reads
+      }
+    }
+  });
+}
+
 // A rank that released its shared buffer cannot read a peer's input in it: a CommError
 // that names the peer and the buffer, not a read of unmapped memory.
 TEST(Collectives, SharedInputReleasedOnOneRankIsNamed) {

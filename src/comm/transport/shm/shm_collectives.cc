@@ -14,10 +14,14 @@
 // The slices go to the slots with ordinary or streaming stores, whichever the op's decider
 // measures cheaper (ShmWindow::choose_slice_mode). Small messages skip the second phase:
 // every rank reduces the whole round itself.
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/reduce.h"
@@ -30,21 +34,58 @@ constexpr size_t kSmallBytes = 16 << 10;  // at or below: every rank reduces eve
 // Outputs at least this large are written with streaming stores (write_out).
 constexpr size_t kStreamOutBytes = 32 << 20;
 
-// The last-level cache's size as the OS reports it (32 MiB where it does not).
+// The last-level cache's size: the largest cache cpu0 has, as sysfs describes it (what lscpu
+// shows); glibc's sysconf where sysfs says nothing, and 32 MiB where neither does. sysconf
+// alone misleads in a VM: on a Zen 3 guest whose cores share one 32 MiB L3 it reported 256
+// MiB, presumably the host socket's eight.
 size_t llc_bytes() {
   static const size_t bytes = [] {
+    size_t best = 0;
+    for (int i = 0; i < 8; ++i) {
+      std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+      size_t value = 0;
+      char unit = 0;
+      if (!(in >> value)) continue;
+      in >> unit;
+      value <<= unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0;
+      best = std::max(best, value);
+    }
+    if (best > 0) return best;
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
   }();
   return bytes;
 }
 
+// How many of a group's n ranks on this host can run at once: n, or the CPUs this process
+// may use where ranks outnumber them (their caches hold only what the running ones touch).
+int running_ranks(int n) {
+  static const int cpus = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  }();
+  return std::min(n, cpus);
+}
+
+// Whether an op streams its output past the cache: its output is too large for any cache to
+// keep (kStreamOutBytes), or the bytes its running ranks touch at once, inputs and outputs,
+// fill half the last-level cache, so the output would evict what the op reads next. Zen 3 (2
+// cores, 32 MiB L3; docs/perf.md): all_gather with shared inputs, np=2, busbw at 8 MiB (24 MiB
+// touched) 3.3-3.6 GB/s ordinary against 5.9-6.7 streamed, at 4 MiB (12) 11.8-13.6 against
+// 6.5-7.4; np=4 on the 2 cores, 4 MiB (12) 6.4-6.7 against 3.4-4.8, 8 MiB (24) 2.2-2.4 against
+// 3.5-4.7. A broadcast receiver's copy from the root's shared buffer the same way.
+bool streams_output(size_t output_bytes, size_t touched) {
+  return output_bytes >= kStreamOutBytes || touched >= llc_bytes() / 2;
+}
+
 // Copies into an op's output. An output that would be evicted before anyone reads it is
 // better streamed straight to memory (`stream`), since ordinary stores first read every
 // line for ownership: np=2 all_gather at 64 MiB went from 3.7-4.1 to 4.6-5.1 GB/s busbw
-// (docs/perf.md). Broadcast does not: its receivers copy from the root's slot while it is
-// still cached, and streaming measured 5% slower at 64 and 256 MiB and 30% slower at 8-16
-// MiB.
+// (docs/perf.md). A broadcast receiver copying from the root's slot does not stream: it
+// copies while the slot is still cached, and streaming measured 5% slower at 64 and 256 MiB
+// and 30% slower at 8-16 MiB.
 void write_out(bool stream, void* dst, const void* src, size_t n) {
   if (stream) {
     stream_copy(dst, src, n);
@@ -194,8 +235,8 @@ void shm_reduce_scatter(OpContext& c, ShmWindow& w, const char* in, char* out, s
 void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_t block_bytes) {
   const int n = w.size(), me = w.rank();
   const size_t total = block_bytes * n;
-  // Streams the output when every rank's input and output together outgrow the cache.
-  const bool stream = total >= kStreamOutBytes || (n + 1) * total > llc_bytes();
+  // The running ranks' outputs and every rank's input.
+  const bool stream = streams_output(total, (running_ranks(n) + 1) * total);
   uint64_t placed = 0;  // the last round whose input peers read in place
   for_rounds(block_bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m);
@@ -219,9 +260,12 @@ void shm_all_gather(OpContext& c, ShmWindow& w, const char* in, char* out, size_
 }
 
 // A root whose buffer is shared is read in place and waits for its receivers; any other
-// fills its slot and returns, and may fill the next call's round while they copy.
+// fills its slot and returns, and may fill the next call's round while they copy. Receivers
+// of a buffer read in place stream their copies as streams_output says (the root's buffer
+// and the running receivers' outputs): np=2 on Zen 3, 8-64 MiB, 5.2-9.2 -> 7.2-13.7 GB/s.
 void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root) {
   const int me = w.rank();
+  const bool stream_placed = streams_output(bytes, running_ranks(w.size()) * bytes);
   uint64_t placed = 0;  // the root's last round that receivers read in place
   for_rounds(bytes, w.slot_bytes(), [&](size_t off, size_t m) {
     uint64_t round = begin_round(c, w, m, me == root);
@@ -231,7 +275,8 @@ void shm_broadcast(OpContext& c, ShmWindow& w, char* buf, size_t bytes, int root
       w.publish(ShmWindow::kPosted, round, &c.fp);
     } else {
       w.wait(root, ShmWindow::kPosted, round, c.t, c.fp, c.timeout);
-      copy_bytes(buf + off, w.input(root, round, m), m);
+      const char* in_place = m > ShmWindow::kInlineBytes ? w.placed(root, round, m) : nullptr;  // as input()
+      write_out(in_place != nullptr && stream_placed, buf + off, in_place ? in_place : w.data(root, round, m), m);
     }
     w.publish(ShmWindow::kDone, round);
   });
