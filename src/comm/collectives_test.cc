@@ -387,10 +387,10 @@ TEST(Collectives, SharedBroadcastStreamedPastTheCacheMatches) {
   });
 }
 
-// all_gather outputs between a sixth of the last-level cache and 32 MiB stream all but a head
-// that stays cached (on a 32 MiB cache, 6 and 12 MiB here): every byte arrives where the head
-// ends inside a round and inside a peer's part, from inputs in shared memory (at an offset
-// that is not a multiple of the stores' width) and in ordinary memory, on 3 ranks.
+// all_gather outputs from a sixth of the last-level cache (3 ranks on 2 CPUs) to 32 MiB stream
+// all but a head that stays cached (on a 32 MiB cache, 6 and 12 MiB here): every byte arrives
+// where the head ends inside a round and inside a peer's part, from inputs in shared memory
+// (at an offset that is not a multiple of the stores' width) and in ordinary memory.
 TEST(Collectives, AllGatherWithACachedHeadMatches) {
   run_ranks(3, {.transport = "shm", .shm_slot_bytes = 1 << 20}, [](Communicator& c) {
     SharedBuffer shared = c.alloc_shared((size_t{4} << 20) + 64);
@@ -402,7 +402,9 @@ TEST(Collectives, AllGatherWithACachedHeadMatches) {
         std::fill(out.begin(), out.end(), -1.0f);
         all_gather(c, {.input = in, .output = out.data(), .count = count});
         size_t wrong = 0;
-        for (size_t i = 0; i < 3 * count; ++i) wrong += out[i] != static_cast<float>(i / count * 1000003 + i % count % 999983);
+        for (size_t i = 0; i < 3 * count; ++i) {
+          wrong += out[i] != static_cast<float>(i / count * 1000003 + i % count % 999983);
+        }
         EXPECT_EQ(wrong, 0u) << "rank " << c.rank() << " count " << count << " shared " << in_shared;
         barrier(c);  // the next call's writes to the inputs wait for this one's reads
       }
