@@ -1,9 +1,13 @@
 # Sourced by the training benchmarks after they cd to the project root: the release loom
-# (built if missing), the fortunes token file (prepared if missing), and a scratch
-# directory $work removed on exit.
-loom=build/release/loom
-[ -x $loom ] || { cmake --preset release >/dev/null && cmake --build --preset release --target loom; }
-[ -f data/fortunes.bin ] || $loom data prepare text:/usr/share/games/fortunes --out data/fortunes.bin
+# (built if missing; LOOM=path: that binary instead), the fortunes token file (prepared if
+# missing, from TEXT: Debian's fortunes unless given; the GPU machine has none and passes
+# the repository's docs), and a scratch directory $work removed on exit.
+loom=${LOOM:-build/release/loom}
+if [ ! -x "$loom" ]; then
+  [ -z "${LOOM:-}" ] || { echo "LOOM=$LOOM: not an executable" >&2; exit 1; }
+  cmake --preset release >/dev/null && cmake --build --preset release --target loom
+fi
+[ -f data/fortunes.bin ] || $loom data prepare "text:${TEXT:-/usr/share/games/fortunes}" --out data/fortunes.bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

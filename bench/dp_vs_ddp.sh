@@ -5,6 +5,9 @@
 # figure is the median step time of steps 4..N of `loom launch -n NP -- loom train`
 # (metrics.jsonl), PyTorch's the median of its timed steps; tokens/s = NP x 8 x 256 / step.
 # Also prints Loom's exposed communication share. Usage: bench/dp_vs_ddp.sh [NP] [STEPS]
+# PYTHON: the peer's interpreter (default /usr/bin/python3, Debian's torch). TRACE=STEPS (as
+# profile.trace_steps, e.g. 8-9) also writes Loom's merged trace of those steps, every rank,
+# to TRACE_OUT (default dp_trace.json): where each rank's step and gradient buckets went.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
@@ -14,7 +17,8 @@ source bench/common.sh
 
 $loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
   --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
-  --training.eval_every=0 --checkpoint.every=0 > "$work/loom.out"
+  --training.eval_every=0 --checkpoint.every=0 ${TRACE:+--profile.trace_steps="$TRACE"} > "$work/loom.out"
+[ -z "${TRACE:-}" ] || cp "$work/dp/trace.json" "${TRACE_OUT:-dp_trace.json}"
 loom_line=$(/usr/bin/env python3 - "$work/dp/metrics.jsonl" "$np" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][3:]
@@ -27,7 +31,7 @@ PY
 )
 read -r loom_tps loom_step loom_comm loom_exposed loom_share <<< "$loom_line"
 echo "loom   ${np}x1: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms (${loom_share}% of the step)"
-torch_out=$(OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/peers/torch_gpt.py --ddp "$np" --steps $((steps - 3)) --warmup 3)
+torch_out=$(OPENBLAS_NUM_THREADS=1 "${PYTHON:-/usr/bin/python3}" bench/peers/torch_gpt.py --ddp "$np" --steps $((steps - 3)) --warmup 3)
 echo "$torch_out"
 torch_tps=$(echo "$torch_out" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')
 printf "ratio Loom/PyTorch DDP, %s x 1 thread: %.2fx\n" "$np" "$(echo "$loom_tps / $torch_tps" | bc -l)"

@@ -3,19 +3,20 @@
 # Loom there with the carried kit (.devkit, made here by bench/gpu_kit.sh) and CUDA, runs the `gpu`
 # tests, then the GPT-2 124M step on the GPU beside PyTorch (eager and torch.compile, bf16,
 # the same batch), then the CPU figures docs/perf.md keeps per CPU (gpt-mini at 1 and all
-# cores, fp32 and bf16, Loom and PyTorch, and where Loom's step goes at each). Everything
+# cores, fp32 and bf16, Loom and PyTorch, and where Loom's step goes at each; data parallel
+# on every core beside torch DDP, with its exposed communication and trace). Everything
 # goes to $OUT (default /tmp/loom-gpu): summary.txt has the figures, build.txt and
 # gpu_test.txt the logs.
 #
-#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu compile gemm amx (default:
-#                                     all), run in the order given
+#   bench/gpu_machine.sh [STEP...]    steps: tests cli bench peer cpu dp compile gemm amx
+#                                     (default: all), run in the order given
 #
 # amx: the AMX path of bf16 products (GemmPath::kAmx, never run before on a CPU with AMX): the
 # GEMM tests on every path of this CPU, AMX's included, then its products and a bf16 step.
 #
 # Each step has its own time limit, so that one that hangs leaves the others' figures.
 set -u
-steps=" ${*:-tests cli bench peer cpu compile gemm amx} "
+steps=" ${*:-tests cli bench peer cpu dp compile gemm amx} "
 OUT=${OUT:-/tmp/loom-gpu}
 mkdir -p "$OUT"
 S=$OUT/summary.txt
@@ -84,6 +85,12 @@ step_cpu() {
     done
   done
 }
+step_dp() {  # issue 42, item 5: data parallel on every core (a rank each, 1 thread) beside torch DDP, with
+  # the exposed gradient communication and a merged trace of two steps (dp_trace.json)
+  # (the token file made from the repository's docs: this machine has no fortunes)
+  LOOM=$B/loom TEXT='docs/*.md' PYTHON=python3 TRACE=8-9 TRACE_OUT="$OUT/dp_trace.json" \
+    run 300 bench/dp_vs_ddp.sh "$(nproc)" 13
+}
 step_gemm() { run 120 $B/loom bench gemm --threads 1; }
 step_amx() {
   say "gemm tests (every path this CPU has)"
@@ -95,7 +102,7 @@ step_amx() {
 }
 for step in $steps; do
   case $step in
-    tests | cli | bench | peer | compile | cpu | gemm | amx) "step_$step" ;;
+    tests | cli | bench | peer | compile | cpu | dp | gemm | amx) "step_$step" ;;
     *) say "unknown step $step" ;;
   esac
 done
