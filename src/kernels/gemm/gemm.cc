@@ -405,8 +405,12 @@ void gemm_packed_b(bool trans_a, int64_t m, int64_t n, int64_t k, const T* a, in
     using P = typename Packing::P;
     const P* data = reinterpret_cast<const P*>(b.data_.get());
     const Prepacked<P> part{data + (j0 / mk.nr) * b.stride_ + (p0 / Packing::kStep) * mk.nr, b.stride_};
-    gemm_packed(mk, packing, product_threads(m, n, k), Operand<T>{a, lda, trans_a}, part, m, n, k, accumulate, c, ldc,
-                {});
+    const int threads = product_threads(m, n, k);
+    if constexpr (std::is_same_v<Packing, PlainPacking<AsIs, float>>) {
+      if (mk.direct != nullptr && threads == 1)
+        return gemm_detail::direct_a_product(mk, trans_a, m, n, k, a, lda, part, accumulate, c, ldc);
+    }
+    gemm_packed(mk, packing, threads, Operand<T>{a, lda, trans_a}, part, m, n, k, accumulate, c, ldc, {});
   });
 }
 

@@ -59,6 +59,15 @@ TEST(Gemm, ProductsOnPackedPartsEqualGemmOnThoseParts) {
     for (DType operands : {DType::kF32, DType::kBF16, DType::kF16})
       expect_packed_parts_equal_gemm<float>(operands, cat(gemm_path_name(path), " ", dtype_name(operands)));
   }
+  // On one thread every f32 product reads op(A) in place, unpacked, where the path's kernel
+  // can (MicroKernel::direct); above, the larger ones ran packed on the pool.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (GemmPath path : paths_and_amx()) {
+    set_gemm_path(path);
+    expect_packed_parts_equal_gemm<float>(DType::kF32, cat(gemm_path_name(path), " f32, 1 thread"));
+  }
+  omp_set_num_threads(threads);
   set_gemm_path(GemmPath::kAuto);
   expect_packed_parts_equal_gemm<double>(DType::kF32, "f64");
   set_gemm_backend(GemmBackend::kOpenBlas);

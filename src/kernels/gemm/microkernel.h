@@ -48,6 +48,11 @@ struct MicroKernel {
   // fn on the first 4 or 8 rows of a sliver only (a still MR rows a step), for a sliver that
   // holds no more; null where the kernel has no such form (fn then does all MR rows).
   MicroKernelFn<P, T> fn4, fn8;
+  // fn's chains for the first `rows` (1..MR) rows of op(A) read in place, unpacked (a at op(A)'s
+  // first row and step; lda its stride, across k when trans_a), over b's `depth` packed steps:
+  // f32 kernels only (null elsewhere). gemm_packed_b's products use it (simd_kernel_direct).
+  void (*direct)(int rows, bool trans_a, int64_t depth, const float* a, int64_t lda, const float* b, float* c,
+                 int64_t ldc, const float* from, int64_t ld_from) = nullptr;
 };
 
 // The portable kernel: plain C++ with std::fma, which GCC turns into vector FMAs where the

@@ -47,7 +47,8 @@ void panel_block_avx512(int64_t m, int64_t k, const float* a, int64_t lda, const
 // transposed input-gradient shapes of gpt-mini and gpt2-124m gained 3-15% (timed per phase
 // in one process, best of 7).
 const MicroKernel<float> kAvx512Kernel = {"avx512", 12, 32, 512, 480, 256, 1032, simd_kernel<Zmm, 12>,
-                                          simd_fma_loop<Zmm, 16>, simd_kernel<Zmm, 12, 4>, simd_kernel<Zmm, 12, 8>};
+                                          simd_fma_loop<Zmm, 16>, simd_kernel<Zmm, 12, 4>, simd_kernel<Zmm, 12, 8>,
+                                          simd_kernel_direct_rows<Zmm, 12>};
 const PanelBlockFn kAvx512PanelBlock = panel_block_avx512;
 
 }  // namespace loom::kernels::gemm_detail

@@ -49,6 +49,54 @@ void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::P
   }
 }
 
+// simd_kernel's chains with op(A) read where it lies, not packed: row r's value at step p is
+// a[r * lda + p], or a[p * lda + r] for a transposed A (kTransA), for the sliver's first Rows
+// rows. The same fused multiply-adds in the same order, so the same bits as packing op(A)
+// first. gemm_packed_b's products (the attention's blocks) meet each sliver of A with 4-16
+// slivers of B, too few to pay for packing it.
+template <typename V, int Rows, bool kTransA>
+void simd_kernel_direct(int64_t depth, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
+                        const float* from, int64_t ld_from) {
+  constexpr int kW = V::kLanes;
+  typename V::Reg lo[Rows], hi[Rows];
+  if (from != nullptr) {
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      lo[r] = V::loadu(from + r * ld_from);
+      hi[r] = V::loadu(from + r * ld_from + kW);
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = V::zero();
+  }
+  for (int64_t p = 0; p < depth; ++p, b += 2 * kW) {
+    const typename V::Operand b0 = V::load(b), b1 = V::load(b + kW);
+    const float* ap = kTransA ? a + p * lda : a + p;
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      const typename V::Operand ar = V::broadcast(kTransA ? ap + r : ap + r * lda);
+      lo[r] = V::fma(ar, b0, lo[r]);
+      hi[r] = V::fma(ar, b1, hi[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    V::storeu(c + r * ldc, lo[r]);
+    V::storeu(c + r * ldc + kW, hi[r]);
+  }
+}
+
+// simd_kernel_direct for `rows` rows, 1 <= rows <= MR (microkernel.h, MicroKernel::direct).
+template <typename V, int MR>
+void simd_kernel_direct_rows(int rows, bool trans_a, int64_t depth, const float* a, int64_t lda, const float* b,
+                             float* c, int64_t ldc, const float* from, int64_t ld_from) {
+  if (rows == MR) {
+    if (trans_a) return simd_kernel_direct<V, MR, true>(depth, a, lda, b, c, ldc, from, ld_from);
+    return simd_kernel_direct<V, MR, false>(depth, a, lda, b, c, ldc, from, ld_from);
+  }
+  if constexpr (MR > 1) simd_kernel_direct_rows<V, MR - 1>(rows, trans_a, depth, a, lda, b, c, ldc, from, ld_from);
+}
+
 // `Chains` independent register-only FMA chains, enough to cover the FMA latency on both
 // pipes; returns the flops done.
 template <typename V, int Chains>

@@ -171,6 +171,35 @@ int product_threads(int64_t m, int64_t n, int64_t k) {
   return parallel ? omp_get_max_threads() : 1;
 }
 
+// C (m x n) [+]= op(A) op(B) on one thread with op(A) read in place (MicroKernel::direct)
+// and op(B) prepacked over all of k: each MR-row sliver of A, in L1 after its first use,
+// meets every sliver of B in turn, over all k at once (each element's chain in k order, as
+// run_tile's blocks of k continue it through C: the same bits). A last sliver of fewer rows
+// runs on exactly those rows; a last sliver of B narrower than NR on a copy of C's columns.
+template <typename P>
+void direct_a_product(const MicroKernel<P, float>& mk, bool trans_a, int64_t m, int64_t n, int64_t k, const float* a,
+                      int64_t lda, const Prepacked<P>& b, bool accumulate, float* c, int64_t ldc) {
+  const int mr = mk.mr, nr = mk.nr;
+  alignas(64) float edge[32 * 32];  // one partial MR x NR block (every kernel has MR, NR <= 32)
+  for (int64_t i = 0; i < m; i += mr) {
+    const int rows = static_cast<int>(std::min<int64_t>(mr, m - i));
+    const float* ai = trans_a ? a + i : a + i * lda;
+    for (int64_t j = 0; j < n; j += nr) {
+      const P* pb = b.p + (j / nr) * b.stride;
+      float* ct = c + i * ldc + j;
+      const int64_t w = std::min<int64_t>(nr, n - j);
+      if (w == nr) {
+        mk.direct(rows, trans_a, k, ai, lda, pb, ct, ldc, accumulate ? ct : nullptr, ldc);
+        continue;
+      }
+      if (accumulate)
+        for (int r = 0; r < rows; ++r) std::memcpy(edge + r * nr, ct + r * ldc, w * sizeof(float));
+      mk.direct(rows, trans_a, k, ai, lda, pb, edge, nr, accumulate ? edge : nullptr, nr);
+      for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, edge + r * nr, w * sizeof(float));
+    }
+  }
+}
+
 // Where a product does not run by packed tiles: the prologue over all of C first, which
 // the product then accumulates onto.
 template <typename T>
