@@ -17,22 +17,39 @@
 
 namespace loom::kernels::gemm_detail {
 
+// A kernel's Rows x 2 vectors of accumulators: started from `from`'s rows (ld_from apart) or
+// +0, and stored to C's rows (ldc apart).
+template <typename V, int Rows>
+[[gnu::always_inline]] inline void start_chains(typename V::Reg (&lo)[Rows], typename V::Reg (&hi)[Rows],
+                                                const float* from, int64_t ld_from) {
+  if (from != nullptr) {
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      lo[r] = V::loadu(from + r * ld_from);
+      hi[r] = V::loadu(from + r * ld_from + V::kLanes);
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = V::zero();
+  }
+}
+template <typename V, int Rows>
+[[gnu::always_inline]] inline void store_chains(float* c, int64_t ldc, const typename V::Reg (&lo)[Rows],
+                                                const typename V::Reg (&hi)[Rows]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    V::storeu(c + r * ldc, lo[r]);
+    V::storeu(c + r * ldc + V::kLanes, hi[r]);
+  }
+}
+
 template <typename V, int MR, int Rows = MR>
 void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::Packed* b, float* c, int64_t ldc,
                  const float* from, int64_t ld_from) {
   static_assert(Rows <= MR);
   constexpr int kW = V::kLanes;
   typename V::Reg lo[Rows], hi[Rows];
-  if (from != nullptr) {
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      lo[r] = V::loadu(from + r * ld_from);
-      hi[r] = V::loadu(from + r * ld_from + kW);
-    }
-  } else {
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = V::zero();
-  }
+  start_chains<V>(lo, hi, from, ld_from);
   for (int64_t p = 0; p < depth; ++p, a += MR, b += 2 * kW) {
     const typename V::Operand b0 = V::load(b), b1 = V::load(b + kW);
 #pragma GCC unroll 16
@@ -42,11 +59,7 @@ void simd_kernel(int64_t depth, const typename V::Packed* a, const typename V::P
       hi[r] = V::fma(ar, b1, hi[r]);
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-    V::storeu(c + r * ldc, lo[r]);
-    V::storeu(c + r * ldc + kW, hi[r]);
-  }
+  store_chains<V>(c, ldc, lo, hi);
 }
 
 // simd_kernel's chains with op(A) read where it lies, not packed: row r's value at step p is
@@ -59,16 +72,7 @@ void simd_kernel_direct(int64_t depth, const float* a, int64_t lda, const float*
                         const float* from, int64_t ld_from) {
   constexpr int kW = V::kLanes;
   typename V::Reg lo[Rows], hi[Rows];
-  if (from != nullptr) {
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      lo[r] = V::loadu(from + r * ld_from);
-      hi[r] = V::loadu(from + r * ld_from + kW);
-    }
-  } else {
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) lo[r] = hi[r] = V::zero();
-  }
+  start_chains<V>(lo, hi, from, ld_from);
   for (int64_t p = 0; p < depth; ++p, b += 2 * kW) {
     const typename V::Operand b0 = V::load(b), b1 = V::load(b + kW);
     const float* ap = kTransA ? a + p * lda : a + p;
@@ -79,11 +83,7 @@ void simd_kernel_direct(int64_t depth, const float* a, int64_t lda, const float*
       hi[r] = V::fma(ar, b1, hi[r]);
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-    V::storeu(c + r * ldc, lo[r]);
-    V::storeu(c + r * ldc + kW, hi[r]);
-  }
+  store_chains<V>(c, ldc, lo, hi);
 }
 
 // simd_kernel_direct for `rows` rows, 1 <= rows <= MR (microkernel.h, MicroKernel::direct).
