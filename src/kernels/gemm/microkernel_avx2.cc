@@ -43,7 +43,7 @@ void panel_block_avx2(int64_t m, int64_t k, const float* a, int64_t lda, const f
 // rows, not 5 times at 480): packing's share of a bf16 gpt-mini step on Zen 3, per sample of
 // the micro-kernel, 0.25 -> 0.21, the micro-kernel's own samples unchanged (perf, 3 pairs).
 const MicroKernel<float> kAvx2Kernel = {
-    "avx2",  6, 16, 256, 1032, 128, 1032, simd_kernel<Ymm, 6>, simd_fma_loop<Ymm, 12>, simd_kernel<Ymm, 6, 4>, nullptr,
+    "avx2", 6, 16, 256, 1032, 128, 1032, simd_kernel<Ymm, 6>, simd_fma_loop<Ymm, 12>, simd_kernel<Ymm, 6, 4>, nullptr,
     simd_kernel_direct_rows<Ymm, 6>};
 const PanelBlockFn kAvx2PanelBlock = panel_block_avx2;
 
