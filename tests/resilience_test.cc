@@ -350,6 +350,25 @@ TEST_F(Cli, StragglersAreNamedNotStopped) {
   // median of a loaded machine's first steps is itself slow.
   EXPECT_NE(out.find(": rank 1 (replica 1) is a straggler: "), std::string::npos) << out;
   EXPECT_EQ(out.find("rank 0 (replica 0) is a straggler"), std::string::npos) << out;
+  // Each metrics line has every rank's compute (docs/formats.md): rank 1's holds its sleep,
+  // and rank 0's waiting for the gradients is mostly waiting for it, which the report draws
+  // apart from the communication.
+  std::istringstream lines(read_file(p("runs/slow/metrics.jsonl")));
+  int64_t steps = 0;
+  for (std::string line; std::getline(lines, line); ++steps) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    ASSERT_EQ(m["compute_ms"].size(), 2u) << line;
+    const double rank0 = m["compute_ms"][0].get<double>(), rank1 = m["compute_ms"][1].get<double>();
+    EXPECT_GE(rank1, 100.0) << line;
+    EXPECT_LT(rank0, rank1) << line;
+    if (m["step"].get<int64_t>() > 1) {
+      EXPECT_GE(m["exposed_comm_ms"].get<double>(), 0.5 * (rank1 - rank0)) << line;
+    }
+  }
+  EXPECT_GE(steps, 3);
+  r = loom(cat("report ", p("runs/slow")));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(read_file(p("runs/slow/report.html")).find("waiting for the slowest rank"), std::string::npos);
   r = loom(cat("launch -n 2 -- ", train, " --job.name=even --training.steps=12"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ((r.out + r.err).find("straggler"), std::string::npos) << r.out << r.err;

@@ -284,22 +284,33 @@ std::string run_section(const RunRecord& r, size_t k, const ReportOptions& o) {
   } else {
     h += chart("Model FLOPs per rank (give --peak-gflops for MFU)", "step", "GFLOP/s per rank", {gflops}, true);
   }
-  // The step's time, split: what the training thread waited for, the rest is compute.
+  // The step's time, split: what the training thread waited for, the rest is compute. Of
+  // the waits, as far as they go, the slowest rank's compute beyond rank 0's (compute_ms):
+  // waiting for it is a straggler's cost, not the communication's.
   Series compute{"compute (forward, backward, update)", "#1f77b4", {}}, comm{"exposed communication", "#d62728", {}},
-      wait{"data wait", "#2ca02c", {}}, stall{"checkpoint stall", "#9467bd", {}, false, true};
+      slowest{"waiting for the slowest rank", "#ff7f0e", {}, false, true}, wait{"data wait", "#2ca02c", {}},
+      stall{"checkpoint stall", "#9467bd", {}, false, true};
   for (const json& j : r.steps) {
     const double step = num(j, "step"), total = num(j, "step_ms");
     double exposed = 0;
     for (const char* key : {"exposed_comm_ms", "tp_exposed_comm_ms", "pp_wait_ms"})
       if (std::isfinite(num(j, key))) exposed += num(j, key);
+    double behind = 0;
+    if (const auto it = j.find("compute_ms"); it != j.end() && it->is_array() && it->size() > 1) {
+      double most = 0;
+      for (const json& c : *it)
+        if (c.is_number()) most = std::max(most, c.get<double>());
+      if ((*it)[0].is_number()) behind = std::clamp(most - (*it)[0].get<double>(), 0.0, exposed);
+    }
     const double data = std::isfinite(num(j, "data_wait_ms")) ? num(j, "data_wait_ms") : 0;
     const double ckpt = std::isfinite(num(j, "ckpt_stall_ms")) ? num(j, "ckpt_stall_ms") : 0;
     compute.points.emplace_back(step, std::max(0.0, total - exposed - data - ckpt));
-    comm.points.emplace_back(step, exposed);
+    comm.points.emplace_back(step, exposed - behind);
+    if (behind > 0) slowest.points.emplace_back(step, behind);
     wait.points.emplace_back(step, data);
     if (ckpt > 0) stall.points.emplace_back(step, ckpt);
   }
-  h += chart("Step time, split", "step", "ms", {compute, comm, wait, stall}, true);
+  h += chart("Step time, split", "step", "ms", {compute, comm, slowest, wait, stall}, true);
   // Memory per rank: the highest of each phase's peaks over the run.
   std::map<std::string, std::vector<double>> peaks;
   for (const json& j : r.steps)

@@ -48,7 +48,9 @@ std::array<bool, 3> TrainRun::agree(int64_t done, double busy_ms, obs::JsonLine&
     eval_peak.push_back(x[5]);
     ckpt_peak.push_back(x[6]);
   }
-  // Per rank, MiB (docs/formats.md, metrics.jsonl): this step's, its evaluation's, the last save's.
+  // Per rank (docs/formats.md, metrics.jsonl): its compute, ms; MiB, this step's memory peak,
+  // its evaluation's, the last save's.
+  line.add("compute_ms", busy);
   line.add("mem_step_peak_mb", step_peak);
   if (peaks_.eval >= 0) line.add("mem_eval_peak_mb", eval_peak);
   if (peaks_.ckpt >= 0) line.add("mem_ckpt_peak_mb", ckpt_peak);
