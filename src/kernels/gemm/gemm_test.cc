@@ -21,6 +21,7 @@
 #include "kernels/gemm/gemm_testing.h"
 #include "kernels/gemm/microkernel.h"
 #include "kernels/gemm/packing.h"
+#include "kernels/gemm/tiles.h"
 #include "kernels/precision.h"
 #include "kernels/reference/reference.h"
 #include "loom/core/error.h"
@@ -557,6 +558,112 @@ TEST(Gemm, AnOperandPackedOnceForEveryBandGivesTheSameBits) {
     }
   set_gemm_shared_pack(GemmSharedPack::kAuto);
   omp_set_num_threads(saved);
+}
+
+// Where whole-sliver bands leave some threads more than others, both operands are packed
+// once and each thread takes one tile of a grid (gemm_detail::plan_tiles): the bits of one
+// thread, on every path, f32 and bf16, operands as values and as bits, each transpose, odd k
+// and k past a packed block, a prologue and an epilogue, on 6, 8 and 16 threads (more
+// threads than this machine's cores change no bit). The shapes are ones where the plan takes
+// the grid for the AVX2 and AVX-512 kernels on some of those thread counts.
+TEST(Gemm, AGridOfTilesOnOperandsPackedOnceGivesTheSameBits) {
+  const int saved = omp_get_max_threads();
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
+      {100, 400, 257}, {300, 90, 1030}, {150, 600, 530}, {40, 700, 97}, {257, 129, 600}};
+  const std::vector<int> thread_counts = {6, 8, 16};
+  int grids_avx2 = 0, grids_avx512 = 0, grids_bf16 = 0;
+  for (auto [m, n, k] : shapes)
+    for (int threads : thread_counts)
+      for (bool wide : {false, true}) {
+        grids_avx2 += gemm_detail::plan_tiles(gemm_detail::kAvx2Kernel, m, n, wide, false, threads).grid_m != 0;
+        grids_avx512 += gemm_detail::plan_tiles(gemm_detail::kAvx512Kernel, m, n, wide, false, threads).grid_m != 0;
+        grids_bf16 += gemm_detail::plan_tiles(gemm_detail::kAvx512Bf16Kernel, m, n, wide, false, threads).grid_m != 0;
+      }
+  EXPECT_GE(grids_avx2, 8);
+  EXPECT_GE(grids_avx512, 8);
+  EXPECT_GE(grids_bf16, 8);
+  const auto each_threads = [&](const std::string& what, const auto& run) {
+    omp_set_num_threads(1);
+    const std::vector<float> one = run();
+    for (int threads : thread_counts) {
+      omp_set_num_threads(threads);
+      EXPECT_TRUE(same_bits_or_nan(run(), one)) << what << " threads=" << threads;
+    }
+  };
+  uint64_t seed = 7000;
+  for (auto [m, n, k] : shapes)
+    for (int t = 0; t < 4; ++t) {
+      const Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 3);
+      const std::string shape = " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                                " trans_a=" + std::to_string(p.ta) + " trans_b=" + std::to_string(p.tb);
+      for (GemmPath path : paths_and_amx()) {
+        if (path != GemmPath::kAmx) each_threads(gemm_path_name(path) + shape, [&] { return p.run(path, true); });
+        each_threads(std::string("bf16 ") + gemm_path_name(path) + shape,
+                     [&] { return run_half(path, DType::kBF16, p, true); });
+      }
+      const StoredOperand a(DType::kBF16, p.a, false, 1), b(DType::kBF16, p.b, true, 2);
+      each_threads("bits" + shape, [&] {
+        std::vector<float> c = p.c0;
+        gemm_half_bits(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, a.bits.data(), p.lda, b.bits.data(), p.ldb, true,
+                       c.data(), p.ldc);
+        return c;
+      });
+      const std::vector<float> bias = random_matrix<float>(n, seed + 5);
+      each_threads("prologue" + shape, [&] {
+        std::vector<float> c = p.c0;
+        hooked_product(p, true, false, c, {}, GemmPrologue<float>(bias.data()));
+        return c;
+      });
+      const GemmEpilogue<float> halve_add_row([&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block,
+                                                  int64_t ld) {
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) block[i * ld + j] = block[i * ld + j] * 0.5f + bias[j0 + j];
+      });
+      each_threads("epilogue" + shape, [&] {
+        std::vector<float> c = p.c0;
+        hooked_product(p, false, false, c, halve_add_row, {});
+        return c;
+      });
+    }
+  omp_set_num_threads(saved);
+}
+
+// The largest share of a product's MR x NR blocks any thread computes, against an even
+// split, for every product of gpt-mini's and gpt2-124m's steps on 8 and 16 threads with
+// the AVX-512 f32 and bf16 kernels and the AVX2 one: within 3.5% (whole-sliver bands alone
+// left up to a third more on one thread: gpt-mini's qkv weight gradient, 12 column bands of
+// 64 for 16 threads).
+TEST(Gemm, EveryThreadGetsAnEvenShareOfTheModelsProducts) {
+  struct Product {
+    const char* name;
+    int64_t m, n;
+    bool wide;  // op(B) transposed
+  };
+  const std::vector<Product> products = {
+      {"gpt-mini qkv fwd", 2048, 768, false},   {"gpt-mini qkv dinp", 2048, 256, true},
+      {"gpt-mini qkv dw", 256, 768, false},     {"gpt-mini attn.proj dw", 256, 256, false},
+      {"gpt-mini fc fwd", 2048, 1024, false},   {"gpt-mini fc dinp", 2048, 256, true},
+      {"gpt-mini fc dw", 256, 1024, false},     {"gpt-mini fc.proj fwd", 2048, 256, false},
+      {"gpt-mini fc.proj dinp", 2048, 1024, true}, {"gpt-mini fc.proj dw", 1024, 256, false},
+      {"gpt-mini head fwd", 2048, 256, true},   {"gpt2 qkv fwd", 1024, 2304, false},
+      {"gpt2 qkv dinp", 1024, 768, true},       {"gpt2 qkv dw", 768, 2304, false},
+      {"gpt2 attn.proj fwd", 1024, 768, false}, {"gpt2 attn.proj dw", 768, 768, false},
+      {"gpt2 fc fwd", 1024, 3072, false},       {"gpt2 fc dinp", 1024, 768, true},
+      {"gpt2 fc dw", 768, 3072, false},         {"gpt2 fc.proj fwd", 1024, 768, false},
+      {"gpt2 fc.proj dinp", 1024, 3072, true},  {"gpt2 fc.proj dw", 3072, 768, false},
+      {"gpt2 head fwd", 1024, 50257, true},     {"gpt2 head dinp", 1024, 768, false},
+      {"gpt2 head dw", 50257, 768, false}};
+  const auto check = [&](const char* kernel, const auto& mk) {
+    for (int threads : {8, 16})
+      for (const Product& p : products) {
+        const gemm_detail::TilePlan plan = gemm_detail::plan_tiles(mk, p.m, p.n, p.wide, false, threads);
+        const double even = static_cast<double>(gemm_detail::round_up(p.m, mk.mr) * gemm_detail::round_up(p.n, mk.nr)) / threads;
+        EXPECT_LE(plan.load, 1.035 * even) << kernel << " " << p.name << ", " << threads << " threads: " << plan.load / even;
+      }
+  };
+  check("avx512", gemm_detail::kAvx512Kernel);
+  check("avx512_bf16", gemm_detail::kAvx512Bf16Kernel);
+  check("avx2", gemm_detail::kAvx2Kernel);
 }
 
 // f(p, row) for each of kShapes and `extra`: a strided problem, op(B) transposed for every

@@ -32,7 +32,7 @@ T* scratch(int slot, int64_t count) {
     std::unique_ptr<T, decltype(&std::free)> data{nullptr, &std::free};
     int64_t capacity = 0;
   };
-  thread_local Buffer buffers[4];  // packed A, packed B, an epilogue's block, a shared op(A) or op(B)
+  thread_local Buffer buffers[5];  // packed A, packed B, an epilogue's block, a shared op(A) or op(B), a shared op(B)
   Buffer& buf = buffers[slot];
   if (buf.capacity < count) {
     const size_t bytes = static_cast<size_t>(round_up(count * int64_t{sizeof(T)}, 64));
@@ -77,9 +77,10 @@ Slivers<P> b_slivers(const Packing&, const Prepacked<P>& b, int64_t p0, int64_t,
 
 // One output tile, rows [i0, i0 + rows) x columns [j0, j0 + cols), over all of k. Per KC
 // block, the tile's rows of op(A) are packed once into MR-row slivers (or, with shared_a,
-// a tile of every row, were packed already for all of k: block after block, each block's
-// slivers a_stride apart, the blocks ceil(rows / MR) KC-deep slivers apart); then per
-// NC-wide panel of op(B) (packed, meant to stay in L2) every A sliver meets every B sliver.
+// were packed already for all of k, rows [0, shared_rows) of op(A): block after block, each
+// block's slivers a_stride apart, the blocks ceil(shared_rows / MR) KC-deep slivers apart;
+// i0 then a multiple of MR); then per NC-wide panel of op(B) (packed, meant to stay in L2)
+// every A sliver meets every B sliver.
 template <typename Packing, typename T, typename OperandA, typename OperandB>
 void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               const Packing& packing,
@@ -95,7 +96,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
               int64_t cols,
               const GemmEpilogue<T>& epilogue,
               const GemmPrologue<T>& prologue,
-              const typename Packing::P* shared_a = nullptr) {
+              const typename Packing::P* shared_a = nullptr,
+              int64_t shared_rows = 0) {
   using P = typename Packing::P;
   const int mr = mk.mr, nr = mk.nr;
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
@@ -118,7 +120,8 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
       const int64_t a_stride = Packing::a_stride(depth, mr);
       const P* block_a = packed_a;
       if (shared_a != nullptr)  // every block before this one is KC deep
-        block_a = shared_a + (p0 / mk.kc) * ceil_div(rows, mr) * Packing::a_stride(depth_of(mk.kc), mr);
+        block_a = shared_a + (p0 / mk.kc) * ceil_div(shared_rows, mr) * Packing::a_stride(depth_of(mk.kc), mr) +
+                  (i0 / mr) * a_stride;
       else
         packing.a(a, i0, rows, p0, kc, mr, packed_a, a_stride);  // every MR-row sliver, sliver s at s * a_stride
       for (int64_t jc = 0; jc < cols; jc += mk.nc) {
@@ -166,7 +169,7 @@ void run_tile(const MicroKernel<typename Packing::P, T>& mk,
 // any parallel region (omp_get_level, unlike omp_in_parallel, counts a team of one too) a
 // product runs on its caller's thread, and one thread never enters a parallel construct:
 // even a team of one costs a microsecond, a sixth of a 64 x 64 x 64 product.
-int product_threads(int64_t m, int64_t n, int64_t k) {
+inline int product_threads(int64_t m, int64_t n, int64_t k) {
   const bool parallel = omp_get_level() == 0 && m * n * k >= kParallelMinWork;
   return parallel ? omp_get_max_threads() : 1;
 }
@@ -224,8 +227,76 @@ bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int
   return true;
 }
 
-// Cuts C into tiles (multiples of MR rows and NR columns) and hands whole tiles to
-// threads; no split touches k, so the bits do not depend on the thread count.
+// How gemm_packed cuts C (m x n) for `threads` threads. Bands: tiles of mc rows by nc
+// columns, row after row of tiles_n, handed out by schedule(static). Tiles start as MC rows
+// (mc_wide where op(B) spans several panels or is transposed) by every column (A is then
+// packed once per KC block). With several threads the tile count is raised to a multiple of
+// the thread count, so no thread idles at the end. A cut across rows repacks op(B) once
+// more (n x k), a cut across columns op(A) (m x k): the cheaper one goes first, while tiles
+// keep at least 2 MR rows and NR columns. Rounding the tiles up to whole slivers can leave
+// fewer tiles than threads, or some threads two where others have one: gpt-mini's qkv weight
+// gradient (256 x 768) on 16 threads is 12 column bands of 64, a third over the 48 an even
+// split gives. Where op(A) and op(B) are each packed once for all threads (shares_packing),
+// a grid of grid_m x grid_n tiles, one a thread, the rows' MR-slivers and the columns'
+// NR-slivers dealt out as evenly as they go, is taken instead when its largest tile is under
+// 0.95 of the bands' largest load: no tile packs anything itself then, so the grid's cuts
+// cost nothing. `load`: the most MR x NR blocks' elements one thread computes.
+struct TilePlan {
+  int64_t mc = 0, nc = 0, tiles_n = 0, tiles = 0;
+  int64_t grid_m = 0, grid_n = 0;  // the grid's shape, 0 for bands
+  int64_t load = 0;
+};
+
+// The first row (column) of part `i` of `parts` when `slivers` slivers of `width` go as
+// evenly as they can (their counts differ by one at most).
+inline int64_t grid_edge(int64_t i, int64_t parts, int64_t slivers, int64_t width) {
+  return i * slivers / parts * width;
+}
+
+template <typename P, typename T>
+TilePlan plan_tiles(const MicroKernel<P, T>& mk, int64_t m, int64_t n, bool b_wide, bool b_prepacked, int threads) {
+  int64_t tm = ceil_div(m, n > mk.nc || b_wide ? mk.mc_wide : mk.mc), tn = 1;
+  while (threads > 1 && (tm * tn) % threads != 0) {
+    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
+    if (rows_ok && (n <= m || !cols_ok)) {
+      ++tm;
+    } else if (cols_ok) {
+      ++tn;
+    } else {
+      break;
+    }
+  }
+  TilePlan plan;
+  plan.mc = round_up(ceil_div(m, tm), mk.mr), plan.nc = round_up(ceil_div(n, tn), mk.nr);
+  plan.tiles_n = ceil_div(n, plan.nc), plan.tiles = ceil_div(m, plan.mc) * plan.tiles_n;
+  // schedule(static) gives the first tiles % threads threads one tile more, each a run.
+  const int64_t per = plan.tiles / threads, extra = plan.tiles % threads;
+  for (int64_t th = 0, t = 0; th < threads && t < plan.tiles; ++th) {
+    int64_t load = 0;
+    for (const int64_t end = t + per + (th < extra ? 1 : 0); t < end; ++t) {
+      const int64_t i0 = (t / plan.tiles_n) * plan.mc, j0 = (t % plan.tiles_n) * plan.nc;
+      load += round_up(std::min(plan.mc, m - i0), mk.mr) * round_up(std::min(plan.nc, n - j0), mk.nr);
+    }
+    plan.load = std::max(plan.load, load);
+  }
+  if (threads < 2 || b_prepacked || !shares_packing(threads)) return plan;
+  const int64_t row_slivers = ceil_div(m, mk.mr), col_slivers = ceil_div(n, mk.nr);
+  int64_t best = 0, best_m = 0;
+  for (int64_t gm = 1; gm <= threads; ++gm) {
+    const int64_t gn = threads / gm;
+    if (threads % gm != 0 || gm > row_slivers || gn > col_slivers) continue;
+    const int64_t load = ceil_div(row_slivers, gm) * mk.mr * ceil_div(col_slivers, gn) * mk.nr;
+    if (best_m == 0 || load < best) best = load, best_m = gm;
+  }
+  if (best_m != 0 && 100 * best < 95 * plan.load) {
+    plan.grid_m = best_m, plan.grid_n = threads / best_m;
+    plan.load = best;
+  }
+  return plan;
+}
+
+// Cuts C into tiles (multiples of MR rows and NR columns, plan_tiles) and hands whole tiles
+// to threads; no split touches k, so the bits do not depend on the thread count.
 template <typename Packing, typename T, typename OperandA, typename OperandB>
 void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  const Packing& packing,
@@ -241,35 +312,64 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
                  const GemmEpilogue<T>& epilogue,
                  const GemmPrologue<T>& prologue = {}) {
   LOOM_CHECK(!(prologue && accumulate));
-  // Tiles start as MC rows (mc_wide where op(B) spans several panels or is transposed) by
-  // every column (A is then packed once per KC block). With several threads the tile count
-  // is raised to a multiple of the thread count, so no thread idles at the end. A cut across rows repacks op(B) once more (n x k), a cut
-  // across columns op(A) (m x k): the cheaper one goes first, while tiles keep at least
-  // 2 MR rows and NR columns.
-  int64_t tm = ceil_div(m, n > mk.nc || ob.trans ? mk.mc_wide : mk.mc), tn = 1;
-  while (threads > 1 && (tm * tn) % threads != 0) {
-    const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
-    if (rows_ok && (n <= m || !cols_ok)) {
-      ++tm;
-    } else if (cols_ok) {
-      ++tn;
-    } else {
-      break;
+  using P = typename Packing::P;
+  constexpr bool kPrepacked = std::is_same_v<OperandB, Prepacked<P>>;
+  const TilePlan plan = plan_tiles(mk, m, n, ob.trans, kPrepacked, threads);
+  const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
+  if constexpr (!kPrepacked) {
+    if (plan.grid_m != 0) {
+      // The grid: op(A) packed once, block by block of k, each thread a share of the rows
+      // (whole slivers), and op(B) once over all of k, each thread a share of its slivers
+      // (both as the bands below pack them); then each thread its tile, read from both.
+      const int64_t a_block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr);
+      const int64_t blocks = ceil_div(k, mk.kc), a_share = round_up(ceil_div(m, threads), mk.mr);
+      const int64_t a_shares = ceil_div(m, a_share);
+      const int64_t b_stride = ceil_div(k, Packing::kStep) * mk.nr, slivers = ceil_div(n, mk.nr);
+      const int64_t b_share = ceil_div(slivers, threads);
+      P* shared_a = scratch<P>(3, blocks * a_block);
+      P* shared_b = scratch<P>(4, slivers * b_stride);
+      const Prepacked<P> packed{shared_b, b_stride};
+      const int64_t row_slivers = ceil_div(m, mk.mr), grid_n = plan.grid_n;
+#pragma omp parallel num_threads(threads)
+      {
+#pragma omp for schedule(static) nowait
+        for (int64_t task = 0; task < blocks * a_shares; ++task) {
+          const FlushSubnormals flush(packing.flush);
+          const int64_t p0 = (task / a_shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % a_shares) * a_share;
+          const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
+          packing.a(oa, r0, std::min(a_share, m - r0), p0, kc, mk.mr,
+                    shared_a + (p0 / mk.kc) * a_block + (r0 / mk.mr) * stride, stride);
+        }
+#pragma omp for schedule(static)
+        for (int64_t s0 = 0; s0 < slivers; s0 += b_share) {
+          const FlushSubnormals flush(packing.flush);
+          const int64_t j0 = s0 * mk.nr;
+          packing.b(ob, 0, k, j0, std::min(b_share * mk.nr, n - j0), mk.nr, shared_b + s0 * b_stride);
+        }
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < plan.grid_m * grid_n; ++t) {
+          const int64_t gi = t / grid_n, gj = t % grid_n;
+          const int64_t i0 = grid_edge(gi, plan.grid_m, row_slivers, mk.mr);
+          const int64_t i1 = std::min(m, grid_edge(gi + 1, plan.grid_m, row_slivers, mk.mr));
+          const int64_t j0 = grid_edge(gj, grid_n, slivers, mk.nr);
+          const int64_t j1 = std::min(n, grid_edge(gj + 1, grid_n, slivers, mk.nr));
+          run_tile(mk, packing, oa, packed, k, accumulate, c, ldc, i0, i1 - i0, j0, j1 - j0, epilogue, prologue,
+                   static_cast<const P*>(shared_a), m);
+        }
+      }
+      return;
     }
   }
-  const int64_t mc = round_up(ceil_div(m, tm), mk.mr), nc = round_up(ceil_div(n, tn), mk.nr);
-  const int64_t tiles_n = ceil_div(n, nc), tiles = ceil_div(m, mc) * tiles_n;
+  const int64_t mc = plan.mc, nc = plan.nc, tiles_n = plan.tiles_n, tiles = plan.tiles;
   const auto tile = [&](int64_t t) {
     const int64_t i0 = (t / tiles_n) * mc, j0 = (t % tiles_n) * nc;
     run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, i0, std::min(mc, m - i0), j0, std::min(nc, n - j0), epilogue,
              prologue);
   };
-  using P = typename Packing::P;
   if (tiles_n == tiles && tiles > 1 && shares_packing(threads)) {
     // Every tile is a band of columns by every row, so each would pack all of op(A): it is
     // packed once instead, block by block of k, each thread a share of the rows (whole
     // slivers), as run_tile's shared_a reads it.
-    const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
     const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr), blocks = ceil_div(k, mk.kc);
     const int64_t share = round_up(ceil_div(m, threads), mk.mr), shares = ceil_div(m, share);
     P* shared = scratch<P>(3, blocks * block);
@@ -287,12 +387,12 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t j0 = t * nc;
         run_tile(mk, packing, oa, ob, k, accumulate, c, ldc, 0, m, j0, std::min(nc, n - j0), epilogue, prologue,
-                 static_cast<const P*>(shared));
+                 static_cast<const P*>(shared), m);
       }
     }
     return;
   }
-  if constexpr (!std::is_same_v<OperandB, Prepacked<P>>) {
+  if constexpr (!kPrepacked) {
     if (tiles_n == 1 && tiles > 1 && shares_packing(threads)) {
       // Every tile is a band of rows by every column, so each would pack all of op(B): it
       // is packed once instead, over all of k, each thread a share of its NR-column slivers
