@@ -79,6 +79,9 @@ step_cpu() {
   run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown
   run 200 $B/loom bench train --preset gpt-mini --threads "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown \
     --shared-pack off
+  # item 4's gpt2-124m at all cores (micro-batch 4: 48 heads' backward tasks, 3 a thread at 16)
+  run 240 $B/loom bench train --preset gpt2-124m --micro-batch 4 --threads "$cores" --precision fp32 bf16 --steps 3 \
+    --warmup 1 --breakdown
   for th in 1 "$cores"; do
     for p in fp32 bf16; do
       run 120 python3 bench/peers/torch_gpt.py --preset gpt-mini --threads "$th" --precision "$p" --steps 8 --warmup 2
