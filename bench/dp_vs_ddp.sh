@@ -10,6 +10,8 @@
 # PYTHON: the peer's interpreter (default /usr/bin/python3, Debian's torch). TRACE=STEPS (as
 # profile.trace_steps, e.g. 8-9) also writes Loom's merged trace of those steps, every rank,
 # to TRACE_OUT (default dp_trace.json): where each rank's step and gradient buckets went.
+# BIND=1 launches Loom's ranks with `loom launch --bind cores` (each on its own cores);
+# SKIP_PEER=1 leaves PyTorch out (a second Loom run beside one that had it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
@@ -17,7 +19,7 @@ steps=${2:-13}
 
 source bench/common.sh
 
-$loom launch -n "$np" -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
+$loom launch -n "$np" ${BIND:+--bind cores} -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
   --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
   --training.eval_every=0 --checkpoint.every=0 ${TRACE:+--profile.trace_steps="$TRACE"} > "$work/loom.out"
 [ -z "${TRACE:-}" ] || cp "$work/dp/trace.json" "${TRACE_OUT:-dp_trace.json}"
@@ -35,8 +37,9 @@ print(f"{tps:.0f} {step:.1f} {comm:.1f} {exposed:.1f} {100 * exposed / step:.1f}
 PY
 )
 read -r loom_tps loom_step loom_comm loom_exposed loom_share loom_behind <<< "$loom_line"
-echo "loom   ${np}x1: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms" \
+echo "loom   ${np}x1${BIND:+ bound to cores}: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms" \
   "(${loom_share}% of the step; of it, waiting for the slowest rank's compute ${loom_behind} ms)"
+[ -z "${SKIP_PEER:-}" ] || exit 0
 torch_out=$(OPENBLAS_NUM_THREADS=1 "${PYTHON:-/usr/bin/python3}" bench/peers/torch_gpt.py --ddp "$np" --steps $((steps - 3)) --warmup 3)
 echo "$torch_out"
 torch_tps=$(echo "$torch_out" | sed -n 's/.*tokens_per_s=\([0-9]*\).*/\1/p')

@@ -2,6 +2,7 @@
 // the file or key and what was expected, and leaves an existing run directory untouched;
 // a resumed run continues with bitwise-identical losses.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <zlib.h>
@@ -405,6 +406,50 @@ TEST_F(Cli, LaunchTearsDownWithinTwoSecondsAndNamesTheRank) {
   long long failed_ns = 0;
   ASSERT_TRUE(f >> failed_ns);
   EXPECT_LT(now_ns - failed_ns, 2'000'000'000LL) << "the launcher took over 2 s to tear down";
+}
+
+// `loom launch --bind cores`: each local rank runs on its own share of the launcher's CPUs
+// (disjoint, covering them, a line saying where), under a launcher confined to one CPU too;
+// more ranks than CPUs is one line and exit 2 with nothing started.
+TEST_F(Cli, LaunchBindsEachRankToItsOwnCores) {
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  const int n = std::min<int>(static_cast<int>(allowed.size()), 4);
+  ASSERT_GE(n, 1);
+  Result r = loom(cat("launch -n ", n, " --bind cores -- sh -c 'echo cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2)'"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("loom launch: bound to cores: rank 0 on CPUs "), std::string::npos) << r.err;
+  std::vector<int> seen;
+  for (int rank = 0; rank < n; ++rank) {
+    const std::string tag = cat("[rank ", rank, "] cpus ");
+    const size_t at = r.out.find(tag);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    std::istringstream list(r.out.substr(at + tag.size(), r.out.find('\n', at) - at - tag.size()));
+    size_t mine = 0;
+    for (std::string part; std::getline(list, part, ',');) {
+      const size_t dash = part.find('-');
+      const int lo = std::stoi(part), hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+      for (int c = lo; c <= hi; ++c, ++mine) seen.push_back(c);
+    }
+    EXPECT_GE(mine, allowed.size() / n - 1) << r.out;  // a share, not one CPU of many
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, allowed) << r.out;  // disjoint, and together every CPU the launcher had
+  // A launcher confined to its last CPU puts its one rank there.
+  const std::string last = std::to_string(allowed.back());
+  testing::CommandResult confined = testing::run_command(
+      cat("taskset -c ", last, " ", LOOM_BINARY_DIR, "/loom launch -n 1 --bind cores -- grep Cpus_allowed_list /proc/self/status 2>&1"));
+  EXPECT_EQ(confined.code, 0) << confined.out;
+  EXPECT_NE(confined.out.find(cat("[rank 0] Cpus_allowed_list:\t", last, "\n")), std::string::npos) << confined.out;
+  r = loom(cat("launch -n ", allowed.size() + 1, " --bind cores -- touch ", p("started")));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find(cat(allowed.size() + 1, " local ranks, but this launcher may run on only ", allowed.size(), " CPU(s)")),
+            std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(p("started")));
 }
 
 // `loom bench comm --dirty-inputs` (bench/comm_vs_peers.sh DIRTY=1) writes every line of each

@@ -389,6 +389,11 @@ int run(int argc, char** argv) {
   l->add_option("--grace", launch.grace_s,
                 "Seconds the ranks get after a forwarded SIGTERM (they finish the step, save and exit) before SIGKILL")
       ->capture_default_str();
+  l->add_option("--bind", launch.bind,
+                 "cores: each local rank's CPU affinity set to its own share of this launcher's cores (SMT siblings "
+                 "together), so that no two ranks' threads share a core; none: the scheduler places them")
+      ->check(CLI::IsMember({"none", "cores"}))
+      ->capture_default_str();
   l->add_option("command", launch.command, "-- CMD ARGS...")->required();
   l->positionals_at_end();
 

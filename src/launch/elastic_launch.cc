@@ -90,7 +90,7 @@ RankGroupSpec group_spec(const LaunchArgs& a, const Job& j, const json& plan, in
           .env = {{"LOOM_ELASTIC_GENERATION", std::to_string(plan.at("generation").get<int64_t>())},
                   {"LOOM_ELASTIC_REASON", plan.at("reason").get<std::string>()},
                   {"LOOM_ELASTIC_SINCE_MS", std::to_string(plan.at("since_ms").get<int64_t>())}},
-          .clean_exits = {0, kExitForResize}};
+          .clean_exits = {0, kExitForResize}, .bind = a.bind == "cores"};
 }
 
 // What a member's ranks ended with.

@@ -83,7 +83,7 @@ int run_launch(const LaunchArgs& a) {
 
   RankGroup group({.command = a.command, .first_rank = a.node_rank * nproc, .count = nproc,
                    .world = a.nnodes * nproc, .group_rank = a.node_rank, .store_host = host, .store_port = port,
-                   .job_id = job_id, .secret = secret_file, .allow_expendable = true});
+                   .job_id = job_id, .secret = secret_file, .allow_expendable = true, .bind = a.bind == "cores"});
   while (!group.done())
     for (int sig : group.pump(50))
       if (sig == SIGINT || sig == SIGTERM)

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -9,8 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -81,8 +84,90 @@ std::string RankGroup::Failure::describe() const {
              code > 128 ? code - 128 : code);
 }
 
+namespace {
+
+// The CPUs listed in a sysfs list ("0-3,8"); empty where it cannot be read.
+std::vector<int> read_cpu_list(const std::string& path) {
+  std::vector<int> out;
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error&) {
+    return out;
+  }
+  size_t at = 0;
+  while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) {
+    const int lo = std::atoi(text.c_str() + at);
+    while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
+    int hi = lo;
+    if (at < text.size() && text[at] == '-') {
+      hi = std::atoi(text.c_str() + ++at);
+      while (at < text.size() && std::isdigit(static_cast<unsigned char>(text[at]))) ++at;
+    }
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+    if (at < text.size() && text[at] == ',') ++at;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += cat(out.empty() ? "" : ",", cpus[i], j > i ? cat("-", cpus[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> bind_cpus(int ranks) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) != 0)
+    throw RuntimeError(cat("loom launch --bind: sched_getaffinity failed: ", std::strerror(errno)));
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  if (static_cast<int>(allowed.size()) < ranks)
+    throw InputError(cat("loom launch --bind cores: ", ranks, " local ranks, but this launcher may run on only ",
+                         allowed.size(), " CPU(s) (", cpu_list(allowed), "); run fewer ranks or leave out --bind"));
+  // Cores: each allowed CPU with its allowed siblings, once, in the order of their first CPU.
+  std::vector<std::vector<int>> cores;
+  std::vector<bool> placed(CPU_SETSIZE, false);
+  for (int c : allowed) {
+    if (placed[c]) continue;
+    std::vector<int> core;
+    for (int s : read_cpu_list(cat("/sys/devices/system/cpu/cpu", c, "/topology/thread_siblings_list")))
+      if (s >= 0 && s < CPU_SETSIZE && CPU_ISSET(s, &set) && !placed[s]) core.push_back(s);
+    if (std::find(core.begin(), core.end(), c) == core.end()) core = {c};  // sysfs silent or odd
+    for (int s : core) placed[s] = true;
+    cores.push_back(std::move(core));
+  }
+  if (static_cast<int>(cores.size()) < ranks) {  // fewer cores than ranks: CPU by CPU
+    cores.clear();
+    for (int c : allowed) cores.push_back({c});
+  }
+  std::vector<std::vector<int>> out(static_cast<size_t>(ranks));
+  const int64_t n = static_cast<int64_t>(cores.size());
+  for (int r = 0; r < ranks; ++r) {
+    for (int64_t i = r * n / ranks; i < (r + 1) * n / ranks; ++i)
+      out[r].insert(out[r].end(), cores[i].begin(), cores[i].end());
+    std::sort(out[r].begin(), out[r].end());
+  }
+  return out;
+}
+
 RankGroup::RankGroup(const RankGroupSpec& spec) : spec_(spec) {
   signal_fd();
+  const std::vector<std::vector<int>> cpus = spec.bind ? bind_cpus(spec.count) : std::vector<std::vector<int>>{};
+  if (spec.bind) {
+    std::string where;
+    for (int i = 0; i < spec.count; ++i) where += cat(i == 0 ? "" : ", ", "rank ", spec.first_rank + i, " on CPUs ", cpu_list(cpus[i]));
+    std::fprintf(stderr, "loom launch: bound to cores: %s\n", where.c_str());
+  }
   children_.resize(static_cast<size_t>(spec.count));
   const pid_t launcher_pid = ::getpid();
   for (int i = 0; i < spec.count; ++i) {
@@ -104,6 +189,16 @@ RankGroup::RankGroup(const RankGroupSpec& spec) : spec_(spec) {
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGCHLD, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);
+      if (spec.bind) {
+        cpu_set_t mine;
+        CPU_ZERO(&mine);
+        for (int cpu : cpus[i]) CPU_SET(cpu, &mine);
+        if (::sched_setaffinity(0, sizeof mine, &mine) != 0) {
+          std::fprintf(stderr, "loom launch: cannot bind rank %d to CPUs %s: %s\n", c.rank, cpu_list(cpus[i]).c_str(),
+                       std::strerror(errno));
+          ::_exit(127);
+        }
+      }
       ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(spec.world).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);

@@ -21,6 +21,7 @@ struct LaunchArgs {
   int max_restarts = -1;  // -1: not given (0 in an elastic job)
   int local = 0;          // ranks this launcher runs; 0: MAX (1 with --join)
   bool join = false;
+  std::string bind = "none";  // "cores": each local rank on its share of the launcher's cores
   std::vector<std::string> command;
   // From the launcher's own environment, which the command line reads: the job's secret
   // (LOOM_SECRET_FILE; empty: generated, single-node jobs only) and LOOM_JOB_ID (empty: derived).

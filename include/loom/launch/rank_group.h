@@ -49,7 +49,18 @@ struct RankGroupSpec {
   // A rank that declared itself expendable in the job's store (expendable_key; parameter-
   // server workers in async and ssp mode do) may fail alone: logged, the others go on.
   bool allow_expendable = false;
+  // `loom launch --bind cores`: each rank's CPU affinity set to its share of the launcher's
+  // (bind_cpus), before it runs anything.
+  bool bind = false;
 };
+
+// `ranks` disjoint CPU sets that share out the CPUs this process may run on: whole cores
+// (a core's SMT siblings together, from sysfs's thread_siblings_list), as evenly as they
+// go, in the order of their first CPU; CPU by CPU where there are fewer cores than ranks.
+// InputError naming --bind where there are fewer CPUs than ranks.
+std::vector<std::vector<int>> bind_cpus(int ranks);
+// "0-3,8" for {0, 1, 2, 3, 8}.
+std::string cpu_list(const std::vector<int>& cpus);
 
 // The store key through which a rank tells its launcher it may fail alone.
 std::string expendable_key(int rank);
