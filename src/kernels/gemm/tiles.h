@@ -253,8 +253,11 @@ inline int64_t grid_edge(int64_t i, int64_t parts, int64_t slivers, int64_t widt
   return i * slivers / parts * width;
 }
 
+inline constexpr int64_t kGridMaxPacked = int64_t{16} << 20;  // elements of op(A) and op(B) together
+
 template <typename P, typename T>
-TilePlan plan_tiles(const MicroKernel<P, T>& mk, int64_t m, int64_t n, bool b_wide, bool b_prepacked, int threads) {
+TilePlan plan_tiles(const MicroKernel<P, T>& mk, int64_t m, int64_t n, int64_t k, bool b_wide, bool b_prepacked,
+                    int threads) {
   int64_t tm = ceil_div(m, n > mk.nc || b_wide ? mk.mc_wide : mk.mc), tn = 1;
   while (threads > 1 && (tm * tn) % threads != 0) {
     const bool rows_ok = ceil_div(m, tm + 1) >= 2 * mk.mr, cols_ok = ceil_div(n, tn + 1) >= mk.nr;
@@ -279,7 +282,9 @@ TilePlan plan_tiles(const MicroKernel<P, T>& mk, int64_t m, int64_t n, bool b_wi
     }
     plan.load = std::max(plan.load, load);
   }
-  if (threads < 2 || b_prepacked || !shares_packing(threads)) return plan;
+  // Both packs stay in the calling thread's scratch: the grid is for products whose
+  // operands pack into 64 MiB (gpt2-124m's head input gradient, k = 50,257, would take 360).
+  if (threads < 2 || b_prepacked || !shares_packing(threads) || (m + n) * k > kGridMaxPacked) return plan;
   const int64_t row_slivers = ceil_div(m, mk.mr), col_slivers = ceil_div(n, mk.nr);
   int64_t best = 0, best_m = 0;
   for (int64_t gm = 1; gm <= threads; ++gm) {
@@ -314,7 +319,7 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
   LOOM_CHECK(!(prologue && accumulate));
   using P = typename Packing::P;
   constexpr bool kPrepacked = std::is_same_v<OperandB, Prepacked<P>>;
-  const TilePlan plan = plan_tiles(mk, m, n, ob.trans, kPrepacked, threads);
+  const TilePlan plan = plan_tiles(mk, m, n, k, ob.trans, kPrepacked, threads);
   const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
   if constexpr (!kPrepacked) {
     if (plan.grid_m != 0) {
