@@ -506,26 +506,20 @@ void hooked_product(const Problem<float>& p, bool half, bool accumulate, std::ve
                 prologue);
 }
 
-// Where threads take bands of rows (or of columns), op(B) (or op(A)) packed once for all of
-// them (set_gemm_shared_pack) gives the bits of one thread: every path, f32 and bf16
-// products, operands as values and as bits, AMX's twin kernel, each transpose, odd k and k
-// past one packed block (the tiles then read the shared operand at later depths), a
-// prologue, 2 to 4 threads.
-TEST(Gemm, AnOperandPackedOnceForEveryBandGivesTheSameBits) {
+// Every product of each shape (each transpose) on `thread_counts` threads against one
+// thread, bit for bit: every path, f32 and bf16 products, operands as values and as bits,
+// AMX's twin kernel, a prologue and an epilogue.
+void expect_thread_counts_give_one_threads_bits(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& shapes,
+                                                const std::vector<int>& thread_counts, uint64_t seed) {
   const int saved = omp_get_max_threads();
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
-      {1100, 96, 257}, {600, 131, 1030}, {300, 40, 2100},  // bands of rows
-      {96, 1100, 257}, {131, 600, 1030}, {40, 300, 2100}};  // of columns
   const auto each_threads = [&](const std::string& what, const auto& run) {
     omp_set_num_threads(1);
     const std::vector<float> one = run();
-    for (int threads : {2, 3, 4}) {
+    for (int threads : thread_counts) {
       omp_set_num_threads(threads);
       EXPECT_TRUE(same_bits_or_nan(run(), one)) << what << " threads=" << threads;
     }
   };
-  set_gemm_shared_pack(GemmSharedPack::kOn);
-  uint64_t seed = 4000;
   for (auto [m, n, k] : shapes)
     for (int t = 0; t < 4; ++t) {
       const Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 3);
@@ -555,19 +549,37 @@ TEST(Gemm, AnOperandPackedOnceForEveryBandGivesTheSameBits) {
         hooked_product(p, true, false, c, {}, GemmPrologue<float>(bias.data()));
         return c;
       });
+      const GemmEpilogue<float> halve_add_row([&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block,
+                                                  int64_t ld) {
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) block[i * ld + j] = block[i * ld + j] * 0.5f + bias[j0 + j];
+      });
+      each_threads("epilogue" + shape, [&] {
+        std::vector<float> c = p.c0;
+        hooked_product(p, false, false, c, halve_add_row, {});
+        return c;
+      });
     }
-  set_gemm_shared_pack(GemmSharedPack::kAuto);
   omp_set_num_threads(saved);
+}
+
+// Where threads take bands of rows (or of columns), op(B) (or op(A)) packed once for all of
+// them (set_gemm_shared_pack) gives the bits of one thread: each transpose, odd k and k past
+// one packed block (the tiles then read the shared operand at later depths), 2 to 4 threads.
+TEST(Gemm, AnOperandPackedOnceForEveryBandGivesTheSameBits) {
+  set_gemm_shared_pack(GemmSharedPack::kOn);
+  expect_thread_counts_give_one_threads_bits({{1100, 96, 257}, {600, 131, 1030}, {300, 40, 2100},  // bands of rows
+                                              {96, 1100, 257}, {131, 600, 1030}, {40, 300, 2100}},  // of columns
+                                             {2, 3, 4}, 4000);
+  set_gemm_shared_pack(GemmSharedPack::kAuto);
 }
 
 // Where whole-sliver bands leave some threads more than others, both operands are packed
 // once and each thread takes one tile of a grid (gemm_detail::plan_tiles): the bits of one
-// thread, on every path, f32 and bf16, operands as values and as bits, each transpose, odd k
-// and k past a packed block, a prologue and an epilogue, on 6, 8 and 16 threads (more
+// thread, each transpose, odd k and k past a packed block, on 6, 8 and 16 threads (more
 // threads than this machine's cores change no bit). The shapes are ones where the plan takes
 // the grid for the AVX2 and AVX-512 kernels on some of those thread counts.
 TEST(Gemm, AGridOfTilesOnOperandsPackedOnceGivesTheSameBits) {
-  const int saved = omp_get_max_threads();
   const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes = {
       {100, 400, 257}, {300, 90, 1030}, {150, 600, 530}, {40, 700, 97}, {257, 129, 600}};
   const std::vector<int> thread_counts = {6, 8, 16};
@@ -582,50 +594,7 @@ TEST(Gemm, AGridOfTilesOnOperandsPackedOnceGivesTheSameBits) {
   EXPECT_GE(grids_avx2, 8);
   EXPECT_GE(grids_avx512, 8);
   EXPECT_GE(grids_bf16, 8);
-  const auto each_threads = [&](const std::string& what, const auto& run) {
-    omp_set_num_threads(1);
-    const std::vector<float> one = run();
-    for (int threads : thread_counts) {
-      omp_set_num_threads(threads);
-      EXPECT_TRUE(same_bits_or_nan(run(), one)) << what << " threads=" << threads;
-    }
-  };
-  uint64_t seed = 7000;
-  for (auto [m, n, k] : shapes)
-    for (int t = 0; t < 4; ++t) {
-      const Problem<float> p(t & 1, t & 2, m, n, k, 1, seed += 3);
-      const std::string shape = " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                                " trans_a=" + std::to_string(p.ta) + " trans_b=" + std::to_string(p.tb);
-      for (GemmPath path : paths_and_amx()) {
-        if (path != GemmPath::kAmx) each_threads(gemm_path_name(path) + shape, [&] { return p.run(path, true); });
-        each_threads(std::string("bf16 ") + gemm_path_name(path) + shape,
-                     [&] { return run_half(path, DType::kBF16, p, true); });
-      }
-      const StoredOperand a(DType::kBF16, p.a, false, 1), b(DType::kBF16, p.b, true, 2);
-      each_threads("bits" + shape, [&] {
-        std::vector<float> c = p.c0;
-        gemm_half_bits(DType::kBF16, p.ta, p.tb, p.m, p.n, p.k, a.bits.data(), p.lda, b.bits.data(), p.ldb, true,
-                       c.data(), p.ldc);
-        return c;
-      });
-      const std::vector<float> bias = random_matrix<float>(n, seed + 5);
-      each_threads("prologue" + shape, [&] {
-        std::vector<float> c = p.c0;
-        hooked_product(p, true, false, c, {}, GemmPrologue<float>(bias.data()));
-        return c;
-      });
-      const GemmEpilogue<float> halve_add_row([&](int64_t, int64_t rows, int64_t j0, int64_t cols, float* block,
-                                                  int64_t ld) {
-        for (int64_t i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < cols; ++j) block[i * ld + j] = block[i * ld + j] * 0.5f + bias[j0 + j];
-      });
-      each_threads("epilogue" + shape, [&] {
-        std::vector<float> c = p.c0;
-        hooked_product(p, false, false, c, halve_add_row, {});
-        return c;
-      });
-    }
-  omp_set_num_threads(saved);
+  expect_thread_counts_give_one_threads_bits(shapes, thread_counts, 7000);
 }
 
 // The largest share of a product's MR x NR blocks any thread computes, against an even
