@@ -286,7 +286,8 @@ std::string run_section(const RunRecord& r, size_t k, const ReportOptions& o) {
   }
   // The step's time, split: what the training thread waited for, the rest is compute. Of
   // the waits, as far as they go, the slowest rank's compute beyond rank 0's (compute_ms):
-  // waiting for it is a straggler's cost, not the communication's.
+  // waiting for it is a straggler's cost, not the communication's. Not in pipelines, whose
+  // stages differ by design (their waits are the bubble, pp_wait_ms).
   Series compute{"compute (forward, backward, update)", "#1f77b4", {}}, comm{"exposed communication", "#d62728", {}},
       slowest{"waiting for the slowest rank", "#ff7f0e", {}, false, true}, wait{"data wait", "#2ca02c", {}},
       stall{"checkpoint stall", "#9467bd", {}, false, true};
@@ -296,7 +297,8 @@ std::string run_section(const RunRecord& r, size_t k, const ReportOptions& o) {
     for (const char* key : {"exposed_comm_ms", "tp_exposed_comm_ms", "pp_wait_ms"})
       if (std::isfinite(num(j, key))) exposed += num(j, key);
     double behind = 0;
-    if (const auto it = j.find("compute_ms"); it != j.end() && it->is_array() && it->size() > 1) {
+    const auto it = j.find("compute_ms");
+    if (it != j.end() && it->is_array() && it->size() > 1 && !j.contains("pp_wait_ms")) {
       double most = 0;
       for (const json& c : *it)
         if (c.is_number()) most = std::max(most, c.get<double>());
