@@ -162,10 +162,18 @@ std::vector<std::vector<int>> bind_cpus(int ranks) {
 
 RankGroup::RankGroup(const RankGroupSpec& spec) : spec_(spec) {
   signal_fd();
-  const std::vector<std::vector<int>> cpus = spec.bind ? bind_cpus(spec.count) : std::vector<std::vector<int>>{};
+  // Each rank's CPUs as a mask and a list, made here: a forked child only sets them.
+  std::vector<cpu_set_t> masks(spec.bind ? static_cast<size_t>(spec.count) : 0);
+  std::vector<std::string> lists(masks.size());
   if (spec.bind) {
+    const std::vector<std::vector<int>> cpus = bind_cpus(spec.count);
     std::string where;
-    for (int i = 0; i < spec.count; ++i) where += cat(i == 0 ? "" : ", ", "rank ", spec.first_rank + i, " on CPUs ", cpu_list(cpus[i]));
+    for (int i = 0; i < spec.count; ++i) {
+      CPU_ZERO(&masks[i]);
+      for (int cpu : cpus[i]) CPU_SET(cpu, &masks[i]);
+      lists[i] = cpu_list(cpus[i]);
+      where += cat(i == 0 ? "" : ", ", "rank ", spec.first_rank + i, " on CPUs ", lists[i]);
+    }
     std::fprintf(stderr, "loom launch: bound to cores: %s\n", where.c_str());
   }
   children_.resize(static_cast<size_t>(spec.count));
@@ -189,15 +197,10 @@ RankGroup::RankGroup(const RankGroupSpec& spec) : spec_(spec) {
       ::signal(SIGTERM, SIG_DFL);
       ::signal(SIGCHLD, SIG_DFL);
       ::signal(SIGPIPE, SIG_DFL);
-      if (spec.bind) {
-        cpu_set_t mine;
-        CPU_ZERO(&mine);
-        for (int cpu : cpus[i]) CPU_SET(cpu, &mine);
-        if (::sched_setaffinity(0, sizeof mine, &mine) != 0) {
-          std::fprintf(stderr, "loom launch: cannot bind rank %d to CPUs %s: %s\n", c.rank, cpu_list(cpus[i]).c_str(),
-                       std::strerror(errno));
-          ::_exit(127);
-        }
+      if (spec.bind && ::sched_setaffinity(0, sizeof(cpu_set_t), &masks[i]) != 0) {
+        std::fprintf(stderr, "loom launch: cannot bind rank %d to CPUs %s: %s\n", c.rank, lists[i].c_str(),
+                     std::strerror(errno));
+        ::_exit(127);
       }
       ::setenv("RANK", std::to_string(c.rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(spec.world).c_str(), 1);
