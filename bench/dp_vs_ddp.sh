@@ -19,8 +19,8 @@ steps=${2:-13}
 
 source bench/common.sh
 
-$loom launch -n "$np" ${BIND:+--bind cores} -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" --job.name=dp \
-  --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
+$loom launch -n "$np" ${BIND:+--bind cores} -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" \
+  --job.name=dp --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
   --training.eval_every=0 --checkpoint.every=0 ${TRACE:+--profile.trace_steps="$TRACE"} > "$work/loom.out"
 [ -z "${TRACE:-}" ] || cp "$work/dp/trace.json" "${TRACE_OUT:-dp_trace.json}"
 loom_line=$(/usr/bin/env python3 - "$work/dp/metrics.jsonl" "$np" <<'PY'

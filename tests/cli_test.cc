@@ -419,7 +419,8 @@ TEST_F(Cli, LaunchBindsEachRankToItsOwnCores) {
     if (CPU_ISSET(c, &set)) allowed.push_back(c);
   const int n = std::min<int>(static_cast<int>(allowed.size()), 4);
   ASSERT_GE(n, 1);
-  Result r = loom(cat("launch -n ", n, " --bind cores -- sh -c 'echo cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2)'"));
+  Result r = loom(
+      cat("launch -n ", n, " --bind cores -- sh -c 'echo cpus $(grep Cpus_allowed_list /proc/self/status | cut -f2)'"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("loom launch: bound to cores: rank 0 on CPUs "), std::string::npos) << r.err;
   std::vector<int> seen;
