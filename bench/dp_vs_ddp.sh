@@ -11,7 +11,8 @@
 # profile.trace_steps, e.g. 8-9) also writes Loom's merged trace of those steps, every rank,
 # to TRACE_OUT (default dp_trace.json): where each rank's step and gradient buckets went.
 # BIND=1 launches Loom's ranks with `loom launch --bind cores` (each on its own cores);
-# SKIP_PEER=1 leaves PyTorch out (a second Loom run beside one that had it).
+# SKIP_PEER=1 leaves PyTorch out (a second Loom run beside one that had it). LOOM_ARGS: more
+# `loom train` flags (e.g. --parallel.bucket_mb=2, gradient units that overlap backward).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 np=${1:-2}
@@ -21,7 +22,7 @@ source bench/common.sh
 
 $loom launch -n "$np" ${BIND:+--bind cores} -- $loom train configs/gpt-mini.toml --quiet --job.run_dir="$work" \
   --job.name=dp --job.threads=1 --training.steps="$steps" --training.global_batch=$((8 * np)) --training.micro_batch=8 \
-  --training.eval_every=0 --checkpoint.every=0 ${TRACE:+--profile.trace_steps="$TRACE"} > "$work/loom.out"
+  --training.eval_every=0 --checkpoint.every=0 ${TRACE:+--profile.trace_steps="$TRACE"} ${LOOM_ARGS:-} > "$work/loom.out"
 [ -z "${TRACE:-}" ] || cp "$work/dp/trace.json" "${TRACE_OUT:-dp_trace.json}"
 loom_line=$(/usr/bin/env python3 - "$work/dp/metrics.jsonl" "$np" <<'PY'
 import json, statistics, sys
@@ -37,7 +38,7 @@ print(f"{tps:.0f} {step:.1f} {comm:.1f} {exposed:.1f} {100 * exposed / step:.1f}
 PY
 )
 read -r loom_tps loom_step loom_comm loom_exposed loom_share loom_behind <<< "$loom_line"
-echo "loom   ${np}x1${BIND:+ bound to cores}: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms" \
+echo "loom   ${np}x1${BIND:+ bound to cores}${LOOM_ARGS:+ $LOOM_ARGS}: ${loom_tps} tokens/s, step ${loom_step} ms, comm ${loom_comm} ms, exposed ${loom_exposed} ms" \
   "(${loom_share}% of the step; of it, waiting for the slowest rank's compute ${loom_behind} ms)"
 [ -z "${SKIP_PEER:-}" ] || exit 0
 torch_out=$(OPENBLAS_NUM_THREADS=1 "${PYTHON:-/usr/bin/python3}" bench/peers/torch_gpt.py --ddp "$np" --steps $((steps - 3)) --warmup 3)

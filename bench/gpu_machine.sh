@@ -93,8 +93,10 @@ step_dp() {  # issue 42, item 5: data parallel on every core (a rank each, 1 thr
   # (the token file made from the repository's docs: this machine has no fortunes)
   LOOM=$B/loom TEXT='docs/*.md' PYTHON=python3 TRACE=8-9 TRACE_OUT="$OUT/dp_trace.json" \
     run 300 bench/dp_vs_ddp.sh "$(nproc)" 13
-  # the same with each rank bound to its own core (loom launch --bind cores), Loom only
+  # the same with each rank bound to its own core (loom launch --bind cores), then with 2 MiB
+  # gradient units (gpt-mini's 13 MB are one 25 MiB unit by default: all-reduced after backward)
   LOOM=$B/loom TEXT='docs/*.md' BIND=1 SKIP_PEER=1 run 120 bench/dp_vs_ddp.sh "$(nproc)" 13
+  LOOM=$B/loom TEXT='docs/*.md' LOOM_ARGS=--parallel.bucket_mb=2 SKIP_PEER=1 run 120 bench/dp_vs_ddp.sh "$(nproc)" 13
 }
 step_gemm() { run 120 $B/loom bench gemm --threads 1; }
 step_amx() {
