@@ -79,6 +79,9 @@ step_cpu() {
   run 300 $B/loom bench train --preset gpt-mini --threads 1 "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown
   run 200 $B/loom bench train --preset gpt-mini --threads "$cores" --precision fp32 bf16 --steps 8 --warmup 2 --breakdown \
     --shared-pack off
+  # how busy each part keeps the threads: with passive waits, a waiting thread uses no CPU
+  OMP_WAIT_POLICY=passive run 200 $B/loom bench train --preset gpt-mini --threads "$cores" --precision fp32 bf16 \
+    --steps 8 --warmup 2 --breakdown
   # item 4's gpt2-124m at all cores (micro-batch 4: 48 heads' backward tasks, 3 a thread at 16)
   run 240 $B/loom bench train --preset gpt2-124m --micro-batch 4 --threads "$cores" --precision fp32 bf16 --steps 3 \
     --warmup 1 --breakdown

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 #include "commands.h"
@@ -54,6 +55,7 @@ struct StepParts {
   std::string mode, precision;
   int64_t threads;
   std::array<double, nn::kStepParts + 2> ms;
+  std::array<double, nn::kStepParts + 2> cpu_ms;  // the process's CPU time over the same spans
 };
 
 // The breakdown's table: a row of ms per configuration, and under each configuration whose
@@ -81,6 +83,25 @@ void print_breakdown(const std::vector<StepParts>& rows, int64_t first) {
       }
       std::printf("\n");
     }
+  }
+  // How busy each part kept the pool: where it is well under 100%, threads waited (a serial
+  // stretch, a barrier, one thread's larger share). Waiting threads count as busy while
+  // OpenMP spins them, so run with OMP_WAIT_POLICY=passive to see the waits.
+  std::printf("# threads busy: each part's CPU time (every thread's) over its wall time x threads, %%; waits count as "
+              "busy while the OpenMP runtime spins (OMP_WAIT_POLICY=%s)\n",
+              std::getenv("OMP_WAIT_POLICY") != nullptr ? std::getenv("OMP_WAIT_POLICY") : "unset");
+  std::printf("%10s %9s %8s", "recompute", "precision", "threads");
+  for (int i = 0; i < nn::kStepParts; ++i) std::printf(" %10s", nn::step_part_name(static_cast<nn::StepPart>(i)));
+  std::printf(" %10s %10s\n", "other", "step");
+  for (const StepParts& r : rows) {
+    std::printf("%10s %9s %8lld", r.mode.c_str(), r.precision.c_str(), static_cast<long long>(r.threads));
+    for (size_t i = 0; i < r.ms.size(); ++i) {
+      if (r.ms[i] > 0.005)
+        std::printf(" %9.0f%%", 100.0 * r.cpu_ms[i] / (r.ms[i] * static_cast<double>(r.threads)));
+      else
+        std::printf(" %10s", "-");
+    }
+    std::printf("\n");
   }
 }
 
@@ -170,7 +191,7 @@ int run_bench_train(const BenchTrainArgs& a) {
     Rng rng(1234);
     Tensor x = Tensor::zeros({b, t}, DType::kI32), y = Tensor::zeros({b, t}, DType::kI32);
     std::vector<double> times, cpu_times;
-    std::array<double, nn::kStepParts + 2> part_s{};  // summed over the timed steps
+    std::array<double, nn::kStepParts + 2> part_s{}, part_cpu_s{};  // summed over the timed steps
     nn::record_step_parts(a.breakdown);
     double loss = 0;
     for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
@@ -188,23 +209,32 @@ int run_bench_train(const BenchTrainArgs& a) {
         opt->step(3e-4);
       }
       const double step_s = now_s() - t0;
+      const double step_cpu_s = cpu_s() - c0;
       const std::array<double, nn::kStepParts> step_parts = nn::take_step_parts();
+      const std::array<double, nn::kStepParts> step_parts_cpu = nn::take_step_parts_cpu();
       if (s >= a.warmup) {
         times.push_back(step_s);
-        cpu_times.push_back(cpu_s() - c0);
-        double left = step_s;
-        for (int i = 0; i < nn::kStepParts; ++i) {
-          part_s[static_cast<size_t>(i)] += step_parts[static_cast<size_t>(i)];
-          left -= step_parts[static_cast<size_t>(i)];
+        cpu_times.push_back(step_cpu_s);
+        double left = step_s, left_cpu = step_cpu_s;
+        for (size_t i = 0; i < nn::kStepParts; ++i) {
+          part_s[i] += step_parts[i];
+          part_cpu_s[i] += step_parts_cpu[i];
+          left -= step_parts[i];
+          left_cpu -= step_parts_cpu[i];
         }
         part_s[nn::kStepParts] += left;
         part_s[nn::kStepParts + 1] += step_s;
+        part_cpu_s[nn::kStepParts] += left_cpu;
+        part_cpu_s[nn::kStepParts + 1] += step_cpu_s;
       }
     }
     nn::record_step_parts(false);
     if (a.breakdown) {
-      StepParts row{mode, precision, th, {}};
-      for (size_t i = 0; i < row.ms.size(); ++i) row.ms[i] = part_s[i] * 1e3 / static_cast<double>(a.steps);
+      StepParts row{mode, precision, th, {}, {}};
+      for (size_t i = 0; i < row.ms.size(); ++i) {
+        row.ms[i] = part_s[i] * 1e3 / static_cast<double>(a.steps);
+        row.cpu_ms[i] = part_cpu_s[i] * 1e3 / static_cast<double>(a.steps);
+      }
       parts.push_back(row);
     }
     if (a.peak_gflops <= 0) peak = std::max(peak, bench::sgemm_peak_gflops(static_cast<int>(th)));

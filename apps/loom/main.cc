@@ -264,7 +264,8 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   bt->add_flag("--breakdown", bench_train.breakdown,
                "Also where the step goes: ms a step in the linear layers, attention, LayerNorms, GELU, embedding/head/loss "
-               "and optimizer, forward and backward, and each part's speed-up over the first thread count");
+               "and optimizer, forward and backward, each part's speed-up over the first thread count, and how busy "
+               "it kept the threads (CPU over wall x threads; run with OMP_WAIT_POLICY=passive to see waits)");
   bt->add_option("--precision", bench_train.precision, "Precisions: fp32 bf16 fp16 (mixed precision)")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   loom::gpu::BenchGpuArgs bench_gpu{.preset = "gpt2-124m"};

@@ -2,6 +2,7 @@
 // recompute keeps the bits, the activation-memory formula predicts the arena to the byte,
 // incremental decoding equals the full forward, and bad shapes name their field.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -297,6 +298,14 @@ TEST(StepBreakdown, AScopeInsideAnotherIsChargedItsOwnTime) {
   EXPECT_GE(outer, 0.03);
   EXPECT_GE(inner, 0.03);
   EXPECT_LE(outer + inner, wall);
+  // The process's CPU time over the same spans: this thread spinning, so about the wall time
+  // (less where the machine ran something else), never more than every thread's.
+  const std::array<double, kStepParts> cpu = take_step_parts_cpu();
+  for (const int part : {static_cast<int>(StepPart::kLinearForward), static_cast<int>(StepPart::kNormForward)}) {
+    EXPECT_GE(cpu[static_cast<size_t>(part)], 0.5 * s[static_cast<size_t>(part)]) << part;
+    EXPECT_LE(cpu[static_cast<size_t>(part)], s[static_cast<size_t>(part)] * omp_get_max_threads() + 0.01) << part;
+  }
+  EXPECT_EQ(take_step_parts_cpu()[static_cast<int>(StepPart::kLinearForward)], 0.0);  // taken, so zeroed
   for (int i = 0; i < kStepParts; ++i) {
     const bool opened = i == static_cast<int>(StepPart::kLinearForward) || i == static_cast<int>(StepPart::kNormForward);
     EXPECT_EQ(s[static_cast<size_t>(i)] > 0.0, opened) << step_part_name(static_cast<StepPart>(i));

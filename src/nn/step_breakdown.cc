@@ -1,5 +1,7 @@
 #include "loom/nn/step_breakdown.h"
 
+#include <time.h>
+
 #include <chrono>
 #include <utility>
 
@@ -15,14 +17,27 @@ struct Recording {
   StepPartObserver observer;
   int current = -1;  // the part whose clock runs (-1: none)
   Clock::time_point since;
-  std::array<double, kStepParts> seconds{};
+  double cpu_since = 0;
+  std::array<double, kStepParts> seconds{}, cpu_seconds{};
 };
 thread_local Recording g_recording;
 
+// The process's CPU time, s (a system call, not the vDSO: only where recording is on).
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // Charges the running part for the time since it was last charged.
 void charge(Recording& r, Clock::time_point now) {
-  if (r.current >= 0) r.seconds[static_cast<size_t>(r.current)] += std::chrono::duration<double>(now - r.since).count();
+  const double cpu = process_cpu_s();
+  if (r.current >= 0) {
+    r.seconds[static_cast<size_t>(r.current)] += std::chrono::duration<double>(now - r.since).count();
+    r.cpu_seconds[static_cast<size_t>(r.current)] += cpu - r.cpu_since;
+  }
   r.since = now;
+  r.cpu_since = cpu;
 }
 
 }  // namespace
@@ -40,6 +55,7 @@ void record_step_parts(bool on) {
   LOOM_CHECK(g_recording.current < 0);  // not inside a scope
   g_recording.on = on;
   g_recording.seconds = {};
+  g_recording.cpu_seconds = {};
 }
 
 void observe_step_parts(StepPartObserver observer) { g_recording.observer = std::move(observer); }
@@ -48,6 +64,13 @@ std::array<double, kStepParts> take_step_parts() {
   LOOM_CHECK(g_recording.current < 0);
   const std::array<double, kStepParts> out = g_recording.seconds;
   g_recording.seconds = {};
+  return out;
+}
+
+std::array<double, kStepParts> take_step_parts_cpu() {
+  LOOM_CHECK(g_recording.current < 0);
+  const std::array<double, kStepParts> out = g_recording.cpu_seconds;
+  g_recording.cpu_seconds = {};
   return out;
 }
 

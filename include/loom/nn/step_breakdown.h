@@ -3,7 +3,8 @@
 // backward, the input gradients' and the weight gradients' apart), the attention's heads,
 // the LayerNorms, a GELU that runs on its own, the embedding, head and loss, and the
 // optimizer, each forward and backward. Its use is to see which part stops scaling as
-// threads are added (issue 42, item 4), on machines without a profiler.
+// threads are added (issue 42, item 4), on machines without a profiler: each part's wall
+// time, and the process's CPU time over the same spans (how busy the part kept the pool).
 //
 // The layers open a StepPartScope around their work. Recording is per thread and off until
 // that thread turns it on, so a scope costs a thread-local read where nobody asked. Each
@@ -45,6 +46,10 @@ void record_step_parts(bool on);
 // The seconds each part took on the calling thread since recording began or since the last
 // take, zeroed. Call it between scopes, never inside one.
 std::array<double, kStepParts> take_step_parts();
+// The process's CPU seconds (every thread's: the part's OpenMP pool at work, or spinning
+// while it waits, as OMP_WAIT_POLICY decides) over the same spans, taken and zeroed the same
+// way: a part's CPU seconds over its wall seconds x threads is how busy the pool kept.
+std::array<double, kStepParts> take_step_parts_cpu();
 
 // Calls `observer` on the calling thread with each scope's part, start and end as it closes
 // (inclusive: the scopes inside it included), until it is set to an empty function.
