@@ -6,13 +6,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 
 #include "commands.h"
 #include "config.h"
 #include "kernels/gemm/gemm.h"
 #include "loom/bench/bench.h"
 #include "loom/core/error.h"
+#include "loom/core/host.h"
 #include "loom/nn/gpt.h"
 #include "loom/nn/step_breakdown.h"
 #include "loom/optim/optim.h"
@@ -25,14 +25,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// CPU seconds this process has run (every thread): unlike wall time, it does not grow while a
-// shared machine's hypervisor runs someone else on our cores.
-double cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -62,13 +54,19 @@ struct StepParts {
 // thread count is not `first`, the speed-up of each part over the same recompute mode and
 // precision at `first` threads (how well each part scales).
 void print_breakdown(const std::vector<StepParts>& rows, int64_t first) {
+  const auto columns = [] {
+    std::printf("%10s %9s %8s", "recompute", "precision", "threads");
+    for (int i = 0; i < nn::kStepParts; ++i) std::printf(" %10s", nn::step_part_name(static_cast<nn::StepPart>(i)));
+    std::printf(" %10s %10s\n", "other", "step");
+  };
+  const auto row_start = [](const StepParts& r) {
+    std::printf("%10s %9s %8lld", r.mode.c_str(), r.precision.c_str(), static_cast<long long>(r.threads));
+  };
   std::printf("# where the step goes: ms a step (the mean of the timed steps), each part's own time; other: the step "
               "less the parts (residual adds, copies, zeroing the gradients)\n");
-  std::printf("%10s %9s %8s", "recompute", "precision", "threads");
-  for (int i = 0; i < nn::kStepParts; ++i) std::printf(" %10s", nn::step_part_name(static_cast<nn::StepPart>(i)));
-  std::printf(" %10s %10s\n", "other", "step");
+  columns();
   for (const StepParts& r : rows) {
-    std::printf("%10s %9s %8lld", r.mode.c_str(), r.precision.c_str(), static_cast<long long>(r.threads));
+    row_start(r);
     for (double ms : r.ms) std::printf(" %10.2f", ms);
     std::printf("\n");
     if (r.threads == first) continue;
@@ -90,11 +88,9 @@ void print_breakdown(const std::vector<StepParts>& rows, int64_t first) {
   std::printf("# threads busy: each part's CPU time (every thread's) over its wall time x threads, %%; waits count as "
               "busy while the OpenMP runtime spins (OMP_WAIT_POLICY=%s)\n",
               std::getenv("OMP_WAIT_POLICY") != nullptr ? std::getenv("OMP_WAIT_POLICY") : "unset");
-  std::printf("%10s %9s %8s", "recompute", "precision", "threads");
-  for (int i = 0; i < nn::kStepParts; ++i) std::printf(" %10s", nn::step_part_name(static_cast<nn::StepPart>(i)));
-  std::printf(" %10s %10s\n", "other", "step");
+  columns();
   for (const StepParts& r : rows) {
-    std::printf("%10s %9s %8lld", r.mode.c_str(), r.precision.c_str(), static_cast<long long>(r.threads));
+    row_start(r);
     for (size_t i = 0; i < r.ms.size(); ++i) {
       if (r.ms[i] > 0.005)
         std::printf(" %9.0f%%", 100.0 * r.cpu_ms[i] / (r.ms[i] * static_cast<double>(r.threads)));
@@ -199,7 +195,7 @@ int run_bench_train(const BenchTrainArgs& a) {
         x.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
         y.data<int32_t>()[i] = static_cast<int32_t>(rng.below(cfg.vocab_size));
       }
-      const double t0 = now_s(), c0 = cpu_s();
+      const double t0 = now_s(), c0 = process_cpu_seconds();
       gpt.params().zero_grads();
       loss = gpt.forward(x, y, ctx);
       if (s == 0) kept = ctx.arena.peak_bytes();
@@ -209,7 +205,7 @@ int run_bench_train(const BenchTrainArgs& a) {
         opt->step(3e-4);
       }
       const double step_s = now_s() - t0;
-      const double step_cpu_s = cpu_s() - c0;
+      const double step_cpu_s = process_cpu_seconds() - c0;
       const std::array<double, nn::kStepParts> step_parts = nn::take_step_parts();
       const std::array<double, nn::kStepParts> step_parts_cpu = nn::take_step_parts_cpu();
       if (s >= a.warmup) {

@@ -1,6 +1,7 @@
 #include "loom/core/host.h"
 
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -49,6 +50,12 @@ double available_memory_bytes() {
 }
 
 void set_memory_budget(double bytes) { memory_budget.store(bytes, std::memory_order_relaxed); }
+
+double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 int available_cores() {
   cpu_set_t set;

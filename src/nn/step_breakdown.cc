@@ -1,11 +1,10 @@
 #include "loom/nn/step_breakdown.h"
 
-#include <time.h>
-
 #include <chrono>
 #include <utility>
 
 #include "loom/core/error.h"
+#include "loom/core/host.h"
 
 namespace loom::nn {
 namespace {
@@ -22,16 +21,9 @@ struct Recording {
 };
 thread_local Recording g_recording;
 
-// The process's CPU time, s (a system call, not the vDSO: only where recording is on).
-double process_cpu_s() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 // Charges the running part for the time since it was last charged.
 void charge(Recording& r, Clock::time_point now) {
-  const double cpu = process_cpu_s();
+  const double cpu = process_cpu_seconds();  // a system call: only where recording is on
   if (r.current >= 0) {
     r.seconds[static_cast<size_t>(r.current)] += std::chrono::duration<double>(now - r.since).count();
     r.cpu_seconds[static_cast<size_t>(r.current)] += cpu - r.cpu_since;

@@ -17,6 +17,11 @@ void set_memory_budget(double bytes);
 // cpuset), at least 1. Not the machine's count: a rank bound to 2 of 16 cores has 2.
 int available_cores();
 
+// CPU seconds this process has run, every thread's (CLOCK_PROCESS_CPUTIME_ID: a system
+// call, not the vDSO): unlike wall time, it does not grow while a shared machine runs
+// someone else on our cores.
+double process_cpu_seconds();
+
 // This process's peak resident memory (VmHWM), MiB: since it started, and since the last
 // begin_memory_phase() (the kernel's high-water mark reset to the current resident size;
 // where the kernel refuses, a phase's peak is the process's). Not for concurrent phases.
