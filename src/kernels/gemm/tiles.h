@@ -227,6 +227,52 @@ bool trivial_product(int64_t m, int64_t n, int64_t k, bool accumulate, T* c, int
   return true;
 }
 
+// An operand packed once for every tile of a product on `threads` threads, in the calling
+// thread's scratch (op(A) in slot 3; op(B) in `slot`: 3 where it is the one shared, 4
+// beside a shared op(A)), kept from call to call. op(A): block after
+// block of KC of k, each block's MR-row slivers as run_tile's shared_a reads them. op(B):
+// each NR-column sliver over all of k, `stride` apart, as a Prepacked op(B) is read. The
+// pack_* functions are called by every thread of a parallel region, each packing its share
+// (an orphaned `omp for`, no barrier after it: the caller puts one before the tiles read).
+template <typename Packing, typename T>
+typename Packing::P* shared_a_space(const MicroKernel<typename Packing::P, T>& mk, int64_t m, int64_t k) {
+  const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(ceil_div(mk.kc, Packing::kStep), mk.mr);
+  return scratch<typename Packing::P>(3, ceil_div(k, mk.kc) * block);
+}
+template <typename Packing, typename T>
+Prepacked<typename Packing::P> shared_b_space(const MicroKernel<typename Packing::P, T>& mk, int64_t n, int64_t k,
+                                              int slot) {
+  const int64_t stride = ceil_div(k, Packing::kStep) * mk.nr;
+  return {scratch<typename Packing::P>(slot, ceil_div(n, mk.nr) * stride), stride};
+}
+template <typename Packing, typename T, typename OperandA>
+void pack_shared_a(const MicroKernel<typename Packing::P, T>& mk, const Packing& packing, const OperandA& oa,
+                   int64_t m, int64_t k, int threads, typename Packing::P* shared) {
+  const auto depth_of = [](int64_t kc) { return ceil_div(kc, Packing::kStep); };
+  const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr), blocks = ceil_div(k, mk.kc);
+  const int64_t share = round_up(ceil_div(m, threads), mk.mr), shares = ceil_div(m, share);
+#pragma omp for schedule(static) nowait
+  for (int64_t task = 0; task < blocks * shares; ++task) {
+    const FlushSubnormals flush(packing.flush);
+    const int64_t p0 = (task / shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % shares) * share;
+    const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
+    packing.a(oa, r0, std::min(share, m - r0), p0, kc, mk.mr, shared + (p0 / mk.kc) * block + (r0 / mk.mr) * stride,
+              stride);
+  }
+}
+template <typename Packing, typename T, typename OperandB>
+void pack_shared_b(const MicroKernel<typename Packing::P, T>& mk, const Packing& packing, const OperandB& ob,
+                   int64_t n, int64_t k, int threads, const Prepacked<typename Packing::P>& shared) {
+  const int64_t slivers = ceil_div(n, mk.nr), share = ceil_div(slivers, threads);
+  auto* out = const_cast<typename Packing::P*>(shared.p);
+#pragma omp for schedule(static) nowait
+  for (int64_t s0 = 0; s0 < slivers; s0 += share) {
+    const FlushSubnormals flush(packing.flush);
+    const int64_t j0 = s0 * mk.nr;
+    packing.b(ob, 0, k, j0, std::min(share * mk.nr, n - j0), mk.nr, out + s0 * shared.stride);
+  }
+}
+
 // How gemm_packed cuts C (m x n) for `threads` threads. Bands: tiles of mc rows by nc
 // columns, row after row of tiles_n, handed out by schedule(static). Tiles start as MC rows
 // (mc_wide where op(B) spans several panels or is transposed) by every column (A is then
@@ -320,37 +366,18 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
   using P = typename Packing::P;
   constexpr bool kPrepacked = std::is_same_v<OperandB, Prepacked<P>>;
   const TilePlan plan = plan_tiles(mk, m, n, k, ob.trans, kPrepacked, threads);
-  const auto depth_of = [](int64_t kc) { return (kc + Packing::kStep - 1) / Packing::kStep; };
   if constexpr (!kPrepacked) {
     if (plan.grid_m != 0) {
-      // The grid: op(A) packed once, block by block of k, each thread a share of the rows
-      // (whole slivers), and op(B) once over all of k, each thread a share of its slivers
-      // (both as the bands below pack them); then each thread its tile, read from both.
-      const int64_t a_block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr);
-      const int64_t blocks = ceil_div(k, mk.kc), a_share = round_up(ceil_div(m, threads), mk.mr);
-      const int64_t a_shares = ceil_div(m, a_share);
-      const int64_t b_stride = ceil_div(k, Packing::kStep) * mk.nr, slivers = ceil_div(n, mk.nr);
-      const int64_t b_share = ceil_div(slivers, threads);
-      P* shared_a = scratch<P>(3, blocks * a_block);
-      P* shared_b = scratch<P>(4, slivers * b_stride);
-      const Prepacked<P> packed{shared_b, b_stride};
-      const int64_t row_slivers = ceil_div(m, mk.mr), grid_n = plan.grid_n;
+      // The grid: op(A) and op(B) each packed once, each thread a share (as the bands below
+      // pack them); then each thread its tile, read from both.
+      P* shared_a = shared_a_space<Packing>(mk, m, k);
+      const Prepacked<P> packed = shared_b_space<Packing>(mk, n, k, 4);
+      const int64_t row_slivers = ceil_div(m, mk.mr), slivers = ceil_div(n, mk.nr), grid_n = plan.grid_n;
 #pragma omp parallel num_threads(threads)
       {
-#pragma omp for schedule(static) nowait
-        for (int64_t task = 0; task < blocks * a_shares; ++task) {
-          const FlushSubnormals flush(packing.flush);
-          const int64_t p0 = (task / a_shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % a_shares) * a_share;
-          const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
-          packing.a(oa, r0, std::min(a_share, m - r0), p0, kc, mk.mr,
-                    shared_a + (p0 / mk.kc) * a_block + (r0 / mk.mr) * stride, stride);
-        }
-#pragma omp for schedule(static)
-        for (int64_t s0 = 0; s0 < slivers; s0 += b_share) {
-          const FlushSubnormals flush(packing.flush);
-          const int64_t j0 = s0 * mk.nr;
-          packing.b(ob, 0, k, j0, std::min(b_share * mk.nr, n - j0), mk.nr, shared_b + s0 * b_stride);
-        }
+        pack_shared_a(mk, packing, oa, m, k, threads, shared_a);
+        pack_shared_b(mk, packing, ob, n, k, threads, packed);
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < plan.grid_m * grid_n; ++t) {
           const int64_t gi = t / grid_n, gj = t % grid_n;
@@ -373,21 +400,13 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
   };
   if (tiles_n == tiles && tiles > 1 && shares_packing(threads)) {
     // Every tile is a band of columns by every row, so each would pack all of op(A): it is
-    // packed once instead, block by block of k, each thread a share of the rows (whole
-    // slivers), as run_tile's shared_a reads it.
-    const int64_t block = ceil_div(m, mk.mr) * Packing::a_stride(depth_of(mk.kc), mk.mr), blocks = ceil_div(k, mk.kc);
-    const int64_t share = round_up(ceil_div(m, threads), mk.mr), shares = ceil_div(m, share);
-    P* shared = scratch<P>(3, blocks * block);
+    // packed once instead, each thread a share of the rows (whole slivers), as run_tile's
+    // shared_a reads it.
+    P* shared = shared_a_space<Packing>(mk, m, k);
 #pragma omp parallel num_threads(threads)
     {
-#pragma omp for schedule(static)
-      for (int64_t task = 0; task < blocks * shares; ++task) {
-        const gemm_detail::FlushSubnormals flush(packing.flush);
-        const int64_t p0 = (task / shares) * mk.kc, kc = std::min(mk.kc, k - p0), r0 = (task % shares) * share;
-        const int64_t stride = Packing::a_stride(depth_of(kc), mk.mr);
-        packing.a(oa, r0, std::min(share, m - r0), p0, kc, mk.mr, shared + (p0 / mk.kc) * block + (r0 / mk.mr) * stride,
-                  stride);
-      }
+      pack_shared_a(mk, packing, oa, m, k, threads, shared);
+#pragma omp barrier
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t j0 = t * nc;
@@ -402,19 +421,12 @@ void gemm_packed(const MicroKernel<typename Packing::P, T>& mk,
       // Every tile is a band of rows by every column, so each would pack all of op(B): it
       // is packed once instead, over all of k, each thread a share of its NR-column slivers
       // (the values are the same whoever packs them, so are the bits), then the tiles read it
-      // as PackedB's products do. In the calling thread's scratch, kept from call to call.
-      const int64_t stride = ceil_div(k, Packing::kStep) * mk.nr, slivers = ceil_div(n, mk.nr);
-      const int64_t share = ceil_div(slivers, threads);
-      P* shared = scratch<P>(3, slivers * stride);
-      const Prepacked<P> packed{shared, stride};
+      // as PackedB's products do.
+      const Prepacked<P> packed = shared_b_space<Packing>(mk, n, k, 3);
 #pragma omp parallel num_threads(threads)
       {
-#pragma omp for schedule(static)
-        for (int64_t s0 = 0; s0 < slivers; s0 += share) {
-          const gemm_detail::FlushSubnormals flush(packing.flush);
-          const int64_t j0 = s0 * mk.nr;
-          packing.b(ob, 0, k, j0, std::min(share * mk.nr, n - j0), mk.nr, shared + s0 * stride);
-        }
+        pack_shared_b(mk, packing, ob, n, k, threads, packed);
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t i0 = t * mc;
