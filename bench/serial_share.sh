@@ -20,7 +20,6 @@ build=build/framepointers
 cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_BENCH=OFF -DLOOM_CUDA=OFF \
   "-DCMAKE_CXX_FLAGS=-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer" >/dev/null
 cmake --build $build --target loom
-[ -f data/fortunes.bin ] || $build/loom data prepare "text:${TEXT:-/usr/share/games/fortunes}" --out data/fortunes.bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 OMP_WAIT_POLICY=passive perf record -q -F 1999 -g -o "$work/perf.data" $build/loom bench train "$@"
