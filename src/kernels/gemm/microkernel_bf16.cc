@@ -80,12 +80,26 @@ inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
 // The sliver and column of each 16 pairs are stepped along, not divided out: a 64-bit
 // division per 16 pairs took 83% of this loop's time (perf annotate, gpt-mini's weight
 // gradient, TN 256 x 768 x 2048).
+// A's 12-wide slivers take 48 columns (three vectors of pairs) at a time, realigned into
+// four slivers' rows with two valignd, one 12-lane store each, where every vector straddled
+// two slivers and took two masked stores.
 template <typename Src, typename Pair16>
 void row_pairs_to_slivers(const Src* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
                           int64_t sliver, Pair16 pair16) {
+  const int64_t whole48 = width == 12 ? count / 48 * 48 : 0;
   for (int64_t q = 0; q < pairs; ++q, x += 2 * ld) {
-    int64_t s = 0, off = 0;  // columns i .. i + 15 start at column off of sliver s
-    for (int64_t i = 0; i < count; i += 16) {
+    for (int64_t i = 0; i < whole48; i += 48) {
+      const __m512i v0 = pair16(x, i, count).first, v1 = pair16(x, i + 16, count).first,
+                    v2 = pair16(x, i + 32, count).first;
+      uint32_t* base = out + (i / 12) * sliver + q * 12;
+      const __mmask16 twelve = 0x0fff;
+      _mm512_mask_storeu_epi32(base, twelve, v0);
+      _mm512_mask_storeu_epi32(base + sliver, twelve, _mm512_alignr_epi32(v1, v0, 12));
+      _mm512_mask_storeu_epi32(base + 2 * sliver, twelve, _mm512_alignr_epi32(v2, v1, 8));
+      _mm512_mask_storeu_epi32(base + 3 * sliver, twelve, _mm512_alignr_epi32(v2, v2, 4));
+    }
+    int64_t s = whole48 / 12, off = 0;  // columns i .. i + 15 start at column off of sliver s
+    for (int64_t i = whole48; i < count; i += 16) {
       const auto [v, mask] = pair16(x, i, count);
       for (int64_t t = 0; t * width - off < 16; ++t) {
         const int64_t lo = std::max<int64_t>(0, t * width - off), hi = std::min<int64_t>(16, (t + 1) * width - off);
