@@ -173,10 +173,11 @@ TEST(GemmHalf, EveryPathEqualsTheReferenceBitForBit) {
 // every path (vdpbf16ps packs the bits into pairs, the others into the values the f32
 // kernels multiply), each operand transposed or not, bf16 and f16, with subnormals and, in
 // one layout, signalling NaNs among the bits, on the shapes above and wide ones whose row
-// pairs cross many 12-row slivers.
+// pairs cross many 12-row slivers (144 rows: whole 48-column steps of the row-pair packer,
+// no rest).
 TEST(GemmHalf, OperandsFromBitsEqualOperandsFromTheirValues) {
   auto shapes = kShapes;
-  shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}});
+  shapes.insert(shapes.end(), {{300, 64, 97}, {1100, 40, 33}, {64, 520, 2050}, {144, 40, 66}});
   for (GemmPath path : paths_and_amx()) {
     set_gemm_path(path);
     for (DType format : {DType::kBF16, DType::kF16}) {
