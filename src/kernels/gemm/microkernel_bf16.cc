@@ -81,7 +81,7 @@ inline __m512i adjacent_pairs(const float* x, __mmask32 mask) {
 // division per 16 pairs took 83% of this loop's time (perf annotate, gpt-mini's weight
 // gradient, TN 256 x 768 x 2048).
 // A's 12-wide slivers take 48 columns (three vectors of pairs) at a time, realigned into
-// four slivers' rows with two valignd, one 12-lane store each, where every vector straddled
+// four slivers' rows with valignd, one 12-lane store each, where every vector straddled
 // two slivers and took two masked stores.
 template <typename Src, typename Pair16>
 void row_pairs_to_slivers(const Src* x, int64_t ld, int64_t count, int64_t pairs, uint32_t* out, int64_t width,
